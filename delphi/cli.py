@@ -1,0 +1,103 @@
+"""The `delphi` command: a thin layer over library functions.
+
+Each part of the loop registers its own subcommands (`delphi/<part>/commands.py`
+exposes `add_commands(subparsers)`), so this file only wires them together and
+owns the exit-code contract of DESIGN.md section 3:
+
+    0  success
+    1  the checked thing failed (a prediction missed, a seal broke)
+    2  bad input or usage (a `DelphiError`), nothing written
+
+A handler takes the parsed arguments and returns a JSON-able dict (exit 0) or
+a `(dict, exit_code)` pair. With `--json` the dict is printed on stdout as one
+object; human-readable text always goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any, Callable
+
+from delphi import __version__
+from delphi.errors import CheckFailed, DelphiError
+
+# Subpackages that contribute subcommands, in the order they appear in --help.
+COMMAND_MODULES = (
+    "delphi.data.commands",
+    "delphi.train.commands",
+    "delphi.model.commands",
+    "delphi.ladder.commands",
+    "delphi.fits.commands",
+    "delphi.prereg.commands",
+    "delphi.plot.commands",
+    "delphi.study_commands",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default exit code is already 2
+        self.print_usage(sys.stderr)
+        self.exit(2, f"delphi: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="delphi", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"delphi {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # that part is not built yet
+                continue
+            raise
+        module.add_commands(subparsers)
+    return parser
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def emit(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    if getattr(args, "json", False):
+        json.dump(result, sys.stdout, default=_plain)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def _plain(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], Any] | None = getattr(args, "func", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        outcome = handler(args)
+    except DelphiError as e:
+        print(f"delphi: error: {e}", file=sys.stderr)
+        return 2
+    except CheckFailed as e:
+        print(f"delphi: failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("delphi: interrupted", file=sys.stderr)
+        return 130
+    result, code = outcome if isinstance(outcome, tuple) else (outcome, 0)
+    if result is not None:
+        emit(args, result)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

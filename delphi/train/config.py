@@ -1,0 +1,122 @@
+"""Training configuration: one YAML file fully describes a run.
+
+`delphi train CONFIG.yaml` reads it with `load_train_config`, which rejects
+unknown keys and impossible values with the dotted name of the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from delphi.config_schema import from_dict, to_dict
+from delphi.errors import DelphiError
+from delphi.io import read_yaml
+from delphi.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # A prepared token store directory, or a built-in source name ("stdlib",
+    # "environment") that is prepared once into the cache on first use.
+    store: str = "stdlib"
+    seq_len: int = 128
+    batch_size: int = 32  # sequences per optimizer step
+    seed: int = 0  # the batch at step s is a pure function of (seed, s)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-3  # Adam LR at the base width; muP scales hidden matrices by 1/m
+    weight_decay: float = 0.1  # independent of LR: see DESIGN.md section 4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8  # at the base shape; CompleteP scales it by 1/(m * m_L)
+    grad_clip: float = 1.0  # global norm; 0 disables
+    schedule: Literal["wsd", "cosine", "constant"] = "wsd"
+    warmup_frac: float = 0.1
+    decay_frac: float = 0.2  # WSD: fraction of steps in the final decay
+    decay_shape: Literal["linear", "sqrt"] = "linear"  # "sqrt" is 1-sqrt (Hagele et al. 2024)
+    min_lr_frac: float = 0.0  # floor as a fraction of the peak LR
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    project: str = "delphi"
+    entity: str | None = None
+    # None follows WANDB_MODE, defaulting to "disabled" so that a run needs no account.
+    mode: Literal["online", "offline", "disabled"] | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    steps: int = 1000
+    seed: int = 0  # parameter init
+    precision: Literal["f32", "bf16"] = "f32"  # bf16: f32 master weights, bf16 matmuls
+    log_every: int = 10
+    eval_every: int = 200
+    eval_tokens: int = 65_536  # held-out tokens per evaluation
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    name: str | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.data.seq_len * self.data.batch_size
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.tokens_per_step
+
+    def validate(self) -> "TrainConfig":
+        self.model.validate("model")
+
+        def need(ok: bool, key: str, message: str) -> None:
+            if not ok:
+                raise DelphiError(f"{key}: {message}")
+
+        for key, value in (
+            ("steps", self.steps),
+            ("data.seq_len", self.data.seq_len),
+            ("data.batch_size", self.data.batch_size),
+            ("log_every", self.log_every),
+            ("eval_every", self.eval_every),
+            ("eval_tokens", self.eval_tokens),
+            ("checkpoint_every", self.checkpoint_every),
+            ("keep_checkpoints", self.keep_checkpoints),
+        ):
+            need(value > 0, key, f"must be a positive integer, got {value}")
+        o = self.optim
+        need(o.lr > 0, "optim.lr", f"must be positive, got {o.lr}")
+        need(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
+        need(0 <= o.beta1 < 1, "optim.beta1", f"must be in [0, 1), got {o.beta1}")
+        need(0 <= o.beta2 < 1, "optim.beta2", f"must be in [0, 1), got {o.beta2}")
+        need(o.eps > 0, "optim.eps", f"must be positive, got {o.eps}")
+        need(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0, got {o.grad_clip}")
+        need(0 <= o.warmup_frac < 1, "optim.warmup_frac", f"must be in [0, 1), got {o.warmup_frac}")
+        need(0 <= o.decay_frac <= 1, "optim.decay_frac", f"must be in [0, 1], got {o.decay_frac}")
+        need(o.warmup_frac + o.decay_frac <= 1, "optim.decay_frac", "warmup_frac + decay_frac must be <= 1")
+        need(0 <= o.min_lr_frac <= 1, "optim.min_lr_frac", f"must be in [0, 1], got {o.min_lr_frac}")
+        return self
+
+
+def train_config_from_dict(data: dict, where: str = "") -> TrainConfig:
+    cfg = from_dict(TrainConfig, data, where)
+    return cfg.validate()
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    try:
+        return train_config_from_dict(read_yaml(path))
+    except DelphiError as e:
+        msg = str(e)
+        raise DelphiError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+
+
+def train_config_to_dict(cfg: TrainConfig) -> dict:
+    return to_dict(cfg)
