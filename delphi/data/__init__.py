@@ -1,0 +1,1 @@
+"""Corpus sources, the byte tokenizer, token stores and the deterministic loader."""

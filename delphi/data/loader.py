@@ -1,0 +1,139 @@
+"""Batches from a token store, as pure functions of (seed, step).
+
+The train stream is cut into non-overlapping windows of seq_len + 1 tokens
+(inputs plus the next-token targets). The global window index of row r at step
+s is i = s * batch_size + r; its epoch is i // n_windows, and within an epoch
+the windows are visited in a permutation seeded by (seed, epoch). So the batch
+at any step can be computed without replaying the ones before it, which is what
+makes `--resume` reproduce an uninterrupted run exactly.
+
+Evaluation uses a fixed set of validation windows, spread evenly over the
+validation stream, identical for every call and every run on the same store.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from jaxtyping import Int
+
+from delphi.data.store import META_FILE, resolve_store
+from delphi.errors import DelphiError
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_permutation(n_windows: int, seed: int, epoch: int) -> np.ndarray:
+    # Cached: consecutive steps share an epoch; the result is never mutated.
+    perm = np.random.default_rng([seed, epoch]).permutation(n_windows)
+    perm.flags.writeable = False
+    return perm
+
+
+class TokenStore:
+    """Read-only view of a prepared store (train.bin, val.bin, meta.json)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = resolve_store(str(path))
+        self.meta: dict = json.loads((self.path / META_FILE).read_text())
+        dtype = np.dtype(self.meta.get("tokenizer", {}).get("dtype", "uint8"))
+        self.train = self._map("train.bin", dtype, self.meta["n_train"])
+        self.val = self._map("val.bin", dtype, self.meta["n_val"])
+
+    def _map(self, name: str, dtype: np.dtype, expected: int) -> np.ndarray:
+        file = self.path / name
+        n = file.stat().st_size // dtype.itemsize
+        if n != expected:
+            raise DelphiError(f"{file}: holds {n} tokens but meta.json says {expected}; prepare the store again")
+        return np.memmap(file, dtype=dtype, mode="r", shape=(n,))
+
+    @property
+    def n_train(self) -> int:
+        return int(self.meta["n_train"])
+
+    @property
+    def n_val(self) -> int:
+        return int(self.meta["n_val"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["tokenizer"]["vocab_size"])
+
+    @property
+    def sha256(self) -> str:
+        return str(self.meta["sha256"])
+
+    def n_train_windows(self, seq_len: int) -> int:
+        return self.n_train // (seq_len + 1)
+
+    def n_val_windows(self, seq_len: int) -> int:
+        return self.n_val // (seq_len + 1)
+
+    def epochs(self, steps: int, batch_size: int, seq_len: int) -> float:
+        """How many passes over the train windows `steps` steps make."""
+        return steps * batch_size / max(self.n_train_windows(seq_len), 1)
+
+    def train_batch(self, step: int, seed: int, batch_size: int, seq_len: int) -> Int[np.ndarray, "batch seq_plus_1"]:
+        window = seq_len + 1
+        n_windows = self.n_train_windows(seq_len)
+        if batch_size > n_windows:
+            raise DelphiError(
+                f"data.batch_size: {batch_size} windows of {window} tokens do not fit the train split "
+                f"of {self.path} ({self.n_train} tokens = {n_windows} windows)"
+            )
+        if step < 0 or seed < 0:
+            raise DelphiError(f"step and seed must be >= 0, got step={step}, seed={seed}")
+        index = step * batch_size + np.arange(batch_size, dtype=np.int64)
+        epochs, within = np.divmod(index, n_windows)
+        picks = np.empty(batch_size, dtype=np.int64)
+        for epoch in np.unique(epochs):  # at most two epochs meet inside one batch
+            rows = epochs == epoch
+            picks[rows] = _epoch_permutation(n_windows, seed, int(epoch))[within[rows]]
+        starts = picks * window
+        return np.asarray(self.train[starts[:, None] + np.arange(window)], dtype=np.int32)
+
+    def eval_windows(self, n_tokens: int, batch_size: int, seq_len: int) -> int:
+        """Validation windows used for `n_tokens`: whole batches, at least n_tokens targets."""
+        batches = max(1, math.ceil(n_tokens / (batch_size * seq_len)))
+        return batches * batch_size
+
+    def eval_batches(
+        self, n_tokens: int, batch_size: int, seq_len: int
+    ) -> Iterator[Int[np.ndarray, "batch seq_plus_1"]]:
+        window = seq_len + 1
+        k = self.eval_windows(n_tokens, batch_size, seq_len)
+        available = self.n_val_windows(seq_len)
+        if k > available:
+            raise DelphiError(
+                f"eval_tokens: {n_tokens} tokens need {k} validation windows of {window} tokens, "
+                f"the store {self.path} has {available}"
+            )
+        picks = (np.arange(k, dtype=np.int64) * available) // k  # evenly spread, fixed
+        for b in range(0, k, batch_size):
+            starts = picks[b : b + batch_size] * window
+            yield np.asarray(self.val[starts[:, None] + np.arange(window)], dtype=np.int32)
+
+    def check_run(self, batch_size: int, seq_len: int, eval_tokens: int, where: str = "") -> None:
+        """Raise DelphiError, before any compilation, when a run cannot be fed by this store."""
+        prefix = f"{where}: " if where else ""
+        window = seq_len + 1
+        if batch_size <= 0 or seq_len <= 0:
+            raise DelphiError(f"{prefix}data.batch_size and data.seq_len must be positive, got {batch_size}, {seq_len}")
+        n_windows = self.n_train_windows(seq_len)
+        if batch_size > n_windows:
+            raise DelphiError(
+                f"{prefix}data.batch_size: {batch_size} x {window} tokens is larger than the train split of the "
+                f"store {self.path} ({self.n_train} tokens = {n_windows} windows)"
+            )
+        k = self.eval_windows(eval_tokens, batch_size, seq_len)
+        available = self.n_val_windows(seq_len)
+        if k > available:
+            raise DelphiError(
+                f"{prefix}eval_tokens: {eval_tokens} tokens need {k} validation windows of {window} tokens "
+                f"(whole batches of {batch_size}); the store {self.path} has {available} "
+                f"({self.n_val} validation tokens)"
+            )

@@ -1,0 +1,224 @@
+"""Token stores: a corpus turned into train.bin / val.bin plus meta.json.
+
+    prepare_store(source, out_dir) -> meta      build a store from a source
+    resolve_store("stdlib" | "environment" | PATH) -> Path
+
+Layout of a store directory:
+    train.bin   the train documents' bytes, each followed by a NUL separator (uint8)
+    val.bin     the same for the validation documents
+    meta.json   source, document counts, bytes, sha256 of the streams, split rule, tokenizer
+    documents.tsv   one line per document: id, split, bytes (provenance)
+
+Split rule (deterministic, by document, independent of the file order and of
+the other documents): a document goes to validation when the first 8 bytes of
+sha256(document id) read as a big-endian integer, divided by 2**64, fall below
+VAL_FRACTION. If that picks no document, the one with the smallest hash is
+validation; if it picks every document, the one with the largest hash is
+train. Because stdlib ids are "stdlib/<relpath>" in both built-in sources, a
+stdlib file lands in the same split in "stdlib" and "environment".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+from delphi import __version__
+from delphi.data.sources import (
+    BUILTIN_SOURCES,
+    DOCUMENT_SEPARATOR,
+    Document,
+    describe_source,
+    is_text,
+    list_documents,
+)
+from delphi.data.tokenizer import ByteTokenizer
+from delphi.errors import DelphiError
+from delphi.io import atomic_write_json, atomic_write_text
+
+VAL_FRACTION = 0.02  # ~2% of documents: ~40 stdlib files, enough variety for a stable val loss
+STORE_FORMAT = 1
+META_FILE = "meta.json"
+SPLIT_RULE = (
+    f"document -> val if int.from_bytes(sha256(document_id)[:8], 'big') / 2**64 < {VAL_FRACTION} "
+    "(else train; at least one document in each split); documents in sorted id order, "
+    "each followed by one NUL byte"
+)
+
+
+def document_hash_fraction(doc_id: str) -> float:
+    """Where a document falls in [0, 1): the split is a threshold on this."""
+    digest = hashlib.sha256(doc_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_documents(doc_ids: list[str], val_fraction: float = VAL_FRACTION) -> set[str]:
+    """The ids that belong to the validation split (see the module docstring)."""
+    if len(doc_ids) < 2:
+        raise DelphiError(f"source: {len(doc_ids)} text document(s), need at least 2 to split train/validation")
+    fractions = {d: document_hash_fraction(d) for d in doc_ids}
+    val = {d for d, f in fractions.items() if f < val_fraction}
+    if not val:
+        val = {min(doc_ids, key=fractions.__getitem__)}
+    if len(val) == len(doc_ids):
+        val.discard(max(doc_ids, key=fractions.__getitem__))
+    return val
+
+
+def _read_text_documents(docs: list[Document]) -> list[tuple[Document, bytes]]:
+    texts = []
+    for doc in docs:
+        try:
+            data = doc.read()
+        except OSError:
+            continue  # unreadable (permissions, vanished): not part of the corpus
+        if data and is_text(data):
+            texts.append((doc, data))
+    return texts
+
+
+def prepare_store(source: str, out_dir: str | os.PathLike) -> dict:
+    """Build a token store from `source` into `out_dir` and return its meta.
+
+    Every check (source exists, has text, splits into two non-empty parts, the
+    output is not some unrelated directory) happens before anything is written.
+    """
+    started = time.perf_counter()
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise DelphiError(f"--out: {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / META_FILE).exists():
+        raise DelphiError(f"--out: {out} is a non-empty directory that is not a token store")
+    docs = _read_text_documents(list_documents(source))
+    if not docs:
+        raise DelphiError(f"source: {source!r} holds no text files (binary or non-UTF-8 files are skipped)")
+    val_ids = split_documents([d.id for d, _ in docs])
+    tokenizer = ByteTokenizer()
+
+    train_parts: list[bytes] = []
+    val_parts: list[bytes] = []
+    listing: list[str] = []
+    for doc, data in docs:
+        split = "val" if doc.id in val_ids else "train"
+        (val_parts if split == "val" else train_parts).extend((data, DOCUMENT_SEPARATOR))
+        listing.append(f"{doc.id}\t{split}\t{len(data)}")
+    train = b"".join(train_parts)
+    val = b"".join(val_parts)
+    del train_parts, val_parts
+
+    stream_hash = hashlib.sha256(train)
+    train_sha = stream_hash.hexdigest()
+    stream_hash.update(val)
+    meta = {
+        "format": STORE_FORMAT,
+        "source": source,
+        "source_info": describe_source(source),
+        "files": len(docs),
+        "documents_train": len(docs) - len(val_ids),
+        "documents_val": len(val_ids),
+        "bytes": sum(len(data) for _, data in docs),
+        "n_train": len(train),
+        "n_val": len(val),
+        "sha256": stream_hash.hexdigest(),  # of train.bin followed by val.bin
+        "train_sha256": train_sha,
+        "val_sha256": hashlib.sha256(val).hexdigest(),
+        "split_rule": SPLIT_RULE,
+        "val_fraction": VAL_FRACTION,
+        "document_separator": DOCUMENT_SEPARATOR[0],
+        "tokenizer": tokenizer.meta(),
+        "python": platform.python_version(),
+        "interpreter": sys.executable,
+        "delphi_version": __version__,
+    }
+
+    out.mkdir(parents=True, exist_ok=True)
+    # Remove the old meta first: a crash part-way leaves "not a store", never a
+    # meta.json that describes other bins.
+    (out / META_FILE).unlink(missing_ok=True)
+    _atomic_write_big(out / "train.bin", train)
+    _atomic_write_big(out / "val.bin", val)
+    atomic_write_text(out / "documents.tsv", "id\tsplit\tbytes\n" + "\n".join(listing) + "\n")
+    meta["prepare_s"] = round(time.perf_counter() - started, 3)
+    atomic_write_json(out / META_FILE, meta)
+    return meta
+
+
+def _atomic_write_big(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DELPHI_CACHE", "~/.cache/delphi")).expanduser()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def is_store(path: Path) -> bool:
+    return (path / META_FILE).is_file() and (path / "train.bin").is_file() and (path / "val.bin").is_file()
+
+
+def resolve_store(store: str) -> Path:
+    """Directory of the token store named by `store`.
+
+    A built-in source name is prepared once into $DELPHI_CACHE/stores/<name>/
+    (default ~/.cache/delphi): under an exclusive lock, into a temporary
+    directory renamed into place, so concurrent runs prepare it once and never
+    see a half-built store. Anything else must be a prepared store directory.
+    Delete the cached directory to rebuild it (e.g. after installing packages).
+    """
+    if store in BUILTIN_SOURCES:
+        stores = cache_dir() / "stores"
+        target = stores / store
+        if is_store(target):
+            return target
+        with _file_lock(stores / f".{store}.lock"):
+            if is_store(target):  # another process built it while we waited
+                return target
+            tmp = Path(tempfile.mkdtemp(prefix=f".{store}.", suffix=".tmp", dir=stores))
+            try:
+                prepare_store(store, tmp)
+                if target.exists():  # a broken leftover (no meta.json)
+                    shutil.rmtree(target)
+                os.rename(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        return target
+    path = Path(store).expanduser()
+    if not path.exists():
+        raise DelphiError(
+            f"data.store: {store!r} is neither a built-in source ({', '.join(BUILTIN_SOURCES)}) nor an existing directory"
+        )
+    if not is_store(path):
+        raise DelphiError(
+            f"data.store: {path} is not a token store (no meta.json/train.bin/val.bin); "
+            f"build one with `delphi data prepare --source SRC --out {path}`"
+        )
+    return path

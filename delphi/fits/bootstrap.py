@@ -1,0 +1,114 @@
+"""Bootstrap over runs: seeded resamples, refits in parallel processes, percentile intervals.
+
+Resampling unit: a run. When the table holds several rows per `run_id`
+(intermediate checkpoints of one run), whole runs are resampled (a clustered
+bootstrap), because checkpoints of one run share its noise. Otherwise rows
+are resampled. `strata` (e.g. "budget" for isoFLOP fits) resamples within each
+stratum, so every budget keeps its size and an isoFLOP design stays an
+isoFLOP design.
+
+All resample indices are drawn up front from one `numpy.random.default_rng(seed)`,
+so the draws do not depend on the number of worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable
+
+import multiprocessing
+import numpy as np
+import pandas as pd
+
+from delphi.errors import DelphiError
+
+Refit = Callable[[pd.DataFrame], dict[str, float]]
+# Below this many refits the process start-up costs more than it saves.
+MIN_REFITS_PER_WORKER = 25
+
+
+def resample_indices(table: pd.DataFrame, n: int, seed: int, strata: str | None = None) -> list[np.ndarray]:
+    """`n` bootstrap resamples of `table`'s row positions."""
+    rng = np.random.default_rng(seed)
+    clustered = "run_id" in table and table["run_id"].duplicated().any()
+    unit = table["run_id"].to_numpy() if clustered else np.arange(len(table))
+    groups = table[strata].to_numpy() if strata and strata in table else np.zeros(len(table))
+    # For each stratum, the list of units and the row positions of each unit.
+    plan = []
+    for g in pd.unique(groups):
+        in_group = np.flatnonzero(groups == g)
+        units = pd.unique(unit[in_group])
+        rows = [in_group[unit[in_group] == u] for u in units]
+        plan.append(rows)
+    out = []
+    for _ in range(n):
+        parts = []
+        for rows in plan:
+            pick = rng.integers(0, len(rows), size=len(rows))
+            parts.extend(rows[i] for i in pick)
+        out.append(np.concatenate(parts))
+    return out
+
+
+def _run_chunk(refit: Refit, table: pd.DataFrame, chunk: list[np.ndarray]) -> list[dict[str, float] | None]:
+    out: list[dict[str, float] | None] = []
+    for idx in chunk:
+        try:
+            params = refit(table.iloc[idx].reset_index(drop=True))
+        except (DelphiError, ValueError, FloatingPointError, np.linalg.LinAlgError):
+            params = None  # a resample can be degenerate (e.g. one distinct N); count it
+        if params is not None and not all(np.isfinite(v) for v in params.values()):
+            params = None
+        out.append(params)
+    return out
+
+
+def bootstrap(
+    refit: Refit,
+    table: pd.DataFrame,
+    n: int,
+    seed: int,
+    *,
+    strata: str | None = None,
+    workers: int | None = None,
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Refit `n` resamples; return the parameter draws and a diagnostics dict.
+
+    `refit` must be picklable (a module-level function or a functools.partial of one).
+    """
+    if n < 1:
+        raise DelphiError(f"bootstrap: n = {n}, expected >= 1")
+    indices = resample_indices(table, n, seed, strata)
+    if workers is None:
+        workers = os.cpu_count() or 1
+    workers = max(1, min(workers, n // MIN_REFITS_PER_WORKER))
+    if workers == 1:
+        results = _run_chunk(refit, table, indices)
+    else:
+        chunks = [indices[i::workers] for i in range(workers)]
+        # fork is cheapest, but forking a process that has imported jax (multithreaded) can
+        # deadlock: spawn then.
+        ctx = multiprocessing.get_context("spawn" if "jax" in sys.modules else "fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            parts = list(pool.map(_run_chunk, [refit] * workers, [table] * workers, chunks))
+        # Undo the round-robin split so draw i is resample i whatever the worker count.
+        results = [None] * n
+        for w, part in enumerate(parts):
+            for j, params in enumerate(part):
+                results[w + j * workers] = params
+    good = [r for r in results if r is not None]
+    if not good:
+        raise DelphiError(f"bootstrap: all {n} refits failed")
+    samples = {k: [float(r[k]) for r in good] for k in good[0]}
+    clustered = "run_id" in table and bool(table["run_id"].duplicated().any())
+    info = {
+        "bootstrap_n": n,
+        "bootstrap_failed": n - len(good),
+        "bootstrap_unit": "run_id" if clustered else "row",
+        "bootstrap_strata": strata,
+        "bootstrap_workers": workers,
+        "interval": "bootstrap percentile, 90%",
+    }
+    return samples, info

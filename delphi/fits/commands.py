@@ -1,0 +1,179 @@
+"""`delphi fit isoflop|envelope|parametric|vpnls|frontier|moe|backtest` and `delphi predict`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from delphi.errors import DelphiError
+
+COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
+METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "moe")
+HELP = {
+    "isoflop": "Approach 2: per-budget parabolas, N* ~ C^a, D* ~ C^b, L*(C)",
+    "envelope": "Approach 1: lower envelope of loss against compute",
+    "parametric": "Approach 3: L = E + A/N^alpha + B/D^beta, Huber on log loss, L-BFGS-B from a grid",
+    "vpnls": "L = E + A/N^alpha + B/D^beta by variable projection (NNLS inside, Nelder-Mead outside)",
+    "frontier": "compute frontier L*(C) = E + A C^-gamma (E free, fixed or profiled)",
+    "moe": "MoE law in active params with a granularity or expert-count term (Krajewski et al. 2024)",
+}
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    from delphi.cli import add_json_flag
+
+    fit = subparsers.add_parser("fit", help="fit scaling laws to a results table")
+    fit_sub = fit.add_subparsers(dest="fit_command", metavar="METHOD", parser_class=type(fit))
+    fit_sub.required = True
+    for method in METHODS + ("backtest",):
+        sub = fit_sub.add_parser(method, help=HELP.get(method, "fit below a cut, predict the budgets above"))
+        sub.add_argument("results", help="results table (CSV; JSON/JSONL/Parquet by suffix)")
+        _add_table_options(sub)
+        if method == "backtest":
+            sub.add_argument("--method", choices=METHODS, default="vpnls", help="law to backtest (default vpnls)")
+            group = sub.add_mutually_exclusive_group()
+            group.add_argument("--holdout", type=int, default=1, help="hold out the top K budgets (default 1)")
+            group.add_argument("--cut", type=float, help="train on budgets below this compute")
+        _add_method_options(sub, method)
+        sub.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap refits for intervals")
+        sub.add_argument("--seed", type=int, default=0)
+        sub.add_argument("--workers", type=int, default=None, help="bootstrap processes (default: all cores)")
+        sub.add_argument("--out", type=Path, help="write the fit JSON here (atomically)")
+        add_json_flag(sub)
+        sub.set_defaults(func=run_fit if method != "backtest" else run_backtest, fit_method=method)
+
+    pred = subparsers.add_parser("predict", help="predict loss / N* / D* from a fit JSON")
+    pred.add_argument("fit", type=Path, help="FIT.json written by delphi fit")
+    pred.add_argument("--compute", type=float, nargs="+", help="compute budget(s) in FLOPs")
+    pred.add_argument("--params", type=float, help="N (with --tokens), for laws in N and D")
+    pred.add_argument("--tokens", type=float, help="D (with --params)")
+    pred.add_argument("--config", type=Path, help="a train config (hero): predict at its N, D and FLOPs")
+    pred.add_argument("--granularity", type=float, help="MoE law: granularity d_ff/d_expert")
+    pred.add_argument("--experts", type=float, help="MoE law: routed expert count")
+    add_json_flag(pred)
+    pred.set_defaults(func=run_predict)
+
+
+def _add_table_options(sub: argparse.ArgumentParser) -> None:
+    for name in COLUMN_OPTIONS:
+        flag = name.replace("_", "-")
+        sub.add_argument(f"--{flag}-col", dest=f"{name}_col", metavar="COL", help=f"column holding {name}")
+    sub.add_argument("--query", help="pandas query selecting rows, e.g. \"source == 'llama_3' and not outlier\"")
+    sub.add_argument("--drop-invalid", action="store_true", help="drop rows with non-positive values instead of failing")
+
+
+def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
+    if method in ("isoflop", "backtest"):
+        sub.add_argument("--robust", action="store_true", help="isoflop: Huber instead of least-squares parabolas")
+    if method in ("parametric", "backtest"):
+        sub.add_argument("--full-grid", action="store_true", help="parametric: L-BFGS-B from all 4500 grid starts (slow)")
+    if method in ("frontier", "backtest"):
+        sub.add_argument("--E", dest="e_mode", default="free", help="frontier asymptote: free, profile, or a number")
+        sub.add_argument("--points", choices=("min", "vertex"), default="min", help="frontier: best observed loss or parabola vertex per budget")
+        sub.add_argument("--target-compute", type=float, nargs="+", help="frontier: compute(s) for the E-sensitivity table")
+    if method in ("moe", "backtest"):
+        sub.add_argument("--term", choices=("granularity", "experts"), default="granularity", help="moe: the expert term")
+
+
+def _load(args: argparse.Namespace):
+    from delphi.fits.data import load_results
+
+    cols = {f"{name}_col": getattr(args, f"{name}_col") for name in COLUMN_OPTIONS}
+    return load_results(args.results, query=args.query, drop_invalid=args.drop_invalid, **cols)
+
+
+def _fit_function(args: argparse.Namespace, method: str):
+    from delphi.fits import FITTERS
+
+    options: dict[str, Any] = {"n_bootstrap": args.bootstrap, "seed": args.seed, "workers": args.workers}
+    if args.bootstrap < 0:
+        raise DelphiError(f"--bootstrap {args.bootstrap}: expected >= 0")
+    if method == "isoflop":
+        options["robust"] = args.robust
+    elif method == "parametric":
+        if args.full_grid:
+            options["top_starts"] = None
+    elif method == "frontier":
+        options.update(E=args.e_mode, points=args.points, target_compute=args.target_compute)
+    elif method == "moe":
+        options["term"] = args.term
+    return partial(FITTERS[method], **options)
+
+
+def run_fit(args: argparse.Namespace) -> dict[str, Any]:
+    from delphi.io import atomic_write_json
+
+    table = _load(args)
+    fit = _fit_function(args, args.fit_method)(table)
+    data = fit.to_json()
+    print(fit.summary(), file=sys.stderr)
+    if args.out:
+        atomic_write_json(args.out, data)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if data.get("bootstrap"):  # keep stdout small: the draws are in the file
+        data = dict(data, bootstrap={"n": data["bootstrap"]["n"]})
+    return data
+
+
+def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
+    from delphi.fits.backtest import backtest
+    from delphi.io import atomic_write_json
+
+    table = _load(args)
+    result = backtest(table, _fit_function(args, args.method), cut=args.cut, holdout=args.holdout)
+    for b in result["budgets"]:
+        ci = b["loss_interval_90"]
+        ci_text = f"  90% [{ci[0]:.4f}, {ci[1]:.4f}] covered={b['covered_90']}" if ci else ""
+        print(
+            f"budget {b['budget']:.3g}: observed {b['observed_best_loss']:.4f}, predicted "
+            f"{b['predicted_loss']:.4f} ({100 * b['rel_error']:+.2f}%){ci_text}",
+            file=sys.stderr,
+        )
+    print(f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}%", file=sys.stderr)
+    if args.out:
+        atomic_write_json(args.out, result)
+    return result
+
+
+def run_predict(args: argparse.Namespace) -> dict[str, Any]:
+    from delphi.fits.results import load_fit, _plain
+
+    fit = load_fit(args.fit)
+    terms = {k: getattr(args, k) for k in ("granularity", "experts") if getattr(args, k) is not None}
+    queries: list[dict[str, Any]] = []
+    if args.config:
+        queries.append(_config_query(args.config, fit.kind))
+        terms = {**queries[0].pop("terms"), **terms}
+    if args.compute:
+        queries += [{"compute": c} for c in args.compute]
+    if args.params is not None or args.tokens is not None:
+        if args.params is None or args.tokens is None:
+            raise DelphiError("predict: --params and --tokens go together")
+        queries.append({"params": args.params, "tokens": args.tokens})
+    if not queries:
+        raise DelphiError("predict: give --compute C, --params N --tokens D, or --config HERO.yaml")
+    predictions = [_plain({**q, **fit.predict(**q, **terms)}) for q in queries]
+    for p in predictions:
+        shown = {k: v for k, v in p.items() if not isinstance(v, (list, dict))}
+        print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr)
+    result = predictions[0] if len(predictions) == 1 else {"predictions": predictions}
+    return {"fit": str(args.fit), "kind": fit.kind, "method": fit.method, **result}
+
+
+def _config_query(path: Path, kind: str) -> dict[str, Any]:
+    """A hero train config -> (N active non-embedding, D, exact training FLOPs)."""
+    from delphi.model.flops import count_params, flops_per_token
+    from delphi.train.config import load_train_config
+
+    cfg = load_train_config(path)
+    n = count_params(cfg.model).nonembedding
+    d = cfg.tokens
+    terms = {}
+    if cfg.model.moe is not None:
+        terms = {"granularity": cfg.model.d_ff / cfg.model.moe.d_expert, "experts": cfg.model.moe.experts}
+    if kind in ("parametric", "moe"):
+        return {"params": float(n), "tokens": float(d), "terms": terms}
+    return {"compute": float(flops_per_token(cfg.model, cfg.data.seq_len) * d), "terms": terms}

@@ -1,0 +1,193 @@
+"""Compute frontier L*(C) = E + A C^-gamma, with the asymptote E free, fixed or profiled.
+
+Points: the best loss at each budget, either the lowest observed loss ("min", the
+envelope) or the isoFLOP parabola vertex ("vertex", from Approach 2).
+
+All three modes minimise the same least-squares objective on the loss:
+- free: for fixed gamma the law is linear in (E, A) >= 0 (NNLS), so only gamma is
+  searched (variable projection, as in VPNLS);
+- fixed: E is given (e.g. pinned by hand as Marin did); A by non-negative least
+  squares for each gamma, gamma searched;
+- profiled: RSS(E) = min over (A, gamma) with E fixed, on a grid of E from 0 to just
+  below the lowest loss. The estimate is the profile minimum and its 90% interval is
+  the likelihood-ratio set n ln(RSS(E)/RSS_min) <= chi2_1(0.90).
+
+Whatever the mode, the fit records how the prediction at the target compute moves
+with E (`sensitivity`: prediction at every E of the profile grid, and dL/dE at the
+estimate): free fits of the asymptote are known to be optimistic, so a reader must
+see how much of the prediction E carries.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import minimize_scalar, nnls
+from scipy.stats import chi2
+
+from delphi.errors import DelphiError
+from delphi.fits.bootstrap import bootstrap
+from delphi.fits.data import provenance
+from delphi.fits.isoflop import per_budget_optima
+from delphi.fits.results import FitResult, percentile_intervals
+
+GAMMA_BOUNDS = (1e-4, 3.0)
+GAMMA_GRID = np.geomspace(1e-3, 2.0, 60)
+E_PROFILE_POINTS = 41
+E_MAX_FRACTION = 0.999  # E must stay below the lowest observed loss
+PROFILE_LEVEL = 0.90
+MIN_BUDGETS = 3
+
+
+def frontier_points(table: pd.DataFrame, points: str = "min") -> tuple[np.ndarray, np.ndarray]:
+    """(compute, best loss) per budget."""
+    if points == "vertex":
+        optima, _ = per_budget_optima(table, method="frontier")
+        compute = np.array([o["budget"] for o in optima])
+        loss = np.array([o["loss_opt"] for o in optima])
+    elif points == "min":
+        if "budget" not in table:
+            raise DelphiError("frontier: the table has no budget column")
+        best = table.groupby("budget", sort=True)["loss"].min()
+        compute, loss = best.index.to_numpy(float), best.to_numpy(float)
+    else:
+        raise DelphiError(f"frontier: points = {points!r}, expected 'min' or 'vertex'")
+    if len(compute) < MIN_BUDGETS:
+        raise DelphiError(f"frontier: {len(compute)} budget(s), need at least {MIN_BUDGETS} for E + A C^-gamma")
+    return compute, loss
+
+
+def _fit_given_gamma(gamma: float, log_c: np.ndarray, loss: np.ndarray, E: float | None) -> tuple[float, float, float]:
+    """(E, A, rss) for a fixed gamma; E solved by NNLS when None."""
+    col = np.exp(-gamma * log_c)
+    scale = np.linalg.norm(col)
+    if E is None:
+        coef, rnorm = nnls(np.column_stack([np.ones_like(col), col / scale]), loss)
+        return float(coef[0]), float(coef[1] / scale), float(rnorm**2)
+    y = loss - E
+    A = max(0.0, float(y @ col) / float(col @ col))
+    return E, A, float(np.sum((y - A * col) ** 2))
+
+
+def fit_frontier_arrays(compute: np.ndarray, loss: np.ndarray, E: float | None = None) -> dict[str, float]:
+    log_c = np.log(compute)
+    rss = lambda g: _fit_given_gamma(g, log_c, loss, E)[2]
+    values = [rss(g) for g in GAMMA_GRID]
+    i = int(np.argmin(values))
+    lo, hi = GAMMA_GRID[max(i - 1, 0)], GAMMA_GRID[min(i + 1, len(GAMMA_GRID) - 1)]
+    res = minimize_scalar(rss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12})
+    gamma = float(res.x) if res.fun <= values[i] else float(GAMMA_GRID[i])
+    E_fit, A, value = _fit_given_gamma(gamma, log_c, loss, E)
+    return {"E": E_fit, "A": A, "gamma": gamma, "rss": value}
+
+
+def e_profile(compute: np.ndarray, loss: np.ndarray, targets: np.ndarray) -> list[dict[str, Any]]:
+    grid = np.linspace(0.0, E_MAX_FRACTION * loss.min(), E_PROFILE_POINTS)
+    rows = []
+    for E in grid:
+        f = fit_frontier_arrays(compute, loss, E=float(E))
+        pred = f["E"] + f["A"] * targets ** -f["gamma"]
+        rows.append({"E": float(E), "A": f["A"], "gamma": f["gamma"], "rss": f["rss"], "predicted_loss": pred.tolist()})
+    return rows
+
+
+def _frontier_refit(table: pd.DataFrame, points: str, E: float | None) -> dict[str, float]:
+    f = fit_frontier_arrays(*frontier_points(table, points), E=E)
+    return {"E": f["E"], "A": f["A"], "gamma": f["gamma"]}
+
+
+def fit_frontier(
+    table: pd.DataFrame,
+    *,
+    E: str | float = "free",
+    points: str = "min",
+    target_compute: list[float] | None = None,
+    n_bootstrap: int = 0,
+    seed: int = 0,
+    workers: int | None = None,
+) -> FitResult:
+    """`E`: "free", "profile", or a number (fixed asymptote)."""
+    compute, loss = frontier_points(table, points)
+    targets = np.asarray(target_compute if target_compute else [10 * compute.max()], float)
+    if isinstance(E, str) and E not in ("free", "profile"):
+        try:
+            E = float(E)
+        except ValueError:
+            raise DelphiError(f"frontier: E = {E!r}, expected 'free', 'profile' or a number") from None
+    if not isinstance(E, str) and not 0 <= E < loss.min():
+        raise DelphiError(f"frontier: fixed E = {E} must be in [0, lowest loss {loss.min():.4g})")
+
+    profile = e_profile(compute, loss, targets)
+    n = len(compute)
+    if E == "profile":
+        # Refine the profile minimum between its grid neighbours.
+        i = int(np.argmin([r["rss"] for r in profile]))
+        lo, hi = profile[max(i - 1, 0)]["E"], profile[min(i + 1, len(profile) - 1)]["E"]
+        res = minimize_scalar(lambda e: fit_frontier_arrays(compute, loss, E=e)["rss"], bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
+        fit = fit_frontier_arrays(compute, loss, E=float(res.x))
+        mode, fixed_E = "profile", float(res.x)
+    elif E == "free":
+        fit = fit_frontier_arrays(compute, loss)
+        mode, fixed_E = "free", None
+    else:
+        fit = fit_frontier_arrays(compute, loss, E=float(E))
+        mode, fixed_E = "fixed", float(E)
+    params = {"E": fit["E"], "A": fit["A"], "gamma": fit["gamma"]}
+
+    # Likelihood-ratio set for E from the profile (Gaussian errors, one parameter).
+    rss_min = min(min(r["rss"] for r in profile), fit["rss"]) if mode != "fixed" else min(r["rss"] for r in profile)
+    cut = chi2.ppf(PROFILE_LEVEL, 1)
+    inside = [r["E"] for r in profile if n * np.log(max(r["rss"], 1e-300) / max(rss_min, 1e-300)) <= cut]
+    if mode != "fixed":
+        inside.append(params["E"])  # the estimate is in its own interval (matters when RSS -> 0)
+    e_interval = (min(inside), max(inside)) if inside else (float("nan"), float("nan"))
+    preds = np.array([r["predicted_loss"] for r in profile])  # (E grid, targets)
+    in_set = np.array([r["E"] in inside for r in profile])
+    point_pred = params["E"] + params["A"] * targets ** -params["gamma"]
+    # dL/dE at the estimate from the profile (finite difference over the nearest grid points)
+    grid_E = np.array([r["E"] for r in profile])
+    j = int(np.clip(np.searchsorted(grid_E, params["E"]), 1, len(grid_E) - 1))
+    slope = (preds[j] - preds[j - 1]) / (grid_E[j] - grid_E[j - 1])
+    sensitivity = {
+        "target_compute": targets.tolist(),
+        "predicted_loss": point_pred.tolist(),
+        "dloss_dE": slope.tolist(),
+        "E_interval_profile_90": list(e_interval),
+        "predicted_loss_range_over_E_interval": [
+            [float(preds[in_set, k].min()), float(preds[in_set, k].max())] if in_set.any() else [None, None]
+            for k in range(len(targets))
+        ],
+    }
+    resid = loss - (params["E"] + params["A"] * compute ** -params["gamma"])
+    diagnostics = {
+        "e_mode": mode,
+        "points": points,
+        "n_budgets": n,
+        "rss": fit["rss"],
+        "max_abs_rel_residual": float(np.abs(resid / loss).max()),
+        **provenance(table),
+    }
+    intervals = {"E": e_interval} if mode == "profile" else {}
+    result = FitResult(
+        kind="frontier", method=f"frontier-{mode}", params=params, intervals=intervals, diagnostics=diagnostics,
+        extra={
+            "e_mode": mode,
+            "frontier_points": [{"flops": float(c), "loss": float(l)} for c, l in zip(compute, loss)],
+            "E_profile": profile,
+            "sensitivity": sensitivity,
+        },
+        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+    )
+    if n_bootstrap:
+        refit = partial(_frontier_refit, points=points, E=fixed_E if mode == "fixed" else None)
+        samples, info = bootstrap(refit, table, n_bootstrap, seed, strata="budget", workers=workers)
+        result.samples = samples
+        boot = percentile_intervals(samples)
+        if mode == "profile":
+            boot["E"] = e_interval  # the profile interval is the one this mode is for
+        result.intervals = boot
+        result.diagnostics.update(info)
+    return result

@@ -1,0 +1,228 @@
+"""Approach 1 (lower envelope) and Approach 2 (isoFLOP parabolas) of Hoffmann et al. 2022.
+
+Approach 2: at each compute budget fit loss as a parabola in ln N (and separately in
+ln D), take the vertex as that budget's optimum N*, D*, L* with a delta-method standard
+error from the parabola's covariance, then fit N* = N0 C^a, D* = D0 C^b and
+L* = L0 C^l by OLS in log10 space (statsmodels), with 90% confidence intervals.
+
+Known bias (Open-Athena, scaling-law-analysis; DESIGN.md section 6): the loss along an
+isoFLOP curve is not a parabola in ln N. With L = E + A N^-alpha + B D^-beta and
+alpha != beta its third derivative at the optimum is K (beta^2 - alpha^2) against a
+second derivative K (alpha + beta), so on a grid symmetric in ln N about the true
+optimum the fitted vertex moves by a constant of sign (alpha - beta): N* is
+overestimated when alpha > beta. The shift is the same at every budget when the grid
+has the same width and number of points, so the exponent a survives and the intercept
+N0 is biased; a grid whose centre drifts with budget biases a as well. Report
+Approach 2 beside a parametric fit, do not rely on it alone.
+
+Approach 1 (lower envelope): a point is on the envelope if no point with at most its
+compute reached a lower loss. With intermediate checkpoints in the table this is
+Hoffmann's Approach 1; with final losses only it is the running minimum of loss over
+compute. N and D of the envelope points are fitted against C by OLS in log space.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+
+from delphi.errors import DelphiError
+from delphi.fits.bootstrap import bootstrap
+from delphi.fits.data import provenance
+from delphi.fits.results import FitResult, percentile_intervals
+
+MIN_POINTS_PER_BUDGET = 3  # a parabola has three coefficients
+CI_LEVEL = 0.90
+
+
+def budget_groups(table: pd.DataFrame, method: str) -> list[tuple[float, pd.DataFrame]]:
+    if "budget" not in table:
+        raise DelphiError(f"{method}: the table has no budget column and budgets were not derived")
+    groups = [(float(b), g) for b, g in table.groupby("budget", sort=True)]
+    for budget, g in groups:
+        if len(g) < MIN_POINTS_PER_BUDGET:
+            raise DelphiError(
+                f"{method}: budget {budget:.4g} has {len(g)} point(s), need at least {MIN_POINTS_PER_BUDGET} "
+                f"for a parabola (drop it with --query 'budget != {budget:.6g}')"
+            )
+        if g["params"].nunique() < MIN_POINTS_PER_BUDGET:
+            raise DelphiError(
+                f"{method}: budget {budget:.4g} has only {g['params'].nunique()} distinct params value(s), "
+                f"need at least {MIN_POINTS_PER_BUDGET}"
+            )
+    if len(groups) < 2:
+        only = f" ({groups[0][0]:.4g})" if groups else ""
+        raise DelphiError(f"{method}: {len(groups)} compute budget{only}, need at least 2 to fit N* ~ C^a")
+    return groups
+
+
+def parabola_vertex(x: np.ndarray, loss: np.ndarray, robust: bool = False) -> dict[str, float]:
+    """Fit loss = c0 + c1 u + c2 u^2 with u = x - mean(x); return the vertex and its SEs.
+
+    SEs are by the delta method from the coefficient covariance. `robust` uses Huber's T
+    (statsmodels RLM) instead of least squares.
+    """
+    centre = float(x.mean())
+    u = x - centre
+    design = np.column_stack([np.ones_like(u), u, u * u])
+    model = sm.RLM(loss, design, M=sm.robust.norms.HuberT()) if robust else sm.OLS(loss, design)
+    res = model.fit()
+    c0, c1, c2 = res.params
+    if not c2 > 0:
+        return {"convex": False}
+    cov = np.asarray(res.cov_params()) if len(x) > 3 else np.full((3, 3), np.nan)
+    u_star = -c1 / (2 * c2)
+    l_star = c0 - c1 * c1 / (4 * c2)
+    grad_u = np.array([0.0, -1 / (2 * c2), c1 / (2 * c2 * c2)])
+    grad_l = np.array([1.0, -c1 / (2 * c2), c1 * c1 / (4 * c2 * c2)])
+    return {
+        "convex": True,
+        "x": centre + u_star,
+        "x_se": float(np.sqrt(grad_u @ cov @ grad_u)),
+        "loss": float(l_star),
+        "loss_se": float(np.sqrt(grad_l @ cov @ grad_l)),
+        "inside": bool(x.min() <= centre + u_star <= x.max()),
+        "curvature": float(c2),
+    }
+
+
+def per_budget_optima(table: pd.DataFrame, robust: bool = False, method: str = "approach2") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    optima, skipped = [], []
+    for budget, g in budget_groups(table, method):
+        ln_n = np.log(g["params"].to_numpy(float))
+        ln_d = np.log(g["tokens"].to_numpy(float))
+        loss = g["loss"].to_numpy(float)
+        vn = parabola_vertex(ln_n, loss, robust)
+        vd = parabola_vertex(ln_d, loss, robust)
+        if not (vn["convex"] and vd["convex"]):
+            skipped.append({"budget": budget, "reason": "parabola not convex (no interior minimum)"})
+            continue
+        optima.append(
+            {
+                "budget": budget,
+                "flops": float(np.exp(np.log(g["flops"].to_numpy(float)).mean())),
+                "n_points": len(g),
+                "params_opt": float(np.exp(vn["x"])),
+                "params_opt_se_ln": vn["x_se"],
+                "tokens_opt": float(np.exp(vd["x"])),
+                "tokens_opt_se_ln": vd["x_se"],
+                "loss_opt": vn["loss"],
+                "loss_opt_se": vn["loss_se"],
+                "vertex_inside_sampled_range": vn["inside"] and vd["inside"],
+                "best_observed_loss": float(loss.min()),
+            }
+        )
+    if len(optima) < 2:
+        raise DelphiError(
+            f"{method}: only {len(optima)} budget(s) with a convex parabola "
+            f"(skipped: {[s['budget'] for s in skipped]}); need at least 2"
+        )
+    return optima, skipped
+
+
+def power_law_ols(log10_c: np.ndarray, log10_y: np.ndarray) -> dict[str, Any]:
+    """log10 y = intercept + slope log10 C by OLS; 90% intervals when there are spare points."""
+    res = sm.OLS(log10_y, sm.add_constant(log10_c)).fit()
+    intercept, slope = (float(v) for v in res.params)
+    if len(log10_c) > 2:
+        ci = np.asarray(res.conf_int(alpha=1 - CI_LEVEL))
+        intervals = {"intercept": (float(ci[0, 0]), float(ci[0, 1])), "slope": (float(ci[1, 0]), float(ci[1, 1]))}
+        r2 = float(res.rsquared)
+    else:
+        intervals, r2 = {}, float("nan")
+    return {"intercept": intercept, "slope": slope, "intervals": intervals, "r2": r2}
+
+
+def _laws_from_points(flops: np.ndarray, n_opt: np.ndarray, d_opt: np.ndarray, l_opt: np.ndarray) -> tuple[dict[str, float], dict[str, tuple[float, float]], dict[str, float]]:
+    lc = np.log10(flops)
+    fits = {"N": power_law_ols(lc, np.log10(n_opt)), "D": power_law_ols(lc, np.log10(d_opt)), "L": power_law_ols(lc, np.log10(l_opt))}
+    params = {
+        "a": fits["N"]["slope"], "b": fits["D"]["slope"], "loss_exponent": fits["L"]["slope"],
+        "log10_N0": fits["N"]["intercept"], "log10_D0": fits["D"]["intercept"], "log10_L0": fits["L"]["intercept"],
+    }
+    names = {"N": ("a", "log10_N0"), "D": ("b", "log10_D0"), "L": ("loss_exponent", "log10_L0")}
+    intervals: dict[str, tuple[float, float]] = {}
+    for key, (slope_name, intercept_name) in names.items():
+        if fits[key]["intervals"]:
+            intervals[slope_name] = fits[key]["intervals"]["slope"]
+            intervals[intercept_name] = fits[key]["intervals"]["intercept"]
+    r2 = {f"r2_{k}": fits[k]["r2"] for k in fits}
+    return params, intervals, r2
+
+
+def _approach2_params(table: pd.DataFrame, robust: bool) -> dict[str, float]:
+    optima, _ = per_budget_optima(table, robust)
+    return _laws_from_points(*_optima_arrays(optima))[0]
+
+
+def _optima_arrays(optima: list[dict[str, Any]]) -> tuple[np.ndarray, ...]:
+    return tuple(np.array([o[k] for o in optima]) for k in ("budget", "params_opt", "tokens_opt", "loss_opt"))
+
+
+def fit_approach2(
+    table: pd.DataFrame, *, robust: bool = False, n_bootstrap: int = 0, seed: int = 0, workers: int | None = None
+) -> FitResult:
+    optima, skipped = per_budget_optima(table, robust)
+    params, ols_intervals, r2 = _laws_from_points(*_optima_arrays(optima))
+    diagnostics = {
+        "n_budgets": len(optima),
+        "n_budgets_skipped": len(skipped),
+        "parabola_loss": "huber" if robust else "least_squares",
+        "vertices_outside_sampled_range": sum(not o["vertex_inside_sampled_range"] for o in optima),
+        "interval": "OLS 90% confidence interval (statsmodels)",
+        **r2,
+        **provenance(table),
+    }
+    fit = FitResult(
+        kind="isoflop", method="approach2", params=params, intervals=ols_intervals, diagnostics=diagnostics,
+        extra={"optima": optima, "skipped_budgets": skipped, "ols_intervals": ols_intervals},
+        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+    )
+    if n_bootstrap:
+        samples, info = bootstrap(partial(_approach2_params, robust=robust), table, n_bootstrap, seed, strata="budget", workers=workers)
+        fit.samples = samples
+        fit.intervals = percentile_intervals(samples)
+        fit.diagnostics.update(info)
+    return fit
+
+
+def envelope_points(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows not beaten by any row with at most their compute (running minimum of loss over C)."""
+    ordered = table.sort_values(["flops", "loss"], kind="stable")
+    running = np.minimum.accumulate(ordered["loss"].to_numpy())
+    keep = ordered["loss"].to_numpy() <= running
+    # a point equal to an earlier minimum adds nothing
+    keep &= np.concatenate([[True], np.diff(running) < 0])
+    return ordered[keep]
+
+
+def _approach1_params(table: pd.DataFrame) -> dict[str, float]:
+    env = envelope_points(table)
+    if len(env) < 3:
+        raise DelphiError(f"approach1: only {len(env)} point(s) on the lower envelope, need at least 3")
+    return _laws_from_points(*(env[k].to_numpy(float) for k in ("flops", "params", "tokens", "loss")))[0]
+
+
+def fit_approach1(table: pd.DataFrame, *, n_bootstrap: int = 0, seed: int = 0, workers: int | None = None) -> FitResult:
+    env = envelope_points(table)
+    if len(env) < 3:
+        raise DelphiError(f"approach1: only {len(env)} point(s) on the lower envelope, need at least 3")
+    if env["params"].nunique() < 2:
+        raise DelphiError("approach1: every envelope point has the same params; N* ~ C^a is not identifiable")
+    params, intervals, r2 = _laws_from_points(*(env[k].to_numpy(float) for k in ("flops", "params", "tokens", "loss")))
+    diagnostics = {"n_envelope_points": len(env), "interval": "OLS 90% confidence interval (statsmodels)", **r2, **provenance(table)}
+    fit = FitResult(
+        kind="envelope", method="approach1", params=params, intervals=intervals, diagnostics=diagnostics,
+        extra={"frontier_points": env[["flops", "params", "tokens", "loss"]].to_dict(orient="records")},
+        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+    )
+    if n_bootstrap:
+        samples, info = bootstrap(_approach1_params, table, n_bootstrap, seed, workers=workers)
+        fit.samples = samples
+        fit.intervals = percentile_intervals(samples)
+        fit.diagnostics.update(info)
+    return fit

@@ -1,0 +1,94 @@
+"""The fitted laws as pure functions of their parameters, and compute-optimal allocation.
+
+A fit stores only its parameters (a dict); everything a user asks of it (loss
+at N, D; N*, D*, L* at compute C) is one of these functions, so a bootstrap
+interval on a prediction is the same function applied to every bootstrap draw.
+
+Kinds and their parameters:
+    parametric  L(N, D) = E + A N^-alpha + B D^-beta                 (Hoffmann et al. 2022)
+    moe         L(N, D, X) = E + (G X^-gamma + A) N^-alpha + B D^-beta (Krajewski et al. 2024)
+    isoflop     N* = 10^log10_N0 C^a, D* = 10^log10_D0 C^b, L* = 10^log10_L0 C^loss_exponent
+    envelope    same parameters as isoflop, from the lower envelope (Approach 1)
+    frontier    L*(C) = E + A C^-gamma
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from delphi.errors import DelphiError
+from delphi.fits.data import FLOPS_PER_PARAM_TOKEN
+
+
+def chinchilla_loss(p: dict[str, float], params: Any, tokens: Any) -> np.ndarray:
+    n, d = np.asarray(params, float), np.asarray(tokens, float)
+    return p["E"] + p["A"] * n ** -p["alpha"] + p["B"] * d ** -p["beta"]
+
+
+def chinchilla_optimum(p: dict[str, float], compute: Any, A: float | None = None) -> dict[str, np.ndarray]:
+    """Minimise E + A N^-alpha + B D^-beta subject to C = 6 N D (Hoffmann et al. 2022, eq. 4).
+
+    N* = G (C/6)^(beta/(alpha+beta)), G = (alpha A / (beta B))^(1/(alpha+beta)), D* = C/(6 N*).
+    """
+    c = np.asarray(compute, float)
+    a_coef = p["A"] if A is None else A
+    alpha, beta = p["alpha"], p["beta"]
+    if a_coef <= 0 or p["B"] <= 0 or alpha <= 0 or beta <= 0:
+        # A term is absent: loss falls monotonically along one axis, there is no interior optimum.
+        nan = np.full_like(c, np.nan)
+        return {"params": nan, "tokens": nan, "loss": nan}
+    g = (alpha * a_coef / (beta * p["B"])) ** (1.0 / (alpha + beta))
+    n_opt = g * (c / FLOPS_PER_PARAM_TOKEN) ** (beta / (alpha + beta))
+    d_opt = c / (FLOPS_PER_PARAM_TOKEN * n_opt)
+    loss = p["E"] + a_coef * n_opt ** -alpha + p["B"] * d_opt ** -beta
+    return {"params": n_opt, "tokens": d_opt, "loss": loss}
+
+
+def moe_coefficient(p: dict[str, float], x: Any) -> np.ndarray:
+    """The effective A of the MoE law at expert term X (granularity or expert count)."""
+    return p["G"] * np.asarray(x, float) ** -p["gamma"] + p["A"]
+
+
+def point_prediction(kind: str, p: dict[str, float], term: str = "granularity", **query: Any) -> dict[str, Any]:
+    """One prediction from one parameter set. `query`: compute=C, or params=N and tokens=D
+    (plus granularity=/experts= for the MoE law, whichever term it was fitted with)."""
+    compute, n, d = query.get("compute"), query.get("params"), query.get("tokens")
+    if compute is None and (n is None or d is None):
+        raise DelphiError("predict: give compute=C, or params=N and tokens=D")
+    if kind in ("parametric", "moe"):
+        if kind == "moe":
+            x = query.get(term)
+            if x is None:
+                raise DelphiError(f"predict: this MoE law needs {term}=... (--{term})")
+            a_eff = float(moe_coefficient(p, x))
+        else:
+            a_eff = p["A"]
+        if compute is not None:
+            opt = chinchilla_optimum(p, compute, A=a_eff)
+            return {"loss": opt["loss"], "params": opt["params"], "tokens": opt["tokens"]}
+        q = dict(p, A=a_eff)
+        return {"loss": chinchilla_loss(q, n, d), "params": np.asarray(n, float), "tokens": np.asarray(d, float)}
+    if kind in ("isoflop", "envelope"):
+        if compute is None:
+            raise DelphiError(f"predict: a {kind} fit predicts from compute only (--compute C)")
+        c = np.asarray(compute, float)
+        return {
+            "loss": 10 ** p["log10_L0"] * c ** p["loss_exponent"],
+            "params": 10 ** p["log10_N0"] * c ** p["a"],
+            "tokens": 10 ** p["log10_D0"] * c ** p["b"],
+        }
+    if kind == "frontier":
+        if compute is None:
+            raise DelphiError("predict: a frontier fit predicts from compute only (--compute C)")
+        c = np.asarray(compute, float)
+        return {"loss": p["E"] + p["A"] * c ** -p["gamma"], "params": None, "tokens": None}
+    raise DelphiError(f"predict: unknown fit kind {kind!r}")
+
+
+def derived_quantities(kind: str, p: dict[str, float]) -> dict[str, float]:
+    """Quantities implied by the parameters, bootstrapped alongside them."""
+    if kind in ("parametric", "moe") and p["alpha"] + p["beta"] > 0:
+        return {"a": p["beta"] / (p["alpha"] + p["beta"]), "b": p["alpha"] / (p["alpha"] + p["beta"])}
+    return {}

@@ -1,0 +1,179 @@
+"""The results object every fit returns, its JSON form, and `load_fit`.
+
+A `FitResult` holds the point estimate (`params`), 90% intervals, residual
+diagnostics, provenance (input sha256, number of points, seed, toolkit
+version) and, when bootstrapped, the bootstrap draws of the parameters. The
+draws make every prediction carry a percentile interval, also after the fit
+was written to JSON and read back with `load_fit`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import delphi
+from delphi.errors import DelphiError
+from delphi.fits.laws import derived_quantities, point_prediction
+
+INTERVAL_LEVELS = (0.5, 0.9)  # central percentile intervals reported on predictions
+SCHEMA = "delphi.fit/1"
+
+
+@dataclass
+class FitResult:
+    kind: str  # parametric | moe | isoflop | envelope | frontier
+    method: str  # approach3 | vpnls | approach2 | approach1 | frontier-free | ...
+    params: dict[str, float]
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 90%
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # per-budget optima, E profile, ...
+    input_sha256: str | None = None
+    n_points: int = 0
+    seed: int | None = None
+    version: str = delphi.__version__
+    samples: dict[str, list[float]] | None = None  # bootstrap draws, one list per parameter
+
+    @property
+    def derived(self) -> dict[str, float]:
+        return derived_quantities(self.kind, self.params)
+
+    def predict(self, compute: Any = None, params: Any = None, tokens: Any = None, **terms: Any) -> dict[str, Any]:
+        """Predict at compute C (loss, N*, D*, tokens per parameter) or at (N, D).
+
+        With bootstrap draws, each quantity `q` also gets `q_interval_50` and `q_interval_90`.
+        """
+        term = self.extra.get("term", "granularity")
+        query = {"compute": compute, "params": params, "tokens": tokens, **terms}
+        point = point_prediction(self.kind, self.params, term=term, **query)
+        out: dict[str, Any] = {"compute": compute} if compute is not None else {}
+        out.update({k: _plain(v) for k, v in point.items()})
+        if compute is not None and point["params"] is not None:
+            out["tokens_per_param"] = _plain(point["tokens"] / point["params"])
+        if self.samples:
+            draws = [
+                point_prediction(self.kind, p, term=term, **query) for p in _sample_dicts(self.samples)
+            ]
+            for key, value in point.items():
+                if value is None:
+                    continue
+                values = np.array([d[key] for d in draws], dtype=float)
+                if key == "params" and compute is None or key == "tokens" and compute is None:
+                    continue  # inputs, not predictions
+                for level in INTERVAL_LEVELS:
+                    out[f"{key}_interval_{int(level * 100)}"] = _percentile_interval(values, level)
+            if compute is not None and point["params"] is not None:
+                ratio = np.array([d["tokens"] / d["params"] for d in draws], dtype=float)
+                for level in INTERVAL_LEVELS:
+                    out[f"tokens_per_param_interval_{int(level * 100)}"] = _percentile_interval(ratio, level)
+        return out
+
+    def summary(self) -> str:
+        lines = [f"{self.kind} fit ({self.method}), {self.n_points} points"]
+        for name, value in self.params.items():
+            lo_hi = self.intervals.get(name)
+            ci = f"  90% [{lo_hi[0]:.6g}, {lo_hi[1]:.6g}]" if lo_hi else ""
+            lines.append(f"  {name:>14} = {value:.6g}{ci}")
+        for name, value in self.derived.items():
+            lo_hi = self.intervals.get(name)
+            ci = f"  90% [{lo_hi[0]:.6g}, {lo_hi[1]:.6g}]" if lo_hi else ""
+            lines.append(f"  {name:>14} = {value:.6g}{ci}  (derived)")
+        for name, value in self.diagnostics.items():
+            if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+                lines.append(f"  {name}: {value:.6g}" if isinstance(value, float) else f"  {name}: {value}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(
+            {
+                "schema": SCHEMA,
+                "kind": self.kind,
+                "method": self.method,
+                "params": self.params,
+                "derived": self.derived,
+                "intervals": {k: list(v) for k, v in self.intervals.items()},
+                "diagnostics": self.diagnostics,
+                **self.extra,
+                "input_sha256": self.input_sha256,
+                "n_points": self.n_points,
+                "seed": self.seed,
+                "version": self.version,
+                "bootstrap": None if self.samples is None else {"n": len(next(iter(self.samples.values()))), "samples": self.samples},
+            }
+        )
+
+
+EXTRA_KEYS = ("optima", "term", "E_profile", "sensitivity", "frontier_points", "skipped_budgets", "ols_intervals", "e_mode")
+
+
+def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
+    for key in ("kind", "method", "params"):
+        if key not in data:
+            raise DelphiError(f"{where}: missing key {key!r}; not a delphi fit file")
+    boot = data.get("bootstrap")
+    return FitResult(
+        kind=data["kind"],
+        method=data["method"],
+        params={k: float(v) for k, v in data["params"].items()},
+        intervals={k: tuple(v) for k, v in data.get("intervals", {}).items()},
+        diagnostics=data.get("diagnostics", {}),
+        extra={k: data[k] for k in EXTRA_KEYS if k in data},
+        input_sha256=data.get("input_sha256"),
+        n_points=int(data.get("n_points", 0)),
+        seed=data.get("seed"),
+        version=data.get("version", "unknown"),
+        samples=None if not boot else {k: list(v) for k, v in boot["samples"].items()},
+    )
+
+
+def load_fit(path: str | os.PathLike) -> FitResult:
+    """Rebuild a results object from the JSON that `delphi fit ... --out` wrote."""
+    path = Path(path)
+    if not path.is_file():
+        raise DelphiError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DelphiError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise DelphiError(f"{path}: expected a JSON object")
+    return fit_from_json(data, str(path))
+
+
+def percentile_intervals(samples: dict[str, list[float]], level: float = 0.9) -> dict[str, tuple[float, float]]:
+    return {k: _percentile_interval(np.asarray(v, float), level) for k, v in samples.items()}
+
+
+def _percentile_interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return (math.nan, math.nan)
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return (float(lo), float(hi))
+
+
+def _sample_dicts(samples: dict[str, list[float]]) -> list[dict[str, float]]:
+    keys = list(samples)
+    return [dict(zip(keys, row)) for row in zip(*(samples[k] for k in keys))]
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-able copy: numpy scalars/arrays to Python, NaN/inf to None."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist()) if obj.ndim else _plain(obj.item())
+    if isinstance(obj, np.generic):
+        return _plain(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

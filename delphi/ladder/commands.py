@@ -1,0 +1,135 @@
+"""`delphi ladder plan | run | collect | hero`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    from delphi.cli import add_json_flag
+
+    ladder = subparsers.add_parser("ladder", help="plan, run and collect a ladder of compute-optimal runs")
+    sub = ladder.add_subparsers(dest="ladder_command", metavar="SUBCOMMAND")
+
+    plan = sub.add_parser("plan", help="one train config per rung + manifest.csv")
+    plan.add_argument("spec", metavar="SPEC.yaml")
+    plan.add_argument("--out", required=True, metavar="LADDER_DIR")
+    add_json_flag(plan)
+    plan.set_defaults(func=_plan)
+
+    run = sub.add_parser("run", help="train every rung that is not completed")
+    run.add_argument("ladder_dir", metavar="LADDER_DIR")
+    run.add_argument("--workers", type=int, default=None, help="parallel rungs (default: one per CPU core)")
+    run.add_argument("--retries", type=int, default=1, help="retries of a failed rung (default 1)")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="local worker processes, or one Ray task per rung (pip install 'delphi[ray]')")
+    ray_opts = run.add_argument_group("--executor ray")
+    ray_opts.add_argument("--address", default=None,
+                          help="Ray cluster to join ('auto', host:port, ray://host:10001; default: a local Ray instance)")
+    ray_opts.add_argument("--cpus-per-rung", type=float, default=None, help="Ray num_cpus of each rung (default 1)")
+    ray_opts.add_argument("--gpus-per-rung", type=float, default=None, help="Ray num_gpus of each rung (default 0)")
+    ray_opts.add_argument("--worker-retries", type=int, default=None,
+                          help="Ray max_retries: resubmits after a worker dies (default 3)")
+    add_json_flag(run)
+    run.set_defaults(func=_run)
+
+    collect = sub.add_parser("collect", help="results table (canonical columns) from the run dirs")
+    collect.add_argument("ladder_dir", metavar="LADDER_DIR")
+    collect.add_argument("--out", required=True, metavar="RESULTS.csv")
+    collect.add_argument("--all", action="store_true", help="include rungs that did not complete (empty loss)")
+    add_json_flag(collect)
+    collect.set_defaults(func=_collect)
+
+    hero = sub.add_parser("hero", help="compute-optimal hero config at compute C from a fit")
+    hero.add_argument("--fit", required=True, metavar="FIT.json")
+    hero.add_argument("--compute", required=True, type=float, metavar="C")
+    hero.add_argument("--spec", required=True, metavar="SPEC.yaml")
+    hero.add_argument("--out", required=True, metavar="HERO.yaml")
+    hero.add_argument("--seed", type=int, default=0)
+    add_json_flag(hero)
+    hero.set_defaults(func=_hero)
+
+    ladder.set_defaults(func=lambda args: (ladder.print_help(sys.stderr), ({}, 2))[1])
+
+
+def _plan(args: argparse.Namespace) -> dict:
+    from delphi.data.loader import TokenStore
+    from delphi.ladder.plan import format_table, plan_ladder, write_ladder
+    from delphi.ladder.spec import load_ladder_spec
+
+    spec = load_ladder_spec(args.spec)
+    rungs = plan_ladder(spec)
+    # The store must feed every rung (batch and eval set) before anything is written.
+    store = TokenStore(spec.run.store)
+    for rung in rungs:
+        store.check_run(rung.batch_size, spec.seq_len, spec.run.eval_tokens, where=f"{args.spec}: run.store ({rung.run_id})")
+    rows = write_ladder(spec, rungs, args.out)
+    for row in rows:
+        row["epochs"] = store.epochs(int(row["steps"]), int(row["batch_size"]), spec.seq_len)
+    print(format_table(rows), file=sys.stderr)
+    total = sum(float(r["flops"]) for r in rows)
+    worst = max(abs(float(r["flops_error"])) for r in rows)
+    max_epochs = max(r["epochs"] for r in rows)
+    print(
+        f"{len(rows)} rungs over {len(spec.budgets)} budgets, {total:.3g} FLOPs in all, worst budget error "
+        f"{worst:.2%}, max {max_epochs:.2f} epochs of {spec.run.store}; wrote {args.out}/manifest.csv",
+        file=sys.stderr,
+    )
+    return {"out": str(args.out), "rungs": rows, "flops_total": total, "max_flops_error": worst}
+
+
+def _run(args: argparse.Namespace):
+    from delphi.ladder.runner import run_ladder
+
+    if args.executor == "ray":
+        from delphi.ladder.ray_executor import run_ray_ladder_from_args
+
+        result = run_ray_ladder_from_args(args)
+    else:
+        from delphi.ladder.ray_executor import reject_ray_options
+
+        reject_ray_options(args)
+        result = run_ladder(args.ladder_dir, workers=args.workers, retries=args.retries)
+    print(
+        f"ladder {args.ladder_dir}: {result['completed']} completed, {result['diverged']} diverged, "
+        f"{len(result['failed'])} failed of {result['rungs']} rungs in {result['wall_s']:.0f} s",
+        file=sys.stderr,
+    )
+    return (result, 1) if result["failed"] else result
+
+
+def _collect(args: argparse.Namespace) -> dict:
+    from delphi.ladder.collect import collect_ladder, write_results
+    from delphi.ladder.plan import read_manifest
+
+    total = len(read_manifest(args.ladder_dir))
+    frame = collect_ladder(args.ladder_dir, include_all=args.all)
+    write_results(frame, args.out)
+    complete = int((frame["status"] == "completed").sum()) if len(frame) else 0
+    print(f"wrote {args.out}: {len(frame)} rows ({complete} completed of {total} rungs)", file=sys.stderr)
+    return {"out": str(args.out), "rows": len(frame), "completed": complete, "rungs": total}
+
+
+def _hero(args: argparse.Namespace) -> dict:
+    from delphi.io import atomic_write_yaml
+    from delphi.ladder.hero import hero_from_fit
+    from delphi.ladder.plan import format_table
+    from delphi.ladder.spec import load_ladder_spec
+    from delphi.train.config import train_config_to_dict
+
+    spec = load_ladder_spec(args.spec)
+    if not Path(args.fit).is_file():
+        from delphi.errors import DelphiError
+
+        raise DelphiError(f"--fit: {args.fit}: file not found")
+    rung, details = hero_from_fit(args.fit, args.compute, spec, seed=args.seed)
+    atomic_write_yaml(args.out, train_config_to_dict(rung.train))
+    print(format_table([details]), file=sys.stderr)
+    print(
+        f"hero at C={args.compute:.3g}: predicted N*={details['predicted_params']:.4g}, chosen N={details['params']:,} "
+        f"(x{details['params_ratio_to_predicted']:.2f}), D={details['tokens']:,}; wrote {args.out}",
+        file=sys.stderr,
+    )
+    return {"out": str(args.out), **details}

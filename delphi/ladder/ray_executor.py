@@ -1,0 +1,327 @@
+"""Running a planned ladder on a Ray cluster: one Ray task per rung.
+
+    run_ray_ladder(ladder_dir, address=None, cpus_per_rung=1, gpus_per_rung=0,
+                   retries=1, worker_retries=3) -> dict
+
+The same rules as the local executor (delphi.ladder.runner), through the same
+functions: a completed or diverged rung is skipped (`is_finished`), each rung
+trains under its exclusive flock on `locks/<run_id>.lock` (`run_rung`), and
+`train(..., resume=True)` continues a rung from its last checkpoint. Only the
+placement differs: each pending rung is a Ray task declaring `num_cpus` /
+`num_gpus`, and Ray decides where and how many run at once.
+
+Two kinds of retry:
+- worker death (the process is killed, OOM-killed, or its node is lost): Ray
+  resubmits the task itself, up to `worker_retries` times (`max_retries`). The
+  kernel dropped the dead process's lock, so the new attempt takes it and
+  resumes from the last checkpoint;
+- a rung that fails (the trainer raised, or stopped early): the driver submits
+  it again, up to `retries` times. A diverged rung is a result, not a failure.
+A rung whose lock is held by a live process elsewhere (another `delphi ladder
+run` on the same ladder) is not run twice: its task returns at once and the
+driver resubmits it a few seconds later, until the other process has finished it.
+
+Every task reads its config from, and writes its run dir, lock and log into, the
+ladder dir, so on a cluster LADDER_DIR must be one path on a filesystem shared by
+every node (NFSv4, Lustre mounted with `flock`, GPFS...) and the delphi package
+must be installed on every node. Environment variables named DELPHI_* are
+forwarded from the driver to the tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from delphi.errors import DelphiError
+from delphi.ladder.plan import RUNS_DIR
+from delphi.ladder.runner import (
+    EXIT_COMPLETED,
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_LOCKED,
+    LOCKED_RETRY_S,
+    LOCKS_DIR,
+    LOGS_DIR,
+    PROGRESS_EVERY_S,
+    _last_flops,
+    _Rung,
+    is_finished,
+    load_rungs,
+    progress_line,
+    rung_status,
+    run_rung,
+)
+
+RAY_INSTALL_HINT = "pip install 'delphi[ray]' (or pip install 'ray>=2.9')"
+DEFAULT_WORKER_RETRIES = 3  # Ray's own default max_retries for a task
+WAIT_S = 0.5
+FORWARDED_ENV_PREFIX = "DELPHI_"
+# A rung with one CPU and no GPU: one XLA thread, so rungs sharing a node do not fight over cores.
+SINGLE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+# A fractional GPU: JAX would preallocate 75% of the device; leave room for the other rungs on it.
+GPU_MEMORY_HEADROOM = 0.9
+CANCEL_WAIT_S = 60.0
+
+
+def import_ray():
+    """Ray, or a DelphiError (exit 2) saying how to install it."""
+    try:
+        import ray
+    except ImportError as e:
+        raise DelphiError(f"--executor ray: Ray is not installed ({e}); install it with {RAY_INSTALL_HINT}") from None
+    return ray
+
+
+def validate_resources(cpus_per_rung: float, gpus_per_rung: float, retries: int, worker_retries: int) -> None:
+    if cpus_per_rung < 0:
+        raise DelphiError(f"--cpus-per-rung: must be >= 0, got {cpus_per_rung:g}")
+    if gpus_per_rung < 0:
+        raise DelphiError(f"--gpus-per-rung: must be >= 0, got {gpus_per_rung:g}")
+    if cpus_per_rung == 0 and gpus_per_rung == 0:
+        raise DelphiError("--cpus-per-rung: a rung must declare some CPUs or GPUs, got 0 of both")
+    if gpus_per_rung > 1 and gpus_per_rung != int(gpus_per_rung):
+        raise DelphiError(f"--gpus-per-rung: above 1 it must be a whole number (Ray's rule), got {gpus_per_rung:g}")
+    if retries < 0:
+        raise DelphiError(f"--retries: must be >= 0, got {retries}")
+    if worker_retries < 0:
+        raise DelphiError(f"--worker-retries: must be >= 0, got {worker_retries}")
+
+
+def rung_task(config: str, run_dir: str, lock_path: str, log_path: str, cpus: float, gpus: float) -> dict:
+    """Body of one rung's Ray task, on whichever node Ray picked.
+
+    Runs the rung in this worker process (so a killed worker takes the training
+    and its lock with it), with stdout/stderr appended to the rung's log in the
+    ladder dir. Returns the exit code `run_rung` gives, the status and where it ran.
+    """
+    host, pid = socket.gethostname(), os.getpid()
+    if not Path(config).is_file():
+        raise DelphiError(
+            f"{config}: not visible on node {host}; the ladder dir must be on a filesystem shared by every node"
+        )
+    if gpus == 0 and cpus <= 1:
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SINGLE_CORE_XLA_FLAGS}".strip()
+    if 0 < gpus < 1:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{GPU_MEMORY_HEADROOM * gpus:.3f}")
+    with open(log_path, "a") as log:
+        log.write(f"--- ray attempt on {host} pid {pid} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        log.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            code = run_rung(config, run_dir, lock_path)
+        except BaseException:
+            traceback.print_exc()
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+    return {"exit": code, "status": rung_status(Path(run_dir)), "host": host, "pid": pid}
+
+
+def _forwarded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [ln for ln in str(error).splitlines() if ln.strip()]
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}".strip()
+
+
+def run_ray_ladder(
+    ladder_dir: str | Path,
+    *,
+    address: str | None = None,
+    cpus_per_rung: float = 1.0,
+    gpus_per_rung: float = 0.0,
+    retries: int = 1,
+    worker_retries: int = DEFAULT_WORKER_RETRIES,
+    progress: bool = True,
+    progress_every_s: float = PROGRESS_EVERY_S,
+) -> dict:
+    """Run every rung of `ladder_dir` that is not completed (or diverged) as Ray tasks; return a summary.
+
+    Connects to the Ray cluster at `address` ("auto", "ray://host:10001", host:port)
+    or, when None and Ray is not initialised in this process, starts a local Ray
+    instance (shut down again at the end). An already initialised Ray is reused.
+    """
+    validate_resources(cpus_per_rung, gpus_per_rung, retries, worker_retries)
+    ray = import_ray()
+    ladder_dir = Path(ladder_dir).resolve()  # the tasks see the same absolute path (shared filesystem)
+    rungs = load_rungs(ladder_dir)
+    total_flops = sum(r.flops for r in rungs)
+    done = {r.run_id: rung_status(r.run_dir) for r in rungs if is_finished(rung_status(r.run_dir))}
+    # Largest first: the long rungs start early and the short ones fill the gaps at the end.
+    waiting = sorted((r for r in rungs if r.run_id not in done), key=lambda r: -r.flops)
+    for d in (LOCKS_DIR, LOGS_DIR, RUNS_DIR):
+        (ladder_dir / d).mkdir(parents=True, exist_ok=True)
+
+    if not waiting:  # nothing to run: no need to start or join a cluster
+        return _summary(ladder_dir, rungs, done, {}, cpus_per_rung, gpus_per_rung, 0.0)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        try:
+            ray.init(address=address)
+        except ConnectionError as e:
+            raise DelphiError(f"--address: cannot join the Ray cluster at {address or '$RAY_ADDRESS'}: {e}") from None
+    try:
+        return _drive(ray, ladder_dir, rungs, done, waiting, total_flops, cpus_per_rung, gpus_per_rung,
+                      retries, worker_retries, progress, progress_every_s)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _drive(
+    ray, ladder_dir: Path, rungs: list[_Rung], done: dict[str, str], waiting: list[_Rung], total_flops: float,
+    cpus: float, gpus: float, retries: int, worker_retries: int, progress: bool, progress_every_s: float,
+) -> dict:
+    cluster = ray.cluster_resources()
+    if cluster.get("CPU", 0) < cpus or cluster.get("GPU", 0) < gpus:
+        # An autoscaling cluster may still add such a node; a fixed one never will and the tasks wait forever.
+        print(f"[ladder] warning: the Ray cluster has {cluster.get('CPU', 0):g} CPUs and {cluster.get('GPU', 0):g} GPUs "
+              f"in all, less than one rung's {cpus:g} CPUs and {gpus:g} GPUs; the rungs wait until such a node joins",
+              file=sys.stderr, flush=True)
+    options = dict(num_cpus=cpus, num_gpus=gpus, max_retries=worker_retries, retry_exceptions=False)
+    env = _forwarded_env()
+    if env:
+        options["runtime_env"] = {"env_vars": env}
+    # max_calls=1: a fresh worker process per rung, so JAX and accelerator memory go back when it ends.
+    task = ray.remote(max_calls=1)(rung_task)
+
+    in_flight: dict[object, _Rung] = {}
+    failed: dict[str, str] = {}
+    started = time.perf_counter()
+    last_report = 0.0
+
+    def partial_flops() -> float:
+        return sum(_last_flops(r.run_dir) for r in rungs if r.run_id not in done and r.run_id not in failed)
+
+    flops_at_start = sum(r.flops for r in rungs if r.run_id in done) + partial_flops()
+
+    def report(force: bool = False) -> None:
+        nonlocal last_report
+        now = time.perf_counter()
+        if not progress or (not force and now - last_report < progress_every_s):
+            return
+        last_report = now
+        flops_done = sum(r.flops for r in rungs if r.run_id in done) + partial_flops()
+        rate = (flops_done - flops_at_start) / max(now - started, 1e-9)
+        left = total_flops - flops_done - sum(r.flops for r in rungs if r.run_id in failed)
+        training = sum(1 for r in in_flight.values() if rung_status(r.run_dir) == "running")
+        line = progress_line(len(done), len(rungs), training, len(failed), flops_done, total_flops, rate,
+                             now - started, left)
+        print(f"{line}, {len(in_flight) - training} queued/starting on Ray", file=sys.stderr, flush=True)
+
+    def submit(rung: _Rung) -> None:
+        rung.attempts += 1
+        ref = task.options(**options, name=f"delphi-rung-{rung.run_id}").remote(
+            str(rung.config), str(rung.run_dir), str(ladder_dir / LOCKS_DIR / f"{rung.run_id}.lock"),
+            str(ladder_dir / LOGS_DIR / f"{rung.run_id}.log"), cpus, gpus,
+        )
+        in_flight[ref] = rung
+
+    def finish(ref) -> None:
+        rung = in_flight.pop(ref)
+        log = f"{LOGS_DIR}/{rung.run_id}.log"
+        try:
+            result = ray.get(ref)
+            code, why = result["exit"], f"exit {result['exit']} on {result['host']}"
+        except ray.exceptions.RayError as e:  # the trainer raised, or the worker died more than worker_retries times
+            code, why = None, _one_line(e)
+        status = rung_status(rung.run_dir)
+        if code in (EXIT_COMPLETED, EXIT_DIVERGED, EXIT_LOCKED) and is_finished(status):
+            done[rung.run_id] = status
+            if progress:
+                print(f"[ladder] {rung.run_id}: {status}", file=sys.stderr, flush=True)
+            report(force=True)
+        elif code == EXIT_LOCKED:  # a live process elsewhere holds the rung: come back to it later
+            rung.attempts -= 1
+            rung.not_before = time.perf_counter() + LOCKED_RETRY_S
+            waiting.append(rung)
+        elif rung.attempts <= retries:
+            print(f"[ladder] {rung.run_id}: failed ({why}), retrying; see {log}", file=sys.stderr, flush=True)
+            waiting.append(rung)
+        else:
+            failed[rung.run_id] = f"{why} ({rung.attempts} attempt(s)); see {log}"
+            print(f"[ladder] {rung.run_id}: failed: {failed[rung.run_id]}", file=sys.stderr, flush=True)
+
+    report(force=True)
+    try:
+        while waiting or in_flight:
+            now = time.perf_counter()
+            for rung in [r for r in waiting if r.not_before <= now]:  # Ray queues what does not fit yet
+                waiting.remove(rung)
+                submit(rung)
+            if in_flight:
+                ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=WAIT_S)
+                for ref in ready:
+                    finish(ref)
+            else:
+                time.sleep(WAIT_S)
+            report()
+    except BaseException:
+        # Ctrl-C or an error here: interrupt the rungs (the trainer checkpoints on SIGINT) and wait for them.
+        for ref in in_flight:
+            ray.cancel(ref)
+        ray.wait(list(in_flight), num_returns=len(in_flight), timeout=CANCEL_WAIT_S)
+        raise
+    report(force=True)
+    return _summary(ladder_dir, rungs, done, failed, cpus, gpus, time.perf_counter() - started)
+
+
+def _summary(
+    ladder_dir: Path, rungs: list[_Rung], done: dict[str, str], failed: dict[str, str], cpus: float, gpus: float,
+    wall_s: float,
+) -> dict:
+    counts = {s: sum(1 for v in done.values() if v == s) for s in ("completed", "diverged")}
+    return {
+        "ladder": str(ladder_dir),
+        "executor": "ray",
+        "rungs": len(rungs),
+        "completed": counts["completed"],
+        "diverged": counts["diverged"],
+        "failed": failed,
+        "cpus_per_rung": cpus,
+        "gpus_per_rung": gpus,
+        "flops_total": sum(r.flops for r in rungs),
+        "wall_s": round(wall_s, 3),
+    }
+
+
+# ---- CLI glue (`delphi ladder run --executor ray`) ------------------------------------------------
+
+RAY_ONLY_OPTIONS = ("address", "cpus_per_rung", "gpus_per_rung", "worker_retries")
+
+
+def reject_ray_options(args) -> None:
+    """`--executor local` with a Ray-only option is a mistake, not something to ignore."""
+    given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY_OPTIONS if getattr(args, name, None) is not None]
+    if given:
+        raise DelphiError(f"{given[0]}: only applies to --executor ray")
+
+
+def run_ray_ladder_from_args(args) -> dict:
+    if args.workers is not None:
+        raise DelphiError("--workers: only applies to --executor local; with ray, --cpus-per-rung/--gpus-per-rung "
+                          "and the cluster's size set how many rungs run at once")
+    return run_ray_ladder(
+        args.ladder_dir,
+        address=args.address,
+        cpus_per_rung=1.0 if args.cpus_per_rung is None else args.cpus_per_rung,
+        gpus_per_rung=0.0 if args.gpus_per_rung is None else args.gpus_per_rung,
+        retries=args.retries,
+        worker_retries=DEFAULT_WORKER_RETRIES if args.worker_retries is None else args.worker_retries,
+    )

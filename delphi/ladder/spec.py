@@ -1,0 +1,256 @@
+"""Ladder spec: the YAML file that defines a ladder (DESIGN.md section 5).
+
+A spec names the compute budgets, the sequence length and vocabulary, the base
+(proxy) model with its tuned hyperparameters, the shape family, the transfer
+recipe and how rungs are chosen per budget. No constant of the recipe lives in
+code: the dataclass defaults below are only fallbacks, and the shipped specs in
+studies/ set every one of them explicitly with its source in a comment.
+
+`load_ladder_spec(path)` rejects unknown keys and impossible values with the
+dotted name of the field (e.g. `budgets[2]: ...`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from delphi.config_schema import from_dict, to_dict
+from delphi.errors import DelphiError
+from delphi.io import read_yaml
+from delphi.model.config import (
+    DEEPSEEK_V3_BIAS_UPDATE_RATE,
+    ST_MOE_Z_LOSS_WEIGHT,
+    SWITCH_AUX_LOSS_WEIGHT,
+    SWITCH_CAPACITY_FACTOR,
+)
+
+
+@dataclass(frozen=True)
+class BaseSpec:
+    """The proxy model: muP base shape and the hyperparameters tuned on it."""
+
+    d_model: int = 64
+    n_layers: int = 2
+    lr: float = 1e-2  # Adam LR tuned at the base shape, batch and token horizon
+    batch_tokens: int = 4096  # tokens per step at which lr was tuned (B0)
+    tokens: float = 1.6e7  # token horizon at which lr was tuned (T0)
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    init_std: float = 0.02
+    alpha_in: float = 1.0
+    alpha_out: float = 1.0
+
+
+@dataclass(frozen=True)
+class DepthSpec:
+    # ratio: layers = round(d / ratio); marin: layers = round(d / (64 + 4 log2 d - 9)); both clipped
+    rule: Literal["ratio", "marin"] = "ratio"
+    ratio: float = 32.0
+    min_layers: int = 2
+    max_layers: int = 8
+
+
+@dataclass(frozen=True)
+class MoEShapeSpec:
+    experts: int = 8
+    top_k: int = 2
+    granularity: float = 4.0  # G = d_ff / d_expert (Krajewski et al. 2024), d_ff = ffn_mult * d
+    shared_experts: int = 0
+    score: Literal["softmax", "sigmoid"] = "softmax"
+    balance: Literal["bias", "aux", "none"] = "bias"
+    bias_update_rate: float = DEEPSEEK_V3_BIAS_UPDATE_RATE
+    aux_loss_weight: float = SWITCH_AUX_LOSS_WEIGHT
+    z_loss_weight: float = ST_MOE_Z_LOSS_WEIGHT
+    capacity_factor: float = SWITCH_CAPACITY_FACTOR
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    widths: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128)  # d_model grid a rung is chosen from
+    depth: DepthSpec = field(default_factory=DepthSpec)
+    head_dim: int = 16  # heads = d / head_dim (one head of size d when d < head_dim)
+    ffn_mult: float = 4.0  # dense SwiGLU hidden width = ffn_mult * d
+    ffn_multiple: int = 8  # round hidden widths up to a multiple of this
+    moe: MoEShapeSpec | None = None
+    hero_width_multiple: int = 64  # the hero's width is searched over multiples of this
+
+
+@dataclass(frozen=True)
+class IsoflopSpec:
+    sizes: int = 5  # rungs per budget
+    span: float = 10.0  # targeted max N / min N per budget, log-spaced around the centre
+    min_span: float = 8.0  # the achieved spread must reach this
+    # Expected optimum N*(C) = center_coefficient * C ** center_exponent (N: active non-embedding)
+    center_coefficient: float = 1.0
+    center_exponent: float = 0.5
+
+
+@dataclass(frozen=True)
+class TokensPerParamSpec:
+    ratio: float = 20.0  # tokens per active non-embedding parameter
+    max_ratio_error: float = 0.5  # |achieved / ratio - 1| allowed (widths are discrete)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    # batch (sequences) = largest power of two <= tokens / (min_steps * seq_len), clipped
+    min_steps: int = 300
+    min_seqs: int = 4
+    max_seqs: int = 64
+
+
+@dataclass(frozen=True)
+class Beta2Spec:
+    # constant: beta2 = base; batch_power: beta2 = clip(base ** (batch_tokens / ref_batch_tokens), min, max)
+    rule: Literal["constant", "batch_power"] = "constant"
+    base: float = 0.95
+    ref_batch_tokens: int = 4096
+    min: float = 0.9
+    max: float = 0.999
+
+
+@dataclass(frozen=True)
+class TransferSpec:
+    mup: bool = True  # muP width transfer relative to base.d_model
+    depth_transfer: bool = True  # CompleteP relative to base.n_layers
+    # lr = base.lr * (B/B0)^batch_exponent * (T0/T)^horizon_exponent * (d/d0)^-width_exponent, capped
+    batch_exponent: float = 0.5
+    horizon_exponent: float = 0.0
+    width_exponent: float = 0.0
+    lr_max: float = 0.1
+    beta2: Beta2Spec = field(default_factory=Beta2Spec)
+    schedule: Literal["wsd", "cosine", "constant"] = "wsd"
+    warmup_frac: float = 0.1
+    decay_frac: float = 0.2
+    decay_shape: Literal["linear", "sqrt"] = "linear"
+    min_lr_frac: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    store: str = "stdlib"
+    precision: Literal["f32", "bf16"] = "f32"
+    seeds: tuple[int, ...] = (0,)
+    eval_tokens: int = 65_536
+    evals_per_run: int = 4
+    logs_per_run: int = 50
+    checkpoints_per_run: int = 4
+    keep_checkpoints: int = 1
+
+
+@dataclass(frozen=True)
+class LadderSpec:
+    name: str = "ladder"
+    mode: Literal["isoflop", "tokens_per_param"] = "isoflop"
+    budgets: tuple[float, ...] = ()
+    seq_len: int = 128
+    vocab_size: int = 256
+    tolerance: float = 0.01  # every rung's exact FLOPs within this fraction of its budget
+    base: BaseSpec = field(default_factory=BaseSpec)
+    shape: ShapeSpec = field(default_factory=ShapeSpec)
+    batch: BatchSpec = field(default_factory=BatchSpec)
+    transfer: TransferSpec = field(default_factory=TransferSpec)
+    isoflop: IsoflopSpec | None = None
+    tokens_per_param: TokensPerParamSpec | None = None
+    run: RunSpec = field(default_factory=RunSpec)
+
+    def validate(self) -> "LadderSpec":
+        def need(ok: bool, key: str, message: str) -> None:
+            if not ok:
+                raise DelphiError(f"{key}: {message}")
+
+        need(len(self.budgets) > 0, "budgets", "at least one compute budget is required")
+        for i, b in enumerate(self.budgets):
+            need(b > 0, f"budgets[{i}]", f"must be a positive number of FLOPs, got {b:g}")
+            if i:
+                prev = self.budgets[i - 1]
+                need(b > prev, f"budgets[{i}]", f"budgets must increase, got {b:g} after {prev:g}")
+        need(self.seq_len > 0, "seq_len", f"must be positive, got {self.seq_len}")
+        need(self.vocab_size > 0, "vocab_size", f"must be positive, got {self.vocab_size}")
+        need(0 < self.tolerance <= 0.1, "tolerance", f"must be in (0, 0.1], got {self.tolerance}")
+        b = self.base
+        for key in ("d_model", "n_layers", "batch_tokens"):
+            need(getattr(b, key) > 0, f"base.{key}", f"must be positive, got {getattr(b, key)}")
+        for key in ("lr", "tokens", "eps", "init_std"):
+            need(getattr(b, key) > 0, f"base.{key}", f"must be positive, got {getattr(b, key)}")
+        need(b.weight_decay >= 0, "base.weight_decay", f"must be >= 0, got {b.weight_decay}")
+        need(0 <= b.beta1 < 1, "base.beta1", f"must be in [0, 1), got {b.beta1}")
+        need(0 <= b.beta2 < 1, "base.beta2", f"must be in [0, 1), got {b.beta2}")
+        s = self.shape
+        need(len(s.widths) > 0, "shape.widths", "at least one width is required")
+        for i, w in enumerate(s.widths):
+            need(w >= 2 and w % 2 == 0, f"shape.widths[{i}]", f"must be an even width >= 2, got {w}")
+        need(len(set(s.widths)) == len(s.widths), "shape.widths", "widths must be distinct")
+        need(s.head_dim >= 2 and s.head_dim % 2 == 0, "shape.head_dim", f"must be even (RoPE), got {s.head_dim}")
+        need(s.ffn_mult > 0, "shape.ffn_mult", f"must be positive, got {s.ffn_mult}")
+        need(s.ffn_multiple >= 1, "shape.ffn_multiple", f"must be >= 1, got {s.ffn_multiple}")
+        need(s.hero_width_multiple >= 2 and s.hero_width_multiple % 2 == 0, "shape.hero_width_multiple",
+             f"must be an even width, got {s.hero_width_multiple}")
+        d = s.depth
+        need(d.ratio > 0, "shape.depth.ratio", f"must be positive, got {d.ratio}")
+        need(1 <= d.min_layers <= d.max_layers, "shape.depth.min_layers",
+             f"need 1 <= min_layers <= max_layers, got {d.min_layers}, {d.max_layers}")
+        if s.moe is not None:
+            m = s.moe
+            need(m.experts >= 1, "shape.moe.experts", f"must be >= 1, got {m.experts}")
+            need(1 <= m.top_k <= m.experts, "shape.moe.top_k", f"must be in [1, experts={m.experts}], got {m.top_k}")
+            need(m.granularity > 0, "shape.moe.granularity", f"must be positive, got {m.granularity}")
+            need(m.shared_experts >= 0, "shape.moe.shared_experts", f"must be >= 0, got {m.shared_experts}")
+        bt = self.batch
+        need(bt.min_steps >= 1, "batch.min_steps", f"must be >= 1, got {bt.min_steps}")
+        need(1 <= bt.min_seqs <= bt.max_seqs, "batch.min_seqs",
+             f"need 1 <= min_seqs <= max_seqs, got {bt.min_seqs}, {bt.max_seqs}")
+        t = self.transfer
+        need(t.lr_max > 0, "transfer.lr_max", f"must be positive, got {t.lr_max}")
+        need(0 <= t.warmup_frac < 1, "transfer.warmup_frac", f"must be in [0, 1), got {t.warmup_frac}")
+        need(0 <= t.decay_frac <= 1 - t.warmup_frac, "transfer.decay_frac",
+             f"must be in [0, 1 - warmup_frac], got {t.decay_frac}")
+        need(0 <= t.min_lr_frac <= 1, "transfer.min_lr_frac", f"must be in [0, 1], got {t.min_lr_frac}")
+        b2 = t.beta2
+        need(0 < b2.base < 1, "transfer.beta2.base", f"must be in (0, 1), got {b2.base}")
+        need(b2.ref_batch_tokens > 0, "transfer.beta2.ref_batch_tokens", f"must be positive, got {b2.ref_batch_tokens}")
+        need(0 < b2.min <= b2.max < 1, "transfer.beta2.min", f"need 0 < min <= max < 1, got {b2.min}, {b2.max}")
+        if self.mode == "isoflop":
+            need(self.isoflop is not None, "isoflop", "mode isoflop needs an isoflop section")
+            i = self.isoflop
+            assert i is not None
+            need(i.sizes >= 3, "isoflop.sizes", f"an isoFLOP curve needs >= 3 sizes, got {i.sizes}")
+            need(i.span > 1, "isoflop.span", f"must be > 1, got {i.span}")
+            need(1 <= i.min_span <= i.span, "isoflop.min_span", f"must be in [1, span={i.span}], got {i.min_span}")
+            need(i.center_coefficient > 0, "isoflop.center_coefficient", f"must be positive, got {i.center_coefficient}")
+            need(0 < i.center_exponent < 1, "isoflop.center_exponent", f"must be in (0, 1), got {i.center_exponent}")
+        else:
+            need(self.tokens_per_param is not None, "tokens_per_param", "mode tokens_per_param needs a tokens_per_param section")
+            tp = self.tokens_per_param
+            assert tp is not None
+            need(tp.ratio > 0, "tokens_per_param.ratio", f"must be positive, got {tp.ratio}")
+            need(tp.max_ratio_error > 0, "tokens_per_param.max_ratio_error", f"must be positive, got {tp.max_ratio_error}")
+        r = self.run
+        need(len(r.seeds) > 0, "run.seeds", "at least one seed is required")
+        for i, seed in enumerate(r.seeds):
+            need(seed >= 0, f"run.seeds[{i}]", f"must be >= 0, got {seed}")
+        need(len(set(r.seeds)) == len(r.seeds), "run.seeds", "seeds must be distinct")
+        for key in ("eval_tokens", "evals_per_run", "logs_per_run", "checkpoints_per_run", "keep_checkpoints"):
+            need(getattr(r, key) > 0, f"run.{key}", f"must be positive, got {getattr(r, key)}")
+        return self
+
+
+def ladder_spec_from_dict(data: dict) -> LadderSpec:
+    return from_dict(LadderSpec, data).validate()
+
+
+def load_ladder_spec(path: str | Path) -> LadderSpec:
+    try:
+        return ladder_spec_from_dict(read_yaml(path))
+    except DelphiError as e:
+        msg = str(e)
+        raise DelphiError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+
+
+def ladder_spec_to_dict(spec: LadderSpec) -> dict:
+    return to_dict(spec)

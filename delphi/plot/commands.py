@@ -1,0 +1,229 @@
+"""`delphi plot isoflop|allocation|frontier|prediction|residuals|coordcheck|lrsweep|curves ... --out OUT.png`.
+
+Every figure is written as OUT.png and OUT.svg (delphi.plot.style).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from delphi.errors import DelphiError
+
+
+def add_commands(subparsers) -> None:
+    from delphi.cli import add_json_flag
+
+    plot = subparsers.add_parser("plot", help="figures (PNG + SVG)")
+    sub = plot.add_subparsers(dest="plot_command", metavar="FIGURE")
+
+    def figure(name: str, help: str, handler, inputs: list[tuple[str, dict]]):
+        p = sub.add_parser(name, help=help)
+        for flag, kw in inputs:
+            p.add_argument(flag, **kw)
+        p.add_argument("--out", required=True, help="OUT.png (an .svg is written beside it)")
+        add_json_flag(p)
+        p.set_defaults(func=handler)
+
+    figure("isoflop", "loss vs N per budget with parabolas and optima", _isoflop,
+           [("results", {"help": "results table (canonical columns)"}), ("--fit", {"help": "isoflop FIT.json (its optima)"})])
+    figure("allocation", "N*(C) and D*(C) with 90% bands and the hero", _allocation,
+           [("fit", {"help": "isoflop or parametric FIT.json"}), ("--results", {"help": "results table (optima are computed if the fit has none)"}),
+            ("--hero", {"help": "HERO.yaml"})])
+    figure("frontier", "L*(C): runs, fitted frontier, hero interval and actual", _frontier,
+           [("results", {"help": "results table"}), ("--fit", {"help": "FIT.json that predicts loss from compute"}),
+            ("--prereg", {"help": "preregistration (hero interval)"}), ("--run", {"help": "hero run dir (actual point)"})])
+    figure("prediction", "preregistered trajectory with bands vs the hero's eval points", _prediction,
+           [("prereg", {"help": "preregistration file"}), ("--run", {"help": "hero run dir"})])
+    figure("residuals", "relative residuals of a fit against N and C", _residuals,
+           [("results", {"help": "results table"}), ("--fit", {"required": True, "help": "FIT.json"})])
+    figure("coordcheck", "muP coordinate check (the model part's own plot)", _coordcheck,
+           [("report", {"help": "coordcheck.json from `delphi mup coord-check`"})])
+    figure("lrsweep", "final loss vs base LR per width", _lrsweep,
+           [("sweep", {"help": "CSV or JSON records with width, lr, loss"})])
+    figure("curves", "ladder eval curves with the LR-annealing curve law", _curves,
+           [("ladder", {"help": "ladder dir"}), ("--no-backtest", {"action": "store_true"})])
+    plot.set_defaults(func=lambda args: (plot.print_help(sys.stderr), ({"error": "give a figure"}, 2))[1])
+
+
+def _done(fig, args) -> dict:
+    from delphi.plot.style import save_figure
+
+    files = save_figure(fig, args.out)
+    print(f"wrote {', '.join(files)}", file=sys.stderr)
+    return {"files": files}
+
+
+def _check_out(args) -> None:
+    if not Path(args.out).resolve().parent.is_dir():
+        raise DelphiError(f"--out {args.out}: directory does not exist")
+
+
+def _table(path: str):
+    from delphi.fits.data import load_results
+
+    return load_results(path)
+
+
+def _fit(path: str):
+    from delphi.fits.results import load_fit
+
+    return load_fit(path)
+
+
+def _hero(path: str | None):
+    if not path:
+        return None
+    from delphi.model.flops import count_params, flops_per_token
+    from delphi.train.config import load_train_config
+
+    cfg = load_train_config(path)
+    return {"compute": flops_per_token(cfg.model, cfg.data.seq_len) * cfg.tokens,
+            "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
+
+
+def _isoflop(args):
+    from delphi.plot.figures import isoflop_figure
+
+    _check_out(args)
+    table = _table(args.results)
+    if "budget" not in table:
+        raise DelphiError(f"{args.results}: no budget column; isoFLOP curves need one budget per run")
+    optima = _fit(args.fit).extra.get("optima") if args.fit else None
+    return _done(isoflop_figure(table, optima), args)
+
+
+def _allocation(args):
+    import pandas as pd
+
+    from delphi.plot.figures import allocation_figure
+
+    _check_out(args)
+    fit = _fit(args.fit)
+    optima = fit.extra.get("optima")
+    if optima:
+        frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
+                              "tokens": [o["tokens_opt"] for o in optima]})
+    elif args.results:
+        from delphi.fits.isoflop import per_budget_optima
+
+        opt, _ = per_budget_optima(_table(args.results))
+        frame = pd.DataFrame({"budget": [o["flops"] for o in opt], "params": [o["params_opt"] for o in opt],
+                              "tokens": [o["tokens_opt"] for o in opt]})
+    else:
+        raise DelphiError(f"{args.fit}: has no per-budget optima; give --results to compute them")
+    hero = _hero(args.hero) or {}
+    return _done(allocation_figure(frame, fit, hero.get("compute"), hero.get("params"), hero.get("tokens")), args)
+
+
+def _frontier(args):
+    from delphi.plot.figures import frontier_figure
+
+    _check_out(args)
+    table = _table(args.results)
+    fit = _fit(args.fit) if args.fit else None
+    hero_c = interval = actual = None
+    if args.prereg:
+        from delphi.prereg.format import load_prereg
+
+        doc = load_prereg(args.prereg).doc
+        final = doc["prediction"]["final"]
+        hero_c = doc["hero"]["flops"]
+        lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
+        interval = (final["loss"], lo, hi)
+    if args.run:
+        from delphi.prereg.check import read_run_dir
+
+        state = read_run_dir(args.run)
+        actual = state.final_loss
+        if hero_c is None:
+            summary = json.loads((Path(args.run) / "summary.json").read_text()) if (Path(args.run) / "summary.json").is_file() else {}
+            hero_c = summary.get("flops")
+    return _done(frontier_figure(table, fit, hero_c, interval, actual), args)
+
+
+def _prediction(args):
+    from delphi.plot.figures import prediction_figure
+    from delphi.prereg.format import load_prereg
+
+    _check_out(args)
+    prereg = load_prereg(args.prereg)
+    tokens, loss, verdict = [], [], None
+    if args.run:
+        from delphi.prereg.check import compare, read_run_dir
+
+        state = read_run_dir(args.run)
+        pts = [(r["tokens"], r["val_loss"]) for r in state.rows if r.get("val_loss") is not None]
+        tokens, loss = [t for t, _ in pts], [v for _, v in pts]
+        verdict = compare(prereg, state)["verdict"]
+    return _done(prediction_figure(prereg.doc, tokens, loss, verdict), args)
+
+
+def _residuals(args):
+    import numpy as np
+
+    from delphi.plot.figures import residuals_figure
+
+    _check_out(args)
+    table = _table(args.results)
+    fit = _fit(args.fit)
+    if fit.kind in ("parametric", "moe"):
+        terms = {fit.extra.get("term", "granularity"): table[fit.extra.get("term", "granularity")].to_numpy(float)} if fit.kind == "moe" else {}
+        pred = fit.predict(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float), **terms)["loss"]
+    else:
+        pred = fit.predict(compute=table["flops"].to_numpy(float))["loss"]
+    return _done(residuals_figure(table, np.asarray(pred, float), title=f"{fit.kind} fit ({fit.method}) residuals"), args)
+
+
+def _coordcheck(args):
+    from delphi.model.coordcheck import plot_coord_check
+    from delphi.plot import style as st
+
+    _check_out(args)
+    try:
+        report = json.loads(Path(args.report).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DelphiError(f"{args.report}: cannot read coord-check JSON ({e})") from None
+    results = report.get("results") if isinstance(report, dict) else None
+    if not results:
+        raise DelphiError(f"{args.report}: no 'results'; expected coordcheck.json from `delphi mup coord-check`")
+    stem = Path(args.out).with_suffix("")
+    files = []
+    with st.style():
+        for ext in (".png", ".svg"):
+            plot_coord_check(results, stem.with_suffix(ext))
+            files.append(str(stem.with_suffix(ext)))
+    return {"files": files}
+
+
+def _lrsweep(args):
+    import pandas as pd
+
+    from delphi.plot.figures import lrsweep_figure
+
+    _check_out(args)
+    path = Path(args.sweep)
+    if not path.is_file():
+        raise DelphiError(f"{path}: file not found")
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        records = pd.DataFrame(data.get("runs", data.get("results", data)) if isinstance(data, dict) else data)
+    else:
+        records = pd.read_csv(path)
+    missing = [c for c in ("width", "lr", "loss") if c not in records]
+    if missing:
+        raise DelphiError(f"{path}: missing column {missing[0]!r} (expected width, lr, loss)")
+    return _done(lrsweep_figure(records), args)
+
+
+def _curves(args):
+    from delphi.fits import curves as cv
+    from delphi.plot.figures import curves_figure
+
+    _check_out(args)
+    curves = cv.load_ladder_curves(args.ladder)
+    fit = cv.fit_curve_law(curves, bootstrap=0)
+    backtest = None if args.no_backtest or len({c.params for c in curves}) < 3 else cv.backtest_curve_law(curves, bootstrap=0)
+    return _done(curves_figure(curves, fit, backtest), args)

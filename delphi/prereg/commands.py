@@ -1,0 +1,165 @@
+"""`delphi prereg create|verify|check|index|curves`.
+
+Exit codes: 0 ok / on-track / passed / not-started; 1 seal broken, created after
+the run started, deviating or failed; 2 bad input (nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from delphi.errors import DelphiError
+
+
+def add_commands(subparsers) -> None:
+    from delphi.cli import add_json_flag
+
+    prereg = subparsers.add_parser("prereg", help="preregister a hero run's loss, verify the seal, check a run against it")
+    sub = prereg.add_subparsers(dest="prereg_command", metavar="SUBCOMMAND")
+
+    p = sub.add_parser("create", help="write a sealed preregistration (refuses to overwrite)")
+    p.add_argument("--fit", required=True, help="FIT.json written by `delphi fit` (parametric, moe, isoflop, envelope, frontier)")
+    p.add_argument("--hero", required=True, help="HERO.yaml: the hero's train config")
+    p.add_argument("--ladder", help="ladder dir: its runs' curves fit the trajectory law; its manifest is hashed")
+    p.add_argument("--results", help="results table (hashed; default LADDER/results.csv if present)")
+    p.add_argument("--curve-fit", help="a curve-law JSON from `delphi prereg curves` instead of fitting --ladder")
+    p.add_argument("--out", required=True, help="preregistrations/NAME.yaml")
+    p.add_argument("--tolerance", type=float, default=0.01, help="relative tolerance of the decision rule (default 0.01)")
+    p.add_argument("--author")
+    p.add_argument("--rationale", default="", help="free text: why this prediction")
+    p.add_argument("--assume", action="append", default=[], help="an assumption (repeatable)")
+    p.add_argument("--bootstrap", type=int, default=200, help="curve-law bootstrap replicates")
+    p.add_argument("--seed", type=int, default=0)
+    add_json_flag(p)
+    p.set_defaults(func=_create)
+
+    p = sub.add_parser("verify", help="recompute the seal; with a run, flag creation after its first step")
+    p.add_argument("file")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--run", help="the hero's run dir")
+    g.add_argument("--wandb", help="ENTITY/PROJECT/RUN")
+    add_json_flag(p)
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("check", help="compare a (live) run with the preregistered band")
+    p.add_argument("file")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--run", help="the hero's run dir")
+    g.add_argument("--wandb", help="ENTITY/PROJECT/RUN (W&B public API; needs network)")
+    p.add_argument("--plot", help="write prediction-vs-actual figure OUT.png (+ .svg)")
+    p.add_argument("--watch", action="store_true", help="poll until the run's status is terminal")
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between polls with --watch")
+    p.add_argument("--timeout", type=float, default=None, help="stop watching after this many seconds")
+    add_json_flag(p)
+    p.set_defaults(func=_check)
+
+    p = sub.add_parser("index", help="regenerate DIR/README.md: every preregistration and its outcome")
+    p.add_argument("dir", nargs="?", default="preregistrations")
+    add_json_flag(p)
+    p.set_defaults(func=_index)
+
+    p = sub.add_parser("curves", help="fit the LR-annealing curve law to a ladder's curves (and backtest it)")
+    p.add_argument("ladder", help="ladder dir (or any dir holding run dirs)")
+    p.add_argument("--out", help="CURVES.json")
+    p.add_argument("--plot", help="figure OUT.png (+ .svg)")
+    p.add_argument("--bootstrap", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-backtest", action="store_true")
+    add_json_flag(p)
+    p.set_defaults(func=_curves)
+
+    prereg.set_defaults(func=lambda args: (prereg.print_help(sys.stderr), ({"error": "give a subcommand"}, 2))[1])
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _create(args: argparse.Namespace):
+    from delphi.prereg.create import create_prereg
+
+    doc = create_prereg(
+        Path(args.fit), Path(args.hero), Path(args.out),
+        ladder=Path(args.ladder) if args.ladder else None,
+        results=Path(args.results) if args.results else None,
+        curve_fit_path=Path(args.curve_fit) if args.curve_fit else None,
+        tolerance_rel=args.tolerance, author=args.author, rationale=args.rationale,
+        assumptions=args.assume, bootstrap=args.bootstrap, seed=args.seed,
+    )
+    final = doc["prediction"]["final"]
+    i90 = final.get("loss_90") or [float("nan")] * 2
+    _say(f"wrote {args.out}: final loss {final['loss']:.4f} (90% [{i90[0]:.4f}, {i90[1]:.4f}]), "
+         f"{len(doc['prediction']['trajectory']['points'])} trajectory points, seal {doc['seal']['digest'][:12]}")
+    return {"file": args.out, "id": doc["id"], "seal": doc["seal"]["digest"], "final": final,
+            "trajectory_points": len(doc["prediction"]["trajectory"]["points"])}
+
+
+def _verify(args: argparse.Namespace):
+    from delphi.prereg.check import verify
+
+    result = verify(Path(args.file), run_dir=Path(args.run) if args.run else None, wandb_path=args.wandb)
+    _say(f"{args.file}: " + ("seal ok" if result["seal_ok"] else "SEAL BROKEN")
+         + ("" if "created_before_start" not in result else
+            ("; created before the run's first step" if result["created_before_start"] else "; CREATED AFTER THE RUN STARTED")))
+    for problem in result["problems"]:
+        _say(f"  problem: {problem}")
+    return result, 0 if result["ok"] else 1
+
+
+def _check(args: argparse.Namespace):
+    from delphi.prereg import check as ck
+
+    run_dir = Path(args.run) if args.run else None
+    if run_dir is not None and not run_dir.is_dir():
+        raise DelphiError(f"{run_dir}: run dir not found")
+    if args.plot and not Path(args.plot).parent.exists():
+        raise DelphiError(f"--plot {args.plot}: directory does not exist")
+    if args.watch:
+        result, prereg, run = ck.watch(Path(args.file), run_dir=run_dir, wandb_path=args.wandb, interval_s=args.interval,
+                                       timeout_s=args.timeout, on_update=lambda r: _say(f"[{r['status']}] {r['verdict']}: {r['why']}"))
+    else:
+        result, prereg, run = ck.check(Path(args.file), run_dir=run_dir, wandb_path=args.wandb)
+    _say(f"{result['verdict']}: {result['why']}")
+    if args.plot:
+        from delphi.plot.figures import prediction_figure
+        from delphi.plot.style import save_figure
+
+        pts = [(p["tokens"], p["val_loss"]) for p in run.rows if p.get("val_loss") is not None and p.get("tokens")]
+        fig = prediction_figure(prereg.doc, [t for t, _ in pts], [v for _, v in pts], verdict=result["verdict"])
+        result["plot"] = save_figure(fig, args.plot)
+    return result, ck.EXIT[result["verdict"]]
+
+
+def _index(args: argparse.Namespace):
+    from delphi.prereg.index import write_index
+
+    result = write_index(args.dir)
+    _say(f"wrote {result['index']} ({result['n']} preregistrations)")
+    return result
+
+
+def _curves(args: argparse.Namespace):
+    from delphi.fits import curves as cv
+    from delphi.io import atomic_write_json
+
+    curves = cv.load_ladder_curves(args.ladder)
+    fit = cv.fit_curve_law(curves, bootstrap=args.bootstrap, seed=args.seed, lr_ref=cv.ladder_lr_ref(args.ladder))
+    _say(fit.summary())
+    result = {"fit": fit.to_json()}
+    backtest = None
+    if not args.no_backtest and len({c.params for c in curves}) >= 3:
+        backtest = cv.backtest_curve_law(curves, bootstrap=min(args.bootstrap, 100), seed=args.seed)
+        result["backtest"] = backtest
+        for p in backtest["points"]:
+            _say(f"  backtest {p['fraction']:.0%} of tokens: predicted {p['predicted']:.4f} actual {p['actual']:.4f} ({p['rel_error']:+.2%})")
+    if args.out:
+        atomic_write_json(args.out, fit.to_json())
+    if args.plot:
+        from delphi.plot.figures import curves_figure
+        from delphi.plot.style import save_figure
+
+        result["plot"] = save_figure(curves_figure(curves, fit, backtest), args.plot)
+    return result

@@ -1,0 +1,387 @@
+"""Build a preregistration from a fit, a hero config and (optionally) the ladder's curves.
+
+`build_prereg` is pure: it takes the final-loss prediction, the trajectory and the
+provenance and returns the sealed document. `create_prereg` does the I/O around
+it (load the fit and hero, hash the inputs, ask git) and validates everything
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import math
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import delphi
+from delphi.errors import DelphiError
+from delphi.io import sha256_file
+from delphi.prereg import format as fmt
+
+# DESIGN.md section 8: the project's goal is a hero within 1% of its prediction.
+DEFAULT_TOLERANCE_REL = 0.01
+# Normal quantiles used only when a fit reports a 90% interval but no 50% one.
+Z50, Z90 = 0.6744897501960817, 1.6448536269514722
+FIT_KINDS_ND = ("parametric", "moe")  # laws in (N, D): predicted at the hero's own N and D
+FIT_KINDS_C = ("isoflop", "envelope", "frontier")  # laws in C: predicted at the hero's compute
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def parse_utc(text: str) -> float:
+    """Seconds since the epoch of an ISO 8601 UTC stamp written by `utc_now`."""
+    return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+
+
+def git_state(repo: Path | None = None) -> dict[str, Any]:
+    """Commit and dirty flag of the toolkit's checkout (None when not a git checkout)."""
+    repo = repo or Path(delphi.__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"git_commit": None, "git_dirty": None}
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, timeout=30)
+        return {"git_commit": commit.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        return {"git_commit": None, "git_dirty": None}
+
+
+# --------------------------------------------------------------------------- final prediction
+
+
+def _interval(pred: dict, key: str) -> list[float] | None:
+    v = pred.get(key)
+    return None if v is None else [float(v[0]), float(v[1])]
+
+
+def final_from_prediction(pred: dict, source: str) -> dict[str, Any]:
+    """Normalise a fit's predict() dict to {loss, loss_50, loss_90, source}."""
+    if "loss" not in pred:
+        raise DelphiError(f"{source}: its prediction has no 'loss'; a fit of a loss law is needed")
+    loss = float(pred["loss"])
+    i90 = _interval(pred, "loss_interval_90")
+    i50 = _interval(pred, "loss_interval_50")
+    note = None
+    if i90 is not None and i50 is None:
+        # Only a 90% interval: derive the 50% one as if the spread were normal.
+        lo, hi = i90
+        i50 = [loss - (loss - lo) * Z50 / Z90, loss + (hi - loss) * Z50 / Z90]
+        note = "50% interval derived from the fit's 90% interval assuming a normal spread"
+    out = {"loss": loss, "loss_50": i50, "loss_90": i90, "source": source}
+    if note:
+        out["note"] = note
+    return out
+
+
+def model_family(model_cfg) -> str:
+    return "moe" if model_cfg.moe is not None and model_cfg.moe.experts > 1 else "dense"
+
+
+def fit_family(fit_json: dict, ladder_families: set[str]) -> str | None:
+    """The model family a fit describes: its own 'family' key, an expert term, or the ladder's runs."""
+    if fit_json.get("family") in ("moe", "dense"):
+        return fit_json["family"]
+    if fit_json.get("kind") == "moe":
+        return "moe"
+    text = json.dumps({k: fit_json.get(k) for k in ("kind", "method", "form", "params")}).lower()
+    if any(w in text for w in ("expert", "granularity", "krajewski")):
+        return "moe"
+    if len(ladder_families) == 1:
+        return next(iter(ladder_families))
+    return None
+
+
+def predict_final(fit_path: Path, hero) -> tuple[dict, dict]:
+    """(final prediction, fit JSON) for the hero from a fit file written by `delphi fit`."""
+    from delphi.model.flops import count_params, flops_per_token
+
+    try:
+        fit_json = json.loads(Path(fit_path).read_text())
+    except FileNotFoundError:
+        raise DelphiError(f"{fit_path}: fit file not found") from None
+    except json.JSONDecodeError as e:
+        raise DelphiError(f"{fit_path}: not valid JSON ({e})") from None
+    kind = fit_json.get("kind") if isinstance(fit_json, dict) else None
+    if kind is None:
+        raise DelphiError(f"{fit_path}: no 'kind'; not a fit written by `delphi fit`")
+    if kind not in FIT_KINDS_ND + FIT_KINDS_C:
+        raise DelphiError(f"{fit_path}: a fit of kind {kind!r} cannot predict a final loss (expected one of {', '.join(FIT_KINDS_ND + FIT_KINDS_C)})")
+    try:
+        from delphi.fits.results import load_fit
+    except ImportError:
+        raise DelphiError("delphi.fits.results.load_fit is not available in this installation") from None
+    fit = load_fit(fit_path)
+    n = count_params(hero.model).nonembedding
+    tokens = hero.tokens
+    flops = flops_per_token(hero.model, hero.data.seq_len) * tokens
+    try:
+        if kind in FIT_KINDS_ND:
+            terms = {}
+            if kind == "moe" and hero.model.moe is not None:
+                terms = {"experts": hero.model.moe.experts, "granularity": hero.model.d_ff / hero.model.moe.d_expert}
+            pred = fit.predict(params=n, tokens=tokens, **terms)
+            how = f"{kind} fit at the hero's N = {n:.4g}, D = {tokens:.4g}"
+        else:
+            pred = fit.predict(compute=flops)
+            how = f"{kind} fit at the hero's compute C = {flops:.4g} FLOPs (exact count, Chinchilla appendix F)"
+    except (TypeError, ValueError, KeyError) as e:
+        raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {kind!r} fit ({e})") from None
+    final = final_from_prediction(dict(pred), how)
+    if not math.isfinite(final["loss"]):
+        raise DelphiError(f"{fit_path}: the fit predicts a non-finite loss for the hero")
+    return final, fit_json
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+def bpb_from_loss(final: dict, bpb_per_nat: float | None) -> dict:
+    """Add bpb, bpb_50, bpb_90 by the ladder's bytes-per-token ratio (a constant per tokenizer)."""
+    if bpb_per_nat is None:
+        return final
+    scale = lambda v: None if v is None else [x * bpb_per_nat for x in v]  # noqa: E731
+    return final | {"bpb": final["loss"] * bpb_per_nat, "bpb_50": scale(final["loss_50"]), "bpb_90": scale(final["loss_90"])}
+
+
+def trajectory_from_final(final: dict, hero) -> dict:
+    """A one-point trajectory (no ladder curves given): the final prediction at the last step."""
+    lo50, hi50 = final["loss_50"] or (final["loss"],) * 2
+    lo90, hi90 = final["loss_90"] or (final["loss"],) * 2
+    point = {"step": hero.steps, "tokens": hero.tokens, "loss": final["loss"], "lo50": lo50, "hi50": hi50, "lo90": lo90, "hi90": hi90}
+    return {"model": None, "points": [point], "note": "no ladder curves given: only the final point is predicted"}
+
+
+def build_prereg(
+    *,
+    prereg_id: str,
+    hero_config: dict,
+    hero_summary: dict,
+    final: dict,
+    trajectory: dict,
+    provenance: dict,
+    tolerance_rel: float = DEFAULT_TOLERANCE_REL,
+    author: str | None = None,
+    rationale: str = "",
+    assumptions: list[str] | None = None,
+    created: str | None = None,
+    toolkit: dict | None = None,
+) -> dict:
+    """Assemble and seal a preregistration document (pure apart from the defaults' clock and git)."""
+    if not (0 < tolerance_rel < 1):
+        raise DelphiError(f"tolerance: must be in (0, 1), got {tolerance_rel}")
+    doc = {
+        "schema_version": fmt.SCHEMA_VERSION,
+        "id": prereg_id,
+        "created": created or utc_now(),
+        "author": author or _default_author(),
+        "toolkit": toolkit or {"name": "delphi", "version": delphi.__version__, **git_state()},
+        "provenance": provenance,
+        "hero": {"config": hero_config, **hero_summary},
+        "prediction": {"final": final, "trajectory": trajectory},
+        "decision": {
+            "tolerance_rel": float(tolerance_rel),
+            "rule": (
+                f"passed if the hero's final val_loss is within {tolerance_rel:.2%} (relative) of prediction.final.loss; "
+                "otherwise failed. A run that diverges or fails is failed. Whether the 50%/90% intervals covered "
+                "the outcome is reported but does not decide. While training: on-track if the latest eval point is "
+                "inside the trajectory's 90% band or within the tolerance of its median, else deviating."
+            ),
+        },
+        "rationale": rationale,
+        "assumptions": list(assumptions or []),
+    }
+    return fmt.seal(_plain(doc))
+
+
+def _default_author() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in some containers
+        return "unknown"
+
+
+def _plain(obj: Any) -> Any:
+    """Plain Python (lists, floats, ints) so the YAML and canonical JSON agree exactly."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        if not math.isfinite(v):
+            raise DelphiError(f"preregistration: non-finite number {v}")
+        return v
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def _ladder_bpb_per_nat(run_dirs: list[Path]) -> float | None:
+    from delphi.fits.curves import read_metrics
+
+    ratios = []
+    for run in run_dirs:
+        for row in reversed(read_metrics(run / "metrics.jsonl")):
+            if row.get("val_loss") and row.get("val_bpb"):
+                ratios.append(row["val_bpb"] / row["val_loss"])
+                break
+    return float(np.median(ratios)) if ratios else None
+
+
+def create_prereg(
+    fit_path: Path,
+    hero_path: Path,
+    out: Path,
+    *,
+    ladder: Path | None = None,
+    results: Path | None = None,
+    curve_fit_path: Path | None = None,
+    tolerance_rel: float = DEFAULT_TOLERANCE_REL,
+    author: str | None = None,
+    rationale: str = "",
+    assumptions: list[str] | None = None,
+    bootstrap: int = 200,
+    seed: int = 0,
+) -> dict:
+    """Validate every input, build and seal the document, then write it (refusing to overwrite)."""
+    from delphi.fits import curves as cv
+    from delphi.model.flops import count_params, flops_per_token
+    from delphi.train.config import load_train_config, train_config_to_dict
+
+    out = Path(out)
+    if out.exists():
+        raise DelphiError(f"{out}: already exists; a preregistration is never overwritten (choose a new name)")
+    if not Path(hero_path).is_file():
+        raise DelphiError(f"{hero_path}: hero config not found")
+    hero = load_train_config(hero_path)
+    run_dirs: list[Path] = []
+    if ladder is not None:
+        if not Path(ladder).is_dir():
+            raise DelphiError(f"{ladder}: ladder dir not found")
+        run_dirs = cv.find_run_dirs(ladder)
+    ladder_families = {model_family(load_train_config(r / "config.yaml").model) for r in run_dirs}
+
+    final, fit_json = predict_final(Path(fit_path), hero)
+    family, hero_family = fit_family(fit_json, ladder_families), model_family(hero.model)
+    if family is not None and family != hero_family:
+        raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
+
+    assumptions = list(assumptions or [])
+    n = count_params(hero.model).nonembedding
+    hero_flops = flops_per_token(hero.model, hero.data.seq_len) * hero.tokens
+    provenance: dict[str, Any] = {
+        "fit_path": str(fit_path),
+        "fit_sha256": sha256_file(fit_path),
+        "fit_kind": fit_json.get("kind"),
+        "fit_family": family,
+        "hero_config_path": str(hero_path),
+        "hero_config_sha256": sha256_file(hero_path),
+    }
+    manifest = Path(ladder) / "manifest.csv" if ladder else None
+    provenance["manifest_sha256"] = sha256_file(manifest) if manifest and manifest.is_file() else None
+    if results is None and ladder is not None:
+        guess = [p for p in (Path(ladder) / "results.csv", Path(ladder) / "results" / "results.csv") if p.is_file()]
+        results = guess[0] if guess else None
+    if results is not None:
+        if not Path(results).is_file():
+            raise DelphiError(f"{results}: results table not found")
+        provenance["results_path"] = str(results)
+        provenance["results_sha256"] = sha256_file(results)
+    else:
+        recorded = next((fit_json[k] for k in ("input_sha256", "data_sha256", "results_sha256", "table_sha256") if fit_json.get(k)), None)
+        provenance["results_sha256"] = recorded
+        provenance["results_note"] = "taken from the fit file" if recorded else "no results table given"
+    ladder_compute = _ladder_max_flops(results, run_dirs)
+    if ladder_compute:
+        provenance["ladder_max_flops"] = ladder_compute
+        assumptions.append(f"extrapolation: the hero's compute {hero_flops:.3g} FLOPs is {hero_flops / ladder_compute:.1f}x the largest ladder run ({ladder_compute:.3g})")
+    if fit_json.get("n_points"):
+        assumptions.append(f"the {fit_json.get('kind')} fit uses {fit_json['n_points']} ladder points")
+    params = fit_json.get("params") or {}
+    if isinstance(params, dict) and "E" in params:
+        assumptions.append(f"irreducible loss E = {float(params['E']):.4g} nats (fitted, not pinned)")
+
+    # Trajectory: curve law fitted on the ladder's curves (or given), anchored to the scaling law's end.
+    curve_fit = None
+    if curve_fit_path is not None:
+        curve_fit = cv.CurveLawFit.from_json(json.loads(Path(curve_fit_path).read_text()))
+        provenance["curve_fit_sha256"] = sha256_file(curve_fit_path)
+    elif run_dirs:
+        curves = cv.load_ladder_curves(ladder)
+        if curves:
+            curve_fit = cv.fit_curve_law(curves, bootstrap=bootstrap, seed=seed, lr_ref=cv.ladder_lr_ref(ladder))
+    if curve_fit is not None:
+        traj = cv.predict_trajectory(curve_fit, hero, final_anchor=final["loss"])
+        agreement = _agreement(traj["curve_end_unanchored"], final)
+        trajectory = {
+            "model": curve_fit.to_json() | {"samples": []},
+            "points": traj["points"],
+            "agreement": agreement,
+        }
+        assumptions.append(agreement["note"])
+        assumptions.append(f"trajectory bands include the eval noise of one point (sd {curve_fit.residual_sd:.3g} nats) and a {curve_fit.bootstrap} bootstrap of the curve law ({len(curve_fit.samples)} reps)")
+    else:
+        trajectory = trajectory_from_final(final, hero)
+
+    bpb_per_nat = _ladder_bpb_per_nat(run_dirs) or (1 / math.log(2) if hero.model.vocab_size == 256 else None)
+    final = bpb_from_loss(final, bpb_per_nat)
+    hero_summary = {"params": int(n), "tokens": int(hero.tokens), "flops": float(hero_flops), "family": hero_family}
+    doc = build_prereg(
+        prereg_id=out.name.removesuffix(".yaml").removesuffix(".yml"),
+        hero_config=train_config_to_dict(hero),
+        hero_summary=hero_summary,
+        final=final,
+        trajectory=trajectory,
+        provenance=provenance,
+        tolerance_rel=tolerance_rel,
+        author=author,
+        rationale=rationale,
+        assumptions=assumptions,
+    )
+    fmt.write_new(out, doc)
+    return doc
+
+
+def _agreement(curve_end: float, final: dict) -> dict:
+    diff = curve_end - final["loss"]
+    half90 = None if final["loss_90"] is None else (final["loss_90"][1] - final["loss_90"][0]) / 2
+    agree = half90 is not None and abs(diff) <= half90
+    if agree:
+        note = (f"the curve law's end ({curve_end:.4f}) agrees with the scaling law ({final['loss']:.4f}) within its 90% "
+                f"half-width; the trajectory is shifted by {-diff:+.4f} to end exactly on the scaling law, bands widened to cover both")
+    else:
+        note = (f"the curve law's end ({curve_end:.4f}) differs from the scaling law ({final['loss']:.4f}) by {diff:+.4f} "
+                "(outside the scaling law's 90% interval): the scaling law is fitted to every ladder run's final loss and is "
+                "the preregistered number; the curve law supplies the trajectory's shape, shifted to end on it, and its bands "
+                "are widened to cover the unshifted curve law too (the disagreement counts as uncertainty)")
+    return {"curve_end": curve_end, "scaling_law": final["loss"], "difference": diff, "agree": bool(agree), "note": note}
+
+
+def _ladder_max_flops(results: Path | None, run_dirs: list[Path]) -> float | None:
+    if results is not None:
+        try:
+            import pandas as pd
+
+            table = pd.read_csv(results)
+            if "flops" in table.columns:
+                return float(table["flops"].max())
+        except Exception:  # a table we cannot read gives no extrapolation note, not an error
+            pass
+    flops = []
+    for run in run_dirs:
+        try:
+            flops.append(float(json.loads((run / "summary.json").read_text())["flops"]))
+        except (OSError, KeyError, ValueError, TypeError):
+            continue
+    return max(flops) if flops else None

@@ -1,0 +1,72 @@
+"""The progress bar (tqdm on stderr): step, loss, tokens/s, ETA, and with a
+preregistration the predicted loss at the current token count beside the
+actual one, so a hero run can be watched against its prediction live.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from delphi.errors import DelphiError
+
+PredictedLoss = Callable[[float], float]
+
+
+def load_prediction(path: Path) -> PredictedLoss:
+    """tokens -> predicted loss from a preregistration file.
+
+    Hook into the prereg part: `delphi.prereg.format.load_prereg(path)` returns
+    an object whose `predicted_loss_at(tokens)` gives the predicted eval loss
+    (a band: median, lo90, hi90; NaN outside the predicted range). The file is
+    read (and any error raised) before training starts.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DelphiError(f"--prereg: {path}: file not found")
+    try:
+        from delphi.prereg.format import load_prereg
+    except ImportError:
+        raise DelphiError("--prereg: this install has no preregistration reader (delphi.prereg.format)") from None
+    prereg = load_prereg(path)
+    if not hasattr(prereg, "predicted_loss_at"):
+        raise DelphiError(f"--prereg: {path}: the preregistration has no loss curve (predicted_loss_at)")
+    return prereg.predicted_loss_at
+
+
+def format_prediction(predicted) -> str:
+    """A band (median, lo90, hi90) as "1.234 [1.200, 1.270]"; a plain number as "1.2340"."""
+    if hasattr(predicted, "lo90"):
+        return f"{predicted.median:.4f} [{predicted.lo90:.4f}, {predicted.hi90:.4f}]"
+    return f"{float(predicted):.4f}"
+
+
+class Progress:
+    def __init__(
+        self, steps: int, start_step: int, tokens_per_step: int, predicted_loss: PredictedLoss | None, *, enabled: bool
+    ) -> None:
+        self.tokens_per_step = tokens_per_step
+        self.predicted_loss = predicted_loss
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=steps, initial=start_step, unit="step", dynamic_ncols=True, desc="train")
+
+    def advance(self, steps: int) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+
+    def show(self, record: dict) -> None:
+        if self.bar is None:
+            return
+        postfix = {"loss": f"{record['train_loss']:.4f}", "tok/s": f"{record['tokens_per_s']:,.0f}"}
+        if record.get("val_loss") is not None:
+            postfix["val"] = f"{record['val_loss']:.4f}"
+        if self.predicted_loss is not None:
+            postfix["pred"] = format_prediction(self.predicted_loss(record["tokens"]))
+        self.bar.set_postfix(postfix, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,110 @@
+"""The LR-annealing curve law: schedule areas, parameter recovery, backtest, trajectory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from delphi.fits import curves as cv
+from delphi.train.config import OptimConfig
+
+import prereg_synthetic as ps
+
+
+@pytest.mark.parametrize("optim", [
+    OptimConfig(schedule="wsd", warmup_frac=0.1, decay_frac=0.2),
+    OptimConfig(schedule="wsd", warmup_frac=0.05, decay_frac=0.3, decay_shape="sqrt", min_lr_frac=0.1),
+    OptimConfig(schedule="cosine", warmup_frac=0.1, min_lr_frac=0.05),
+    OptimConfig(schedule="constant", warmup_frac=0.0),
+])
+def test_numpy_schedule_matches_trainer(optim):
+    from delphi.train.schedules import lr_factor_schedule
+
+    steps = 137
+    trainer = np.asarray(lr_factor_schedule(optim, steps)(np.arange(steps)), dtype=np.float64)
+    np.testing.assert_allclose(cv.lr_factors(optim, steps), trainer, rtol=1e-6, atol=1e-7)
+
+
+def test_annealing_areas_closed_forms():
+    lam, tps = 0.99, 10.0
+    s1, s2 = cv.annealing_areas(np.ones(50), tps, momentum_decay=lam)
+    np.testing.assert_allclose(s1, 10.0 * np.arange(51))  # constant LR: S1 = tokens
+    assert np.all(s2 == 0)  # nothing annealed
+    lr = np.r_[np.ones(20), 0.5 * np.ones(30)]  # one drop of 0.5 at update 20
+    _, s2 = cv.annealing_areas(lr, tps, momentum_decay=lam)
+    k = np.arange(1, 31)  # updates done after the drop
+    np.testing.assert_allclose(s2[20 + k], 0.5 * (1 - lam**k) / (1 - lam))
+
+
+def _synthetic_curves(seed=0, noise=ps.NOISE):
+    rng = np.random.default_rng(seed)
+    curves = []
+    for d in ps.WIDTHS:
+        for k in (10, 40):
+            cfg = ps.train_config(d, max(int(k * 1e5 / (8 * ps.SEQ)), 100) * d // 64, 8, f"d{d}k{k}")
+            steps, tokens, loss = ps.true_curve(cfg, rng, noise)
+            from delphi.model.flops import count_params
+
+            curves.append(cv.curve_from_schedule(cfg.name, count_params(cfg.model).nonembedding, cv.lr_factors(cfg.optim, cfg.steps),
+                                                 cfg.tokens_per_step, tokens, loss, warmup_updates=cv.warmup_updates(cfg.optim, cfg.steps)))
+    return curves
+
+
+def test_law_recovers_known_parameters():
+    fit = cv.fit_curve_law(_synthetic_curves(), bootstrap=60, seed=1)
+    truth = dict(zip(cv.PARAM_NAMES, ps.TRUE))
+    assert abs(fit.params["E"] - truth["E"]) < 0.03
+    assert abs(fit.params["alpha"] - truth["alpha"]) < 0.03
+    assert abs(fit.params["beta"] - truth["beta"]) < 0.01
+    assert abs(fit.params["B"] / truth["B"] - 1) < 0.1
+    assert abs(fit.params["C"] / truth["C"] - 1) < 0.1
+    assert abs(fit.residual_sd / ps.NOISE - 1) < 0.2
+    # the 90% interval of each parameter covers the truth for at least 5 of 6
+    covered = sum(lo <= truth[k] <= hi for k, (lo, hi) in fit.to_json()["intervals"].items())
+    assert covered >= 5, fit.summary()
+    again = cv.CurveLawFit.from_json(fit.to_json())
+    np.testing.assert_allclose(again.theta, fit.theta)
+
+
+def test_single_curve_falls_back_to_tissue_form():
+    curve = _synthetic_curves()[-1]
+    fit = cv.fit_curve_law([curve], bootstrap=20)
+    assert fit.params["A"] == 0.0 and fit.bootstrap == "residuals"
+    l0 = ps.TRUE[0] + ps.TRUE[1] * curve.params ** -ps.TRUE[2]
+    assert abs(fit.params["E"] - l0) < 0.1
+    pred = fit.predict(curve.params, curve.s1, curve.s2)
+    assert np.sqrt(np.mean((pred["loss"] - curve.loss) ** 2)) < 2 * ps.NOISE
+
+
+def test_backtest_predicts_largest_rung():
+    bt = cv.backtest_curve_law(_synthetic_curves(), bootstrap=40)
+    assert [p["fraction"] for p in bt["points"]] == [0.25, 0.5, 0.75, 1.0]
+    assert bt["target_params"] > max(bt["train_params"])
+    assert bt["max_abs_rel_error"] < 0.015, bt["points"]
+
+
+def test_backtest_needs_three_sizes():
+    from delphi.errors import DelphiError
+
+    curves = [c for c in _synthetic_curves() if c.params < 1e5]
+    with pytest.raises(DelphiError, match="3 model sizes"):
+        cv.backtest_curve_law(curves)
+
+
+def test_trajectory_anchors_and_orders_bands():
+    fit = cv.fit_curve_law(_synthetic_curves(), bootstrap=30)
+    hero = ps.hero_config()
+    free = cv.predict_trajectory(fit, hero)
+    anchored = cv.predict_trajectory(fit, hero, final_anchor=free["points"][-1]["loss"] + 0.05)
+    assert anchored["points"][-1]["loss"] == pytest.approx(free["points"][-1]["loss"] + 0.05)
+    assert anchored["anchor_offset"] == pytest.approx(0.05)
+    assert all(a["lo90"] == pytest.approx(f["lo90"]) and a["hi90"] == pytest.approx(f["hi90"] + 0.05) for a, f in zip(anchored["points"], free["points"]))
+    assert [p["step"] for p in free["points"]] == cv.eval_steps(hero.steps, hero.eval_every)
+    for p in free["points"]:
+        assert p["lo90"] <= p["lo50"] <= p["loss"] <= p["hi50"] <= p["hi90"]
+
+
+def test_read_metrics_tolerates_truncated_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "tokens": 10, "val_loss": 2.0}\n{"step": 2, "tok')
+    assert cv.read_metrics(path) == [{"step": 1, "tokens": 10, "val_loss": 2.0}]

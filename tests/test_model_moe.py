@@ -1,0 +1,122 @@
+"""MoE block: capacity dispatch equals a naive per-token reference, drops, stats, bias balancing."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
+from delphi.model.moe import MoE, bias_update, dispatch_slots, expert_capacity
+
+
+def make_moe(**moe_kwargs) -> MoE:
+    cfg = ModelConfig(d_model=16, n_heads=2, moe=MoEConfig(**{"experts": 4, "top_k": 2, "d_expert": 8, **moe_kwargs}),
+                      mup=MuPConfig(init_std=0.3, base_d_model=16))
+    return MoE(cfg, rngs=nnx.Rngs(0))
+
+
+def naive_moe(layer: MoE, x: jax.Array) -> jax.Array:
+    """Token by token: route, run each chosen expert on that token alone, sum with the gates."""
+    moe = layer.moe
+    w_router, bias = np.asarray(layer.router[...]), np.asarray(layer.router_bias[...])
+    w_in, w_out = np.asarray(layer.experts.w_in[...]), np.asarray(layer.experts.w_out[...])
+    silu = lambda v: v / (1 + np.exp(-v))
+    def expert(h_in, h_out, v):
+        gate, up = np.split(v @ h_in, 2)
+        return (silu(gate) * up) @ h_out
+    out = []
+    for v in np.asarray(x).reshape(-1, x.shape[-1]):
+        logits = (v @ w_router) * layer.router_mult
+        s = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum() if moe.score == "softmax" else 1 / (1 + np.exp(-logits))
+        chosen = np.argsort(-(s + bias), kind="stable")[: moe.top_k]
+        gates = s[chosen] / s[chosen].sum() if moe.top_k > 1 else s[chosen]
+        y = sum(g * moe.route_scale * expert(w_in[e], w_out[e], v) for g, e in zip(gates, chosen))
+        if layer.shared is not None:
+            y = y + expert(np.asarray(layer.shared.w_in[...]), np.asarray(layer.shared.w_out[...]), v)
+        out.append(y)
+    return np.stack(out).reshape(x.shape)
+
+
+@nnx.jit(static_argnames="train")
+def run(layer: MoE, x: jax.Array, train: bool):
+    return layer(x, train=train)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"score": "sigmoid", "route_scale": 2.5, "shared_experts": 1},
+        {"top_k": 1, "experts": 3},
+    ],
+    ids=["softmax-top2", "sigmoid-shared", "top1"],
+)
+@pytest.mark.parametrize("train", [False, True], ids=["dropless", "large-capacity"])
+def test_moe_matches_naive_reference(kwargs, train):
+    layer = make_moe(capacity_factor=8.0, **kwargs)  # capacity >= tokens: nothing can drop
+    layer.router_bias[...] = jnp.array([0.3, -0.2, 0.1, 0.0][: layer.moe.experts])  # bias changes choices only
+    x = jax.random.normal(jax.random.key(1), (2, 5, 16))
+    y, stats = run(layer, x, train=train)
+    assert float(stats.drop_frac) == 0.0
+    np.testing.assert_allclose(np.asarray(y), naive_moe(layer, x), rtol=2e-4, atol=2e-5)
+
+
+def test_capacity_drops_later_and_second_choices_first():
+    # 4 tokens all choosing experts (0, 1): capacity ceil(0.5 * 4 * 2 / 2) = 2 per expert.
+    expert_idx = jnp.array([[0, 1], [1, 0], [0, 1], [0, 1]])
+    capacity = expert_capacity(4, 2, 2, 0.5, train=True)
+    assert capacity == 2 and expert_capacity(4, 2, 2, 0.5, train=False) == 4
+    slot, kept = dispatch_slots(expert_idx, 2, capacity)
+    # first choices: expert 0 gets tokens 0, 2, 3 (keeps 0 and 2); expert 1 gets token 1 only,
+    # so expert 1 keeps one second choice (token 0's, the earliest).
+    np.testing.assert_array_equal(kept, [[True, True], [True, False], [True, False], [False, False]])
+    assert len(set(np.asarray(slot)[np.asarray(kept)].tolist())) == int(kept.sum())  # distinct slots
+    assert (np.asarray(slot)[~np.asarray(kept)] == 2 * capacity).all()  # the overflow slot
+
+
+def test_drops_are_counted_and_zero():
+    layer = make_moe(capacity_factor=0.25)
+    x = jax.random.normal(jax.random.key(2), (2, 8, 16))
+    y, stats = run(layer, x, train=True)
+    capacity = expert_capacity(16, 2, 4, 0.25, train=True)
+    assert float(stats.drop_frac) >= 1 - 4 * capacity / 32 - 1e-6
+    y_free, stats_free = run(layer, x, train=False)
+    assert float(stats_free.drop_frac) == 0.0
+    assert not np.allclose(y, y_free)
+
+
+def test_stats_and_losses():
+    layer = make_moe(balance="aux", aux_loss_weight=1.0, z_loss_weight=0.0)
+    x = jax.random.normal(jax.random.key(3), (4, 16, 16))
+    _, stats = run(layer, x, train=False)
+    assert float(stats.expert_load.sum()) == pytest.approx(1.0)
+    # Switch aux = E * sum f_i P_i >= 1 for any routing with f = P and is about 1 near balance.
+    assert 0.9 < float(stats.aux_loss) < 4.0
+    assert 0 < float(stats.router_entropy) <= math.log(4) + 1e-6
+    no_aux = make_moe(balance="bias", z_loss_weight=0.0)
+    assert float(run(no_aux, x, train=False)[1].aux_loss) == 0.0
+
+
+def test_bias_update_rule():
+    load = jnp.array([0.5, 0.25, 0.25, 0.0])
+    np.testing.assert_allclose(bias_update(jnp.zeros(4), load, 0.1), [-0.1, 0.0, 0.0, 0.1])
+    stacked = bias_update(jnp.zeros((2, 4)), jnp.stack([load, load[::-1]]), 1.0)
+    np.testing.assert_allclose(stacked, [[-1, 0, 0, 1], [1, 0, 0, -1]])
+
+
+def test_bias_update_balances_a_skewed_router():
+    layer = make_moe(experts=8, top_k=2)
+    layer.router[...] = layer.router[...].at[:, 0].add(0.4)  # expert 0 preferred by most tokens
+    x = jax.random.normal(jax.random.key(4), (8, 32, 16)) + 0.5
+    imbalance = []
+    for _ in range(80):
+        _, stats = run(layer, x, train=False)
+        imbalance.append(float(stats.expert_load.max() / stats.expert_load.mean()))
+        layer.router_bias[...] = bias_update(layer.router_bias[...], stats.expert_load, 0.01)
+    assert imbalance[0] > 2.0
+    assert max(imbalance[-10:]) < 1.5, imbalance[::10]
