@@ -51,6 +51,9 @@ class StudySpec:
     hero: HeroSpec = field(default_factory=HeroSpec)
     author: str | None = None
     rationale: str = ""
+    # Where the sealed preregistration goes, relative to the study file (None: inside --out).
+    # The project's own study writes into preregistrations/ so that git history dates it.
+    preregistration: str | None = None
 
     def validate(self, where: str) -> "StudySpec":
         for method in self.fits:
@@ -74,8 +77,10 @@ class StudySpec:
         return self
 
 
-def load_study(path: str | Path | None) -> tuple[StudySpec, Path]:
-    """The study spec and the path of its ladder spec (the built-in default when `path` is None)."""
+def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None]:
+    """The study spec, its ladder spec path and its preregistration path (None: inside the study dir).
+
+    With `path` None this is the built-in default study."""
     if path is None:
         base = Path(str(resources.files("delphi") / "defaults"))
         path = base / DEFAULT_STUDY
@@ -84,7 +89,8 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path]:
     ladder = (path.parent / spec.ladder).resolve()
     if not ladder.is_file():
         raise DelphiError(f"{path}: ladder: {ladder} not found")
-    return spec, ladder
+    prereg = (path.parent / spec.preregistration).resolve() if spec.preregistration else None
+    return spec, ladder, prereg
 
 
 # ---- stage bookkeeping ---------------------------------------------------------------------------
@@ -93,7 +99,7 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path]:
 class Study:
     """Paths of a study directory and its stage markers."""
 
-    def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path) -> None:
+    def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path, prereg: Path | None = None) -> None:
         self.out = Path(out)
         self.spec = spec
         self.ladder_spec_path = ladder_spec_path
@@ -101,7 +107,7 @@ class Study:
         self.results = self.out / "results.csv"
         self.fits_dir = self.out / "fits"
         self.hero_config = self.out / "hero.yaml"
-        self.prereg = self.out / "preregistration.yaml"
+        self.prereg = prereg or self.out / "preregistration.yaml"
         self.hero_run = self.out / "hero"
         self.figures = self.out / "figures"
         self.report = self.out / "report.md"
@@ -244,7 +250,11 @@ def stage_prereg(study: Study) -> dict:
     from delphi.prereg.create import create_prereg
 
     if study.prereg.exists():  # sealed on an earlier, interrupted attempt: never rewrite it
-        return {"prereg": str(study.prereg), "note": "already sealed"}
+        from delphi.prereg.format import read, seal_status
+
+        if not seal_status(read(study.prereg))["ok"]:
+            raise DelphiError(f"{study.prereg}: exists but its seal is broken; it was edited after sealing")
+        return {"prereg": str(study.prereg), "note": "sealed earlier"}
     if (study.hero_run / "metrics.jsonl").exists():
         raise DelphiError(f"{study.hero_run}: the hero started before a preregistration existed; remove it to start over")
     doc = create_prereg(
@@ -323,10 +333,19 @@ STAGES: tuple[tuple[str, Callable[[Study], dict]], ...] = (
 )
 
 
-def run_study(study_path: str | Path | None, out: str | Path) -> dict:
-    """Run (or resume) every stage of a study; return the check stage's verdict and the report path."""
-    spec, ladder_spec_path = load_study(study_path)
-    study = Study(out, spec, ladder_spec_path)
+STAGE_NAMES = tuple(name for name, _ in STAGES)
+
+
+def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str | None = None) -> dict:
+    """Run (or resume) the stages of a study; return the verdict and the report path.
+
+    `stop_after` ends the invocation after that stage, e.g. "prereg" so the sealed
+    file can be committed before the hero's first step; the next call resumes.
+    """
+    if stop_after is not None and stop_after not in STAGE_NAMES:
+        raise DelphiError(f"--stop-after: unknown stage {stop_after!r} (expected one of {', '.join(STAGE_NAMES)})")
+    spec, ladder_spec_path, prereg = load_study(study_path)
+    study = Study(out, spec, ladder_spec_path, prereg)
     _pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:
@@ -338,6 +357,9 @@ def run_study(study_path: str | Path | None, out: str | Path) -> dict:
         result = stage(study)
         atomic_write_json(study.marker(name), {"stage": name, "seconds": round(time.perf_counter() - t0, 2), "result": result})
         _say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
+        if name == stop_after:
+            _say(f"stopped after {name}, as asked; run the same command without --stop-after to continue")
+            return {"out": str(study.out), "stopped_after": name, "verdict": None}
     verdict = study.done("check")["result"]
     _say(f"report: {study.report} ({time.perf_counter() - started:.0f} s this invocation)")
     return {"out": str(study.out), "report": str(study.report), "verdict": verdict.get("verdict"),

@@ -11,12 +11,34 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sub = subparsers.add_parser("study", help="run (or resume) a whole study: ladder, fits, preregistration, hero, report")
     sub.add_argument("study", nargs="?", help="study YAML (default: the built-in CPU study, ~15 min on 2 cores)")
     sub.add_argument("--out", default="runs/study", help="study directory (default: runs/study)")
+    sub.add_argument("--stop-after", metavar="STAGE", help="stop after this stage (e.g. prereg, to commit the sealed file first)")
     add_json_flag(sub)
     sub.set_defaults(func=_study)
+    add_paper_commands(subparsers)
 
 
 def _study(args: argparse.Namespace):
     from delphi.study import run_study
 
-    result = run_study(args.study, args.out)
-    return result, 0 if result["verdict"] in ("passed", "on-track") else 1
+    result = run_study(args.study, args.out, stop_after=args.stop_after)
+    if result.get("stopped_after"):
+        return result, 0
+    return result, 0 if result["verdict"] == "passed" else 1
+
+
+def add_paper_commands(subparsers: argparse._SubParsersAction) -> None:
+    from delphi.cli import add_json_flag
+
+    paper = subparsers.add_parser("paper", help="the project's own write-up (paper/)")
+    sub = paper.add_subparsers(dest="paper_command", metavar="ACTION")
+    build = sub.add_parser("build", help="redraw every figure and re-render paper.md from paper/data")
+    build.add_argument("--paper-dir", default="paper", help="paper directory (default: paper)")
+    build.add_argument("--from-study", metavar="STUDY_DIR", help="first import a finished study's data into paper/data")
+    add_json_flag(build)
+    build.set_defaults(func=_paper_build)
+
+
+def _paper_build(args: argparse.Namespace) -> dict:
+    from delphi.paper import build_paper
+
+    return build_paper(args.paper_dir, args.from_study)

@@ -8,6 +8,7 @@ plus Gaussian noise, so a fit can be checked against the parameters that made th
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +45,10 @@ def true_curve(cfg: TrainConfig, rng: np.random.Generator, noise: float = NOISE)
 
 def metrics_rows(cfg: TrainConfig, steps, tokens, loss) -> list[dict]:
     fpt = flops_per_token(cfg.model, cfg.data.seq_len)
-    rows = []
+    rows, now = [], time.time()
     for k, (s, t, l) in enumerate(zip(steps, tokens, loss)):
         rows.append({"step": int(s), "tokens": int(t), "flops": float(fpt * t), "lr": OPTIM.lr, "train_loss": float(l) + 0.01,
-                     "grad_norm": 1.0, "tokens_per_s": 1e5, "mfu": 0.3, "wall_s": 0.01 * (k + 1),
+                     "grad_norm": 1.0, "tokens_per_s": 1e5, "mfu": 0.3, "wall_s": 0.01 * (k + 1), "time": now + 0.01 * (k + 1),
                      "val_loss": float(l), "val_bpb": float(l) / np.log(2)})
     return rows
 

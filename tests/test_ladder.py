@@ -54,6 +54,7 @@ def test_shipped_specs_plan_on_budget(path):
         assert len(curve) == spec.isoflop.sizes
         n = [r.params for r in curve]
         assert max(n) / min(n) >= spec.isoflop.min_span  # spread over >= 8x in N
+        assert len({r.batch_size for r in curve}) == 1  # one batch per budget: no confound along the curve
         for r in curve:
             assert abs(r.flops / budget - 1) <= 0.01  # every rung within 1% of its budget
             assert r.steps >= spec.batch.min_steps * 0.99
@@ -94,9 +95,10 @@ def test_transfer_recipe():
     hp = transfer(spec, 32, base.batch_tokens // 4, base.tokens)
     assert hp.beta2 == pytest.approx(0.95**0.25)
     # Batch: largest power of two keeping >= min_steps steps, clipped to the allowed range.
-    assert batch_for_tokens(spec, 300 * 128 * 20) == 16
-    assert batch_for_tokens(spec, 300 * 128 * 1000) == spec.batch.max_seqs
-    assert batch_for_tokens(spec, 300 * 128 * 2) is None
+    per_seq = spec.batch.min_steps * spec.seq_len
+    assert batch_for_tokens(spec, per_seq * 20) == 16
+    assert batch_for_tokens(spec, per_seq * 1000) == spec.batch.max_seqs
+    assert batch_for_tokens(spec, per_seq * (spec.batch.min_seqs - 1)) is None
     # Shape family: narrow widths get one head and min_layers; marin depth rule.
     m = shape_for_width(spec, 12)
     assert (m.n_heads, m.n_layers, m.d_head) == (1, 2, 12)
@@ -105,6 +107,17 @@ def test_transfer_recipe():
     marin = ladder_spec_from_dict(raw)
     assert layers_for_width(marin, 512) == round(512 / (64 + 4 * 9 - 9))
     assert layers_for_width(marin, 2048) == round(2048 / (64 + 4 * 11 - 9))
+
+
+def test_batch_rule_per_rung():
+    raw = _raw()
+    raw["batch"]["rule"] = "rung"
+    rungs = plan_ladder(ladder_spec_from_dict(raw))
+    spec = ladder_spec_from_dict(raw)
+    for r in rungs:  # each rung's batch from its own tokens: min_steps <= steps < 2 min_steps unless clipped
+        assert r.batch_size == batch_for_tokens(spec, r.budget / r.flops_per_token)
+        assert r.steps >= spec.batch.min_steps * 0.99
+        assert r.steps < 2 * spec.batch.min_steps * 1.01 or r.batch_size in (spec.batch.min_seqs, spec.batch.max_seqs)
 
 
 def test_tokens_per_param_mode():

@@ -176,3 +176,13 @@ def test_ray_missing_is_a_clear_error(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "Ray is not installed" in proc.stderr and "pip install 'delphi[ray]'" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_unreachable_cluster_is_a_clear_error(tmp_path, capsys):
+    pytest.importorskip("ray")
+    ladder = _micro_ladder(tmp_path)
+    before = sorted(p.relative_to(ladder) for p in ladder.rglob("*"))
+    # Port 1 on this host: nothing listens there, so the connection is refused at once.
+    assert cli_main(["ladder", "run", str(ladder), "--executor", "ray", "--address", "127.0.0.1:1"]) == 2
+    assert "--address: cannot reach the Ray cluster at 127.0.0.1:1" in capsys.readouterr().err
+    assert sorted(p.relative_to(ladder) for p in ladder.rglob("*")) == before

@@ -7,7 +7,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
@@ -65,6 +64,7 @@ def test_cosine_and_constant():
 def test_steps_per_call_divides_every_sync_period():
     cfg = TrainConfig(steps=1000, log_every=10, eval_every=200, checkpoint_every=200)
     assert steps_per_call(cfg, cap=8) == 5
+    assert steps_per_call(cfg) == 10  # default cap 16
     assert steps_per_call(dataclasses.replace(cfg, log_every=7), cap=8) == 1
     assert steps_per_call(dataclasses.replace(cfg, log_every=8, eval_every=64, checkpoint_every=64, steps=128), cap=8) == 8
 

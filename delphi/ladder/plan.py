@@ -145,9 +145,11 @@ def transfer(spec: LadderSpec, d_model: int, batch_tokens: int, tokens: float) -
     lr = min(base.lr * batch_factor * horizon_factor * width_factor, t.lr_max)
     b2 = t.beta2
     if b2.rule == "batch_power":
-        beta2 = min(max(b2.base ** (batch_tokens / b2.ref_batch_tokens), b2.min), b2.max)
+        anchor = b2.anchor if b2.anchor is not None else base.beta2
+        ref = b2.ref_batch_tokens if b2.ref_batch_tokens is not None else base.batch_tokens
+        beta2 = min(max(anchor ** (batch_tokens / ref), b2.min), b2.max)
     else:
-        beta2 = b2.base
+        beta2 = base.beta2
     return Hyperparams(
         lr=lr,
         beta1=base.beta1,
@@ -218,10 +220,15 @@ def rung_tokens(model: ModelConfig, seq_len: int, budget: float) -> tuple[float,
     return fpt, budget / fpt
 
 
-def make_rung(spec: LadderSpec, model: ModelConfig, budget: float, seed: int, run_id: str | None = None) -> Rung | None:
-    """The rung training `model` on exactly `budget` FLOPs, or None when it cannot get min_steps steps."""
+def make_rung(
+    spec: LadderSpec, model: ModelConfig, budget: float, seed: int, run_id: str | None = None, batch: int | None = None
+) -> Rung | None:
+    """The rung training `model` on exactly `budget` FLOPs, or None when it cannot get min_steps steps.
+
+    `batch` (sequences per step) overrides the rung's own batch rule (used for one batch per budget).
+    """
     fpt, tokens = rung_tokens(model, spec.seq_len, budget)
-    batch = batch_for_tokens(spec, tokens)
+    batch = batch if batch is not None else batch_for_tokens(spec, tokens)
     if batch is None:
         return None
     steps_raw = tokens / (batch * spec.seq_len)
@@ -341,9 +348,14 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
             models = _pick_isoflop(spec, i, budget, shapes)
         else:
             models = _pick_tokens_per_param(spec, i, budget, shapes)
+        batch = None
+        if spec.batch.rule == "budget":
+            # The rung with the fewest tokens sets the batch: every rung then gets >= min_steps.
+            fewest = min(rung_tokens(m, spec.seq_len, budget)[1] for m in models)
+            batch = batch_for_tokens(spec, fewest)
         for model in models:
             for seed in spec.run.seeds:
-                rung = make_rung(spec, model, budget, seed)
+                rung = make_rung(spec, model, budget, seed, batch=batch)
                 assert rung is not None
                 error = rung.flops / budget - 1
                 if abs(error) > spec.tolerance:

@@ -66,6 +66,7 @@ SINGLE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 # A fractional GPU: JAX would preallocate 75% of the device; leave room for the other rungs on it.
 GPU_MEMORY_HEADROOM = 0.9
 CANCEL_WAIT_S = 60.0
+CONNECT_TIMEOUT_S = 10.0
 
 
 def import_ray():
@@ -131,6 +132,17 @@ def rung_task(config: str, run_dir: str, lock_path: str, log_path: str, cpus: fl
     return {"exit": code, "status": rung_status(Path(run_dir)), "host": host, "pid": pid}
 
 
+def _check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) nobody listens on: fail now (Ray itself retries for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and the like: Ray resolves them
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise DelphiError(f"--address: cannot reach the Ray cluster at {address}: {e}") from None
+
+
 def _forwarded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
 
@@ -165,18 +177,20 @@ def run_ray_ladder(
     done = {r.run_id: rung_status(r.run_dir) for r in rungs if is_finished(rung_status(r.run_dir))}
     # Largest first: the long rungs start early and the short ones fill the gaps at the end.
     waiting = sorted((r for r in rungs if r.run_id not in done), key=lambda r: -r.flops)
-    for d in (LOCKS_DIR, LOGS_DIR, RUNS_DIR):
-        (ladder_dir / d).mkdir(parents=True, exist_ok=True)
 
     if not waiting:  # nothing to run: no need to start or join a cluster
         return _summary(ladder_dir, rungs, done, {}, cpus_per_rung, gpus_per_rung, 0.0)
     started_ray = not ray.is_initialized()
     if started_ray:
+        if address:
+            _check_reachable(address)
         try:
             ray.init(address=address)
         except ConnectionError as e:
             raise DelphiError(f"--address: cannot join the Ray cluster at {address or '$RAY_ADDRESS'}: {e}") from None
     try:
+        for d in (LOCKS_DIR, LOGS_DIR, RUNS_DIR):  # only once the cluster answered: a bad --address writes nothing
+            (ladder_dir / d).mkdir(parents=True, exist_ok=True)
         return _drive(ray, ladder_dir, rungs, done, waiting, total_flops, cpus_per_rung, gpus_per_rung,
                       retries, worker_retries, progress, progress_every_s)
     finally:
@@ -273,10 +287,11 @@ def _drive(
                 time.sleep(WAIT_S)
             report()
     except BaseException:
-        # Ctrl-C or an error here: interrupt the rungs (the trainer checkpoints on SIGINT) and wait for them.
+        # Ctrl-C or an error here: interrupt the rungs (KeyboardInterrupt in each task) and wait for them.
         for ref in in_flight:
             ray.cancel(ref)
-        ray.wait(list(in_flight), num_returns=len(in_flight), timeout=CANCEL_WAIT_S)
+        if in_flight:
+            ray.wait(list(in_flight), num_returns=len(in_flight), timeout=CANCEL_WAIT_S)
         raise
     report(force=True)
     return _summary(ladder_dir, rungs, done, failed, cpus, gpus, time.perf_counter() - started)

@@ -98,7 +98,10 @@ class TokensPerParamSpec:
 
 @dataclass(frozen=True)
 class BatchSpec:
-    # batch (sequences) = largest power of two <= tokens / (min_steps * seq_len), clipped
+    # batch (sequences) = largest power of two <= tokens / (min_steps * seq_len), clipped.
+    # rule "budget": one batch per budget, from its rung with the fewest tokens, so batch size
+    # is not a confound along an isoFLOP curve; rule "rung": each rung from its own tokens.
+    rule: Literal["budget", "rung"] = "budget"
     min_steps: int = 300
     min_seqs: int = 4
     max_seqs: int = 64
@@ -106,10 +109,13 @@ class BatchSpec:
 
 @dataclass(frozen=True)
 class Beta2Spec:
-    # constant: beta2 = base; batch_power: beta2 = clip(base ** (batch_tokens / ref_batch_tokens), min, max)
+    # constant: beta2 = base.beta2
+    # batch_power: beta2 = clip(anchor ** (batch_tokens / ref_batch_tokens), min, max), i.e. the
+    # second moment's half-life fixed in tokens; the anchor defaults to the proxy's (base.beta2 at
+    # base.batch_tokens). Marin's rule is anchor 0.999 at 131072 tokens, clipped to [0.95, 0.9999].
     rule: Literal["constant", "batch_power"] = "constant"
-    base: float = 0.95
-    ref_batch_tokens: int = 4096
+    anchor: float | None = None
+    ref_batch_tokens: int | None = None
     min: float = 0.9
     max: float = 0.999
 
@@ -212,8 +218,9 @@ class LadderSpec:
              f"must be in [0, 1 - warmup_frac], got {t.decay_frac}")
         need(0 <= t.min_lr_frac <= 1, "transfer.min_lr_frac", f"must be in [0, 1], got {t.min_lr_frac}")
         b2 = t.beta2
-        need(0 < b2.base < 1, "transfer.beta2.base", f"must be in (0, 1), got {b2.base}")
-        need(b2.ref_batch_tokens > 0, "transfer.beta2.ref_batch_tokens", f"must be positive, got {b2.ref_batch_tokens}")
+        need(b2.anchor is None or 0 < b2.anchor < 1, "transfer.beta2.anchor", f"must be in (0, 1), got {b2.anchor}")
+        need(b2.ref_batch_tokens is None or b2.ref_batch_tokens > 0, "transfer.beta2.ref_batch_tokens",
+             f"must be positive, got {b2.ref_batch_tokens}")
         need(0 < b2.min <= b2.max < 1, "transfer.beta2.min", f"need 0 < min <= max < 1, got {b2.min}, {b2.max}")
         if self.mode == "isoflop":
             need(self.isoflop is not None, "isoflop", "mode isoflop needs an isoflop section")

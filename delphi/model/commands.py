@@ -1,4 +1,4 @@
-"""CLI: `delphi flops CONFIG.yaml` and `delphi mup coord-check`."""
+"""CLI: `delphi flops CONFIG.yaml`, `delphi mup coord-check` and `delphi mup lr-sweep` (delphi.model.lrsweep)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     cc.add_argument("--batch-size", type=int, default=8)
     add_json_flag(cc)
     cc.set_defaults(func=cmd_coord_check)
-    # `delphi mup lr-sweep` (ladder part) can register itself on `mup_sub` via MUP_SUBPARSERS.
+    from delphi.model.lrsweep import add_command as add_lr_sweep
+
+    add_lr_sweep(mup_sub)  # `delphi mup lr-sweep`
+    # Other parts can register more `delphi mup` subcommands on `mup_sub` via MUP_SUBPARSERS.
     global MUP_SUBPARSERS
     MUP_SUBPARSERS = mup_sub
 

@@ -6,7 +6,9 @@ kill never leaves a half-written `step_*` directory; the manifest carries the
 sha256 of arrays.npz, so a file truncated or corrupted later (disk full, a bad
 copy) is detected on restore and the previous checkpoint is used instead.
 
-The state is flattened with `jax.tree.leaves`; restoring unflattens the leaves
+Sharded arrays are gathered to the host on save, so the files do not depend on the mesh and a
+run can be restored onto any device count its config allows. The state is flattened with
+`jax.tree.leaves`; restoring unflattens the leaves
 into the structure of a freshly initialised state, after checking that every
 shape and dtype matches. PRNG key arrays are stored as their raw key data.
 """
@@ -59,8 +61,14 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _to_numpy(leaf: Any) -> np.ndarray:
+    """The full array on the host: a sharded array is gathered (from every process on a multi-host
+    mesh), so a checkpoint does not depend on the mesh it was written from."""
     if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
         leaf = jax.random.key_data(leaf)
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        leaf = multihost_utils.process_allgather(leaf, tiled=True)
     return np.asarray(leaf)
 
 

@@ -50,6 +50,34 @@ class WandbConfig:
 
 
 @dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh a run is sharded over (docs/scaling_out_mesh.md).
+
+    Batches are split over data x expert devices; routed-expert weights [E, ...] are split over
+    `expert` (each device holds E / expert experts and tokens reach them by all-to-all); every other
+    parameter is replicated. data * expert * model must equal the number of devices at run time.
+    The mesh changes where the maths runs, not the maths: it is left out of config_sha256 and a run
+    may be resumed on a different mesh.
+    """
+
+    data: int = 1
+    expert: int = 1
+    model: int = 1  # tensor parallelism: reserved, must be 1 for now
+    # Multi-host: call jax.distributed.initialize() before anything else. The three settings below
+    # default to JAX's environment variables (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+    # JAX_PROCESS_ID) or to the cluster's auto-detection (SLURM, Open MPI, Cloud TPU).
+    # DELPHI_DISTRIBUTED=1 in the environment asks for it as well.
+    distributed: bool = False
+    coordinator_address: str | None = None  # "host:port" of process 0
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.expert * self.model
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -64,6 +92,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     wandb: WandbConfig = field(default_factory=WandbConfig)
     name: str | None = None
+    mesh: MeshConfig = field(default_factory=MeshConfig)
 
     @property
     def tokens_per_step(self) -> int:
@@ -102,6 +131,25 @@ class TrainConfig:
         need(0 <= o.decay_frac <= 1, "optim.decay_frac", f"must be in [0, 1], got {o.decay_frac}")
         need(o.warmup_frac + o.decay_frac <= 1, "optim.decay_frac", "warmup_frac + decay_frac must be <= 1")
         need(0 <= o.min_lr_frac <= 1, "optim.min_lr_frac", f"must be in [0, 1], got {o.min_lr_frac}")
+        m = self.mesh
+        for key in ("data", "expert", "model"):
+            need(getattr(m, key) >= 1, f"mesh.{key}", f"must be a positive integer, got {getattr(m, key)}")
+        need(m.model == 1, "mesh.model", f"tensor parallelism is not implemented yet, must be 1, got {m.model}")
+        if self.model.moe is not None:
+            need(
+                self.model.moe.experts % m.expert == 0,
+                "mesh.expert",
+                f"{m.expert} devices do not divide model.moe.experts={self.model.moe.experts}",
+            )
+        need(
+            self.data.batch_size % (m.data * m.expert) == 0,
+            "data.batch_size",
+            f"{self.data.batch_size} sequences do not split over mesh.data x mesh.expert = {m.data * m.expert} devices",
+        )
+        if m.num_processes is not None:
+            need(m.num_processes >= 1, "mesh.num_processes", f"must be positive, got {m.num_processes}")
+        if m.process_id is not None:
+            need(m.process_id >= 0, "mesh.process_id", f"must be >= 0, got {m.process_id}")
         return self
 
 

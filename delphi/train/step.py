@@ -104,9 +104,12 @@ def make_train_step(
 
 
 def make_train_chunk(
-    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, model_cfg: ModelConfig
+    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, model_cfg: ModelConfig, shardings: Any = None
 ) -> Callable[[TrainState, Int[Array, "steps batch seq_plus_1"]], tuple[TrainState, dict]]:
-    """jit(scan(train_step)) over a (steps, batch, seq+1) block of batches, state donated."""
+    """jit(scan(train_step)) over a (steps, batch, seq+1) block of batches, state donated.
+
+    `shardings` = (state shardings, batch sharding, replicated) from delphi.train.sharding: the
+    state keeps its placement across steps and XLA reduces the gradients over the data axis."""
     train_step = make_train_step(graphdef, tx, model_cfg)
 
     def chunk(state: TrainState, tokens: Int[Array, "steps batch seq_plus_1"]) -> tuple[TrainState, dict]:
@@ -115,10 +118,15 @@ def make_train_chunk(
             return state, jax.tree.map(lambda x: x[None], out)
         return jax.lax.scan(train_step, state, tokens)
 
-    return jax.jit(chunk, donate_argnums=(0,))
+    if shardings is None:
+        return jax.jit(chunk, donate_argnums=(0,))
+    state_sh, batch_sh, replicated = shardings
+    return jax.jit(chunk, donate_argnums=(0,), in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated))
 
 
-def make_eval_step(graphdef: nnx.GraphDef) -> Callable[[TrainState, Int[Array, "batch seq_plus_1"]], Float[Array, ""]]:
+def make_eval_step(
+    graphdef: nnx.GraphDef, shardings: Any = None
+) -> Callable[[TrainState, Int[Array, "batch seq_plus_1"]], Float[Array, ""]]:
     """Summed next-token NLL (nats) of one validation batch, dropless routing (train=False)."""
 
     def eval_step(state: TrainState, tokens: Int[Array, "batch seq_plus_1"]) -> Float[Array, ""]:
@@ -127,7 +135,10 @@ def make_eval_step(graphdef: nnx.GraphDef) -> Callable[[TrainState, Int[Array, "
         targets = tokens[:, 1:]
         return cross_entropy(logits, targets) * targets.size
 
-    return jax.jit(eval_step)
+    if shardings is None:
+        return jax.jit(eval_step)
+    state_sh, batch_sh, replicated = shardings
+    return jax.jit(eval_step, in_shardings=(state_sh, batch_sh), out_shardings=replicated)
 
 
 def bits_per_byte(loss_nats: float | None, bytes_per_token: float = 1.0) -> float | None:

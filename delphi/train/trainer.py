@@ -16,8 +16,10 @@ so the device never waits on Python logging.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -33,6 +35,7 @@ from delphi.errors import DelphiError
 from delphi.io import atomic_write_json, atomic_write_text, sha256_bytes
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
 from delphi.train import checkpoint as ckpt
+from delphi.train import sharding
 from delphi.train.config import TrainConfig, train_config_to_dict
 from delphi.train.optim import make_optimizer
 from delphi.train.peak import peak_flops
@@ -50,7 +53,7 @@ from delphi.train.rundir import (
 from delphi.train.schedules import lr_schedule
 from delphi.train.step import TrainState, bits_per_byte, make_eval_step, make_train_chunk, split_model
 
-MAX_STEPS_PER_CALL = 8  # scan length cap: beyond ~8 the dispatch saving is <1% (benchmarks/trainer.py)
+MAX_STEPS_PER_CALL = 16  # scan length cap: d_model 32, 1 -> 4 -> 8 -> 16 steps per call: 360, 255, 235, 230 ms/step
 STEPS_PER_CALL_ENV = "DELPHI_STEPS_PER_CALL"
 
 
@@ -58,6 +61,16 @@ def config_yaml(cfg: TrainConfig) -> str:
     import yaml
 
     return yaml.safe_dump(train_config_to_dict(cfg), sort_keys=False)
+
+
+def identity_yaml(text: str) -> str:
+    """The config without its `mesh` section: what defines the run's maths. A run keeps its
+    config_sha256 on any mesh and may be resumed on a different one."""
+    import yaml
+
+    data = yaml.safe_load(text) or {}
+    data.pop("mesh", None)
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def steps_per_call(cfg: TrainConfig, cap: int | None = None) -> int:
@@ -74,7 +87,7 @@ def _check_run_dir(run_dir: Path, text: str, resume: bool) -> None:
         raise DelphiError(f"--out: {run_dir} exists and is not a directory")
     existing = run_dir / CONFIG_FILE
     if existing.is_file():
-        if existing.read_text() != text:
+        if identity_yaml(existing.read_text()) != identity_yaml(text):
             raise DelphiError(f"--out: {run_dir} holds a run with a different config.yaml; use another directory")
         started = (run_dir / METRICS_FILE).exists() or ckpt.list_checkpoints(run_dir)
         if started and not resume:
@@ -113,12 +126,18 @@ _COMPILED: dict[tuple, tuple[Callable, Callable]] = {}
 COMPILED_CACHE_SIZE = 4  # a resumed or repeated run in the same process reuses its executables
 
 
-def _compiled_steps(cfg: TrainConfig, k: int, graphdef, tx, state: TrainState, tokens, eval_tokens):
-    """AOT-compiled (train chunk, eval step), cached per process by everything they depend on."""
-    key = (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, k)
+def _compiled_steps(cfg: TrainConfig, k: int, graphdef, tx, state: TrainState, tokens, eval_tokens, mesh, shardings):
+    """AOT-compiled (train chunk, eval step), cached per process by everything they depend on.
+
+    Traced under `jax.set_mesh(mesh)` so that the MoE block sees the mesh (delphi.model.moe_parallel)."""
+    devices = tuple(d.id for d in mesh.devices.flat)
+    key = (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, k, cfg.mesh, devices)
     if key not in _COMPILED:
-        train_chunk = make_train_chunk(graphdef, tx, cfg.model).lower(state, tokens).compile()
-        eval_step = make_eval_step(graphdef).lower(state, eval_tokens).compile()
+        state_sh, train_batch_sh, eval_batch_sh, replicated = shardings
+        with jax.set_mesh(mesh):
+            train_chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, train_batch_sh, replicated))
+            train_chunk = train_chunk.lower(state, tokens).compile()
+            eval_step = make_eval_step(graphdef, (state_sh, eval_batch_sh, replicated)).lower(state, eval_tokens).compile()
         while len(_COMPILED) >= COMPILED_CACHE_SIZE:
             _COMPILED.pop(next(iter(_COMPILED)))
         _COMPILED[key] = (train_chunk, eval_step)
@@ -149,11 +168,13 @@ def train(
 
     # ---- validate everything before writing anything
     cfg.validate()
+    sharding.initialize_distributed(cfg.mesh)  # multi-host: before any other JAX call
+    mesh = sharding.make_mesh(cfg.mesh)
     run_dir = Path(run_dir)
     text = config_yaml(cfg)
     _check_run_dir(run_dir, text, resume)
     store = TokenStore(cfg.data.store)
-    store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens, where="config")
+    store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens)
     if store.vocab_size > cfg.model.vocab_size:
         raise DelphiError(
             f"model.vocab_size: {cfg.model.vocab_size} is smaller than the store's vocabulary ({store.vocab_size})"
@@ -161,14 +182,12 @@ def train(
     predicted_loss = load_prediction(prereg) if prereg is not None else None
     status = read_status(run_dir) or {}
     if resume and status.get("status") == "completed" and (run_dir / SUMMARY_FILE).is_file():
-        import json
-
         return json.loads((run_dir / SUMMARY_FILE).read_text())
 
     # ---- the run directory
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / CONFIG_FILE, text)
-    config_sha = sha256_bytes(text.encode())
+    config_sha = sha256_bytes(identity_yaml(text).encode())
     write_status(run_dir, "pending", 0)
 
     model = init_model(cfg)
@@ -180,12 +199,13 @@ def train(
     start_step, wall_before = 0, 0.0
     restored = ckpt.restore_latest(run_dir, state) if resume else None
     if restored is not None:
-        state = jax.tree.map(jnp.asarray, restored.state)
+        state = restored.state  # host arrays, gathered when saved: any mesh can take them
         start_step, wall_before = restored.step, float(restored.extra.get("wall_s", 0.0))
+    state_sh = sharding.state_shardings(state, mesh)
+    state = sharding.place_state(state, state_sh)
+    shardings = (state_sh, sharding.batch_sharding(mesh, 1), sharding.batch_sharding(mesh, 0), sharding.replicated(mesh))
     if resume and restored is None:
         for _, path in ckpt.list_checkpoints(run_dir):  # all corrupt: start over cleanly
-            import shutil
-
             shutil.rmtree(path, ignore_errors=True)
     metrics = MetricsLog(run_dir, keep_through_step=start_step if restored is not None else None)
 
@@ -213,6 +233,7 @@ def train(
         "config_sha256": config_sha,
         "precision": cfg.precision,
         "steps_per_call": k,
+        "mesh": {"data": cfg.mesh.data, "expert": cfg.mesh.expert, "model": cfg.mesh.model},
     }
     wandb = WandbLog(
         wandb_mode(cfg.wandb.mode), project=cfg.wandb.project, entity=cfg.wandb.entity,
@@ -222,7 +243,7 @@ def train(
     try:
         result = _run(
             cfg, run_dir, store, graphdef, tx, state, start_step, wall_before, k, metrics, wandb, bar,
-            summary, lr_at, palm_per_token, exact_flops_per_token, max_steps,
+            summary, lr_at, palm_per_token, exact_flops_per_token, max_steps, mesh, shardings,
         )
     except BaseException as e:
         write_status(run_dir, "failed", summary["steps"], f"{type(e).__name__}: {e}")
@@ -237,18 +258,23 @@ def train(
 def _run(
     cfg: TrainConfig, run_dir: Path, store, graphdef, tx, state: TrainState, start_step: int, wall_before: float,
     k: int, metrics: MetricsLog, wandb: WandbLog, bar, summary: dict, lr_at, palm_per_token: float,
-    exact_flops_per_token: float, max_steps: int | None,
+    exact_flops_per_token: float, max_steps: int | None, mesh, shardings: tuple,
 ) -> dict:
     seq_len, batch_size, seed = cfg.data.seq_len, cfg.data.batch_size, cfg.data.seed
     tokens_per_step = cfg.tokens_per_step
 
-    def batches(first: int) -> np.ndarray:
-        return np.stack([store.train_batch(s, seed, batch_size, seq_len) for s in range(first, first + k)])
+    _, train_batch_sh, eval_batch_sh, _ = shardings
+
+    def batches(first: int) -> jax.Array:
+        host = np.stack([store.train_batch(s, seed, batch_size, seq_len) for s in range(first, first + k)])
+        return sharding.place(host, train_batch_sh)
 
     # ---- compile ahead of time so timings (and the progress bar) exclude it
     compile_start = time.perf_counter()
-    eval_batches = list(store.eval_batches(cfg.eval_tokens, batch_size, seq_len))
-    train_chunk, eval_step = _compiled_steps(cfg, k, graphdef, tx, state, batches(start_step), eval_batches[0])
+    eval_batches = [sharding.place(b, eval_batch_sh) for b in store.eval_batches(cfg.eval_tokens, batch_size, seq_len)]
+    train_chunk, eval_step = _compiled_steps(
+        cfg, k, graphdef, tx, state, batches(start_step), eval_batches[0], mesh, shardings
+    )
     summary["compile_s"] = round(time.perf_counter() - compile_start, 3)
     peak = peak_flops(cfg.precision)
     summary["peak_flops"] = peak
@@ -303,6 +329,7 @@ def _run(
                 "tokens_per_s": tokens_per_s,
                 "mfu": tokens_per_s * palm_per_token / peak,
                 "wall_s": wall(),
+                "time": time.time(),  # epoch seconds: lets `prereg verify` prove the prediction came first
             }
             summary.update(steps=record_step, tokens=record["tokens"], flops=record["flops"], wall_time_s=wall())
             if first_bad is not None:

@@ -1,0 +1,369 @@
+"""muP learning-rate transfer check: `delphi mup lr-sweep` (DESIGN.md section 4, issue 4 part 4).
+
+    for each width w and base LR eta:  train a small muP model with the real trainer
+                                       (delphi.train.trainer.train) -> final val loss
+    per width: fit loss = a + b x + c x^2 with x = log2(eta) -> eta* = 2^(-b / 2c)
+    movement:  max eta* / min eta* across widths (1 = perfect transfer), and the slope of
+               log2(eta*) against log2(width) (0 under muP; about -1 under standard
+               parameterisation with Adam, where the hidden LR must shrink like 1/width)
+
+Every model shares the muP base shape (the first width, `n_layers` layers), so the base LR
+means the same thing at every width: hidden matrices train at eta / m. Runs live in
+OUT/runs/<run id>/ and a rerun skips the completed ones (resume).
+
+The quadratic is fitted to the best LR of a width and up to `FIT_NEIGHBOURS` grid points on
+each side of it (a quadratic is only a local model of loss(log LR), which rises steeply past
+the stability edge). The interval on eta* is the delta method on the fitted coefficients'
+covariance (residual variance, so it needs more points than coefficients); it is a local
+fit's interval, not a seed-to-seed one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jaxtyping import Float
+
+from delphi.errors import DelphiError
+from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
+
+# Defaults sized for ~6-8 minutes on 2 CPU cores: 1000 steps of 8 x 64 tokens take ~9 s at width 32,
+# ~18 s at 64 and ~35 s at 128, plus ~4 s compilation per run. Many small steps rather than a few big
+# ones: at 400 steps of 16 x 64 tokens the final loss was not even monotone in LR (runs that short
+# sit on the early plateau, whose exit time is erratic; issue 4's pilot found the same below ~300-1000
+# steps), while 1000 steps of 8 x 64 gave smooth curves. A 1000-step pilot here put the optimum
+# near 4e-3 (width 32) and 1e-2 (width 64), so the grid is centred on 6e-3, 2x apart.
+DEFAULT_WIDTHS = (32, 64, 128)
+DEFAULT_LRS = (1.5e-3, 3e-3, 6e-3, 1.2e-2, 2.4e-2)
+DEFAULT_STEPS = 1000
+DEFAULT_BATCH_SIZE = 8
+FIT_NEIGHBOURS = 2  # grid points each side of the best LR used by the quadratic
+Z90 = 1.6448536269514722  # two-sided 90% normal quantile (delta-method interval)
+
+
+@dataclass(frozen=True)
+class LRSweepSpec:
+    widths: tuple[int, ...] = DEFAULT_WIDTHS  # the first is the muP base width
+    lrs: tuple[float, ...] = DEFAULT_LRS  # base Adam LRs (at the base width)
+    steps: int = DEFAULT_STEPS
+    ffn: str = "dense"  # "dense" or "moe"
+    n_layers: int = 2
+    d_head: int = 16  # fixed head size: heads grow with width (muP practice)
+    ffn_mult: int = 4  # d_ff = 4 d; MoE: 4 experts top-2 of width d (granularity 4)
+    experts: int = 4
+    top_k: int = 2
+    batch_size: int = DEFAULT_BATCH_SIZE
+    seq_len: int = 64
+    eval_tokens: int = 16_384
+    store: str = "stdlib"
+    seed: int = 0
+
+    def validate(self) -> "LRSweepSpec":
+        if len(self.widths) < 2 or list(self.widths) != sorted(set(self.widths)) or self.widths[0] <= 0:
+            raise DelphiError(f"--widths: need at least two increasing positive widths, got {list(self.widths)}")
+        bad = [w for w in self.widths if w % self.d_head]
+        if bad:
+            raise DelphiError(f"--widths: every width must be a multiple of the head size {self.d_head}, got {bad}")
+        if len(self.lrs) < 3 or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs) or len(set(self.lrs)) != len(self.lrs):
+            raise DelphiError(f"--lrs: need at least three distinct positive learning rates, got {list(self.lrs)}")
+        for flag, value in (("steps", self.steps), ("layers", self.n_layers), ("batch-size", self.batch_size),
+                            ("seq-len", self.seq_len), ("eval-tokens", self.eval_tokens)):
+            if value <= 0:
+                raise DelphiError(f"--{flag}: must be a positive integer, got {value}")
+        if self.ffn not in ("dense", "moe"):
+            raise DelphiError(f"--ffn: expected dense or moe, got {self.ffn!r}")
+        for w in self.widths:
+            self.model_config(w)
+        return self
+
+    def model_config(self, width: int) -> ModelConfig:
+        moe = (
+            MoEConfig(experts=self.experts, top_k=self.top_k, d_expert=width * self.ffn_mult // 4, balance="bias")
+            if self.ffn == "moe"
+            else None
+        )
+        return ModelConfig(
+            d_model=width,
+            n_layers=self.n_layers,
+            n_heads=width // self.d_head,
+            d_ff=self.ffn_mult * width,
+            moe=moe,
+            mup=MuPConfig(enabled=True, base_d_model=self.widths[0], base_n_layers=self.n_layers),
+        ).validate("lr_sweep")
+
+    def train_config(self, width: int, lr: float) -> Any:
+        from delphi.train.config import DataConfig, OptimConfig, TrainConfig
+
+        # Log ten times per run when the steps allow it; one eval and no checkpoint before the end.
+        log_every = self.steps // 10 if self.steps % 10 == 0 else self.steps
+        return TrainConfig(
+            model=self.model_config(width),
+            data=DataConfig(store=self.store, seq_len=self.seq_len, batch_size=self.batch_size, seed=self.seed),
+            optim=OptimConfig(lr=lr),
+            steps=self.steps,
+            seed=self.seed,
+            log_every=log_every,
+            eval_every=self.steps,
+            eval_tokens=self.eval_tokens,
+            checkpoint_every=self.steps,
+            keep_checkpoints=1,
+            name=run_id(width, lr),
+        ).validate()
+
+
+def run_id(width: int, lr: float) -> str:
+    return f"w{width}-lr{lr:.3g}"
+
+
+# --------------------------------------------------------------------------- the quadratic fit
+
+
+@dataclass
+class QuadraticFit:
+    """loss = a + b x + c x^2, x = log2(lr), fitted to `lrs`/`losses` (the points actually used)."""
+
+    lrs: list[float]
+    losses: list[float]
+    coef: tuple[float, float, float] | None  # (a, b, c); None with fewer than 3 points
+    lr_opt: float | None  # 2^(-b/2c) when c > 0, else None
+    lr_opt_interval_90: tuple[float, float] | None  # delta method; None without residual dof
+    loss_opt: float | None
+    interior: bool  # the optimum lies inside the fitted LR range
+    best_lr: float  # the grid point with the lowest loss
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def fit_quadratic(lrs: Float[np.ndarray, " n"], losses: Float[np.ndarray, " n"], neighbours: int = FIT_NEIGHBOURS) -> QuadraticFit:
+    """Quadratic in log2(LR) around the best finite point; diverged (non-finite) runs are left out."""
+    lrs, losses = np.asarray(lrs, float), np.asarray(losses, float)
+    order = np.argsort(lrs)
+    lrs, losses = lrs[order], losses[order]
+    ok = np.isfinite(losses)
+    lrs, losses = lrs[ok], losses[ok]
+    if lrs.size == 0:
+        raise ValueError("no finite losses to fit")
+    best = int(np.argmin(losses))
+    lo, hi = max(0, best - neighbours), min(lrs.size, best + neighbours + 1)
+    x, y = np.log2(lrs[lo:hi]), losses[lo:hi]
+    fit = QuadraticFit(lrs=lrs[lo:hi].tolist(), losses=y.tolist(), coef=None, lr_opt=None, lr_opt_interval_90=None,
+                       loss_opt=None, interior=False, best_lr=float(lrs[best]))
+    if x.size < 3:
+        return fit
+    design = np.stack([np.ones_like(x), x, x * x], axis=1)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    a, b, c = (float(v) for v in coef)
+    fit.coef = (a, b, c)
+    if c <= 0:  # no minimum: the curve is flat or concave over the fitted points
+        return fit
+    x_opt = -b / (2 * c)
+    fit.lr_opt = float(2.0**x_opt)
+    fit.loss_opt = float(a + b * x_opt + c * x_opt**2)
+    fit.interior = bool(x.min() <= x_opt <= x.max())
+    dof = x.size - 3
+    if dof > 0:
+        resid = y - design @ coef
+        cov = float(resid @ resid) / dof * np.linalg.inv(design.T @ design)
+        grad = np.array([0.0, -1 / (2 * c), b / (2 * c * c)])  # d x_opt / d (a, b, c)
+        sd = math.sqrt(max(float(grad @ cov @ grad), 0.0))
+        fit.lr_opt_interval_90 = (float(2.0 ** (x_opt - Z90 * sd)), float(2.0 ** (x_opt + Z90 * sd)))
+    return fit
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class LRSweepResult:
+    spec: LRSweepSpec
+    records: list[dict[str, Any]]  # one per run: width, lr, loss, status, run_id, wall_time_s
+    fits: dict[int, QuadraticFit] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for w in self.spec.widths:
+            rows = [r for r in self.records if r["width"] == w]
+            self.fits[w] = fit_quadratic(np.array([r["lr"] for r in rows]), np.array([r["loss"] for r in rows], float))
+
+    def optimum(self, width: int) -> float:
+        """eta* of a width: the quadratic's optimum, else (no minimum) the best grid LR."""
+        f = self.fits[width]
+        return f.lr_opt if f.lr_opt is not None else f.best_lr
+
+    @property
+    def movement(self) -> dict[str, Any]:
+        opt = np.array([self.optimum(w) for w in self.spec.widths])
+        slope = float(np.polyfit(np.log2(self.spec.widths), np.log2(opt), 1)[0])
+        return {
+            "lr_opt_ratio_max_over_min": float(opt.max() / opt.min()),
+            "lr_opt_octaves": float(np.log2(opt.max() / opt.min())),
+            "lr_opt_slope_vs_width": slope,  # d log2(eta*) / d log2(width)
+            "width_ratio": self.spec.widths[-1] / self.spec.widths[0],
+            "all_interior": all(self.fits[w].interior for w in self.spec.widths),
+        }
+
+    def summary(self) -> str:
+        s = self.spec
+        lines = [f"LR sweep (muP, {s.ffn}, {s.n_layers} layers, base width {s.widths[0]}, {s.steps} steps of "
+                 f"{s.batch_size}x{s.seq_len} tokens): final val loss (nats/byte)"]
+        lines.append("  width " + "".join(f"{lr:>10.3g}" for lr in s.lrs) + "      eta* (90% interval)")
+        for w in s.widths:
+            by_lr = {r["lr"]: r["loss"] for r in self.records if r["width"] == w}
+            f = self.fits[w]
+            cells = "".join(f"{by_lr.get(lr, float('nan')):>10.4f}" for lr in s.lrs)
+            if f.lr_opt is None:
+                opt = f"no minimum: best grid LR {f.best_lr:.3g}"
+            else:
+                iv = f.lr_opt_interval_90
+                opt = f"{f.lr_opt:.3g}" + (f" ({iv[0]:.3g}-{iv[1]:.3g})" if iv else "") + ("" if f.interior else " [extrapolated]")
+            lines.append(f"  {w:>5} {cells}      {opt}")
+        m = self.movement
+        lines.append(f"  => the optimum moved {m['lr_opt_ratio_max_over_min']:.2f}x (max/min) over a {m['width_ratio']:g}x "
+                     f"width range; slope d log eta*/d log width = {m['lr_opt_slope_vs_width']:+.2f} (0 = perfect transfer)")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "spec": dataclasses.asdict(self.spec),
+            "runs": self.records,
+            "fits": {str(w): f.to_json() for w, f in self.fits.items()},
+            "lr_opt": {str(w): self.optimum(w) for w in self.spec.widths},
+            "movement": self.movement,
+        }
+
+
+# --------------------------------------------------------------------------- running
+
+
+def check_run_dirs(spec: LRSweepSpec, out_dir: Path) -> None:
+    """Refuse (before training anything) a DIR whose existing runs were made with other settings."""
+    from delphi.train.rundir import CONFIG_FILE
+    from delphi.train.trainer import config_yaml
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DelphiError(f"--out: {out_dir} exists and is not a directory")
+    for w in spec.widths:
+        for lr in spec.lrs:
+            existing = out_dir / "runs" / run_id(w, lr) / CONFIG_FILE
+            if existing.is_file() and existing.read_text() != config_yaml(spec.train_config(w, lr)):
+                raise DelphiError(f"--out: {existing.parent} holds a run with other settings (steps, shape or data); "
+                                  "use another directory")
+
+
+def run_sweep(spec: LRSweepSpec, out_dir: str | Path, *, log: bool = True) -> LRSweepResult:
+    """Train every (width, LR) not already completed under OUT/runs/, then fit and return the result."""
+    from delphi.data.loader import TokenStore
+    from delphi.data.store import resolve_store
+    from delphi.train.rundir import SUMMARY_FILE, read_status
+    from delphi.train.trainer import train
+
+    spec.validate()
+    out_dir = Path(out_dir)
+    try:
+        store = resolve_store(spec.store)
+    except DelphiError as e:
+        raise DelphiError(f"--store: {e}") from None
+    spec = dataclasses.replace(spec, store=str(store))
+    check_run_dirs(spec, out_dir)
+    TokenStore(store).check_run(spec.batch_size, spec.seq_len, spec.eval_tokens)
+
+    records = []
+    for w in spec.widths:
+        for lr in spec.lrs:
+            rid, run_dir = run_id(w, lr), out_dir / "runs" / run_id(w, lr)
+            done = (read_status(run_dir) or {}).get("status") in ("completed", "diverged") and (run_dir / SUMMARY_FILE).is_file()
+            if done:
+                summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+            else:
+                summary = train(spec.train_config(w, lr), run_dir, resume=True, progress=False)
+            loss = summary.get("val_loss")
+            loss = float(loss) if summary.get("status") == "completed" and loss is not None else float("nan")
+            records.append({"run_id": rid, "width": w, "lr": lr, "loss": loss, "status": summary.get("status"),
+                            "steps": summary.get("steps"), "params_nonembedding": summary.get("params_nonembedding"),
+                            "wall_time_s": summary.get("wall_time_s"), "skipped": done})
+            if log:
+                how = "done before" if done else f"{summary.get('wall_time_s', 0):.0f} s"
+                print(f"  {rid:<16} val loss {loss:.4f}  ({summary.get('status')}, {how})", file=sys.stderr, flush=True)
+    return LRSweepResult(spec=spec, records=records)
+
+
+def save_report(result: LRSweepResult, out_dir: str | Path) -> dict[str, Any]:
+    """sweep.csv, sweep.json and sweep.png/.svg (lrsweep_figure plus the fitted quadratics)."""
+    import pandas as pd
+
+    from delphi.io import atomic_write_json, atomic_write_text
+    from delphi.plot import style as st
+    from delphi.plot.figures import lrsweep_figure
+
+    out_dir = Path(out_dir)
+    table = pd.DataFrame(result.records)
+    atomic_write_text(out_dir / "sweep.csv", table.to_csv(index=False))
+    fig = lrsweep_figure(table[np.isfinite(table["loss"])])
+    ax = fig.axes[0]
+    for color, w in zip(st.budget_colors(len(result.spec.widths)), sorted(result.spec.widths)):
+        f = result.fits[w]
+        if f.coef is None:
+            continue
+        x = np.linspace(math.log2(min(f.lrs)), math.log2(max(f.lrs)), 60)
+        a, b, c = f.coef
+        ax.plot(2.0**x, a + b * x + c * x * x, "--", lw=0.9, color=color)
+        if f.lr_opt is not None and f.interior:
+            ax.axvline(f.lr_opt, color=color, lw=0.6, alpha=0.6)
+    m = result.movement
+    ax.set_title(f"muP LR sweep: optimum moved {m['lr_opt_ratio_max_over_min']:.2f}x over {m['width_ratio']:g}x width "
+                 "(dashed: quadratic fits)", fontsize=9)
+    files = st.save_figure(fig, out_dir / "sweep.png")
+    report = {**result.to_json(), "csv": str(out_dir / "sweep.csv"), "json": str(out_dir / "sweep.json"), "plots": files}
+    atomic_write_json(out_dir / "sweep.json", report)
+    return report
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_command(mup_sub: Any) -> None:
+    """Register `delphi mup lr-sweep` on the `delphi mup` subparsers."""
+    from delphi.cli import add_json_flag
+
+    sub = mup_sub.add_parser("lr-sweep", help="final loss vs base LR at several widths under muP; how far the optimum moves")
+    sub.add_argument("--out", type=Path, required=True, help="directory for runs/, sweep.csv, sweep.json, sweep.png")
+    sub.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)), help="comma-separated d_model; the first is the muP base")
+    sub.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS), help="comma-separated base Adam LRs")
+    sub.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    sub.add_argument("--ffn", choices=("dense", "moe"), default="dense")
+    sub.add_argument("--layers", type=int, default=LRSweepSpec.n_layers)
+    sub.add_argument("--batch-size", type=int, default=LRSweepSpec.batch_size)
+    sub.add_argument("--seq-len", type=int, default=LRSweepSpec.seq_len)
+    sub.add_argument("--eval-tokens", type=int, default=LRSweepSpec.eval_tokens)
+    sub.add_argument("--store", default=LRSweepSpec.store, help="token store: a built-in name or a prepared directory")
+    sub.add_argument("--seed", type=int, default=0)
+    add_json_flag(sub)
+    sub.set_defaults(func=cmd_lr_sweep)
+
+
+def _parse_list(text: str, kind: type, flag: str) -> tuple:
+    try:
+        return tuple(kind(v) for v in text.split(","))
+    except ValueError:
+        raise DelphiError(f"{flag}: expected comma-separated {'integers' if kind is int else 'numbers'}, got {text!r}") from None
+
+
+def cmd_lr_sweep(args: Any) -> dict[str, Any]:
+    spec = LRSweepSpec(
+        widths=_parse_list(args.widths, int, "--widths"),
+        lrs=tuple(sorted(_parse_list(args.lrs, float, "--lrs"))),
+        steps=args.steps, ffn=args.ffn, n_layers=args.layers, batch_size=args.batch_size,
+        seq_len=args.seq_len, eval_tokens=args.eval_tokens, store=args.store, seed=args.seed,
+    ).validate()
+    result = run_sweep(spec, args.out)
+    report = save_report(result, args.out)
+    print(result.summary(), file=sys.stderr)
+    print(f"lr-sweep: wrote {report['csv']}, {report['json']} and {report['plots'][0]}", file=sys.stderr)
+    return report

@@ -1,0 +1,178 @@
+"""`delphi paper build`: regenerate the paper's figures and numbers from its data files.
+
+The paper (paper/paper.md) is rendered from paper/template.md. Every number in
+the text is a `{placeholder}` filled from the compact study data kept in
+paper/data/ (results table, fits, backtests, the hero's metrics, the
+preregistration), so nothing in the prose is typed by hand and nothing needs
+training to rebuild.
+
+    delphi paper build --from-study runs/paper   # import a finished study's data, then build
+    delphi paper build                           # rebuild from paper/data alone
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from delphi.errors import DelphiError
+from delphi.io import atomic_write_text
+
+# Files of a study directory that are too big or too transient for the paper's data.
+SKIP_DIRS = {"checkpoints", "logs", "locks", "__pycache__"}
+
+
+def import_study(study_dir: Path, data_dir: Path) -> list[str]:
+    """Copy a finished study's compact data (no checkpoints, no logs) into `data_dir`."""
+    if not (study_dir / "stages" / "report.json").is_file():
+        raise DelphiError(f"--from-study: {study_dir} is not a finished study (no stages/report.json)")
+    copied = []
+    for path in sorted(study_dir.rglob("*")):
+        rel = path.relative_to(study_dir)
+        if path.is_dir() or SKIP_DIRS & set(rel.parts) or rel.parts[0] in ("figures",) or path.name == "report.md":
+            continue
+        target = data_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+        copied.append(str(rel))
+    prereg = Path(json.loads((study_dir / "stages" / "prereg.json").read_text())["result"]["prereg"])
+    if prereg.parent != study_dir:  # sealed outside the study dir (the project's own study)
+        shutil.copy2(prereg, data_dir / "preregistration.yaml")
+        copied.append(f"preregistration.yaml (from {prereg})")
+    return copied
+
+
+def _study_view(data_dir: Path, figures_dir: Path):
+    """A `Study` whose paths point into the paper's data (and figures) directory."""
+    from delphi.study import Study, StudySpec
+    from delphi.config_schema import from_dict
+
+    pinned = json.loads((data_dir / "study.json").read_text())
+    spec = from_dict(StudySpec, pinned["study"], "paper/data/study.json")
+    study = Study(data_dir, spec, data_dir / "ladder" / "ladder.yaml")
+    study.figures = figures_dir
+    return study
+
+
+def paper_numbers(data_dir: Path) -> dict[str, Any]:
+    """Every number the text quotes, computed from the data files."""
+    stage = lambda name: json.loads((data_dir / "stages" / f"{name}.json").read_text())["result"]
+    check, hero, plan = stage("check"), stage("hero"), stage("plan")
+    fits = {m: json.loads(p.read_text()) for m in ("isoflop", "parametric", "vpnls", "frontier")
+            if (p := data_dir / "fits" / f"{m}.json").is_file()}
+    backtest = json.loads((data_dir / "fits" / "backtest.json").read_text())
+    prereg_doc = _read_prereg(data_dir / "preregistration.yaml")
+    final = prereg_doc["prediction"]["final"]
+    table = pd.read_csv(data_dir / "results.csv")
+    budgets = sorted(table["budget"].unique())
+    vp = fits.get("vpnls", {})
+    iso = fits.get("isoflop", {})
+    n: dict[str, Any] = {
+        "n_runs": len(table),
+        "n_budgets": len(budgets),
+        "budget_min": f"{budgets[0]:.3g}",
+        "budget_max": f"{budgets[-1]:.3g}",
+        "budget_span": f"{budgets[-1] / budgets[0]:.0f}",
+        "ladder_flops": f"{plan['flops']:.3g}",
+        "hero_compute": f"{hero['compute']:.3g}",
+        "extrapolation": f"{hero['compute'] / budgets[-1]:.0f}",
+        "hero_d_model": hero.get("d_model"),
+        "hero_layers": hero.get("n_layers"),
+        "hero_params": f"{float(hero['params']):.3g}",
+        "hero_tokens": f"{float(hero['tokens']):.3g}",
+        "pred_loss": f"{final['loss']:.4f}",
+        "pred_50": _interval(final.get("loss_50")),
+        "pred_90": _interval(final.get("loss_90")),
+        "actual_loss": f"{check['actual_final_loss']:.4f}" if check.get("actual_final_loss") is not None else "n/a",
+        "rel_error": f"{check['rel_error']:+.2%}" if check.get("rel_error") is not None else "n/a",
+        "abs_rel_error": f"{abs(check['rel_error']):.2%}" if check.get("rel_error") is not None else "n/a",
+        "covered_90": {True: "inside", False: "outside", None: "n/a"}[check.get("covered_90")],
+        "covered_50": {True: "inside", False: "outside", None: "n/a"}[check.get("covered_50")],
+        "verdict": check.get("verdict"),
+        "tolerance": f"{check['tolerance_rel']:.0%}",
+        "prereg_created": prereg_doc.get("created"),
+        "prereg_seal": str(prereg_doc.get("seal", {}).get("digest", ""))[:16],
+    }
+    for key in ("E", "A", "B", "alpha", "beta"):
+        n[f"vpnls_{key}"] = f"{vp['params'][key]:.4g}" if key in vp.get("params", {}) else "n/a"
+        n[f"vpnls_{key}_90"] = _interval((vp.get("intervals") or {}).get(key))
+    derived = vp.get("derived", {})
+    n["vpnls_a"] = f"{derived['a']:.3f}" if "a" in derived else "n/a"
+    n["iso_a"] = f"{iso['params']['a']:.3f}" if "a" in iso.get("params", {}) else "n/a"
+    n["iso_a_90"] = _interval((iso.get("intervals") or {}).get("a"))
+    n["iso_b"] = f"{iso['params']['b']:.3f}" if "b" in iso.get("params", {}) else "n/a"
+    n["backtest_table"] = _backtest_table(backtest)
+    n["ladder_table"] = _ladder_table(table)
+    n["trajectory_table"] = _trajectory_table(check)
+    n["assumptions"] = "\n".join(f"- {a}" for a in prereg_doc.get("assumptions", []))
+    return n
+
+
+def _read_prereg(path: Path) -> dict:
+    from delphi.prereg import format as fmt
+
+    return fmt.read(path)
+
+
+def _interval(pair: Any) -> str:
+    if not pair or pair[0] is None:
+        return "n/a"
+    return f"[{float(pair[0]):.4g}, {float(pair[1]):.4g}]"
+
+
+def _backtest_table(backtest: dict) -> str:
+    rows = ["| method | held-out budget | predicted best loss | observed best loss | relative error | 90% interval covered |",
+            "|---|---|---|---|---|---|"]
+    for method, result in backtest.items():
+        for b in result.get("budgets", []):
+            rows.append(f"| {method} | {b['budget']:.3g} | {b['predicted_loss']:.4f} | {b['observed_best_loss']:.4f} "
+                        f"| {b['rel_error']:+.2%} | {b.get('covered_90')} |")
+    return "\n".join(rows)
+
+
+def _ladder_table(table: pd.DataFrame) -> str:
+    cols = ["run_id", "budget", "d_model", "n_layers", "params", "tokens", "loss"]
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in table.sort_values(["budget", "params"]).iterrows():
+        cells = [str(r["run_id"]), f"{r['budget']:.3g}", str(int(r["d_model"])), str(int(r["n_layers"])),
+                 f"{int(r['params']):,}", f"{int(r['tokens']):,}", f"{r['loss']:.4f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _trajectory_table(check: dict) -> str:
+    points = check.get("points") or []
+    if not points:
+        return "(no eval points)"
+    rows = ["| tokens | predicted | 90% band | actual | relative error |", "|---|---|---|---|---|"]
+    for p in points:
+        rows.append(f"| {p['tokens']:.3g} | {p['predicted']:.4f} | [{p['lo90']:.4f}, {p['hi90']:.4f}] | {p['actual']:.4f} | {p['rel_error']:+.2%} |")
+    return "\n".join(rows)
+
+
+def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None = None) -> dict:
+    """Import a study's data if asked, redraw every figure, and render paper.md from template.md."""
+    from delphi.study import stage_figures
+
+    paper_dir = Path(paper_dir)
+    data_dir, figures_dir = paper_dir / "data", paper_dir / "figures"
+    template = paper_dir / "template.md"
+    if not template.is_file():
+        raise DelphiError(f"{template}: paper template not found")
+    imported = import_study(Path(from_study), data_dir) if from_study is not None else []
+    if not (data_dir / "study.json").is_file():
+        raise DelphiError(f"{data_dir}: no study data; run `delphi paper build --from-study STUDY_DIR` once")
+    study = _study_view(data_dir, figures_dir)
+    figures = stage_figures(study)["files"]
+    numbers = paper_numbers(data_dir)
+    try:
+        text = string.Template(template.read_text()).substitute(numbers)
+    except KeyError as e:
+        raise DelphiError(f"{template}: placeholder ${e.args[0]} has no value (known: {', '.join(sorted(numbers))})") from None
+    atomic_write_text(paper_dir / "paper.md", text)
+    return {"paper": str(paper_dir / "paper.md"), "figures": figures, "imported_files": len(imported)}
