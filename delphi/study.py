@@ -373,6 +373,8 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
 def _fmt(x: Any, spec: str = ".4g") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
     if isinstance(x, (list, tuple)) and len(x) == 2:
         return f"[{_fmt(x[0], spec)}, {_fmt(x[1], spec)}]"
     return format(x, spec) if isinstance(x, (int, float)) else str(x)

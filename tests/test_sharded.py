@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -95,7 +94,7 @@ def runs(store, tmp_path_factory) -> dict:
     baseline = train(sharded_config(store), work / "one", progress=False)
     stopped = train(sharded_config(store), work / "from_1", progress=False, max_steps=STEPS // 2)
     assert stopped["status"] == "failed"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     repo = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
     proc = subprocess.run(

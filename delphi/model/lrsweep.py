@@ -73,6 +73,8 @@ class LRSweepSpec:
             raise DelphiError(f"--widths: every width must be a multiple of the head size {self.d_head}, got {bad}")
         if len(self.lrs) < 3 or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs) or len(set(self.lrs)) != len(self.lrs):
             raise DelphiError(f"--lrs: need at least three distinct positive learning rates, got {list(self.lrs)}")
+        if len({run_id(self.widths[0], lr) for lr in self.lrs}) != len(self.lrs):
+            raise DelphiError(f"--lrs: learning rates must differ in their first 3 significant digits (run ids), got {list(self.lrs)}")
         for flag, value in (("steps", self.steps), ("layers", self.n_layers), ("batch-size", self.batch_size),
                             ("seq-len", self.seq_len), ("eval-tokens", self.eval_tokens)):
             if value <= 0:
