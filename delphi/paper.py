@@ -23,6 +23,9 @@ import pandas as pd
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
 
+# Loss differences the CPU pilot could not resolve with one seed (DESIGN.md section 7).
+SEED_NOISE_NATS = 0.02
+
 # Files of a study directory that are too big or too transient for the paper's data.
 SKIP_DIRS = {"checkpoints", "logs", "locks", "__pycache__"}
 
@@ -106,6 +109,37 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["iso_a"] = f"{iso['params']['a']:.3f}" if "a" in iso.get("params", {}) else "n/a"
     n["iso_a_90"] = _interval((iso.get("intervals") or {}).get("a"))
     n["iso_b"] = f"{iso['params']['b']:.3f}" if "b" in iso.get("params", {}) else "n/a"
+    n["vpnls_E_at_bound"] = "yes" if "E" in (vp.get("diagnostics") or {}).get("at_bound", []) else "no"
+    frontier = fits.get("frontier", {})
+    sens = frontier.get("sensitivity") or {}
+    if sens.get("predicted_loss"):
+        n["frontier_pred"] = f"{sens['predicted_loss'][0]:.4f}"
+        n["frontier_pred_range"] = _interval(sens["predicted_loss_range_over_E_interval"][0])
+        n["frontier_E_90"] = _interval(sens.get("E_interval_profile_90"))
+    else:
+        n["frontier_pred"] = n["frontier_pred_range"] = n["frontier_E_90"] = "n/a"
+    # How far the hero's tokens per parameter lie beyond what the ladder showed at its width.
+    hero_tpp = float(hero["tokens"]) / float(hero["params"])
+    same_width = table[table["d_model"] == hero.get("d_model")]
+    n["hero_tpp"] = f"{hero_tpp:.0f}"
+    n["ladder_tpp_at_hero_width"] = (f"{(same_width['tokens'] / same_width['params']).max():.0f}"
+                                     if len(same_width) else "n/a (no ladder run at the hero's width)")
+    n["ladder_tpp_max"] = f"{(table['tokens'] / table['params']).max():.0f}"
+    points = check.get("points") or []
+    worst = max(points, key=lambda p: abs(p["rel_error"])) if points else None
+    n["traj_worst"] = f"{worst['rel_error']:+.2%} at {worst['tokens']:.3g} tokens" if worst else "n/a"
+    n["traj_outside_90"] = f"{check.get('n_outside_90', 0)} of {check.get('n_points', 0)}"
+    # The hero's loss through its stable phase (WSD: before the decay starts), 40% -> 80% of tokens.
+    at = lambda frac: min(points, key=lambda p: abs(p["tokens"] - frac * float(hero["tokens"]))) if points else None
+    p40, p80 = at(0.4), at(0.8)
+    n["stable_from"] = f"{p40['actual']:.4f} at {p40['tokens']:.3g} tokens" if p40 else "n/a"
+    n["stable_to"] = f"{p80['actual']:.4f} at {p80['tokens']:.3g} tokens" if p80 else "n/a"
+    n["ladder_max_tokens"] = f"{table['tokens'].max():.3g}"
+    n["seed_noise_share"] = (f"{SEED_NOISE_NATS / check['actual_final_loss']:.1%}"
+                             if check.get("actual_final_loss") else "n/a")
+    n["miss_side"] = ("high side: the laws were too optimistic" if (check.get("rel_error") or 0) > 0
+                      else "low side: the laws were too pessimistic")
+    n["stable_pred_to"] = f"{p80['predicted']:.4f}" if p80 else "n/a"
     n["backtest_table"] = _backtest_table(backtest)
     n["ladder_table"] = _ladder_table(table)
     n["trajectory_table"] = _trajectory_table(check)
