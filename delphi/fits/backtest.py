@@ -56,6 +56,9 @@ def backtest(
     for budget, g in test.groupby("budget", sort=True):
         truth = float(g["loss"].min())
         pred = fit.predict(compute=float(budget))
+        if pred["loss"] is None:  # e.g. A or B fitted to 0: the law has no compute-optimal point
+            raise DelphiError(f"backtest: the {fit.kind} fit on budgets <= {cut:g} has no compute-optimal "
+                              f"point (parameters {fit.params}); it cannot predict budget {budget:g}")
         budgets.append(
             {
                 "budget": float(budget),

@@ -108,6 +108,11 @@ def load_results(
             dropped["status_not_completed"] = int((~done).sum())
             table = table[done]
 
+    # A dense ladder's table carries experts = 0 (or blank): that column describes no MoE, so it
+    # is dropped rather than failing every row; only the MoE law needs it.
+    for name in ("experts", "granularity"):
+        if name in table and not (table[name] > 0).any():
+            table = table.drop(columns=name)
     needed = [c for c in ("params", "tokens", "flops", "loss", "budget", "experts", "granularity") if c in table]
     finite = np.isfinite(table[needed].to_numpy(dtype=float)).all(axis=1)
     if (~finite).any():

@@ -1,0 +1,94 @@
+"""`delphi study`: stages run in order, record completion, and resume without redoing work;
+`delphi paper build` regenerates the paper from its committed data."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from delphi.cli import main as cli_main
+from delphi.data.store import prepare_store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _micro_study(tmp_path: Path) -> Path:
+    """A 3-budget dense isoFLOP ladder of 9 rungs of a few seconds each, on a private store."""
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i in range(40):
+        (src / f"m{i:02d}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n" for j in range(300)))
+    prepare_store(str(src), tmp_path / "store")
+    raw = yaml.safe_load((REPO / "studies" / "ladder_tiny.yaml").read_text())
+    raw.update(name="micro", budgets=[2e9, 4e9, 8e9], seq_len=32)
+    raw["isoflop"].update(sizes=3, span=4.0, min_span=2.0, center_coefficient=0.05, center_exponent=0.5)
+    raw["shape"]["widths"] = [8, 12, 16, 24, 32]
+    raw["batch"].update(min_steps=40, min_seqs=2, max_seqs=8)
+    raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=2, logs_per_run=4, checkpoints_per_run=2)
+    (tmp_path / "ladder.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = {"name": "micro", "ladder": "ladder.yaml", "fits": ["vpnls"], "primary_fit": "vpnls", "bootstrap": 10,
+             "hero": {"compute_multiple": 2, "tolerance": 0.5}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    return tmp_path / "study.yaml"
+
+
+def _study(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}  # skip the per-run matmul peak measurement
+    return subprocess.run([sys.executable, "-m", "delphi.cli", "study", *args, "--json"], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_study_stages_resume_without_redoing_finished_runs(tmp_path):
+    study, out = _micro_study(tmp_path), tmp_path / "out"
+    first = _study(str(study), "--out", str(out), "--stop-after", "ladder")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["stopped_after"] == "ladder"
+    assert [p.stem for p in sorted((out / "stages").glob("*.json"))] == ["ladder", "plan", "prepare"]
+    runs = sorted((out / "ladder" / "runs").iterdir())
+    assert len(runs) == 9 and all(json.loads((r / "status.json").read_text())["status"] == "completed" for r in runs)
+
+    # As if the ladder stage had been killed after all but one rung: rerunning trains only that rung.
+    (out / "stages" / "ladder.json").unlink()
+    shutil.rmtree(runs[0])
+    kept = {r.name: (r / "summary.json").stat().st_mtime_ns for r in runs[1:]}
+    second = _study(str(study), "--out", str(out), "--stop-after", "fit")
+    assert second.returncode == 0, second.stderr
+    assert "prepare: done earlier, skipped" in second.stderr
+    assert (runs[0] / "summary.json").is_file()
+    assert {r.name: (r / "summary.json").stat().st_mtime_ns for r in runs[1:]} == kept
+    assert json.loads((out / "fits" / "vpnls.json").read_text())["kind"] == "parametric"
+    assert len((out / "results.csv").read_text().splitlines()) == 1 + 9
+
+    # The directory belongs to this study: a different study file is refused before anything runs.
+    other = yaml.safe_load(study.read_text()) | {"bootstrap": 11}
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    refused = _study(str(tmp_path / "other.yaml"), "--out", str(out))
+    assert refused.returncode == 2 and "holds a different study" in refused.stderr
+
+
+def test_study_bad_input(tmp_path, capsys):
+    assert cli_main(["study", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": "nope.yaml"}))
+    assert cli_main(["study", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")]) == 2
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "fits": ["vpnls"], "primary_fit": "frontier"}))
+    assert cli_main(["study", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")]) == 2
+    assert cli_main(["study", "--out", str(tmp_path / "o"), "--stop-after", "lunch"]) == 2
+    assert "unknown stage" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_paper_build_regenerates_from_committed_data(tmp_path):
+    paper = tmp_path / "paper"
+    shutil.copytree(REPO / "paper" / "data", paper / "data")
+    shutil.copy(REPO / "paper" / "template.md", paper / "template.md")
+    assert cli_main(["paper", "build", "--paper-dir", str(paper)]) == 0
+    text = (paper / "paper.md").read_text()
+    assert "$" not in text.replace("$$", "")  # every placeholder filled
+    assert text == (REPO / "paper" / "paper.md").read_text()  # the committed paper is what the data gives
+    assert {p.name for p in (paper / "figures").glob("*.png")} >= {"isoflop.png", "prediction.png", "frontier.png"}
