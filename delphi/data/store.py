@@ -43,7 +43,7 @@ from delphi.data.sources import (
 )
 from delphi.data.tokenizer import ByteTokenizer
 from delphi.errors import DelphiError
-from delphi.io import atomic_write_json, atomic_write_text
+from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 VAL_FRACTION = 0.02  # ~2% of documents: ~40 stdlib files, enough variety for a stable val loss
 STORE_FORMAT = 1
@@ -144,25 +144,12 @@ def prepare_store(source: str, out_dir: str | os.PathLike) -> dict:
     # Remove the old meta first: a crash part-way leaves "not a store", never a
     # meta.json that describes other bins.
     (out / META_FILE).unlink(missing_ok=True)
-    _atomic_write_big(out / "train.bin", train)
-    _atomic_write_big(out / "val.bin", val)
+    atomic_write_bytes(out / "train.bin", train)
+    atomic_write_bytes(out / "val.bin", val)
     atomic_write_text(out / "documents.tsv", "id\tsplit\tbytes\n" + "\n".join(listing) + "\n")
     meta["prepare_s"] = round(time.perf_counter() - started, 3)
     atomic_write_json(out / META_FILE, meta)
     return meta
-
-
-def _atomic_write_big(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def cache_dir() -> Path:
