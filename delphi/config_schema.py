@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from delphi.errors import DelphiError
 
@@ -36,6 +36,17 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
         return cls(**kwargs)
     except TypeError as e:
         raise DelphiError(f"{where}: {e}") from None
+
+
+def load_config(path: Any, build: Callable[[Any], T]) -> T:
+    """Read the YAML file at `path` and `build` a config from it; every error names the file."""
+    from delphi.io import read_yaml
+
+    try:
+        return build(read_yaml(path))
+    except DelphiError as e:
+        msg = str(e)
+        raise DelphiError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
 
 
 def to_dict(obj: Any) -> Any:

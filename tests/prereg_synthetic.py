@@ -18,7 +18,7 @@ from delphi.fits import curves as cv
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig, train_config_to_dict
-from delphi.fits.curves import warmup_updates as warmup_steps
+from delphi.train.schedules import warmup_steps
 
 # E, A, alpha, B, beta, C of the law that generates every curve.
 TRUE = (0.9, 25.0, 0.35, 60.0, 0.3, 1e-4)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from delphi.fits import curves as cv
+from delphi.train.schedules import warmup_steps
 from delphi.train.config import OptimConfig
 
 import prereg_synthetic as ps
@@ -46,7 +47,7 @@ def _synthetic_curves(seed=0, noise=ps.NOISE):
             from delphi.model.flops import count_params
 
             curves.append(cv.curve_from_schedule(cfg.name, count_params(cfg.model).nonembedding, cv.lr_factors(cfg.optim, cfg.steps),
-                                                 cfg.tokens_per_step, tokens, loss, warmup_updates=cv.warmup_updates(cfg.optim, cfg.steps)))
+                                                 cfg.tokens_per_step, tokens, loss, warmup_updates=warmup_steps(cfg.optim, cfg.steps)))
     return curves
 
 

@@ -52,6 +52,7 @@ from scipy.optimize import least_squares, nnls
 from scipy.signal import lfilter
 
 from delphi.errors import DelphiError
+from delphi.train.schedules import lr_factor_schedule, warmup_steps
 
 # Tissue et al. 2024, section 3: the decay factor of the annealing momentum;
 # they report 0.999 working across their runs (0.99-0.999 range studied).
@@ -73,37 +74,8 @@ PARAM_NAMES = ("E", "A", "alpha", "B", "beta", "C")
 
 
 def lr_factors(optim: Any, steps: int) -> Float[np.ndarray, "steps"]:
-    """LR multiple of the peak for every update 0..steps-1.
-
-    A numpy twin of `delphi.train.schedules.lr_factor_schedule` (which is jnp, and
-    dispatching it eagerly costs ~1 s per run length). tests/test_curves.py checks
-    the two agree for every schedule; dedupe if the trainer grows a numpy path.
-    """
-    step = np.arange(steps, dtype=np.float64)
-    n_warmup = warmup_updates(optim, steps)
-    floor = optim.min_lr_frac
-    warm = np.ones(steps) if n_warmup == 0 else np.minimum(1.0, (step + 1.0) / n_warmup)
-    if optim.schedule == "constant":
-        return warm
-    if optim.schedule == "cosine":
-        progress = np.clip((step + 1.0 - n_warmup) / max(steps - n_warmup, 1), 0.0, 1.0)
-        cos = floor + (1.0 - floor) * 0.5 * (1.0 + np.cos(math.pi * progress))
-        return np.where(step < n_warmup, warm, cos)
-    if optim.schedule == "wsd":
-        n_decay = int(round(optim.decay_frac * steps))
-        decay_start = steps - n_decay
-        progress = np.clip((step + 1.0 - decay_start) / max(n_decay, 1), 0.0, 1.0)
-        if optim.decay_shape == "sqrt":
-            decayed = floor + (1.0 - floor) * (1.0 - np.sqrt(progress))
-        else:
-            decayed = 1.0 - (1.0 - floor) * progress
-        return np.where(step >= decay_start, np.minimum(warm, decayed), warm)
-    raise DelphiError(f"optim.schedule: unknown schedule {optim.schedule!r}")
-
-
-def warmup_updates(optim: Any, steps: int) -> int:
-    """Warmup length in updates, rounded as `delphi.train.schedules.warmup_steps` does."""
-    return int(round(optim.warmup_frac * steps))
+    """LR multiple of the peak for every update 0..steps-1: the trainer's own schedule, on the host."""
+    return lr_factor_schedule(optim, steps, xp=np)(np.arange(steps))
 
 
 def annealing_areas(
@@ -216,7 +188,7 @@ def load_run_curve(run_dir: str | Path, *, lr_ref: float | None = None, momentum
         cfg.tokens_per_step,
         tokens,
         loss,
-        warmup_updates=warmup_updates(cfg.optim, cfg.steps),
+        warmup_updates=warmup_steps(cfg.optim, cfg.steps),
         momentum_decay=momentum_decay,
     )
 
@@ -507,7 +479,7 @@ def predict_trajectory(
     n = count_params(hero.model).nonembedding
     lr_ref = fit.lr_ref or hero.optim.lr
     lr = hero.optim.lr / lr_ref * lr_factors(hero.optim, hero.steps)
-    s1, s2 = annealing_areas(lr, hero.tokens_per_step, warmup_updates=warmup_updates(hero.optim, hero.steps), momentum_decay=fit.momentum_decay)
+    s1, s2 = annealing_areas(lr, hero.tokens_per_step, warmup_updates=warmup_steps(hero.optim, hero.steps), momentum_decay=fit.momentum_decay)
     steps = np.asarray(eval_steps(hero.steps, hero.eval_every))
     pred = fit.predict(n, s1[steps], s2[steps])
     offset = 0.0 if final_anchor is None else float(final_anchor - pred["loss"][-1])

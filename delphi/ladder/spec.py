@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from delphi.config_schema import from_dict, to_dict
+from delphi.config_schema import from_dict, load_config, to_dict
 from delphi.errors import DelphiError
-from delphi.io import read_yaml
 from delphi.model.config import (
     DEEPSEEK_V3_BIAS_UPDATE_RATE,
     ST_MOE_Z_LOSS_WEIGHT,
@@ -252,11 +251,7 @@ def ladder_spec_from_dict(data: dict) -> LadderSpec:
 
 
 def load_ladder_spec(path: str | Path) -> LadderSpec:
-    try:
-        return ladder_spec_from_dict(read_yaml(path))
-    except DelphiError as e:
-        msg = str(e)
-        raise DelphiError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+    return load_config(path, ladder_spec_from_dict)
 
 
 def ladder_spec_to_dict(spec: LadderSpec) -> dict:

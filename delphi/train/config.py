@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from delphi.config_schema import from_dict, to_dict
+from delphi.config_schema import from_dict, load_config, to_dict
 from delphi.errors import DelphiError
-from delphi.io import read_yaml
 from delphi.model.config import ModelConfig
 
 
@@ -159,11 +158,7 @@ def train_config_from_dict(data: dict, where: str = "") -> TrainConfig:
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
-    try:
-        return train_config_from_dict(read_yaml(path))
-    except DelphiError as e:
-        msg = str(e)
-        raise DelphiError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+    return load_config(path, train_config_from_dict)
 
 
 def train_config_to_dict(cfg: TrainConfig) -> dict:

@@ -1,9 +1,10 @@
 """Learning-rate schedules as pure functions of the step.
 
 Every schedule maps the 0-based index of an optimizer update to a multiple of
-the peak LR, so `lr(step) = peak * factor(step)`. They are written with `jnp`
-so the same function runs inside the jitted step (optax calls it with the
-update count) and on the host for logging.
+the peak LR, so `lr(step) = peak * factor(step)`. They are written against an
+array module `xp`: `jnp` (default) inside the jitted step, where optax calls
+them with the update count, and `numpy` on the host, where the curve law
+(delphi.fits.curves) evaluates a whole run's schedule at once.
 
 - constant: linear warmup, then the peak.
 - wsd (warmup-stable-decay; Hu et al. 2024 "MiniCPM", Hagele et al. 2024):
@@ -22,6 +23,7 @@ import math
 from typing import Callable
 
 import jax.numpy as jnp
+import numpy as np
 
 from delphi.train.config import OptimConfig
 
@@ -36,28 +38,31 @@ def decay_steps(optim: OptimConfig, steps: int) -> int:
     return int(round(optim.decay_frac * steps))
 
 
-def _warmup(step: jnp.ndarray, n_warmup: int) -> jnp.ndarray:
+def _warmup(step, n_warmup: int, xp):
     if n_warmup == 0:
-        return jnp.ones_like(step, dtype=jnp.float32)
-    return jnp.minimum(1.0, (step + 1.0) / n_warmup)
+        return xp.ones_like(step)
+    return xp.minimum(1.0, (step + 1.0) / n_warmup)
 
 
-def lr_factor_schedule(optim: OptimConfig, steps: int) -> Schedule:
-    """Return factor(step) in [min_lr_frac, 1] for the configured schedule."""
+def lr_factor_schedule(optim: OptimConfig, steps: int, xp=jnp) -> Schedule:
+    """Return factor(step) in [min_lr_frac, 1] for the configured schedule.
+
+    `xp` is the array module: jnp (f32, traceable) or numpy (f64, for the host)."""
     n_warmup = warmup_steps(optim, steps)
     floor = optim.min_lr_frac
+    as_steps = (lambda step: jnp.asarray(step, jnp.float32)) if xp is jnp else (lambda step: np.asarray(step, np.float64))
 
     if optim.schedule == "constant":
-        return lambda step: _warmup(jnp.asarray(step, jnp.float32), n_warmup)
+        return lambda step: _warmup(as_steps(step), n_warmup, xp)
 
     if optim.schedule == "cosine":
         n_cos = max(steps - n_warmup, 1)
 
         def cosine(step):
-            step = jnp.asarray(step, jnp.float32)
-            progress = jnp.clip((step + 1.0 - n_warmup) / n_cos, 0.0, 1.0)
-            cos = floor + (1.0 - floor) * 0.5 * (1.0 + jnp.cos(math.pi * progress))
-            return jnp.where(step < n_warmup, _warmup(step, n_warmup), cos)
+            step = as_steps(step)
+            progress = xp.clip((step + 1.0 - n_warmup) / n_cos, 0.0, 1.0)
+            cos = floor + (1.0 - floor) * 0.5 * (1.0 + xp.cos(math.pi * progress))
+            return xp.where(step < n_warmup, _warmup(step, n_warmup, xp), cos)
 
         return cosine
 
@@ -66,14 +71,14 @@ def lr_factor_schedule(optim: OptimConfig, steps: int) -> Schedule:
         decay_start = steps - n_decay
 
         def wsd(step):
-            step = jnp.asarray(step, jnp.float32)
-            progress = jnp.clip((step + 1.0 - decay_start) / max(n_decay, 1), 0.0, 1.0)
+            step = as_steps(step)
+            progress = xp.clip((step + 1.0 - decay_start) / max(n_decay, 1), 0.0, 1.0)
             if optim.decay_shape == "sqrt":
-                decayed = floor + (1.0 - floor) * (1.0 - jnp.sqrt(progress))
+                decayed = floor + (1.0 - floor) * (1.0 - xp.sqrt(progress))
             else:
                 decayed = 1.0 - (1.0 - floor) * progress
-            stable = _warmup(step, n_warmup)
-            return jnp.where(step >= decay_start, jnp.minimum(stable, decayed), stable)
+            stable = _warmup(step, n_warmup, xp)
+            return xp.where(step >= decay_start, xp.minimum(stable, decayed), stable)
 
         return wsd
 
