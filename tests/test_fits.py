@@ -17,7 +17,7 @@ from delphi.fits import (
 from delphi.fits.bootstrap import bootstrap, resample_indices
 from delphi.fits.laws import chinchilla_optimum
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
+REFERENCE = Path(__file__).resolve().parent / "data"  # copies of the public reference tables (tests/data/README.md)
 TRUTH = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al. 2022, rounded
 
 

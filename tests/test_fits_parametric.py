@@ -11,11 +11,11 @@ import pytest
 from delphi.fits import fit_approach3, fit_vpnls, load_results
 from delphi.fits.laws import chinchilla_optimum
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
+REFERENCE = Path(__file__).resolve().parent / "data"  # copies of the public reference tables (tests/data/README.md)
 
 # Besiroglu et al. 2024 (Epoch), grid fit of the Hoffmann et al. Figure 4 data.
 EPOCH_GRID_FIT = {"A": 477.84, "B": 2143.86, "E": 1.8172, "alpha": 0.3473, "beta": 0.3672}
-# Hoffmann et al. 2022 Approach 3, unrounded (reference-data/README.md).
+# Hoffmann et al. 2022 Approach 3, unrounded (tests/data/README.md).
 HOFFMANN = {
     "A": float(np.exp(6.0073404)), "B": float(np.exp(6.0179186)), "E": float(np.exp(0.5267228)),
     "alpha": 0.33917084, "beta": 0.2849083,
