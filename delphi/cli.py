@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from typing import Any, Callable
 
@@ -55,7 +56,61 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.add_commands(subparsers)
+    _groups_print_their_own_help(parser)
     return parser
+
+
+def _groups_print_their_own_help(parser: argparse.ArgumentParser) -> None:
+    """`delphi mup` (a group given no subcommand) prints the group's help and exits 2."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for child in action.choices.values():
+            if any(isinstance(a, argparse._SubParsersAction) for a in child._actions):
+                if child.get_default("func") is None:
+                    child.set_defaults(func=_print_help_of(child))
+                _groups_print_their_own_help(child)
+
+
+def _print_help_of(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], tuple[None, int]]:
+    def print_help(args: argparse.Namespace) -> tuple[None, int]:
+        parser.print_help(sys.stderr)
+        return None, 2
+
+    return print_help
+
+
+def positive_float(text: str) -> float:
+    """argparse type of a FLOP count, token count, tolerance...: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count (workers, steps, seeds): an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type of a count that may be zero (retries, bootstrap replicates)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

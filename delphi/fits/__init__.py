@@ -7,23 +7,60 @@ with bootstrap uncertainty and backtests. See DESIGN.md section 6.
     fit.predict(compute=1e21)   # loss, params (N*), tokens (D*), intervals
 """
 
-from delphi.fits.backtest import backtest
-from delphi.fits.data import load_results
-from delphi.fits.frontier import fit_frontier
-from delphi.fits.isoflop import fit_approach1, fit_approach2
-from delphi.fits.moe import fit_moe
-from delphi.fits.parametric import fit_approach3, fit_vpnls
-from delphi.fits.results import FitResult, fit_from_json, load_fit
+import sys
+import types
 
-# Name used on the command line -> fitting function(table, **options) -> FitResult.
-FITTERS = {
-    "isoflop": fit_approach2,
-    "envelope": fit_approach1,
-    "parametric": fit_approach3,
-    "vpnls": fit_vpnls,
-    "frontier": fit_frontier,
-    "moe": fit_moe,
+# Imported on first use (PEP 562): `delphi.fits.commands` is imported to build the CLI's
+# parser, which runs this file, and scipy/pandas/statsmodels cost ~2 s that `--help` must not pay.
+_LAZY = {
+    "backtest": "delphi.fits.backtest",
+    "load_results": "delphi.fits.data",
+    "fit_frontier": "delphi.fits.frontier",
+    "fit_approach1": "delphi.fits.isoflop",
+    "fit_approach2": "delphi.fits.isoflop",
+    "fit_moe": "delphi.fits.moe",
+    "fit_approach3": "delphi.fits.parametric",
+    "fit_vpnls": "delphi.fits.parametric",
+    "FitResult": "delphi.fits.results",
+    "fit_from_json": "delphi.fits.results",
+    "load_fit": "delphi.fits.results",
 }
+
+# Name used on the command line -> (module, fitting function(table, **options) -> FitResult).
+_FITTER_NAMES = {
+    "isoflop": "fit_approach2",
+    "envelope": "fit_approach1",
+    "parametric": "fit_approach3",
+    "vpnls": "fit_vpnls",
+    "frontier": "fit_frontier",
+    "moe": "fit_moe",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name == "FITTERS":
+        value = {method: __getattr__(fn) for method, fn in _FITTER_NAMES.items()}
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'delphi.fits' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+class _FitsPackage(types.ModuleType):
+    def __setattr__(self, name: str, value: object) -> None:
+        # Importing the submodule `delphi.fits.backtest` binds it here as `backtest`; the
+        # function of that name (the eager imports' old meaning) must win over the module.
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _FitsPackage
+
 
 __all__ = [
     "FITTERS", "FitResult", "backtest", "fit_approach1", "fit_approach2", "fit_approach3", "fit_frontier",

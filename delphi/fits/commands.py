@@ -23,7 +23,7 @@ HELP = {
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag
+    from delphi.cli import add_json_flag, nonnegative_int, positive_float, positive_int
 
     fit = subparsers.add_parser("fit", help="fit scaling laws to a results table")
     fit_sub = fit.add_subparsers(dest="fit_command", metavar="METHOD", parser_class=type(fit))
@@ -35,24 +35,24 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         if method == "backtest":
             sub.add_argument("--method", choices=METHODS, default="vpnls", help="law to backtest (default vpnls)")
             group = sub.add_mutually_exclusive_group()
-            group.add_argument("--holdout", type=int, default=1, help="hold out the top K budgets (default 1)")
-            group.add_argument("--cut", type=float, help="train on budgets below this compute")
+            group.add_argument("--holdout", type=positive_int, default=1, help="hold out the top K budgets (default 1)")
+            group.add_argument("--cut", type=positive_float, help="train on budgets below this compute")
         _add_method_options(sub, method)
-        sub.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap refits for intervals")
+        sub.add_argument("--bootstrap", type=nonnegative_int, default=0, metavar="N", help="bootstrap refits for intervals")
         sub.add_argument("--seed", type=int, default=0)
-        sub.add_argument("--workers", type=int, default=None, help="bootstrap processes (default: all cores)")
+        sub.add_argument("--workers", type=positive_int, default=None, help="bootstrap processes (default: all cores)")
         sub.add_argument("--out", type=Path, help="write the fit JSON here (atomically)")
         add_json_flag(sub)
         sub.set_defaults(func=run_fit if method != "backtest" else run_backtest, fit_method=method)
 
     pred = subparsers.add_parser("predict", help="predict loss / N* / D* from a fit JSON")
     pred.add_argument("fit", type=Path, help="FIT.json written by delphi fit")
-    pred.add_argument("--compute", type=float, nargs="+", help="compute budget(s) in FLOPs")
-    pred.add_argument("--params", type=float, help="N (with --tokens), for laws in N and D")
-    pred.add_argument("--tokens", type=float, help="D (with --params)")
+    pred.add_argument("--compute", type=positive_float, nargs="+", help="compute budget(s) in FLOPs")
+    pred.add_argument("--params", type=positive_float, help="N (with --tokens), for laws in N and D")
+    pred.add_argument("--tokens", type=positive_float, help="D (with --params)")
     pred.add_argument("--config", type=Path, help="a train config (hero): predict at its N, D and FLOPs")
-    pred.add_argument("--granularity", type=float, help="MoE law: granularity d_ff/d_expert")
-    pred.add_argument("--experts", type=float, help="MoE law: routed expert count")
+    pred.add_argument("--granularity", type=positive_float, help="MoE law: granularity d_ff/d_expert")
+    pred.add_argument("--experts", type=positive_float, help="MoE law: routed expert count")
     add_json_flag(pred)
     pred.set_defaults(func=run_predict)
 
@@ -66,6 +66,8 @@ def _add_table_options(sub: argparse.ArgumentParser) -> None:
 
 
 def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
+    from delphi.cli import positive_float
+
     if method in ("isoflop", "backtest"):
         sub.add_argument("--robust", action="store_true", help="isoflop: Huber instead of least-squares parabolas")
     if method in ("parametric", "backtest"):
@@ -73,7 +75,7 @@ def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
     if method in ("frontier", "backtest"):
         sub.add_argument("--E", dest="e_mode", default="free", help="frontier asymptote: free, profile, or a number")
         sub.add_argument("--points", choices=("min", "vertex"), default="min", help="frontier: best observed loss or parabola vertex per budget")
-        sub.add_argument("--target-compute", type=float, nargs="+", help="frontier: compute(s) for the E-sensitivity table")
+        sub.add_argument("--target-compute", type=positive_float, nargs="+", help="frontier: compute(s) for the E-sensitivity table")
     if method in ("moe", "backtest"):
         sub.add_argument("--term", choices=("granularity", "experts"), default="granularity", help="moe: the expert term")
 

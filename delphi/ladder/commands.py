@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag
+    from delphi.cli import add_json_flag, nonnegative_int, positive_float, positive_int
 
     ladder = subparsers.add_parser("ladder", help="plan, run and collect a ladder of compute-optimal runs")
     sub = ladder.add_subparsers(dest="ladder_command", metavar="SUBCOMMAND")
@@ -21,16 +21,16 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
     run = sub.add_parser("run", help="train every rung that is not completed")
     run.add_argument("ladder_dir", metavar="LADDER_DIR")
-    run.add_argument("--workers", type=int, default=None, help="parallel rungs (default: one per CPU core)")
-    run.add_argument("--retries", type=int, default=1, help="retries of a failed rung (default 1)")
+    run.add_argument("--workers", type=positive_int, default=None, help="parallel rungs (default: one per CPU core)")
+    run.add_argument("--retries", type=nonnegative_int, default=1, help="retries of a failed rung (default 1)")
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local worker processes, or one Ray task per rung (pip install 'delphi[ray]')")
     ray_opts = run.add_argument_group("--executor ray")
     ray_opts.add_argument("--address", default=None,
                           help="Ray cluster to join ('auto', host:port, ray://host:10001; default: a local Ray instance)")
-    ray_opts.add_argument("--cpus-per-rung", type=float, default=None, help="Ray num_cpus of each rung (default 1)")
+    ray_opts.add_argument("--cpus-per-rung", type=positive_float, default=None, help="Ray num_cpus of each rung (default 1)")
     ray_opts.add_argument("--gpus-per-rung", type=float, default=None, help="Ray num_gpus of each rung (default 0)")
-    ray_opts.add_argument("--worker-retries", type=int, default=None,
+    ray_opts.add_argument("--worker-retries", type=nonnegative_int, default=None,
                           help="Ray max_retries: resubmits after a worker dies (default 3)")
     add_json_flag(run)
     run.set_defaults(func=_run)
@@ -44,7 +44,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
     hero = sub.add_parser("hero", help="compute-optimal hero config at compute C from a fit")
     hero.add_argument("--fit", required=True, metavar="FIT.json")
-    hero.add_argument("--compute", required=True, type=float, metavar="C")
+    hero.add_argument("--compute", required=True, type=positive_float, metavar="C")
     hero.add_argument("--spec", required=True, metavar="SPEC.yaml")
     hero.add_argument("--out", required=True, metavar="HERO.yaml")
     hero.add_argument("--seed", type=int, default=0)

@@ -11,13 +11,13 @@ from delphi.errors import DelphiError
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag
+    from delphi.cli import add_json_flag, positive_float, positive_int
 
     sub = subparsers.add_parser(
         "flops", help="parameter counts and training FLOPs per token of a model or train config"
     )
     sub.add_argument("config", type=Path, help="a train config (model: + data:) or a bare model config YAML")
-    sub.add_argument("--seq-len", type=int, default=None, help="sequence length (default: data.seq_len, else 128)")
+    sub.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (default: data.seq_len, else 128)")
     add_json_flag(sub)
     sub.set_defaults(func=cmd_flops)
 
@@ -30,12 +30,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     cc.add_argument("--param", choices=("mup", "sp", "both"), default="both", help="parameterisation(s) to check")
     cc.add_argument("--ffn", choices=("dense", "moe", "both"), default="both")
     cc.add_argument("--widths", default="32,64,128,256,512", help="comma-separated d_model values; the first is the base")
-    cc.add_argument("--seeds", type=int, default=4)
-    cc.add_argument("--steps", type=int, default=10)
-    cc.add_argument("--lr", type=float, default=None, help="base Adam LR (default: the spec's)")
-    cc.add_argument("--layers", type=int, default=1)
-    cc.add_argument("--seq-len", type=int, default=16)
-    cc.add_argument("--batch-size", type=int, default=8)
+    cc.add_argument("--seeds", type=positive_int, default=4)
+    cc.add_argument("--steps", type=positive_int, default=10)
+    cc.add_argument("--lr", type=positive_float, default=None, help="base Adam LR (default: the spec's)")
+    cc.add_argument("--layers", type=positive_int, default=1)
+    cc.add_argument("--seq-len", type=positive_int, default=16)
+    cc.add_argument("--batch-size", type=positive_int, default=8)
     add_json_flag(cc)
     cc.set_defaults(func=cmd_coord_check)
     from delphi.model.lrsweep import add_command as add_lr_sweep

@@ -29,7 +29,7 @@ def add_commands(subparsers) -> None:
 
     figure("isoflop", "loss vs N per budget with parabolas and optima", _isoflop,
            [("results", {"help": "results table (canonical columns)"}), ("--fit", {"help": "isoflop FIT.json (its optima)"})])
-    figure("allocation", "N*(C) and D*(C) with 90% bands and the hero", _allocation,
+    figure("allocation", "N*(C) and D*(C) with 90%% bands and the hero", _allocation,
            [("fit", {"help": "isoflop or parametric FIT.json"}), ("--results", {"help": "results table (optima are computed if the fit has none)"}),
             ("--hero", {"help": "HERO.yaml"})])
     figure("frontier", "L*(C): runs, fitted frontier, hero interval and actual", _frontier,

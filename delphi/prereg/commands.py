@@ -11,11 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from delphi.errors import DelphiError
+from delphi.errors import CheckFailed, DelphiError
 
 
 def add_commands(subparsers) -> None:
-    from delphi.cli import add_json_flag
+    from delphi.cli import add_json_flag, nonnegative_int, positive_float
 
     prereg = subparsers.add_parser("prereg", help="preregister a hero run's loss, verify the seal, check a run against it")
     sub = prereg.add_subparsers(dest="prereg_command", metavar="SUBCOMMAND")
@@ -27,12 +27,17 @@ def add_commands(subparsers) -> None:
     p.add_argument("--results", help="results table (hashed; default LADDER/results.csv if present)")
     p.add_argument("--curve-fit", help="a curve-law JSON from `delphi prereg curves` instead of fitting --ladder")
     p.add_argument("--out", required=True, help="preregistrations/NAME.yaml")
-    p.add_argument("--tolerance", type=float, default=0.01, help="relative tolerance of the decision rule (default 0.01)")
+    p.add_argument("--tolerance", type=positive_float, default=0.01, help="relative tolerance of the decision rule (default 0.01)")
     p.add_argument("--author")
     p.add_argument("--rationale", default="", help="free text: why this prediction")
     p.add_argument("--assume", action="append", default=[], help="an assumption (repeatable)")
-    p.add_argument("--bootstrap", type=int, default=200, help="curve-law bootstrap replicates")
+    p.add_argument("--bootstrap", type=nonnegative_int, default=200, help="curve-law bootstrap replicates")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="seal even if a gate fails (recorded in the sealed file and every verdict)")
+    p.add_argument("--rehearsal", help="a finished dress-rehearsal run dir (~3x the top budget): its error is a gate")
+    p.add_argument("--backtest", help="BACKTEST.json of the same law (default: refitted here)")
+    p.add_argument("--min-seeds", type=int, default=None, help="gate: seeds needed in every ladder cell (default 2)")
+    p.add_argument("--interval-factor", type=float, default=None, help="gate: 90%% half-width <= this x tolerance (default 1.5)")
     add_json_flag(p)
     p.set_defaults(func=_create)
 
@@ -51,8 +56,8 @@ def add_commands(subparsers) -> None:
     g.add_argument("--wandb", help="ENTITY/PROJECT/RUN (W&B public API; needs network)")
     p.add_argument("--plot", help="write prediction-vs-actual figure OUT.png (+ .svg)")
     p.add_argument("--watch", action="store_true", help="poll until the run's status is terminal")
-    p.add_argument("--interval", type=float, default=10.0, help="seconds between polls with --watch")
-    p.add_argument("--timeout", type=float, default=None, help="stop watching after this many seconds")
+    p.add_argument("--interval", type=positive_float, default=10.0, help="seconds between polls with --watch")
+    p.add_argument("--timeout", type=positive_float, default=None, help="stop watching after this many seconds")
     add_json_flag(p)
     p.set_defaults(func=_check)
 
@@ -65,7 +70,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("ladder", help="ladder dir (or any dir holding run dirs)")
     p.add_argument("--out", help="CURVES.json")
     p.add_argument("--plot", help="figure OUT.png (+ .svg)")
-    p.add_argument("--bootstrap", type=int, default=200)
+    p.add_argument("--bootstrap", type=nonnegative_int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-backtest", action="store_true")
     add_json_flag(p)
@@ -79,21 +84,41 @@ def _say(text: str) -> None:
 
 
 def _create(args: argparse.Namespace):
-    from delphi.prereg.create import create_prereg
+    from delphi.prereg.create import create_prereg, gates_path
+    from delphi.prereg import gates as gt
 
-    doc = create_prereg(
-        Path(args.fit), Path(args.hero), Path(args.out),
-        ladder=Path(args.ladder) if args.ladder else None,
-        results=Path(args.results) if args.results else None,
-        curve_fit_path=Path(args.curve_fit) if args.curve_fit else None,
-        tolerance_rel=args.tolerance, author=args.author, rationale=args.rationale,
-        assumptions=args.assume, bootstrap=args.bootstrap, seed=args.seed,
-    )
+    options = {k: v for k, v in (("min_seeds", args.min_seeds), ("interval_width_factor", args.interval_factor)) if v is not None}
+    thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
+    backtest = None
+    if args.backtest:
+        try:
+            backtest = json.loads(Path(args.backtest).read_text())
+        except (OSError, ValueError) as e:
+            raise DelphiError(f"--backtest {args.backtest}: not a readable JSON file ({e})") from None
+    try:
+        doc = create_prereg(
+            Path(args.fit), Path(args.hero), Path(args.out),
+            ladder=Path(args.ladder) if args.ladder else None,
+            results=Path(args.results) if args.results else None,
+            curve_fit_path=Path(args.curve_fit) if args.curve_fit else None,
+            tolerance_rel=args.tolerance, author=args.author, rationale=args.rationale,
+            assumptions=args.assume, bootstrap=args.bootstrap, seed=args.seed, force=args.force, thresholds=thresholds,
+            backtest=backtest, rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
+        )
+    except CheckFailed:
+        for line in gt.gate_lines(gt.Gate.from_json(g) for g in json.loads(gates_path(Path(args.out)).read_text())["gates"]):
+            _say(f"  {line}")
+        raise
+    for line in gt.gate_lines(gt.Gate.from_json(g) for g in doc.get("gates", [])):
+        _say(f"  {line}")
+    if doc.get("forced"):
+        _say("SEALED WITH --force: gates failed (recorded in the sealed file)")
     final = doc["prediction"]["final"]
     i90 = final.get("loss_90") or [float("nan")] * 2
     _say(f"wrote {args.out}: final loss {final['loss']:.4f} (90% [{i90[0]:.4f}, {i90[1]:.4f}]), "
          f"{len(doc['prediction']['trajectory']['points'])} trajectory points, seal {doc['seal']['digest'][:12]}")
-    return {"file": args.out, "id": doc["id"], "seal": doc["seal"]["digest"], "final": final,
+    return {"file": args.out, "id": doc["id"], "seal": doc["seal"]["digest"], "final": final, "forced": doc.get("forced", False),
+            "gates": doc.get("gates", []),
             "trajectory_points": len(doc["prediction"]["trajectory"]["points"])}
 
 
@@ -106,6 +131,8 @@ def _verify(args: argparse.Namespace):
             ("; created before the run's first step" if result["created_before_start"] else "; CREATED AFTER THE RUN STARTED")))
     for problem in result["problems"]:
         _say(f"  problem: {problem}")
+    for warning in result.get("warnings", []):
+        _say(f"  WARNING: {warning}")
     return result, 0 if result["ok"] else 1
 
 
