@@ -42,14 +42,24 @@ def test_load_results_maps_columns_and_derives_tokens(tmp_path):
     assert (table["budget"] == 6e15).all() and table.attrs["budget_derived"]
 
 
-def test_load_results_drops_nan_and_counts(tmp_path):
-    df = isoflop_design(TRUTH)
-    df.loc[3, "loss"] = np.nan
+@pytest.mark.parametrize("bad", [np.nan, np.inf, "abc"])
+def test_invalid_loss_is_an_error_naming_the_row_unless_dropped(tmp_path, bad):
+    df = isoflop_design(TRUTH).astype({"loss": object})
+    df.loc[3, "loss"] = bad
     path = tmp_path / "r.csv"
     df.to_csv(path, index=False)
-    table = load_results(path)
+    with pytest.raises(DelphiError, match=r"row 3 .*--drop-invalid"):
+        load_results(path)
+    lines: list[str] = []
+    table = load_results(path, drop_invalid=True, warn=lines.append)
     assert len(table) == len(df) - 1 and table.attrs["dropped"] == {"nan_or_inf": 1}
-    assert len(table.attrs["sha256"]) == 64
+    assert any("row 3" in line for line in lines) and len(table.attrs["sha256"]) == 64
+
+
+def test_all_losses_equal_is_degenerate():
+    df = isoflop_design(TRUTH).assign(loss=2.5)
+    with pytest.raises(DelphiError, match="all .* losses are equal"):
+        load_results(df)
 
 
 def test_derive_budget_groups_scattered_flops():

@@ -32,6 +32,8 @@ MIN_REFITS_PER_WORKER = 25
 def resample_indices(table: pd.DataFrame, n: int, seed: int, strata: str | None = None) -> list[np.ndarray]:
     """`n` bootstrap resamples of `table`'s row positions."""
     rng = np.random.default_rng(seed)
+    if _hierarchical(table):
+        return _hierarchical_indices(table, n, rng, strata or ("budget" if "budget" in table else None))
     clustered = "run_id" in table and table["run_id"].duplicated().any()
     unit = table["run_id"].to_numpy() if clustered else np.arange(len(table))
     groups = table[strata].to_numpy() if strata and strata in table else np.zeros(len(table))
@@ -48,6 +50,30 @@ def resample_indices(table: pd.DataFrame, n: int, seed: int, strata: str | None 
         for rows in plan:
             pick = rng.integers(0, len(rows), size=len(rows))
             parts.extend(rows[i] for i in pick)
+        out.append(np.concatenate(parts))
+    return out
+
+
+def _hierarchical(table: pd.DataFrame) -> bool:
+    """Seeds of one configuration share a `cell_id`: the table has replicates."""
+    return "cell_id" in table and bool(table["cell_id"].duplicated().any())
+
+
+def _hierarchical_indices(table: pd.DataFrame, n: int, rng: np.random.Generator, strata: str | None) -> list[np.ndarray]:
+    """Two-level resample (seed noise enters every draw): cells with replacement within each
+    stratum (budget), then, inside each drawn cell, its seeds with replacement."""
+    cells = table["cell_id"].to_numpy()
+    groups = table[strata].to_numpy() if strata and strata in table else np.zeros(len(table))
+    plan = []
+    for g in pd.unique(groups):
+        in_group = np.flatnonzero(groups == g)
+        plan.append([in_group[cells[in_group] == c] for c in pd.unique(cells[in_group])])
+    out = []
+    for _ in range(n):
+        parts = []
+        for rows in plan:
+            for i in rng.integers(0, len(rows), size=len(rows)):
+                parts.append(rows[i][rng.integers(0, len(rows[i]), size=len(rows[i]))])
         out.append(np.concatenate(parts))
     return out
 
@@ -106,7 +132,7 @@ def bootstrap(
     info = {
         "bootstrap_n": n,
         "bootstrap_failed": n - len(good),
-        "bootstrap_unit": "run_id" if clustered else "row",
+        "bootstrap_unit": "seeds within cells, then cells" if _hierarchical(table) else "run_id" if clustered else "row",
         "bootstrap_strata": strata,
         "bootstrap_workers": workers,
         "interval": "bootstrap percentile, 90%",

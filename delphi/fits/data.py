@@ -27,17 +27,18 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-
-# C = 6 N D: forward 2 FLOPs per parameter per token, backward 4 (Kaplan et al. 2020, sec. 2.1).
-FLOPS_PER_PARAM_TOKEN = 6.0
+from delphi.fits.allocation import CONVENTION_COLUMNS, FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS, FlopsFamily
 # Budgets are derived from `flops` when a table has no budget column: sorted log10 C values
 # further apart than this start a new budget. 0.05 decades = 12%; isoFLOP grids are spaced
 # far wider (Chinchilla: 6e18, 1e19, 3e19 ... = at least 0.22 decades) while digitised or
 # exact-FLOP values of one budget scatter by a few percent.
 BUDGET_GAP_LOG10 = 0.05
 
-CANONICAL = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
+CANONICAL = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity", "seed", "cell_id")
 NUMERIC = ("params", "tokens", "flops", "loss", "budget", "experts", "granularity")
+FAMILY_SUFFIX = ".family.json"  # `delphi ladder collect` writes <results>.family.json beside the table
+# Losses this close together (relative) carry no scaling signal: a degenerate table, not a fit.
+MIN_LOSS_SPREAD_REL = 1e-9
 
 
 def load_results(
@@ -54,13 +55,28 @@ def load_results(
     query: str | None = None,
     drop_invalid: bool = False,
     derive_budgets: bool = True,
+    params_convention: str = "nonembedding",
+    family: FlopsFamily | str | os.PathLike | None = None,
+    warn: Any = None,
 ) -> pd.DataFrame:
     """Read a results table and return it with canonical column names.
 
     A `*_col` left as None means "the canonical name, if the table has it";
     a name given explicitly must exist. `query` is a pandas query applied first
     (e.g. `"experiment == 'llama_3__raw_loss' and not outlier"`).
+
+    `params_convention` (PARAM_CONVENTIONS): how N is counted. A ladder table (with
+    params_nonembedding / params_active / flops_per_token or flops and tokens columns) has
+    its `params` taken from that convention's column; an external table keeps its `params`
+    column, taken to be counted as given. `family`: a FlopsFamily or a FAMILY.json path for
+    exact-FLOP allocation; when None, `<results>.family.json` beside the table is used if it
+    exists, else a ladder table's own shapes (`FlopsFamily.from_table`), else none (6 N D).
+    The family, its origin, the convention and the model family (moe/dense, from the
+    experts column) go into `table.attrs`; `warn` (a callable taking one line, e.g. a
+    print to stderr) is told which family was used.
     """
+    if params_convention not in PARAM_CONVENTIONS:
+        raise DelphiError(f"params convention {params_convention!r}: expected one of {', '.join(PARAM_CONVENTIONS)}")
     where, raw, sha = _read(source)
     if query:
         try:
@@ -69,6 +85,18 @@ def load_results(
             raise DelphiError(f"{where}: query {query!r} failed ({type(e).__name__}: {e})") from None
     if raw.empty:
         raise DelphiError(f"{where}: no rows" + (f" after query {query!r}" if query else ""))
+
+    params_mapped = False
+    if params_col is None and _is_ladder_table(raw):
+        raw = raw.copy()
+        if params_convention == "fpt6":
+            raw["params"] = _flops_per_token(raw) / FLOPS_PER_PARAM_TOKEN
+        elif CONVENTION_COLUMNS[params_convention] in raw.columns:
+            raw["params"] = raw[CONVENTION_COLUMNS[params_convention]]
+        else:
+            raise DelphiError(f"{where}: no {CONVENTION_COLUMNS[params_convention]!r} column for params convention {params_convention!r}")
+        params_mapped = True
+    model_family = _model_family(raw, experts_col)
 
     mapping = {
         "params": params_col, "tokens": tokens_col, "flops": flops_col, "loss": loss_col,
@@ -95,11 +123,31 @@ def load_results(
             f"{where}: need a 'tokens' or a 'flops' column (map with --tokens-col/--flops-col); "
             f"columns are {list(raw.columns)}"
         )
+    # A loss that is not a number (NaN, inf, text) is a broken run, not a point to lose quietly:
+    # dropping it can remove a budget's optimum and move the exponent.
+    loss_numeric = pd.to_numeric(table["loss"], errors="coerce").astype(float)
+    bad_loss = ~np.isfinite(loss_numeric.to_numpy())
+    if "status" in raw.columns:
+        bad_loss &= (raw["status"].astype(str) == "completed").to_numpy()
+    invalid_rows: list[str] = []
+    if bad_loss.any():
+        shown = [f"row {i} (loss = {str(table['loss'].iloc[k])!r})" for k, i in enumerate(table.index) if bad_loss[k]]
+        if not drop_invalid:
+            raise DelphiError(
+                f"{where}: {int(bad_loss.sum())} row(s) with a loss that is not a finite number: "
+                f"{', '.join(shown[:10])}{' ...' if len(shown) > 10 else ''}; fix or remove them, "
+                f"or pass --drop-invalid to drop them"
+            )
+        invalid_rows = shown
+        if warn is not None:
+            warn(f"WARNING: {where}: dropped {len(shown)} row(s) with a non-finite loss: {', '.join(shown)}")
     for name in NUMERIC:
         if name in table:
             table[name] = pd.to_numeric(table[name], errors="coerce").astype(float)
     if "run_id" in table:
         table["run_id"] = table["run_id"].astype(str)
+    if "cell_id" in table:
+        table["cell_id"] = table["cell_id"].astype(str)
 
     dropped: dict[str, int] = {}
     if "status" in raw.columns:
@@ -133,6 +181,11 @@ def load_results(
 
     if table.empty:
         raise DelphiError(f"{where}: no usable rows left (dropped: {dropped})")
+    loss = table["loss"].to_numpy(float)
+    if len(loss) > 1 and loss.max() - loss.min() <= MIN_LOSS_SPREAD_REL * abs(loss.max()):
+        raise DelphiError(
+            f"{where}: all {len(loss)} losses are equal ({loss[0]:.6g}); a degenerate table, nothing to fit"
+        )
 
     if "tokens" not in table:
         table["tokens"] = table["flops"] / (FLOPS_PER_PARAM_TOKEN * table["params"])
@@ -143,11 +196,91 @@ def load_results(
         table["budget"] = derive_budget(table["flops"].to_numpy())
         budget_derived = True
 
+    if "cell_id" not in table and "budget" in table and "seed" in table:
+        # Replicates of one configuration (several seeds) form a cell: budget x shape.
+        keys = table[["budget", "params"]].round(12).astype(str).agg("|".join, axis=1)
+        if keys.duplicated().any():
+            table["cell_id"] = keys
+
     table = table[[c for c in CANONICAL if c in table]].reset_index(drop=True)
+    flops_family, family_origin = _resolve_family(family, source, raw, params_convention, params_mapped, where)
+    if warn is not None and flops_family is not None:
+        warn(f"{where}: exact-FLOP allocation with the FLOPs family from {family_origin} ({params_convention} params)")
     table.attrs.update(
-        {"source": where, "sha256": sha, "dropped": dropped, "budget_derived": budget_derived, "query": query}
+        {
+            "source": where, "sha256": sha, "dropped": dropped, "budget_derived": budget_derived, "query": query,
+            "params_convention": params_convention, "params_mapped": params_mapped,
+            "flops_family": flops_family, "family_origin": family_origin, "model_family": model_family,
+            "invalid_rows_dropped": invalid_rows,
+        }
     )
     return table
+
+
+def _is_ladder_table(raw: pd.DataFrame) -> bool:
+    """A delphi ladder's results table carries its parameter counts under every convention."""
+    return "params_nonembedding" in raw.columns and "params_active" in raw.columns
+
+
+def _flops_per_token(raw: pd.DataFrame) -> pd.Series:
+    if "flops_per_token" in raw.columns:
+        return pd.to_numeric(raw["flops_per_token"], errors="coerce")
+    return pd.to_numeric(raw["flops"], errors="coerce") / pd.to_numeric(raw["tokens"], errors="coerce")
+
+
+def _model_family(raw: pd.DataFrame, experts_col: str | None) -> str | None:
+    """moe / dense from the table's expert counts; None when the table does not say."""
+    col = experts_col or "experts"
+    if col not in raw.columns:
+        return "dense" if _is_ladder_table(raw) else None
+    experts = pd.to_numeric(raw[col], errors="coerce")
+    return "moe" if (experts > 1).any() else "dense"
+
+
+def _resolve_family(
+    family: FlopsFamily | str | os.PathLike | None,
+    source: Any,
+    raw: pd.DataFrame,
+    convention: str,
+    params_mapped: bool,
+    where: str,
+) -> tuple[FlopsFamily | None, str | None]:
+    """(family, where it came from): given > <results>.family.json > the ladder table's rows > none."""
+    if isinstance(family, FlopsFamily):
+        origin = family.source
+    elif family is not None:
+        family, origin = read_family(family), str(family)
+    else:
+        beside = Path(str(source) + FAMILY_SUFFIX) if isinstance(source, (str, os.PathLike)) else None
+        if beside is not None and beside.is_file():
+            family, origin = read_family(beside), str(beside)
+            if family.convention != convention:
+                family = None  # counted another way: the table's own shapes below give this convention
+        if family is None and params_mapped:
+            family = FlopsFamily.from_table(raw, convention, source=f"{where} rows")
+            origin = f"the table's own shapes ({where}; no {Path(str(source)).name}{FAMILY_SUFFIX})"
+        if family is None:
+            return None, None
+    if family.convention != convention:
+        raise DelphiError(
+            f"{origin}: the FLOPs family counts N as {family.convention!r} but the fit uses {convention!r} "
+            f"(--params-convention {family.convention}, or a family written for {convention})"
+        )
+    return family, origin
+
+
+def read_family(path: str | os.PathLike) -> FlopsFamily:
+    """A FAMILY.json written by `delphi ladder family` / `delphi ladder collect`."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise DelphiError(f"{path}: FLOPs family file not found")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DelphiError(f"{path}: not valid JSON ({e})") from None
+    return FlopsFamily.from_json(data, str(path))
 
 
 def _read(source: str | os.PathLike | pd.DataFrame) -> tuple[str, pd.DataFrame, str]:
@@ -215,4 +348,39 @@ def provenance(table: pd.DataFrame) -> dict[str, Any]:
         "dropped": table.attrs.get("dropped", {}),
         "budget_derived": table.attrs.get("budget_derived", False),
         "query": table.attrs.get("query"),
+        "params_convention": table.attrs.get("params_convention"),
+        "flops_family_origin": table.attrs.get("family_origin"),
     }
+
+
+def cell_points(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The points a fit uses: one per cell (budget x shape), at the mean loss of its seeds.
+
+    Each point gets a `weight` proportional to 1 / SE^2 of its mean, SE = pooled within-cell
+    std / sqrt(n_seeds): the per-cell std of 2-3 seeds is itself too noisy to weight by (two
+    seeds that happen to agree would get near-infinite weight), while the pooled std is one
+    estimate from every cell. Weights are normalised to mean 1, so a table with one run per
+    cell is fitted exactly as before. Returns (points, info) with info["seed_noise_nats"] =
+    the pooled within-cell std (None without replicates).
+    """
+    info: dict[str, Any] = {"n_runs": len(table), "seed_noise_nats": None}
+    if "cell_id" not in table or not table["cell_id"].duplicated().any():
+        points = table.copy()
+        points["weight"] = 1.0
+        points["n_seeds"] = 1
+        info["n_cells"] = len(points)
+        points.attrs = dict(table.attrs)
+        return points, info
+    grouped = table.groupby("cell_id", sort=False)
+    points = grouped.first()
+    points["loss"] = grouped["loss"].mean()
+    points["n_seeds"] = grouped["loss"].size()
+    var = grouped["loss"].var(ddof=1)
+    dof = points["n_seeds"] - 1
+    replicated = dof > 0
+    pooled = float(np.sqrt((var[replicated] * dof[replicated]).sum() / dof[replicated].sum()))
+    points["weight"] = points["n_seeds"] / points["n_seeds"].mean()
+    points = points.reset_index()
+    points.attrs = dict(table.attrs)
+    info.update({"n_cells": len(points), "seed_noise_nats": pooled, "seeds_per_cell_max": int(points["n_seeds"].max())})
+    return points, info

@@ -30,9 +30,9 @@ from scipy.stats import chi2
 
 from delphi.errors import DelphiError
 from delphi.fits.bootstrap import bootstrap
-from delphi.fits.data import provenance
+from delphi.fits.data import cell_points, provenance
 from delphi.fits.isoflop import per_budget_optima
-from delphi.fits.results import FitResult, percentile_intervals
+from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 
 GAMMA_BOUNDS = (1e-4, 3.0)
 GAMMA_GRID = np.geomspace(1e-3, 2.0, 60)
@@ -51,7 +51,7 @@ def frontier_points(table: pd.DataFrame, points: str = "min") -> tuple[np.ndarra
     elif points == "min":
         if "budget" not in table:
             raise DelphiError("frontier: the table has no budget column")
-        best = table.groupby("budget", sort=True)["loss"].min()
+        best = cell_points(table)[0].groupby("budget", sort=True)["loss"].min()  # best seed-averaged cell
         compute, loss = best.index.to_numpy(float), best.to_numpy(float)
     else:
         raise DelphiError(f"frontier: points = {points!r}, expected 'min' or 'vertex'")
@@ -162,7 +162,16 @@ def fit_frontier(
         ],
     }
     resid = loss - (params["E"] + params["A"] * compute ** -params["gamma"])
+    at_bound = []
+    if mode == "free" and params["E"] <= 0:
+        at_bound.append("E")
+    if params["A"] <= 0:
+        at_bound.append("A")
+    if min(abs(params["gamma"] - GAMMA_GRID[0]), abs(params["gamma"] - GAMMA_GRID[-1])) < 1e-9 * GAMMA_GRID[-1]:
+        at_bound.append("gamma")
     diagnostics = {
+        "at_bound": at_bound,
+        **cell_points(table)[1],
         "e_mode": mode,
         "points": points,
         "n_budgets": n,
@@ -180,6 +189,7 @@ def fit_frontier(
             "sensitivity": sensitivity,
         },
         input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+        status=fit_status(True, at_bound), **table_context(table),
     )
     if n_bootstrap:
         refit = partial(_frontier_refit, points=points, E=fixed_E if mode == "fixed" else None)

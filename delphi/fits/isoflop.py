@@ -32,8 +32,8 @@ import statsmodels.api as sm
 
 from delphi.errors import DelphiError
 from delphi.fits.bootstrap import bootstrap
-from delphi.fits.data import provenance
-from delphi.fits.results import FitResult, percentile_intervals
+from delphi.fits.data import cell_points, provenance
+from delphi.fits.results import FitResult, percentile_intervals, table_context
 
 MIN_POINTS_PER_BUDGET = 3  # a parabola has three coefficients
 CI_LEVEL = 0.90
@@ -60,16 +60,22 @@ def budget_groups(table: pd.DataFrame, method: str) -> list[tuple[float, pd.Data
     return groups
 
 
-def parabola_vertex(x: np.ndarray, loss: np.ndarray, robust: bool = False) -> dict[str, float]:
+def parabola_vertex(x: np.ndarray, loss: np.ndarray, robust: bool = False, weights: np.ndarray | None = None) -> dict[str, float]:
     """Fit loss = c0 + c1 u + c2 u^2 with u = x - mean(x); return the vertex and its SEs.
 
     SEs are by the delta method from the coefficient covariance. `robust` uses Huber's T
-    (statsmodels RLM) instead of least squares.
+    (statsmodels RLM) instead of least squares; `weights` (seed-averaged points, 1 / SE^2 up
+    to a constant) make it weighted least squares.
     """
     centre = float(x.mean())
     u = x - centre
     design = np.column_stack([np.ones_like(u), u, u * u])
-    model = sm.RLM(loss, design, M=sm.robust.norms.HuberT()) if robust else sm.OLS(loss, design)
+    if robust:
+        model = sm.RLM(loss, design, M=sm.robust.norms.HuberT())
+    elif weights is not None and not np.all(weights == 1.0):
+        model = sm.WLS(loss, design, weights=weights)
+    else:
+        model = sm.OLS(loss, design)
     res = model.fit()
     c0, c1, c2 = res.params
     if not c2 > 0:
@@ -91,13 +97,16 @@ def parabola_vertex(x: np.ndarray, loss: np.ndarray, robust: bool = False) -> di
 
 
 def per_budget_optima(table: pd.DataFrame, robust: bool = False, method: str = "approach2") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Parabola vertices per budget, on the seed-averaged points (one per cell) of `table`."""
     optima, skipped = [], []
-    for budget, g in budget_groups(table, method):
+    points, _ = cell_points(table)
+    for budget, g in budget_groups(points, method):
         ln_n = np.log(g["params"].to_numpy(float))
         ln_d = np.log(g["tokens"].to_numpy(float))
         loss = g["loss"].to_numpy(float)
-        vn = parabola_vertex(ln_n, loss, robust)
-        vd = parabola_vertex(ln_d, loss, robust)
+        weights = g["weight"].to_numpy(float)
+        vn = parabola_vertex(ln_n, loss, robust, weights)
+        vd = parabola_vertex(ln_d, loss, robust, weights)
         if not (vn["convex"] and vd["convex"]):
             skipped.append({"budget": budget, "reason": "parabola not convex (no interior minimum)"})
             continue
@@ -168,7 +177,10 @@ def fit_approach2(
 ) -> FitResult:
     optima, skipped = per_budget_optima(table, robust)
     params, ols_intervals, r2 = _laws_from_points(*_optima_arrays(optima))
+    points, seeds = cell_points(table)
     diagnostics = {
+        "at_bound": [],
+        **seeds,
         "n_budgets": len(optima),
         "n_budgets_skipped": len(skipped),
         "parabola_loss": "huber" if robust else "least_squares",
@@ -180,7 +192,7 @@ def fit_approach2(
     fit = FitResult(
         kind="isoflop", method="approach2", params=params, intervals=ols_intervals, diagnostics=diagnostics,
         extra={"optima": optima, "skipped_budgets": skipped, "ols_intervals": ols_intervals},
-        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+        input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed, **table_context(table),
     )
     if n_bootstrap:
         samples, info = bootstrap(partial(_approach2_params, robust=robust), table, n_bootstrap, seed, strata="budget", workers=workers)
@@ -191,8 +203,8 @@ def fit_approach2(
 
 
 def envelope_points(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows not beaten by any row with at most their compute (running minimum of loss over C)."""
-    ordered = table.sort_values(["flops", "loss"], kind="stable")
+    """Cells (seed-averaged) not beaten by any cell with at most their compute (running minimum of loss over C)."""
+    ordered = cell_points(table)[0].sort_values(["flops", "loss"], kind="stable")
     running = np.minimum.accumulate(ordered["loss"].to_numpy())
     keep = ordered["loss"].to_numpy() <= running
     # a point equal to an earlier minimum adds nothing
@@ -214,11 +226,12 @@ def fit_approach1(table: pd.DataFrame, *, n_bootstrap: int = 0, seed: int = 0, w
     if env["params"].nunique() < 2:
         raise DelphiError("approach1: every envelope point has the same params; N* ~ C^a is not identifiable")
     params, intervals, r2 = _laws_from_points(*(env[k].to_numpy(float) for k in ("flops", "params", "tokens", "loss")))
-    diagnostics = {"n_envelope_points": len(env), "interval": "OLS 90% confidence interval (statsmodels)", **r2, **provenance(table)}
+    diagnostics = {"n_envelope_points": len(env), "at_bound": [], **cell_points(table)[1],
+                   "interval": "OLS 90% confidence interval (statsmodels)", **r2, **provenance(table)}
     fit = FitResult(
         kind="envelope", method="approach1", params=params, intervals=intervals, diagnostics=diagnostics,
         extra={"frontier_points": env[["flops", "params", "tokens", "loss"]].to_dict(orient="records")},
-        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed, **table_context(table),
     )
     if n_bootstrap:
         samples, info = bootstrap(_approach1_params, table, n_bootstrap, seed, workers=workers)

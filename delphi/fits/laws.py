@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from delphi.errors import DelphiError
-from delphi.fits.data import FLOPS_PER_PARAM_TOKEN
+from delphi.fits.allocation import FLOPS_PER_PARAM_TOKEN, FlopsFamily, optimal_allocation
 
 
 def chinchilla_loss(p: dict[str, float], params: Any, tokens: Any) -> np.ndarray:
@@ -51,9 +51,14 @@ def moe_coefficient(p: dict[str, float], x: Any) -> np.ndarray:
     return p["G"] * np.asarray(x, float) ** -p["gamma"] + p["A"]
 
 
-def point_prediction(kind: str, p: dict[str, float], term: str = "granularity", **query: Any) -> dict[str, Any]:
+def point_prediction(
+    kind: str, p: dict[str, float], term: str = "granularity", family: FlopsFamily | None = None, **query: Any
+) -> dict[str, Any]:
     """One prediction from one parameter set. `query`: compute=C, or params=N and tokens=D
-    (plus granularity=/experts= for the MoE law, whichever term it was fitted with)."""
+    (plus granularity=/experts= for the MoE law, whichever term it was fitted with).
+
+    For laws in (N, D), compute=C is allocated under the family's exact FLOPs per token when
+    `family` is given (C = family(N) D), else under C = 6 N D (closed form)."""
     compute, n, d = query.get("compute"), query.get("params"), query.get("tokens")
     if compute is None and (n is None or d is None):
         raise DelphiError("predict: give compute=C, or params=N and tokens=D")
@@ -66,7 +71,14 @@ def point_prediction(kind: str, p: dict[str, float], term: str = "granularity", 
         else:
             a_eff = p["A"]
         if compute is not None:
-            opt = chinchilla_optimum(p, compute, A=a_eff)
+            if family is None:
+                opt = chinchilla_optimum(p, compute, A=a_eff)
+            elif a_eff <= 0 or p["B"] <= 0 or p["alpha"] <= 0 or p["beta"] <= 0:
+                nan = np.full_like(np.asarray(compute, float), np.nan)
+                opt = {"params": nan, "tokens": nan, "loss": nan}  # no interior optimum, as in the closed form
+            else:
+                q = dict(p, A=a_eff)
+                opt = optimal_allocation(lambda n, d: chinchilla_loss(q, n, d), compute, family)
             return {"loss": opt["loss"], "params": opt["params"], "tokens": opt["tokens"]}
         q = dict(p, A=a_eff)
         return {"loss": chinchilla_loss(q, n, d), "params": np.asarray(n, float), "tokens": np.asarray(d, float)}

@@ -32,8 +32,8 @@ from scipy.optimize import minimize, nnls
 
 from delphi.errors import DelphiError
 from delphi.fits.bootstrap import bootstrap
-from delphi.fits.data import check_points, provenance
-from delphi.fits.results import FitResult, percentile_intervals
+from delphi.fits.data import cell_points, check_points, provenance
+from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 
 EXPONENT_BOUNDS = (0.01, 2.5)
 GRID = {"alpha": np.linspace(0.05, 1.2, 16), "beta": np.linspace(0.05, 1.2, 16), "gamma": np.linspace(0.05, 1.5, 10)}
@@ -47,24 +47,27 @@ def _design(x: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_x: np.ndarr
     return np.column_stack([np.ones_like(log_n), np.exp(-gamma * log_x) * n_term, n_term, np.exp(-beta * log_d)])
 
 
-def _solve(x: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_x: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, float]:
+def _solve(x: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_x: np.ndarray, loss: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     design = _design(x, log_n, log_d, log_x)
+    if weights is not None:  # weighted least squares (seed-averaged points)
+        root = np.sqrt(weights)
+        design, loss = design * root[:, None], loss * root
     scale = np.linalg.norm(design, axis=0)
     coef, rnorm = nnls(design / scale, loss)
     return coef / scale, float(rnorm**2)
 
 
-def moe_arrays(log_n, log_d, log_x, loss, start=None) -> dict[str, float]:
+def moe_arrays(log_n, log_d, log_x, loss, start=None, weights=None) -> dict[str, float]:
     def rss(x: np.ndarray) -> float:
         if not all(EXPONENT_BOUNDS[0] <= v <= EXPONENT_BOUNDS[1] for v in x):
             return np.inf
-        return _solve(x, log_n, log_d, log_x, loss)[1]
+        return _solve(x, log_n, log_d, log_x, loss, weights)[1]
 
     if start is None:
         grid = list(itertools.product(GRID["alpha"], GRID["beta"], GRID["gamma"]))
         start = grid[int(np.argmin([rss(np.array(g)) for g in grid]))]
     res = minimize(rss, np.array(start, float), method="Nelder-Mead", options=NELDER_MEAD_OPTIONS)
-    (E, G, A, B), value = _solve(res.x, log_n, log_d, log_x, loss)
+    (E, G, A, B), value = _solve(res.x, log_n, log_d, log_x, loss, weights)
     alpha, beta, gamma = (float(v) for v in res.x)
     return {"E": float(E), "G": float(G), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta, "gamma": gamma, "_rss": value, "_converged": bool(res.success)}
 
@@ -79,7 +82,8 @@ def _arrays(table: pd.DataFrame, term: str):
 
 
 def _moe_refit(table: pd.DataFrame, term: str, start: tuple[float, float, float]) -> dict[str, float]:
-    out = moe_arrays(*_arrays(table, term), start=start)
+    points, _ = cell_points(table)
+    out = moe_arrays(*_arrays(points, term), start=start, weights=points["weight"].to_numpy(float))
     return {k: v for k, v in out.items() if not k.startswith("_")}
 
 
@@ -90,18 +94,23 @@ def fit_moe(
         raise DelphiError(f"moe: term = {term!r}, expected one of {TERMS}")
     if term not in table:
         raise DelphiError(f"moe: the table has no {term!r} column (map one with --{term}-col)")
-    check_points(table, 8, "moe")
+    points, seeds = cell_points(table)
+    check_points(points, 8, "moe")
     if table[term].nunique() < 2:
         raise DelphiError(
             f"moe: every point has {term} = {table[term].iloc[0]:.4g}; need at least 2 distinct values "
             f"(with one, fit the dense law: delphi fit vpnls)"
         )
-    out = moe_arrays(*_arrays(table, term))
+    out = moe_arrays(*_arrays(points, term), weights=points["weight"].to_numpy(float))
     params = {k: v for k, v in out.items() if not k.startswith("_")}
-    n, d, x = (table[c].to_numpy(float) for c in ("params", "tokens", term))
+    n, d, x = (points[c].to_numpy(float) for c in ("params", "tokens", term))
     pred = params["E"] + (params["G"] * x ** -params["gamma"] + params["A"]) * n ** -params["alpha"] + params["B"] * d ** -params["beta"]
-    loss = table["loss"].to_numpy(float)
+    loss = points["loss"].to_numpy(float)
+    at_bound = [k for k in ("E", "G", "A", "B") if params[k] == 0.0]
+    at_bound += [k for k in ("alpha", "beta", "gamma") if min(abs(params[k] - b) for b in EXPONENT_BOUNDS) < 1e-6]
     diagnostics = {
+        "at_bound": at_bound,
+        **seeds,
         "rss": out["_rss"],
         "converged": out["_converged"],
         "term": term,
@@ -112,7 +121,8 @@ def fit_moe(
     fit = FitResult(
         kind="moe", method="vpnls-granularity" if term == "granularity" else "vpnls-experts",
         params=params, diagnostics=diagnostics, extra={"term": term},
-        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+        input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed,
+        status=fit_status(out["_converged"], at_bound), **table_context(table),
     )
     if n_bootstrap:
         refit = partial(_moe_refit, term=term, start=(params["alpha"], params["beta"], params["gamma"]))

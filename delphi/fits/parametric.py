@@ -28,8 +28,8 @@ from jaxtyping import Float
 from scipy.optimize import minimize, nnls
 
 from delphi.fits.bootstrap import bootstrap
-from delphi.fits.data import check_points, provenance
-from delphi.fits.results import FitResult, percentile_intervals
+from delphi.fits.data import cell_points, check_points, provenance
+from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 from delphi.fits.laws import derived_quantities
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, Appendix D.2; Besiroglu et al. 2024
@@ -69,9 +69,10 @@ def huber(r: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
 
 
 def huber_objective(
-    theta: Float[np.ndarray, "5"], log_n: np.ndarray, log_d: np.ndarray, log_loss: np.ndarray
+    theta: Float[np.ndarray, "5"], log_n: np.ndarray, log_d: np.ndarray, log_loss: np.ndarray,
+    weights: np.ndarray | None = None,
 ) -> tuple[float, np.ndarray]:
-    """Summed Huber of log residuals and its analytic gradient."""
+    """Summed (optionally weighted: seed-averaged points) Huber of log residuals and its analytic gradient."""
     a, b, e, alpha, beta = theta
     z = np.stack([a - alpha * log_n, b - beta * log_d, np.full_like(log_n, e)])
     zmax = z.max(axis=0)
@@ -80,6 +81,8 @@ def huber_objective(
     r = zmax + np.log(total) - log_loss
     w /= total  # softmax weights = d prediction / d (a, b, e)
     g = np.clip(r, -HUBER_DELTA, HUBER_DELTA)  # Huber derivative
+    if weights is not None:
+        g = g * weights
     grad = np.array(
         [
             (g * w[0]).sum(),
@@ -89,7 +92,7 @@ def huber_objective(
             -(g * w[1] * log_d).sum(),
         ]
     )
-    return float(huber(r).sum()), grad
+    return float((huber(r) if weights is None else weights * huber(r)).sum()), grad
 
 
 def epoch_grid() -> np.ndarray:
@@ -104,6 +107,7 @@ def approach3_arrays(
     starts: np.ndarray | None = None,
     top_starts: int | None = TOP_STARTS,
     options: dict[str, Any] = LBFGS_OPTIONS,
+    weights: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Fit theta = (a, b, e, alpha, beta). `starts` defaults to Epoch's grid; L-BFGS-B runs
     from the `top_starts` starts with the lowest objective (all of them if None)."""
@@ -112,7 +116,7 @@ def approach3_arrays(
         # One vectorised pass over every start, in chunks to bound memory.
         values = np.concatenate(
             [
-                huber(log_loss_prediction(chunk, log_n, log_d) - log_loss).sum(axis=-1)
+                (huber(log_loss_prediction(chunk, log_n, log_d) - log_loss) * (1.0 if weights is None else weights)).sum(axis=-1)
                 for chunk in np.array_split(starts, max(1, len(starts) // 500))
             ]
         )
@@ -126,7 +130,7 @@ def approach3_arrays(
     best, objectives = None, []
     for x0 in starts:
         res = minimize(
-            huber_objective, shift @ x0, args=(log_n - mean_n, log_d - mean_d, log_loss),
+            huber_objective, shift @ x0, args=(log_n - mean_n, log_d - mean_d, log_loss, weights),
             jac=True, method="L-BFGS-B", options=options,
         )
         objectives.append(res.fun)
@@ -154,13 +158,14 @@ def params_to_theta(p: dict[str, float]) -> np.ndarray:
 
 def _approach3_refit(table: pd.DataFrame, start: np.ndarray) -> dict[str, float]:
     """Bootstrap refit: L-BFGS-B warm-started from the full-data optimum."""
-    arrays = _log_arrays(table)
-    return theta_to_params(approach3_arrays(*arrays, starts=start, top_starts=None, options=BOOTSTRAP_LBFGS_OPTIONS)["theta"])
+    points, _ = cell_points(table)
+    arrays = _log_arrays(points)
+    return theta_to_params(approach3_arrays(*arrays, starts=start, top_starts=None, options=BOOTSTRAP_LBFGS_OPTIONS, weights=_weights(points))["theta"])
 
 
 # --------------------------------------------------------------------------- VPNLS
 def nnls_coefficients(
-    exponents: tuple[float, ...], columns_log: list[np.ndarray], loss: np.ndarray
+    exponents: tuple[float, ...], columns_log: list[np.ndarray], loss: np.ndarray, weights: np.ndarray | None = None
 ) -> tuple[np.ndarray, float]:
     """For fixed exponents, the law is linear in its coefficients (all >= 0): solve by NNLS.
 
@@ -169,6 +174,9 @@ def nnls_coefficients(
     Returns (coefficients, residual sum of squares).
     """
     design = np.column_stack([np.ones_like(loss)] + [np.exp(-e * lx) for e, lx in zip(exponents, columns_log)])
+    if weights is not None:  # weighted least squares: rows scaled by sqrt(weight)
+        root = np.sqrt(weights)
+        design, loss = design * root[:, None], loss * root
     scale = np.linalg.norm(design, axis=0)
     scale[scale == 0] = 1.0
     coef, rnorm = nnls(design / scale, loss)
@@ -180,13 +188,14 @@ def vpnls_arrays(
     log_d: np.ndarray,
     loss: np.ndarray,
     start: tuple[float, float] | None = None,
+    weights: np.ndarray | None = None,
 ) -> dict[str, Any]:
     cols = [log_n, log_d]
 
     def rss(x: np.ndarray) -> float:
         if not (EXPONENT_BOUNDS[0] <= x[0] <= EXPONENT_BOUNDS[1] and EXPONENT_BOUNDS[0] <= x[1] <= EXPONENT_BOUNDS[1]):
             return np.inf
-        return nnls_coefficients(tuple(x), cols, loss)[1]
+        return nnls_coefficients(tuple(x), cols, loss, weights)[1]
 
     if start is None:
         grid = [(al, be) for al in VPNLS_GRID for be in VPNLS_GRID]
@@ -196,7 +205,7 @@ def vpnls_arrays(
         options=NELDER_MEAD_OPTIONS,
     )
     alpha, beta = (float(v) for v in res.x)
-    (E, A, B), value = nnls_coefficients((alpha, beta), cols, loss)
+    (E, A, B), value = nnls_coefficients((alpha, beta), cols, loss, weights)
     return {
         "params": {"E": float(E), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta},
         "rss": value,
@@ -206,8 +215,19 @@ def vpnls_arrays(
 
 
 def _vpnls_refit(table: pd.DataFrame, start: tuple[float, float]) -> dict[str, float]:
-    log_n, log_d, _ = _log_arrays(table)
-    return vpnls_arrays(log_n, log_d, table["loss"].to_numpy(float), start=start)["params"]
+    points, _ = cell_points(table)
+    log_n, log_d, _ = _log_arrays(points)
+    return vpnls_arrays(log_n, log_d, points["loss"].to_numpy(float), start=start, weights=_weights(points))["params"]
+
+
+def _weights(points: pd.DataFrame) -> np.ndarray | None:
+    """Per-point weights of seed-averaged points; None when all are 1 (the unweighted fit)."""
+    w = points["weight"].to_numpy(float) if "weight" in points else None
+    return None if w is None or np.all(w == 1.0) else w
+
+
+# E this small next to the lowest loss is E = 0 in effect: the asymptote sits on its lower bound.
+E_AT_ZERO_REL = 1e-3
 
 
 # --------------------------------------------------------------------------- public fits
@@ -229,6 +249,8 @@ def residual_diagnostics(table: pd.DataFrame, p: dict[str, float]) -> dict[str, 
         "max_abs_log_residual": float(np.abs(log_r).max()),
         "mean_abs_rel_error": float(np.abs(rel).mean()),
         "r2": float(1 - np.sum((loss - pred) ** 2) / np.sum((loss - loss.mean()) ** 2)),
+        # scatter of the points about the law (nats, per free parameter dof): the predictive term of backtest intervals
+        "residual_std_nats": float(np.sqrt(np.sum((loss - pred) ** 2) / max(len(loss) - len(p), 1))),
     }
 
 
@@ -266,23 +288,28 @@ def fit_approach3(
     workers: int | None = None,
 ) -> FitResult:
     """Approach 3 (see module docstring). `top_starts=None` runs L-BFGS-B from the full grid."""
-    check_points(table, 6, "approach3")
-    log_n, log_d, log_loss = _log_arrays(table)
-    out = approach3_arrays(log_n, log_d, log_loss, top_starts=top_starts)
+    points, seeds = cell_points(table)
+    check_points(points, 6, "approach3")
+    log_n, log_d, log_loss = _log_arrays(points)
+    out = approach3_arrays(log_n, log_d, log_loss, top_starts=top_starts, weights=_weights(points))
     params = theta_to_params(out["theta"])
+    at_bound = [k for k in ("E", "A", "B") if params[k] < E_AT_ZERO_REL * float(points["loss"].min())]
     diagnostics = {
+        "at_bound": at_bound,
+        **seeds,
         "objective_huber_sum": out["objective"],
         "huber_delta": HUBER_DELTA,
         "converged": out["converged"],
         "n_starts": out["n_starts"],
         "n_starts_at_best": out["n_starts_at_best"],
         "condition_number": _jacobian_condition(out["theta"], log_n, log_d),
-        **residual_diagnostics(table, params),
+        **residual_diagnostics(points, params),
         **provenance(table),
     }
     fit = FitResult(
         kind="parametric", method="approach3", params=params, diagnostics=diagnostics,
-        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+        input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed,
+        status=fit_status(out["converged"], at_bound), **table_context(table),
     )
     refit = partial(_approach3_refit, start=out["theta"])
     return _with_bootstrap(fit, refit, table, n_bootstrap, seed, workers)
@@ -295,9 +322,10 @@ def fit_vpnls(
     seed: int = 0,
     workers: int | None = None,
 ) -> FitResult:
-    check_points(table, 6, "vpnls")
-    log_n, log_d, _ = _log_arrays(table)
-    out = vpnls_arrays(log_n, log_d, table["loss"].to_numpy(float))
+    points, seeds = cell_points(table)
+    check_points(points, 6, "vpnls")
+    log_n, log_d, _ = _log_arrays(points)
+    out = vpnls_arrays(log_n, log_d, points["loss"].to_numpy(float), weights=_weights(points))
     params = out["params"]
     at_bound = [k for k in ("alpha", "beta") if min(abs(params[k] - b) for b in EXPONENT_BOUNDS) < 1e-6]
     at_bound += [k for k in ("E", "A", "B") if params[k] == 0.0]
@@ -306,12 +334,14 @@ def fit_vpnls(
         "converged": out["converged"],
         "n_evaluations": out["n_evaluations"],
         "at_bound": at_bound,
-        **residual_diagnostics(table, params),
+        **seeds,
+        **residual_diagnostics(points, params),
         **provenance(table),
     }
     fit = FitResult(
         kind="parametric", method="vpnls", params=params, diagnostics=diagnostics,
-        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
+        input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed,
+        status=fit_status(out["converged"], at_bound), **table_context(table),
     )
     refit = partial(_vpnls_refit, start=(params["alpha"], params["beta"]))
     return _with_bootstrap(fit, refit, table, n_bootstrap, seed, workers)

@@ -9,6 +9,7 @@ was written to JSON and read back with `load_fit`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,10 +21,22 @@ import numpy as np
 
 import delphi
 from delphi.errors import DelphiError
+from delphi.fits.allocation import FlopsFamily
 from delphi.fits.laws import derived_quantities, point_prediction
 
 INTERVAL_LEVELS = (0.5, 0.9)  # central percentile intervals reported on predictions
 SCHEMA = "delphi.fit/1"
+# Fit status: the estimate is an interior optimum ("ok"), has a parameter on a bound of its
+# search region ("at_bound": e.g. E = 0, the law then cannot say where loss levels off), or the
+# optimiser did not report convergence ("not_converged").
+FIT_STATUSES = ("ok", "at_bound", "not_converged")
+MODEL_FAMILIES = ("dense", "moe")
+
+
+def fit_status(converged: bool, at_bound: list[str]) -> str:
+    if not converged:
+        return "not_converged"
+    return "at_bound" if at_bound else "ok"
 
 
 @dataclass
@@ -39,26 +52,54 @@ class FitResult:
     seed: int | None = None
     version: str = delphi.__version__
     samples: dict[str, list[float]] | None = None  # bootstrap draws, one list per parameter
+    family: FlopsFamily | None = None  # exact FLOPs per token of the fitted models; None: C = 6 N D
+    status: str = "ok"  # one of FIT_STATUSES; names of parameters on a bound in diagnostics["at_bound"]
+    model_family: str | None = None  # "dense" | "moe" from the table's expert counts; None: not said
+
+    def __post_init__(self) -> None:
+        if self.status not in FIT_STATUSES:
+            raise DelphiError(f"fit status {self.status!r}: expected one of {FIT_STATUSES}")
+        if self.model_family is not None and self.model_family not in MODEL_FAMILIES:
+            raise DelphiError(f"model family {self.model_family!r}: expected one of {MODEL_FAMILIES}")
 
     @property
     def derived(self) -> dict[str, float]:
         return derived_quantities(self.kind, self.params)
 
+    @property
+    def allocation(self) -> str:
+        """How compute is split into N and D: under the family's exact FLOPs, or 6 N D."""
+        return "exact" if self.family is not None and self.kind in ("parametric", "moe") else "6ND"
+
+    def with_family(self, family: FlopsFamily | None) -> "FitResult":
+        return dataclasses.replace(self, family=family)
+
     def predict(self, compute: Any = None, params: Any = None, tokens: Any = None, **terms: Any) -> dict[str, Any]:
         """Predict at compute C (loss, N*, D*, tokens per parameter) or at (N, D).
 
         With bootstrap draws, each quantity `q` also gets `q_interval_50` and `q_interval_90`.
+        This is the one prediction entry point (plot, prereg, hero and backtests call it); for
+        laws in (N, D), compute=C is allocated under the fit's FLOPs family (exact) when it has
+        one, else 6 N D; "allocation" says which.
         """
         term = self.extra.get("term", "granularity")
         query = {"compute": compute, "params": params, "tokens": tokens, **terms}
-        point = point_prediction(self.kind, self.params, term=term, **query)
+        if compute is not None:
+            c = np.asarray(compute, float)
+            if not (np.all(np.isfinite(c)) and np.all(c > 0)):
+                raise DelphiError(f"predict: compute must be a positive finite number of FLOPs, got {compute!r}")
+        family = self.family if self.kind in ("parametric", "moe") else None
+        point = point_prediction(self.kind, self.params, term=term, family=family, **query)
         out: dict[str, Any] = {"compute": compute} if compute is not None else {}
         out.update({k: _plain(v) for k, v in point.items()})
         if compute is not None and point["params"] is not None:
-            out["tokens_per_param"] = _plain(point["tokens"] / point["params"])
+            with np.errstate(invalid="ignore"):
+                out["tokens_per_param"] = _plain(point["tokens"] / point["params"])
+        if compute is not None:
+            out["allocation"] = self.allocation
         if self.samples:
             draws = [
-                point_prediction(self.kind, p, term=term, **query) for p in _sample_dicts(self.samples)
+                point_prediction(self.kind, p, term=term, family=family, **query) for p in _sample_dicts(self.samples)
             ]
             for key, value in point.items():
                 if value is None:
@@ -69,13 +110,23 @@ class FitResult:
                 for level in INTERVAL_LEVELS:
                     out[f"{key}_interval_{int(level * 100)}"] = _percentile_interval(values, level)
             if compute is not None and point["params"] is not None:
-                ratio = np.array([d["tokens"] / d["params"] for d in draws], dtype=float)
+                with np.errstate(invalid="ignore"):
+                    ratio = np.array([d["tokens"] / d["params"] for d in draws], dtype=float)
                 for level in INTERVAL_LEVELS:
                     out[f"tokens_per_param_interval_{int(level * 100)}"] = _percentile_interval(ratio, level)
         return out
 
     def summary(self) -> str:
         lines = [f"{self.kind} fit ({self.method}), {self.n_points} points"]
+        if self.status == "at_bound":
+            names = ", ".join(self.diagnostics.get("at_bound", [])) or "?"
+            lines.append(f"  WARNING: parameter(s) on a bound of the search: {names}; the estimate is not an interior optimum")
+        elif self.status == "not_converged":
+            lines.append("  WARNING: the optimiser did not report convergence; treat the estimate with care")
+        if self.kind in ("parametric", "moe"):
+            lines.append(
+                f"  allocation: {'exact FLOPs (' + self.family.source + ')' if self.family else '6ND (no FLOPs family)'}"
+            )
         for name, value in self.params.items():
             lo_hi = self.intervals.get(name)
             ci = f"  90% [{lo_hi[0]:.6g}, {lo_hi[1]:.6g}]" if lo_hi else ""
@@ -95,6 +146,10 @@ class FitResult:
                 "schema": SCHEMA,
                 "kind": self.kind,
                 "method": self.method,
+                "status": self.status,
+                "family": self.model_family,
+                "allocation": self.allocation,
+                "flops_family": None if self.family is None else self.family.to_json(),
                 "params": self.params,
                 "derived": self.derived,
                 "intervals": {k: list(v) for k, v in self.intervals.items()},
@@ -129,7 +184,15 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
         seed=data.get("seed"),
         version=data.get("version", "unknown"),
         samples=None if not boot else {k: list(v) for k, v in boot["samples"].items()},
+        family=None if not data.get("flops_family") else FlopsFamily.from_json(data["flops_family"], f"{where}: flops_family"),
+        status=data.get("status") or "ok",
+        model_family=data.get("family") if data.get("family") in MODEL_FAMILIES else None,
     )
+
+
+def table_context(table: Any) -> dict[str, Any]:
+    """FitResult fields that come from the table: the FLOPs family and the model family."""
+    return {"family": table.attrs.get("flops_family"), "model_family": table.attrs.get("model_family")}
 
 
 def load_fit(path: str | os.PathLike) -> FitResult:

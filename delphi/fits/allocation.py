@@ -1,0 +1,219 @@
+"""Compute-optimal allocation under the exact FLOP count of a model family.
+
+The closed form of Hoffmann et al. 2022 (eq. 4) solves min L(N, D) s.t. C = 6 N D.
+A real family spends flops_per_token(N) per token, which is not 6 N at small scale
+(attention, embeddings and the router add FLOPs that N does not count: on the old
+paper ladder C / (6 N D) ran from 5.4 at d8 to 1.36 at d96). Scoring a law at 6 N D
+then prices its optimum wrongly. Here the constraint is the family's own:
+
+    N*, D* = argmin L(N, D)  s.t.  C = family(N) * D,
+
+solved as a bounded 1-D minimisation over log N of L(N, C / family(N)). The
+family is a table (N, exact training FLOPs per token) from the ladder spec, or,
+as a fallback, from a results table's own rows (`FlopsFamily.from_table`).
+
+N is counted in one of three conventions (PARAM_CONVENTIONS); the family's N
+must be counted the way the fitted law's N was.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+from jaxtyping import Float
+from scipy.optimize import minimize_scalar
+
+from delphi.errors import DelphiError
+
+# C = 6 N D: forward 2 FLOPs per parameter per token, backward 4 (Kaplan et al. 2020, sec. 2.1).
+FLOPS_PER_PARAM_TOKEN = 6.0
+
+PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
+# Results-table column holding N under each convention (ladder tables; fpt6 is derived).
+# fpt6 = flops_per_token / 6, the count of Porian et al. 2024 and Pearce & Song 2024.
+CONVENTION_COLUMNS = {"nonembedding": "params_nonembedding", "active": "params_active", "fpt6": "flops_per_token"}
+
+# The search for N*: tokens per parameter D/N from 1e-4 to 1e6 brackets every optimum of a
+# law fitted to language models (Chinchilla ~20; over-trained small models ~1e3-1e4).
+MIN_TOKENS_PER_PARAM = 1e-4
+MAX_TOKENS_PER_PARAM = 1e6
+SEARCH_GRID_POINTS = 241  # log-spaced coarse grid before the bounded refinement (0.06 decades apart)
+REFINE_XATOL = 1e-10  # in ln N: N* to ~1e-10 relative
+
+
+@dataclass(frozen=True)
+class FlopsFamily:
+    """Exact training FLOPs per token as a function of N for one model family (N in `convention`)."""
+
+    params: tuple[float, ...]  # N grid, strictly increasing
+    flops_per_token: tuple[float, ...]  # exact training FLOPs per token (3 x forward) at each N
+    convention: str  # one of PARAM_CONVENTIONS
+    source: str  # where it came from, e.g. "ladder spec studies/ladder_paper.yaml"
+
+    def __post_init__(self) -> None:
+        n = np.asarray(self.params, float)
+        f = np.asarray(self.flops_per_token, float)
+        if self.convention not in PARAM_CONVENTIONS:
+            raise DelphiError(f"flops family ({self.source}): convention {self.convention!r}, expected one of {PARAM_CONVENTIONS}")
+        if n.ndim != 1 or n.shape != f.shape or len(n) < 2:
+            raise DelphiError(
+                f"flops family ({self.source}): need >= 2 (params, flops_per_token) pairs of equal length, "
+                f"got {len(n)} and {len(f)}"
+            )
+        if not (np.all(np.isfinite(n)) and np.all(np.isfinite(f)) and np.all(n > 0) and np.all(f > 0)):
+            raise DelphiError(f"flops family ({self.source}): params and flops_per_token must be finite and > 0")
+        if not np.all(np.diff(n) > 0):
+            raise DelphiError(f"flops family ({self.source}): params must be strictly increasing, got {list(n)}")
+
+    def __call__(self, params: Any) -> np.ndarray:
+        """FLOPs per token at N: log-log linear interpolation, and log-log linear extrapolation
+        with the slope of the end segments outside the grid."""
+        log_n = np.log(np.asarray(params, float))
+        xs, ys = np.log(np.asarray(self.params)), np.log(np.asarray(self.flops_per_token))
+        inside = np.interp(log_n, xs, ys)
+        lo_slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+        hi_slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        out = np.where(log_n < xs[0], ys[0] + lo_slope * (log_n - xs[0]), inside)
+        out = np.where(log_n > xs[-1], ys[-1] + hi_slope * (log_n - xs[-1]), out)
+        return np.exp(out)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "params": [float(v) for v in self.params],
+            "flops_per_token": [float(v) for v in self.flops_per_token],
+            "convention": self.convention,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], where: str = "flops family") -> "FlopsFamily":
+        if not isinstance(d, dict):
+            raise DelphiError(f"{where}: expected a JSON object with params, flops_per_token, convention, source")
+        for key in ("params", "flops_per_token", "convention"):
+            if key not in d:
+                raise DelphiError(f"{where}: missing key {key!r}; expected params, flops_per_token, convention, source")
+        try:
+            params = tuple(float(v) for v in d["params"])
+            fpt = tuple(float(v) for v in d["flops_per_token"])
+        except (TypeError, ValueError):
+            raise DelphiError(f"{where}: params and flops_per_token must be lists of numbers") from None
+        return cls(params, fpt, str(d["convention"]), str(d.get("source", where)))
+
+    @classmethod
+    def from_table(cls, table: pd.DataFrame, convention: str = "nonembedding", source: str = "results table") -> "FlopsFamily":
+        """The family of a ladder's own rows: one (N, flops per token) point per distinct shape.
+
+        N is read from the convention's column; flops per token from `flops_per_token`, or
+        `flops / tokens` (a ladder's `flops` column is the exact count).
+        """
+        if convention not in PARAM_CONVENTIONS:
+            raise DelphiError(f"{source}: params convention {convention!r}, expected one of {PARAM_CONVENTIONS}")
+        if "flops_per_token" in table:
+            fpt = pd.to_numeric(table["flops_per_token"], errors="coerce").to_numpy(float)
+        elif "flops" in table and "tokens" in table:
+            fpt = pd.to_numeric(table["flops"], errors="coerce").to_numpy(float) / pd.to_numeric(table["tokens"], errors="coerce").to_numpy(float)
+        else:
+            raise DelphiError(f"{source}: no flops_per_token (or flops and tokens) columns to build a FLOPs family from")
+        if convention == "fpt6":
+            n = fpt / FLOPS_PER_PARAM_TOKEN
+        else:
+            col = CONVENTION_COLUMNS[convention]
+            if col not in table:
+                raise DelphiError(f"{source}: no {col!r} column for params convention {convention!r}")
+            n = pd.to_numeric(table[col], errors="coerce").to_numpy(float)
+        ok = np.isfinite(n) & np.isfinite(fpt) & (n > 0) & (fpt > 0)
+        points = pd.DataFrame({"n": n[ok], "fpt": fpt[ok]}).groupby("n", sort=True)["fpt"].median()
+        if len(points) < 2:
+            raise DelphiError(f"{source}: {len(points)} distinct model size(s); a FLOPs family needs at least 2")
+        return cls(tuple(points.index.to_numpy(float)), tuple(points.to_numpy(float)), convention, f"{source} ({len(points)} shapes)")
+
+
+def optimal_allocation(
+    loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], compute: Any, family: FlopsFamily | None
+) -> dict[str, Any]:
+    """N*, D*, L* minimising loss_fn(N, D) s.t. compute = family(N) * D (exact), or 6 N D when
+    family is None. Returns {"params", "tokens", "loss", "allocation": "exact"|"6ND"}.
+
+    `loss_fn` must accept arrays (it is evaluated on a grid of N at once). The minimiser is
+    found on a log-spaced grid of N spanning D/N in [MIN_TOKENS_PER_PARAM, MAX_TOKENS_PER_PARAM],
+    then refined by a bounded scalar search between the best grid point's neighbours. An optimum
+    on the edge of that range (no interior minimum) gives NaN.
+    """
+    c = np.asarray(compute, float)
+    flat = np.atleast_1d(c).ravel()
+    fpt = family if family is not None else (lambda n: FLOPS_PER_PARAM_TOKEN * np.asarray(n, float))
+    n_opt = np.full(flat.shape, np.nan)
+    for i, ci in enumerate(flat):
+        if not (ci > 0 and math.isfinite(ci)):
+            continue
+        n_opt[i] = _argmin_log_n(loss_fn, float(ci), fpt)
+    with np.errstate(invalid="ignore"):
+        d_opt = flat / fpt(np.where(np.isfinite(n_opt), n_opt, 1.0))
+        d_opt = np.where(np.isfinite(n_opt), d_opt, np.nan)
+        loss = np.where(np.isfinite(n_opt), np.asarray(loss_fn(np.where(np.isfinite(n_opt), n_opt, 1.0), np.where(np.isfinite(d_opt), d_opt, 1.0)), float), np.nan)
+    shape = c.shape
+    return {
+        "params": n_opt.reshape(shape),
+        "tokens": d_opt.reshape(shape),
+        "loss": loss.reshape(shape),
+        "allocation": "exact" if family is not None else "6ND",
+    }
+
+
+def _argmin_log_n(loss_fn: Callable, compute: float, fpt: Callable) -> float:
+    # 6 N D = C with D = r N gives N = sqrt(C / (6 r)): the search range in N for D/N in [min, max].
+    lo = 0.5 * math.log(compute / (FLOPS_PER_PARAM_TOKEN * MAX_TOKENS_PER_PARAM))
+    hi = 0.5 * math.log(compute / (FLOPS_PER_PARAM_TOKEN * MIN_TOKENS_PER_PARAM))
+    grid = np.linspace(lo, hi, SEARCH_GRID_POINTS)
+
+    def objective(log_n: Any) -> np.ndarray:
+        n = np.exp(np.asarray(log_n, float))
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            value = np.asarray(loss_fn(n, compute / fpt(n)), float)
+        return np.where(np.isfinite(value), value, np.inf)
+
+    values = objective(grid)
+    k = int(np.argmin(values))
+    if not np.isfinite(values[k]) or k == 0 or k == len(grid) - 1:
+        return math.nan  # no interior minimum within any plausible allocation
+    res = minimize_scalar(lambda x: float(objective(x)), bounds=(grid[k - 1], grid[k + 1]), method="bounded",
+                          options={"xatol": REFINE_XATOL})
+    best = float(res.x) if float(res.fun) <= values[k] else float(grid[k])
+    return math.exp(best)
+
+
+def isoflop_exponent_by_convention(raw: pd.DataFrame, conventions: tuple[str, ...] = PARAM_CONVENTIONS, **load_options: Any) -> dict[str, dict[str, Any]]:
+    """The isoFLOP (Approach 2) exponent a of N* ~ C^a under each parameter-count convention.
+
+    `raw` is a ladder results table (with params_nonembedding, params_active and flops/tokens
+    columns). Returns {convention: {"a": ..., "a_interval_90": (lo, hi), "n_budgets": ...}};
+    a convention the table cannot express gets {"error": message}.
+    """
+    from delphi.fits.data import load_results
+    from delphi.fits.isoflop import fit_approach2
+
+    out: dict[str, dict[str, Any]] = {}
+    for convention in conventions:
+        try:
+            table = load_results(raw, params_convention=convention, **load_options)
+            fit = fit_approach2(table)
+        except DelphiError as e:
+            out[convention] = {"error": str(e)}
+            continue
+        out[convention] = {
+            "a": fit.params["a"],
+            "a_interval_90": fit.intervals.get("a"),
+            "n_budgets": fit.diagnostics.get("n_budgets"),
+            "mapped": bool(table.attrs.get("params_mapped")),
+        }
+    return out
+
+
+def flops_of(family: FlopsFamily | None, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float) -> np.ndarray:
+    """Training FLOPs of (N, D) under the family (or 6 N D without one)."""
+    n, d = np.asarray(params, float), np.asarray(tokens, float)
+    return (family(n) if family is not None else FLOPS_PER_PARAM_TOKEN * n) * d
