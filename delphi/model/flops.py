@@ -17,10 +17,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from delphi.errors import DelphiError
 from delphi.model.config import ModelConfig
 
 TRAIN_FLOPS_PER_FORWARD = 3  # backward is 2x forward (Kaplan et al. 2020, sec. 2.1)
 SOFTMAX_FLOPS_PER_LOGIT = 3  # Chinchilla Appendix F
+# Training state per parameter: f32 master weight, f32 gradient and Adam's two f32 moments
+# (optax.adamw), activations not counted: a lower bound on what training needs.
+TRAIN_STATE_BYTES_PER_PARAM = 16
+# A model past 1e15 parameters (PB of weights, ~1000x the largest published models) is a typo,
+# not a plan: `delphi flops` refuses it instead of printing numbers for it.
+MAX_PLAUSIBLE_PARAMS = 10**15
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,31 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
     total = L * (attention + norms + ffn_total) + final_norm + embedding
     nonembedding = L * (attention + norms + ffn_active) + final_norm
     return ParamCounts(total=total, active=nonembedding + embedding, nonembedding=nonembedding, embedding=embedding)
+
+
+def expert_params(cfg: ModelConfig) -> int:
+    """Parameters of the routed experts (the part a mesh's expert axis splits)."""
+    if cfg.moe is None:
+        return 0
+    return cfg.n_layers * cfg.moe.experts * 3 * cfg.d_model * cfg.moe.d_expert
+
+
+def train_state_bytes_per_device(cfg: ModelConfig, expert_shards: int = 1) -> int:
+    """Lower bound on one device's training-state bytes: everything replicated except the routed
+    experts, which are split over `expert_shards` devices."""
+    experts = expert_params(cfg)
+    per_device = count_params(cfg).total - experts + experts // max(expert_shards, 1)
+    return TRAIN_STATE_BYTES_PER_PARAM * per_device
+
+
+def check_plausible_size(cfg: ModelConfig, where: str = "model") -> None:
+    """Refuse a parameter count no machine could hold (a typo such as d_model: 1000000000)."""
+    total = count_params(cfg).total
+    if total > MAX_PLAUSIBLE_PARAMS:
+        raise DelphiError(
+            f"{where}: d_model={cfg.d_model}, n_layers={cfg.n_layers} gives {total:.3g} parameters, "
+            f"more than {MAX_PLAUSIBLE_PARAMS:.0e}; expected a model size that some machine can hold"
+        )
 
 
 def forward_flops_breakdown(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
@@ -91,6 +123,7 @@ def palm_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
 def flops_summary(cfg: ModelConfig, seq_len: int) -> dict[str, float | int]:
     """What `delphi flops --json` prints (DESIGN.md section 3)."""
+    check_plausible_size(cfg)
     counts = count_params(cfg)
     return {
         **counts.as_dict(),

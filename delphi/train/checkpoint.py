@@ -1,56 +1,88 @@
-"""Checkpoints: every array of the training state in one .npz plus a JSON manifest.
+"""Checkpoints: the training state through Orbax, sharded, plus a manifest that commits it.
 
-Layout: run_dir/checkpoints/step_00000200/{arrays.npz, manifest.json}. A
-checkpoint is written into a temporary directory and renamed into place, so a
-kill never leaves a half-written `step_*` directory; the manifest carries the
-sha256 of arrays.npz, so a file truncated or corrupted later (disk full, a bad
-copy) is detected on restore and the previous checkpoint is used instead.
+Layout: run_dir/checkpoints/step_00000200/
+    state/          an Orbax PyTree checkpoint (OCDBT + zarr3): every process writes the shards
+                    it owns into state/ocdbt.process_<i>/, replicated arrays are written once
+    manifest.json   written by process 0 after every process has finished: step, extra state
+                    (wall_s), shapes and dtypes of the leaves, and the size and sha256 of every
+                    file under state/
 
-Sharded arrays are gathered to the host on save, so the files do not depend on the mesh and a
-run can be restored onto any device count its config allows. The state is flattened with
-`jax.tree.leaves`; restoring unflattens the leaves
-into the structure of a freshly initialised state, after checking that every
-shape and dtype matches. PRNG key arrays are stored as their raw key data.
+The manifest is the commit marker. A step directory without one (a kill during the save) or
+whose files no longer match it (truncated, corrupted by a bad copy or a full disk) is corrupt,
+and the restore falls back to the previous checkpoint. A step directory is written under a
+temporary name by Orbax and renamed into place, so a kill never leaves a half-written `state/`.
+
+Restoring reads each array straight into the shardings of the mesh the run resumes on (each
+process reads only the shards it holds), so a checkpoint written on one mesh or process count
+restores onto any other the config allows. Multi-host runs need the run directory on a
+filesystem every process sees (Orbax's own requirement: process 0 finalizes the directory).
+
+The state is flattened with `jax.tree.leaves` into {"leaf_00000": ...}; restoring unflattens
+into the structure of a freshly initialised state after checking every shape and dtype. PRNG key
+arrays are stored as their raw key data.
+
+The former npz format (every array gathered onto one host) is gone: it could not hold a model
+larger than one host's memory, and the Orbax path restores onto any mesh as it did.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import shutil
-import tempfile
 import time
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from delphi.io import sha256_bytes, sha256_file
+from delphi.io import atomic_write_json, sha256_file
 
 CHECKPOINT_PREFIX = "step_"
-ARRAYS_FILE = "arrays.npz"
+CHECKPOINTS_DIR = "checkpoints"
+STATE_DIR = "state"
 MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "orbax-pytree-1"
+PROCESS_DIR_PREFIX = "ocdbt.process_"  # Orbax's per-process OCDBT directory inside state/
 
 
 @dataclass(frozen=True)
 class Restored:
     state: Any
     step: int
-    extra: dict  # what the trainer stored beside the arrays (e.g. wall time so far)
+    extra: dict
     path: Path
 
 
+@dataclass(frozen=True)
+class Restoration:
+    """What `restore_latest` found: the newest good checkpoint (or None) and the corrupt ones past it."""
+
+    restored: Restored | None
+    corrupt: list[tuple[Path, str]] = field(default_factory=list)
+
+    def message(self, run_dir: Path) -> str | None:
+        """One line for stderr when a corrupt checkpoint was skipped, else None."""
+        if not self.corrupt:
+            return None
+        skipped = "; ".join(f"{path.name}: {why}" for path, why in self.corrupt)
+        if self.restored is None:
+            return f"{run_dir}: every checkpoint is corrupt ({skipped}); restarting from step 0"
+        return f"{run_dir}: skipped corrupt checkpoint(s) ({skipped}); resuming from step {self.restored.step} ({self.restored.path})"
+
+
+class CorruptCheckpoint(Exception):
+    pass
+
+
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"{CHECKPOINT_PREFIX}{step:08d}"
+    return Path(run_dir) / CHECKPOINTS_DIR / f"{CHECKPOINT_PREFIX}{step:08d}"
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint directory, oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    """(step, path) of every step directory, oldest first (complete or not: see `restore_latest`)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
     found = []
@@ -60,92 +92,166 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _to_numpy(leaf: Any) -> np.ndarray:
-    """The full array on the host: a sharded array is gathered (from every process on a multi-host
-    mesh), so a checkpoint does not depend on the mesh it was written from."""
-    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-        leaf = jax.random.key_data(leaf)
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+def is_primary() -> bool:
+    """Process 0 writes the files every process shares (manifest, deletions)."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """All processes of a multi-host job reach this point before any goes on (no-op on one)."""
+    if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
-        leaf = multihost_utils.process_allgather(leaf, tiled=True)
-    return np.asarray(leaf)
+        multihost_utils.sync_global_devices(name)
+
+
+def _is_key(leaf: Any) -> bool:
+    return isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _arrays(state: Any) -> dict[str, Any]:
+    return {
+        f"leaf_{i:05d}": jax.random.key_data(leaf) if _is_key(leaf) else leaf
+        for i, leaf in enumerate(jax.tree.leaves(state))
+    }
+
+
+def _checkpointer():
+    import orbax.checkpoint as ocp
+
+    return ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+
+
+def _file_table(state_dir: Path) -> dict[str, dict]:
+    return {
+        str(p.relative_to(state_dir)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(state_dir.rglob("*"))
+        if p.is_file()
+    }
+
+
+def bytes_per_process(manifest: dict) -> dict[int, int]:
+    """Bytes of array data each process wrote (its Orbax OCDBT directory)."""
+    out: dict[int, int] = {}
+    for rel, entry in manifest["files"].items():
+        top = rel.split("/", 1)[0]
+        if top.startswith(PROCESS_DIR_PREFIX):
+            index = int(top[len(PROCESS_DIR_PREFIX) :])
+            out[index] = out.get(index, 0) + entry["bytes"]
+    return out
 
 
 def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None = None, keep: int = 2) -> Path:
-    """Write the checkpoint of `step` atomically and delete all but the newest `keep`."""
-    leaves = [_to_numpy(leaf) for leaf in jax.tree.leaves(state)]
-    buffer = io.BytesIO()
-    np.savez(buffer, **{f"leaf_{i:05d}": leaf for i, leaf in enumerate(leaves)})
-    data = buffer.getvalue()
-    manifest = {
-        "step": step,
-        "n_leaves": len(leaves),
-        "shapes": [list(leaf.shape) for leaf in leaves],
-        "dtypes": [str(leaf.dtype) for leaf in leaves],
-        "sha256": sha256_bytes(data),
-        "bytes": len(data),
-        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "extra": extra or {},
-    }
+    """Write the checkpoint of `step` (every process takes part) and delete all but the newest `keep`."""
     final = checkpoint_dir(run_dir, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    try:
-        for name, payload in ((ARRAYS_FILE, data), (MANIFEST_FILE, (json.dumps(manifest, indent=1) + "\n").encode())):
-            with open(tmp / name, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-        if final.exists():  # re-saving a step (e.g. interrupted right after a scheduled save)
+    if is_primary():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # re-saving a step (e.g. one found corrupt on resume)
             shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for _, old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    barrier(f"delphi_checkpoint_clear_{step}")
+    arrays = _arrays(state)
+    _checkpointer().save(final / STATE_DIR, args=_save_args(arrays))  # returns once every process is done
+    if is_primary():
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "step": step,
+            "n_leaves": len(arrays),
+            "shapes": [list(a.shape) for a in arrays.values()],
+            "dtypes": [str(a.dtype) for a in arrays.values()],
+            "processes": jax.process_count(),
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "extra": extra or {},
+            "files": _file_table(final / STATE_DIR),
+        }
+        atomic_write_json(final / MANIFEST_FILE, manifest)
+        for _, old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(f"delphi_checkpoint_done_{step}")
     return final
 
 
-class CorruptCheckpoint(Exception):
-    pass
+def _save_args(arrays: dict):
+    import orbax.checkpoint as ocp
+
+    return ocp.args.PyTreeSave(arrays)
 
 
-def _load(path: Path, template: Any) -> tuple[Any, dict]:
-    manifest_path = path / MANIFEST_FILE
-    arrays_path = path / ARRAYS_FILE
+def read_manifest(path: Path) -> dict:
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads((Path(path) / MANIFEST_FILE).read_text())
+    except FileNotFoundError:
+        raise CorruptCheckpoint("no manifest.json (the save did not finish)") from None
     except (OSError, ValueError) as e:
-        raise CorruptCheckpoint(f"unreadable manifest ({e})") from None
-    if not arrays_path.is_file():
-        raise CorruptCheckpoint(f"{ARRAYS_FILE} missing")
-    digest = sha256_file(arrays_path)
-    if digest != manifest.get("sha256"):
-        raise CorruptCheckpoint(f"sha256 mismatch ({digest[:12]} != {str(manifest.get('sha256'))[:12]})")
+        raise CorruptCheckpoint(f"unreadable manifest.json ({type(e).__name__})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise CorruptCheckpoint("not an Orbax checkpoint of this delphi version")
+    return manifest
+
+
+def _verify_files(state_dir: Path, files: dict[str, dict]) -> None:
+    for rel, entry in files.items():
+        path = state_dir / rel
+        if not path.is_file():
+            raise CorruptCheckpoint(f"{STATE_DIR}/{rel} missing")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise CorruptCheckpoint(f"{STATE_DIR}/{rel} has {size} bytes, the manifest says {entry['bytes']}")
+        if sha256_file(path) != entry["sha256"]:
+            raise CorruptCheckpoint(f"{STATE_DIR}/{rel} does not match its sha256")
+
+
+def _load(path: Path, template: Any, shardings: Any) -> tuple[Any, dict]:
+    import orbax.checkpoint as ocp
+
+    manifest = read_manifest(path)
+    _verify_files(path / STATE_DIR, manifest.get("files", {}))
     template_leaves, treedef = jax.tree.flatten(template)
-    with np.load(arrays_path) as npz:
-        leaves = [npz[f"leaf_{i:05d}"] for i in range(manifest["n_leaves"])]
-    if len(leaves) != len(template_leaves):
-        raise CorruptCheckpoint(f"{len(leaves)} arrays, the model has {len(template_leaves)}")
-    restored = []
-    for i, (leaf, ref) in enumerate(zip(leaves, template_leaves)):
-        is_key = isinstance(ref, jax.Array) and jax.dtypes.issubdtype(ref.dtype, jax.dtypes.prng_key)
-        ref_np = _to_numpy(ref) if is_key else ref
-        if tuple(leaf.shape) != tuple(ref_np.shape) or leaf.dtype != ref_np.dtype:
-            raise CorruptCheckpoint(f"array {i} is {leaf.dtype}{list(leaf.shape)}, expected {ref_np.dtype}{list(ref_np.shape)}")
-        restored.append(jax.random.wrap_key_data(leaf, impl=jax.random.key_impl(ref)) if is_key else leaf)
-    return jax.tree.unflatten(treedef, restored), manifest
+    sharding_leaves = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    if manifest["n_leaves"] != len(template_leaves):
+        raise CorruptCheckpoint(f"{manifest['n_leaves']} arrays, the model has {len(template_leaves)}")
+    target = {}
+    for i, (ref, sharding) in enumerate(zip(template_leaves, sharding_leaves)):
+        ref_data = jax.random.key_data(ref) if _is_key(ref) else ref
+        shape, dtype = tuple(ref_data.shape), np.dtype(ref_data.dtype)
+        if tuple(manifest["shapes"][i]) != shape or manifest["dtypes"][i] != str(dtype):
+            raise CorruptCheckpoint(
+                f"array {i} is {manifest['dtypes'][i]}{manifest['shapes'][i]}, expected {dtype}{list(shape)}"
+            )
+        target[f"leaf_{i:05d}"] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    try:
+        arrays = _checkpointer().restore(
+            path / STATE_DIR,
+            args=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
+        )
+    except Exception as e:  # whatever tensorstore says about damaged data
+        raise CorruptCheckpoint(f"Orbax could not read it ({type(e).__name__})") from None
+    leaves = [
+        jax.random.wrap_key_data(arrays[f"leaf_{i:05d}"], impl=jax.random.key_impl(ref)) if _is_key(ref)
+        else arrays[f"leaf_{i:05d}"]
+        for i, ref in enumerate(template_leaves)
+    ]
+    return jax.tree.unflatten(treedef, leaves), manifest
 
 
-def restore_latest(run_dir: Path, template: Any) -> Restored | None:
-    """Newest checkpoint that verifies, falling back (with a warning) past corrupt ones."""
-    for step, path in reversed(list_checkpoints(run_dir)):
+def restore_latest(run_dir: Path, template: Any, shardings: Any) -> Restoration:
+    """The newest checkpoint that verifies, placed with `shardings` (a tree like `template`),
+    and the corrupt ones skipped on the way. Every process reads the same files and so takes the
+    same decision."""
+    corrupt: list[tuple[Path, str]] = []
+    for _, path in reversed(list_checkpoints(run_dir)):
         try:
-            state, manifest = _load(path, template)
+            state, manifest = _load(path, template, shardings)
         except CorruptCheckpoint as e:
-            warnings.warn(f"checkpoint {path} is corrupt: {e}; falling back to the previous one", stacklevel=2)
+            corrupt.append((path, str(e)))
             continue
-        return Restored(state=state, step=int(manifest["step"]), extra=manifest.get("extra", {}), path=path)
-    return None
+        restored = Restored(state=state, step=int(manifest["step"]), extra=manifest.get("extra", {}), path=path)
+        return Restoration(restored, corrupt)
+    return Restoration(None, corrupt)
+
+
+def remove_checkpoints(paths: list[Path]) -> None:
+    """Process 0 deletes `paths` (corrupt checkpoints past the one resumed from); all wait for it."""
+    if is_primary():
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+    barrier("delphi_checkpoint_remove")

@@ -153,6 +153,9 @@ class TrainConfig:
 
 
 def train_config_from_dict(data: dict, where: str = "") -> TrainConfig:
+    if not isinstance(data, dict):  # an empty file is None: not a request for every default
+        shown = "an empty document" if data is None else f"{type(data).__name__} {data!r:.60}"
+        raise DelphiError(f"{where + ': ' if where else ''}expected a mapping (a train config), got {shown}")
     cfg = from_dict(TrainConfig, data, where)
     return cfg.validate()
 

@@ -1,19 +1,24 @@
-"""The run directory: status.json, metrics.jsonl and the W&B mirror.
+"""The run directory: status.json, metrics.jsonl, the W&B mirror and the run lock.
 
 Every file is either written atomically (status, summary, config) or appended
 one flushed line at a time (metrics), so a reader following a live run never
-sees a partial object.
+sees a partial object. One trainer at a time holds `train.lock` (an flock) while
+it writes the directory.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
 
+from delphi.errors import DelphiError
 from delphi.io import atomic_write_json, atomic_write_text
 
 Status = Literal["pending", "running", "completed", "diverged", "failed"]
@@ -21,6 +26,63 @@ METRICS_FILE = "metrics.jsonl"
 STATUS_FILE = "status.json"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
+LOCK_FILE = "train.lock"  # exists only while a trainer holds it (removed on release)
+
+
+def warn(message: str) -> None:
+    """One clean line on stderr (no Python warning machinery, no source line)."""
+    print(f"delphi: warning: {message}", file=sys.stderr, flush=True)
+
+
+class RunLock:
+    """An exclusive flock on run_dir/train.lock for the whole training: a second trainer on the
+    same run directory is refused instead of interleaving its writes. The kernel drops the lock
+    when the process dies (even by SIGKILL); the file is removed on a clean release.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._file = None
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            f = open(self.path, "a+")
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                f.close()
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                raise DelphiError(
+                    f"--out: {self.path.parent} is being trained by another process (it holds {self.path}); "
+                    "wait for it to finish or use another directory"
+                ) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # else the holder removed the file between our open and flock: try again
+                break
+            f.close()
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            self.path.unlink(missing_ok=True)  # before unlocking: a waiter re-checks the inode
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def write_status(run_dir: Path, status: Status, step: int, reason: str = "") -> None:
@@ -59,24 +121,60 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 class MetricsLog:
-    """metrics.jsonl: one JSON object per logged step, flushed line by line."""
+    """metrics.jsonl: one JSON object per logged step, flushed line by line.
 
-    def __init__(self, run_dir: Path, *, keep_through_step: int | None = None) -> None:
+    If the file is deleted, replaced or truncated while the run writes it, it is recreated with
+    every record of the run so far (they are kept in memory: one small dict per logged step) and
+    a warning is printed once. `enabled=False` (processes other than 0) writes nothing."""
+
+    def __init__(self, run_dir: Path, *, keep_through_step: int | None = None, enabled: bool = True) -> None:
         self.path = Path(run_dir) / METRICS_FILE
-        if keep_through_step is None:
-            atomic_write_text(self.path, "")
-        else:
+        self.enabled = enabled
+        self._lines: list[str] = []
+        self._file = None
+        self._warned = False
+        if not enabled:
+            return
+        if keep_through_step is not None:
             # Resuming from a checkpoint: drop what was logged after it (it is recomputed).
             kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= keep_through_step]
-            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self._lines = [json.dumps(r) + "\n" for r in kept]
+        self._reopen()
+
+    def _reopen(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        atomic_write_text(self.path, "".join(self._lines))
         self._file = open(self.path, "a")
+        self._bytes = sum(len(line.encode()) for line in self._lines)
+
+    def _intact(self) -> bool:
+        try:
+            on_disk = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        ours = os.fstat(self._file.fileno())
+        return on_disk.st_ino == ours.st_ino and on_disk.st_size >= self._bytes
 
     def write(self, record: dict) -> None:
-        self._file.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n")
+        if not self.enabled:
+            return
+        line = json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n"
+        if not self._intact():
+            if not self._warned:
+                warn(f"{self.path} was deleted or changed while training; recreated it with the "
+                     f"{len(self._lines)} records logged so far")
+                self._warned = True
+            self._reopen()
+        self._lines.append(line)
+        self._file.write(line)
         self._file.flush()
+        self._bytes += len(line.encode())
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def wandb_mode(configured: str | None) -> str:

@@ -6,9 +6,9 @@
     everything else  replicated
 
 The train step is jitted with these shardings as in/out shardings, so XLA inserts the gradient
-reduction over the data axis itself; the MoE block switches to per-device dispatch with
-all-to-all (delphi.model.moe_parallel) when traced under a mesh of more than one device. A
-1 x 1 mesh takes the same path and gives the same numbers as before meshes existed.
+reduction over the data axis itself; a model built for a mesh of more than one device
+(`Transformer(..., mesh=mesh)`) has per-device dispatch with all-to-all in its MoE blocks
+(delphi.model.moe_parallel). A 1 x 1 mesh takes the one-device path and gives its numbers.
 """
 
 from __future__ import annotations
@@ -63,6 +63,33 @@ def make_mesh(mesh_cfg: MeshConfig, devices: list | None = None) -> Mesh:
         )
     grid = np.asarray(devices, dtype=object).reshape(mesh_cfg.data, mesh_cfg.expert)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits_in_memory(cfg: TrainConfig) -> None:
+    """Refuse, before anything is written or allocated, a model whose training state cannot fit:
+    16 bytes per parameter on each device (experts split over mesh.expert), against the device's
+    memory limit, or for CPU devices (which share the host's memory) against this machine's RAM."""
+    from delphi.model.flops import TRAIN_STATE_BYTES_PER_PARAM, check_plausible_size, train_state_bytes_per_device
+
+    check_plausible_size(cfg.model)
+    per_device = train_state_bytes_per_device(cfg.model, cfg.mesh.expert)
+    local = jax.local_devices()
+    stats = local[0].memory_stats() if local[0].platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        need, have, what = per_device, int(stats["bytes_limit"]), f"one {local[0].platform} device's"
+    else:
+        need, have, what = per_device * len(local), host_memory_bytes(), f"this machine's ({len(local)} CPU devices)"
+    if need > have:
+        raise DelphiError(
+            f"model: d_model={cfg.model.d_model}, n_layers={cfg.model.n_layers} needs at least {need:.3g} bytes of "
+            f"training state ({TRAIN_STATE_BYTES_PER_PARAM} bytes per parameter), more than {what} {have:.3g} bytes "
+            "of memory; expected a smaller model or more devices"
+        )
 
 
 def _names(path: tuple) -> list:
