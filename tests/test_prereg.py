@@ -26,7 +26,7 @@ def setup(tmp_path_factory):
     hero = ps.write_hero(root / "hero.yaml", hero_cfg)
     out = root / "preregistrations" / "hero1.yaml"
     assert main(["prereg", "create", "--fit", str(fit), "--hero", str(hero), "--ladder", str(ladder),
-                 "--out", str(out), "--bootstrap", "40", "--rationale", "test", "--tolerance", "0.03"]) == 0
+                 "--out", str(out), "--bootstrap", "40", "--rationale", "test", "--tolerance", "0.03", "--force"]) == 0
     return {"root": root, "ladder": ladder, "fit": fit, "hero": hero, "hero_cfg": hero_cfg, "prereg": out}
 
 
@@ -63,6 +63,12 @@ def test_file_has_design_fields_and_a_valid_seal(setup):
     assert len(points) == 21 and points[-1]["loss"] == pytest.approx(final["loss"])  # anchored to the scaling law
     assert "agreement" in doc["prediction"]["trajectory"]
     assert fmt.seal_status(doc)["ok"]
+    # The synthetic ladder has one run per budget and one seed: its gates fail and --force sealed it anyway.
+    gates = {g["name"]: g for g in doc["gates"]}
+    assert {"isoflop_vertices", "seeds", "lobo_spread", "interval_width", "fit_status"} <= set(gates)
+    assert not gates["seeds"]["passed"] and gates["interval_width"]["passed"] and doc["forced"] is True
+    report = json.loads(setup["prereg"].with_name("hero1.gates.json").read_text())
+    assert report["sealed"] is True and report["seal"] == doc["seal"]["digest"]
 
 
 def test_truth_lies_inside_the_preregistered_band(setup):
@@ -101,7 +107,10 @@ def test_created_after_the_run_started_is_flagged(setup, tmp_path, capsys):
     _hero_run(early, setup["hero_cfg"], upto=0.3)  # logged before the file below was created
     time.sleep(0.05)
     late = tmp_path / "late.yaml"
-    assert main(["prereg", "create", "--fit", str(setup["fit"]), "--hero", str(setup["hero"]), "--out", str(late)]) == 0
+    # Without a results table no gate but the fit's own can be evaluated: refused, then forced.
+    assert main(["prereg", "create", "--fit", str(setup["fit"]), "--hero", str(setup["hero"]), "--out", str(late)]) == 1
+    assert not late.exists() and late.with_name("late.gates.json").is_file()
+    assert main(["prereg", "create", "--fit", str(setup["fit"]), "--hero", str(setup["hero"]), "--out", str(late), "--force"]) == 0
     code, result = _run(["prereg", "verify", str(late), "--run", str(early)], capsys)
     assert code == 1 and result["created_before_start"] is False
     fresh = tmp_path / "fresh"
@@ -161,13 +170,15 @@ def test_watch_follows_a_live_run_to_passed_with_outcome_and_index(setup, tmp_pa
                          "--timeout", "30", "--plot", str(tmp_path / "pred.png")], capsys)
     thread.join()
     assert code == 0 and result["verdict"] == "passed" and abs(result["rel_error"]) <= 0.03
+    assert result["forced"] is True and "SEALED WITH --force" in result["why"]
     assert (tmp_path / "pred.png").stat().st_size > 0 and (tmp_path / "pred.svg").stat().st_size > 0
     outcome = json.loads(fmt.outcome_path(prereg).read_text())
     assert outcome["verdict"] == "passed" and outcome["seal"] == fmt.read(prereg)["seal"]["digest"]
     assert fmt.seal_status(fmt.read(prereg))["ok"]  # the outcome lives beside the file, not in it
     code, result = _run(["prereg", "index", str(prereg.parent)], capsys)
     readme = (prereg.parent / "README.md").read_text()
-    assert code == 0 and result["n"] == 1 and "| passed |" in readme and "watched" in readme
+    assert code == 0 and result["n"] == 1 and "| passed (forced) |" in readme and "watched" in readme
+    assert "FORCED: failed" in readme
 
 
 def test_bad_inputs_exit_2(setup, tmp_path, capsys, monkeypatch):
@@ -184,6 +195,10 @@ def test_bad_inputs_exit_2(setup, tmp_path, capsys, monkeypatch):
                     str(setup["ladder"]), "--out", str(tmp_path / "b.yaml")], capsys)
     assert code == 2 and "moe" in capsys.readouterr().err + "moe"
     assert not (tmp_path / "a.yaml").exists() and not (tmp_path / "b.yaml").exists()
+    # a ladder dir without a manifest (issue 12, row 15)
+    (tmp_path / "empty").mkdir()
+    code, _ = _run([*base, "--fit", str(setup["fit"]), "--ladder", str(tmp_path / "empty"), "--out", str(tmp_path / "c.yaml")], capsys)
+    assert code == 2 and not (tmp_path / "c.yaml").exists()
     # a missing run dir, and W&B while offline
     assert _run(["prereg", "check", str(setup["prereg"]), "--run", str(tmp_path / "nope")], capsys)[0] == 2
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -8,19 +8,20 @@ before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import getpass
 import json
 import math
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 import delphi
-from delphi.errors import DelphiError
-from delphi.io import sha256_file
+from delphi.errors import CheckFailed, DelphiError
+from delphi.io import atomic_write_json, sha256_file
 from delphi.prereg import format as fmt
 
 # DESIGN.md section 8: the project's goal is a hero within 1% of its prediction.
@@ -98,15 +99,50 @@ def fit_family(fit_json: dict, ladder_families: set[str]) -> str | None:
     return None
 
 
-def predict_final(fit_path: Path, hero) -> tuple[dict, dict]:
-    """(final prediction, fit JSON) for the hero from a fit file written by `delphi fit`."""
+def hero_params(model, seq_len: int, convention: str = "nonembedding") -> float:
+    """The hero's N counted as the fit counted its ladder's N (fits/allocation.PARAM_CONVENTIONS)."""
     from delphi.model.flops import count_params, flops_per_token
 
+    counts = count_params(model)
+    if convention == "active":
+        return float(counts.active)
+    if convention == "fpt6":  # Porian et al. 2024 / Pearce & Song 2024: N = FLOPs per token / 6
+        return float(flops_per_token(model, seq_len) / 6)
+    return float(counts.nonembedding)
+
+
+def fit_convention(fit) -> str:
+    family = getattr(fit, "family", None)
+    return getattr(family, "convention", None) or "nonembedding"
+
+
+def predict_hero(fit, hero) -> tuple[dict, str]:
+    """(the fit's predict() dict, how) for the hero: laws in (N, D) at its N and D, laws in C at its exact compute."""
+    from delphi.model.flops import flops_per_token
+
+    kind = fit.kind
+    n = hero_params(hero.model, hero.data.seq_len, fit_convention(fit))
+    tokens = hero.tokens
+    flops = flops_per_token(hero.model, hero.data.seq_len) * tokens
+    if kind in FIT_KINDS_ND:
+        terms = {}
+        if kind == "moe" and hero.model.moe is not None:
+            terms = {"experts": hero.model.moe.experts, "granularity": hero.model.d_ff / hero.model.moe.d_expert}
+        pred = fit.predict(params=n, tokens=tokens, **terms)
+        how = f"{kind} fit at the hero's N = {n:.4g} ({fit_convention(fit)}), D = {tokens:.4g}"
+    else:
+        pred = fit.predict(compute=flops)
+        how = f"{kind} fit at the hero's compute C = {flops:.4g} FLOPs (exact count, Chinchilla appendix F)"
+    return dict(pred), how
+
+
+def predict_final(fit_path: Path, hero) -> tuple[dict, dict]:
+    """(final prediction, fit JSON) for the hero from a fit file written by `delphi fit`."""
     try:
         fit_json = json.loads(Path(fit_path).read_text())
     except FileNotFoundError:
         raise DelphiError(f"{fit_path}: fit file not found") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DelphiError(f"{fit_path}: not valid JSON ({e})") from None
     kind = fit_json.get("kind") if isinstance(fit_json, dict) else None
     if kind is None:
@@ -118,22 +154,13 @@ def predict_final(fit_path: Path, hero) -> tuple[dict, dict]:
     except ImportError:
         raise DelphiError("delphi.fits.results.load_fit is not available in this installation") from None
     fit = load_fit(fit_path)
-    n = count_params(hero.model).nonembedding
-    tokens = hero.tokens
-    flops = flops_per_token(hero.model, hero.data.seq_len) * tokens
     try:
-        if kind in FIT_KINDS_ND:
-            terms = {}
-            if kind == "moe" and hero.model.moe is not None:
-                terms = {"experts": hero.model.moe.experts, "granularity": hero.model.d_ff / hero.model.moe.d_expert}
-            pred = fit.predict(params=n, tokens=tokens, **terms)
-            how = f"{kind} fit at the hero's N = {n:.4g}, D = {tokens:.4g}"
-        else:
-            pred = fit.predict(compute=flops)
-            how = f"{kind} fit at the hero's compute C = {flops:.4g} FLOPs (exact count, Chinchilla appendix F)"
+        pred, how = predict_hero(fit, hero)
     except (TypeError, ValueError, KeyError) as e:
         raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {kind!r} fit ({e})") from None
-    final = final_from_prediction(dict(pred), how)
+    final = final_from_prediction(pred, how)
+    if pred.get("allocation"):
+        final["allocation"] = pred["allocation"]
     if not math.isfinite(final["loss"]):
         raise DelphiError(f"{fit_path}: the fit predicts a non-finite loss for the hero")
     return final, fit_json
@@ -172,8 +199,13 @@ def build_prereg(
     assumptions: list[str] | None = None,
     created: str | None = None,
     toolkit: dict | None = None,
+    gates: list[dict] | None = None,
+    forced: bool = False,
 ) -> dict:
-    """Assemble and seal a preregistration document (pure apart from the defaults' clock and git)."""
+    """Assemble and seal a preregistration document (pure apart from the defaults' clock and git).
+
+    `gates` (Gate.to_json() dicts) and `forced` are sealed with the prediction: a preregistration
+    sealed with --force over failing gates says so in every verdict."""
     if not (0 < tolerance_rel < 1):
         raise DelphiError(f"tolerance: must be in (0, 1), got {tolerance_rel}")
     doc = {
@@ -196,6 +228,8 @@ def build_prereg(
         },
         "rationale": rationale,
         "assumptions": list(assumptions or []),
+        "gates": list(gates or []),
+        "forced": bool(forced),
     }
     return fmt.seal(_plain(doc))
 
@@ -239,6 +273,103 @@ def _ladder_bpb_per_nat(run_dirs: list[Path]) -> float | None:
     return float(np.median(ratios)) if ratios else None
 
 
+def gates_path(out: Path) -> Path:
+    """NAME.yaml -> NAME.gates.json beside it: the gate report, written whether or not the file is sealed."""
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".yaml").removesuffix(".yml") + ".gates.json")
+
+
+# `delphi fit` method (or kind) -> the FITTERS name that refits it.
+REFIT_NAMES = {"vpnls": "vpnls", "approach3": "parametric", "approach2": "isoflop", "approach1": "envelope"}
+
+
+def refit_function(fit) -> Callable[[Any], Any]:
+    """Refit the same law (no bootstrap) on another table, with the fit's FLOPs family attached."""
+    from delphi.fits import FITTERS
+
+    name = REFIT_NAMES.get(fit.method) or fit.kind
+    if name not in FITTERS:
+        raise DelphiError(f"fit: cannot refit a {fit.kind!r} fit (method {fit.method!r}) for the gates")
+    fitter, family = FITTERS[name], getattr(fit, "family", None)
+
+    def refit(table):
+        refitted = fitter(table, n_bootstrap=0, seed=fit.seed or 0)
+        if family is not None and hasattr(refitted, "with_family"):
+            refitted = refitted.with_family(family)
+        return refitted
+
+    return refit
+
+
+def load_tables(results: Path, convention: str = "nonembedding"):
+    """(fit table, gate table): the canonical table the fits read (N in `convention`), and the same
+    rows with every other column of the results CSV (seeds, cells, health, steps, batch)."""
+    import inspect
+
+    import pandas as pd
+
+    from delphi.fits import load_results
+
+    kwargs = {"params_convention": convention} if "params_convention" in inspect.signature(load_results).parameters else {}
+    fit_table = load_results(results, **kwargs)
+    try:
+        raw = pd.read_csv(results)
+    except (UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise DelphiError(f"{results}: not a readable CSV ({e})") from None
+    extra = raw.loc[raw.index.isin(fit_table.index), [c for c in raw.columns if c not in fit_table.columns]]
+    gate_table = fit_table.join(extra, how="left")
+    gate_table.attrs = dict(fit_table.attrs)
+    return fit_table, gate_table
+
+
+def run_predicted_vs_actual(fit, run_dir: Path) -> dict[str, Any]:
+    """A finished run (the dress rehearsal) predicted by `fit` at its own N and D, against its final loss."""
+    from delphi.model.flops import flops_per_token
+    from delphi.train.config import load_train_config
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise DelphiError(f"--rehearsal: {run_dir}: no config.yaml; not a run dir")
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        raise DelphiError(f"--rehearsal: {run_dir}: no readable summary.json; has the run finished?") from None
+    if summary.get("status", "completed") != "completed" or summary.get("val_loss") is None:
+        raise DelphiError(f"--rehearsal: {run_dir}: status {summary.get('status')!r}, no final val_loss")
+    cfg = load_train_config(run_dir / "config.yaml")
+    pred, how = predict_hero(fit, cfg)
+    actual, predicted = float(summary["val_loss"]), float(pred["loss"])
+    i90 = pred.get("loss_interval_90")
+    return {"run": str(run_dir), "compute": float(flops_per_token(cfg.model, cfg.data.seq_len) * cfg.tokens),
+            "predicted": predicted, "actual": actual, "rel_error": actual / predicted - 1,
+            "loss_interval_90": None if i90 is None else [float(i90[0]), float(i90[1])],
+            "covered_90": None if i90 is None else bool(i90[0] <= actual <= i90[1]), "how": how}
+
+
+def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
+                  rehearsal: dict | None = None) -> list:
+    """Evaluate every gate for the hero: refit the backtest (when not given) and the leave-one-budget-out laws."""
+    from delphi.fits import backtest as run_backtest
+    from delphi.prereg import gates as gt
+
+    if results is None:
+        return gt.evaluate_gates(fit=fit, table=None, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
+                                 backtest=backtest, rehearsal=rehearsal)
+    fit_table, gate_table = load_tables(results, fit_convention(fit))
+    refit = refit_function(fit)
+    if backtest is None:
+        import inspect
+
+        kwargs = {"family": getattr(fit, "family", None)} if "family" in inspect.signature(run_backtest).parameters else {}
+        try:
+            backtest = run_backtest(fit_table, refit, **kwargs)
+        except (DelphiError, ValueError) as e:
+            backtest = {"error": str(e)}
+    lobo = gt.leave_one_budget_out(fit_table, refit, lambda f: predict_hero(f, hero)[0]["loss"])
+    return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
+                             backtest=backtest, lobo=lobo, rehearsal=rehearsal)
+
+
 def create_prereg(
     fit_path: Path,
     hero_path: Path,
@@ -253,8 +384,21 @@ def create_prereg(
     assumptions: list[str] | None = None,
     bootstrap: int = 200,
     seed: int = 0,
+    force: bool = False,
+    thresholds=None,
+    backtest: dict | None = None,
+    rehearsal_run: Path | None = None,
+    rehearsal: dict | None = None,
 ) -> dict:
-    """Validate every input, build and seal the document, then write it (refusing to overwrite)."""
+    """Validate every input, evaluate the gates, build and seal the document, then write it
+    (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
+    fails and `force` is false nothing is sealed and `CheckFailed` (exit 1) is raised.
+
+    `thresholds` is a `gates.GateThresholds` (default: its defaults at `tolerance_rel`);
+    `backtest` a precomputed held-out-budget backtest of the same law (default: refitted here);
+    `rehearsal_run` a finished dress-rehearsal run dir, or `rehearsal` its result already measured."""
+    from delphi.fits.results import load_fit
+    from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params, flops_per_token
     from delphi.train.config import load_train_config, train_config_to_dict
@@ -269,6 +413,8 @@ def create_prereg(
     if ladder is not None:
         if not Path(ladder).is_dir():
             raise DelphiError(f"{ladder}: ladder dir not found")
+        if not (Path(ladder) / "manifest.csv").is_file():
+            raise DelphiError(f"--ladder {ladder}: no manifest.csv; not a ladder dir (plan it with `delphi ladder plan`)")
         run_dirs = cv.find_run_dirs(ladder)
     ladder_families = {model_family(load_train_config(r / "config.yaml").model) for r in run_dirs}
 
@@ -334,6 +480,29 @@ def create_prereg(
     else:
         trajectory = trajectory_from_final(final, hero)
 
+    # Gates: evaluated on the evidence before anything is sealed; the report is written either way.
+    if thresholds is None:
+        thresholds = gt.GateThresholds(tolerance_rel=tolerance_rel)
+    elif thresholds.tolerance_rel != tolerance_rel:
+        thresholds = dataclasses.replace(thresholds, tolerance_rel=tolerance_rel)
+    thresholds.validate("gates")
+    fit_obj = load_fit(fit_path)
+    if rehearsal is None and rehearsal_run is not None:
+        rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run)
+    gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
+                              thresholds=thresholds, backtest=backtest, rehearsal=rehearsal)
+    report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
+    if rehearsal is not None:
+        report["rehearsal"] = rehearsal
+    passed = gt.all_passed(gate_list)
+    report_path = gates_path(out)
+    if not passed and not force:
+        atomic_write_json(report_path, report)
+        raise CheckFailed(f"{out}: not sealed: gate(s) failed: {', '.join(gt.failed_names(gate_list))} "
+                          f"(report {report_path}; fix the ladder or the fit, or seal anyway with --force, which is recorded)")
+    if not passed:
+        assumptions.append(f"SEALED WITH --force although gate(s) failed: {', '.join(gt.failed_names(gate_list))}")
+
     bpb_per_nat = _ladder_bpb_per_nat(run_dirs) or (1 / math.log(2) if hero.model.vocab_size == 256 else None)
     final = bpb_from_loss(final, bpb_per_nat)
     hero_summary = {"params": int(n), "tokens": int(hero.tokens), "flops": float(hero_flops), "family": hero_family}
@@ -348,8 +517,11 @@ def create_prereg(
         author=author,
         rationale=rationale,
         assumptions=assumptions,
+        gates=[g.to_json() for g in gate_list],
+        forced=bool(force and not passed),
     )
     fmt.write_new(out, doc)
+    atomic_write_json(report_path, report | {"sealed": True, "seal": doc["seal"]["digest"]})
     return doc
 
 

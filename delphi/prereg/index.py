@@ -2,7 +2,8 @@
 
 Generated from the files themselves (never edited by hand): one row per
 NAME.yaml with its sealed prediction and, when NAME.outcome.json exists, the
-outcome, the relative error and whether the intervals covered it.
+outcome, the relative error and whether the intervals covered it, and whether its
+gates passed or it was sealed with --force over failing gates.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ prediction written before its hero run started (`delphi prereg verify NAME.yaml`
 recomputes the seal); `NAME.outcome.json` beside it is written by
 `delphi prereg check` when the run finishes.
 
-| id | created (UTC) | hero params | hero tokens | predicted loss [90%] | actual loss | error | in 90% | verdict | seal |
-|---|---|---|---|---|---|---|---|---|---|
+| id | created (UTC) | hero params | hero tokens | predicted loss [90%] | actual loss | error | in 90% | verdict | gates | seal |
+|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -49,8 +50,21 @@ def index_rows(directory: Path) -> list[dict]:
             "covered_90": outcome.get("covered_90"),
             "verdict": outcome.get("verdict", "pending"),
             "seal_ok": fmt.seal_status(doc)["ok"],
+            "forced": bool(doc.get("forced", False)),
+            "gates": gates_cell(doc),
         })
     return rows
+
+
+def gates_cell(doc: dict) -> str:
+    """'all N passed', 'FORCED: failed a, b' (sealed with --force), or 'not recorded' (sealed before gates existed)."""
+    gates = doc.get("gates")
+    if not gates:
+        return "not recorded"
+    failed = [g.get("name", "?") for g in gates if not g.get("passed")]
+    if doc.get("forced"):
+        return f"FORCED: failed {', '.join(failed)}"
+    return f"all {len(gates)} passed" if not failed else f"failed {', '.join(failed)}"
 
 
 def _fmt(v, spec: str) -> str:
@@ -65,10 +79,10 @@ def render_index(rows: list[dict], directory_label: str) -> str:
         lines.append(
             f"| [{r['id']}]({r['file']}) | {r['created'][:19]} | {_fmt(r['params'], '.3g')} | {_fmt(r['tokens'], '.3g')} "
             f"| {r['loss']:.4f}{interval} | {_fmt(r['actual'], '.4f')} | {_fmt(r['rel_error'], '+.2%')} | {covered} "
-            f"| {r['verdict']} | {'ok' if r['seal_ok'] else 'BROKEN'} |\n"
+            f"| {r['verdict']}{' (forced)' if r['forced'] else ''} | {r['gates']} | {'ok' if r['seal_ok'] else 'BROKEN'} |\n"
         )
     if not rows:
-        lines.append("| (none yet) | | | | | | | | | |\n")
+        lines.append("| (none yet) | | | | | | | | | | |\n")
     return "".join(lines)
 
 

@@ -1,0 +1,504 @@
+"""Gates a prediction must pass before it may be sealed (issue 10).
+
+Each gate is a pure function of the evidence behind a preregistration: the
+primary fit, its held-out-budget backtest, its leave-one-budget-out refits, the
+results table (cells of seeds, rung health), the hero's config and, when the
+study ran one, the dress rehearsal at ~3x the top budget. A gate reports its
+name, whether it passed, the measured value, the threshold and one line of
+detail. A gate whose evidence is missing fails: a prediction is sealed on
+evidence, not on its absence (`--force` seals anyway and says so forever).
+
+Why these gates: the first paper's hero missed by +3.99% at 10x after a ladder
+whose leave-one-budget-out hero predictions spread -5.8% .. +7.2%, whose E sat
+on its bound, whose frontier slopes steepened budget by budget and whose hero
+ran at 10x the ladder's tokens per parameter (DESIGN.md section 7). Each of
+those is visible before the hero trains; the gates make them block the seal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from delphi.errors import DelphiError
+
+# A half-width of the 90% interval wider than this many tolerances cannot decide pass/fail:
+# the outcome could be 1.5 tolerances off and still be "covered" (issue 10's default).
+INTERVAL_WIDTH_FACTOR = 1.5
+# Seeds per cell needed to measure seed noise at all (issue 10: >= 2 seeds per rung).
+MIN_SEEDS = 2
+# Leave-one-budget-out refits need at least two budgets left to fit a trend in C.
+MIN_BUDGETS_LOBO = 3
+# One-sided 95% normal quantile: a frontier-slope trend counts only when it exceeds
+# this many standard errors of the difference between the first and last local slope.
+TREND_Z = 1.6448536269514722
+# Hero steps / batch / tokens-per-parameter may exceed the ladder's range by this share
+# (0: strictly inside; rounding of steps to whole batches is far below 1%).
+RANGE_SLACK_REL = 0.01
+
+GATE_NAMES = ("isoflop_vertices", "backtest", "lobo_spread", "interval_width", "frontier_slopes",
+              "rung_health", "seeds", "hero_ranges", "fit_status", "dress_rehearsal")
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    passed: bool
+    value: float | str | None
+    threshold: str
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if isinstance(self.value, (float, np.floating)):
+            out["value"] = float(self.value) if math.isfinite(float(self.value)) else None
+        out["passed"] = bool(self.passed)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Gate":
+        return cls(name=str(d["name"]), passed=bool(d["passed"]), value=d.get("value"),
+                   threshold=str(d.get("threshold", "")), detail=str(d.get("detail", "")))
+
+
+@dataclass(frozen=True)
+class GateThresholds:
+    """Thresholds of the gates; `None` tolerances default to the preregistration's tolerance."""
+
+    tolerance_rel: float = 0.01
+    backtest_tolerance_rel: float | None = None
+    lobo_tolerance_rel: float | None = None
+    rehearsal_tolerance_rel: float | None = None
+    interval_width_factor: float = INTERVAL_WIDTH_FACTOR
+    min_seeds: int = MIN_SEEDS
+    trend_z: float = TREND_Z
+    range_slack_rel: float = RANGE_SLACK_REL
+
+    def tol(self, which: str) -> float:
+        value = getattr(self, f"{which}_tolerance_rel")
+        return float(self.tolerance_rel if value is None else value)
+
+    def validate(self, where: str) -> "GateThresholds":
+        for key in ("tolerance_rel", "backtest_tolerance_rel", "lobo_tolerance_rel", "rehearsal_tolerance_rel"):
+            v = getattr(self, key)
+            if v is not None and not 0 < v < 1:
+                raise DelphiError(f"{where}: {key}: must be in (0, 1), got {v}")
+        if not self.interval_width_factor > 0:
+            raise DelphiError(f"{where}: interval_width_factor: must be > 0, got {self.interval_width_factor}")
+        if self.min_seeds < 1:
+            raise DelphiError(f"{where}: min_seeds: must be >= 1, got {self.min_seeds}")
+        if not self.trend_z >= 0 or not self.range_slack_rel >= 0:
+            raise DelphiError(f"{where}: trend_z and range_slack_rel must be >= 0")
+        return self
+
+
+def _join(items: list[str], limit: int = 5) -> str:
+    """At most `limit` items, then how many more: a detail stays one readable line."""
+    return "; ".join(items[:limit]) + (f"; and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def all_passed(gates: Iterable[Gate]) -> bool:
+    return all(g.passed for g in gates)
+
+
+def failed_names(gates: Iterable[Gate]) -> list[str]:
+    return [g.name for g in gates if not g.passed]
+
+
+# --------------------------------------------------------------------------- cells and seed noise
+
+
+def cell_keys(table: pd.DataFrame) -> list[str]:
+    """A cell is one (budget, shape): the ladder's `cell_id`, else (budget, params)."""
+    if "cell_id" in table.columns:
+        return ["cell_id"]
+    return [c for c in ("budget", "params") if c in table.columns]
+
+
+def cells(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: budget, params, tokens (means), loss_mean, loss_std (ddof=1), n_seeds."""
+    keys = cell_keys(table)
+    spec = {"budget": ("budget", "first"), "params": ("params", "mean"), "loss_mean": ("loss", "mean"),
+            "loss_std": ("loss", "std"), "n_seeds": ("loss", "size")}
+    if "tokens" in table.columns:
+        spec["tokens"] = ("tokens", "mean")
+    agg = table.groupby(keys, sort=True).agg(**spec).reset_index(drop=True)
+    return agg.sort_values(["budget", "params"]).reset_index(drop=True)
+
+
+def pooled_seed_noise(table: pd.DataFrame) -> float | None:
+    """Pooled within-cell standard deviation of the final loss (nats); None with one seed per cell."""
+    c = cells(table)
+    dof = (c["n_seeds"] - 1).clip(lower=0)
+    if dof.sum() == 0:
+        return None
+    return float(np.sqrt(np.nansum(dof * c["loss_std"].fillna(0.0) ** 2) / dof.sum()))
+
+
+# --------------------------------------------------------------------------- individual gates
+
+
+def gate_isoflop_vertices(table: pd.DataFrame) -> Gate:
+    """Every budget's parabola in ln N (over cell means) is convex with its vertex inside the sampled N."""
+    from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET, parabola_vertex
+
+    threshold = "every budget: parabola in ln N convex, vertex inside the sampled N range"
+    c = cells(table)
+    bad, n = [], 0
+    for budget, g in c.groupby("budget", sort=True):
+        n += 1
+        if g["params"].nunique() < MIN_POINTS_PER_BUDGET:
+            bad.append(f"{budget:.3g}: {g['params'].nunique()} sizes (need {MIN_POINTS_PER_BUDGET})")
+            continue
+        v = parabola_vertex(np.log(g["params"].to_numpy(float)), g["loss_mean"].to_numpy(float))
+        if not v["convex"]:
+            bad.append(f"{budget:.3g}: not convex")
+        elif not v["inside"]:
+            side = "below" if v["x"] < np.log(g["params"].min()) else "above"
+            bad.append(f"{budget:.3g}: vertex N={math.exp(v['x']):.3g} {side} the sampled range")
+    ok = n - len(bad)
+    if n == 0:
+        return Gate("isoflop_vertices", False, None, threshold, "no budgets in the results table")
+    detail = "all vertices interior" if not bad else _join(bad)
+    return Gate("isoflop_vertices", not bad, f"{ok}/{n}", threshold, detail)
+
+
+def _budget_entries(backtest: dict | None) -> list[dict]:
+    return list((backtest or {}).get("budgets") or [])
+
+
+def gate_backtest(backtest: dict | None, tolerance_rel: float, *, exact_required: bool) -> Gate:
+    """Held-out-budget backtest: every held-out budget's |error| <= tolerance, scored at exact FLOPs."""
+    threshold = f"|error| <= {tolerance_rel:.2%} at every held-out budget" + (", exact-FLOP allocation" if exact_required else "")
+    if not backtest or backtest.get("error") or not _budget_entries(backtest):
+        why = (backtest or {}).get("error") or "no backtest (too few budgets to hold one out?)"
+        return Gate("backtest", False, None, threshold, f"not evaluated: {why}")
+    entries = _budget_entries(backtest)
+    errors = [float(b["rel_error"]) for b in entries]
+    worst = max(errors, key=abs)
+    allocations = {b.get("allocation") or backtest.get("allocation") for b in entries} - {None}
+    not_exact = exact_required and "6ND" in allocations
+    cover = [b.get("covered_90") for b in entries if b.get("covered_90") is not None]
+    parts = [f"{b['budget']:.3g}: {float(b['rel_error']):+.2%}" + ("" if b.get("covered_90") is None else
+             (" (covered)" if b["covered_90"] else " (not covered)")) for b in entries]
+    detail = ", ".join(parts) + f"; allocation {', '.join(sorted(allocations)) or 'unrecorded'}"
+    if cover:
+        detail += f"; 90% coverage {sum(cover)}/{len(cover)}"
+    if not_exact:
+        detail = "scored at 6ND although the family's exact FLOPs are known; " + detail
+    passed = abs(worst) <= tolerance_rel and not not_exact
+    return Gate("backtest", passed, abs(worst), threshold, detail)
+
+
+def leave_one_budget_out(table: pd.DataFrame, refit: Callable[[pd.DataFrame], Any],
+                         predict_loss: Callable[[Any], float]) -> dict[str, Any]:
+    """Refit without each budget in turn and predict the hero: {"budgets": [{budget, loss}], "error"}."""
+    budgets = sorted(float(b) for b in table["budget"].unique())
+    if len(budgets) < MIN_BUDGETS_LOBO:
+        return {"budgets": [], "error": f"{len(budgets)} budget(s); leaving one out needs at least {MIN_BUDGETS_LOBO}"}
+    out = []
+    for budget in budgets:
+        sub = table[table["budget"] != budget].reset_index(drop=True)
+        sub.attrs = dict(table.attrs)
+        try:
+            loss = float(predict_loss(refit(sub)))
+        except (DelphiError, ValueError, TypeError, KeyError, ZeroDivisionError) as e:
+            out.append({"budget": budget, "loss": None, "error": f"{type(e).__name__}: {e}"})
+            continue
+        out.append({"budget": budget, "loss": loss if math.isfinite(loss) else None})
+    return {"budgets": out}
+
+
+def gate_lobo_spread(lobo: dict | None, full_loss: float, tolerance_rel: float) -> Gate:
+    """Every leave-one-budget-out hero prediction within +-tolerance of the full prediction."""
+    threshold = f"each within +-{tolerance_rel:.2%} of the full prediction (spread <= {2 * tolerance_rel:.2%})"
+    if not lobo or lobo.get("error"):
+        return Gate("lobo_spread", False, None, threshold, f"not evaluated: {(lobo or {}).get('error', 'no refits')}")
+    failed = [b for b in lobo["budgets"] if b.get("loss") is None]
+    if failed:
+        return Gate("lobo_spread", False, None, threshold,
+                    "refit failed without budget " + ", ".join(f"{b['budget']:.3g} ({b.get('error', 'no loss')})" for b in failed))
+    dev = np.array([b["loss"] / full_loss - 1 for b in lobo["budgets"]])
+    spread = float(dev.max() - dev.min())
+    detail = "without " + _join([f"{b['budget']:.3g}: {d:+.2%}" for b, d in zip(lobo["budgets"], dev)], 8)
+    return Gate("lobo_spread", bool(np.abs(dev).max() <= tolerance_rel), spread, threshold,
+                f"range [{dev.min():+.2%}, {dev.max():+.2%}]; {detail}")
+
+
+def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gate:
+    """The 90% interval's half-width (relative to the prediction) is at most `factor` tolerances."""
+    limit = factor * tolerance_rel
+    threshold = f"90% half-width <= {factor:g} x tolerance = {limit:.2%}"
+    i90 = final.get("loss_90")
+    if not i90 or i90[0] is None:
+        return Gate("interval_width", False, None, threshold, "the prediction has no 90% interval (fit without a bootstrap?)")
+    half = (float(i90[1]) - float(i90[0])) / 2 / float(final["loss"])
+    return Gate("interval_width", half <= limit, half, threshold,
+                f"90% [{float(i90[0]):.4f}, {float(i90[1]):.4f}] around {float(final['loss']):.4f}: half-width {half:.2%}")
+
+
+def budget_best_losses(table: pd.DataFrame) -> pd.DataFrame:
+    """Per budget: the best loss L* (the isoFLOP parabola's vertex over cell means when it is convex and
+    inside the sampled range, else the lowest cell mean) and the seeds behind the best cell."""
+    from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET, parabola_vertex
+
+    c = cells(table)
+    rows = []
+    for budget, g in c.groupby("budget", sort=True):
+        best = g.loc[g["loss_mean"].idxmin()]
+        loss = float(best["loss_mean"])
+        if g["params"].nunique() >= MIN_POINTS_PER_BUDGET:
+            v = parabola_vertex(np.log(g["params"].to_numpy(float)), g["loss_mean"].to_numpy(float))
+            if v["convex"] and v["inside"]:
+                loss = float(v["loss"])
+        rows.append({"budget": float(budget), "loss": loss, "n_seeds": float(best["n_seeds"])})
+    return pd.DataFrame(rows)
+
+
+def frontier_slopes(table: pd.DataFrame, seed_noise_nats: float | None = None, irreducible: float = 0.0) -> list[dict[str, float]]:
+    """Local slopes -d ln(L* - E) / d ln C between consecutive budgets, with standard errors.
+
+    Under L*(C) = E + G C^-gamma these are all gamma: a trend means the ladder is not yet on the
+    law it is fitted with (the first paper's slopes steepened 0.110, 0.119, 0.127). E is the fit's
+    irreducible loss (0 for laws without one). The SE of ln(L* - E) is the seed noise over
+    sqrt(seeds) over (L* - E); 0 when the noise is unknown."""
+    best = budget_best_losses(table)
+    noise = seed_noise_nats if seed_noise_nats is not None else (pooled_seed_noise(table) or 0.0)
+    b = best["budget"].to_numpy(float)
+    excess = best["loss"].to_numpy(float) - irreducible
+    if (excess <= 0).any():
+        raise DelphiError(f"frontier slopes: a best loss is not above the irreducible loss E = {irreducible:.4g}")
+    se_ln = noise / np.sqrt(best["n_seeds"].to_numpy(float)) / excess
+    out = []
+    for i in range(len(b) - 1):
+        dlnc = math.log(b[i + 1] / b[i])
+        out.append({"from": float(b[i]), "to": float(b[i + 1]), "slope": float(-(math.log(excess[i + 1]) - math.log(excess[i])) / dlnc),
+                    "se": float(math.hypot(se_ln[i], se_ln[i + 1]) / dlnc)})
+    return out
+
+
+def gate_frontier_slopes(slopes: list[dict[str, float]], z: float) -> Gate:
+    """No significant monotone trend: slopes strictly monotone AND last - first beyond z standard errors fails."""
+    threshold = f"no monotone trend beyond {z:.3g} standard errors"
+    if len(slopes) < 2:
+        return Gate("frontier_slopes", False, None, threshold, f"{len(slopes) + 1} budget(s): need 3 for two local slopes")
+    s = np.array([x["slope"] for x in slopes])
+    diffs = np.diff(s)
+    monotone = bool((diffs > 0).all() or (diffs < 0).all())
+    trend = float(s[-1] - s[0])
+    se = math.hypot(slopes[0]["se"], slopes[-1]["se"])
+    significant = abs(trend) > z * se
+    listing = ", ".join(f"{x:.4f}" for x in s)
+    if monotone and significant:
+        word = "steepening" if trend > 0 else "flattening"
+        detail = f"slopes {listing}: {word} at every budget ({trend:+.4f}, {abs(trend) / se:.1f} SE)" if se > 0 else \
+                 f"slopes {listing}: {word} at every budget ({trend:+.4f}; seed noise unknown)"
+    else:
+        detail = f"slopes {listing}: " + ("no monotone trend" if not monotone else f"monotone but within noise ({trend:+.4f}, SE {se:.4f})")
+    return Gate("frontier_slopes", not (monotone and significant), trend, threshold, detail)
+
+
+def gate_rung_health(table: pd.DataFrame) -> Gate:
+    """Every rung inside the health bounds its ladder spec set (columns health_ok / health_issues)."""
+    threshold = "every rung within the ladder spec's health bounds"
+    if "health_ok" not in table.columns:
+        return Gate("rung_health", False, None, threshold, "not evaluated: the results table has no health_ok column "
+                    "(collect it with `delphi ladder collect`)")
+    ok = table["health_ok"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0", "yes"))
+    bad = table[~ok]
+    detail = "all rungs healthy"
+    if len(bad):
+        issues = bad["health_issues"].fillna("").astype(str) if "health_issues" in bad else pd.Series([""] * len(bad), index=bad.index)
+        names = bad["run_id"].astype(str) if "run_id" in bad else bad.index.astype(str)
+        counts: dict[str, int] = {}
+        for text in issues:
+            for issue in filter(None, text.split(";")):
+                counts[issue] = counts.get(issue, 0) + 1
+        detail = (", ".join(f"{k} ({v})" for k, v in sorted(counts.items())) or "unhealthy") + \
+                 f"; e.g. {', '.join(list(names)[:3])}"
+    return Gate("rung_health", len(bad) == 0, f"{len(bad)}/{len(table)} unhealthy", threshold, detail)
+
+
+def gate_seeds(table: pd.DataFrame, min_seeds: int) -> Gate:
+    """Every cell trained with at least `min_seeds` seeds, so seed noise is measured, not assumed."""
+    threshold = f">= {min_seeds} seeds in every cell"
+    c = cells(table)
+    fewest = int(c["n_seeds"].min())
+    noise = pooled_seed_noise(table)
+    detail = f"{len(c)} cells, seeds per cell {fewest}..{int(c['n_seeds'].max())}; " + \
+             (f"pooled seed noise {noise:.4f} nats" if noise is not None else "seed noise not measurable")
+    return Gate("seeds", fewest >= min_seeds, fewest, threshold, detail)
+
+
+def hero_facts(cfg) -> dict[str, float]:
+    """What the ranges gate compares: the hero's tokens per (non-embedding) parameter, steps, batch, beta2."""
+    from delphi.model.flops import count_params
+
+    n = count_params(cfg.model).nonembedding
+    return {"tokens_per_param": cfg.tokens / n, "steps": float(cfg.steps),
+            "batch_tokens": float(cfg.data.batch_size * cfg.data.seq_len), "beta2": float(cfg.optim.beta2)}
+
+
+RANGE_COLUMNS = ("tokens_per_param", "steps", "batch_tokens")
+
+
+def ladder_ranges(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """[min, max] of tokens per parameter, steps and batch tokens over the ladder's rungs."""
+    out = {}
+    for col in RANGE_COLUMNS:
+        if col in table.columns and table[col].notna().any():
+            out[col] = (float(table[col].min()), float(table[col].max()))
+        elif col == "tokens_per_param" and {"tokens", "params"} <= set(table.columns):
+            ratio = table["tokens"] / table["params"]
+            out[col] = (float(ratio.min()), float(ratio.max()))
+    return out
+
+
+def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, float]], slack_rel: float,
+                     top_beta2: float | None = None) -> Gate:
+    """The hero's tokens/param, steps and batch inside the ladder's ranges; beta2 as at the top budget."""
+    threshold = "tokens/param, steps, batch inside the ladder's [min, max]" + (f" (+-{slack_rel:.0%})" if slack_rel else "") + \
+                ("; beta2 as at the top budget" if top_beta2 is not None else "")
+    missing = [c for c in RANGE_COLUMNS if c not in ranges]
+    if missing:
+        return Gate("hero_ranges", False, None, threshold, f"not evaluated: the ladder has no {', '.join(missing)}")
+    outside, parts = [], []
+    for col in RANGE_COLUMNS:
+        lo, hi = ranges[col]
+        v = float(hero[col])
+        inside = lo * (1 - slack_rel) <= v <= hi * (1 + slack_rel)
+        parts.append(f"{col} {v:.4g} in [{lo:.4g}, {hi:.4g}]" if inside else f"{col} {v:.4g} OUTSIDE [{lo:.4g}, {hi:.4g}]")
+        if not inside:
+            outside.append(col)
+    if top_beta2 is not None and "beta2" in hero and not math.isclose(float(hero["beta2"]), top_beta2, rel_tol=1e-9):
+        outside.append("beta2")
+        parts.append(f"beta2 {hero['beta2']:.6g} differs from the top budget's {top_beta2:.6g}")
+    return Gate("hero_ranges", not outside, ", ".join(outside) if outside else "inside", threshold, "; ".join(parts))
+
+
+def gate_fit_status(fit: Any) -> Gate:
+    """The primary fit converged with no parameter on a bound (FitResult.status, diagnostics.at_bound)."""
+    threshold = "status ok: converged, no parameter on a bound"
+    diag = getattr(fit, "diagnostics", None) or {}
+    status = getattr(fit, "status", None)
+    at_bound = list(diag.get("at_bound") or [])
+    converged = diag.get("converged")
+    if status in (None, "ok"):  # older fit files carry only the diagnostics
+        status = "at_bound" if at_bound else ("not_converged" if converged is False else "ok")
+    detail = f"{getattr(fit, 'kind', '?')} fit ({getattr(fit, 'method', '?')}): status {status}"
+    if at_bound:
+        detail += f"; on a bound: {', '.join(at_bound)}"
+    return Gate("fit_status", status == "ok", str(status), threshold, detail)
+
+
+def gate_dress_rehearsal(rehearsal: dict, tolerance_rel: float) -> Gate:
+    """The ~3x dress rehearsal's final loss within tolerance of the law's prediction for it."""
+    threshold = f"|error| <= {tolerance_rel:.2%}"
+    if rehearsal.get("error"):
+        return Gate("dress_rehearsal", False, None, threshold, f"not evaluated: {rehearsal['error']}")
+    rel = float(rehearsal["rel_error"])
+    covered = rehearsal.get("covered_90")
+    detail = (f"{rehearsal.get('compute', float('nan')):.3g} FLOPs: predicted {rehearsal['predicted']:.4f}, "
+              f"actual {rehearsal['actual']:.4f} ({rel:+.2%})"
+              + ("" if covered is None else ("; inside the 90% interval" if covered else "; outside the 90% interval")))
+    return Gate("dress_rehearsal", abs(rel) <= tolerance_rel, rel, threshold, detail)
+
+
+# --------------------------------------------------------------------------- all together
+
+
+def evaluate_gates(
+    *,
+    fit: Any,
+    table: pd.DataFrame | None,
+    final: dict,
+    hero: dict[str, float],
+    thresholds: GateThresholds,
+    backtest: dict | None = None,
+    lobo: dict | None = None,
+    ranges: dict[str, tuple[float, float]] | None = None,
+    rehearsal: dict | None = None,
+    exact_required: bool | None = None,
+) -> list[Gate]:
+    """Every gate, in a fixed order. `fit` is the primary FitResult; `table` the results table
+    (one row per run and seed); `final` the hero's prediction {loss, loss_90}; `hero` from
+    `hero_facts`; `backtest` the primary method's held-out-budget backtest; `lobo` from
+    `leave_one_budget_out`; `ranges` the ladder's ranges (default: from the table);
+    `rehearsal` {predicted, actual, rel_error, covered_90, compute} when a dress rehearsal ran."""
+    if exact_required is None:
+        exact_required = getattr(fit, "family", None) is not None
+    if table is None or len(table) == 0:
+        missing = "not evaluated: no results table (give --ladder or --results)"
+        gates = [Gate(name, False, None, "needs the results table", missing)
+                 for name in ("isoflop_vertices", "frontier_slopes", "rung_health", "seeds", "hero_ranges")]
+        gates[1:1] = [gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
+                      gate_lobo_spread(lobo, float(final["loss"]), thresholds.tol("lobo")),
+                      gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor)]
+        gates.append(gate_fit_status(fit))
+        if rehearsal is not None:
+            gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
+        return gates
+    noise = (getattr(fit, "diagnostics", None) or {}).get("seed_noise_nats")
+    noise = float(noise) if isinstance(noise, (int, float)) and math.isfinite(noise) else pooled_seed_noise(table)
+    top_beta2 = None
+    if "beta2" in table.columns and table["beta2"].notna().any():
+        top = table[table["budget"] == table["budget"].max()]["beta2"].dropna()
+        top_beta2 = float(top.iloc[0]) if len(top) and top.nunique() == 1 else None
+    gates = [
+        gate_isoflop_vertices(table),
+        gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
+        gate_lobo_spread(lobo, float(final["loss"]), thresholds.tol("lobo")),
+        gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor),
+        _frontier_gate(table, noise, fit, thresholds.trend_z),
+        gate_rung_health(table),
+        gate_seeds(table, thresholds.min_seeds),
+        gate_hero_ranges(hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel, top_beta2),
+        gate_fit_status(fit),
+    ]
+    if rehearsal is not None:
+        gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
+    return gates
+
+
+def _frontier_gate(table: pd.DataFrame, noise: float | None, fit: Any, z: float) -> Gate:
+    params = getattr(fit, "params", None) or {}
+    e = float(params.get("E", 0.0)) if getattr(fit, "kind", None) in ("parametric", "moe", "frontier") else 0.0
+    try:
+        return gate_frontier_slopes(frontier_slopes(table, noise, e), z)
+    except DelphiError as err:
+        return Gate("frontier_slopes", False, None, f"no monotone trend beyond {z:.3g} standard errors", str(err))
+
+
+def gate_report(gates: list[Gate], *, forced: bool, thresholds: GateThresholds | None = None) -> dict[str, Any]:
+    out = {"passed": all_passed(gates), "forced": bool(forced), "failed": failed_names(gates),
+           "gates": [g.to_json() for g in gates]}
+    if thresholds is not None:
+        out["thresholds"] = asdict(thresholds)
+    return out
+
+
+def _value_text(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def gate_table(gates: Iterable[Gate | dict]) -> str:
+    """Markdown table of gates (objects or their JSON)."""
+    rows = ["| gate | result | value | threshold | detail |", "|---|---|---|---|---|"]
+    for g in gates:
+        g = g if isinstance(g, Gate) else Gate.from_json(g)
+        rows.append(f"| {g.name} | {'PASS' if g.passed else 'FAIL'} | {_value_text(g.value)} | {g.threshold} | "
+                    f"{g.detail.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def gate_lines(gates: Iterable[Gate]) -> list[str]:
+    """One line per gate for a terminal: PASS/FAIL name: detail."""
+    return [f"{'PASS' if g.passed else 'FAIL'} {g.name}: {g.detail}" for g in gates]

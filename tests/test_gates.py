@@ -1,0 +1,282 @@
+"""Gates before sealing: each gate passes and fails on constructed inputs; a bad ladder is refused;
+--force is recorded in the sealed file and shown in every verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import prereg_synthetic as ps
+from delphi.cli import main
+from delphi.fits import backtest, fit_vpnls, load_results
+from delphi.fits.results import FitResult
+from delphi.model.flops import count_params
+from delphi.prereg import format as fmt
+from delphi.prereg import gates as gt
+
+# The law that makes every synthetic ladder here (E, A, alpha, B, beta) and one seed's noise (nats).
+TRUE = (0.9, 25.0, 0.35, 60.0, 0.3)
+SEED_NOISE = 0.002
+BATCH_TOKENS = 16 * ps.SEQ
+HERO_COMPUTE = 3e14
+
+
+def true_loss(n, d):
+    e, a, alpha, b, beta = TRUE
+    return e + a * np.asarray(n, float) ** -alpha + b * np.asarray(d, float) ** -beta
+
+
+def optimal_params(compute: float) -> float:
+    grid = np.exp(np.linspace(np.log(1e3), np.log(1e9), 20_000))
+    return float(grid[np.argmin(true_loss(grid, compute / (6 * grid)))])
+
+
+def ladder_table(budgets=(1e12, 3e12, 1e13, 3e13), seeds=(0, 1), sizes=5, span=4.0, noise=SEED_NOISE, seed=0) -> pd.DataFrame:
+    """An isoFLOP ladder under C = 6ND: `sizes` N per budget spanning `span`x either side of the optimum."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for budget in budgets:
+        for k, n in enumerate(optimal_params(budget) * np.exp(np.linspace(-np.log(span), np.log(span), sizes))):
+            tokens = budget / (6 * n)
+            for s in seeds:
+                rows.append({"run_id": f"b{budget:.0e}_n{k}_s{s}", "cell_id": f"b{budget:.0e}_n{k}", "seed": s,
+                             "budget": budget, "params": n, "tokens": tokens, "flops": budget,
+                             "loss": float(true_loss(n, tokens) + rng.normal(0, noise)), "status": "completed",
+                             "steps": tokens / BATCH_TOKENS, "batch_tokens": BATCH_TOKENS, "tokens_per_param": tokens / n,
+                             "beta2": 0.95, "health_ok": True, "health_issues": ""})
+    return pd.DataFrame(rows)
+
+
+def hero_config():
+    """The compute-optimal dense member of the synthetic family at HERO_COMPUTE (6ND)."""
+    n_star = optimal_params(HERO_COMPUTE)
+    widths = range(128, 257, 16)
+    d = min(widths, key=lambda w: abs(np.log(count_params(ps.train_config(w, 100, 16, "h").model).nonembedding / n_star)))
+    n = count_params(ps.train_config(d, 100, 16, "h").model).nonembedding
+    return ps.train_config(d, int(HERO_COMPUTE / (6 * n) / BATCH_TOKENS), 16, "hero")
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gates")
+    ladder_table().to_csv(root / "results.csv", index=False)
+    table = load_results(root / "results.csv")
+    fit = fit_vpnls(table, n_bootstrap=30, seed=0)
+    (root / "fit.json").write_text(json.dumps(fit.to_json()))
+    cfg = hero_config()
+    hero = ps.write_hero(root / "hero.yaml", cfg)
+    n = count_params(cfg.model).nonembedding
+    pred = fit.predict(params=n, tokens=cfg.tokens)
+    final = {"loss": pred["loss"], "loss_90": pred["loss_interval_90"]}
+    return {"root": root, "table": table, "fit": fit, "cfg": cfg, "hero": hero, "final": final, "n": n}
+
+
+def _gate(gates, name):
+    return next(g for g in gates if g.name == name)
+
+
+def test_every_gate_passes_on_a_good_ladder(good):
+    table, fit, cfg = good["table"], good["fit"], good["cfg"]
+    raw = pd.read_csv(good["root"] / "results.csv")
+    refit = lambda t: fit_vpnls(t, n_bootstrap=0)  # noqa: E731
+    bt = backtest(table, refit)
+    lobo = gt.leave_one_budget_out(table, refit, lambda f: f.predict(params=good["n"], tokens=cfg.tokens)["loss"])
+    rehearsal = {"compute": 9e13, "predicted": 1.5, "actual": 1.503, "rel_error": 0.002, "covered_90": True}
+    gates = gt.evaluate_gates(fit=fit, table=raw, final=good["final"], hero=gt.hero_facts(cfg),
+                              thresholds=gt.GateThresholds(tolerance_rel=0.01), backtest=bt, lobo=lobo, rehearsal=rehearsal)
+    assert [g.name for g in gates] == list(gt.GATE_NAMES)
+    assert all(g.passed for g in gates), gt.gate_lines(g for g in gates if not g.passed)
+    assert all(g.threshold and g.detail for g in gates)
+    assert "|" in gt.gate_table(gates) and gt.gate_table(gates).count("PASS") == len(gates)
+    report = gt.gate_report(gates, forced=False)
+    assert json.loads(json.dumps(report))["passed"] is True
+
+
+def test_isoflop_vertices_gate():
+    assert gt.gate_isoflop_vertices(ladder_table(seeds=(0,))).passed
+    # Sizes all below the optimum: loss falls across the whole grid, the vertex lies beyond it.
+    shifted = ladder_table(seeds=(0,), span=1.5)
+    shifted["params"] /= 6.0
+    shifted["loss"] = true_loss(shifted["params"], shifted["tokens"])
+    gate = gt.gate_isoflop_vertices(shifted)
+    assert not gate.passed and ("above the sampled range" in gate.detail or "not convex" in gate.detail)
+    two_sizes = ladder_table(seeds=(0,), sizes=2)
+    assert not gt.gate_isoflop_vertices(two_sizes).passed
+
+
+def test_backtest_gate():
+    ok = {"budgets": [{"budget": 3e13, "rel_error": 0.004, "covered_90": True, "allocation": "exact"}]}
+    assert gt.gate_backtest(ok, 0.01, exact_required=True).passed
+    miss = {"budgets": [{"budget": 3e13, "rel_error": -0.0865, "covered_90": False, "allocation": "exact"}]}
+    gate = gt.gate_backtest(miss, 0.01, exact_required=True)
+    assert not gate.passed and gate.value == pytest.approx(0.0865) and "not covered" in gate.detail
+    six_nd = {"budgets": [{"budget": 3e13, "rel_error": 0.001, "allocation": "6ND"}]}
+    assert not gt.gate_backtest(six_nd, 0.01, exact_required=True).passed  # scored at the wrong cost
+    assert gt.gate_backtest(six_nd, 0.01, exact_required=False).passed  # external table: no family known
+    assert not gt.gate_backtest(None, 0.01, exact_required=False).passed
+    assert not gt.gate_backtest({"error": "too few budgets"}, 0.01, exact_required=False).passed
+
+
+def test_lobo_spread_gate():
+    tight = {"budgets": [{"budget": b, "loss": 1.0 * (1 + e)} for b, e in ((1, 0.004), (2, -0.006), (3, 0.0))]}
+    gate = gt.gate_lobo_spread(tight, 1.0, 0.01)
+    assert gate.passed and gate.value == pytest.approx(0.010)
+    wide = {"budgets": [{"budget": b, "loss": 1.0 * (1 + e)} for b, e in ((1, -0.058), (2, 0.072), (3, 0.0))]}
+    gate = gt.gate_lobo_spread(wide, 1.0, 0.01)
+    assert not gate.passed and gate.value == pytest.approx(0.130) and "-5.80%" in gate.detail
+    assert not gt.gate_lobo_spread(gt.leave_one_budget_out(ladder_table(budgets=(1e12, 1e13)), None, None), 1.0, 0.01).passed
+
+
+def test_interval_width_gate():
+    assert gt.gate_interval_width({"loss": 2.0, "loss_90": [1.98, 2.02]}, 0.01, 1.5).passed  # half-width 1%
+    gate = gt.gate_interval_width({"loss": 2.0, "loss_90": [1.9, 2.1]}, 0.01, 1.5)
+    assert not gate.passed and gate.value == pytest.approx(0.05)
+    assert not gt.gate_interval_width({"loss": 2.0, "loss_90": None}, 0.01, 1.5).passed
+
+
+def test_frontier_slopes_gate():
+    table = ladder_table(budgets=(1e12, 3e12, 1e13, 3e13), seeds=(0,), noise=0.0)
+    slopes = gt.frontier_slopes(table, 0.0, irreducible=TRUE[0])
+    assert gt.gate_frontier_slopes(slopes, gt.TREND_Z).passed  # L* - E is a power law in C: no trend
+    assert np.ptp([s["slope"] for s in slopes]) < 0.01
+    steep = table.copy()
+    order = {b: i for i, b in enumerate(sorted(steep["budget"].unique()))}
+    # Each budget's losses pulled down more and more: local slopes steepen at every step.
+    steep["loss"] -= steep["budget"].map(order) ** 2 * 0.03
+    slopes = gt.frontier_slopes(steep, 0.0, irreducible=TRUE[0] - 0.2)
+    gate = gt.gate_frontier_slopes(slopes, gt.TREND_Z)
+    assert not gate.passed and "steepening" in gate.detail
+    # The same trend inside a large seed noise is not evidence of one.
+    assert gt.gate_frontier_slopes(gt.frontier_slopes(steep, 0.2, irreducible=TRUE[0] - 0.2), gt.TREND_Z).passed
+    assert not gt.gate_frontier_slopes(gt.frontier_slopes(ladder_table(budgets=(1e12, 1e13)), 0.0), gt.TREND_Z).passed
+
+
+def test_rung_health_and_seeds_gates():
+    table = ladder_table()
+    assert gt.gate_rung_health(table).passed and gt.gate_seeds(table, 2).passed
+    sick = table.copy()
+    sick.loc[:3, "health_ok"] = False
+    sick.loc[:3, "health_issues"] = "max_drop_frac;min_evals"
+    gate = gt.gate_rung_health(sick)
+    assert not gate.passed and "max_drop_frac (4)" in gate.detail and gate.value == f"4/{len(table)} unhealthy"
+    assert not gt.gate_rung_health(table.drop(columns=["health_ok"])).passed
+    one_seed = ladder_table(seeds=(0,))
+    gate = gt.gate_seeds(one_seed, 2)
+    assert not gate.passed and gate.value == 1 and "not measurable" in gate.detail
+    assert gt.pooled_seed_noise(ladder_table(seeds=(0, 1, 2), noise=0.01, budgets=(1e12, 3e12, 1e13, 3e13, 1e14))) == pytest.approx(0.01, rel=0.25)
+
+
+def test_hero_ranges_gate():
+    table = ladder_table()
+    ranges = gt.ladder_ranges(table)
+    inside = {"tokens_per_param": 50.0, "steps": float(table["steps"].median()), "batch_tokens": BATCH_TOKENS, "beta2": 0.95}
+    assert gt.gate_hero_ranges(inside, ranges, 0.0, 0.95).passed
+    gate = gt.gate_hero_ranges(inside | {"tokens_per_param": 200.0 * 10}, ranges, 0.0, 0.95)
+    assert not gate.passed and "tokens_per_param" in gate.value and "OUTSIDE" in gate.detail
+    assert not gt.gate_hero_ranges(inside | {"steps": table["steps"].max() * 2}, ranges, 0.01, 0.95).passed
+    assert not gt.gate_hero_ranges(inside | {"beta2": 0.99}, ranges, 0.0, 0.95).passed  # a discontinuity at the hero
+    assert not gt.gate_hero_ranges(inside, {}, 0.0).passed
+
+
+def test_fit_status_and_rehearsal_gates():
+    ok = FitResult(kind="parametric", method="vpnls", params={"E": 1.0}, diagnostics={"at_bound": [], "converged": True})
+    assert gt.gate_fit_status(ok).passed
+    bound = FitResult(kind="parametric", method="vpnls", params={"E": 0.0}, diagnostics={"at_bound": ["E"]})
+    gate = gt.gate_fit_status(bound)
+    assert not gate.passed and gate.value == "at_bound" and "E" in gate.detail
+    assert not gt.gate_fit_status(FitResult(kind="parametric", method="vpnls", params={"E": 0.0}, status="at_bound")).passed
+    stuck = FitResult(kind="parametric", method="vpnls", params={"E": 1.0}, diagnostics={"converged": False})
+    assert not gt.gate_fit_status(stuck).passed
+    assert gt.gate_dress_rehearsal({"compute": 9e12, "predicted": 1.5, "actual": 1.51, "rel_error": 0.0067}, 0.01).passed
+    gate = gt.gate_dress_rehearsal({"compute": 9e12, "predicted": 1.5, "actual": 1.56, "rel_error": 0.04, "covered_90": False}, 0.01)
+    assert not gate.passed and "+4.00%" in gate.detail
+
+
+def _create(args, capsys):
+    code = main(["prereg", "create", *args, "--json"])
+    captured = capsys.readouterr()
+    return code, (json.loads(captured.out) if captured.out.strip() else None), captured.err
+
+
+def test_prereg_create_seals_when_every_gate_passes(good, tmp_path, capsys):
+    out = tmp_path / "good.yaml"
+    code, result, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]),
+                                 "--results", str(good["root"] / "results.csv"), "--out", str(out), "--bootstrap", "5"], capsys)
+    assert code == 0, err
+    doc = fmt.read(out)
+    assert doc["forced"] is False and [g["name"] for g in doc["gates"]] == list(gt.GATE_NAMES[:-1])
+    assert all(g["passed"] for g in doc["gates"]) and fmt.seal_status(doc)["ok"]
+    assert json.loads((tmp_path / "good.gates.json").read_text())["sealed"] is True
+    assert "PASS lobo_spread" in err
+
+
+def test_bad_ladder_is_refused_and_force_is_recorded_everywhere(good, tmp_path, capsys):
+    """One seed and two budgets: refused (exit 1, gate report written, nothing sealed); --force seals and says so."""
+    bad = ladder_table(budgets=(1e12, 1e13), seeds=(0,))
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    fit = fit_vpnls(load_results(tmp_path / "bad.csv"), n_bootstrap=10, seed=0)
+    (tmp_path / "bad_fit.json").write_text(json.dumps(fit.to_json()))
+    regs = tmp_path / "regs"
+    regs.mkdir()
+    out = regs / "bad.yaml"
+    args = ["--fit", str(tmp_path / "bad_fit.json"), "--hero", str(good["hero"]), "--results", str(tmp_path / "bad.csv"),
+            "--out", str(out), "--bootstrap", "5"]
+    code, _, err = _create(args, capsys)
+    assert code == 1 and not out.exists()
+    report = json.loads((regs / "bad.gates.json").read_text())
+    assert report["passed"] is False and report["sealed"] is False
+    assert {"seeds", "lobo_spread", "frontier_slopes"} <= set(report["failed"])
+    assert "FAIL seeds" in err and "not sealed" in err
+
+    code, result, err = _create([*args, "--force"], capsys)
+    assert code == 0 and result["forced"] is True and "SEALED WITH --force" in err
+    doc = fmt.read(out)
+    assert doc["forced"] is True and fmt.seal_status(doc)["ok"]
+    assert any("--force" in a for a in doc["assumptions"])
+    # Unsealing the flag breaks the seal: it is part of the sealed content.
+    tampered = tmp_path / "tampered.yaml"
+    tampered.write_text(out.read_text().replace("forced: true", "forced: false"))
+    assert not fmt.seal_status(fmt.read(tampered))["ok"]
+
+    code = main(["prereg", "verify", str(out), "--json"])
+    verify = json.loads(capsys.readouterr().out)
+    assert code == 0 and verify["forced"] is True and "seeds" in verify["warnings"][0]
+    run = tmp_path / "hero_run"
+    _finished_run(run, good["cfg"], doc["prediction"]["final"]["loss"])
+    code = main(["prereg", "check", str(out), "--run", str(run), "--json"])
+    check = json.loads(capsys.readouterr().out)
+    assert check["forced"] is True and "SEALED WITH --force" in check["why"]
+    assert main(["prereg", "index", str(regs)]) == 0
+    readme = (regs / "README.md").read_text()
+    assert "FORCED: failed" in readme and "(forced)" in readme
+
+
+def _finished_run(run_dir: Path, cfg, loss: float) -> None:
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(ps.train_config_to_dict(cfg)))
+    rows = ps.metrics_rows(cfg, [cfg.steps], [cfg.tokens], [loss])
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "status.json").write_text(json.dumps({"status": "completed", "reason": "", "step": cfg.steps, "updated": ""}))
+    (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "val_loss": loss, "val_bpb": loss / np.log(2)}))
+
+
+def test_rehearsal_run_is_a_gate_and_empty_ladder_is_bad_input(good, tmp_path, capsys):
+    run = tmp_path / "rehearsal"
+    cfg = ps.train_config(96, 2000, 16, "rehearsal")
+    predicted = good["fit"].predict(params=count_params(cfg.model).nonembedding, tokens=cfg.tokens)["loss"]
+    _finished_run(run, cfg, predicted * 1.05)
+    out = tmp_path / "r.yaml"
+    code, _, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]), "--results",
+                            str(good["root"] / "results.csv"), "--rehearsal", str(run), "--out", str(out), "--bootstrap", "5"], capsys)
+    report = json.loads((tmp_path / "r.gates.json").read_text())
+    assert code == 1 and report["failed"] == ["dress_rehearsal"] and report["rehearsal"]["rel_error"] == pytest.approx(0.05)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]), "--ladder", str(empty),
+                            "--out", str(tmp_path / "e.yaml")], capsys)
+    assert code == 2 and "manifest" in err and not (tmp_path / "e.yaml").exists() and not (tmp_path / "e.gates.json").exists()
