@@ -174,12 +174,14 @@ def test_rung_health_and_seeds_gates():
 def test_hero_ranges_gate():
     table = ladder_table()
     ranges = gt.ladder_ranges(table)
+    assert ranges["beta2"] == (0.95, 0.95) and ranges["batch_tokens"] == (BATCH_TOKENS, BATCH_TOKENS)
     inside = {"tokens_per_param": 50.0, "steps": float(table["steps"].median()), "batch_tokens": BATCH_TOKENS, "beta2": 0.95}
-    assert gt.gate_hero_ranges(inside, ranges, 0.0, 0.95).passed
-    gate = gt.gate_hero_ranges(inside | {"tokens_per_param": 200.0 * 10}, ranges, 0.0, 0.95)
+    assert gt.gate_hero_ranges(inside, ranges, 0.0).passed
+    gate = gt.gate_hero_ranges(inside | {"tokens_per_param": 2000.0}, ranges, 0.0)
     assert not gate.passed and "tokens_per_param" in gate.value and "OUTSIDE" in gate.detail
-    assert not gt.gate_hero_ranges(inside | {"steps": table["steps"].max() * 2}, ranges, 0.01, 0.95).passed
-    assert not gt.gate_hero_ranges(inside | {"beta2": 0.99}, ranges, 0.0, 0.95).passed  # a discontinuity at the hero
+    assert not gt.gate_hero_ranges(inside | {"steps": table["steps"].max() * 2}, ranges, 0.01).passed
+    assert not gt.gate_hero_ranges(inside | {"batch_tokens": 4 * BATCH_TOKENS}, ranges, 0.01).passed  # batch switch
+    assert not gt.gate_hero_ranges(inside | {"beta2": 0.99}, ranges, 0.01).passed  # a beta2 discontinuity at the hero
     assert not gt.gate_hero_ranges(inside, {}, 0.0).passed
 
 

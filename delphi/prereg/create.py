@@ -21,7 +21,7 @@ import numpy as np
 
 import delphi
 from delphi.errors import CheckFailed, DelphiError
-from delphi.io import atomic_write_json, sha256_file
+from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
 
 # DESIGN.md section 8: the project's goal is a hero within 1% of its prediction.
@@ -138,12 +138,7 @@ def predict_hero(fit, hero) -> tuple[dict, str]:
 
 def predict_final(fit_path: Path, hero) -> tuple[dict, dict]:
     """(final prediction, fit JSON) for the hero from a fit file written by `delphi fit`."""
-    try:
-        fit_json = json.loads(Path(fit_path).read_text())
-    except FileNotFoundError:
-        raise DelphiError(f"{fit_path}: fit file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DelphiError(f"{fit_path}: not valid JSON ({e})") from None
+    fit_json = read_json(fit_path, what="fit JSON")
     kind = fit_json.get("kind") if isinstance(fit_json, dict) else None
     if kind is None:
         raise DelphiError(f"{fit_path}: no 'kind'; not a fit written by `delphi fit`")
@@ -346,8 +341,22 @@ def run_predicted_vs_actual(fit, run_dir: Path) -> dict[str, Any]:
             "covered_90": None if i90 is None else bool(i90[0] <= actual <= i90[1]), "how": how}
 
 
+def ladder_spec_ranges(ladder: Path | None, gate_table) -> dict | None:
+    """The hero's ranges from the ladder's own spec (delphi.ladder.plan.ladder_ranges) when the ladder dir
+    holds it; None (ranges from the results table) otherwise."""
+    if ladder is None or not (Path(ladder) / "ladder.yaml").is_file():
+        return None
+    try:
+        from delphi.ladder.plan import ladder_ranges
+        from delphi.ladder.spec import load_ladder_spec
+
+        return ladder_ranges(load_ladder_spec(Path(ladder) / "ladder.yaml"), gate_table)
+    except (ImportError, DelphiError):
+        return None
+
+
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
-                  rehearsal: dict | None = None) -> list:
+                  rehearsal: dict | None = None, ladder: Path | None = None) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given) and the leave-one-budget-out laws."""
     from delphi.fits import backtest as run_backtest
     from delphi.prereg import gates as gt
@@ -367,7 +376,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
             backtest = {"error": str(e)}
     lobo = gt.leave_one_budget_out(fit_table, refit, lambda f: predict_hero(f, hero)[0]["loss"])
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
-                             backtest=backtest, lobo=lobo, rehearsal=rehearsal)
+                             backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table))
 
 
 def create_prereg(
@@ -461,7 +470,7 @@ def create_prereg(
     # Trajectory: curve law fitted on the ladder's curves (or given), anchored to the scaling law's end.
     curve_fit = None
     if curve_fit_path is not None:
-        curve_fit = cv.CurveLawFit.from_json(json.loads(Path(curve_fit_path).read_text()))
+        curve_fit = cv.CurveLawFit.from_json(read_json(curve_fit_path, what="curve-law JSON"))
         provenance["curve_fit_sha256"] = sha256_file(curve_fit_path)
     elif run_dirs:
         curves = cv.load_ladder_curves(ladder)
@@ -490,7 +499,7 @@ def create_prereg(
     if rehearsal is None and rehearsal_run is not None:
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
-                              thresholds=thresholds, backtest=backtest, rehearsal=rehearsal)
+                              thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal

@@ -36,8 +36,8 @@ MIN_BUDGETS_LOBO = 3
 # One-sided 95% normal quantile: a frontier-slope trend counts only when it exceeds
 # this many standard errors of the difference between the first and last local slope.
 TREND_Z = 1.6448536269514722
-# Hero steps / batch / tokens-per-parameter may exceed the ladder's range by this share
-# (0: strictly inside; rounding of steps to whole batches is far below 1%).
+# Hero steps / batch / tokens-per-parameter may leave the ladder's range by this share: rounding
+# steps to whole batches and picking a shape from the family's width grid move them by well under 1%.
 RANGE_SLACK_REL = 0.01
 
 GATE_NAMES = ("isoflop_vertices", "backtest", "lobo_spread", "interval_width", "frontier_slopes",
@@ -344,39 +344,43 @@ def hero_facts(cfg) -> dict[str, float]:
 
 
 RANGE_COLUMNS = ("tokens_per_param", "steps", "batch_tokens")
+# Scope of each range, as delphi.ladder.plan.RANGE_SCOPES: training length and data per parameter
+# against every rung; batch and beta2 against the top budget's (no switch where extrapolation starts).
+TOP_BUDGET_SCOPED = ("batch_tokens", "beta2")
 
 
 def ladder_ranges(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
-    """[min, max] of tokens per parameter, steps and batch tokens over the ladder's rungs."""
+    """[min, max] of tokens per parameter and steps over the ladder, of batch tokens and beta2 over
+    its top budget (the results-table twin of delphi.ladder.plan.ladder_ranges)."""
     out = {}
-    for col in RANGE_COLUMNS:
-        if col in table.columns and table[col].notna().any():
-            out[col] = (float(table[col].min()), float(table[col].max()))
+    top = table[table["budget"] == table["budget"].max()] if "budget" in table.columns else table
+    for col in RANGE_COLUMNS + ("beta2",):
+        frame = top if col in TOP_BUDGET_SCOPED else table
+        if col in frame.columns and frame[col].notna().any():
+            out[col] = (float(frame[col].min()), float(frame[col].max()))
         elif col == "tokens_per_param" and {"tokens", "params"} <= set(table.columns):
             ratio = table["tokens"] / table["params"]
             out[col] = (float(ratio.min()), float(ratio.max()))
     return out
 
 
-def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, float]], slack_rel: float,
-                     top_beta2: float | None = None) -> Gate:
-    """The hero's tokens/param, steps and batch inside the ladder's ranges; beta2 as at the top budget."""
-    threshold = "tokens/param, steps, batch inside the ladder's [min, max]" + (f" (+-{slack_rel:.0%})" if slack_rel else "") + \
-                ("; beta2 as at the top budget" if top_beta2 is not None else "")
+def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, float]], slack_rel: float) -> Gate:
+    """The hero's tokens/param and steps inside the ladder's ranges; batch and beta2 inside the top budget's."""
+    threshold = ("tokens/param, steps inside the ladder's [min, max]; batch, beta2 inside the top budget's"
+                 + (f" (+-{slack_rel:.0%})" if slack_rel else ""))
     missing = [c for c in RANGE_COLUMNS if c not in ranges]
     if missing:
         return Gate("hero_ranges", False, None, threshold, f"not evaluated: the ladder has no {', '.join(missing)}")
     outside, parts = [], []
-    for col in RANGE_COLUMNS:
-        lo, hi = ranges[col]
+    for col, (lo, hi) in ranges.items():
+        if col not in hero:
+            continue
         v = float(hero[col])
-        inside = lo * (1 - slack_rel) <= v <= hi * (1 + slack_rel)
+        slack = 1e-9 if col == "beta2" else slack_rel  # beta2 continues exactly or it switched
+        inside = lo * (1 - slack) <= v <= hi * (1 + slack)
         parts.append(f"{col} {v:.4g} in [{lo:.4g}, {hi:.4g}]" if inside else f"{col} {v:.4g} OUTSIDE [{lo:.4g}, {hi:.4g}]")
         if not inside:
             outside.append(col)
-    if top_beta2 is not None and "beta2" in hero and not math.isclose(float(hero["beta2"]), top_beta2, rel_tol=1e-9):
-        outside.append("beta2")
-        parts.append(f"beta2 {hero['beta2']:.6g} differs from the top budget's {top_beta2:.6g}")
     return Gate("hero_ranges", not outside, ", ".join(outside) if outside else "inside", threshold, "; ".join(parts))
 
 
@@ -444,10 +448,6 @@ def evaluate_gates(
         return gates
     noise = (getattr(fit, "diagnostics", None) or {}).get("seed_noise_nats")
     noise = float(noise) if isinstance(noise, (int, float)) and math.isfinite(noise) else pooled_seed_noise(table)
-    top_beta2 = None
-    if "beta2" in table.columns and table["beta2"].notna().any():
-        top = table[table["budget"] == table["budget"].max()]["beta2"].dropna()
-        top_beta2 = float(top.iloc[0]) if len(top) and top.nunique() == 1 else None
     gates = [
         gate_isoflop_vertices(table),
         gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
@@ -456,7 +456,7 @@ def evaluate_gates(
         _frontier_gate(table, noise, fit, thresholds.trend_z),
         gate_rung_health(table),
         gate_seeds(table, thresholds.min_seeds),
-        gate_hero_ranges(hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel, top_beta2),
+        gate_hero_ranges(hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel),
         gate_fit_status(fit),
     ]
     if rehearsal is not None:
