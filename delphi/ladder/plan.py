@@ -6,7 +6,11 @@
     make_rung(spec, model, budget, seed)    -> Rung    (tokens from the exact FLOPs/token)
     plan_ladder(spec)               -> list[Rung]
     write_ladder(spec, rungs, out)  -> manifest rows (configs/*.yaml + manifest.csv + ladder.yaml)
-    plan_hero(spec, params, compute, seed) -> Rung
+    plan_hero(spec, params, compute, seed) -> Rung   (inside the ladder's ranges when it can be)
+    hero_ranges(spec, hero, results) -> dict       (the hero against the ladder's ranges)
+    flops_family(spec, convention, max_width) -> FlopsFamily  (exact FLOPs per token against N)
+    plan_health_warnings(spec, rungs) -> list[str] (health bounds visible before training)
+    check_ladder_store(spec, rungs, store) -> epochs per rung (the store can feed every rung)
 
 A rung's tokens are budget / flops_per_token (exact, DESIGN.md section 4), its
 batch the largest power of two of sequences that still leaves >= min_steps
@@ -20,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,9 +215,19 @@ def format_budget(budget: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def run_id_for(budget: float, model: ModelConfig, seed: int) -> str:
+def cell_id_for(budget: float, model: ModelConfig) -> str:
+    """A cell is one (budget, shape): the runs of its seeds share it."""
     moe = f"_E{model.moe.experts}k{model.moe.top_k}" if model.moe is not None else ""
-    return f"C{format_budget(budget)}_d{model.d_model}_L{model.n_layers}{moe}_s{seed}"
+    return f"C{format_budget(budget)}_d{model.d_model}_L{model.n_layers}{moe}"
+
+
+def run_id_for(budget: float, model: ModelConfig, seed: int) -> str:
+    return f"{cell_id_for(budget, model)}_s{seed}"
+
+
+def cell_id_of(run_id: str) -> str:
+    """The cell of a run id written by run_id_for (its seed suffix removed)."""
+    return re.sub(r"_s\d+$", "", run_id)
 
 
 def rung_tokens(model: ModelConfig, seq_len: int, budget: float) -> tuple[float, float]:
@@ -232,6 +247,11 @@ def make_rung(
     if batch is None:
         return None
     steps_raw = tokens / (batch * spec.seq_len)
+    if steps_raw > spec.batch.max_steps:
+        raise DelphiError(
+            f"budgets: {budget:g} FLOPs gives d_model={model.d_model} {steps_raw:.3g} steps of {batch} sequences, "
+            f"past batch.max_steps={spec.batch.max_steps:,}; budgets are FLOPs (e.g. 1.0e+12), or raise batch.max_seqs"
+        )
     q = step_quantum(steps_raw, spec.tolerance)
     steps = max(q, q * round(steps_raw / q))
     batch_tokens = batch * spec.seq_len
@@ -354,7 +374,7 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
             fewest = min(rung_tokens(m, spec.seq_len, budget)[1] for m in models)
             batch = batch_for_tokens(spec, fewest)
         for model in models:
-            for seed in spec.run.seeds:
+            for seed in spec.seeds_for(budget):
                 rung = make_rung(spec, model, budget, seed, batch=batch)
                 assert rung is not None
                 error = rung.flops / budget - 1
@@ -369,28 +389,223 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
     return rungs
 
 
+# ---- shape family and its exact FLOPs ------------------------------------------------------------
+
+# The family a fit extrapolates along reaches far past the ladder: 64x its largest width by default
+# (interfaces.md section 2), i.e. ~4e3x in N at fixed depth ratio, past any hero this toolkit plans.
+FAMILY_WIDTH_REACH = 64
+
+
+def family_widths(spec: LadderSpec, max_width: int | None = None) -> list[int]:
+    """The ladder's widths plus every multiple of shape.hero_width_multiple up to max_width."""
+    multiple = spec.shape.hero_width_multiple
+    top = max_width if max_width is not None else FAMILY_WIDTH_REACH * max(spec.shape.widths)
+    if top < max(spec.shape.widths):
+        raise DelphiError(f"max_width: {top} is below the ladder's largest width {max(spec.shape.widths)}")
+    return sorted(set(spec.shape.widths) | set(range(multiple, top + 1, multiple)))
+
+
+def params_in_convention(model: ModelConfig, seq_len: int, convention: str) -> float:
+    """N of `model` counted as `convention` (delphi.fits.allocation.PARAM_CONVENTIONS)."""
+    from delphi.fits.allocation import FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS
+
+    if convention == "nonembedding":
+        return float(count_params(model).nonembedding)
+    if convention == "active":
+        return float(count_params(model).active)
+    if convention == "fpt6":
+        return flops_per_token(model, seq_len) / FLOPS_PER_PARAM_TOKEN
+    raise DelphiError(f"--convention: {convention!r}, expected one of {', '.join(PARAM_CONVENTIONS)}")
+
+
+def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: int | None = None):
+    """The spec's shape family (its width grid extended by hero_width_multiple steps up to max_width,
+    default 64x the largest ladder width) as (N, exact flops_per_token at spec.seq_len).
+
+    Returns a `delphi.fits.allocation.FlopsFamily`; at every width of the grid its value is the exact
+    `flops_per_token` of that shape (the fit interpolates between them in log-log)."""
+    from delphi.fits.allocation import FlopsFamily
+
+    points: dict[float, float] = {}
+    for w in family_widths(spec, max_width):
+        model = shape_for_width(spec, w)
+        n = params_in_convention(model, spec.seq_len, convention)
+        points.setdefault(n, flops_per_token(model, spec.seq_len))  # equal N: the narrower shape
+    params = sorted(points)
+    top = max_width if max_width is not None else FAMILY_WIDTH_REACH * max(spec.shape.widths)
+    return FlopsFamily(
+        params=tuple(params),
+        flops_per_token=tuple(points[n] for n in params),
+        convention=convention,
+        source=f"ladder spec {spec.name!r} (seq_len {spec.seq_len}, widths up to {top})",
+    )
+
+
 # ---- hero ---------------------------------------------------------------------------------------
 
+# What the hero is compared against: its training length and data per parameter against every rung
+# the ladder trained; its batch and beta2 against the top budget's (no discontinuity where the
+# extrapolation starts: issue 10).
+RANGE_SCOPES = {"tokens_per_param": "ladder", "steps": "ladder", "batch_tokens": "top budget", "beta2": "top budget"}
 
-def plan_hero(spec: LadderSpec, params: float, compute: float, seed: int = 0) -> Rung:
-    """The shape of the family closest (in log N) to `params`, trained on exactly `compute` FLOPs."""
-    if not (params > 0 and compute > 0):
-        raise DelphiError(f"hero: params and compute must be positive, got {params:g}, {compute:g}")
+
+def _ladder_rows(spec: LadderSpec, results=None) -> list[dict[str, float]]:
+    """(budget, tokens_per_param, steps, batch_size, batch_tokens, beta2) of the ladder's rungs: from the
+    results table's completed rows when given, else from the plan."""
+    keys = ("budget", "tokens_per_param", "steps", "batch_size", "batch_tokens", "beta2")
+    if results is None:
+        return [{k: float(manifest_row(r)[k]) for k in keys} for r in plan_ladder(spec)]
+    frame = results
+    if "status" in frame.columns:
+        frame = frame[frame["status"] == "completed"]
+    missing = [k for k in keys if k not in frame.columns]
+    if missing:
+        raise DelphiError(f"results: a ladder table needs columns {', '.join(missing)} to compare the hero with")
+    if len(frame) == 0:
+        raise DelphiError("results: no completed rung to compare the hero with")
+    return [{k: float(row[k]) for k in keys} for _, row in frame.iterrows()]
+
+
+def ladder_ranges(spec: LadderSpec, results=None) -> dict[str, tuple[float, float]]:
+    """[min, max] of each quantity of RANGE_SCOPES over its scope."""
+    rows = _ladder_rows(spec, results)
+    top = max(r["budget"] for r in rows)
+    out = {}
+    for key, scope in RANGE_SCOPES.items():
+        values = [r[key] for r in rows if scope == "ladder" or r["budget"] == top]
+        out[key] = (min(values), max(values))
+    return out
+
+
+def _hero_values(hero) -> dict[str, float]:
+    """The compared quantities of a hero given as a Rung or a TrainConfig."""
+    cfg = hero.train if isinstance(hero, Rung) else hero
+    if not isinstance(cfg, TrainConfig):
+        raise DelphiError(f"hero: expected a planned Rung or a TrainConfig, got {type(hero).__name__}")
+    batch_tokens = cfg.data.batch_size * cfg.data.seq_len
+    return {
+        "tokens_per_param": cfg.steps * batch_tokens / count_params(cfg.model).nonembedding,
+        "steps": float(cfg.steps),
+        "batch_tokens": float(batch_tokens),
+        "beta2": float(cfg.optim.beta2),
+    }
+
+
+def hero_ranges(spec: LadderSpec, hero, results=None) -> dict:
+    """The hero's tokens per parameter, steps, batch tokens and beta2 against the ladder's ranges.
+
+    {quantity: {"hero", "ladder": [min, max], "inside", "scope"}, ..., "inside": all of them,
+    "outside": [quantities outside]}. Ranges come from `results` (a results DataFrame, its completed
+    rows) or, when None, from the spec's plan. A relative slack of 1e-9 absorbs float rounding.
+    """
+    ranges = ladder_ranges(spec, results)
+    values = _hero_values(hero)
+    out: dict = {}
+    for key, (lo, hi) in ranges.items():
+        v = values[key]
+        inside = lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)
+        out[key] = {"hero": v, "ladder": [lo, hi], "inside": bool(inside), "scope": RANGE_SCOPES[key]}
+    out["outside"] = [k for k in ranges if not out[k]["inside"]]
+    out["inside"] = not out["outside"]
+    return out
+
+
+def _family_shapes_around(spec: LadderSpec, params: float, convention: str = "nonembedding") -> list[ModelConfig]:
+    """The family's shapes just below and above `params` (N counted as `convention`), nearest first."""
     multiple = spec.shape.hero_width_multiple
+    n_of = lambda m: params_in_convention(m, spec.seq_len, convention)  # noqa: E731
     widths = set(spec.shape.widths)
     # Grow the grid until it passes the target, so any N* has a neighbour on both sides.
     w = multiple
     while True:
         widths.add(w)
-        if count_params(shape_for_width(spec, w)).nonembedding > 2 * params or w > 1 << 16:
+        if n_of(shape_for_width(spec, w)) > 2 * params or w > 1 << 16:
             break
         w += multiple
-    shapes = [shape_for_width(spec, w) for w in sorted(widths)]
-    best = min(shapes, key=lambda m: abs(math.log(count_params(m).nonembedding / params)))
-    rung = make_rung(spec, best, compute, seed, run_id=f"hero_C{format_budget(compute)}_d{best.d_model}_L{best.n_layers}_s{seed}")
-    if rung is None:
-        raise DelphiError(f"--compute: {compute:g} FLOPs gives the hero (d_model={best.d_model}) fewer than batch.min_steps steps")
-    return rung
+    shapes = sorted((shape_for_width(spec, w) for w in widths), key=n_of)
+    n = [n_of(m) for m in shapes]
+    above = next((i for i, v in enumerate(n) if v >= params), len(n) - 1)
+    around = shapes[max(0, above - 1) : above + 1]
+    return sorted(around, key=lambda m: abs(math.log(n_of(m) / params)))
+
+
+def plan_hero(
+    spec: LadderSpec, params: float, compute: float, seed: int = 0, results=None, convention: str = "nonembedding"
+) -> Rung:
+    """The hero: a family shape next to `params` (N*, counted as `convention`) trained on exactly `compute` FLOPs.
+
+    Its batch is its own batch rule's, clipped to the top budget's (so batch and beta2 continue the
+    ladder's, with no switch where the extrapolation starts). Of the two shapes bracketing N*, the
+    nearest whose tokens per parameter and steps fall inside the ladder's ranges (`hero_ranges`, from
+    `results` or the plan) is chosen; when neither does, the nearest, and `hero_ranges` says which
+    range it leaves.
+    """
+    if not (params > 0 and compute > 0 and math.isfinite(params) and math.isfinite(compute)):
+        raise DelphiError(f"hero: params and compute must be positive and finite, got {params:g}, {compute:g}")
+    rows = _ladder_rows(spec, results)
+    top = max(r["budget"] for r in rows)
+    top_batch = int(max(r["batch_size"] for r in rows if r["budget"] == top))
+    candidates = []
+    for model in _family_shapes_around(spec, params, convention):
+        _, tokens = rung_tokens(model, spec.seq_len, compute)
+        own = batch_for_tokens(spec, tokens)
+        if own is None:
+            continue
+        run_id = f"hero_C{format_budget(compute)}_d{model.d_model}_L{model.n_layers}_s{seed}"
+        rung = make_rung(spec, model, compute, seed, run_id=run_id, batch=min(own, top_batch))
+        if rung is not None:
+            candidates.append(rung)
+    if not candidates:
+        raise DelphiError(f"--compute: {compute:g} FLOPs gives the hero fewer than batch.min_steps steps")
+    for rung in candidates:
+        if hero_ranges(spec, rung, results)["inside"]:
+            return rung
+    return candidates[0]
+
+
+# ---- health and the store, before training --------------------------------------------------------
+
+
+def evals_of(train: TrainConfig) -> int:
+    """Evaluations the trainer logs: every eval_every steps and at the last step."""
+    return train.steps // train.eval_every + (1 if train.steps % train.eval_every else 0)
+
+
+def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
+    """The health bounds (spec.health) that planned rungs already miss: layers, width, evals, eval tokens.
+
+    Drops are only known after training (`delphi ladder collect` reports them)."""
+    h = spec.health
+    checks = (
+        ("min_layers", h.min_layers, lambda r: r.model.n_layers, "layers"),
+        ("min_d_model", h.min_d_model, lambda r: r.model.d_model, "d_model"),
+        ("min_evals", h.min_evals, lambda r: evals_of(r.train), "evals"),
+        ("min_eval_tokens", h.min_eval_tokens, lambda r: r.train.eval_tokens, "eval tokens"),
+    )
+    warnings = []
+    for key, bound, value, what in checks:
+        low = [r for r in rungs if value(r) < bound]
+        if low:
+            shown = ", ".join(f"{r.run_id} ({value(r):,})" for r in low[:3]) + (", ..." if len(low) > 3 else "")
+            warnings.append(f"health.{key}={bound:,}: {len(low)} of {len(rungs)} rungs have fewer {what}: {shown}")
+    return warnings
+
+
+def check_ladder_store(spec: LadderSpec, rungs: list[Rung], store, where: str = "") -> list[float]:
+    """Epochs of the store each rung reads; DelphiError when the store cannot feed a rung (batch, eval set)
+    or a rung would read more than run.max_epochs passes over its train split."""
+    prefix = f"{where}: " if where else ""
+    epochs = []
+    for rung in rungs:
+        store.check_run(rung.batch_size, spec.seq_len, spec.run.eval_tokens, where=f"{prefix}run.store ({rung.run_id})")
+        e = store.epochs(rung.steps, rung.batch_size, spec.seq_len)
+        if e > spec.run.max_epochs:
+            raise DelphiError(
+                f"{prefix}run.max_epochs: rung {rung.run_id} reads {e:.3g} epochs of {spec.run.store} "
+                f"({rung.tokens:,} tokens; run.max_epochs is {spec.run.max_epochs:g}); lower the budgets or use a larger store"
+            )
+        epochs.append(e)
+    return epochs
 
 
 # ---- manifest -----------------------------------------------------------------------------------
@@ -471,8 +686,14 @@ def read_manifest(ladder_dir: str | Path) -> list[dict[str, str]]:
     path = Path(ladder_dir) / MANIFEST_FILE
     if not path.is_file():
         raise DelphiError(f"{ladder_dir}: no {MANIFEST_FILE}; plan a ladder there with `delphi ladder plan SPEC --out DIR`")
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    from delphi.io import read_text
+
+    rows = list(csv.DictReader(io.StringIO(read_text(path, what="manifest"), newline="")))
+    missing = [c for c in ("run_id", "config", "flops") if rows and c not in rows[0]] if rows else []
+    if not rows or missing:
+        raise DelphiError(f"{path}: not a ladder manifest (no rows, or no column {missing[0] if missing else 'run_id'!r}); "
+                          f"re-plan with `delphi ladder plan SPEC --out {ladder_dir}`")
+    return rows
 
 
 def write_ladder(spec: LadderSpec, rungs: list[Rung], out: str | Path) -> list[dict[str, object]]:

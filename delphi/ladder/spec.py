@@ -25,6 +25,25 @@ from delphi.model.config import (
     SWITCH_CAPACITY_FACTOR,
 )
 
+# Rung health bounds (issue 10, "Healthy rungs, checked"): the defaults of the `health:` section.
+# The first paper's short MoE rungs dropped 10-33% of routed tokens and its fits credited the lost
+# expert compute to N and D (drop share vs log steps: r = -0.84); 2% is what its hero reached.
+HEALTH_MAX_DROP_FRAC = 0.02
+# At d_model 8 with 2 layers the embeddings were 73% of the active parameters: no longer a transformer
+# whose N behaves like a large model's. >= 3 layers and d_model >= 24 (issue 10).
+HEALTH_MIN_LAYERS = 3
+HEALTH_MIN_D_MODEL = 24
+# >= 10 evals per run (a curve, not two points) on >= 1M validation tokens (issue 10; the first paper's
+# 65K tokens left a sampling error comparable to the differences the fits resolve).
+HEALTH_MIN_EVALS = 10
+HEALTH_MIN_EVAL_TOKENS = 1_000_000
+# Repeating data up to ~4 epochs costs almost nothing against fresh data; beyond, returns fall
+# quickly (Muennighoff et al. 2023, "Scaling Data-Constrained Language Models", sec. 5).
+DATA_CONSTRAINED_MAX_EPOCHS = 4.0
+# No published LM pretraining schedule runs much past 1e6 steps (T5: 2^19; PaLM: 255k): a plan
+# beyond this is a units mistake (e.g. `budgets: [1.0e+30]`), not a ladder rung.
+SANE_MAX_STEPS = 1_000_000
+
 
 @dataclass(frozen=True)
 class BaseSpec:
@@ -102,6 +121,7 @@ class BatchSpec:
     # is not a confound along an isoFLOP curve; rule "rung": each rung from its own tokens.
     rule: Literal["budget", "rung"] = "budget"
     min_steps: int = 300
+    max_steps: int = SANE_MAX_STEPS  # a rung (or hero) past this many steps is a planning error
     min_seqs: int = 4
     max_seqs: int = 64
 
@@ -140,12 +160,25 @@ class TransferSpec:
 class RunSpec:
     store: str = "stdlib"
     precision: Literal["f32", "bf16"] = "f32"
-    seeds: tuple[int, ...] = (0,)
+    seeds: tuple[int, ...] = (0,)  # one run per (rung, seed)
+    top_seeds: tuple[int, ...] = ()  # seeds of the top budget's rungs instead of `seeds` (empty: `seeds`)
+    max_epochs: float = DATA_CONSTRAINED_MAX_EPOCHS  # passes over the store's train split allowed per run
     eval_tokens: int = 65_536
     evals_per_run: int = 4
     logs_per_run: int = 50
     checkpoints_per_run: int = 4
     keep_checkpoints: int = 1
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """Bounds every rung must meet (flagged in the results table, the report and the gates)."""
+
+    max_drop_frac: float = HEALTH_MAX_DROP_FRAC  # mean share of routed assignments dropped in training
+    min_layers: int = HEALTH_MIN_LAYERS
+    min_d_model: int = HEALTH_MIN_D_MODEL
+    min_evals: int = HEALTH_MIN_EVALS  # evaluations logged per run (incl. the final one)
+    min_eval_tokens: int = HEALTH_MIN_EVAL_TOKENS  # validation tokens per evaluation
 
 
 @dataclass(frozen=True)
@@ -163,6 +196,13 @@ class LadderSpec:
     isoflop: IsoflopSpec | None = None
     tokens_per_param: TokensPerParamSpec | None = None
     run: RunSpec = field(default_factory=RunSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
+
+    def seeds_for(self, budget: float) -> tuple[int, ...]:
+        """The seeds of the rungs at `budget`: run.top_seeds at the top budget when given."""
+        if self.run.top_seeds and budget == max(self.budgets):
+            return self.run.top_seeds
+        return self.run.seeds
 
     def validate(self) -> "LadderSpec":
         def need(ok: bool, key: str, message: str) -> None:
@@ -208,6 +248,8 @@ class LadderSpec:
             need(m.shared_experts >= 0, "shape.moe.shared_experts", f"must be >= 0, got {m.shared_experts}")
         bt = self.batch
         need(bt.min_steps >= 1, "batch.min_steps", f"must be >= 1, got {bt.min_steps}")
+        need(bt.max_steps >= bt.min_steps, "batch.max_steps",
+             f"must be >= batch.min_steps={bt.min_steps}, got {bt.max_steps}")
         need(1 <= bt.min_seqs <= bt.max_seqs, "batch.min_seqs",
              f"need 1 <= min_seqs <= max_seqs, got {bt.min_seqs}, {bt.max_seqs}")
         t = self.transfer
@@ -237,12 +279,19 @@ class LadderSpec:
             need(tp.ratio > 0, "tokens_per_param.ratio", f"must be positive, got {tp.ratio}")
             need(tp.max_ratio_error > 0, "tokens_per_param.max_ratio_error", f"must be positive, got {tp.max_ratio_error}")
         r = self.run
-        need(len(r.seeds) > 0, "run.seeds", "at least one seed is required")
-        for i, seed in enumerate(r.seeds):
-            need(seed >= 0, f"run.seeds[{i}]", f"must be >= 0, got {seed}")
-        need(len(set(r.seeds)) == len(r.seeds), "run.seeds", "seeds must be distinct")
+        need(len(r.seeds) > 0, "run.seeds", f"at least one seed is required, got {list(r.seeds)}")
+        for key, seeds in (("run.seeds", r.seeds), ("run.top_seeds", r.top_seeds)):
+            for i, seed in enumerate(seeds):
+                need(seed >= 0, f"{key}[{i}]", f"must be >= 0, got {seed}")
+            repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+            need(not repeated, key, f"seeds must be distinct, got {list(seeds)} (repeated: {repeated})")
+        need(r.max_epochs > 0, "run.max_epochs", f"must be positive, got {r.max_epochs}")
         for key in ("eval_tokens", "evals_per_run", "logs_per_run", "checkpoints_per_run", "keep_checkpoints"):
             need(getattr(r, key) > 0, f"run.{key}", f"must be positive, got {getattr(r, key)}")
+        h = self.health
+        need(0 <= h.max_drop_frac <= 1, "health.max_drop_frac", f"must be in [0, 1], got {h.max_drop_frac}")
+        for key in ("min_layers", "min_d_model", "min_evals", "min_eval_tokens"):
+            need(getattr(h, key) >= 0, f"health.{key}", f"must be >= 0, got {getattr(h, key)}")
         return self
 
 
