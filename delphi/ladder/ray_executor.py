@@ -3,12 +3,12 @@
     run_ray_ladder(ladder_dir, address=None, cpus_per_rung=1, gpus_per_rung=0,
                    retries=1, worker_retries=3) -> dict
 
-The same rules as the local executor (delphi.ladder.runner), through the same
-functions: a completed or diverged rung is skipped (`is_finished`), each rung
-trains under its exclusive flock on `locks/<run_id>.lock` (`run_rung`), and
-`train(..., resume=True)` continues a rung from its last checkpoint. Only the
-placement differs: each pending rung is a Ray task declaring `num_cpus` /
-`num_gpus`, and Ray decides where and how many run at once.
+The same rules as the local executor, from the same driver (delphi.ladder.driver):
+a completed or diverged rung is skipped, each rung trains under its exclusive
+flock on `locks/<run_id>.lock` (`run_rung`), and `train(..., resume=True)`
+continues a rung from its last checkpoint. Only the placement differs: each
+pending rung is a Ray task declaring `num_cpus` / `num_gpus`, and Ray decides
+where and how many run at once.
 
 Two kinds of retry:
 - worker death (the process is killed, OOM-killed, or its node is lost): Ray
@@ -34,28 +34,11 @@ import os
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from delphi.errors import DelphiError
-from delphi.ladder.plan import RUNS_DIR
-from delphi.ladder.runner import (
-    EXIT_COMPLETED,
-    EXIT_DIVERGED,
-    EXIT_FAILED,
-    EXIT_LOCKED,
-    LOCKED_RETRY_S,
-    LOCKS_DIR,
-    LOGS_DIR,
-    PROGRESS_EVERY_S,
-    _last_flops,
-    _Rung,
-    is_finished,
-    load_rungs,
-    progress_line,
-    rung_status,
-    run_rung,
-)
+from delphi.ladder.driver import PROGRESS_EVERY_S, LadderDriver, Outcome, Rung, rung_status
+from delphi.ladder.runner import run_rung_into_log
 
 RAY_INSTALL_HINT = "pip install 'delphi[ray]' (or pip install 'ray>=2.9')"
 DEFAULT_WORKER_RETRIES = 3  # Ray's own default max_retries for a task
@@ -112,23 +95,7 @@ def rung_task(config: str, run_dir: str, lock_path: str, log_path: str, cpus: fl
     with open(log_path, "a") as log:
         log.write(f"--- ray attempt on {host} pid {pid} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         log.flush()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = os.dup(1), os.dup(2)
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        try:
-            code = run_rung(config, run_dir, lock_path)
-        except BaseException:
-            traceback.print_exc()
-            raise
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
+        code = run_rung_into_log(config, run_dir, lock_path, log)
     return {"exit": code, "status": rung_status(Path(run_dir)), "host": host, "pid": pid}
 
 
@@ -172,14 +139,10 @@ def run_ray_ladder(
     validate_resources(cpus_per_rung, gpus_per_rung, retries, worker_retries)
     ray = import_ray()
     ladder_dir = Path(ladder_dir).resolve()  # the tasks see the same absolute path (shared filesystem)
-    rungs = load_rungs(ladder_dir)
-    total_flops = sum(r.flops for r in rungs)
-    done = {r.run_id: rung_status(r.run_dir) for r in rungs if is_finished(rung_status(r.run_dir))}
-    # Largest first: the long rungs start early and the short ones fill the gaps at the end.
-    waiting = sorted((r for r in rungs if r.run_id not in done), key=lambda r: -r.flops)
-
-    if not waiting:  # nothing to run: no need to start or join a cluster
-        return _summary(ladder_dir, rungs, done, {}, cpus_per_rung, gpus_per_rung, 0.0)
+    driver = LadderDriver(ladder_dir, retries=retries, progress=progress, progress_every_s=progress_every_s)
+    extra = {"executor": "ray", "cpus_per_rung": cpus_per_rung, "gpus_per_rung": gpus_per_rung}
+    if not driver.waiting:  # nothing to run: no need to start or join a cluster
+        return driver.summary(**extra)
     started_ray = not ray.is_initialized()
     if started_ray:
         if address:
@@ -189,131 +152,67 @@ def run_ray_ladder(
         except ConnectionError as e:
             raise DelphiError(f"--address: cannot join the Ray cluster at {address or '$RAY_ADDRESS'}: {e}") from None
     try:
-        for d in (LOCKS_DIR, LOGS_DIR, RUNS_DIR):  # only once the cluster answered: a bad --address writes nothing
-            (ladder_dir / d).mkdir(parents=True, exist_ok=True)
-        return _drive(ray, ladder_dir, rungs, done, waiting, total_flops, cpus_per_rung, gpus_per_rung,
-                      retries, worker_retries, progress, progress_every_s)
+        driver.make_dirs()  # only once the cluster answered: a bad --address writes nothing
+        driver.drive(RayPlacer(ray, cpus_per_rung, gpus_per_rung, worker_retries), WAIT_S)
+        return driver.summary(**extra)
     finally:
         if started_ray:
             ray.shutdown()
 
 
-def _drive(
-    ray, ladder_dir: Path, rungs: list[_Rung], done: dict[str, str], waiting: list[_Rung], total_flops: float,
-    cpus: float, gpus: float, retries: int, worker_retries: int, progress: bool, progress_every_s: float,
-) -> dict:
-    cluster = ray.cluster_resources()
-    if cluster.get("CPU", 0) < cpus or cluster.get("GPU", 0) < gpus:
-        # An autoscaling cluster may still add such a node; a fixed one never will and the tasks wait forever.
-        print(f"[ladder] warning: the Ray cluster has {cluster.get('CPU', 0):g} CPUs and {cluster.get('GPU', 0):g} GPUs "
-              f"in all, less than one rung's {cpus:g} CPUs and {gpus:g} GPUs; the rungs wait until such a node joins",
-              file=sys.stderr, flush=True)
-    options = dict(num_cpus=cpus, num_gpus=gpus, max_retries=worker_retries, retry_exceptions=False)
-    env = _forwarded_env()
-    if env:
-        options["runtime_env"] = {"env_vars": env}
-    # max_calls=1: a fresh worker process per rung, so JAX and accelerator memory go back when it ends.
-    task = ray.remote(max_calls=1)(rung_task)
+class RayPlacer:
+    """Each rung a Ray task; Ray queues what does not fit yet, so the driver places every rung at once."""
 
-    in_flight: dict[object, _Rung] = {}
-    failed: dict[str, str] = {}
-    started = time.perf_counter()
-    last_report = 0.0
+    def __init__(self, ray, cpus: float, gpus: float, worker_retries: int) -> None:
+        self.ray, self.cpus, self.gpus = ray, cpus, gpus
+        cluster = ray.cluster_resources()
+        if cluster.get("CPU", 0) < cpus or cluster.get("GPU", 0) < gpus:
+            # An autoscaling cluster may still add such a node; a fixed one never will and the tasks wait forever.
+            print(f"[ladder] warning: the Ray cluster has {cluster.get('CPU', 0):g} CPUs and "
+                  f"{cluster.get('GPU', 0):g} GPUs in all, less than one rung's {cpus:g} CPUs and {gpus:g} GPUs; "
+                  "the rungs wait until such a node joins", file=sys.stderr, flush=True)
+        self.options = dict(num_cpus=cpus, num_gpus=gpus, max_retries=worker_retries, retry_exceptions=False)
+        env = _forwarded_env()
+        if env:
+            self.options["runtime_env"] = {"env_vars": env}
+        # max_calls=1: a fresh worker process per rung, so JAX and accelerator memory go back when it ends.
+        self.task = ray.remote(max_calls=1)(rung_task)
+        self.in_flight: dict[object, Rung] = {}
 
-    def partial_flops() -> float:
-        return sum(_last_flops(r.run_dir) for r in rungs if r.run_id not in done and r.run_id not in failed)
+    def free_slots(self) -> int:
+        return sys.maxsize
 
-    flops_at_start = sum(r.flops for r in rungs if r.run_id in done) + partial_flops()
-
-    def report(force: bool = False) -> None:
-        nonlocal last_report
-        now = time.perf_counter()
-        if not progress or (not force and now - last_report < progress_every_s):
-            return
-        last_report = now
-        flops_done = sum(r.flops for r in rungs if r.run_id in done) + partial_flops()
-        rate = (flops_done - flops_at_start) / max(now - started, 1e-9)
-        left = total_flops - flops_done - sum(r.flops for r in rungs if r.run_id in failed)
-        training = sum(1 for r in in_flight.values() if rung_status(r.run_dir) == "running")
-        line = progress_line(len(done), len(rungs), training, len(failed), flops_done, total_flops, rate,
-                             now - started, left)
-        print(f"{line}, {len(in_flight) - training} queued/starting on Ray", file=sys.stderr, flush=True)
-
-    def submit(rung: _Rung) -> None:
-        rung.attempts += 1
-        ref = task.options(**options, name=f"delphi-rung-{rung.run_id}").remote(
-            str(rung.config), str(rung.run_dir), str(ladder_dir / LOCKS_DIR / f"{rung.run_id}.lock"),
-            str(ladder_dir / LOGS_DIR / f"{rung.run_id}.log"), cpus, gpus,
+    def place(self, rung: Rung, lock_path: Path, log_path: Path) -> None:
+        ref = self.task.options(**self.options, name=f"delphi-rung-{rung.run_id}").remote(
+            str(rung.config), str(rung.run_dir), str(lock_path), str(log_path), self.cpus, self.gpus,
         )
-        in_flight[ref] = rung
+        self.in_flight[ref] = rung
 
-    def finish(ref) -> None:
-        rung = in_flight.pop(ref)
-        log = f"{LOGS_DIR}/{rung.run_id}.log"
-        try:
-            result = ray.get(ref)
-            code, why = result["exit"], f"exit {result['exit']} on {result['host']}"
-        except ray.exceptions.RayError as e:  # the trainer raised, or the worker died more than worker_retries times
-            code, why = None, _one_line(e)
-        status = rung_status(rung.run_dir)
-        if code in (EXIT_COMPLETED, EXIT_DIVERGED, EXIT_LOCKED) and is_finished(status):
-            done[rung.run_id] = status
-            if progress:
-                print(f"[ladder] {rung.run_id}: {status}", file=sys.stderr, flush=True)
-            report(force=True)
-        elif code == EXIT_LOCKED:  # a live process elsewhere holds the rung: come back to it later
-            rung.attempts -= 1
-            rung.not_before = time.perf_counter() + LOCKED_RETRY_S
-            waiting.append(rung)
-        elif rung.attempts <= retries:
-            print(f"[ladder] {rung.run_id}: failed ({why}), retrying; see {log}", file=sys.stderr, flush=True)
-            waiting.append(rung)
-        else:
-            failed[rung.run_id] = f"{why} ({rung.attempts} attempt(s)); see {log}"
-            print(f"[ladder] {rung.run_id}: failed: {failed[rung.run_id]}", file=sys.stderr, flush=True)
+    def wait(self, timeout_s: float) -> list[Outcome]:
+        if not self.in_flight:
+            time.sleep(timeout_s)
+            return []
+        ready, _ = self.ray.wait(list(self.in_flight), num_returns=len(self.in_flight), timeout=timeout_s)
+        outcomes = []
+        for ref in ready:
+            rung = self.in_flight.pop(ref)
+            try:
+                result = self.ray.get(ref)
+                outcomes.append(Outcome(rung, result["exit"], f"exit {result['exit']} on {result['host']}"))
+            except self.ray.exceptions.RayError as e:  # the trainer raised, or the worker died too often
+                outcomes.append(Outcome(rung, None, _one_line(e)))
+        return outcomes
 
-    report(force=True)
-    try:
-        while waiting or in_flight:
-            now = time.perf_counter()
-            for rung in [r for r in waiting if r.not_before <= now]:  # Ray queues what does not fit yet
-                waiting.remove(rung)
-                submit(rung)
-            if in_flight:
-                ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=WAIT_S)
-                for ref in ready:
-                    finish(ref)
-            else:
-                time.sleep(WAIT_S)
-            report()
-    except BaseException:
-        # Ctrl-C or an error here: interrupt the rungs (KeyboardInterrupt in each task) and wait for them.
-        for ref in in_flight:
-            ray.cancel(ref)
-        if in_flight:
-            ray.wait(list(in_flight), num_returns=len(in_flight), timeout=CANCEL_WAIT_S)
-        raise
-    report(force=True)
-    return _summary(ladder_dir, rungs, done, failed, cpus, gpus, time.perf_counter() - started)
+    def in_flight_note(self, rungs: list[Rung]) -> tuple[int, str]:
+        training = sum(1 for r in rungs if rung_status(r.run_dir) == "running")
+        return training, f", {len(rungs) - training} queued/starting on Ray"
 
-
-def _summary(
-    ladder_dir: Path, rungs: list[_Rung], done: dict[str, str], failed: dict[str, str], cpus: float, gpus: float,
-    wall_s: float,
-) -> dict:
-    counts = {s: sum(1 for v in done.values() if v == s) for s in ("completed", "diverged")}
-    return {
-        "ladder": str(ladder_dir),
-        "executor": "ray",
-        "rungs": len(rungs),
-        "completed": counts["completed"],
-        "diverged": counts["diverged"],
-        "failed": failed,
-        "cpus_per_rung": cpus,
-        "gpus_per_rung": gpus,
-        "flops_total": sum(r.flops for r in rungs),
-        "wall_s": round(wall_s, 3),
-    }
+    def stop(self) -> None:
+        """Interrupt the rungs (KeyboardInterrupt in each task) and wait for them."""
+        for ref in self.in_flight:
+            self.ray.cancel(ref)
+        if self.in_flight:
+            self.ray.wait(list(self.in_flight), num_returns=len(self.in_flight), timeout=CANCEL_WAIT_S)
 
 
 # ---- CLI glue (`delphi ladder run --executor ray`) ------------------------------------------------

@@ -1,20 +1,30 @@
-"""Running a planned ladder: local worker processes, one rung each.
+"""Running a planned ladder: local worker processes, one rung at a time each.
 
     run_ladder(ladder_dir, workers=None, retries=1) -> dict
 
-Each rung runs in its own process (`python -m delphi.ladder.runner CONFIG RUN_DIR
-LOCK CORES`), pinned to its share of the cores, calling
+The rules (which rungs run, in which order, retries, progress, summary) are the
+driver's (delphi.ladder.driver); this module only places rungs on local worker
+processes. By default there is one worker per core, each pinned to its core with
+a one-thread XLA runtime, so workers x threads = cores (no oversubscription);
+with fewer pending rungs than cores, fewer workers with several cores each.
+
+A worker is a persistent process (`python -m delphi.ladder.runner --serve CORES`)
+that trains the rungs it is sent one after another, so the interpreter start,
+the imports and the trainer's matmul-peak measurement are paid once per worker,
+not once per rung. Each rung calls `run_rung`, which holds an exclusive `flock` on
+`locks/<run_id>.lock` for the whole rung and calls
 `delphi.train.trainer.train(cfg, run_dir, resume=True, progress=False)`. Because
 the trainer resumes from its last checkpoint and the data order is a pure
 function of the step, a killed ladder restarted with the same command finishes
-only what is missing.
+only what is missing. The kernel drops a dead process's lock (even after
+SIGKILL), so there are no stale locks; a second `delphi ladder run` on the same
+ladder skips a locked rung and comes back to it later. A worker that dies is
+replaced; its rung counts as failed (and is retried `retries` times).
 
-A rung is never run twice at once: its worker holds an exclusive `flock` on
-`locks/<run_id>.lock` for the whole run. The kernel drops the lock when the
-process dies (even by SIGKILL), so there are no stale locks to clean up; a
-second `delphi ladder run` on the same ladder skips a locked rung and comes back
-to it later. A rung whose worker fails is retried `retries` times; a diverged
-rung is a result, not a failure, and is not retried.
+Ladder workers use JAX's persistent compilation cache in a per-machine directory
+($DELPHI_CACHE/jax, default ~/.cache/delphi/jax; DELPHI_JAX_CACHE=DIR overrides
+it, DELPHI_JAX_CACHE=off disables it), so a program of one shape compiles once
+per machine: reruns, retries, resumed rungs and seeds of one shape reuse it.
 """
 
 from __future__ import annotations
@@ -22,242 +32,79 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from delphi.errors import DelphiError
-from delphi.ladder.plan import RUNS_DIR, read_manifest
+from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every caller of the runner knows)
+    EXIT_COMPLETED,
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_LOCKED,
+    LOCKED_RETRY_S,
+    LOCKS_DIR,
+    LOGS_DIR,
+    PROGRESS_EVERY_S,
+    LadderDriver,
+    Outcome,
+    Rung,
+    is_finished,
+    load_rungs,
+    progress_line,
+    rung_status,
+)
 
-LOCKS_DIR = "locks"
-LOGS_DIR = "logs"
-EXIT_COMPLETED = 0
-EXIT_FAILED = 1
-EXIT_DIVERGED = 3
-EXIT_LOCKED = 75  # EX_TEMPFAIL: another process holds the rung
 POLL_S = 0.5
-PROGRESS_EVERY_S = 30.0
-LOCKED_RETRY_S = 5.0
+STOP_WAIT_S = 60.0  # a stopped rung writes its checkpoint first
+# One core per worker: no intra-op thread pool to fight over it (JAX FAQ's single-thread XLA CPU flags).
+SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# A ladder worker's resident memory: JAX + XLA runtime ~0.4 GB, a ladder rung's state and activations
+# tens of MB; with room for the compiler's peaks.
+WORKER_MEMORY_BYTES = 1024**3
+WORKER_LOG_PREFIX = "worker-slot"  # logs/worker-slot<N>.log: a persistent worker's output outside its rungs
+JAX_CACHE_ENV = "DELPHI_JAX_CACHE"
+JAX_CACHE_SUBDIR = "jax"
+# Cache every program that takes this long to compile: a train chunk takes seconds, the eval step
+# ~0.3-1 s; the many tiny eager ops of model init (milliseconds each) are not worth a file each.
+JAX_CACHE_MIN_COMPILE_S = 0.25
+JAX_CACHE_MAX_BYTES = 2 * 1024**3  # LRU-evicted beyond this (ladder programs are ~0.1-2 MB each)
 
 
-def rung_status(run_dir: Path) -> str:
-    try:
-        return json.loads((run_dir / "status.json").read_text()).get("status", "pending")
-    except (OSError, ValueError):
-        return "pending"
+# ---- what runs inside a worker --------------------------------------------------------------------
 
 
-def _last_flops(run_dir: Path) -> float:
-    """FLOPs done so far by a running rung: the last complete line of its metrics.jsonl."""
-    path = run_dir / "metrics.jsonl"
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 8192))
-            lines = f.read().splitlines()
-    except OSError:
-        return 0.0
-    for line in reversed(lines):
-        try:
-            return float(json.loads(line).get("flops") or 0.0)
-        except ValueError:
-            continue
-    return 0.0
+def jax_cache_dir() -> Path | None:
+    """The per-machine JAX compilation cache directory, or None when switched off."""
+    configured = os.environ.get(JAX_CACHE_ENV, "")
+    if configured.lower() in ("off", "0", "none", "false"):
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    from delphi.data.store import cache_dir
+
+    return cache_dir() / JAX_CACHE_SUBDIR
 
 
-def core_slots(workers: int) -> list[list[int]]:
-    """Split the CPUs this process may use into `workers` disjoint groups."""
-    cpus = sorted(os.sched_getaffinity(0))
-    per = max(1, len(cpus) // workers)
-    return [cpus[(i * per) % len(cpus) : (i * per) % len(cpus) + per] for i in range(workers)]
+def enable_compilation_cache() -> Path | None:
+    """Point this process's JAX at the persistent compilation cache (before anything compiles)."""
+    path = jax_cache_dir()
+    if path is None:
+        return None
+    import jax
 
-
-@dataclass
-class _Rung:
-    run_id: str
-    config: Path
-    run_dir: Path
-    flops: float
-    attempts: int = 0
-    not_before: float = 0.0
-
-
-@dataclass
-class _Running:
-    rung: _Rung
-    proc: subprocess.Popen
-    slot: int
-    started: float
-    log: object = field(repr=False, default=None)
-
-
-def load_rungs(ladder_dir: Path, rows: list[dict[str, str]] | None = None) -> list[_Rung]:
-    """The manifest's rungs, each with its config (which must exist) and run dir."""
-    rows = read_manifest(ladder_dir) if rows is None else rows
-    rungs = []
-    for row in rows:
-        config = ladder_dir / row["config"]
-        if not config.is_file():
-            raise DelphiError(f"{ladder_dir}/manifest.csv: rung {row['run_id']}: config {config} is missing")
-        rungs.append(_Rung(row["run_id"], config, ladder_dir / RUNS_DIR / row["run_id"], float(row["flops"])))
-    return rungs
-
-
-def is_finished(status: str) -> bool:
-    """Skip rule shared by every executor: a completed or diverged rung is a result and never rerun."""
-    return status in ("completed", "diverged")
-
-
-def _format_s(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def progress_line(
-    rungs_done: int, rungs: int, running: int, failed: int, flops_done: float, flops_total: float,
-    flops_per_s: float, elapsed_s: float, flops_left: float,
-) -> str:
-    """`[ladder] 3/20 rungs done (2 running, 0 failed), FLOPs done/total, rate, elapsed, ETA`."""
-    eta = _format_s(flops_left / flops_per_s) if flops_per_s > 0 else "?"
-    return (
-        f"[ladder] {rungs_done}/{rungs} rungs done ({running} running, {failed} failed), "
-        f"{flops_done:.3g}/{flops_total:.3g} FLOPs ({flops_done / max(flops_total, 1e-30):.0%}), "
-        f"{flops_per_s / 1e9:.1f} GFLOP/s, elapsed {_format_s(elapsed_s)}, ETA {eta}"
-    )
-
-
-def run_ladder(
-    ladder_dir: str | Path,
-    *,
-    workers: int | None = None,
-    retries: int = 1,
-    progress: bool = True,
-    progress_every_s: float = PROGRESS_EVERY_S,
-) -> dict:
-    """Run every rung of `ladder_dir` that is not completed (or diverged); return a summary."""
-    ladder_dir = Path(ladder_dir)
-    rows = read_manifest(ladder_dir)
-    ncpu = len(os.sched_getaffinity(0))
-    workers = workers if workers is not None else ncpu
-    if workers < 1:
-        raise DelphiError(f"--workers: must be >= 1, got {workers}")
-    if retries < 0:
-        raise DelphiError(f"--retries: must be >= 0, got {retries}")
-    rungs = load_rungs(ladder_dir, rows)
-    total_flops = sum(r.flops for r in rungs)
-    done = {r.run_id: rung_status(r.run_dir) for r in rungs if is_finished(rung_status(r.run_dir))}
-    # Largest first: the long rungs start early and the short ones fill the gaps at the end.
-    queue = sorted((r for r in rungs if r.run_id not in done), key=lambda r: -r.flops)
-    flops_at_start = sum(r.flops for r in rungs if r.run_id in done)
-    for d in (LOCKS_DIR, LOGS_DIR, RUNS_DIR):
-        (ladder_dir / d).mkdir(parents=True, exist_ok=True)
-
-    slots = core_slots(workers)
-    free = list(range(workers))
-    running: list[_Running] = []
-    failed: dict[str, str] = {}
-    started = time.perf_counter()
-    last_report = 0.0
-
-    def report(force: bool = False) -> None:
-        nonlocal last_report
-        now = time.perf_counter()
-        if not progress or (not force and now - last_report < progress_every_s):
-            return
-        last_report = now
-        finished = sum(r.flops for r in rungs if r.run_id in done)
-        partial = sum(_last_flops(x.rung.run_dir) for x in running)
-        flops_done = finished + partial
-        rate = (flops_done - flops_at_start) / max(now - started, 1e-9)
-        remaining = total_flops - flops_done - sum(r.flops for r in rungs if r.run_id in failed)
-        line = progress_line(len(done), len(rungs), len(running), len(failed), flops_done, total_flops, rate,
-                             now - started, remaining)
-        print(line, file=sys.stderr, flush=True)
-
-    def launch(rung: _Rung, slot: int) -> None:
-        rung.attempts += 1
-        cores = slots[slot]
-        env = dict(os.environ)
-        if len(cores) == 1:  # one core: no intra-op thread pool to fight over it
-            env["XLA_FLAGS"] = (
-                env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-            ).strip()
-        log = open(ladder_dir / LOGS_DIR / f"{rung.run_id}.log", "a")
-        log.write(f"--- attempt {rung.attempts} on cores {cores} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-        log.flush()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "delphi.ladder.runner", str(rung.config), str(rung.run_dir),
-             str(ladder_dir / LOCKS_DIR / f"{rung.run_id}.lock"), ",".join(map(str, cores))],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )
-        running.append(_Running(rung, proc, slot, time.perf_counter(), log))
-
-    report(force=True)
-    try:
-        while queue or running:
-            now = time.perf_counter()
-            while free and any(r.not_before <= now for r in queue):
-                rung = next(r for r in queue if r.not_before <= now)
-                queue.remove(rung)
-                launch(rung, free.pop(0))
-            time.sleep(POLL_S)
-            for job in list(running):
-                code = job.proc.poll()
-                if code is None:
-                    continue
-                running.remove(job)
-                job.log.close()
-                free.append(job.slot)
-                rung = job.rung
-                status = rung_status(rung.run_dir)
-                if code == EXIT_LOCKED:
-                    rung.attempts -= 1
-                    rung.not_before = time.perf_counter() + LOCKED_RETRY_S
-                    queue.append(rung)
-                elif code in (EXIT_COMPLETED, EXIT_DIVERGED) and status in ("completed", "diverged"):
-                    done[rung.run_id] = status
-                    if progress:
-                        print(f"[ladder] {rung.run_id}: {status} in {_format_s(time.perf_counter() - job.started)}",
-                              file=sys.stderr, flush=True)
-                    report(force=True)
-                elif rung.attempts <= retries:
-                    print(f"[ladder] {rung.run_id}: failed (exit {code}), retrying; see {LOGS_DIR}/{rung.run_id}.log",
-                          file=sys.stderr, flush=True)
-                    queue.append(rung)
-                else:
-                    failed[rung.run_id] = f"exit {code} after {rung.attempts} attempt(s); see {LOGS_DIR}/{rung.run_id}.log"
-                    print(f"[ladder] {rung.run_id}: failed: {failed[rung.run_id]}", file=sys.stderr, flush=True)
-            report()
-    except BaseException:
-        # Ctrl-C or an error here: stop the workers gracefully (the trainer checkpoints on SIGTERM).
-        for job in running:
-            if job.proc.poll() is None:
-                job.proc.send_signal(signal.SIGTERM)
-        for job in running:
-            try:
-                job.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                job.proc.kill()
-            job.log.close()
-        raise
-    report(force=True)
-    counts = {s: sum(1 for v in done.values() if v == s) for s in ("completed", "diverged")}
-    return {
-        "ladder": str(ladder_dir),
-        "rungs": len(rungs),
-        "completed": counts["completed"],
-        "diverged": counts["diverged"],
-        "failed": failed,
-        "workers": workers,
-        "flops_total": total_flops,
-        "wall_s": round(time.perf_counter() - started, 3),
-    }
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", JAX_CACHE_MIN_COMPILE_S)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", JAX_CACHE_MAX_BYTES)
+    return path
 
 
 def run_rung(config: str | Path, run_dir: str | Path, lock_path: str | Path) -> int:
@@ -276,6 +123,7 @@ def run_rung(config: str | Path, run_dir: str | Path, lock_path: str | Path) -> 
         lock.truncate()
         lock.write(f"{os.getpid()}\n")
         lock.flush()
+        enable_compilation_cache()
         from delphi.train.config import load_train_config
         from delphi.train.trainer import train
 
@@ -290,12 +138,302 @@ def run_rung(config: str | Path, run_dir: str | Path, lock_path: str | Path) -> 
     return EXIT_FAILED
 
 
-def _worker(config: str, run_dir: str, lock_path: str, cores: str) -> int:
-    """One rung in this worker process, pinned to `cores` (comma-separated; empty: no pinning)."""
+def run_rung_into_log(config: str | Path, run_dir: str | Path, lock_path: str | Path, log: IO[str]) -> int:
+    """`run_rung` with this process's stdout and stderr (file descriptors 1 and 2) appended to `log`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    try:
+        return run_rung(config, run_dir, lock_path)
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def _pin(cores: str) -> None:
     if cores:
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+
+
+def _worker(config: str, run_dir: str, lock_path: str, cores: str) -> int:
+    """One rung in this worker process, pinned to `cores` (comma-separated; empty: no pinning)."""
+    _pin(cores)
     return run_rung(config, run_dir, lock_path)
 
 
+def serve(cores: str) -> int:
+    """A persistent worker: one JSON job per stdin line, one JSON result per line on stdout.
+
+    A job is {"config", "run_dir", "lock", "log"}; the result is {"exit": code}. The
+    worker stops at the end of its input, and after a rung that raised (a fresh
+    process for the next rung, in case the error left JAX in a bad state).
+    """
+    _pin(cores)
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything printed outside a rung goes to the worker's log, never into the results
+    for line in sys.stdin:
+        job = json.loads(line)
+        with open(job["log"], "a") as log:
+            try:
+                code = run_rung_into_log(job["config"], job["run_dir"], job["lock"], log)
+            except Exception:  # printed into the rung's log by run_rung_into_log
+                results.write(json.dumps({"exit": EXIT_FAILED, "raised": True}) + "\n")
+                return EXIT_FAILED
+        results.write(json.dumps({"exit": code}) + "\n")
+    return 0
+
+
+# ---- placement: slots of cores, one worker process per slot -------------------------------------
+
+
+def core_slots(workers: int, cpus: list[int] | None = None) -> list[list[int]]:
+    """Split the CPUs this process may use into `workers` disjoint groups, as even as possible.
+
+    More workers than CPUs: each worker gets one CPU, shared round-robin.
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    n = len(cpus)
+    if workers >= n:
+        return [[cpus[i % n]] for i in range(workers)]
+    return [cpus[i * n // workers : (i + 1) * n // workers] for i in range(workers)]
+
+
+def available_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def default_workers(pending_rungs: int, cpus: int, memory_bytes: int | None = None) -> int:
+    """One worker per core, but never more workers than rungs to run (with fewer rungs than cores,
+    each worker gets several cores: a lone rung gets the whole machine), nor than the free memory
+    holds at WORKER_MEMORY_BYTES each."""
+    workers = min(cpus, pending_rungs)
+    if memory_bytes is not None:
+        workers = min(workers, memory_bytes // WORKER_MEMORY_BYTES)
+    return max(1, workers)
+
+
+def worker_env(cores: list[int], pin_cores: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    if pin_cores and len(cores) == 1:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREAD_XLA_FLAGS}".strip()
+    return env
+
+
+@dataclass
+class _Job:
+    rung: Rung
+    proc: subprocess.Popen
+    log: IO[str] | None = field(default=None, repr=False)  # one-shot workers: the process's own output
+
+
+@dataclass
+class _Slot:
+    cores: list[int]
+    proc: subprocess.Popen | None = None  # persistent worker, when started
+    job: _Job | None = None
+    buffer: bytes = b""
+
+
+class LocalPlacer:
+    """Rungs on local worker processes, one slot of cores per worker.
+
+    persistent=True: one long-lived worker per slot trains rung after rung
+    (`serve`); False: a fresh process per rung (`_worker`), as before.
+    pin_cores=False: no affinity and no thread limits (every worker sees every core).
+    """
+
+    def __init__(
+        self, slots: list[list[int]], log_dir: Path, *, persistent: bool = True, pin_cores: bool = True
+    ) -> None:
+        self.slots = [_Slot(cores) for cores in slots]
+        self.log_dir = log_dir
+        self._closed = False
+        self.persistent = persistent
+        self.pin_cores = pin_cores
+        self.selector = selectors.DefaultSelector()
+
+    def _cores_arg(self, slot: _Slot) -> str:
+        return ",".join(map(str, slot.cores)) if self.pin_cores else ""
+
+    def free_slots(self) -> int:
+        return sum(1 for s in self.slots if s.job is None)
+
+    def _start_worker(self, slot: _Slot) -> subprocess.Popen:
+        index = self.slots.index(slot)
+        with open(self.log_dir / f"{WORKER_LOG_PREFIX}{index}.log", "a") as log:  # output outside any rung
+            log.write(f"--- worker on cores {slot.cores} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+            log.flush()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "delphi.ladder.runner", "--serve", self._cores_arg(slot)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=worker_env(slot.cores, self.pin_cores),
+            )
+        os.set_blocking(proc.stdout.fileno(), False)
+        self.selector.register(proc.stdout, selectors.EVENT_READ, slot)
+        slot.buffer = b""
+        return proc
+
+    def place(self, rung: Rung, lock_path: Path, log_path: Path) -> None:
+        slot = next(s for s in self.slots if s.job is None)
+        with open(log_path, "a") as log:
+            log.write(f"--- attempt {rung.attempts} on cores {slot.cores} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        if not self.persistent:
+            log = open(log_path, "a")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "delphi.ladder.runner", str(rung.config), str(rung.run_dir), str(lock_path),
+                 self._cores_arg(slot)],
+                stdout=log, stderr=subprocess.STDOUT, env=worker_env(slot.cores, self.pin_cores),
+            )
+            slot.job = _Job(rung, proc, log)
+            return
+        if slot.proc is None or slot.proc.poll() is not None:
+            slot.proc = self._start_worker(slot)
+        job = {"config": str(rung.config), "run_dir": str(rung.run_dir), "lock": str(lock_path), "log": str(log_path)}
+        slot.job = _Job(rung, slot.proc)
+        try:
+            slot.proc.stdin.write((json.dumps(job) + "\n").encode())
+            slot.proc.stdin.flush()
+        except BrokenPipeError:  # died since the poll above: wait() reports it as a dead worker
+            pass
+
+    def _retire(self, slot: _Slot) -> None:
+        """Forget a persistent worker that ended (it is replaced at the next placement)."""
+        if slot.proc is not None:
+            self.selector.unregister(slot.proc.stdout)
+            slot.proc.stdout.close()
+            self._close_input(slot)
+            slot.proc.wait()
+            slot.proc = None
+
+    def wait(self, timeout_s: float) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        if not self.persistent:
+            time.sleep(timeout_s)
+            for slot in self.slots:
+                job = slot.job
+                if job is not None and (code := job.proc.poll()) is not None:
+                    job.log.close()
+                    slot.job = None
+                    outcomes.append(Outcome(job.rung, code, f"exit {code}"))
+            return outcomes
+        if not self.selector.get_map():
+            time.sleep(timeout_s)
+            return outcomes
+        for key, _ in self.selector.select(timeout_s):
+            slot: _Slot = key.data
+            chunk = slot.proc.stdout.read()
+            if chunk:
+                slot.buffer += chunk
+                while b"\n" in slot.buffer:
+                    line, slot.buffer = slot.buffer.split(b"\n", 1)
+                    result = json.loads(line)
+                    if slot.job is not None:
+                        outcomes.append(Outcome(slot.job.rung, result["exit"], f"exit {result['exit']}"))
+                        slot.job = None
+                    if result.get("raised"):  # the worker is ending: never send it another rung
+                        self._retire(slot)
+                        break
+                continue
+            # End of file: the worker is gone (it raised, was killed, or ran out of memory).
+            code = slot.proc.wait()
+            self._retire(slot)
+            if slot.job is not None:
+                why = f"worker killed by {signal.Signals(-code).name}" if code < 0 else f"worker exit {code}"
+                outcomes.append(Outcome(slot.job.rung, None if code <= 0 else EXIT_FAILED, why))
+                slot.job = None
+        return outcomes
+
+    def in_flight_note(self, rungs: list[Rung]) -> tuple[int, str]:
+        return len(rungs), ""
+
+    def stop(self) -> None:
+        """Interrupt every rung (the trainer checkpoints on SIGTERM) and wait for the workers."""
+        procs = [s.job.proc for s in self.slots if s.job is not None] + [
+            s.proc for s in self.slots if s.proc is not None and s.job is None
+        ]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for slot in self.slots:  # a persistent worker then reads the end of its input and exits
+            self._close_input(slot)
+        for proc in procs:
+            try:
+                proc.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.close()
+
+    @staticmethod
+    def _close_input(slot: _Slot) -> None:
+        if slot.proc is not None and slot.proc.stdin and not slot.proc.stdin.closed:
+            try:
+                slot.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def close(self) -> None:
+        """End every idle worker (end of input) and release its pipes."""
+        if self._closed:
+            return
+        self._closed = True
+        for slot in self.slots:
+            if slot.job is not None and slot.job.log is not None:
+                slot.job.log.close()
+            if slot.proc is not None:
+                self._close_input(slot)
+                try:
+                    slot.proc.wait(timeout=STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    slot.proc.kill()
+                self._retire(slot)
+        self.selector.close()
+
+
+def run_ladder(
+    ladder_dir: str | Path,
+    *,
+    workers: int | None = None,
+    retries: int = 1,
+    progress: bool = True,
+    progress_every_s: float = PROGRESS_EVERY_S,
+    persistent_workers: bool = True,
+    pin_cores: bool = True,
+) -> dict:
+    """Run every rung of `ladder_dir` that is not completed (or diverged); return a summary.
+
+    `persistent_workers` and `pin_cores` exist to measure what they gain (benchmarks/ladder.py).
+    """
+    if workers is not None and workers < 1:
+        raise DelphiError(f"--workers: must be >= 1, got {workers}")
+    driver = LadderDriver(Path(ladder_dir), retries=retries, progress=progress, progress_every_s=progress_every_s)
+    cpus = sorted(os.sched_getaffinity(0))
+    workers = workers if workers is not None else default_workers(len(driver.waiting), len(cpus), available_memory_bytes())
+    slots = core_slots(workers, cpus)
+    driver.make_dirs()
+    placer = LocalPlacer(slots, driver.ladder_dir / LOGS_DIR, persistent=persistent_workers, pin_cores=pin_cores)
+    try:
+        driver.drive(placer, POLL_S)
+    finally:
+        placer.close()
+    return driver.summary(
+        executor="local", workers=workers, cores_per_worker=[len(s) for s in slots],
+        persistent_workers=persistent_workers, pinned=pin_cores,
+    )
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        sys.exit(serve(sys.argv[2] if len(sys.argv) > 2 else ""))
     sys.exit(_worker(*sys.argv[1:5]))

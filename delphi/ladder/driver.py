@@ -1,0 +1,281 @@
+"""The one ladder driver loop, shared by every executor.
+
+    LadderDriver(ladder_dir, retries=1).drive(placer) -> None;  .summary(**extra) -> dict
+
+The driver owns what a ladder run means: which rungs are pending (a completed or
+diverged rung is a result and is never rerun), in which order they start
+(largest first), what a finished job means (done, locked elsewhere, retry,
+failed), the progress line and the summary. An executor only places jobs: it
+implements `Placer` (how many jobs it can take now, place one, wait for
+outcomes, stop everything on Ctrl-C). `delphi.ladder.runner` places rungs on
+local worker processes, `delphi.ladder.ray_executor` on Ray tasks.
+
+Every job runs `run_rung` (in delphi.ladder.runner), whose exit code is the
+contract between a job and the driver: EXIT_COMPLETED, EXIT_DIVERGED,
+EXIT_LOCKED (another process holds the rung's flock: come back later),
+anything else a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from delphi.errors import DelphiError
+from delphi.ladder.plan import RUNS_DIR, read_manifest
+
+LOCKS_DIR = "locks"
+LOGS_DIR = "logs"
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1
+EXIT_DIVERGED = 3
+EXIT_LOCKED = 75  # EX_TEMPFAIL: another process holds the rung
+PROGRESS_EVERY_S = 30.0
+LOCKED_RETRY_S = 5.0
+FINISHED_STATUSES = ("completed", "diverged")
+TAIL_BYTES = 8192  # enough for the last few metrics lines of a running rung
+
+
+def rung_status(run_dir: Path) -> str:
+    try:
+        return json.loads((run_dir / "status.json").read_text()).get("status", "pending")
+    except (OSError, ValueError):
+        return "pending"
+
+
+def is_finished(status: str) -> bool:
+    """Skip rule shared by every executor: a completed or diverged rung is a result and never rerun."""
+    return status in FINISHED_STATUSES
+
+
+def last_flops(run_dir: Path) -> float:
+    """FLOPs done so far by a running rung: the last complete line of its metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            lines = f.read().splitlines()
+    except OSError:
+        return 0.0
+    for line in reversed(lines):
+        try:
+            return float(json.loads(line).get("flops") or 0.0)
+        except ValueError:
+            continue
+    return 0.0
+
+
+@dataclass
+class Rung:
+    run_id: str
+    config: Path
+    run_dir: Path
+    flops: float
+    attempts: int = 0
+    not_before: float = 0.0  # perf_counter time before which it is not placed again (locked elsewhere)
+    placed_at: float = 0.0  # epoch seconds of the last placement
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one placed job."""
+
+    rung: Rung
+    code: int | None  # run_rung's exit code; None when the job died or raised before giving one
+    why: str  # for messages: "exit 1", "exit 1 on node3", "RayTaskError: ..."
+
+
+class Placer(Protocol):
+    """Where jobs run. The driver decides what runs and what an outcome means."""
+
+    def free_slots(self) -> int:
+        """How many more jobs it takes now."""
+
+    def place(self, rung: Rung, lock_path: Path, log_path: Path) -> None:
+        """Start `run_rung(rung.config, rung.run_dir, lock_path)` with its output appended to `log_path`."""
+
+    def wait(self, timeout_s: float) -> list[Outcome]:
+        """The jobs that ended, waiting at most `timeout_s` for the first one."""
+
+    def in_flight_note(self, rungs: list[Rung]) -> tuple[int, str]:
+        """(how many placed rungs are training, a suffix for the progress line)."""
+
+    def stop(self) -> None:
+        """Ctrl-C or an error in the driver: interrupt every job (they checkpoint) and wait for them."""
+
+
+def load_rungs(ladder_dir: Path, rows: list[dict[str, str]] | None = None) -> list[Rung]:
+    """The manifest's rungs, each with its config (which must exist) and run dir."""
+    rows = read_manifest(ladder_dir) if rows is None else rows
+    rungs = []
+    for row in rows:
+        config = ladder_dir / row["config"]
+        if not config.is_file():
+            raise DelphiError(f"{ladder_dir}/manifest.csv: rung {row['run_id']}: config {config} is missing")
+        rungs.append(Rung(row["run_id"], config, ladder_dir / RUNS_DIR / row["run_id"], float(row["flops"])))
+    return rungs
+
+
+def format_s(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def progress_line(
+    rungs_done: int, rungs: int, running: int, failed: int, flops_done: float, flops_total: float,
+    flops_per_s: float, elapsed_s: float, flops_left: float,
+) -> str:
+    """`[ladder] 3/20 rungs done (2 running, 0 failed), FLOPs done/total, rate, elapsed, ETA`."""
+    eta = format_s(flops_left / flops_per_s) if flops_per_s > 0 else "?"
+    return (
+        f"[ladder] {rungs_done}/{rungs} rungs done ({running} running, {failed} failed), "
+        f"{flops_done:.3g}/{flops_total:.3g} FLOPs ({flops_done / max(flops_total, 1e-30):.0%}), "
+        f"{flops_per_s / 1e9:.1f} GFLOP/s, elapsed {format_s(elapsed_s)}, ETA {eta}"
+    )
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class LadderDriver:
+    """One pass over a ladder dir: skip, order, place, judge outcomes, report, summarise."""
+
+    ladder_dir: Path
+    retries: int = 1
+    progress: bool = True
+    progress_every_s: float = PROGRESS_EVERY_S
+    rungs: list[Rung] = field(init=False)
+    done: dict[str, str] = field(init=False)  # run_id -> completed | diverged
+    waiting: list[Rung] = field(init=False)
+    failed: dict[str, str] = field(default_factory=dict, init=False)
+    in_flight: dict[str, Rung] = field(default_factory=dict, init=False)
+    # run_id -> {"placed_at": epoch s, "wall_s": placement to outcome, "attempts"}: the last attempt
+    rung_times: dict[str, dict] = field(default_factory=dict, init=False)
+    wall_s: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        self.ladder_dir = Path(self.ladder_dir)
+        if self.retries < 0:
+            raise DelphiError(f"--retries: must be >= 0, got {self.retries}")
+        self.rungs = load_rungs(self.ladder_dir)
+        statuses = {r.run_id: rung_status(r.run_dir) for r in self.rungs}
+        self.done = {run_id: s for run_id, s in statuses.items() if is_finished(s)}
+        # Largest first: the long rungs start early and the short ones fill the gaps at the end.
+        self.waiting = sorted((r for r in self.rungs if r.run_id not in self.done), key=lambda r: -r.flops)
+        self._started = time.perf_counter()
+        self._last_report = 0.0
+        self._flops_at_start = 0.0
+
+    @property
+    def total_flops(self) -> float:
+        return sum(r.flops for r in self.rungs)
+
+    def make_dirs(self) -> None:
+        for d in (LOCKS_DIR, LOGS_DIR, RUNS_DIR):
+            (self.ladder_dir / d).mkdir(parents=True, exist_ok=True)
+
+    def log_path(self, rung: Rung) -> Path:
+        return self.ladder_dir / LOGS_DIR / f"{rung.run_id}.log"
+
+    def lock_path(self, rung: Rung) -> Path:
+        return self.ladder_dir / LOCKS_DIR / f"{rung.run_id}.lock"
+
+    # ---- progress
+
+    def _flops_done(self) -> float:
+        finished = sum(r.flops for r in self.rungs if r.run_id in self.done)
+        partial = sum(last_flops(r.run_dir) for r in self.rungs
+                      if r.run_id not in self.done and r.run_id not in self.failed)
+        return finished + partial
+
+    def report(self, placer: Placer, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.progress or (not force and now - self._last_report < self.progress_every_s):
+            return
+        self._last_report = now
+        flops_done = self._flops_done()
+        rate = (flops_done - self._flops_at_start) / max(now - self._started, 1e-9)
+        left = self.total_flops - flops_done - sum(r.flops for r in self.rungs if r.run_id in self.failed)
+        training, note = placer.in_flight_note(list(self.in_flight.values()))
+        line = progress_line(len(self.done), len(self.rungs), training, len(self.failed), flops_done,
+                             self.total_flops, rate, now - self._started, left)
+        _say(line + note)
+
+    # ---- the loop
+
+    def drive(self, placer: Placer, poll_s: float) -> None:
+        """Place every waiting rung and judge its outcome until none is left (or Ctrl-C)."""
+        self._started = time.perf_counter()
+        self._flops_at_start = self._flops_done()
+        self.report(placer, force=True)
+        try:
+            while self.waiting or self.in_flight:
+                now = time.perf_counter()
+                for rung in [r for r in self.waiting if r.not_before <= now]:
+                    if placer.free_slots() <= 0:
+                        break
+                    self.waiting.remove(rung)
+                    rung.attempts += 1
+                    rung.placed_at = time.time()
+                    self.in_flight[rung.run_id] = rung
+                    placer.place(rung, self.lock_path(rung), self.log_path(rung))
+                for outcome in placer.wait(poll_s):
+                    self.judge(outcome, placer)
+                self.report(placer)
+        except BaseException:
+            placer.stop()
+            raise
+        finally:
+            self.wall_s = time.perf_counter() - self._started
+        self.report(placer, force=True)
+
+    def judge(self, outcome: Outcome, placer: Placer) -> None:
+        """The retry and skip rules, for every executor."""
+        rung = self.in_flight.pop(outcome.rung.run_id)
+        wall_s = time.time() - rung.placed_at
+        self.rung_times[rung.run_id] = {
+            "placed_at": rung.placed_at, "wall_s": round(wall_s, 3), "attempts": rung.attempts,
+        }
+        log = f"{LOGS_DIR}/{rung.run_id}.log"
+        status = rung_status(rung.run_dir)
+        # EXIT_LOCKED with a finished status: another process finished the rung meanwhile.
+        if outcome.code in (EXIT_COMPLETED, EXIT_DIVERGED, EXIT_LOCKED) and is_finished(status):
+            self.done[rung.run_id] = status
+            if self.progress:
+                _say(f"[ladder] {rung.run_id}: {status} in {format_s(wall_s)}")
+            self.report(placer, force=True)
+        elif outcome.code == EXIT_LOCKED:  # a live process elsewhere holds the rung: come back to it later
+            rung.attempts -= 1
+            rung.not_before = time.perf_counter() + LOCKED_RETRY_S
+            self.waiting.append(rung)
+        elif rung.attempts <= self.retries:
+            _say(f"[ladder] {rung.run_id}: failed ({outcome.why}), retrying; see {log}")
+            self.waiting.append(rung)
+        else:
+            self.failed[rung.run_id] = f"{outcome.why} after {rung.attempts} attempt(s); see {log}"
+            _say(f"[ladder] {rung.run_id}: failed: {self.failed[rung.run_id]}")
+
+    def summary(self, **extra: object) -> dict:
+        counts = {s: sum(1 for v in self.done.values() if v == s) for s in FINISHED_STATUSES}
+        return {
+            "ladder": str(self.ladder_dir),
+            "rungs": len(self.rungs),
+            "completed": counts["completed"],
+            "diverged": counts["diverged"],
+            "failed": dict(self.failed),
+            **extra,
+            "flops_total": self.total_flops,
+            "wall_s": round(self.wall_s, 3),
+            "rung_times": dict(self.rung_times),
+        }

@@ -1,0 +1,150 @@
+"""The local ladder executor: slots of cores, persistent workers, the shared driver's rules."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from delphi.errors import DelphiError
+from delphi.ladder.plan import plan_ladder, read_manifest, write_ladder
+from delphi.ladder.runner import WORKER_LOG_PREFIX, core_slots, default_workers, run_ladder
+from delphi.ladder.spec import ladder_spec_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "studies" / "ladder_tiny.yaml"
+
+
+def _micro_ladder(tmp_path: Path, budgets: list[float]) -> Path:
+    """Rungs of a few seconds of training each (plus compilation), on a small private store."""
+    from delphi.data.store import prepare_store
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i in range(40):
+        (src / f"m{i:02d}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x + {j}\n" for j in range(300)))
+    prepare_store(str(src), tmp_path / "store")
+    raw = yaml.safe_load(TINY.read_text())
+    raw.update(name="micro-local", mode="tokens_per_param", budgets=budgets, seq_len=32)
+    raw["tokens_per_param"] = {"ratio": 2.0, "max_ratio_error": 0.9}
+    raw["shape"]["widths"] = [8, 16]
+    raw["batch"].update(min_steps=16, min_seqs=2, max_seqs=8)
+    raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=1, logs_per_run=2,
+                      checkpoints_per_run=2)
+    spec = ladder_spec_from_dict(raw)
+    ladder = tmp_path / "ladder"
+    write_ladder(spec, plan_ladder(spec), ladder)
+    return ladder
+
+
+@pytest.fixture
+def worker_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELPHI_PEAK_FLOPS_F32", "1e11")  # skip the per-worker matmul peak measurement
+    monkeypatch.setenv("DELPHI_JAX_CACHE", str(tmp_path / "jax-cache"))  # a private compilation cache
+    return tmp_path / "jax-cache"
+
+
+def test_core_slots_split_the_cores_without_oversubscription():
+    assert core_slots(2, [0, 1]) == [[0], [1]]
+    assert core_slots(1, [0, 1]) == [[0, 1]]
+    assert core_slots(2, [0, 1, 2]) == [[0], [1, 2]]  # disjoint, as even as possible
+    assert core_slots(4, [3, 5]) == [[3], [5], [3], [5]]  # more workers than cores: one core each, shared
+    assert sorted(c for s in core_slots(3, list(range(8))) for c in s) == list(range(8))
+    assert default_workers(15, 2) == 2
+    assert default_workers(1, 2) == 1  # a lone rung gets every core, not half of them
+    assert default_workers(0, 4) == 1
+    assert default_workers(64, 64, memory_bytes=8 * 1024**3) == 8  # no more workers than the memory holds
+
+
+def test_ray_executor_uses_only_public_runner_names():
+    tree = ast.parse((ROOT / "delphi" / "ladder" / "ray_executor.py").read_text())
+    imported = [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module in ("delphi.ladder.runner", "delphi.ladder.driver") for a in node.names]
+    assert imported and not [name for name in imported if name.startswith("_")]
+
+
+def test_bad_workers_and_retries_write_nothing(tmp_path):
+    ladder = _micro_ladder(tmp_path, [1e9])
+    before = sorted(p.relative_to(ladder) for p in ladder.rglob("*"))
+    with pytest.raises(DelphiError, match="--workers"):
+        run_ladder(ladder, workers=0)
+    with pytest.raises(DelphiError, match="--retries"):
+        run_ladder(ladder, retries=-1)
+    assert sorted(p.relative_to(ladder) for p in ladder.rglob("*")) == before
+
+
+def test_one_persistent_worker_trains_rung_after_rung_and_a_broken_rung_fails_alone(tmp_path, worker_env, capsys):
+    ladder = _micro_ladder(tmp_path, [1e9, 2e9])
+    rows = read_manifest(ladder)
+    # A third rung whose config points at a store that does not exist: the trainer raises in the worker.
+    broken = dict(rows[0], run_id="broken", config="configs/broken.yaml")
+    cfg = yaml.safe_load((ladder / rows[0]["config"]).read_text())
+    cfg["data"]["store"] = str(tmp_path / "no-such-store")
+    (ladder / "configs" / "broken.yaml").write_text(yaml.safe_dump(cfg))
+    manifest = (ladder / "manifest.csv").read_text().splitlines()
+    header = manifest[0].split(",")
+    manifest.append(",".join(str(broken.get(col, "")) for col in header))
+    (ladder / "manifest.csv").write_text("\n".join(manifest) + "\n")
+
+    summary = run_ladder(ladder, workers=1, retries=1, progress_every_s=1.0)
+    assert summary["completed"] == 2 and summary["executor"] == "local" and summary["workers"] == 1
+    assert list(summary["failed"]) == ["broken"] and "after 2 attempt(s)" in summary["failed"]["broken"]
+    assert set(summary["rung_times"]) == {r["run_id"] for r in rows} | {"broken"}
+    assert summary["rung_times"]["broken"]["attempts"] == 2
+    # Largest first: the first worker process trained both good rungs, then the broken rung raised
+    # and its retry ran in a fresh worker (a JAX error may leave a process unusable).
+    assert (ladder / "logs" / f"{WORKER_LOG_PREFIX}0.log").read_text().count("--- worker on cores") == 2
+    broken_log = (ladder / "logs" / "broken.log").read_text()
+    assert broken_log.count("--- attempt") == 2 and broken_log.count("Traceback") == 2
+    for row in rows:
+        log = (ladder / "logs" / f"{row['run_id']}.log").read_text()
+        assert log.count('"status": "completed"') == 1  # the rung's own output went to its own log
+    assert any(worker_env.rglob("*")), "ladder workers did not use the persistent compilation cache"
+    err = capsys.readouterr().err
+    assert "broken: failed (exit 1), retrying" in err and "rungs done" in err
+
+    # Rerun: the two finished rungs are skipped, only the broken one is tried again.
+    again = run_ladder(ladder, workers=1, retries=0, progress=False)
+    assert again["completed"] == 2 and list(again["failed"]) == ["broken"]
+    assert set(again["rung_times"]) == {"broken"}
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_its_rung_resumes(tmp_path, worker_env, capsys):
+    ladder = _micro_ladder(tmp_path, [2e9])
+    (row,) = read_manifest(ladder)
+    run_dir = ladder / "runs" / row["run_id"]
+    outcome: dict = {}
+
+    def drive() -> None:
+        try:
+            outcome["result"] = run_ladder(ladder, workers=1, retries=1, progress=False)
+        except BaseException as e:  # surfaced in the main thread below
+            outcome["error"] = e
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("step_*/manifest.json")) and driver.is_alive():  # a checkpoint
+        assert time.monotonic() < deadline, "the rung never wrote a checkpoint"
+        time.sleep(0.05)
+    pid = int((ladder / "locks" / f"{row['run_id']}.lock").read_text())
+    if driver.is_alive():
+        os.kill(pid, signal.SIGKILL)
+    driver.join(timeout=180)
+    assert not driver.is_alive()
+    if "error" in outcome:
+        raise outcome["error"]
+    assert outcome["result"]["completed"] == 1 and not outcome["result"]["failed"]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))  # one consistent run, resumed from its checkpoint
+    log = (ladder / "logs" / f"{row['run_id']}.log").read_text()
+    if log.count("--- attempt") == 2:  # killed in time (a fast machine may finish first)
+        assert "worker killed by SIGKILL" in capsys.readouterr().err
