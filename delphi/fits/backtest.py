@@ -1,11 +1,21 @@
 """Backtest: fit on the lower budgets, predict the held-out higher ones.
 
 The honest measure of extrapolation (DESIGN.md section 6). For each held-out
-budget the truth is the lowest observed loss there (the best run); the
-prediction is the fitted law's best achievable loss at that compute. For laws
-in (N, D) every held-out run is also predicted from its own N and D. Relative
-error = predicted / observed - 1; with a bootstrap, whether the 90% interval
-covered the truth.
+budget the truth is the lowest observed loss there (the best cell, seeds
+averaged); the prediction is the fitted law's best achievable loss at that
+compute, allocated under the fit's FLOPs family (exact) when it has one, so the
+predicted point costs the budget (`predicted_point_flops`). For laws in (N, D)
+every held-out run is also predicted from its own N and D. Relative error =
+predicted / observed - 1.
+
+The 90% interval is predictive: the fit's bootstrap interval of L*(C) (which
+carries seed noise when the table has seeds: the bootstrap is hierarchical)
+widened, side by side in quadrature, by z_0.95 x the training residual scatter
+(RMS of best observed minus predicted L* over the training budgets, 2 dof
+removed). The residual term is there because the truth is one observed best
+cell, not the law's mean: without it a point with no bootstrap, or a tight
+bootstrap, gets an interval that cannot cover. `covered_90` says whether it did;
+`all_holdouts` measures coverage over many held-out budgets.
 """
 
 from __future__ import annotations
@@ -16,7 +26,14 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
+from delphi.fits.allocation import FlopsFamily, flops_of
+from delphi.fits.data import cell_points
 from delphi.fits.results import FitResult
+
+Z_90 = 1.6448536269514722  # standard normal quantile at 0.95: a central 90% interval
+LEVEL = 0.90
+MIN_TRAIN_BUDGETS = 3  # all-holdouts: every budget above the third is held out in turn
+RESIDUAL_DOF = 2  # the training residual scatter removes 2 dof (as for a 2-parameter L*(C) line)
 
 
 def split_by_budget(table: pd.DataFrame, cut: float | None = None, holdout: int = 1) -> tuple[pd.DataFrame, pd.DataFrame, float]:
@@ -36,11 +53,45 @@ def split_by_budget(table: pd.DataFrame, cut: float | None = None, holdout: int 
     return train, test.reset_index(drop=True), float(cut)
 
 
-def _covered(pred: dict[str, Any], truth: float) -> bool | None:
-    lo_hi = pred.get("loss_interval_90")
-    if lo_hi is None or lo_hi[0] is None:
+def _covered(interval: list[float] | tuple[float, float] | None, truth: float) -> bool | None:
+    if interval is None or interval[0] is None or interval[1] is None:
         return None
-    return bool(lo_hi[0] <= truth <= lo_hi[1])
+    return bool(interval[0] <= truth <= interval[1])
+
+
+def best_per_budget(table: pd.DataFrame) -> pd.DataFrame:
+    """Per budget: the best cell (lowest seed-averaged loss), its params and seed count."""
+    points, _ = cell_points(table)
+    idx = points.groupby("budget", sort=True)["loss"].idxmin()
+    return points.loc[idx, ["budget", "loss", "params", "n_seeds"]].reset_index(drop=True)
+
+
+def residual_scatter(fit: FitResult, train: pd.DataFrame) -> float | None:
+    """RMS (nats) of best observed minus predicted L* over the training budgets, RESIDUAL_DOF removed."""
+    best = best_per_budget(train)
+    residuals = []
+    for budget, loss in zip(best["budget"], best["loss"]):
+        try:
+            pred = fit.predict(compute=float(budget))["loss"]
+        except DelphiError:
+            return None
+        if pred is None or not np.isfinite(pred):
+            return None
+        residuals.append(loss - pred)
+    r = np.asarray(residuals, float)
+    return float(np.sqrt(np.sum(r**2) / max(len(r) - RESIDUAL_DOF, 1))) if len(r) else None
+
+
+def predictive_interval(point: float, fit_interval: Any, scatter: float | None) -> tuple[float, float] | None:
+    """Bootstrap interval widened by the residual scatter, each side in quadrature (normal approx)."""
+    extra = Z_90 * scatter if scatter is not None else 0.0
+    if fit_interval is not None and fit_interval[0] is not None and fit_interval[1] is not None:
+        lo, hi = point - float(fit_interval[0]), float(fit_interval[1]) - point
+    elif scatter is not None:
+        lo = hi = 0.0
+    else:
+        return None
+    return (point - float(np.hypot(max(lo, 0.0), extra)), point + float(np.hypot(max(hi, 0.0), extra)))
 
 
 def backtest(
@@ -49,26 +100,49 @@ def backtest(
     *,
     cut: float | None = None,
     holdout: int = 1,
+    family: FlopsFamily | None = None,
+    predict_budgets: list[float] | None = None,
 ) -> dict[str, Any]:
+    """Fit on budgets below the cut, predict each held-out budget (or only `predict_budgets`).
+
+    `family` (default: the table's, from load_results) is attached to the fit, so held-out
+    budgets are scored at their real cost."""
+    family = family if family is not None else table.attrs.get("flops_family")
     train, test, cut = split_by_budget(table, cut, holdout)
     fit = fit_fn(train)
+    if family is not None:
+        fit = fit.with_family(family)
+    scatter = residual_scatter(fit, train)
     budgets = []
-    for budget, g in test.groupby("budget", sort=True):
-        truth = float(g["loss"].min())
+    best = best_per_budget(test)
+    train_top = float(train["budget"].max())
+    for budget, truth, best_params, n_seeds in best.itertuples(index=False):
+        if predict_budgets is not None and not any(np.isclose(budget, b, rtol=1e-9) for b in predict_budgets):
+            continue
         pred = fit.predict(compute=float(budget))
         if pred["loss"] is None:  # e.g. A or B fitted to 0: the law has no compute-optimal point
             raise DelphiError(f"backtest: the {fit.kind} fit on budgets <= {cut:g} has no compute-optimal "
                               f"point (parameters {fit.params}); it cannot predict budget {budget:g}")
+        interval = predictive_interval(pred["loss"], pred.get("loss_interval_90"), scatter)
+        n_star, d_star = pred.get("params"), pred.get("tokens")
+        cost = float(flops_of(family, n_star, d_star)) if n_star is not None and d_star is not None else None
         budgets.append(
             {
                 "budget": float(budget),
-                "observed_best_loss": truth,
+                "extrapolation": float(budget) / train_top,
+                "observed_best_loss": float(truth),
+                "observed_best_seeds": int(n_seeds),
                 "predicted_loss": pred["loss"],
                 "rel_error": pred["loss"] / truth - 1,
-                "loss_interval_90": pred.get("loss_interval_90"),
-                "covered_90": _covered(pred, truth),
-                "predicted_params": pred.get("params"),
-                "observed_best_params": float(g.loc[g["loss"].idxmin(), "params"]),
+                "loss_interval_90": list(interval) if interval else None,
+                "fit_interval_90": pred.get("loss_interval_90"),
+                "covered_90": _covered(interval, truth),
+                "predicted_params": n_star,
+                "predicted_tokens": d_star,
+                "predicted_point_flops": cost,
+                "predicted_point_cost_rel": None if cost is None else cost / float(budget) - 1,
+                "allocation": pred.get("allocation"),
+                "observed_best_params": float(best_params),
             }
         )
     runs = []
@@ -85,7 +159,7 @@ def backtest(
                     "observed_loss": float(row["loss"]),
                     "predicted_loss": float(pred["loss"]),
                     "rel_error": float(pred["loss"] / row["loss"] - 1),
-                    "covered_90": _covered(pred, float(row["loss"])),
+                    "covered_90": _covered(pred.get("loss_interval_90"), float(row["loss"])),
                 }
             )
     covered = [b["covered_90"] for b in budgets if b["covered_90"] is not None]
@@ -96,13 +170,89 @@ def backtest(
         "train_budgets": sorted(float(b) for b in train["budget"].unique()),
         "n_train_points": len(train),
         "fit_params": fit.params,
+        "fit_status": fit.status,
+        "at_bound": fit.diagnostics.get("at_bound", []),
+        "allocation": fit.allocation,
+        "flops_family_source": None if family is None else family.source,
+        "residual_scatter_nats": scatter,
+        "seed_noise_nats": fit.diagnostics.get("seed_noise_nats"),
+        "interval": "bootstrap 90% of L*(C) widened in quadrature by z_0.95 x training residual scatter"
+                    if fit.samples else "L*(C) +- z_0.95 x training residual scatter (no bootstrap)",
         "budgets": budgets,
         "runs": runs,
-        "mean_abs_rel_error": float(np.mean([abs(b["rel_error"]) for b in budgets])),
-        "max_abs_rel_error": float(np.max([abs(b["rel_error"]) for b in budgets])),
+        "mean_abs_rel_error": float(np.mean([abs(b["rel_error"]) for b in budgets])) if budgets else None,
+        "max_abs_rel_error": float(np.max([abs(b["rel_error"]) for b in budgets])) if budgets else None,
         "coverage_90": (sum(covered) / len(covered)) if covered else None,
         "input_sha256": table.attrs.get("sha256"),
     }
     if runs:
         result["runs_mean_abs_rel_error"] = float(np.mean([abs(r["rel_error"]) for r in runs]))
     return result
+
+
+def all_holdouts(
+    table: pd.DataFrame,
+    fit_fns: dict[str, Callable[[pd.DataFrame], FitResult]],
+    *,
+    min_train_budgets: int = MIN_TRAIN_BUDGETS,
+    family: FlopsFamily | None = None,
+    one_step: bool = False,
+) -> dict[str, Any]:
+    """Every budget above the `min_train_budgets`-th held out in turn, for every method.
+
+    For each cut k >= min_train_budgets the fit uses budgets[:k] and predicts every higher
+    budget (`one_step=True`: only budgets[k]). A fit that fails at a cut is recorded as an
+    error row. Returns {"rows": [...], "summary": {method: {n, mean_abs_rel_error, coverage_90,
+    ...}}}."""
+    if "budget" not in table:
+        raise DelphiError("backtest: the table has no budget column")
+    budgets = np.sort(table["budget"].unique())
+    if len(budgets) <= min_train_budgets:
+        raise DelphiError(f"backtest --all-holdouts: {len(budgets)} budget(s); need more than {min_train_budgets}")
+    rows: list[dict[str, Any]] = []
+    for method, fit_fn in fit_fns.items():
+        for k in range(min_train_budgets, len(budgets)):
+            targets = [float(budgets[k])] if one_step else [float(b) for b in budgets[k:]]
+            try:
+                result = backtest(table, fit_fn, cut=float(budgets[k]), family=family, predict_budgets=targets)
+            except (DelphiError, ValueError, np.linalg.LinAlgError) as e:
+                rows.append({"method": method, "cut": float(budgets[k]), "error": f"{type(e).__name__}: {e}"})
+                continue
+            for b in result["budgets"]:
+                rows.append({
+                    "method": method, "cut": float(budgets[k]), "n_train_budgets": k,
+                    "budget": b["budget"], "extrapolation": b["extrapolation"],
+                    "observed_best_loss": b["observed_best_loss"], "predicted_loss": b["predicted_loss"],
+                    "rel_error": b["rel_error"],
+                    "lo_90": None if b["loss_interval_90"] is None else b["loss_interval_90"][0],
+                    "hi_90": None if b["loss_interval_90"] is None else b["loss_interval_90"][1],
+                    "covered_90": b["covered_90"], "allocation": b["allocation"],
+                    "predicted_point_cost_rel": b["predicted_point_cost_rel"],
+                    "fit_status": result["fit_status"],
+                })
+    return {"kind": "backtest_all_holdouts", "rows": rows, "summary": summarise(rows),
+            "budgets": [float(b) for b in budgets], "min_train_budgets": min_train_budgets,
+            "input_sha256": table.attrs.get("sha256")}
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method: points scored, mean and median |error|, 90% coverage, and the same one step ahead."""
+    out: dict[str, dict[str, Any]] = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method and "error" not in r]
+        failed = sum(1 for r in rows if r["method"] == method and "error" in r)
+        entry: dict[str, Any] = {"n": len(mine), "failed_fits": failed}
+        for label, subset in (("", mine), ("one_step_", [r for r in mine if r["budget"] == _next_budget(r, mine)])):
+            err = np.array([abs(r["rel_error"]) for r in subset], float)
+            cov = [r["covered_90"] for r in subset if r["covered_90"] is not None]
+            entry[f"{label}n"] = len(subset)
+            entry[f"{label}mean_abs_rel_error"] = float(err.mean()) if len(err) else None
+            entry[f"{label}median_abs_rel_error"] = float(np.median(err)) if len(err) else None
+            entry[f"{label}coverage_90"] = float(np.mean(cov)) if cov else None
+        out[method] = entry
+    return out
+
+
+def _next_budget(row: dict[str, Any], rows: list[dict[str, Any]]) -> float:
+    """The lowest held-out budget predicted from this row's cut."""
+    return min(r["budget"] for r in rows if r["method"] == row["method"] and r["cut"] == row["cut"])

@@ -10,6 +10,9 @@ from typing import Any
 
 from delphi.errors import DelphiError
 
+# delphi.fits.allocation.PARAM_CONVENTIONS, spelled out so that building the parser (every
+# `delphi --help`) does not import pandas and scipy; tests/test_cli_help.py checks they agree.
+PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
 COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
 METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "moe")
 HELP = {
@@ -33,10 +36,16 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("results", help="results table (CSV; JSON/JSONL/Parquet by suffix)")
         _add_table_options(sub)
         if method == "backtest":
-            sub.add_argument("--method", choices=METHODS, default="vpnls", help="law to backtest (default vpnls)")
+            sub.add_argument("--method", choices=METHODS, nargs="+", default=["vpnls"],
+                             help="law(s) to backtest (default vpnls)")
             group = sub.add_mutually_exclusive_group()
             group.add_argument("--holdout", type=positive_int, default=1, help="hold out the top K budgets (default 1)")
             group.add_argument("--cut", type=positive_float, help="train on budgets below this compute")
+            group.add_argument("--all-holdouts", action="store_true",
+                               help="every budget above the third held out in turn (train on all lower budgets), "
+                                    "every method: mean |error| and 90%% coverage")
+            sub.add_argument("--min-train-budgets", type=positive_int, default=3, metavar="K",
+                             help="--all-holdouts: smallest number of training budgets (default 3)")
         _add_method_options(sub, method)
         sub.add_argument("--bootstrap", type=nonnegative_int, default=0, metavar="N", help="bootstrap refits for intervals")
         sub.add_argument("--seed", type=int, default=0)
@@ -62,7 +71,14 @@ def _add_table_options(sub: argparse.ArgumentParser) -> None:
         flag = name.replace("_", "-")
         sub.add_argument(f"--{flag}-col", dest=f"{name}_col", metavar="COL", help=f"column holding {name}")
     sub.add_argument("--query", help="pandas query selecting rows, e.g. \"source == 'llama_3' and not outlier\"")
-    sub.add_argument("--drop-invalid", action="store_true", help="drop rows with non-positive values instead of failing")
+    sub.add_argument("--drop-invalid", action="store_true",
+                     help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
+    sub.add_argument("--params-convention", choices=PARAM_CONVENTIONS, default="nonembedding",
+                     help="how N is counted in a ladder table: active non-embedding (default), active incl. "
+                          "embeddings, or flops_per_token/6 (external tables keep their params column)")
+    sub.add_argument("--family", type=Path, metavar="FAMILY.json",
+                     help="exact FLOPs per token of the model family (delphi ladder family); default "
+                          "<results>.family.json if present, else a ladder table's own shapes, else 6ND")
 
 
 def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
@@ -84,7 +100,10 @@ def _load(args: argparse.Namespace):
     from delphi.fits.data import load_results
 
     cols = {f"{name}_col": getattr(args, f"{name}_col") for name in COLUMN_OPTIONS}
-    return load_results(args.results, query=args.query, drop_invalid=args.drop_invalid, **cols)
+    return load_results(
+        args.results, query=args.query, drop_invalid=args.drop_invalid, params_convention=args.params_convention,
+        family=args.family, warn=lambda line: print(line, file=sys.stderr), **cols,
+    )
 
 
 def _fit_function(args: argparse.Namespace, method: str):
@@ -106,8 +125,10 @@ def _fit_function(args: argparse.Namespace, method: str):
 
 
 def run_fit(args: argparse.Namespace) -> dict[str, Any]:
-    from delphi.io import atomic_write_json
+    from delphi.io import atomic_write_json, check_output_file
 
+    if args.out is not None:  # before any work: a bad --out must not cost a bootstrap
+        check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)))
     table = _load(args)
     fit = _fit_function(args, args.fit_method)(table)
     data = fit.to_json()
@@ -122,10 +143,16 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
     from delphi.fits.backtest import backtest
-    from delphi.io import atomic_write_json
+    from delphi.io import atomic_write_json, check_output_file
 
+    if args.out is not None:
+        check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)))
     table = _load(args)
-    result = backtest(table, _fit_function(args, args.method), cut=args.cut, holdout=args.holdout)
+    if args.all_holdouts:
+        return _all_holdouts(args, table)
+    if len(args.method) > 1:
+        raise DelphiError("backtest: several --method values need --all-holdouts (or run one method at a time)")
+    result = backtest(table, _fit_function(args, args.method[0]), cut=args.cut, holdout=args.holdout)
     for b in result["budgets"]:
         ci = b["loss_interval_90"]
         ci_text = f"  90% [{ci[0]:.4f}, {ci[1]:.4f}] covered={b['covered_90']}" if ci else ""
@@ -134,7 +161,25 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
             f"{b['predicted_loss']:.4f} ({100 * b['rel_error']:+.2f}%){ci_text}",
             file=sys.stderr,
         )
-    print(f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}%", file=sys.stderr)
+    print(f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}% (allocation {result['allocation']})",
+          file=sys.stderr)
+    if args.out:
+        atomic_write_json(args.out, result)
+    return result
+
+
+def _all_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
+    from delphi.fits.backtest import all_holdouts
+    from delphi.io import atomic_write_json
+
+    fit_fns = {m: _fit_function(args, m) for m in args.method}
+    result = all_holdouts(table, fit_fns, min_train_budgets=args.min_train_budgets)
+    pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+    for method, s in result["summary"].items():
+        print(f"{method}: {s['n']} held-out points ({s['failed_fits']} failed fits): mean |error| "
+              f"{pct(s['mean_abs_rel_error'])}, 90% coverage {pct(s['coverage_90'])}; one step ahead: "
+              f"mean |error| {pct(s['one_step_mean_abs_rel_error'])}, coverage {pct(s['one_step_coverage_90'])}",
+              file=sys.stderr)
     if args.out:
         atomic_write_json(args.out, result)
     return result
@@ -147,7 +192,8 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     terms = {k: getattr(args, k) for k in ("granularity", "experts") if getattr(args, k) is not None}
     queries: list[dict[str, Any]] = []
     if args.config:
-        queries.append(_config_query(args.config, fit.kind))
+        convention = fit.family.convention if fit.family else fit.diagnostics.get("params_convention") or "nonembedding"
+        queries.append(_config_query(args.config, fit.kind, convention))
         terms = {**queries[0].pop("terms"), **terms}
     if args.compute:
         queries += [{"compute": c} for c in args.compute]
@@ -165,17 +211,19 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     return {"fit": str(args.fit), "kind": fit.kind, "method": fit.method, **result}
 
 
-def _config_query(path: Path, kind: str) -> dict[str, Any]:
-    """A hero train config -> (N active non-embedding, D, exact training FLOPs)."""
+def _config_query(path: Path, kind: str, convention: str = "nonembedding") -> dict[str, Any]:
+    """A hero train config -> (N counted as the fit counts it, D, exact training FLOPs)."""
     from delphi.model.flops import count_params, flops_per_token
     from delphi.train.config import load_train_config
 
     cfg = load_train_config(path)
-    n = count_params(cfg.model).nonembedding
+    counts = count_params(cfg.model)
+    fpt = flops_per_token(cfg.model, cfg.data.seq_len)
+    n = {"nonembedding": counts.nonembedding, "active": counts.active, "fpt6": fpt / 6.0}[convention]
     d = cfg.tokens
     terms = {}
     if cfg.model.moe is not None:
         terms = {"granularity": cfg.model.d_ff / cfg.model.moe.d_expert, "experts": cfg.model.moe.experts}
     if kind in ("parametric", "moe"):
         return {"params": float(n), "tokens": float(d), "terms": terms}
-    return {"compute": float(flops_per_token(cfg.model, cfg.data.seq_len) * d), "terms": terms}
+    return {"compute": float(fpt * d), "terms": terms}

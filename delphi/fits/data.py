@@ -101,7 +101,7 @@ def load_results(
     mapping = {
         "params": params_col, "tokens": tokens_col, "flops": flops_col, "loss": loss_col,
         "budget": budget_col, "run_id": run_id_col, "experts": experts_col,
-        "granularity": granularity_col,
+        "granularity": granularity_col, "seed": None, "cell_id": None,
     }
     table = pd.DataFrame(index=raw.index)
     for name, col in mapping.items():
