@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "delphi.data.commands",
     "delphi.train.commands",
     "delphi.model.commands",
+    "delphi.experiments.commands",
     "delphi.ladder.commands",
     "delphi.fits.commands",
     "delphi.prereg.commands",

@@ -75,14 +75,133 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_yaml(path: str | os.PathLike) -> Any:
-    """Read a YAML file, turning a missing file or a syntax error into a DelphiError."""
+def read_text(path: str | os.PathLike, *, what: str = "file") -> str:
+    """The UTF-8 text of a user-supplied file; every way it can be unreadable is a DelphiError
+    naming the file (not found, a directory, no permission, binary or other non-UTF-8 bytes)."""
     from delphi.errors import DelphiError
 
     path = Path(path)
+    if str(path) in ("", "."):
+        raise DelphiError(f"{what}: empty path")
+    if path.is_dir():
+        raise DelphiError(f"{path}: is a directory, expected a {what}")
     if not path.is_file():
-        raise DelphiError(f"{path}: file not found")
+        raise DelphiError(f"{path}: {what} not found")
     try:
-        return yaml.safe_load(path.read_text())
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DelphiError(f"{path}: not a {what}: byte 0x{e.object[e.start]:02x} at offset {e.start} is not UTF-8 text") from None
+    except OSError as e:
+        raise DelphiError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def read_yaml(path: str | os.PathLike) -> Any:
+    """Read a YAML file, turning a missing or unreadable file or a syntax error into a DelphiError."""
+    from delphi.errors import DelphiError
+
+    text = read_text(path, what="YAML file")
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise DelphiError(f"{path}: not valid YAML ({e})") from None
+        raise DelphiError(f"{path}: not valid YAML ({_one_line(e)})") from None
+
+
+def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:
+    """Read a JSON file; a missing or unreadable file or a syntax error is a DelphiError naming it."""
+    from delphi.errors import DelphiError
+
+    text = read_text(path, what=what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DelphiError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` itself or its closest ancestor that exists (where a write would have to create things)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path(".")
+
+
+def _check_writable_dir(directory: Path, flag: str, shown: Path) -> None:
+    """Probe by creating (and removing) a temporary file: os.access says yes to root on a
+    read-only mount, and a probe is what the atomic write itself will need."""
+    from delphi.errors import DelphiError
+
+    if not directory.is_dir():
+        raise DelphiError(f"{flag} {shown}: {directory} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".delphi-write-probe.", dir=directory)
+    except OSError as e:
+        raise DelphiError(f"{flag} {shown}: directory {directory} is not writable ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(directory.resolve())
+    except OSError:
+        return False
+
+
+def check_output_file(
+    path: str | os.PathLike | None, *, inputs: tuple = (), protected: tuple = (), flag: str = "--out"
+) -> Path:
+    """Refuse, before any work, an output file that cannot be written or must not be.
+
+    Errors (DelphiError, exit 2): the empty path; an existing directory; a path whose
+    directory cannot be created or written; one of the command's own `inputs` (the input
+    would be lost); or one of the `protected` files, or a file inside a `protected`
+    directory (a ladder's manifest, its configs/ and runs/).
+    Creates nothing.
+    """
+    from delphi.errors import DelphiError
+
+    if path is None or str(path).strip() == "":
+        raise DelphiError(f"{flag}: empty path; expected a file name")
+    out = Path(path)
+    if out.is_dir() or str(path).endswith(os.sep):
+        raise DelphiError(f"{flag} {path}: is a directory; expected a file name")
+    for p in inputs:
+        if p is not None and str(p) != "" and _same_file(out, Path(p)):
+            raise DelphiError(f"{flag} {path}: is an input of this command ({p}); it would be overwritten")
+    for p in protected:
+        if p is not None and (_same_file(out, Path(p)) or (Path(p).is_dir() and _inside(out, Path(p)))):
+            raise DelphiError(f"{flag} {path}: would overwrite {p}, which delphi maintains; choose another file")
+    _check_writable_dir(_nearest_existing(out.parent), flag, out)
+    return out
+
+
+def check_output_dir(path: str | os.PathLike | None, *, inputs: tuple = (), flag: str = "--out") -> Path:
+    """Refuse, before any work, an output directory that cannot be created or written.
+
+    Errors (DelphiError, exit 2): the empty path; an existing file; an input of the
+    command; a directory (or the closest existing ancestor) that is not writable.
+    Creates nothing.
+    """
+    from delphi.errors import DelphiError
+
+    if path is None or str(path).strip() == "":
+        raise DelphiError(f"{flag}: empty path; expected a directory")
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise DelphiError(f"{flag} {path}: exists and is not a directory")
+    for p in inputs:
+        if p is not None and str(p) != "" and _same_file(out, Path(p)):
+            raise DelphiError(f"{flag} {path}: is an input of this command ({p})")
+    _check_writable_dir(_nearest_existing(out), flag, out)
+    return out

@@ -18,8 +18,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _study(args: argparse.Namespace):
+    from delphi.io import check_output_dir
     from delphi.study import run_study
 
+    check_output_dir(args.out, inputs=(args.study,))
     result = run_study(args.study, args.out, stop_after=args.stop_after)
     if result.get("stopped_after"):
         return result, 0

@@ -64,6 +64,13 @@ def test_building_the_parser_imports_no_heavy_library():
     assert loaded == "", f"building the parser imported {loaded}"
 
 
+def test_the_parsers_copy_of_the_param_conventions_is_the_fitters():
+    from delphi.fits import commands
+    from delphi.fits.allocation import PARAM_CONVENTIONS
+
+    assert commands.PARAM_CONVENTIONS == PARAM_CONVENTIONS
+
+
 def test_an_argument_error_imports_no_heavy_library():
     code = (
         "import sys; from delphi.cli import main\n"

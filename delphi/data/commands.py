@@ -26,7 +26,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _prepare(args: argparse.Namespace) -> dict:
     from delphi.data.store import prepare_store
+    from delphi.io import check_output_dir
 
+    check_output_dir(args.out, inputs=(args.source,))
     meta = prepare_store(args.source, args.out)
     print(
         f"prepared {args.out}: {meta['files']} files ({meta['documents_train']} train / {meta['documents_val']} val), "

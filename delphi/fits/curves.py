@@ -149,8 +149,10 @@ def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         return []
+    from delphi.io import read_text
+
     rows = []
-    lines = path.read_text().splitlines()
+    lines = read_text(path, what="metrics file").splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue

@@ -197,13 +197,10 @@ def table_context(table: Any) -> dict[str, Any]:
 
 def load_fit(path: str | os.PathLike) -> FitResult:
     """Rebuild a results object from the JSON that `delphi fit ... --out` wrote."""
+    from delphi.io import read_json
+
     path = Path(path)
-    if not path.is_file():
-        raise DelphiError(f"{path}: file not found")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DelphiError(f"{path}: not valid JSON ({e})") from None
+    data = read_json(path, what="fit JSON")
     if not isinstance(data, dict):
         raise DelphiError(f"{path}: expected a JSON object")
     return fit_from_json(data, str(path))

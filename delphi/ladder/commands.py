@@ -42,6 +42,15 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     add_json_flag(collect)
     collect.set_defaults(func=_collect)
 
+    family = sub.add_parser("family", help="the spec's exact FLOPs per token against N (FAMILY.json for delphi fit --family)")
+    family.add_argument("spec", metavar="SPEC.yaml")
+    family.add_argument("--out", required=True, metavar="FAMILY.json")
+    family.add_argument("--convention", choices=("nonembedding", "active", "fpt6"), default="nonembedding",
+                        help="how N is counted (default nonembedding, the results table's params)")
+    family.add_argument("--max-width", type=int, default=None, help="widest shape (default 64x the ladder's widest)")
+    add_json_flag(family)
+    family.set_defaults(func=_family)
+
     hero = sub.add_parser("hero", help="compute-optimal hero config at compute C from a fit")
     hero.add_argument("--fit", required=True, metavar="FIT.json")
     hero.add_argument("--compute", required=True, type=positive_float, metavar="C")
@@ -54,21 +63,34 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ladder.set_defaults(func=lambda args: (ladder.print_help(sys.stderr), ({}, 2))[1])
 
 
+def ladder_own_paths(ladder_dir: str | Path) -> tuple[Path, ...]:
+    """What `ladder plan` and `ladder run` write and read back: an --out must never land there."""
+    from delphi.ladder.plan import CONFIG_DIR, MANIFEST_FILE, RUNS_DIR, SPEC_FILE
+
+    return tuple(Path(ladder_dir) / name for name in (MANIFEST_FILE, SPEC_FILE, CONFIG_DIR, RUNS_DIR))
+
+
 def _plan(args: argparse.Namespace) -> dict:
     from delphi.data.loader import TokenStore
     from delphi.ladder.plan import format_table, plan_ladder, write_ladder
+    from delphi.io import check_output_dir
     from delphi.ladder.spec import load_ladder_spec
 
+    check_output_dir(args.out, inputs=(args.spec,))
     spec = load_ladder_spec(args.spec)
     rungs = plan_ladder(spec)
     # The store must feed every rung (batch and eval set) before anything is written.
+    from delphi.ladder.plan import check_ladder_store, plan_health_warnings
+
     store = TokenStore(spec.run.store)
-    for rung in rungs:
-        store.check_run(rung.batch_size, spec.seq_len, spec.run.eval_tokens, where=f"{args.spec}: run.store ({rung.run_id})")
+    epochs = check_ladder_store(spec, rungs, store, where=str(args.spec))  # also run.max_epochs
     rows = write_ladder(spec, rungs, args.out)
-    for row in rows:
-        row["epochs"] = store.epochs(int(row["steps"]), int(row["batch_size"]), spec.seq_len)
+    for row, e in zip(rows, epochs):
+        row["epochs"] = e
     print(format_table(rows), file=sys.stderr)
+    warnings = plan_health_warnings(spec, rungs)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
     total = sum(float(r["flops"]) for r in rows)
     worst = max(abs(float(r["flops_error"])) for r in rows)
     max_epochs = max(r["epochs"] for r in rows)
@@ -77,7 +99,8 @@ def _plan(args: argparse.Namespace) -> dict:
         f"{worst:.2%}, max {max_epochs:.2f} epochs of {spec.run.store}; wrote {args.out}/manifest.csv",
         file=sys.stderr,
     )
-    return {"out": str(args.out), "rungs": rows, "flops_total": total, "max_flops_error": worst}
+    return {"out": str(args.out), "rungs": rows, "flops_total": total, "max_flops_error": worst,
+            "health_warnings": warnings}
 
 
 def _run(args: argparse.Namespace):
@@ -102,23 +125,53 @@ def _run(args: argparse.Namespace):
 
 def _collect(args: argparse.Namespace) -> dict:
     from delphi.ladder.collect import collect_ladder, write_results
+    from delphi.io import check_output_file
     from delphi.ladder.plan import read_manifest
 
+    check_output_file(args.out, protected=ladder_own_paths(args.ladder_dir))
     total = len(read_manifest(args.ladder_dir))
     frame = collect_ladder(args.ladder_dir, include_all=args.all)
-    write_results(frame, args.out)
+    write_results(frame, args.out)  # and <out>.family.json from the ladder's pinned spec
+    from delphi.ladder.collect import family_path, format_health_table, rung_health_table
+
+    health = rung_health_table(frame)
+    if len(health):
+        print(format_health_table(health), file=sys.stderr)
     complete = int((frame["status"] == "completed").sum()) if len(frame) else 0
-    print(f"wrote {args.out}: {len(frame)} rows ({complete} completed of {total} rungs)", file=sys.stderr)
-    return {"out": str(args.out), "rows": len(frame), "completed": complete, "rungs": total}
+    family = family_path(args.out)
+    print(f"wrote {args.out}: {len(frame)} rows ({complete} completed of {total} rungs)"
+          + (f" and {family}" if family.is_file() else ""), file=sys.stderr)
+    return {"out": str(args.out), "rows": len(frame), "completed": complete, "rungs": total,
+            "healthy": int(health["health_ok"].sum()), "unhealthy_runs": list(health.loc[~health["health_ok"], "run_id"]),
+            "family": str(family) if family.is_file() else None}
+
+
+def _family(args: argparse.Namespace) -> dict:
+    import dataclasses
+
+    from delphi.io import atomic_write_json, check_output_file
+    from delphi.ladder.plan import flops_family
+    from delphi.ladder.spec import load_ladder_spec
+
+    check_output_file(args.out, inputs=(args.spec,))
+    spec = load_ladder_spec(args.spec)
+    family = flops_family(spec, args.convention, args.max_width)
+    family = dataclasses.replace(family, source=f"ladder spec {args.spec}")
+    atomic_write_json(args.out, family.to_json())
+    print(f"wrote {args.out}: {len(family.params)} shapes, N ({args.convention}) {family.params[0]:.3g} .. "
+          f"{family.params[-1]:.3g}, FLOPs/token {family.flops_per_token[0]:.3g} .. {family.flops_per_token[-1]:.3g}",
+          file=sys.stderr)
+    return {"out": str(args.out), "shapes": len(family.params), "convention": args.convention}
 
 
 def _hero(args: argparse.Namespace) -> dict:
-    from delphi.io import atomic_write_yaml
+    from delphi.io import atomic_write_yaml, check_output_file
     from delphi.ladder.hero import hero_from_fit
     from delphi.ladder.plan import format_table
     from delphi.ladder.spec import load_ladder_spec
     from delphi.train.config import train_config_to_dict
 
+    check_output_file(args.out, inputs=(args.fit, args.spec))
     spec = load_ladder_spec(args.spec)
     if not Path(args.fit).is_file():
         from delphi.errors import DelphiError

@@ -6,7 +6,7 @@ Every figure is written as OUT.png and OUT.svg (delphi.plot.style).
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import sys
 from pathlib import Path
 
@@ -56,9 +56,21 @@ def _done(fig, args) -> dict:
     return {"files": files}
 
 
+# Arguments of `delphi plot` commands that name input files or directories.
+INPUT_ARGS = ("results", "fit", "hero", "prereg", "run", "report", "sweep", "ladder")
+
+
 def _check_out(args) -> None:
-    if not Path(args.out).resolve().parent.is_dir():
+    """Refuse (exit 2, before any work) an --out whose .png/.svg cannot be written or is an input."""
+    from delphi.io import check_output_file
+
+    inputs = tuple(getattr(args, name) for name in INPUT_ARGS if getattr(args, name, None))
+    check_output_file(args.out, inputs=inputs)
+    if not Path(args.out).resolve().parent.is_dir():  # a figure goes beside existing files, never in a new tree
         raise DelphiError(f"--out {args.out}: directory does not exist")
+    stem = Path(args.out).with_suffix("") if Path(args.out).suffix.lower() in (".png", ".svg") else Path(args.out)
+    for ext in (".png", ".svg"):
+        check_output_file(stem.with_suffix(ext), inputs=inputs, flag="--out")
 
 
 def _table(path: str):
@@ -139,7 +151,10 @@ def _frontier(args):
         state = read_run_dir(args.run)
         actual = state.final_loss
         if hero_c is None:
-            summary = json.loads((Path(args.run) / "summary.json").read_text()) if (Path(args.run) / "summary.json").is_file() else {}
+            from delphi.io import read_json
+
+            summary = read_json(Path(args.run) / "summary.json") if (Path(args.run) / "summary.json").is_file() else {}
+            summary = summary if isinstance(summary, dict) else {}
             hero_c = summary.get("flops")
     return _done(frontier_figure(table, fit, hero_c, interval, actual), args)
 
@@ -178,24 +193,16 @@ def _residuals(args):
 
 
 def _coordcheck(args):
-    from delphi.model.coordcheck import plot_coord_check
-    from delphi.plot import style as st
+    from delphi.plot.figures import coordcheck_figure
 
     _check_out(args)
-    try:
-        report = json.loads(Path(args.report).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DelphiError(f"{args.report}: cannot read coord-check JSON ({e})") from None
+    from delphi.io import read_json
+
+    report = read_json(args.report, what="coord-check JSON")
     results = report.get("results") if isinstance(report, dict) else None
     if not results:
         raise DelphiError(f"{args.report}: no 'results'; expected coordcheck.json from `delphi mup coord-check`")
-    stem = Path(args.out).with_suffix("")
-    files = []
-    with st.style():
-        for ext in (".png", ".svg"):
-            plot_coord_check(results, stem.with_suffix(ext))
-            files.append(str(stem.with_suffix(ext)))
-    return {"files": files}
+    return _done(coordcheck_figure(results), args)
 
 
 def _lrsweep(args):
@@ -207,11 +214,19 @@ def _lrsweep(args):
     path = Path(args.sweep)
     if not path.is_file():
         raise DelphiError(f"{path}: file not found")
+    from delphi.io import read_json, read_text
+
     if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        records = pd.DataFrame(data.get("runs", data.get("results", data)) if isinstance(data, dict) else data)
+        data = read_json(path)
+        try:
+            records = pd.DataFrame(data.get("runs", data.get("results", data)) if isinstance(data, dict) else data)
+        except (ValueError, TypeError) as e:
+            raise DelphiError(f"{path}: expected records with width, lr, loss ({e})") from None
     else:
-        records = pd.read_csv(path)
+        try:
+            records = pd.read_csv(io.StringIO(read_text(path, what="CSV file")))
+        except (ValueError, pd.errors.ParserError) as e:  # EmptyDataError is a ValueError
+            raise DelphiError(f"{path}: not a CSV table ({' '.join(str(e).split())})") from None
     missing = [c for c in ("width", "lr", "loss") if c not in records]
     if missing:
         raise DelphiError(f"{path}: missing column {missing[0]!r} (expected width, lr, loss)")

@@ -66,19 +66,9 @@ def read_run_dir(run_dir: str | Path) -> RunState:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DelphiError(f"{run_dir}: run dir not found")
-    status = {}
-    if (run_dir / "status.json").is_file():
-        try:
-            status = json.loads((run_dir / "status.json").read_text())
-        except json.JSONDecodeError:
-            status = {}  # being replaced right now; the next poll reads it
+    status = _read_json_object(run_dir / "status.json")  # {} while being replaced; the next poll reads it
     rows = read_metrics(run_dir / "metrics.jsonl")
-    summary = {}
-    if (run_dir / "summary.json").is_file():
-        try:
-            summary = json.loads((run_dir / "summary.json").read_text())
-        except json.JSONDecodeError:
-            summary = {}
+    summary = _read_json_object(run_dir / "summary.json")
     return RunState(
         source=str(run_dir),
         status=status.get("status", "pending" if not rows else "unknown"),
@@ -204,14 +194,100 @@ def record_outcome(prereg_path: Path, result: dict) -> Path:
     return out
 
 
+def _mark_forced(result: dict, doc: dict) -> None:
+    """A preregistration sealed with --force over failing gates says so in every verdict."""
+    result["forced"] = bool(doc.get("forced", False))
+    if result["forced"]:
+        failed = [g.get("name") for g in doc.get("gates") or [] if not g.get("passed")]
+        result["why"] = f"{result.get('why', '')} [SEALED WITH --force; failed gates: {', '.join(failed) or '?'}]"
+
+
+def ran_evidence(run_dir: Path, rows: list[dict]) -> str | None:
+    """Why a run dir whose first step has no time is known to have run (None: it has not started).
+
+    metrics.jsonl is the only record of when the first step happened; if it is missing, empty
+    or has no timestamps while status.json, summary.json or checkpoints show steps were taken,
+    the run's start is unknown, not "after the preregistration"."""
+    from delphi.train.checkpoint import CHECKPOINTS_DIR
+
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    lost = (f"{metrics.name} has {len(rows)} rows without a time" if rows
+            else f"{metrics.name} is {'empty' if metrics.is_file() else 'missing'}")
+    status = _read_json_object(run_dir / "status.json")
+    if status.get("status") not in (None, "pending") or (status.get("step") or 0) > 0:
+        return f"{lost} but status.json says {status.get('status')!r} at step {status.get('step')}"
+    if (run_dir / "summary.json").is_file():
+        return f"{lost} but summary.json exists"
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        return f"{lost} but {CHECKPOINTS_DIR}/ holds checkpoints"
+    return lost if rows else None
+
+
+def _read_json_object(path: Path) -> dict:
+    """A run-dir JSON file that may be mid-replace: {} when absent or unparsable, else its object."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def hero_mismatch(prereg: fmt.Prereg, run_dir: Path) -> str | None:
+    """Why the run in `run_dir` is not the preregistered hero (None: its config is the hero's).
+
+    Compared: the run's config.yaml against the hero config sealed in the preregistration,
+    both normalised through the config schema (defaults filled) and without `mesh`, which
+    does not change the maths (the trainer's own config identity)."""
+    from delphi.config_schema import to_dict
+    from delphi.train.config import train_config_from_dict
+
+    sealed = prereg.doc.get("hero", {}).get("config")
+    if not isinstance(sealed, dict):
+        return None  # an older preregistration without the config: nothing to compare
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.is_file():
+        return None  # not started yet (a watch may begin before the trainer writes its config)
+    from delphi.io import read_yaml
+
+    data = read_yaml(config_path)
+    if not isinstance(data, dict):
+        raise DelphiError(f"{config_path}: expected a train config mapping, got {type(data).__name__}")
+    try:
+        run_cfg = to_dict(train_config_from_dict(data, str(config_path)))
+        hero_cfg = to_dict(train_config_from_dict(sealed, f"{prereg.path}: hero.config"))
+    except DelphiError as e:
+        raise DelphiError(f"cannot compare the run with the hero: {e}") from None
+    run_cfg.pop("mesh", None)
+    hero_cfg.pop("mesh", None)
+    differ = _differences(hero_cfg, run_cfg)
+    if not differ:
+        return None
+    shown = ", ".join(f"{k}: hero {a!r} vs run {b!r}" for k, a, b in differ[:3])
+    return f"its config.yaml differs from the preregistered hero's config ({shown}{', ...' if len(differ) > 3 else ''})"
+
+
+def _differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in list(a) + [k for k in b if k not in a]:
+            out += _differences(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    return [] if a == b else [(path, a, b)]
+
+
 def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None) -> tuple[dict, fmt.Prereg, RunState]:
     prereg = fmt.load_prereg(prereg_path)
     seal = fmt.seal_status(prereg.doc)
     if not seal["ok"]:
         raise DelphiError(f"{prereg_path}: seal does not match its content (edited after sealing); run `delphi prereg verify`")
+    if run_dir is not None and (mismatch := hero_mismatch(prereg, run_dir)):
+        raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
     run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
     result = compare(prereg, run)
     result["seal_ok"] = seal["ok"]
+    _mark_forced(result, prereg.doc)
     if result["verdict"] in ("passed", "failed"):
         result["outcome_file"] = str(record_outcome(prereg_path, result))
     return result, prereg, run
@@ -247,12 +323,21 @@ def verify(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | 
         created = parse_utc(doc["created"])
         result["run"] = run.source
         result["run_first_step_time"] = run.first_step_time
-        if run.first_step_time is None:
+        evidence = ran_evidence(run_dir, run.rows) if run_dir is not None and run.first_step_time is None else None
+        if evidence:  # it ran, but when is gone: the order cannot be shown, so the check cannot pass
+            result["created_before_start"] = None
+            result["problems"].append(f"{run_dir}: cannot establish when the run started: {evidence}; "
+                                      "the preregistration cannot be shown to precede it")
+        elif run.first_step_time is None:
             result["created_before_start"] = True  # nothing logged yet: the prediction precedes the run
         else:
             result["created_before_start"] = created <= run.first_step_time
             if not result["created_before_start"]:
                 result["problems"].append(f"created {doc['created']} after the run's first logged step "
                                           f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(run.first_step_time))})")
+    result["forced"] = bool(doc.get("forced", False))
+    if result["forced"]:
+        result["warnings"] = ["sealed with --force although gates failed: "
+                              + ", ".join(g.get("name", "?") for g in doc.get("gates") or [] if not g.get("passed"))]
     result["ok"] = not result["problems"]
     return result

@@ -88,13 +88,11 @@ def _create(args: argparse.Namespace):
     from delphi.prereg import gates as gt
 
     options = {k: v for k, v in (("min_seeds", args.min_seeds), ("interval_width_factor", args.interval_factor)) if v is not None}
+    from delphi.io import check_output_file, read_json
+
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
-    backtest = None
-    if args.backtest:
-        try:
-            backtest = json.loads(Path(args.backtest).read_text())
-        except (OSError, ValueError) as e:
-            raise DelphiError(f"--backtest {args.backtest}: not a readable JSON file ({e})") from None
+    check_output_file(args.out, inputs=(args.fit, args.hero, args.results, args.curve_fit, args.backtest, args.rehearsal))
+    backtest = read_json(args.backtest, what="backtest JSON") if args.backtest else None
     try:
         doc = create_prereg(
             Path(args.fit), Path(args.hero), Path(args.out),
@@ -128,6 +126,7 @@ def _verify(args: argparse.Namespace):
     result = verify(Path(args.file), run_dir=Path(args.run) if args.run else None, wandb_path=args.wandb)
     _say(f"{args.file}: " + ("seal ok" if result["seal_ok"] else "SEAL BROKEN")
          + ("" if "created_before_start" not in result else
+            "; THE RUN'S START CANNOT BE ESTABLISHED" if result["created_before_start"] is None else
             ("; created before the run's first step" if result["created_before_start"] else "; CREATED AFTER THE RUN STARTED")))
     for problem in result["problems"]:
         _say(f"  problem: {problem}")
@@ -142,8 +141,12 @@ def _check(args: argparse.Namespace):
     run_dir = Path(args.run) if args.run else None
     if run_dir is not None and not run_dir.is_dir():
         raise DelphiError(f"{run_dir}: run dir not found")
-    if args.plot and not Path(args.plot).parent.exists():
-        raise DelphiError(f"--plot {args.plot}: directory does not exist")
+    if args.plot:
+        from delphi.io import check_output_file
+
+        check_output_file(args.plot, inputs=(args.file,), flag="--plot")
+        if not Path(args.plot).parent.exists():
+            raise DelphiError(f"--plot {args.plot}: directory does not exist")
     if args.watch:
         result, prereg, run = ck.watch(Path(args.file), run_dir=run_dir, wandb_path=args.wandb, interval_s=args.interval,
                                        timeout_s=args.timeout, on_update=lambda r: _say(f"[{r['status']}] {r['verdict']}: {r['why']}"))
@@ -170,8 +173,12 @@ def _index(args: argparse.Namespace):
 
 def _curves(args: argparse.Namespace):
     from delphi.fits import curves as cv
-    from delphi.io import atomic_write_json
+    from delphi.io import atomic_write_json, check_output_file
+    from delphi.ladder.commands import ladder_own_paths
 
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is not None:
+            check_output_file(path, protected=ladder_own_paths(args.ladder), flag=flag)
     curves = cv.load_ladder_curves(args.ladder)
     fit = cv.fit_curve_law(curves, bootstrap=args.bootstrap, seed=args.seed, lr_ref=cv.ladder_lr_ref(args.ladder))
     _say(fit.summary())

@@ -28,7 +28,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import yaml
 
@@ -76,13 +76,12 @@ def write_new(path: str | Path, doc: dict) -> None:
 
 
 def read(path: str | Path) -> dict:
+    from delphi.io import read_yaml
+
     path = Path(path)
     if not path.is_file():
         raise DelphiError(f"{path}: preregistration file not found")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise DelphiError(f"{path}: not valid YAML ({e})") from None
+    doc = read_yaml(path)
     if not isinstance(doc, dict):
         raise DelphiError(f"{path}: expected a mapping at the top level")
     missing = [k for k in REQUIRED_KEYS if k not in doc]
@@ -169,6 +168,16 @@ class Prereg:
             name: (1 - w) * getattr(self, name)[i0] + w * getattr(self, name)[i1]
             for name in ("loss", "lo50", "hi50", "lo90", "hi90")
         }
+
+
+def predicted_loss_curve(path: str | Path) -> "Callable[[float], Band]":
+    """tokens -> predicted eval loss band of a preregistration: what the trainer's progress line
+    shows beside the actual loss (`delphi train --prereg FILE`). Read, and any error raised, before
+    training starts."""
+    path = Path(path)
+    if not path.is_file():
+        raise DelphiError(f"--prereg: {path}: file not found")
+    return load_prereg(path).predicted_loss_at
 
 
 def load_prereg(path: str | Path) -> Prereg:

@@ -34,12 +34,17 @@ def add_commands(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace):
+    from delphi.prereg.format import predicted_loss_curve
     from delphi.train.trainer import train
 
+    from delphi.io import check_output_dir
+
     config_path = Path(args.config) if args.config else default_config_path()
+    check_output_dir(args.out, inputs=(config_path, args.prereg))
     cfg = load_train_config(config_path)
+    predicted_loss = predicted_loss_curve(Path(args.prereg)) if args.prereg else None
     summary = train(
-        cfg, Path(args.out), resume=args.resume, prereg=Path(args.prereg) if args.prereg else None,
+        cfg, Path(args.out), resume=args.resume, predicted_loss=predicted_loss,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
     status = summary["status"]
