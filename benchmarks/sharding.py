@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
         mesh=MeshConfig(data=args.data, expert=args.expert),
     ).validate()
     mesh = sharding.make_mesh(cfg.mesh)
-    graphdef, params, router_bias, other = split_model(init_model(cfg))
+    graphdef, params, router_bias, other = split_model(init_model(cfg, mesh))
     tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
     state = TrainState(params, tx.init(params), router_bias, other)
     state_sh = sharding.state_shardings(state, mesh)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from delphi.experiments.coordcheck import CoordCheckSpec, coord_check, save_report
 from delphi.model import mup
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
-from delphi.model.coordcheck import CoordCheckSpec, coord_check, save_report
 from delphi.model.transformer import Transformer
 
 MOE = ModelConfig(d_model=128, n_layers=4, n_heads=4, moe=MoEConfig(experts=4, top_k=2, d_expert=64, shared_experts=1),

@@ -86,10 +86,6 @@ class ModelConfig:
             return 1.0
         return self.n_layers / self.mup.base_n_layers
 
-    @property
-    def is_moe(self) -> bool:
-        return self.moe is not None
-
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 

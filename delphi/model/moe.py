@@ -12,6 +12,9 @@ gathered back and summed with their gates. On XLA:CPU this is ~15x faster than
 capacity are dropped (their contribution is zero; the residual stream carries the token on);
 first choices have priority over second choices, and earlier tokens over later ones.
 Evaluation (`train=False`) is dropless: capacity = tokens, the worst case.
+
+This block knows nothing of device meshes: on a mesh of several devices the model is built with
+`delphi.model.moe_parallel.ExpertParallelMoE` instead (the transformer chooses, given the mesh).
 """
 
 from __future__ import annotations
@@ -203,10 +206,6 @@ class MoE(nnx.Module):
         return Routing(expert_idx=expert_idx, gates=gates * moe.route_scale, scores=scores, logits=logits)
 
     def __call__(self, x: Float[Array, "batch seq d"], *, train: bool = True) -> tuple[Float[Array, "batch seq d"], MoEStats]:
-        from delphi.model import moe_parallel  # under a multi-device mesh: per-device dispatch + all-to-all
-
-        if moe_parallel.active_mesh() is not None:
-            return moe_parallel.moe_sharded(self, x, train=train)
         moe = self.moe
         batch, seq, d = x.shape
         tokens = batch * seq

@@ -1,9 +1,11 @@
 """The MoE block on a device mesh: local dispatch per device, experts reached by all-to-all.
 
-Used by `MoE.__call__` when it is traced under a mesh (`jax.set_mesh`, as the trainer does)
-with more than one device. Mesh axes: "data" and "expert"; tokens are split over both, the
-routed-expert weights [E, ...] over "expert" (device j of the expert axis holds experts
-j*E/X .. (j+1)*E/X - 1, X = mesh size of "expert"); everything else is replicated.
+`ExpertParallelMoE` is the MoE block of a model built for a mesh of more than one device: the
+mesh is given to the model when it is built (`Transformer(cfg, ..., mesh=mesh)`, as the trainer
+does) and held by the layer, never read from a global. Mesh axes: "data" and "expert"; tokens
+are split over both, the routed-expert weights [E, ...] over "expert" (device j of the expert
+axis holds experts j*E/X .. (j+1)*E/X - 1, X = mesh size of "expert"); everything else is
+replicated.
 
 Inside `jax.shard_map`, every device:
     routes its own tokens (the router is replicated)
@@ -23,18 +25,14 @@ reduced over all devices, so they equal the one-device values exactly when nothi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float
 
-from delphi.model.moe import MoEStats, dispatch_slots, expert_capacity
-
-if TYPE_CHECKING:
-    from delphi.model.moe import MoE
+from delphi.model.config import ModelConfig
+from delphi.model.moe import MoE, MoEStats, Routing, dispatch_slots, expert_capacity
 
 DATA_AXIS = "data"
 EXPERT_AXIS = "expert"
@@ -45,12 +43,23 @@ def token_axes(mesh) -> tuple[str, ...]:
     return tuple(a for a in (DATA_AXIS, EXPERT_AXIS) if a in mesh.axis_names)
 
 
-def active_mesh():
-    """The mesh this trace runs under when it spans more than one device, else None."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or not token_axes(mesh):
-        return None
-    return mesh
+def spans_devices(mesh: jax.sharding.Mesh | None) -> bool:
+    """Whether a model on `mesh` needs the expert-parallel block (more than one device on a token axis).
+    A 1 x 1 mesh takes the one-device path and gives exactly its numbers."""
+    return mesh is not None and mesh.size > 1 and bool(token_axes(mesh))
+
+
+class ExpertParallelMoE(MoE):
+    """`MoE` with the same parameters, run on `mesh` by `moe_sharded` (per-device dispatch + all-to-all)."""
+
+    def __init__(
+        self, cfg: ModelConfig, *, mesh: jax.sharding.Mesh, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32
+    ):
+        super().__init__(cfg, rngs=rngs, compute_dtype=compute_dtype)
+        self.mesh = mesh  # static: part of the graph definition, not of the state
+
+    def __call__(self, x: Float[Array, "batch seq d"], *, train: bool = True) -> tuple[Float[Array, "batch seq d"], MoEStats]:
+        return moe_sharded(self, x, mesh=self.mesh, train=train)
 
 
 def _is_expert_weight(path: tuple) -> bool:
@@ -58,9 +67,10 @@ def _is_expert_weight(path: tuple) -> bool:
     return "experts" in names
 
 
-def moe_sharded(layer: "MoE", x: Float[Array, "batch seq d"], *, train: bool) -> tuple[Float[Array, "batch seq d"], MoEStats]:
-    """`layer(x)` with per-device dispatch and expert parallelism over the active mesh."""
-    mesh = active_mesh()
+def moe_sharded(
+    layer: MoE, x: Float[Array, "batch seq d"], *, mesh: jax.sharding.Mesh, train: bool
+) -> tuple[Float[Array, "batch seq d"], MoEStats]:
+    """`layer(x)` with per-device dispatch and expert parallelism over `mesh`."""
     moe = layer.moe
     axes = token_axes(mesh)
     n_token_shards = 1
@@ -127,7 +137,7 @@ def _varying(w: Array, axes: tuple[str, ...]) -> Array:
     return jax.lax.pcast(w, missing, to="varying") if missing else w
 
 
-def global_stats(layer: "MoE", routing, kept, axes: tuple[str, ...]) -> MoEStats:
+def global_stats(layer: MoE, routing: Routing, kept, axes: tuple[str, ...]) -> MoEStats:
     """`MoE.stats` over the tokens of all devices (every device holds the same number of tokens,
     so a mean over devices of per-device means is the global mean). Keep in step with MoE.stats."""
     moe = layer.moe

@@ -29,11 +29,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from delphi.model.config import ModelConfig
-from delphi.model.moe import MoE, bias_update, matmul, swiglu
+from delphi.model.moe import MoE, matmul, swiglu
+from delphi.model.moe_parallel import ExpertParallelMoE, spans_devices
 
 
 def linear(x: Float[Array, "... d_in"], w: Float[Array, "d_in d_out"], compute_dtype: jnp.dtype) -> Float[Array, "... d_out"]:
@@ -184,16 +186,26 @@ class DenseFFN(nnx.Module):
         return linear(h, self.w_out[...], self.compute_dtype), None
 
 
+def feed_forward(
+    cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype, mesh: jax.sharding.Mesh | None
+) -> nnx.Module:
+    """The block's FFN: dense, MoE, or (on a mesh of several devices) the expert-parallel MoE."""
+    if cfg.moe is None:
+        return DenseFFN(cfg, rngs=rngs, compute_dtype=compute_dtype)
+    if spans_devices(mesh):
+        return ExpertParallelMoE(cfg, mesh=mesh, rngs=rngs, compute_dtype=compute_dtype)
+    return MoE(cfg, rngs=rngs, compute_dtype=compute_dtype)
+
+
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32):
+    def __init__(
+        self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32,
+        mesh: jax.sharding.Mesh | None = None,
+    ):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg, rngs=rngs, compute_dtype=compute_dtype)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.ffn = (
-            MoE(cfg, rngs=rngs, compute_dtype=compute_dtype)
-            if cfg.moe is not None
-            else DenseFFN(cfg, rngs=rngs, compute_dtype=compute_dtype)
-        )
+        self.ffn = feed_forward(cfg, rngs=rngs, compute_dtype=compute_dtype, mesh=mesh)
         self.branch_mult = 1.0 / cfg.depth_mult  # CompleteP: residual branches x 1/m_L
 
     def __call__(
@@ -212,14 +224,22 @@ def mean_abs(x: Array) -> Float[Array, ""]:
 
 
 class Transformer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32):
+    """`mesh`: the device mesh the model will run on (None: one device). Only the MoE block
+    depends on it; the parameters and the numbers are the same on every mesh."""
+
+    def __init__(
+        self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32,
+        mesh: jax.sharding.Mesh | None = None,
+    ):
         cfg.validate()
         self.cfg = cfg
         self.compute_dtype = compute_dtype
         mup = cfg.mup
         d, V = cfg.d_model, cfg.vocab_size
         self.embedding = nnx.Param(mup.init_std * jax.random.normal(rngs.params(), (V, d)))  # constant std
-        self.blocks = nnx.List([Block(cfg, rngs=rngs, compute_dtype=compute_dtype) for _ in range(cfg.n_layers)])
+        self.blocks = nnx.List(
+            [Block(cfg, rngs=rngs, compute_dtype=compute_dtype, mesh=mesh) for _ in range(cfg.n_layers)]
+        )
         self.final_norm = RMSNorm(d, cfg.norm_eps)
         if mup.enabled and mup.zero_init_unembedding:
             self.unembedding = nnx.Param(jnp.zeros((d, V), jnp.float32))
@@ -263,24 +283,11 @@ class Transformer(nnx.Module):
             stats["activations"] = activations
         return logits, stats
 
-    def update_router_biases(self, expert_load: Float[Array, "layers experts"]) -> None:
-        """In place: apply `bias_update` to every block's RouterBias (balance == "bias" only).
-
-        `expert_load` is stats["expert_load"] of the step's forward pass. Pure alternative for a
-        functional trainer: `delphi.model.moe.bias_update` on the RouterBias state directly.
-        """
-        moe = self.cfg.moe
-        if moe is None or moe.balance != "bias":
-            return
-        for i, block in enumerate(self.blocks):
-            bias = block.ffn.router_bias
-            bias[...] = bias_update(bias[...], expert_load[i], moe.bias_update_rate)
-
 
 def cross_entropy(logits: Float[Array, "batch seq vocab"], targets: Int[Array, "batch seq"]) -> Float[Array, ""]:
-    """Mean next-token loss in nats per token."""
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+    """Mean next-token loss in nats per token, computed in f32: the one definition the trainer,
+    its evaluation and the muP experiments share."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
 
 
 def lm_loss(

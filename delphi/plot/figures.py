@@ -239,6 +239,31 @@ def lrsweep_figure(records: pd.DataFrame) -> plt.Figure:
         return fig
 
 
+# The coordinate check's whole-model component (the logits), drawn as a solid line.
+COORDCHECK_MODEL_COMPONENT = "logits"
+
+
+def coordcheck_figure(results: Sequence[dict[str, Any]]) -> plt.Figure:
+    """muP coordinate check: one panel per result (CoordCheckResult.to_json()), mean |activation|
+    against width on log2 axes, a line per component labelled with its slope."""
+    with st.style():
+        fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.2), squeeze=False)
+        for ax, res in zip(axes[0], results):
+            widths = res["spec"]["widths"]
+            for c, mags in res["magnitude"].items():
+                line = "-" if c == COORDCHECK_MODEL_COMPONENT else ("--" if "residual" in c else ":" if c == "embedding" else "-.")
+                ax.plot(widths, mags, line, marker="o", ms=3, label=f"{c} ({res['slopes'][c]:+.2f})")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2)
+            ax.set_xlabel("width d_model (log2)")
+            ax.set_ylabel(f"mean |activation|, steps 1-{res['spec']['steps']} (log2)")
+            ax.set_title(f"{res['label']}: {'PASS' if res['passed'] else 'FAIL'} (worst slope {res['worst_slope']:+.2f})")
+            ax.legend(fontsize=6, loc="best")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        return fig
+
+
 # --------------------------------------------------------------------------- curve law
 
 

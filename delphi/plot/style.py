@@ -22,7 +22,6 @@ DATA = "#222222"
 FIT = "#1f5fa8"
 PREDICTION = "#e07b00"
 HERO = "#c0262d"
-OK = "#2a8a3e"
 BUDGET_CMAP = "viridis"  # one colour per compute budget, ordered
 FIGSIZE = (6.4, 4.4)
 FIGSIZE_WIDE = (11.0, 4.4)
@@ -79,3 +78,12 @@ def save_figure(fig, out: str | Path) -> list[str]:
         written.append(str(stem.with_suffix(ext)))
     plt.close(fig)
     return written
+
+
+def write_png(fig, out: str | Path, *, dpi: int) -> str:
+    """Write `fig` as one PNG at `dpi` (a report's own figure, no SVG sibling); return the path."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(out, buf.getvalue())
+    return str(out)

@@ -1,7 +1,7 @@
 """AdamW with muP parameter groups.
 
 Each parameter belongs to one muP group (`delphi.model.mup.param_group`:
-embedding, hidden, unembedding, router, vector). A group gets its own AdamW
+embedding, hidden, unembedding, router, vector; `mup.param_labels` labels a tree). A group gets its own AdamW
 whose LR is the schedule times the group's LR multiplier (hidden matrices:
 1/m) and whose decoupled weight decay is the base decay times the group's decay
 multiplier (hidden: m, vectors: 0). optax's adamw multiplies the decay by the
@@ -13,36 +13,15 @@ Global-norm clipping runs first, on the raw gradient of all groups together.
 
 from __future__ import annotations
 
-from typing import Any
-
-import jax
 import optax
 
 from delphi.model import mup
 from delphi.model.config import ModelConfig
+from delphi.model.mup import GROUPS, param_labels
 from delphi.train.config import OptimConfig
 from delphi.train.schedules import lr_schedule
 
-GROUPS = ("embedding", "hidden", "unembedding", "router", "vector")
-
-
-def key_path_names(key_path: tuple) -> tuple[str | int, ...]:
-    """('blocks', 0, 'attn', 'qkv', 'kernel') from a jax key path into an nnx.State."""
-    names: list[str | int] = []
-    for entry in key_path:
-        if isinstance(entry, jax.tree_util.DictKey):
-            names.append(entry.key)
-        elif isinstance(entry, jax.tree_util.SequenceKey):
-            names.append(entry.idx)
-        elif isinstance(entry, jax.tree_util.GetAttrKey):
-            if entry.name != "value":  # nnx.Variable wraps its array in .value
-                names.append(entry.name)
-    return tuple(names)
-
-
-def param_labels(params: Any) -> Any:
-    """The muP group of every leaf, as a pytree shaped like `params`."""
-    return jax.tree_util.tree_map_with_path(lambda path, _: mup.param_group(key_path_names(path)), params)
+__all__ = ["group_hyperparams", "make_optimizer", "param_labels"]
 
 
 def group_hyperparams(model: ModelConfig, optim: OptimConfig) -> dict[str, dict[str, float]]:

@@ -5,33 +5,12 @@ actual one, so a hero run can be watched against its prediction live.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from delphi.errors import DelphiError
-
-PredictedLoss = Callable[[float], float]
-
-
-def load_prediction(path: Path) -> PredictedLoss:
-    """tokens -> predicted loss from a preregistration file.
-
-    Hook into the prereg part: `delphi.prereg.format.load_prereg(path)` returns
-    an object whose `predicted_loss_at(tokens)` gives the predicted eval loss
-    (a band: median, lo90, hi90; NaN outside the predicted range). The file is
-    read (and any error raised) before training starts.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DelphiError(f"--prereg: {path}: file not found")
-    try:
-        from delphi.prereg.format import load_prereg
-    except ImportError:
-        raise DelphiError("--prereg: this install has no preregistration reader (delphi.prereg.format)") from None
-    prereg = load_prereg(path)
-    if not hasattr(prereg, "predicted_loss_at"):
-        raise DelphiError(f"--prereg: {path}: the preregistration has no loss curve (predicted_loss_at)")
-    return prereg.predicted_loss_at
+# tokens -> predicted eval loss: a number, or a band with .median/.lo90/.hi90. The caller builds it
+# (e.g. delphi.prereg.format.predicted_loss_curve from a preregistration), so training never
+# depends on how predictions are stored.
+PredictedLoss = Callable[[float], Any]
 
 
 def format_prediction(predicted) -> str:

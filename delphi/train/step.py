@@ -23,6 +23,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from delphi.model.config import ModelConfig
+from delphi.model.transformer import cross_entropy
 
 
 class TrainState(NamedTuple):
@@ -36,11 +37,6 @@ def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, Any, Any, Any]:
     from delphi.model.moe import RouterBias
 
     return nnx.split(model, nnx.Param, RouterBias, ...)
-
-
-def cross_entropy(logits: Float[Array, "batch seq vocab"], targets: Int[Array, "batch seq"]) -> Float[Array, ""]:
-    """Mean next-token cross-entropy in nats, computed in f32."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
 
 
 def update_router_bias(router_bias: Any, expert_load: Float[Array, "layers experts"], rate: float) -> Any:

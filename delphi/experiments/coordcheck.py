@@ -43,15 +43,17 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Int
 
+from delphi.experiments.shapes import WidthFamily
 from delphi.model import mup
-from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
-from delphi.model.transformer import Transformer
+from delphi.model.config import ModelConfig, MoEConfig
+from delphi.model.transformer import Transformer, cross_entropy
 
 # Slope tolerances of OLMo-core's coordinate-check test (DESIGN.md section 4): each layer's output,
 # and the whole model's output (the logits).
 COMPONENT_SLOPE_TOLERANCE = (-0.05, 0.05)
 MODEL_SLOPE_TOLERANCE = (-0.2, 0.1)
 MODEL_COMPONENT = "logits"
+COORDCHECK_PNG_DPI = 110
 
 
 @dataclass(frozen=True)
@@ -70,20 +72,14 @@ class CoordCheckSpec:
     seq_len: int = 16
     batch_size: int = 8
 
+    @property
+    def family(self) -> WidthFamily:
+        # No load balancing: the check measures the parameterisation, not the router's dynamics.
+        moe = MoEConfig(experts=self.experts, top_k=self.top_k, balance="none") if self.moe else None
+        return WidthFamily(self.widths[0], self.n_layers, self.d_head, self.ffn_mult, moe=moe, mup=self.mup)
+
     def model_config(self, width: int) -> ModelConfig:
-        moe = (
-            MoEConfig(experts=self.experts, top_k=self.top_k, d_expert=width * self.ffn_mult // 4, balance="none")
-            if self.moe
-            else None
-        )
-        return ModelConfig(
-            d_model=width,
-            n_layers=self.n_layers,
-            n_heads=width // self.d_head,
-            d_ff=self.ffn_mult * width,
-            moe=moe,
-            mup=MuPConfig(enabled=self.mup, base_d_model=self.widths[0], base_n_layers=self.n_layers),
-        ).validate("coord_check")
+        return self.family.config(width, "coord_check")
 
     @property
     def label(self) -> str:
@@ -169,9 +165,7 @@ def _run_width(spec: CoordCheckSpec, width: int) -> dict[str, np.ndarray]:
     def loss_fn(params, rest, batch):
         model = nnx.merge(graphdef, params, rest)
         logits, stats = model(batch[:, :-1], train=True, capture=True)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        ce = -jnp.mean(jnp.take_along_axis(logp, batch[:, 1:, None], axis=-1))
-        return ce + stats["aux_loss"], stats["activations"]
+        return cross_entropy(logits, batch[:, 1:]) + stats["aux_loss"], stats["activations"]
 
     @jax.jit
     def run(params, rest, batches):
@@ -201,40 +195,11 @@ def coord_check(spec: CoordCheckSpec) -> CoordCheckResult:
     return CoordCheckResult(spec=spec, magnitude=magnitude, per_step=per_step)
 
 
-def plot_coord_check(results: list[dict[str, Any]], path: str | Path) -> None:
-    """One panel per result (its to_json()): mean |activation| against width, a line per component."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from delphi.io import atomic_write_bytes
-
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.2), squeeze=False)
-    for ax, res in zip(axes[0], results):
-        widths = res["spec"]["widths"]
-        for c, mags in res["magnitude"].items():
-            style = "-" if c == MODEL_COMPONENT else ("--" if "residual" in c else ":" if c == "embedding" else "-.")
-            ax.plot(widths, mags, style, marker="o", ms=3, label=f"{c} ({res['slopes'][c]:+.2f})")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.set_xlabel("width d_model (log2)")
-        ax.set_ylabel(f"mean |activation|, steps 1-{res['spec']['steps']} (log2)")
-        ax.set_title(f"{res['label']}: {'PASS' if res['passed'] else 'FAIL'} (worst slope {res['worst_slope']:+.2f})")
-        ax.legend(fontsize=6, loc="best")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-
-
 def save_report(results: list[CoordCheckResult], out_dir: str | Path, *, passed: bool) -> dict[str, Any]:
     """Write coordcheck.json and coordcheck.png into out_dir; return the JSON dict."""
     from delphi.io import atomic_write_json
+    from delphi.plot.figures import coordcheck_figure
+    from delphi.plot.style import write_png
 
     out_dir = Path(out_dir)
     report = {
@@ -243,7 +208,7 @@ def save_report(results: list[CoordCheckResult], out_dir: str | Path, *, passed:
         "json": str(out_dir / "coordcheck.json"),
         "plot": str(out_dir / "coordcheck.png"),
     }
-    plot_coord_check(report["results"], out_dir / "coordcheck.png")
+    write_png(coordcheck_figure(report["results"]), out_dir / "coordcheck.png", dpi=COORDCHECK_PNG_DPI)
     atomic_write_json(out_dir / "coordcheck.json", report)
     return report
 

@@ -26,13 +26,15 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from jaxtyping import Float
+if TYPE_CHECKING:  # numpy is imported where used: `delphi --help` builds this module's parser
+    import numpy as np
+    from jaxtyping import Float
 
 from delphi.errors import DelphiError
-from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
+from delphi.experiments.shapes import WidthFamily
+from delphi.model.config import ModelConfig, MoEConfig
 
 # Defaults sized for ~6-8 minutes on 2 CPU cores: 1000 steps of 8 x 64 tokens take ~9 s at width 32,
 # ~18 s at 64 and ~35 s at 128, plus ~4 s compilation per run. Many small steps rather than a few big
@@ -85,20 +87,13 @@ class LRSweepSpec:
             self.model_config(w)
         return self
 
+    @property
+    def family(self) -> WidthFamily:
+        moe = MoEConfig(experts=self.experts, top_k=self.top_k, balance="bias") if self.ffn == "moe" else None
+        return WidthFamily(self.widths[0], self.n_layers, self.d_head, self.ffn_mult, moe=moe, mup=True)
+
     def model_config(self, width: int) -> ModelConfig:
-        moe = (
-            MoEConfig(experts=self.experts, top_k=self.top_k, d_expert=width * self.ffn_mult // 4, balance="bias")
-            if self.ffn == "moe"
-            else None
-        )
-        return ModelConfig(
-            d_model=width,
-            n_layers=self.n_layers,
-            n_heads=width // self.d_head,
-            d_ff=self.ffn_mult * width,
-            moe=moe,
-            mup=MuPConfig(enabled=True, base_d_model=self.widths[0], base_n_layers=self.n_layers),
-        ).validate("lr_sweep")
+        return self.family.config(width, "lr_sweep")
 
     def train_config(self, width: int, lr: float) -> Any:
         from delphi.train.config import DataConfig, OptimConfig, TrainConfig
@@ -146,6 +141,8 @@ class QuadraticFit:
 
 def fit_quadratic(lrs: Float[np.ndarray, " n"], losses: Float[np.ndarray, " n"], neighbours: int = FIT_NEIGHBOURS) -> QuadraticFit:
     """Quadratic in log2(LR) around the best finite point; diverged (non-finite) runs are left out."""
+    import numpy as np
+
     lrs, losses = np.asarray(lrs, float), np.asarray(losses, float)
     order = np.argsort(lrs)
     lrs, losses = lrs[order], losses[order]
@@ -190,6 +187,8 @@ class LRSweepResult:
     fits: dict[int, QuadraticFit] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        import numpy as np
+
         for w in self.spec.widths:
             rows = [r for r in self.records if r["width"] == w]
             self.fits[w] = fit_quadratic(np.array([r["lr"] for r in rows]), np.array([r["loss"] for r in rows], float))
@@ -201,6 +200,8 @@ class LRSweepResult:
 
     @property
     def movement(self) -> dict[str, Any]:
+        import numpy as np
+
         opt = np.array([self.optimum(w) for w in self.spec.widths])
         slope = float(np.polyfit(np.log2(self.spec.widths), np.log2(opt), 1)[0])
         return {
@@ -298,6 +299,7 @@ def run_sweep(spec: LRSweepSpec, out_dir: str | Path, *, log: bool = True) -> LR
 
 def save_report(result: LRSweepResult, out_dir: str | Path) -> dict[str, Any]:
     """sweep.csv, sweep.json and sweep.png/.svg (lrsweep_figure plus the fitted quadratics)."""
+    import numpy as np
     import pandas as pd
 
     from delphi.io import atomic_write_json, atomic_write_text
@@ -324,48 +326,4 @@ def save_report(result: LRSweepResult, out_dir: str | Path) -> dict[str, Any]:
     files = st.save_figure(fig, out_dir / "sweep.png")
     report = {**result.to_json(), "csv": str(out_dir / "sweep.csv"), "json": str(out_dir / "sweep.json"), "plots": files}
     atomic_write_json(out_dir / "sweep.json", report)
-    return report
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_command(mup_sub: Any) -> None:
-    """Register `delphi mup lr-sweep` on the `delphi mup` subparsers."""
-    from delphi.cli import add_json_flag
-
-    sub = mup_sub.add_parser("lr-sweep", help="final loss vs base LR at several widths under muP; how far the optimum moves")
-    sub.add_argument("--out", type=Path, required=True, help="directory for runs/, sweep.csv, sweep.json, sweep.png")
-    sub.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)), help="comma-separated d_model; the first is the muP base")
-    sub.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS), help="comma-separated base Adam LRs")
-    sub.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    sub.add_argument("--ffn", choices=("dense", "moe"), default="dense")
-    sub.add_argument("--layers", type=int, default=LRSweepSpec.n_layers)
-    sub.add_argument("--batch-size", type=int, default=LRSweepSpec.batch_size)
-    sub.add_argument("--seq-len", type=int, default=LRSweepSpec.seq_len)
-    sub.add_argument("--eval-tokens", type=int, default=LRSweepSpec.eval_tokens)
-    sub.add_argument("--store", default=LRSweepSpec.store, help="token store: a built-in name or a prepared directory")
-    sub.add_argument("--seed", type=int, default=0)
-    add_json_flag(sub)
-    sub.set_defaults(func=cmd_lr_sweep)
-
-
-def _parse_list(text: str, kind: type, flag: str) -> tuple:
-    try:
-        return tuple(kind(v) for v in text.split(","))
-    except ValueError:
-        raise DelphiError(f"{flag}: expected comma-separated {'integers' if kind is int else 'numbers'}, got {text!r}") from None
-
-
-def cmd_lr_sweep(args: Any) -> dict[str, Any]:
-    spec = LRSweepSpec(
-        widths=_parse_list(args.widths, int, "--widths"),
-        lrs=tuple(sorted(_parse_list(args.lrs, float, "--lrs"))),
-        steps=args.steps, ffn=args.ffn, n_layers=args.layers, batch_size=args.batch_size,
-        seq_len=args.seq_len, eval_tokens=args.eval_tokens, store=args.store, seed=args.seed,
-    ).validate()
-    result = run_sweep(spec, args.out)
-    report = save_report(result, args.out)
-    print(result.summary(), file=sys.stderr)
-    print(f"lr-sweep: wrote {report['csv']}, {report['json']} and {report['plots'][0]}", file=sys.stderr)
     return report
