@@ -135,3 +135,12 @@ def test_cli_all_holdouts_and_hostile_losses(tmp_path, capsys):
     flat.to_csv(bad_path, index=False)
     assert main(["fit", "isoflop", str(bad_path)]) == 2
     assert "degenerate" in capsys.readouterr().err
+
+
+def test_predict_run_is_the_one_entry_point_for_a_concrete_run():
+    table = load_results(seeded_design(seeds=1, noise=0.0).drop(columns="seed"))
+    row = table.iloc[0]
+    nd = fit_vpnls(table).predict_run(params=row["params"], tokens=row["tokens"], flops=row["flops"])
+    assert nd["loss"] == pytest.approx(row["loss"], rel=1e-6) and "N and D" in nd["how"]
+    c_only = fit_approach2(table).predict_run(params=row["params"], tokens=row["tokens"], flops=row["flops"])
+    assert "compute" in c_only["how"] and c_only["loss"] > 0

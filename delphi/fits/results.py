@@ -30,6 +30,7 @@ SCHEMA = "delphi.fit/1"
 # search region ("at_bound": e.g. E = 0, the law then cannot say where loss levels off), or the
 # optimiser did not report convergence ("not_converged").
 FIT_STATUSES = ("ok", "at_bound", "not_converged")
+ND_KINDS = ("parametric", "moe")  # laws in (N, D); the others predict from compute only
 MODEL_FAMILIES = ("dense", "moe")
 
 
@@ -114,6 +115,21 @@ class FitResult:
                     ratio = np.array([d["tokens"] / d["params"] for d in draws], dtype=float)
                 for level in INTERVAL_LEVELS:
                     out[f"tokens_per_param_interval_{int(level * 100)}"] = _percentile_interval(ratio, level)
+        return out
+
+    def predict_run(self, *, params: Any, tokens: Any, flops: Any, **terms: Any) -> dict[str, Any]:
+        """The loss of a concrete run (N, D, its exact FLOPs C): a law in (N, D) is evaluated at the
+        run's own N and D; a law in C only (isoflop, envelope, frontier) at its FLOPs. Adds "how".
+
+        This is what plot (residuals), prereg (the hero's final loss) and any other "what will this
+        run reach" question call, so that none of them dispatches on the fit kind itself.
+        """
+        if self.kind in ND_KINDS:
+            out = self.predict(params=params, tokens=tokens, **(terms if self.kind == "moe" else {}))
+            out["how"] = f"{self.kind} fit at the run's N and D"
+        else:
+            out = self.predict(compute=flops)
+            out["how"] = f"{self.kind} fit at the run's exact compute C"
         return out
 
     def summary(self) -> str:
