@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from delphi.cli import main
-from delphi.fits import backtest, fit_approach2, fit_vpnls, load_results
+from delphi.fits import backtest, fit_approach2, fit_approach3, fit_vpnls, load_results
 from delphi.fits.backtest import all_holdouts, predictive_interval
 from delphi.fits.bootstrap import resample_indices
 from delphi.fits.laws import chinchilla_optimum
@@ -74,6 +74,8 @@ def test_seeds_are_averaged_weighted_and_resampled_hierarchically():
     for idx in resample_indices(table, 5, seed=1):
         sample = table.iloc[idx]
         assert (sample.groupby("budget").size() == table.groupby("budget").size()).all()
+    a3 = fit_approach3(table)
+    assert a3.n_points == len(raw) // 3 and a3.diagnostics["seed_noise_nats"] == fit.diagnostics["seed_noise_nats"]
     iso = fit_approach2(table)
     assert iso.diagnostics["seed_noise_nats"] == pytest.approx(fit.diagnostics["seed_noise_nats"])
     # a single-seed table is fitted exactly as before: no cells, weight 1

@@ -198,7 +198,8 @@ def load_results(
 
     if "cell_id" not in table and "budget" in table and "seed" in table:
         # Replicates of one configuration (several seeds) form a cell: budget x shape.
-        keys = table[["budget", "params"]].round(12).astype(str).agg("|".join, axis=1)
+        key_cols = [c for c in ("budget", "params", "tokens", "experts", "granularity") if c in table]
+        keys = table[key_cols].astype(float).map(lambda v: f"{v:.9g}").agg("|".join, axis=1)
         if keys.duplicated().any():
             table["cell_id"] = keys
 
