@@ -19,7 +19,15 @@ from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
 from delphi.ladder.plan import (
     batch_for_tokens,
+    cell_id_of,
+    evals_of,
+    expected_optimum,
+    flops_family,
+    hero_ranges,
     layers_for_width,
+    manifest_row,
+    plan_health_warnings,
+    plan_hero,
     plan_ladder,
     read_manifest,
     shape_for_width,
@@ -32,6 +40,8 @@ from delphi.train.config import load_train_config
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "studies" / "ladder_tiny.yaml"
 CPU = ROOT / "studies" / "ladder_cpu.yaml"
+DEFAULT = ROOT / "delphi" / "defaults" / "ladder_default.yaml"
+PAPER = ROOT / "studies" / "ladder_paper.yaml"
 
 
 def _raw(path: Path = TINY) -> dict:
@@ -50,7 +60,7 @@ def test_shipped_specs_plan_on_budget(path):
     rungs = plan_ladder(spec)
     assert spec.budgets[-1] / spec.budgets[0] >= 30 and len(spec.budgets) >= 4
     for budget in spec.budgets:
-        curve = [r for r in rungs if r.budget == budget]
+        curve = [r for r in rungs if r.budget == budget and r.seed == spec.seeds_for(budget)[0]]
         assert len(curve) == spec.isoflop.sizes
         n = [r.params for r in curve]
         assert max(n) / min(n) >= spec.isoflop.min_span  # spread over >= 8x in N
@@ -244,6 +254,11 @@ def test_runner_and_collect_micro_ladder(tmp_path):
     for _, r in table.iterrows():
         assert abs(r["flops"] / r["budget"] - 1) <= 0.01
         assert r["bpb"] == pytest.approx(r["loss"] / math.log(2))
+        # Health from the real run's metrics.jsonl: one eval (the final one) on 512 tokens, dense (no drops).
+        assert r["n_evals"] == 1 and r["eval_tokens"] == 512 and r["drop_frac_mean"] == 0.0
+        assert not r["health_ok"] and "min_layers" in r["health_issues"] and "max_drop_frac" not in r["health_issues"]
+        assert r["n_seeds"] == 1 and r["cell_id"] == cell_id_of(r["run_id"])
+    assert (tmp_path / "results.csv.family.json").is_file()
 
 
 def test_plan_refuses_a_store_too_small_and_collect_filters_incomplete(tmp_path, capsys):
@@ -272,3 +287,215 @@ def test_plan_refuses_a_store_too_small_and_collect_filters_incomplete(tmp_path,
     everything = collect_ladder(ladder, include_all=True)
     assert len(everything) == 2 and everything["loss"].isna().sum() == 1
     assert set(everything["status"]) == {"completed", "failed"}
+
+
+# ---- issue 10: seeds, rung health, FLOPs family, hero ranges, absurd plans -------------------------
+
+
+@pytest.mark.parametrize("path, hero_multiple", [(DEFAULT, 10), (PAPER, 30)])
+def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, hero_multiple):
+    spec = load_ladder_spec(path)
+    rungs = plan_ladder(spec)
+    assert plan_health_warnings(spec, rungs) == []  # layers, width, evals, eval tokens met at plan time
+    assert min(r.model.d_model for r in rungs) >= 24 and min(r.model.n_layers for r in rungs) >= 3
+    assert all(evals_of(r.train) >= 10 for r in rungs)
+    moe = spec.shape.moe
+    assert moe.capacity_factor >= moe.experts / moe.top_k  # dropless training: no routed token dropped
+    assert len(spec.run.seeds) >= 2
+    for budget in spec.budgets:
+        seeds = spec.seeds_for(budget)
+        curve = [r for r in rungs if r.budget == budget]
+        cells = {cell_id_of(r.run_id) for r in curve}
+        assert len(cells) == spec.isoflop.sizes and len(curve) == len(cells) * len(seeds)
+        n = sorted({r.params for r in curve})
+        assert n[-1] / n[0] >= spec.isoflop.min_span and len({r.batch_size for r in curve}) == 1
+        assert all(abs(r.flops / budget - 1) <= spec.tolerance for r in curve)
+    top = max(spec.budgets)
+    hero = plan_hero(spec, expected_optimum(spec, hero_multiple * top), hero_multiple * top)
+    ranges = hero_ranges(spec, hero)
+    assert ranges["inside"], ranges
+    top_rung = next(r for r in rungs if r.budget == top)
+    assert hero.batch_size == top_rung.batch_size and hero.hp.beta2 == top_rung.hp.beta2  # no switch at the hero
+    if path == PAPER:
+        assert len(spec.budgets) >= 4 and min(spec.budgets) >= 1e12 and len(spec.seeds_for(top)) >= 3
+        assert spec.run.store == "environment" and spec.run.max_epochs <= 1.0 and spec.run.eval_tokens >= 1_000_000
+
+
+def test_seeds_expand_to_one_run_per_rung_and_seed(tmp_path):
+    raw = _raw()
+    raw["run"].update(seeds=[3, 5], top_seeds=[3, 5, 7])
+    spec = ladder_spec_from_dict(raw)
+    rungs = plan_ladder(spec)
+    sizes, top = spec.isoflop.sizes, max(spec.budgets)
+    assert len(rungs) == sizes * 2 * (len(spec.budgets) - 1) + sizes * 3
+    assert len({r.run_id for r in rungs}) == len(rungs)
+    for r in rungs:
+        assert r.run_id.endswith(f"_s{r.seed}") and r.train.seed == r.seed == r.train.data.seed
+        assert r.seed in ((3, 5, 7) if r.budget == top else (3, 5))
+    by_cell: dict[str, list] = {}
+    for r in rungs:
+        by_cell.setdefault(cell_id_of(r.run_id), []).append(r)
+    for runs in by_cell.values():  # the seeds of a cell differ only in their seed
+        assert len({(r.model, r.steps, r.batch_size, r.hp) for r in runs}) == 1
+
+
+@pytest.mark.parametrize(
+    "run, key",
+    [({"seeds": []}, "run.seeds"), ({"seeds": [1, 1]}, "run.seeds"), ({"seeds": [0, 1], "top_seeds": [2, 2]}, "run.top_seeds")],
+)
+def test_empty_or_duplicated_seeds_exit_2_naming_the_key(tmp_path, capsys, run, key):
+    raw = _raw()
+    raw["run"].update(run)
+    path = _write(tmp_path, raw)
+    with pytest.raises(DelphiError, match=key):
+        load_ladder_spec(path)
+    out = tmp_path / "ladder"
+    assert cli_main(["ladder", "plan", str(path), "--out", str(out)]) == 2
+    assert key in capsys.readouterr().err and not out.exists()
+
+
+def test_absurd_budget_and_too_many_epochs_exit_2(tmp_path, capsys):
+    raw = _raw()
+    raw["budgets"] = [1.0e30]  # issue 12 row 17: was rc 0 and "5.6e15 epochs"
+    path = _write(tmp_path, raw)
+    assert cli_main(["ladder", "plan", str(path), "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "batch.max_steps" in err and "1e+30" in err and not (tmp_path / "a").exists()
+    micro = yaml.safe_load(_micro_spec(tmp_path).read_text())
+    micro["run"]["max_epochs"] = 1e-3  # the micro store is small: its rungs read more than that
+    path = _write(tmp_path, micro, "epochs.yaml")
+    assert cli_main(["ladder", "plan", str(path), "--out", str(tmp_path / "b")]) == 2
+    assert "run.max_epochs" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+def test_plan_warns_about_health_bounds_it_can_see(tmp_path, capsys):
+    path = _micro_spec(tmp_path)  # d8/d16, 2 layers, 1 eval of 512 tokens: below every default bound
+    assert cli_main(["ladder", "plan", str(path), "--out", str(tmp_path / "ladder"), "--json"]) == 0
+    captured = capsys.readouterr()
+    warnings = json.loads(captured.out)["health_warnings"]
+    for key in ("min_layers", "min_d_model", "min_evals", "min_eval_tokens"):
+        assert f"health.{key}=" in captured.err and any(key in w for w in warnings)
+
+
+def _fake_run(ladder: Path, row: dict, loss: float, drops: list[float], n_evals: int) -> None:
+    """A finished run dir as the trainer writes it (status, summary, config, metrics.jsonl)."""
+    run_dir = ladder / "runs" / row["run_id"]
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text((ladder / row["config"]).read_text())
+    steps = int(row["steps"])
+    records = []
+    for i, drop in enumerate(drops):
+        step = (i + 1) * steps // len(drops)
+        record = {"step": step, "train_loss": 3.0, "drop_frac": drop}
+        if i >= len(drops) - n_evals:
+            record["val_loss"] = loss
+        records.append(record)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 9')  # torn last line
+    (run_dir / "status.json").write_text(json.dumps({"status": "completed"}))
+    (run_dir / "summary.json").write_text(json.dumps({
+        "status": "completed", "val_loss": loss, "val_bpb": loss / math.log(2), "steps": steps,
+        "tokens": int(row["tokens"]), "flops": float(row["flops"])}))
+
+
+def test_health_flags_and_seed_cells_from_constructed_runs(tmp_path, capsys):
+    from delphi.fits.data import read_family
+    from delphi.ladder.collect import collect_ladder, format_health_table, rung_health_table
+
+    raw = yaml.safe_load(_micro_spec(tmp_path).read_text())
+    raw["run"].update(seeds=[0, 1], evals_per_run=4)
+    raw["shape"]["moe"] = {"experts": 4, "top_k": 2}  # a routed block: its drops are measured
+    raw["tokens_per_param"] = {"ratio": 5.0, "max_ratio_error": 0.9}
+    raw["health"] = {"max_drop_frac": 0.02, "min_layers": 2, "min_d_model": 8, "min_evals": 3, "min_eval_tokens": 512}
+    ladder = tmp_path / "ladder"
+    assert cli_main(["ladder", "plan", str(_write(tmp_path, raw, "seeds.yaml")), "--out", str(ladder)]) == 0
+    rows = read_manifest(ladder)
+    assert len(rows) == 4 and len({cell_id_of(r["run_id"]) for r in rows}) == 2
+    losses = [2.0, 2.1, 1.5, 1.6]
+    drops = [[0.01, 0.01, 0.01, 0.01], [0.05, 0.03, 0.01, 0.01], [0.0, 0.0, 0.0, 0.0], [0.02, 0.0, 0.0, 0.0]]
+    evals = [4, 4, 2, 4]
+    for row, loss, d, e in zip(rows, losses, drops, evals):
+        _fake_run(ladder, row, loss, d, e)
+    table = collect_ladder(ladder).set_index("run_id")
+    r = [table.loc[row["run_id"]] for row in rows]
+    assert [x["drop_frac_mean"] for x in r] == pytest.approx([0.01, 0.025, 0.0, 0.005])
+    assert [x["n_evals"] for x in r] == [4, 4, 2, 4]
+    assert [x["health_ok"] for x in r] == [True, False, False, True]
+    assert r[1]["health_issues"] == "max_drop_frac" and r[2]["health_issues"] == "min_evals" and r[0]["health_issues"] == ""
+    assert all(x["eval_tokens"] == 512 and x["n_layers"] == 2 for x in r)
+    assert "_E4k2" in r[0]["cell_id"]
+    for pair in ((0, 1), (2, 3)):
+        a, b = (r[i] for i in pair)
+        assert a["cell_id"] == b["cell_id"] and a["n_seeds"] == b["n_seeds"] == 2
+        assert a["loss_mean"] == pytest.approx((losses[pair[0]] + losses[pair[1]]) / 2)
+        assert a["loss_std"] == pytest.approx(abs(losses[pair[0]] - losses[pair[1]]) / math.sqrt(2))  # ddof=1
+    health = rung_health_table(table.reset_index())
+    assert list(health["health_ok"]) == [True, False, False, True] and "2 of 4" in format_health_table(health)
+
+    # The CLI prints the health table and writes <results>.family.json from the ladder's pinned spec.
+    results = tmp_path / "results.csv"
+    assert cli_main(["ladder", "collect", str(ladder), "--out", str(results)]) == 0
+    assert "rung health: 2 of 4" in capsys.readouterr().err
+    family = read_family(str(results) + ".family.json")
+    spec = load_ladder_spec(ladder / "ladder.yaml")
+    assert family.convention == "nonembedding" and family.params == flops_family(spec).params
+    written = pd.read_csv(results)
+    assert {"cell_id", "loss_mean", "loss_std", "n_seeds", "drop_frac_mean", "health_ok", "health_issues"} <= set(written.columns)
+    # One seed: loss_std is NaN, n_seeds 1.
+    (ladder / "runs" / rows[1]["run_id"] / "status.json").write_text(json.dumps({"status": "failed"}))
+    single = collect_ladder(ladder).set_index("run_id").loc[rows[0]["run_id"]]
+    assert single["n_seeds"] == 1 and math.isnan(single["loss_std"])
+
+
+@pytest.mark.parametrize("path", [DEFAULT, PAPER, TINY])
+def test_flops_family_is_exact_at_the_planned_shapes(path):
+    spec = load_ladder_spec(path)
+    family = flops_family(spec)
+    assert family.convention == "nonembedding" and all(b > a for a, b in zip(family.params, family.params[1:]))
+    for r in plan_ladder(spec):
+        assert family(r.params) == pytest.approx(flops_per_token(r.model, spec.seq_len), rel=1e-12)
+    widest = shape_for_width(spec, 64 * max(spec.shape.widths))  # default reach: 64x the widest rung
+    assert family.params[-1] == count_params(widest).nonembedding
+    for convention, n_of in (("active", lambda m: count_params(m).active), ("fpt6", lambda m: flops_per_token(m, spec.seq_len) / 6)):
+        other = flops_family(spec, convention, max_width=2 * max(spec.shape.widths))
+        for w in spec.shape.widths:
+            m = shape_for_width(spec, w)
+            assert other(n_of(m)) == pytest.approx(flops_per_token(m, spec.seq_len), rel=1e-12)
+    with pytest.raises(DelphiError, match="convention"):
+        flops_family(spec, "total")
+
+
+def test_family_cli_writes_what_fit_reads(tmp_path, capsys):
+    from delphi.fits.data import read_family
+
+    out = tmp_path / "family.json"
+    assert cli_main(["ladder", "family", str(DEFAULT), "--out", str(out), "--convention", "fpt6", "--json"]) == 0
+    family = read_family(out)
+    assert family.convention == "fpt6" and str(DEFAULT) in family.source
+    assert json.loads(capsys.readouterr().out)["shapes"] == len(family.params)
+
+
+def test_hero_ranges_report_which_range_the_hero_leaves():
+    spec = load_ladder_spec(DEFAULT)
+    top = max(spec.budgets)
+    rungs = plan_ladder(spec)
+    results = pd.DataFrame([{**manifest_row(r), "status": "completed"} for r in rungs])
+    n_star = expected_optimum(spec, 10 * top)
+    hero = plan_hero(spec, n_star, 10 * top, results=results)
+    ranges = hero_ranges(spec, hero, results)
+    assert ranges["inside"] and ranges["outside"] == []
+    for key in ("tokens_per_param", "steps", "batch_tokens", "beta2"):
+        lo, hi = ranges[key]["ladder"]
+        assert lo <= ranges[key]["hero"] <= hi and ranges[key]["inside"]
+    assert ranges["batch_tokens"]["ladder"] == [hero.batch_size * spec.seq_len] * 2  # the top budget's batch
+    # A ladder whose rungs all trained few steps: the same hero now leaves the steps range.
+    short = results[results["steps"] <= 3000]
+    assert hero_ranges(spec, hero, short)["outside"] == ["steps"]
+    # 100x the top budget at the same N: far more steps than any rung, at the top budget's batch.
+    far = hero_ranges(spec, plan_hero(spec, n_star, 100 * top, results=results), results)
+    assert "steps" in far["outside"] and far["batch_tokens"]["inside"] and far["beta2"]["inside"]
+    assert far["steps"]["hero"] > 10 * far["steps"]["ladder"][1]
+    # 1e4x: past batch.max_steps, a planning error rather than a hero.
+    with pytest.raises(DelphiError, match="batch.max_steps"):
+        plan_hero(spec, n_star, 1e4 * top, results=results)
+    # A hero config (TrainConfig) is compared the same way as a planned rung.
+    assert hero_ranges(spec, hero.train, results) == ranges
