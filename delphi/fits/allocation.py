@@ -18,14 +18,12 @@ must be counted the way the fitted law's N was.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
-from scipy.optimize import minimize_scalar
 
 from delphi.errors import DelphiError
 
@@ -41,8 +39,9 @@ CONVENTION_COLUMNS = {"nonembedding": "params_nonembedding", "active": "params_a
 # law fitted to language models (Chinchilla ~20; over-trained small models ~1e3-1e4).
 MIN_TOKENS_PER_PARAM = 1e-4
 MAX_TOKENS_PER_PARAM = 1e6
-SEARCH_GRID_POINTS = 241  # log-spaced coarse grid before the bounded refinement (0.06 decades apart)
-REFINE_XATOL = 1e-10  # in ln N: N* to ~1e-10 relative
+SEARCH_GRID_POINTS = 241  # log-spaced coarse grid (0.05 apart in ln N) before the refinement
+REFINE_POINTS = 21  # each zoom round evaluates this many points across the current bracket ...
+REFINE_ROUNDS = 6  # ... and shrinks it 10x: ln N* to ~5e-8 before the final parabolic step
 
 
 @dataclass(frozen=True)
@@ -138,23 +137,59 @@ def optimal_allocation(
     """N*, D*, L* minimising loss_fn(N, D) s.t. compute = family(N) * D (exact), or 6 N D when
     family is None. Returns {"params", "tokens", "loss", "allocation": "exact"|"6ND"}.
 
-    `loss_fn` must accept arrays (it is evaluated on a grid of N at once). The minimiser is
-    found on a log-spaced grid of N spanning D/N in [MIN_TOKENS_PER_PARAM, MAX_TOKENS_PER_PARAM],
-    then refined by a bounded scalar search between the best grid point's neighbours. An optimum
-    on the edge of that range (no interior minimum) gives NaN.
+    `loss_fn` is called with N and D of shape (len(compute.ravel()), k): a grid of N for every
+    compute at once (so per-compute parameters of shape (len, 1) broadcast: many bootstrap draws
+    are allocated in one call). The minimiser is found on a log-spaced grid of N spanning D/N in
+    [MIN_TOKENS_PER_PARAM, MAX_TOKENS_PER_PARAM], then refined by zooming into the bracket
+    around the best grid point (REFINE_ROUNDS rounds of REFINE_POINTS points, vectorised over
+    compute) and a last parabolic step. An optimum on the edge of that range (no interior
+    minimum) gives NaN.
     """
     c = np.asarray(compute, float)
     flat = np.atleast_1d(c).ravel()
     fpt = family if family is not None else (lambda n: FLOPS_PER_PARAM_TOKEN * np.asarray(n, float))
-    n_opt = np.full(flat.shape, np.nan)
-    for i, ci in enumerate(flat):
-        if not (ci > 0 and math.isfinite(ci)):
-            continue
-        n_opt[i] = _argmin_log_n(loss_fn, float(ci), fpt)
-    with np.errstate(invalid="ignore"):
-        d_opt = flat / fpt(np.where(np.isfinite(n_opt), n_opt, 1.0))
-        d_opt = np.where(np.isfinite(n_opt), d_opt, np.nan)
-        loss = np.where(np.isfinite(n_opt), np.asarray(loss_fn(np.where(np.isfinite(n_opt), n_opt, 1.0), np.where(np.isfinite(d_opt), d_opt, 1.0)), float), np.nan)
+    valid = np.isfinite(flat) & (flat > 0)
+    safe_c = np.where(valid, flat, 1.0)[:, None]
+
+    def objective(log_n: np.ndarray) -> np.ndarray:
+        n = np.exp(log_n)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            value = np.asarray(loss_fn(n, safe_c / fpt(n)), float)
+        return np.where(np.isfinite(value), value, np.inf)
+
+    # 6 N D = C with D = r N gives N = sqrt(C / (6 r)): the search range in N for D/N in [min, max].
+    lo = 0.5 * np.log(safe_c / (FLOPS_PER_PARAM_TOKEN * MAX_TOKENS_PER_PARAM))
+    hi = 0.5 * np.log(safe_c / (FLOPS_PER_PARAM_TOKEN * MIN_TOKENS_PER_PARAM))
+    grid = lo + (hi - lo) * np.linspace(0.0, 1.0, SEARCH_GRID_POINTS)[None, :]
+    values = objective(grid)
+    k = np.argmin(values, axis=1)
+    rows = np.arange(len(flat))
+    interior = valid & np.isfinite(values[rows, k]) & (k > 0) & (k < SEARCH_GRID_POINTS - 1)
+    step = (hi - lo)[:, 0] / (SEARCH_GRID_POINTS - 1)
+    centre = grid[rows, k]
+    offsets = np.linspace(-1.0, 1.0, REFINE_POINTS)[None, :]
+    for _ in range(REFINE_ROUNDS):
+        zoom = centre[:, None] + step[:, None] * offsets
+        z_values = objective(zoom)
+        j = np.argmin(z_values, axis=1)
+        centre = zoom[rows, j]
+        step = step * 2.0 / (REFINE_POINTS - 1)
+    # a parabola through the best point and its neighbours: the last digits
+    f0, fm, fp = objective(centre[:, None]), objective((centre - step)[:, None]), objective((centre + step)[:, None])
+    f0, fm, fp = f0[:, 0], fm[:, 0], fp[:, 0]
+    curvature = fp + fm - 2 * f0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shift = np.where(curvature > 0, 0.5 * step * (fm - fp) / curvature, 0.0)
+    shift = np.clip(np.nan_to_num(shift), -step, step)
+    refined = centre + shift
+    better = objective(refined[:, None])[:, 0] <= f0
+    log_n = np.where(better, refined, centre)
+
+    n_opt = np.where(interior, np.exp(log_n), np.nan)
+    n_safe = np.where(interior, n_opt, 1.0)
+    d_opt = np.where(interior, flat / fpt(n_safe), np.nan)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        loss = np.where(interior, np.asarray(loss_fn(n_safe[:, None], np.where(interior, d_opt, 1.0)[:, None]), float)[:, 0], np.nan)
     shape = c.shape
     return {
         "params": n_opt.reshape(shape),
@@ -162,28 +197,6 @@ def optimal_allocation(
         "loss": loss.reshape(shape),
         "allocation": "exact" if family is not None else "6ND",
     }
-
-
-def _argmin_log_n(loss_fn: Callable, compute: float, fpt: Callable) -> float:
-    # 6 N D = C with D = r N gives N = sqrt(C / (6 r)): the search range in N for D/N in [min, max].
-    lo = 0.5 * math.log(compute / (FLOPS_PER_PARAM_TOKEN * MAX_TOKENS_PER_PARAM))
-    hi = 0.5 * math.log(compute / (FLOPS_PER_PARAM_TOKEN * MIN_TOKENS_PER_PARAM))
-    grid = np.linspace(lo, hi, SEARCH_GRID_POINTS)
-
-    def objective(log_n: Any) -> np.ndarray:
-        n = np.exp(np.asarray(log_n, float))
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            value = np.asarray(loss_fn(n, compute / fpt(n)), float)
-        return np.where(np.isfinite(value), value, np.inf)
-
-    values = objective(grid)
-    k = int(np.argmin(values))
-    if not np.isfinite(values[k]) or k == 0 or k == len(grid) - 1:
-        return math.nan  # no interior minimum within any plausible allocation
-    res = minimize_scalar(lambda x: float(objective(x)), bounds=(grid[k - 1], grid[k + 1]), method="bounded",
-                          options={"xatol": REFINE_XATOL})
-    best = float(res.x) if float(res.fun) <= values[k] else float(grid[k])
-    return math.exp(best)
 
 
 def isoflop_exponent_by_convention(raw: pd.DataFrame, conventions: tuple[str, ...] = PARAM_CONVENTIONS, **load_options: Any) -> dict[str, dict[str, Any]]:

@@ -46,6 +46,31 @@ def chinchilla_optimum(p: dict[str, float], compute: Any, A: float | None = None
     return {"params": n_opt, "tokens": d_opt, "loss": loss}
 
 
+def chinchilla_optimum_draws(
+    draws: dict[str, np.ndarray], compute: Any, family: FlopsFamily | None, A: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """`chinchilla_optimum` / exact allocation for many parameter sets at once: arrays of shape
+    (draws, *compute.shape). One vectorised allocation call instead of one per draw."""
+    c = np.asarray(compute, float)
+    p = {k: np.asarray(v, float) for k, v in draws.items()}
+    a_coef = p["A"] if A is None else np.asarray(A, float)
+    n_draws = len(p["alpha"])
+    if family is None:
+        out = {k: [] for k in ("params", "tokens", "loss")}
+        for i in range(n_draws):
+            one = chinchilla_optimum({k: float(v[i]) for k, v in p.items()}, c, A=float(a_coef[i]))
+            for k in out:
+                out[k].append(one[k])
+        return {k: np.array(v, float) for k, v in out.items()}
+    flat_c = np.broadcast_to(c.ravel()[None, :], (n_draws, c.size)).ravel()
+    per_row = {k: np.repeat(v, c.size)[:, None] for k, v in p.items()}
+    a_row = np.repeat(a_coef, c.size)[:, None]
+    loss_fn = lambda n, d: per_row["E"] + a_row * n ** -per_row["alpha"] + per_row["B"] * d ** -per_row["beta"]  # noqa: E731
+    opt = optimal_allocation(loss_fn, flat_c, family)
+    ok = ((a_row > 0) & (per_row["B"] > 0) & (per_row["alpha"] > 0) & (per_row["beta"] > 0))[:, 0]
+    return {k: np.where(ok, opt[k], np.nan).reshape((n_draws,) + c.shape) for k in ("params", "tokens", "loss")}
+
+
 def moe_coefficient(p: dict[str, float], x: Any) -> np.ndarray:
     """The effective A of the MoE law at expert term X (granularity or expert count)."""
     return p["G"] * np.asarray(x, float) ** -p["gamma"] + p["A"]

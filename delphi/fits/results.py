@@ -22,7 +22,7 @@ import numpy as np
 import delphi
 from delphi.errors import DelphiError
 from delphi.fits.allocation import FlopsFamily
-from delphi.fits.laws import derived_quantities, point_prediction
+from delphi.fits.laws import chinchilla_optimum_draws, derived_quantities, point_prediction
 
 INTERVAL_LEVELS = (0.5, 0.9)  # central percentile intervals reported on predictions
 SCHEMA = "delphi.fit/1"
@@ -99,9 +99,12 @@ class FitResult:
         if compute is not None:
             out["allocation"] = self.allocation
         if self.samples:
-            draws = [
-                point_prediction(self.kind, p, term=term, family=family, **query) for p in _sample_dicts(self.samples)
-            ]
+            if family is not None and compute is not None:
+                draws = self._allocated_draws(compute, family, term, terms)
+            else:
+                draws = [
+                    point_prediction(self.kind, p, term=term, family=family, **query) for p in _sample_dicts(self.samples)
+                ]
             for key, value in point.items():
                 if value is None:
                     continue
@@ -116,6 +119,18 @@ class FitResult:
                 for level in INTERVAL_LEVELS:
                     out[f"tokens_per_param_interval_{int(level * 100)}"] = _percentile_interval(ratio, level)
         return out
+
+    def _allocated_draws(self, compute: Any, family: FlopsFamily, term: str, terms: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every bootstrap draw's exact-FLOP optimum in one vectorised allocation."""
+        draws = {k: np.asarray(v, float) for k, v in self.samples.items()}
+        a_eff = None
+        if self.kind == "moe":
+            x = terms.get(term)
+            if x is None:
+                raise DelphiError(f"predict: this MoE law needs {term}=... (--{term})")
+            a_eff = draws["G"] * float(x) ** -draws["gamma"] + draws["A"]
+        opt = chinchilla_optimum_draws(draws, compute, family, A=a_eff)
+        return [{k: opt[k][i] for k in ("loss", "params", "tokens")} for i in range(len(draws["alpha"]))]
 
     def predict_run(self, *, params: Any, tokens: Any, flops: Any, **terms: Any) -> dict[str, Any]:
         """The loss of a concrete run (N, D, its exact FLOPs C): a law in (N, D) is evaluated at the
