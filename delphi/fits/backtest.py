@@ -215,7 +215,7 @@ def all_holdouts(
             targets = [float(budgets[k])] if one_step else [float(b) for b in budgets[k:]]
             try:
                 result = backtest(table, fit_fn, cut=float(budgets[k]), family=family, predict_budgets=targets)
-            except (DelphiError, ValueError, np.linalg.LinAlgError) as e:
+            except (DelphiError, ValueError, ArithmeticError, np.linalg.LinAlgError) as e:
                 rows.append({"method": method, "cut": float(budgets[k]), "error": f"{type(e).__name__}: {e}"})
                 continue
             for b in result["budgets"]:

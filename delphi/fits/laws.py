@@ -111,16 +111,19 @@ def point_prediction(
         if compute is None:
             raise DelphiError(f"predict: a {kind} fit predicts from compute only (--compute C)")
         c = np.asarray(compute, float)
-        return {
-            "loss": 10 ** p["log10_L0"] * c ** p["loss_exponent"],
-            "params": 10 ** p["log10_N0"] * c ** p["a"],
-            "tokens": 10 ** p["log10_D0"] * c ** p["b"],
-        }
+        q = {k: np.float64(v) for k, v in p.items()}  # numpy powers: a wild bootstrap draw overflows to inf, not an exception
+        with np.errstate(over="ignore", invalid="ignore"):
+            return {
+                "loss": 10.0 ** q["log10_L0"] * c ** q["loss_exponent"],
+                "params": 10.0 ** q["log10_N0"] * c ** q["a"],
+                "tokens": 10.0 ** q["log10_D0"] * c ** q["b"],
+            }
     if kind == "frontier":
         if compute is None:
             raise DelphiError("predict: a frontier fit predicts from compute only (--compute C)")
         c = np.asarray(compute, float)
-        return {"loss": p["E"] + p["A"] * c ** -p["gamma"], "params": None, "tokens": None}
+        with np.errstate(over="ignore", invalid="ignore"):
+            return {"loss": p["E"] + p["A"] * c ** -np.float64(p["gamma"]), "params": None, "tokens": None}
     raise DelphiError(f"predict: unknown fit kind {kind!r}")
 
 
