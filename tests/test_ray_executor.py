@@ -55,6 +55,49 @@ def _attempt_pids(log: Path) -> list[int]:
             if line.startswith(ATTEMPT_HEADER)]
 
 
+def _parent_pid(pid: int) -> int | None:
+    """The parent of `pid` from /proc (None once it has gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[1])  # after "pid (comm) state": ppid
+
+
+def _ancestors(pid: int) -> list[int]:
+    chain = []
+    while (parent := _parent_pid(pid)) and parent not in chain:
+        chain.append(parent)
+        pid = parent
+    return chain
+
+
+def _kill_our_ray_worker(pid: int, lock_file: Path) -> None:
+    """SIGKILL the Ray worker `pid`, and nothing else.
+
+    The PID comes from the rung's own log; it must also be the PID in the rung's lock file (the
+    trainer's process), a descendant of this test process (the Ray instance this test started
+    with ray.init: raylet, then its workers), never this process nor one of its ancestors (the
+    pytest-xdist worker and its controller), and a Ray worker by its command line. A pidfd pins
+    the process while it is checked, so a PID reused in between cannot be hit.
+    """
+    me = os.getpid()
+    assert pid not in (me, *(_ancestors(me))), f"refusing to kill {pid}: this test process or its ancestor"
+    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    try:
+        assert lock_file.read_text().strip() == str(pid), "the lock file names another process"
+        assert me in _ancestors(pid), f"refusing to kill {pid}: not started by this test's Ray instance"
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        assert "default_worker.py" in cmdline or cmdline.startswith("ray::"), f"{pid} is not a Ray worker: {cmdline[:200]}"
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 def _wait_for(predicate, timeout_s: float, what: str, driver: threading.Thread) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -79,7 +122,11 @@ def test_ray_ladder_survives_a_killed_worker(tmp_path, monkeypatch, capsys):
     # Ray workers inherit this environment (local instance); DELPHI_* is also forwarded to the tasks.
     monkeypatch.setenv("DELPHI_PEAK_FLOPS_F32", "1e11")  # skip the per-run matmul peak measurement
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token written under $HOME for a throwaway instance
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # ray.init makes this (pytest-xdist worker) process exit on SIGTERM and leaves that handler behind;
+    # put the runner's own handlers back afterwards so later tests in this worker see no difference.
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    process_group = os.getpgrp()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
     try:
         # Another "executor" holds one rung's lock (as a second `delphi ladder run` would): Ray must not run it
         # while it is held, and must come back to it once it is released.
@@ -104,9 +151,7 @@ def test_ray_ladder_survives_a_killed_worker(tmp_path, monkeypatch, capsys):
             _wait_for(lambda: _attempt_pids(ladder / "logs" / f"{victim_id}.log") and (victim_dir / "status.json").is_file(),
                       60, f"the first attempt of {victim_id}", driver)
             killed = _attempt_pids(ladder / "logs" / f"{victim_id}.log")[0]
-            assert killed != os.getpid()
-            assert (ladder / "locks" / f"{victim_id}.lock").read_text().strip() == str(killed)  # it holds the lock
-            os.kill(killed, signal.SIGKILL)
+            _kill_our_ray_worker(killed, ladder / "locks" / f"{victim_id}.lock")
             # The held rung was tried and turned away, never started.
             _wait_for(lambda: "locked by another process" in (ladder / "logs" / f"{held_id}.log").read_text()
                       if (ladder / "logs" / f"{held_id}.log").is_file() else False, 60, f"{held_id} to be turned away", driver)
@@ -146,6 +191,9 @@ def test_ray_ladder_survives_a_killed_worker(tmp_path, monkeypatch, capsys):
         assert len(_attempt_pids(ladder / "logs" / f"{victim_id}.log")) == 2
     finally:
         ray.shutdown()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        assert os.getpgrp() == process_group, "Ray moved the test process into another process group"
 
 
 def test_ray_options_are_validated_before_anything_is_written(tmp_path, capsys):
@@ -160,7 +208,11 @@ def test_ray_options_are_validated_before_anything_is_written(tmp_path, capsys):
         ["--executor", "ray", "--gpus-per-rung", "1.5"],
         ["--executor", "ray", "--worker-retries", "-1"],
     ):
-        assert cli_main(["ladder", "run", str(ladder), *args]) == 2, args
+        try:
+            code = cli_main(["ladder", "run", str(ladder), *args])
+        except SystemExit as e:  # a number refused by its argparse type
+            code = e.code
+        assert code == 2, args
         assert args[-2] in capsys.readouterr().err
     assert list(ladder.iterdir()) == []
 
