@@ -1,5 +1,5 @@
 """Scaling-law fitting: isoFLOP, parametric (Approach 3), VPNLS, frontier and MoE laws,
-with bootstrap uncertainty and backtests. See DESIGN.md section 6.
+with bootstrap uncertainty and backtests. See docs/design.md §6.
 
     from delphi.fits import load_results, fit_vpnls
     table = load_results("results.csv")
@@ -14,6 +14,11 @@ import types
 # parser, which runs this file, and scipy/pandas/statsmodels cost ~2 s that `--help` must not pay.
 _LAZY = {
     "backtest": "delphi.fits.backtest",
+    "all_holdouts": "delphi.fits.backtest",
+    "FlopsFamily": "delphi.fits.allocation",
+    "PARAM_CONVENTIONS": "delphi.fits.allocation",
+    "optimal_allocation": "delphi.fits.allocation",
+    "isoflop_exponent_by_convention": "delphi.fits.allocation",
     "load_results": "delphi.fits.data",
     "fit_frontier": "delphi.fits.frontier",
     "fit_approach1": "delphi.fits.isoflop",
@@ -63,6 +68,7 @@ sys.modules[__name__].__class__ = _FitsPackage
 
 
 __all__ = [
-    "FITTERS", "FitResult", "backtest", "fit_approach1", "fit_approach2", "fit_approach3", "fit_frontier",
+    "FITTERS", "FitResult", "FlopsFamily", "PARAM_CONVENTIONS", "all_holdouts", "backtest",
+    "isoflop_exponent_by_convention", "optimal_allocation", "fit_approach1", "fit_approach2", "fit_approach3", "fit_frontier",
     "fit_from_json", "fit_moe", "fit_vpnls", "load_fit", "load_results",
 ]

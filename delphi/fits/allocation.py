@@ -19,13 +19,15 @@ must be counted the way the fitted law's N was.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import pandas as pd
-from jaxtyping import Float
 
 from delphi.errors import DelphiError
+
+if TYPE_CHECKING:  # pandas is imported where used: the CLI imports this module to build --help
+    import pandas as pd
+    from jaxtyping import Float
 
 # C = 6 N D: forward 2 FLOPs per parameter per token, backward 4 (Kaplan et al. 2020, sec. 2.1).
 FLOPS_PER_PARAM_TOKEN = 6.0
@@ -109,6 +111,8 @@ class FlopsFamily:
         N is read from the convention's column; flops per token from `flops_per_token`, or
         `flops / tokens` (a ladder's `flops` column is the exact count).
         """
+        import pandas as pd
+
         if convention not in PARAM_CONVENTIONS:
             raise DelphiError(f"{source}: params convention {convention!r}, expected one of {PARAM_CONVENTIONS}")
         if "flops_per_token" in table:

@@ -1,16 +1,21 @@
 """Results tables: load, map columns, derive what is missing, validate.
 
-Every fit reads one table with the canonical columns of DESIGN.md section 3:
+Every fit reads one table with the canonical columns of docs/design.md §3.3:
 `params` (N, active non-embedding), `tokens` (D), `flops` (C), `loss`, and
 optionally `budget`, `run_id`, `experts`, `granularity`. Tables named
 otherwise (the public reference CSVs) are mapped by column name. When only
 two of N, D, C are given the third follows from C = 6 N D (Kaplan et al. 2020).
 
-Rows with NaN or infinite values in a needed column (unfinished or diverged
-runs) and rows whose `status` is not "completed" are dropped and counted.
-Non-positive values are an error by default: a negative loss or a zero
-parameter count means a wrong column mapping, not a run to skip. Pass
-`drop_invalid=True` to drop them with a count instead.
+Rows whose `status` is not "completed" are dropped and counted. A loss that is
+not a finite number (NaN, inf, text) in a completed row is an error naming the
+rows: dropping it quietly can remove a budget's optimum and move the exponent.
+Non-positive values are an error too: a negative loss or a zero parameter count
+means a wrong column mapping, not a run to skip. Pass `drop_invalid=True` to drop
+such rows with a count (and, given `warn`, a line naming them). All losses equal
+is a degenerate table, an error. NaN in other columns drops the row, counted.
+
+N is counted under one of PARAM_CONVENTIONS (ladder tables carry every count);
+seeds of one configuration form a cell (`cell_id`), which the fits average.
 
 The table's metadata (input sha256, drop counts, whether budgets were derived)
 travels in `DataFrame.attrs` so a fit can record its provenance.
