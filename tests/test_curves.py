@@ -12,18 +12,44 @@ from delphi.train.config import OptimConfig
 import prereg_synthetic as ps
 
 
-@pytest.mark.parametrize("optim", [
-    OptimConfig(schedule="wsd", warmup_frac=0.1, decay_frac=0.2),
-    OptimConfig(schedule="wsd", warmup_frac=0.05, decay_frac=0.3, decay_shape="sqrt", min_lr_frac=0.1),
-    OptimConfig(schedule="cosine", warmup_frac=0.1, min_lr_frac=0.05),
-    OptimConfig(schedule="constant", warmup_frac=0.0),
-])
-def test_numpy_schedule_matches_trainer(optim):
-    from delphi.train.schedules import lr_factor_schedule
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A small real token store: the sources of the stdlib's `email` package (~0.5 MB)."""
+    import email
+    from pathlib import Path
 
-    steps = 137
-    trainer = np.asarray(lr_factor_schedule(optim, steps)(np.arange(steps)), dtype=np.float64)
-    np.testing.assert_allclose(cv.lr_factors(optim, steps), trainer, rtol=1e-6, atol=1e-7)
+    from delphi.data.store import prepare_store
+
+    out = tmp_path_factory.mktemp("store")
+    prepare_store(str(Path(email.__file__).parent), out)
+    return out
+
+
+@pytest.mark.parametrize("optim", [
+    OptimConfig(lr=3e-3, schedule="wsd", warmup_frac=0.1, decay_frac=0.3, decay_shape="sqrt", min_lr_frac=0.1),
+    OptimConfig(lr=3e-3, schedule="cosine", warmup_frac=0.15, min_lr_frac=0.05),
+])
+def test_curve_law_schedule_is_the_trained_one(store, tmp_path, optim):
+    """The LR the curve law integrates (lr_factors x peak) is the LR the trainer logged at every step."""
+    from delphi.model.config import ModelConfig
+    from delphi.train.config import DataConfig, TrainConfig
+    from delphi.train.rundir import read_metrics
+    from delphi.train.trainer import train
+
+    steps = 20
+    cfg = TrainConfig(
+        model=ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32),
+        data=DataConfig(store=str(store), seq_len=16, batch_size=2, seed=0),
+        optim=optim, steps=steps, log_every=1, eval_every=steps, eval_tokens=64, checkpoint_every=steps,
+    ).validate()
+    train(cfg, tmp_path / "run", progress=False)
+    records = read_metrics(tmp_path / "run")
+    logged = {r["step"]: r["lr"] for r in records if "lr" in r}
+    assert sorted(logged) == list(range(1, steps + 1))
+    # metrics step s is the state after s updates; the update that led there ran at lr_factors[s - 1]
+    law = optim.lr * cv.lr_factors(optim, steps)
+    np.testing.assert_allclose([logged[s] for s in range(1, steps + 1)], law, rtol=1e-6, atol=1e-12)
+    assert law[0] < law.max() > 2 * law[-1] > 0  # warmup and decay both happened: not a flat line
 
 
 def test_annealing_areas_closed_forms():

@@ -1,4 +1,4 @@
-"""muP coordinate check (DESIGN.md section 4; Yang et al. 2021, Tensor Programs V, sec. D.1).
+"""muP coordinate check (docs/design.md §4.4; Yang et al. 2021, Tensor Programs V, sec. D.1).
 
 Train the same model family at widths base..16x base for a few Adam steps with the muP
 per-group learning rates, record the mean |activation| of every layer output after each
@@ -48,7 +48,7 @@ from delphi.model import mup
 from delphi.model.config import ModelConfig, MoEConfig
 from delphi.model.transformer import Transformer, cross_entropy
 
-# Slope tolerances of OLMo-core's coordinate-check test (DESIGN.md section 4): each layer's output,
+# Slope tolerances of OLMo-core's coordinate-check test (docs/design.md §4.4): each layer's output,
 # and the whole model's output (the logits).
 COMPONENT_SLOPE_TOLERANCE = (-0.05, 0.05)
 MODEL_SLOPE_TOLERANCE = (-0.2, 0.1)

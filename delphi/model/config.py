@@ -12,7 +12,7 @@ from typing import Literal
 
 from delphi.errors import DelphiError
 
-# Load-balancing constants (DESIGN.md section 4), overridable per config.
+# Load-balancing constants (docs/design.md §4.2), overridable per config.
 DEEPSEEK_V3_BIAS_UPDATE_RATE = 1e-3  # gamma, DeepSeek-V3 (arXiv:2412.19437) sec. 2.1.2
 SWITCH_AUX_LOSS_WEIGHT = 1e-2  # alpha, Switch Transformer (Fedus et al. 2021) sec. 2.2
 ST_MOE_Z_LOSS_WEIGHT = 1e-3  # router z-loss, ST-MoE (Zoph et al. 2022) sec. 3.1
@@ -43,7 +43,7 @@ class MoEConfig:
 class MuPConfig:
     """muP (width) and CompleteP (depth) transfer relative to a base shape.
 
-    See DESIGN.md section 4. `enabled: false` gives standard parameterisation
+    See docs/design.md §4.4. `enabled: false` gives standard parameterisation
     (every matrix init std `init_std`, one LR), kept for the coordinate check
     that shows muP is doing something.
     """

@@ -1,6 +1,6 @@
 """Mixture-of-Experts feed-forward block: router, load balancing and a CPU-fast dispatch.
 
-Routing (DESIGN.md section 4):
+Routing (docs/design.md §4.2):
     scores s = softmax(r) or sigmoid(r), r = router logits
     top-k experts are chosen on s + b (b = `RouterBias`, DeepSeek-V3's aux-loss-free bias),
     the gates use s only, normalised over the selected experts, times `route_scale`.
@@ -181,7 +181,7 @@ class MoE(nnx.Module):
         sigma = cfg.mup.init_std
         hidden_std = sigma / math.sqrt(m)  # muP: hidden matrices sigma / sqrt(m)
         # The router maps d_model -> E with E fixed, so muP treats it like the unembedding:
-        # constant init std, full LR, and its logits multiplied by 1/m (DESIGN.md section 4).
+        # constant init std, full LR, and its logits multiplied by 1/m (docs/design.md §4.4).
         # It is not zero-initialised even when the unembedding is: equal scores would send every
         # token to the same first-k experts at step 0.
         self.router = nnx.Param(sigma * jax.random.normal(rngs.params(), (d, moe.experts)))

@@ -1,4 +1,4 @@
-"""muP / CompleteP optimizer rules per parameter group (DESIGN.md section 4, Adam, multiplier form).
+"""muP / CompleteP optimizer rules per parameter group (docs/design.md §4.4, Adam, multiplier form).
 
     group        Adam LR   weight decay   (m = d_model / base_d_model, m_L = n_layers / base_n_layers)
     embedding    eta       lambda

@@ -1,4 +1,4 @@
-"""Decoder-only transformer in flax.nnx, readable top to bottom (DESIGN.md section 4).
+"""Decoder-only transformer in flax.nnx, readable top to bottom (docs/design.md §4.1).
 
     tokens -> embedding x alpha_in
            -> L x [ x += attn(RMSNorm(x)) / m_L ;  x += ffn(RMSNorm(x)) / m_L ]

@@ -6,7 +6,7 @@ whose LR is the schedule times the group's LR multiplier (hidden matrices:
 1/m) and whose decoupled weight decay is the base decay times the group's decay
 multiplier (hidden: m, vectors: 0). optax's adamw multiplies the decay by the
 LR, so LR x decay stays constant across widths: "independent" weight decay
-(DESIGN.md section 4). Adam's eps follows CompleteP: eps / (m * m_L).
+(docs/design.md §4.4). Adam's eps follows CompleteP: eps / (m * m_L).
 
 Global-norm clipping runs first, on the raw gradient of all groups together.
 """
