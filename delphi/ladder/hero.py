@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from delphi.errors import DelphiError
-from delphi.ladder.plan import hero_ranges, manifest_row, params_in_convention, plan_hero
+from delphi.ladder.plan import Rung, hero_ranges, manifest_row, params_in_convention, plan_hero
 from delphi.ladder.spec import LadderSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 __all__ = ["hero_from_fit", "hero_ranges", "plan_hero"]
 
 
 def hero_from_fit(
-    fit_path: str | Path, compute: float, spec: LadderSpec, seed: int = 0, results=None
-) -> tuple[object, dict]:
+    fit_path: str | Path, compute: float, spec: LadderSpec, seed: int = 0, results: "pd.DataFrame | None" = None
+) -> tuple[Rung, dict]:
     """(Rung, details) for the hero at `compute` FLOPs; `results` (the ladder's results DataFrame, or
     None for the spec's plan) gives the ranges the hero is sized into; details["ranges"] reports them."""
     from delphi.fits import load_fit

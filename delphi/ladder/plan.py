@@ -12,7 +12,7 @@
     plan_health_warnings(spec, rungs) -> list[str] (health bounds visible before training)
     check_ladder_store(spec, rungs, store) -> epochs per rung (the store can feed every rung)
 
-A rung's tokens are budget / flops_per_token (exact, DESIGN.md section 4), its
+A rung's tokens are budget / flops_per_token (exact, docs/design.md §4.5), its
 batch the largest power of two of sequences that still leaves >= min_steps
 steps, and its steps round(tokens / batch tokens): the achieved FLOPs are then
 within 1 / (2 * min_steps) of the budget, and the plan checks the spec's
@@ -27,6 +27,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text, atomic_write_yaml
@@ -34,6 +35,12 @@ from delphi.ladder.spec import LadderSpec, ladder_spec_to_dict
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig, train_config_to_dict
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from delphi.data.loader import TokenStore
+    from delphi.fits.allocation import FlopsFamily
 
 MANIFEST_FILE = "manifest.csv"
 SPEC_FILE = "ladder.yaml"
@@ -418,7 +425,7 @@ def params_in_convention(model: ModelConfig, seq_len: int, convention: str) -> f
     raise DelphiError(f"--convention: {convention!r}, expected one of {', '.join(PARAM_CONVENTIONS)}")
 
 
-def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: int | None = None):
+def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: int | None = None) -> "FlopsFamily":
     """The spec's shape family (its width grid extended by hero_width_multiple steps up to max_width,
     default 64x the largest ladder width) as (N, exact flops_per_token at spec.seq_len).
 
@@ -449,7 +456,7 @@ def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: 
 RANGE_SCOPES = {"tokens_per_param": "ladder", "steps": "ladder", "batch_tokens": "top budget", "beta2": "top budget"}
 
 
-def _ladder_rows(spec: LadderSpec, results=None) -> list[dict[str, float]]:
+def _ladder_rows(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> list[dict[str, float]]:
     """(budget, tokens_per_param, steps, batch_size, batch_tokens, beta2) of the ladder's rungs: from the
     results table's completed rows when given, else from the plan."""
     keys = ("budget", "tokens_per_param", "steps", "batch_size", "batch_tokens", "beta2")
@@ -466,7 +473,7 @@ def _ladder_rows(spec: LadderSpec, results=None) -> list[dict[str, float]]:
     return [{k: float(row[k]) for k in keys} for _, row in frame.iterrows()]
 
 
-def ladder_ranges(spec: LadderSpec, results=None) -> dict[str, tuple[float, float]]:
+def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> dict[str, tuple[float, float]]:
     """[min, max] of each quantity of RANGE_SCOPES over its scope."""
     rows = _ladder_rows(spec, results)
     top = max(r["budget"] for r in rows)
@@ -477,7 +484,7 @@ def ladder_ranges(spec: LadderSpec, results=None) -> dict[str, tuple[float, floa
     return out
 
 
-def _hero_values(hero) -> dict[str, float]:
+def _hero_values(hero: "Rung | TrainConfig") -> dict[str, float]:
     """The compared quantities of a hero given as a Rung or a TrainConfig."""
     cfg = hero.train if isinstance(hero, Rung) else hero
     if not isinstance(cfg, TrainConfig):
@@ -491,7 +498,7 @@ def _hero_values(hero) -> dict[str, float]:
     }
 
 
-def hero_ranges(spec: LadderSpec, hero, results=None) -> dict:
+def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataFrame | None" = None) -> dict:
     """The hero's tokens per parameter, steps, batch tokens and beta2 against the ladder's ranges.
 
     {quantity: {"hero", "ladder": [min, max], "inside", "scope"}, ..., "inside": all of them,
@@ -530,7 +537,12 @@ def _family_shapes_around(spec: LadderSpec, params: float, convention: str = "no
 
 
 def plan_hero(
-    spec: LadderSpec, params: float, compute: float, seed: int = 0, results=None, convention: str = "nonembedding"
+    spec: LadderSpec,
+    params: float,
+    compute: float,
+    seed: int = 0,
+    results: "pd.DataFrame | None" = None,
+    convention: str = "nonembedding",
 ) -> Rung:
     """The hero: a family shape next to `params` (N*, counted as `convention`) trained on exactly `compute` FLOPs.
 
@@ -591,7 +603,7 @@ def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
     return warnings
 
 
-def check_ladder_store(spec: LadderSpec, rungs: list[Rung], store, where: str = "") -> list[float]:
+def check_ladder_store(spec: LadderSpec, rungs: list[Rung], store: "TokenStore", where: str = "") -> list[float]:
     """Epochs of the store each rung reads; DelphiError when the store cannot feed a rung (batch, eval set)
     or a rung would read more than run.max_epochs passes over its train split."""
     prefix = f"{where}: " if where else ""
