@@ -46,6 +46,9 @@ def chinchilla_optimum(p: dict[str, float], compute: Any, A: float | None = None
     return {"params": n_opt, "tokens": d_opt, "loss": loss}
 
 
+ALLOCATION_CHUNK_ROWS = 2048  # (draw, compute) pairs allocated per vectorised call: ~4 MB per grid pass
+
+
 def chinchilla_optimum_draws(
     draws: dict[str, np.ndarray], compute: Any, family: FlopsFamily | None, A: np.ndarray | None = None
 ) -> dict[str, np.ndarray]:
@@ -65,10 +68,16 @@ def chinchilla_optimum_draws(
     flat_c = np.broadcast_to(c.ravel()[None, :], (n_draws, c.size)).ravel()
     per_row = {k: np.repeat(v, c.size)[:, None] for k, v in p.items()}
     a_row = np.repeat(a_coef, c.size)[:, None]
-    loss_fn = lambda n, d: per_row["E"] + a_row * n ** -per_row["alpha"] + per_row["B"] * d ** -per_row["beta"]  # noqa: E731
-    opt = optimal_allocation(loss_fn, flat_c, family)
-    ok = ((a_row > 0) & (per_row["B"] > 0) & (per_row["alpha"] > 0) & (per_row["beta"] > 0))[:, 0]
-    return {k: np.where(ok, opt[k], np.nan).reshape((n_draws,) + c.shape) for k in ("params", "tokens", "loss")}
+    parts: dict[str, list[np.ndarray]] = {"params": [], "tokens": [], "loss": []}
+    for lo in range(0, len(flat_c), ALLOCATION_CHUNK_ROWS):  # bounded memory: rows x search grid
+        sl = slice(lo, lo + ALLOCATION_CHUNK_ROWS)
+        e, a, b = per_row["E"][sl], a_row[sl], per_row["B"][sl]
+        alpha, beta = per_row["alpha"][sl], per_row["beta"][sl]
+        opt = optimal_allocation(lambda n, d: e + a * n ** -alpha + b * d ** -beta, flat_c[sl], family)
+        ok = ((a > 0) & (b > 0) & (alpha > 0) & (beta > 0))[:, 0]
+        for k in parts:
+            parts[k].append(np.where(ok, opt[k], np.nan))
+    return {k: np.concatenate(v).reshape((n_draws,) + c.shape) for k, v in parts.items()}
 
 
 def moe_coefficient(p: dict[str, float], x: Any) -> np.ndarray:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,7 +242,15 @@ def percentile_intervals(samples: dict[str, list[float]], level: float = 0.9) ->
     return {k: _percentile_interval(np.asarray(v, float), level) for k, v in samples.items()}
 
 
-def _percentile_interval(values: np.ndarray, level: float) -> tuple[float, float]:
+def _percentile_interval(values: np.ndarray, level: float) -> tuple[Any, Any]:
+    """Central interval over the draws (axis 0); per element when each draw is an array."""
+    if values.ndim > 1:
+        tail = 100 * (1 - level) / 2
+        finite = np.where(np.isfinite(values), values, np.nan)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN
+            lo, hi = np.nanpercentile(finite, [tail, 100 - tail], axis=0)
+        return (lo, hi)
     values = values[np.isfinite(values)]
     if values.size == 0:
         return (math.nan, math.nan)
