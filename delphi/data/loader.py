@@ -105,13 +105,8 @@ class TokenStore:
         self, n_tokens: int, batch_size: int, seq_len: int
     ) -> Iterator[Int[np.ndarray, "batch seq_plus_1"]]:
         window = seq_len + 1
-        k = self.eval_windows(n_tokens, batch_size, seq_len)
+        k = self._checked_eval_windows(n_tokens, batch_size, seq_len, prefix="")
         available = self.n_val_windows(seq_len)
-        if k > available:
-            raise DelphiError(
-                f"eval_tokens: {n_tokens} tokens need {k} validation windows of {window} tokens, "
-                f"the store {self.path} has {available}"
-            )
         picks = (np.arange(k, dtype=np.int64) * available) // k  # evenly spread, fixed
         for b in range(0, k, batch_size):
             starts = picks[b : b + batch_size] * window
@@ -129,11 +124,16 @@ class TokenStore:
                 f"{prefix}data.batch_size: {batch_size} x {window} tokens is larger than the train split of the "
                 f"store {self.path} ({self.n_train} tokens = {n_windows} windows)"
             )
-        k = self.eval_windows(eval_tokens, batch_size, seq_len)
+        self._checked_eval_windows(eval_tokens, batch_size, seq_len, prefix=prefix)
+
+    def _checked_eval_windows(self, n_tokens: int, batch_size: int, seq_len: int, *, prefix: str) -> int:
+        """`eval_windows`, or a DelphiError when the validation split holds fewer windows."""
+        k = self.eval_windows(n_tokens, batch_size, seq_len)
         available = self.n_val_windows(seq_len)
         if k > available:
             raise DelphiError(
-                f"{prefix}eval_tokens: {eval_tokens} tokens need {k} validation windows of {window} tokens "
+                f"{prefix}eval_tokens: {n_tokens} tokens need {k} validation windows of {seq_len + 1} tokens "
                 f"(whole batches of {batch_size}); the store {self.path} has {available} "
                 f"({self.n_val} validation tokens)"
             )
+        return k

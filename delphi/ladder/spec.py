@@ -1,4 +1,4 @@
-"""Ladder spec: the YAML file that defines a ladder (DESIGN.md section 5).
+"""Ladder spec: the YAML file that defines a ladder (docs/design.md §5).
 
 A spec names the compute budgets, the sequence length and vocabulary, the base
 (proxy) model with its tuned hyperparameters, the shape family, the transfer
@@ -23,6 +23,7 @@ from delphi.model.config import (
     ST_MOE_Z_LOSS_WEIGHT,
     SWITCH_AUX_LOSS_WEIGHT,
     SWITCH_CAPACITY_FACTOR,
+    routing_problems,
 )
 
 # Rung health bounds (issue 10, "Healthy rungs, checked"): the defaults of the `health:` section.
@@ -242,10 +243,9 @@ class LadderSpec:
              f"need 1 <= min_layers <= max_layers, got {d.min_layers}, {d.max_layers}")
         if s.moe is not None:
             m = s.moe
-            need(m.experts >= 1, "shape.moe.experts", f"must be >= 1, got {m.experts}")
-            need(1 <= m.top_k <= m.experts, "shape.moe.top_k", f"must be in [1, experts={m.experts}], got {m.top_k}")
+            for key, problem in routing_problems(m.experts, m.top_k, m.shared_experts):
+                need(False, f"shape.moe.{key}", problem)
             need(m.granularity > 0, "shape.moe.granularity", f"must be positive, got {m.granularity}")
-            need(m.shared_experts >= 0, "shape.moe.shared_experts", f"must be >= 0, got {m.shared_experts}")
         bt = self.batch
         need(bt.min_steps >= 1, "batch.min_steps", f"must be >= 1, got {bt.min_steps}")
         need(bt.max_steps >= bt.min_steps, "batch.max_steps",

@@ -19,6 +19,19 @@ ST_MOE_Z_LOSS_WEIGHT = 1e-3  # router z-loss, ST-MoE (Zoph et al. 2022) sec. 3.1
 SWITCH_CAPACITY_FACTOR = 1.25  # Switch Transformer's default training capacity factor
 
 
+def routing_problems(experts: int, top_k: int, shared_experts: int) -> list[tuple[str, str]]:
+    """(key, what is wrong) for each invalid expert count: the one rule for a model config's `moe:`
+    and a ladder spec's `shape.moe:`."""
+    problems = []
+    if experts < 1:
+        problems.append(("experts", f"must be >= 1, got {experts}"))
+    if not 1 <= top_k <= experts:
+        problems.append(("top_k", f"must be in [1, experts={experts}], got {top_k}"))
+    if shared_experts < 0:
+        problems.append(("shared_experts", f"must be >= 0, got {shared_experts}"))
+    return problems
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     experts: int = 8  # routed experts E
@@ -106,10 +119,9 @@ class ModelConfig:
         need(mup.init_std > 0, "mup.init_std", f"must be positive, got {mup.init_std}")
         if self.moe is not None:
             moe = self.moe
-            need(moe.experts >= 1, "moe.experts", f"must be >= 1, got {moe.experts}")
-            need(1 <= moe.top_k <= moe.experts, "moe.top_k", f"must be in [1, experts={moe.experts}], got {moe.top_k}")
+            for key, problem in routing_problems(moe.experts, moe.top_k, moe.shared_experts):
+                need(False, f"moe.{key}", problem)
             need(moe.d_expert > 0, "moe.d_expert", f"must be positive, got {moe.d_expert}")
-            need(moe.shared_experts >= 0, "moe.shared_experts", f"must be >= 0, got {moe.shared_experts}")
             need(moe.capacity_factor > 0, "moe.capacity_factor", f"must be positive, got {moe.capacity_factor}")
             for key in ("bias_update_rate", "aux_loss_weight", "z_loss_weight"):
                 need(getattr(moe, key) >= 0, f"moe.{key}", f"must be >= 0, got {getattr(moe, key)}")
