@@ -2,7 +2,7 @@
 
 Each part of the loop registers its own subcommands (`delphi/<part>/commands.py`
 exposes `add_commands(subparsers)`), so this file only wires them together and
-owns the exit-code contract of DESIGN.md section 3:
+owns the exit-code contract of docs/design.md §3.1:
 
     0  success
     1  the checked thing failed (a prediction missed, a seal broke)

@@ -1,6 +1,6 @@
 """Backtest: fit on the lower budgets, predict the held-out higher ones.
 
-The honest measure of extrapolation (DESIGN.md section 6). For each held-out
+The honest measure of extrapolation (docs/design.md §6.2). For each held-out
 budget the truth is the lowest observed loss there (the best cell, seeds
 averaged); the prediction is the fitted law's best achievable loss at that
 compute, allocated under the fit's FLOPs family (exact) when it has one, so the

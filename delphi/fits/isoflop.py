@@ -5,7 +5,7 @@ ln D), take the vertex as that budget's optimum N*, D*, L* with a delta-method s
 error from the parabola's covariance, then fit N* = N0 C^a, D* = D0 C^b and
 L* = L0 C^l by OLS in log10 space (statsmodels), with 90% confidence intervals.
 
-Known bias (Open-Athena, scaling-law-analysis; DESIGN.md section 6): the loss along an
+Known bias (Open-Athena, scaling-law-analysis; docs/design.md §6.1): the loss along an
 isoFLOP curve is not a parabola in ln N. With L = E + A N^-alpha + B D^-beta and
 alpha != beta its third derivative at the optimum is K (beta^2 - alpha^2) against a
 second derivative K (alpha + beta), so on a grid symmetric in ln N about the true

@@ -122,7 +122,7 @@ def palm_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
 
 def flops_summary(cfg: ModelConfig, seq_len: int) -> dict[str, float | int]:
-    """What `delphi flops --json` prints (DESIGN.md section 3)."""
+    """What `delphi flops --json` prints (docs/design.md §3.1)."""
     check_plausible_size(cfg)
     counts = count_params(cfg)
     return {

@@ -24,7 +24,7 @@ from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
 
-# DESIGN.md section 8: the project's goal is a hero within 1% of its prediction.
+# docs/design.md §9: the project's goal is a hero within 1% of its prediction.
 DEFAULT_TOLERANCE_REL = 0.01
 # Normal quantiles used only when a fit reports a 90% interval but no 50% one.
 Z50, Z90 = 0.6744897501960817, 1.6448536269514722

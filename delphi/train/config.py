@@ -28,7 +28,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float = 3e-3  # Adam LR at the base width; muP scales hidden matrices by 1/m
-    weight_decay: float = 0.1  # independent of LR: see DESIGN.md section 4
+    weight_decay: float = 0.1  # independent of LR: see docs/design.md §4.4
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8  # at the base shape; CompleteP scales it by 1/(m * m_L)
@@ -50,7 +50,7 @@ class WandbConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    """The device mesh a run is sharded over (docs/scaling_out_mesh.md).
+    """The device mesh a run is sharded over (README.md, "Scaling out"; docs/design.md §4.3).
 
     Batches are split over data x expert devices; routed-expert weights [E, ...] are split over
     `expert` (each device holds E / expert experts and tokens reach them by all-to-all); every other

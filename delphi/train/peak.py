@@ -1,6 +1,6 @@
 """The matmul peak of this machine, for MFU.
 
-MFU is achieved model FLOP/s over a peak; DESIGN.md asks for a peak measured
+MFU is achieved model FLOP/s over a peak; docs/design.md §4.5 asks for a peak measured
 in the same process with a matmul of the same dtype, so numbers from different
 machines (or a loaded machine) stay comparable. The measurement is a square
 matmul timed a few times (best of N, ~0.2-0.5 s per dtype on 2 CPU cores) and
