@@ -99,7 +99,7 @@ def runs(store, tmp_path_factory) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-c", WORKER, str(store), str(work)], env=env, cwd=repo, capture_output=True, text=True,
-        timeout=300,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
