@@ -337,8 +337,9 @@ def test_verify_of_a_run_not_started_yet_is_fine(world, tmp_path, capsys):
     assert code == 0 and "created before the run's first step" in err
 
 
+@pytest.mark.parametrize("command", ["check", "verify"])
 @pytest.mark.parametrize("which", ["a ladder rung", "the hero with another seed"])
-def test_check_refuses_a_run_that_is_not_the_preregistered_hero(which, world, tmp_path, capsys):
+def test_a_run_that_is_not_the_preregistered_hero_is_refused(command, which, world, tmp_path, capsys):
     import dataclasses
 
     prereg = tmp_path / "regs" / world["prereg"].name
@@ -350,7 +351,7 @@ def test_check_refuses_a_run_that_is_not_the_preregistered_hero(which, world, tm
         run = tmp_path / "hero_seed1"
         _hero_run(run, dataclasses.replace(world["hero_cfg"], seed=world["hero_cfg"].seed + 1))
     before = _tree(tmp_path)
-    code, err = _run(["prereg", "check", prereg, "--run", run], capsys)
+    code, err = _run(["prereg", command, prereg, "--run", run], capsys)
     _assert_refused(code, err, str(run), "not the preregistered hero")
     assert _tree(tmp_path) == before  # no outcome file
 

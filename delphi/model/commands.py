@@ -29,9 +29,9 @@ def load_model_config(path: Path, seq_len: int | None) -> tuple[Any, int, str]:
     from delphi.model.config import ModelConfig
     from delphi.train.config import DataConfig, load_train_config
 
-    if not path.is_file():
+    if not path.exists():
         raise DelphiError(f"{path}: no such config file")
-    data = read_yaml(path)
+    data = read_yaml(path)  # a directory, binary or broken YAML: one line naming the file
     if not isinstance(data, dict):
         raise DelphiError(f"{path}: expected a mapping (a train config or a model config)")
     if seq_len is not None and seq_len <= 0:

@@ -1,6 +1,6 @@
 """Compare a (possibly still training) run with its preregistration.
 
-Verdicts and exit codes (DESIGN.md section 3: 0 ok, 1 the checked thing failed):
+Verdicts and exit codes (docs/design.md §3.1: 0 ok, 1 the checked thing failed):
 
     not-started  no eval point yet                                   exit 0
     on-track     latest eval point inside the 90% band or within     exit 0
@@ -234,7 +234,7 @@ def _read_json_object(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def hero_mismatch(prereg: fmt.Prereg, run_dir: Path) -> str | None:
+def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path) -> str | None:
     """Why the run in `run_dir` is not the preregistered hero (None: its config is the hero's).
 
     Compared: the run's config.yaml against the hero config sealed in the preregistration,
@@ -243,7 +243,7 @@ def hero_mismatch(prereg: fmt.Prereg, run_dir: Path) -> str | None:
     from delphi.config_schema import to_dict
     from delphi.train.config import train_config_from_dict
 
-    sealed = prereg.doc.get("hero", {}).get("config")
+    sealed = (doc.get("hero") or {}).get("config")
     if not isinstance(sealed, dict):
         return None  # an older preregistration without the config: nothing to compare
     config_path = Path(run_dir) / "config.yaml"
@@ -256,7 +256,7 @@ def hero_mismatch(prereg: fmt.Prereg, run_dir: Path) -> str | None:
         raise DelphiError(f"{config_path}: expected a train config mapping, got {type(data).__name__}")
     try:
         run_cfg = to_dict(train_config_from_dict(data, str(config_path)))
-        hero_cfg = to_dict(train_config_from_dict(sealed, f"{prereg.path}: hero.config"))
+        hero_cfg = to_dict(train_config_from_dict(sealed, f"{prereg_path}: hero.config"))
     except DelphiError as e:
         raise DelphiError(f"cannot compare the run with the hero: {e}") from None
     run_cfg.pop("mesh", None)
@@ -282,7 +282,7 @@ def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | N
     seal = fmt.seal_status(prereg.doc)
     if not seal["ok"]:
         raise DelphiError(f"{prereg_path}: seal does not match its content (edited after sealing); run `delphi prereg verify`")
-    if run_dir is not None and (mismatch := hero_mismatch(prereg, run_dir)):
+    if run_dir is not None and (mismatch := hero_mismatch(prereg.doc, prereg_path, run_dir)):
         raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
     run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
     result = compare(prereg, run)
@@ -318,6 +318,8 @@ def verify(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | 
               "seal_recorded": seal["recorded"], "seal_computed": seal["computed"], "problems": []}
     if not seal["ok"]:
         result["problems"].append("the seal does not match the content: the file was edited after it was sealed")
+    if run_dir is not None and (mismatch := hero_mismatch(doc, prereg_path, run_dir)):
+        raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
     if run_dir is not None or wandb_path is not None:
         run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
         created = parse_utc(doc["created"])
