@@ -1,7 +1,7 @@
 """Collecting a ladder's runs into the results table that `delphi fit` reads.
 
-One row per rung of the manifest, with the canonical columns first (DESIGN.md
-section 3): params (N, active non-embedding), tokens (D), flops (C, exact),
+One row per rung of the manifest, with the canonical columns first (docs/design.md
+§3.3): params (N, active non-embedding), tokens (D), flops (C, exact),
 loss (final validation loss, nats per byte-token), budget, run_id, experts,
 granularity; then status, bpb, the 6ND FLOPs, every parameter count, the shape
 and the transferred hyperparameters. By default only completed rungs are
@@ -12,7 +12,7 @@ Seeds: one row per (rung, seed) run; the rows of one cell (budget x shape) share
 carry the cell's `loss_mean`, `loss_std` (ddof=1; NaN with one seed) and `n_seeds` (completed
 seeds with a finite loss).
 
-Health (spec `health:` bounds, DESIGN.md / issue 10): every row reports the mean share of routed
+Health (spec `health:` bounds, docs/design.md §8.2 / issue 10): every row reports the mean share of routed
 assignments dropped in training (`drop_frac_mean`, the mean of the `drop_frac` the trainer logs at
 every log step of metrics.jsonl; 0 for a dense model), its steps, tokens per parameter, number of
 evals and eval tokens, and `health_ok` / `health_issues` (";"-joined names of the bounds it misses).
