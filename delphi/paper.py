@@ -23,9 +23,6 @@ import pandas as pd
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
 
-# Loss differences the CPU pilot could not resolve with one seed (DESIGN.md section 7).
-SEED_NOISE_NATS = 0.02
-
 # Files of a study directory that are too big or too transient for the paper's data.
 SKIP_DIRS = {"checkpoints", "logs", "locks", "__pycache__"}
 
@@ -135,16 +132,107 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["stable_from"] = f"{p40['actual']:.4f} at {p40['tokens']:.3g} tokens" if p40 else "n/a"
     n["stable_to"] = f"{p80['actual']:.4f} at {p80['tokens']:.3g} tokens" if p80 else "n/a"
     n["ladder_max_tokens"] = f"{table['tokens'].max():.3g}"
-    n["seed_noise_share"] = (f"{SEED_NOISE_NATS / check['actual_final_loss']:.1%}"
-                             if check.get("actual_final_loss") else "n/a")
     n["miss_side"] = ("high side: the laws were too optimistic" if (check.get("rel_error") or 0) > 0
                       else "low side: the laws were too pessimistic")
+    n.update(_data_words(n, table, hero, check, vp, backtest, data_dir))
     n["stable_pred_to"] = f"{p80['predicted']:.4f}" if p80 else "n/a"
     n["backtest_table"] = _backtest_table(backtest)
     n["ladder_table"] = _ladder_table(table)
     n["trajectory_table"] = _trajectory_table(check)
     n["assumptions"] = "\n".join(f"- {a}" for a in prereg_doc.get("assumptions", []))
     return n
+
+
+def _count_words(k: int) -> str:
+    return {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}.get(k, str(k))
+
+
+def _evals_per_run(table: pd.DataFrame, data_dir: Path) -> list[int]:
+    """Eval points each ladder run logged: the results table's n_evals, else its metrics.jsonl."""
+    if "n_evals" in table and table["n_evals"].notna().all():
+        return [int(v) for v in table["n_evals"]]
+    from delphi.fits.curves import read_metrics
+
+    counts = []
+    for metrics in sorted((data_dir / "ladder").glob("runs/*/metrics.jsonl")):
+        counts.append(sum(1 for r in read_metrics(metrics) if r.get("val_loss") is not None))
+    return counts
+
+
+def _data_words(n: dict, table: pd.DataFrame, hero: dict, check: dict, vp: dict, backtest: dict, data_dir: Path) -> dict[str, Any]:
+    """Every verdict, adjective and count of the prose that depends on the data (issue 10: the
+    template types none of them)."""
+    out: dict[str, Any] = {}
+    experts, top_k = int(hero.get("experts") or 0), int(hero.get("top_k") or 0)
+    moe = experts > 1
+    out["model_short"] = "MoE" if moe else "dense"
+    out["model_desc"] = (f"Mixture-of-Experts language models ({experts} experts, top-{top_k}" if moe else "dense language models (") +         ", byte-level)"
+    out["ffn_desc"] = (f"MoE feed-forward with {experts} experts, top-{top_k}, aux-loss-free bias balancing" if moe
+                       else "dense feed-forward")
+    flops_error = (table["flops"] / table["budget"] - 1).abs().max()
+    out["budget_match"] = f"{flops_error:.2%}"
+    failed = check.get("verdict") != "passed"
+    out["outcome_heading"] = "Why the prediction missed the tolerance" if failed else "Why the prediction held"
+    rel = check.get("rel_error")
+    tol = check.get("tolerance_rel")
+    out["tolerance_side"] = ("n/a" if rel is None or tol is None else ("outside" if abs(rel) > tol else "inside"))
+    # The asymptote.
+    diag = vp.get("diagnostics") or {}
+    at_bound = "E" in (diag.get("at_bound") or [])
+    e_value = n["vpnls_E"]
+    span, n_budgets = n["budget_span"], _count_words(n["n_budgets"]).capitalize()
+    if at_bound:
+        out["E_sentence"] = (f"**The asymptote is not identified.** The VPNLS fit put E on its lower bound (E = {e_value}; "
+                             f"90% bootstrap interval {n['vpnls_E_90']}). A law with E = 0 keeps falling as a pure power law, so "
+                             f"extrapolating {n['extrapolation']}x in compute under-predicts the loss if the true E is positive. "
+                             f"{n_budgets} budgets spanning {span}x did not pin E.")
+    else:
+        out["E_sentence"] = (f"**The asymptote.** The VPNLS fit placed E = {e_value} inside its bounds "
+                             f"(90% bootstrap interval {n['vpnls_E_90']}).")
+    # Tokens per parameter.
+    hero_tpp = float(hero["tokens"]) / float(hero["params"])
+    tpp_max = float((table["tokens"] / table["params"]).max())
+    same_width = table[table["d_model"] == hero.get("d_model")] if "d_model" in table else table.iloc[0:0]
+    # Beyond the ladder where it matters: at the hero's own width when the ladder trained it, else anywhere.
+    beyond = hero_tpp > (float((same_width["tokens"] / same_width["params"]).max()) if len(same_width) else tpp_max)
+    out["tpp_heading"] = ("The hero extrapolates in tokens per parameter, not only in compute." if beyond else
+                          "The hero stays inside the ladder's tokens per parameter.")
+    # Evaluations and seeds.
+    evals = _evals_per_run(table, data_dir)
+    out["ladder_evals"] = (f"{_count_words(min(evals))} evaluations per run" if evals and min(evals) == max(evals)
+                           else (f"{min(evals)} to {max(evals)} evaluations per run" if evals else "an unknown number of evaluations per run"))
+    keys = ["cell_id"] if "cell_id" in table else [c for c in ("budget", "params") if c in table]
+    seeds = table.groupby(keys).size() if keys else pd.Series([1])
+    out["seeds_desc"] = (f"{_count_words(int(seeds.min()))} seed{'s' if seeds.min() > 1 else ''} per rung" if seeds.min() == seeds.max()
+                         else f"{int(seeds.min())} to {int(seeds.max())} seeds per rung")
+    noise = diag.get("seed_noise_nats")
+    if noise is not None and check.get("actual_final_loss"):
+        out["seed_sentence"] = (f"**Seed noise** was measured from {out['seeds_desc']}: a pooled within-cell standard deviation of "
+                                f"{float(noise):.3g} nats, {float(noise) / check['actual_final_loss']:.1%} of the hero's final loss.")
+    else:
+        out["seed_sentence"] = f"**Seed noise** was not measured ({out['seeds_desc']})."
+    out["seed_noise_text"] = "seed noise not measured" if noise is None else f"measured seed noise {float(noise):.3g} nats"
+    # What to change: one item per weakness the data show.
+    advice = []
+    if at_bound:
+        advice.append("more budgets (or a wider span, or small models trained far past their optimum) so that E is identified")
+    if beyond:
+        advice.append("ladder rungs at the hero's width with long token horizons")
+    if evals and min(evals) < 10:
+        advice.append("more evaluations per rung")
+    if seeds.min() < 2:
+        advice.append("two or three seeds at each budget")
+    out["next_time"] = ("What to change next time: " + "; ".join(advice) + ".") if advice else ""
+    # Limitations that depend on the ladder.
+    batch = table.groupby("budget")["batch_tokens"].nunique() if "batch_tokens" in table else None
+    if batch is not None and (batch == 1).all() and table["batch_tokens"].nunique() > 1:
+        out["batch_sentence"] = "Batch size is held fixed within a budget but differs between budgets."
+    elif batch is not None and table["batch_tokens"].nunique() == 1:
+        out["batch_sentence"] = "Batch size is the same in every rung."
+    else:
+        out["batch_sentence"] = "Batch size varies within budgets."
+    out["max_rung_params"] = f"{float(table['params'].max()):.3g}"
+    return out
 
 
 def _read_prereg(path: Path) -> dict:

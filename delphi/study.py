@@ -1,7 +1,15 @@
 """`delphi study`: the whole loop from one study file, resumably.
 
-    prepare -> plan -> ladder -> collect -> fit -> backtest -> hero -> prereg
-            -> train_hero (checked live) -> check -> figures -> report
+    prepare -> plan -> ladder -> collect -> fit -> backtest -> hero -> dress_rehearsal
+            -> gates -> prereg -> train_hero (checked live) -> check -> figures -> report
+
+The fit stage fits the primary law under each parameter-count convention
+(non-embedding, active, FLOPs per token / 6), reports the compute-optimal
+exponent under each, and keeps the convention its held-out-budget backtest
+favours; every law allocates compute under the ladder family's exact FLOPs per
+token. The dress rehearsal predicts and trains one run at ~3x the top budget;
+the gates stage says PASS/FAIL for every gate before the hero trains and stops
+the study (exit 1) when one fails, unless the study says `force: true`.
 
 Each stage writes `stages/<name>.json` when it completes; re-running the study
 skips completed stages, and the two training stages resume their runs (the
@@ -24,11 +32,16 @@ from typing import Any, Callable
 import pandas as pd
 
 from delphi.config_schema import from_dict, to_dict
-from delphi.errors import DelphiError
+from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_json, atomic_write_text, atomic_write_yaml, read_yaml
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
 FIT_METHODS = ("isoflop", "parametric", "vpnls", "frontier", "envelope", "moe")
+# How N is counted (delphi.fits.allocation.PARAM_CONVENTIONS): the study fits under each and keeps
+# the one its backtest favours (issue 10: 0.91 / 0.71 / 0.68 isoFLOP exponents on the first paper ladder).
+PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
+# A dress rehearsal at ~3x the top budget (issue 10) sits between the ladder and a >= 10x hero.
+DEFAULT_REHEARSAL_MULTIPLE = 3.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,19 @@ class HeroSpec:
     compute_multiple: float = 10.0
     tolerance: float = 0.01  # relative error of the final loss that counts as a pass
     eval_every: int | None = None  # None: about 10 eval points along the curve
+    # The dress rehearsal's compute as a multiple of the top ladder budget; None: no rehearsal.
+    rehearsal_multiple: float | None = DEFAULT_REHEARSAL_MULTIPLE
+
+
+@dataclass(frozen=True)
+class GatesSpec:
+    """Gate thresholds (delphi.prereg.gates); tolerances left None are the hero's tolerance."""
+
+    backtest_tolerance: float | None = None
+    lobo_tolerance: float | None = None
+    rehearsal_tolerance: float | None = None
+    interval_width_factor: float = 1.5  # issue 10: 90% half-width <= 1.5 x tolerance
+    min_seeds: int = 2  # issue 10: >= 2 seeds per rung
 
 
 @dataclass(frozen=True)
@@ -54,6 +80,18 @@ class StudySpec:
     # Where the sealed preregistration goes, relative to the study file (None: inside --out).
     # The project's own study writes into preregistrations/ so that git history dates it.
     preregistration: str | None = None
+    gates: GatesSpec = field(default_factory=GatesSpec)
+    force: bool = False  # seal and train the hero even if a gate fails (recorded in the preregistration)
+    conventions: tuple[str, ...] = PARAM_CONVENTIONS  # parameter counts compared by the fit stage
+    params_convention: str | None = None  # None: the convention whose backtest is best
+
+    def thresholds(self):
+        from delphi.prereg.gates import GateThresholds
+
+        g = self.gates
+        return GateThresholds(tolerance_rel=self.hero.tolerance, backtest_tolerance_rel=g.backtest_tolerance,
+                              lobo_tolerance_rel=g.lobo_tolerance, rehearsal_tolerance_rel=g.rehearsal_tolerance,
+                              interval_width_factor=g.interval_width_factor, min_seeds=g.min_seeds)
 
     def validate(self, where: str) -> "StudySpec":
         for method in self.fits:
@@ -74,6 +112,17 @@ class StudySpec:
             raise DelphiError(f"{where}: hero.compute_multiple: must be > 1, got {hero.compute_multiple}")
         if not 0 < hero.tolerance < 1:
             raise DelphiError(f"{where}: hero.tolerance: must be in (0, 1), got {hero.tolerance}")
+        if hero.rehearsal_multiple is not None:
+            if not hero.rehearsal_multiple > 1:
+                raise DelphiError(f"{where}: hero.rehearsal_multiple: must be > 1 (or null: no rehearsal), got {hero.rehearsal_multiple}")
+            if hero.compute is None and hero.rehearsal_multiple >= hero.compute_multiple:
+                raise DelphiError(f"{where}: hero.rehearsal_multiple: {hero.rehearsal_multiple} must be below "
+                                  f"hero.compute_multiple {hero.compute_multiple} (a rehearsal precedes the hero)")
+        if not self.conventions or any(c not in PARAM_CONVENTIONS for c in self.conventions):
+            raise DelphiError(f"{where}: conventions: {list(self.conventions)}, expected a non-empty subset of {list(PARAM_CONVENTIONS)}")
+        if self.params_convention is not None and self.params_convention not in PARAM_CONVENTIONS:
+            raise DelphiError(f"{where}: params_convention: {self.params_convention!r}, expected one of {list(PARAM_CONVENTIONS)}")
+        self.thresholds().validate(f"{where}: gates")
         return self
 
 
@@ -107,6 +156,10 @@ class Study:
         self.results = self.out / "results.csv"
         self.fits_dir = self.out / "fits"
         self.hero_config = self.out / "hero.yaml"
+        self.rehearsal_config = self.out / "rehearsal.yaml"
+        self.rehearsal_run = self.out / "rehearsal"
+        self.gates = self.out / "gates.json"
+        self.conventions = self.out / "fits" / "conventions.json"
         self.prereg = prereg or self.out / "preregistration.yaml"
         self.hero_run = self.out / "hero"
         self.figures = self.out / "figures"
@@ -134,7 +187,12 @@ def _pin_study(study: Study) -> None:
     pinned = {"study": to_dict(study.spec), "ladder": ladder_spec_to_dict(load_ladder_spec(study.ladder_spec_path))}
     path = study.out / "study.json"
     if path.is_file():
-        if json.loads(path.read_text()) != json.loads(json.dumps(pinned)):
+        recorded = json.loads(path.read_text())
+        try:  # keys added to StudySpec since the directory was pinned take their defaults
+            recorded["study"] = to_dict(from_dict(StudySpec, recorded.get("study"), str(path)))
+        except DelphiError:
+            pass
+        if recorded != json.loads(json.dumps(pinned)):
             raise DelphiError(f"--out: {study.out} holds a different study (study.json differs); choose a new directory")
         return
     atomic_write_json(path, pinned)
@@ -180,70 +238,250 @@ def stage_collect(study: Study) -> dict:
     return {"rows": len(table), "results": str(study.results)}
 
 
+def _ladder_spec(study: Study):
+    from delphi.ladder.spec import load_ladder_spec
+
+    return load_ladder_spec(study.ladder_spec_path)
+
+
+def chosen_convention(study: Study) -> str:
+    """The parameter-count convention the fits use: the study's, or the one the fit stage chose."""
+    done = study.done("fit")
+    if done is not None and done["result"].get("params_convention"):
+        return done["result"]["params_convention"]
+    return study.spec.params_convention or "nonembedding"
+
+
+def load_table(study: Study, convention: str | None = None) -> pd.DataFrame:
+    """The results table with N counted as `convention` and the ladder family's exact FLOPs attached."""
+    from delphi.fits import load_results
+    from delphi.ladder.plan import flops_family
+
+    convention = convention or chosen_convention(study)
+    return load_results(study.results, params_convention=convention, family=flops_family(_ladder_spec(study), convention))
+
+
 def _fit_one(study: Study, method: str, table: pd.DataFrame, n_bootstrap: int) -> Any:
     from delphi.fits import FITTERS
 
     kwargs: dict[str, Any] = {"n_bootstrap": n_bootstrap, "seed": study.spec.seed}
     if method == "frontier":
         kwargs["target_compute"] = [hero_compute(study)]
-    return FITTERS[method](table, **kwargs)
+    fit = FITTERS[method](table, **kwargs)
+    family = table.attrs.get("flops_family")
+    return fit.with_family(family) if family is not None and hasattr(fit, "with_family") else fit
+
+
+def optimal_exponent(fit: Any, compute_lo: float, compute_hi: float) -> float | None:
+    """d ln N* / d ln C of the fit between two computes (under its own allocation, exact or 6ND)."""
+    lo, hi = fit.predict(compute=compute_lo).get("params"), fit.predict(compute=compute_hi).get("params")
+    if lo is None or hi is None or not (lo > 0 and hi > 0):
+        return None
+    return math.log(float(hi) / float(lo)) / math.log(compute_hi / compute_lo)
+
+
+def compare_conventions(study: Study) -> dict:
+    """For each parameter-count convention: the isoFLOP exponent, the primary law's compute-optimal
+    exponent, and its held-out-budget backtest; the convention with the lowest backtest error wins."""
+    from delphi.fits import backtest
+    from delphi.fits.allocation import isoflop_exponent_by_convention
+
+    raw = pd.read_csv(study.results)
+    iso = isoflop_exponent_by_convention(raw, tuple(study.spec.conventions))
+    budgets = sorted(float(b) for b in raw["budget"].unique())
+    rows = {}
+    for convention in study.spec.conventions:
+        row: dict[str, Any] = {"isoflop_a": iso.get(convention, {}).get("a"),
+                               "isoflop_a_interval_90": iso.get(convention, {}).get("a_interval_90")}
+        try:
+            table = load_table(study, convention)
+            fit = _fit_one(study, study.spec.primary_fit, table, 0)
+            row["law_a"] = optimal_exponent(fit, budgets[-1], hero_compute(study))
+            row["fit_status"] = getattr(fit, "status", None)
+            bt = backtest(table, lambda t: _fit_one(study, study.spec.primary_fit, t, 0))
+            row["backtest_mean_abs_rel_error"] = bt["mean_abs_rel_error"]
+            row["backtest"] = [{"budget": b["budget"], "rel_error": b["rel_error"]} for b in bt["budgets"]]
+        except DelphiError as e:
+            row["error"] = str(e)
+        rows[convention] = row
+    scored = {c: r["backtest_mean_abs_rel_error"] for c, r in rows.items() if r.get("backtest_mean_abs_rel_error") is not None}
+    if study.spec.params_convention is not None:
+        chosen, why = study.spec.params_convention, "set by the study spec"
+    elif scored:
+        chosen = min(scored, key=scored.get)
+        why = f"lowest held-out-budget backtest |error| ({scored[chosen]:.2%}) of {len(scored)} conventions"
+    else:
+        chosen, why = "nonembedding", "no convention could be backtested; non-embedding N by default"
+    return {"conventions": rows, "chosen": chosen, "why": why, "primary_fit": study.spec.primary_fit}
 
 
 def stage_fit(study: Study) -> dict:
-    from delphi.fits import load_results
-
-    table = load_results(study.results)
-    out = {}
+    conventions = compare_conventions(study)
+    atomic_write_json(study.conventions, conventions)
+    convention = conventions["chosen"]
+    _say(f"parameter convention: {convention} ({conventions['why']})")
+    for name, row in conventions["conventions"].items():
+        _say(f"  {name}: isoFLOP a = {_fmt(row.get('isoflop_a'), '.3f')}, {study.spec.primary_fit} a = "
+             f"{_fmt(row.get('law_a'), '.3f')}, backtest |error| {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')}"
+             + (f" ({row['error']})" if row.get("error") else ""))
+    table = load_table(study, convention)
+    out: dict[str, Any] = {}
     for method in study.spec.fits:
         start = time.perf_counter()
-        fit = _fit_one(study, method, table, study.spec.bootstrap)
+        try:
+            fit = _fit_one(study, method, table, study.spec.bootstrap)
+        except DelphiError as e:
+            if method == study.spec.primary_fit:
+                raise
+            out[method] = {"error": str(e)}  # a secondary law that cannot be fitted here is reported, not fatal
+            _say(f"fit {method}: failed ({e})")
+            continue
         atomic_write_json(study.fit_path(method), fit.to_json())
-        out[method] = {"params": fit.params, "seconds": round(time.perf_counter() - start, 2)}
-        _say(f"fit {method}: {', '.join(f'{k}={v:.4g}' for k, v in fit.params.items() if isinstance(v, (int, float)))}")
-    return out
+        out[method] = {"params": fit.params, "seconds": round(time.perf_counter() - start, 2),
+                       "status": getattr(fit, "status", None), "allocation": getattr(fit, "allocation", None),
+                       "seed_noise_nats": fit.diagnostics.get("seed_noise_nats")}
+        _say(f"fit {method}: {', '.join(f'{k}={v:.4g}' for k, v in fit.params.items() if isinstance(v, (int, float)))}"
+             + (f" [{fit.status}]" if getattr(fit, "status", "ok") != "ok" else ""))
+    return {"params_convention": convention, "fits": out}
+
+
+# The backtest's own bootstrap: enough draws for a 90% interval, fewer than the final fits'.
+BACKTEST_BOOTSTRAP_MAX = 100
 
 
 def stage_backtest(study: Study) -> dict:
-    from delphi.fits import backtest, load_results
+    """Hold out the top budget (every method, with 90% intervals and coverage), then every budget above
+    the third in turn (mean |error| and coverage per method)."""
+    from delphi.fits import backtest
+    from delphi.fits.backtest import all_holdouts
 
-    table = load_results(study.results)
-    out = {}
-    for method in study.spec.fits:
-        if method == "envelope":
-            continue
+    table = load_table(study)
+    n_boot = min(study.spec.bootstrap, BACKTEST_BOOTSTRAP_MAX)
+    methods = [m for m in study.spec.fits if m != "envelope"]
+    out: dict[str, Any] = {}
+    for method in methods:
         try:
-            result = backtest(table, lambda t, m=method: _fit_one(study, m, t, 0))
+            result = backtest(table, lambda t, m=method: _fit_one(study, m, t, n_boot))
         except DelphiError as e:  # too few budgets below the cut for this method
             out[method] = {"error": str(e)}
             continue
         out[method] = result
         for b in result["budgets"]:
-            _say(f"backtest {method}: budget {b['budget']:.3g}: predicted {b['predicted_loss']:.4f}, "
-                 f"observed {b['observed_best_loss']:.4f} ({b['rel_error']:+.2%})")
+            i90 = b.get("loss_interval_90")
+            _say(f"backtest {method}: budget {b['budget']:.3g}: predicted {b['predicted_loss']:.4f}"
+                 + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "")
+                 + f", observed {b['observed_best_loss']:.4f} ({b['rel_error']:+.2%})")
     atomic_write_json(study.fits_dir / "backtest.json", out)
-    return {"methods": sorted(out)}
+    summary = None
+    try:
+        many = all_holdouts(table, {m: (lambda t, m=m: _fit_one(study, m, t, n_boot)) for m in methods})
+        atomic_write_json(study.fits_dir / "backtest_all.json", many)
+        summary = many["summary"]
+    except DelphiError as e:  # too few budgets for more than one cut
+        _say(f"backtest over every held-out budget: skipped ({e})")
+    return {"methods": sorted(out), "summary": summary}
 
 
 def hero_compute(study: Study) -> float:
-    from delphi.ladder.spec import load_ladder_spec
-
     if study.spec.hero.compute is not None:
         return float(study.spec.hero.compute)
-    return study.spec.hero.compute_multiple * max(load_ladder_spec(study.ladder_spec_path).budgets)
+    return study.spec.hero.compute_multiple * max(_ladder_spec(study).budgets)
+
+
+def _sized_run(study: Study, compute: float, name: str, out: Path) -> dict:
+    """Size a run at `compute` from the primary fit (exact-FLOP allocation, inside the ladder's ranges)
+    and write its train config to `out`."""
+    from delphi.ladder.hero import hero_from_fit
+    from delphi.train.config import train_config_from_dict, train_config_to_dict
+
+    rung, details = hero_from_fit(study.fit_path(study.spec.primary_fit), compute, _ladder_spec(study),
+                                  seed=study.spec.seed, results=pd.read_csv(study.results))
+    config = train_config_to_dict(rung.train)
+    every = study.spec.hero.eval_every or max(1, rung.train.steps // 10)
+    config.update(name=name, eval_every=every, checkpoint_every=every)
+    atomic_write_yaml(out, train_config_to_dict(train_config_from_dict(config)))
+    return details
 
 
 def stage_hero(study: Study) -> dict:
-    from delphi.ladder.hero import hero_from_fit
-    from delphi.ladder.spec import load_ladder_spec
-    from delphi.train.config import train_config_from_dict, train_config_to_dict
+    from delphi.fits import load_fit
 
-    rung, details = hero_from_fit(study.fit_path(study.spec.primary_fit), hero_compute(study),
-                                  load_ladder_spec(study.ladder_spec_path), seed=study.spec.seed)
-    config = train_config_to_dict(rung.train)
-    every = study.spec.hero.eval_every or max(1, rung.train.steps // 10)
-    config.update(name="hero", eval_every=every, checkpoint_every=every)
-    atomic_write_yaml(study.hero_config, train_config_to_dict(train_config_from_dict(config)))
-    return details
+    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    n_star = fit.predict(compute=hero_compute(study)).get("params")
+    if n_star is None or not float(n_star) > 0:
+        bound = ", ".join(fit.diagnostics.get("at_bound") or []) or "none"
+        raise CheckFailed(f"the {study.spec.primary_fit} fit has no compute-optimal point (status {getattr(fit, 'status', '?')}, "
+                          f"on a bound: {bound}; parameters {fit.params}): gate fit_status fails and the hero cannot be "
+                          f"sized; nothing was trained or sealed. The ladder does not determine the law: add budgets or seeds.")
+    return _sized_run(study, hero_compute(study), "hero", study.hero_config)
+
+
+def stage_dress_rehearsal(study: Study) -> dict:
+    """Predict and train one run at ~3x the top budget, sized like the hero; its error is a gate."""
+    from delphi.fits import load_fit
+    from delphi.prereg.create import run_predicted_vs_actual
+    from delphi.train.config import load_train_config
+    from delphi.train.trainer import train
+
+    multiple = study.spec.hero.rehearsal_multiple
+    if multiple is None:
+        return {"skipped": "hero.rehearsal_multiple is null: no dress rehearsal"}
+    compute = multiple * max(_ladder_spec(study).budgets)
+    if not study.rehearsal_config.is_file():
+        _sized_run(study, compute, "rehearsal", study.rehearsal_config)
+    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    cfg = load_train_config(study.rehearsal_config)
+    from delphi.prereg.create import predict_hero
+
+    predicted = predict_hero(fit, cfg)[0]
+    _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
+    train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / "config.yaml").exists())
+    result = run_predicted_vs_actual(fit, study.rehearsal_run)
+    _say(f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
+    return result | {"multiple": multiple}
+
+
+def _rehearsal(study: Study) -> dict | None:
+    done = study.done("dress_rehearsal")
+    if done is None or done["result"].get("skipped"):
+        return None
+    return done["result"]
+
+
+def _primary_backtest(study: Study) -> dict | None:
+    path = study.fits_dir / "backtest.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get(study.spec.primary_fit)
+
+
+def stage_gates(study: Study) -> dict:
+    """Every gate, PASS/FAIL, before the hero trains; a failure stops the study here unless `force: true`."""
+    from delphi.fits import load_fit
+    from delphi.prereg import gates as gt
+    from delphi.prereg.create import compute_gates, final_from_prediction, predict_hero
+    from delphi.train.config import load_train_config
+
+    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    hero = load_train_config(study.hero_config)
+    pred, how = predict_hero(fit, hero)
+    final = final_from_prediction(pred, how)
+    thresholds = study.spec.thresholds()
+    gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
+                          backtest=_primary_backtest(study), rehearsal=_rehearsal(study), ladder=study.ladder_dir)
+    report = gt.gate_report(gates, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
+    atomic_write_json(study.gates, report)
+    for line in gt.gate_lines(gates):
+        _say(f"gate {line}")
+    if not report["passed"]:
+        if not study.spec.force:
+            raise CheckFailed(f"gates failed before the hero trained: {', '.join(report['failed'])}; the hero was NOT "
+                              f"trained and nothing was sealed (report {study.gates}). Fix the ladder (more seeds, "
+                              f"budgets, healthier rungs) or set `force: true` in the study file to go on anyway.")
+        _say(f"GATES FAILED ({', '.join(report['failed'])}); going on because the study says force: true "
+             "(the preregistration records it)")
+    return {"passed": report["passed"], "failed": report["failed"], "forced": bool(study.spec.force and not report["passed"]),
+            "gates": report["gates"]}
 
 
 def stage_prereg(study: Study) -> dict:
@@ -262,23 +500,27 @@ def stage_prereg(study: Study) -> dict:
         ladder=study.ladder_dir, results=study.results, tolerance_rel=study.spec.hero.tolerance,
         author=study.spec.author, rationale=study.spec.rationale or _default_rationale(study),
         bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
+        force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
+        rehearsal=_rehearsal(study),
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
-    return {"prereg": str(study.prereg), "final": final}
+    return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}
 
 
 def _default_rationale(study: Study) -> str:
-    return (f"Study {study.spec.name}: the {study.spec.primary_fit} law fitted on the ladder sizes the hero "
+    return (f"Study {study.spec.name}: the {study.spec.primary_fit} law fitted on the ladder (N counted as "
+            f"{chosen_convention(study)}, compute allocated under the family's exact FLOPs) sizes the hero "
             f"and predicts its final loss; the trajectory comes from the LR-annealing curve law fitted on the ladder's curves.")
 
 
 def stage_train_hero(study: Study) -> dict:
+    from delphi.prereg.format import predicted_loss_curve
     from delphi.train.config import load_train_config
     from delphi.train.trainer import train
 
     cfg = load_train_config(study.hero_config)
     resume = (study.hero_run / "config.yaml").exists()
-    return train(cfg, study.hero_run, resume=resume, prereg=study.prereg)
+    return train(cfg, study.hero_run, resume=resume, predicted_loss=predicted_loss_curve(study.prereg))
 
 
 def stage_check(study: Study) -> dict:
@@ -289,27 +531,95 @@ def stage_check(study: Study) -> dict:
     return result
 
 
-def stage_figures(study: Study) -> dict:
-    """Every figure of the study, drawn by the same code as `delphi plot ...`."""
-    from delphi.cli import main as delphi_main
+def _hero_point(study: Study) -> dict:
+    from delphi.model.flops import count_params, flops_per_token
+    from delphi.train.config import load_train_config
 
-    fig = lambda name: str(study.figures / f"{name}.png")
-    primary = str(study.fit_path(study.spec.primary_fit))
-    requests = [
-        ["isoflop", str(study.results), "--out", fig("isoflop")]
-        + (["--fit", str(study.fit_path("isoflop"))] if "isoflop" in study.spec.fits else []),
-        ["allocation", primary, "--results", str(study.results), "--hero", str(study.hero_config), "--out", fig("allocation")],
-        ["frontier", str(study.results), "--fit", primary, "--prereg", str(study.prereg), "--run", str(study.hero_run),
-         "--out", fig("frontier")],
-        ["prediction", str(study.prereg), "--run", str(study.hero_run), "--out", fig("prediction")],
-        ["curves", str(study.ladder_dir), "--out", fig("ladder_curves")],
-    ] + [["residuals", str(study.results), "--fit", str(study.fit_path(m)), "--out", fig(f"residuals_{m}")]
-         for m in study.spec.fits if m != "frontier"]
+    if not study.hero_config.is_file():
+        return {}
+    cfg = load_train_config(study.hero_config)
+    return {"compute": flops_per_token(cfg.model, cfg.data.seq_len) * cfg.tokens,
+            "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
+
+
+def _residual_prediction(fit: Any, table: pd.DataFrame):
+    import numpy as np
+
+    if fit.kind in ("parametric", "moe"):
+        term = fit.extra.get("term", "granularity")
+        terms = {term: table[term].to_numpy(float)} if fit.kind == "moe" else {}
+        return np.asarray(fit.predict(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float), **terms)["loss"], float)
+    return np.asarray(fit.predict(compute=table["flops"].to_numpy(float))["loss"], float)
+
+
+def stage_figures(study: Study) -> dict:
+    """Every figure of the study, drawn by the library functions behind `delphi plot ...`."""
+    from delphi.fits import curves as cv
+    from delphi.fits import load_fit
+    from delphi.fits.isoflop import per_budget_optima
+    from delphi.plot import figures as pf
+    from delphi.plot.style import save_figure
+    from delphi.prereg.check import compare, read_run_dir
+    from delphi.prereg.format import load_prereg
+
     study.figures.mkdir(parents=True, exist_ok=True)
-    failed = [r[0] for r in requests if delphi_main(["plot", *r]) != 0]
-    if failed:
-        raise DelphiError(f"figures: could not draw {', '.join(failed)} (see the errors above)")
-    return {"files": sorted(str(p) for p in study.figures.glob("*.png"))}
+    fig = lambda name: str(study.figures / f"{name}.png")  # noqa: E731
+    table = load_table(study)
+    primary = load_fit(study.fit_path(study.spec.primary_fit))
+    fits = {m: load_fit(study.fit_path(m)) for m in study.spec.fits if study.fit_path(m).is_file()}
+    files: list[str] = []
+    failed: list[str] = []
+
+    def draw(name: str, make: Callable[[], Any]) -> None:
+        try:
+            files.extend(save_figure(make(), fig(name)))
+        except (DelphiError, ValueError, KeyError) as e:  # one figure's missing input does not lose the others
+            failed.append(f"{name} ({e})")
+
+    draw("isoflop", lambda: pf.isoflop_figure(table, fits["isoflop"].extra.get("optima") if "isoflop" in fits else None))
+
+    def allocation():
+        optima = (fits["isoflop"].extra.get("optima") if "isoflop" in fits else None) or per_budget_optima(table)[0]
+        frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
+                              "tokens": [o["tokens_opt"] for o in optima]})
+        hero = _hero_point(study)
+        return pf.allocation_figure(frame, primary, hero.get("compute"), hero.get("params"), hero.get("tokens"))
+
+    draw("allocation", allocation)
+    prereg = load_prereg(study.prereg) if study.prereg.is_file() else None
+    run = read_run_dir(study.hero_run) if study.hero_run.is_dir() else None
+
+    def frontier():
+        hero_c = interval = None
+        if prereg is not None:
+            final = prereg.doc["prediction"]["final"]
+            hero_c = prereg.doc["hero"]["flops"]
+            lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
+            interval = (final["loss"], lo, hi)
+        return pf.frontier_figure(table, primary, hero_c, interval, run.final_loss if run else None)
+
+    draw("frontier", frontier)
+    if prereg is not None:
+        def prediction():
+            pts = [(r["tokens"], r["val_loss"]) for r in (run.rows if run else []) if r.get("val_loss") is not None]
+            verdict = compare(prereg, run)["verdict"] if run else None
+            return pf.prediction_figure(prereg.doc, [t for t, _ in pts], [v for _, v in pts], verdict)
+
+        draw("prediction", prediction)
+
+    def ladder_curves():
+        curves = cv.load_ladder_curves(study.ladder_dir)
+        law = cv.fit_curve_law(curves, bootstrap=0, seed=study.spec.seed, lr_ref=cv.ladder_lr_ref(study.ladder_dir))
+        return pf.curves_figure(curves, law, None)
+
+    draw("ladder_curves", ladder_curves)
+    for method, f in fits.items():
+        if method != "frontier":
+            draw(f"residuals_{method}", lambda f=f: pf.residuals_figure(table, _residual_prediction(f, table),
+                                                                         title=f"{f.kind} fit ({f.method}) residuals"))
+    for problem in failed:
+        _say(f"figure not drawn: {problem}")
+    return {"files": sorted(p for p in files if p.endswith(".png")), "not_drawn": failed}
 
 
 def stage_report(study: Study) -> dict:
@@ -325,6 +635,8 @@ STAGES: tuple[tuple[str, Callable[[Study], dict]], ...] = (
     ("fit", stage_fit),
     ("backtest", stage_backtest),
     ("hero", stage_hero),
+    ("dress_rehearsal", stage_dress_rehearsal),
+    ("gates", stage_gates),
     ("prereg", stage_prereg),
     ("train_hero", stage_train_hero),
     ("check", stage_check),
@@ -384,16 +696,18 @@ def render_report(study: Study) -> str:
     """report.md: every number comes from the stage markers and the files they name."""
     plan = study.done("plan")["result"]
     fits = study.done("fit")["result"]
+    fits = fits.get("fits", fits)  # studies before conventions stored the fits at the top level
     hero = study.done("hero")["result"]
     check = study.done("check")["result"]
     backtest = json.loads((study.fits_dir / "backtest.json").read_text())
     table = pd.read_csv(study.results)
+    top = table["budget"].max()
     lines = [
         f"# Study `{study.spec.name}`",
         "",
         f"Ladder: {plan['rungs']} runs, {plan['flops']:.3g} FLOPs in all, budgets "
         f"{', '.join(f'{b:.3g}' for b in sorted(table['budget'].unique()))}. "
-        f"Hero: {hero['compute']:.3g} FLOPs ({hero['compute'] / table['budget'].max():.0f}x the largest budget), "
+        f"Hero: {hero['compute']:.3g} FLOPs ({hero['compute'] / top:.3g}x the largest budget), "
         f"d_model {hero.get('d_model')}, {hero.get('n_layers')} layers, N = {_fmt(hero.get('params'))}, "
         f"D = {_fmt(hero.get('tokens'))} tokens.",
         "",
@@ -406,27 +720,86 @@ def render_report(study: Study) -> str:
         "",
         f"{check.get('why', '')}",
         "",
-        "## Fits",
-        "",
-        "| method | parameters |",
-        "|---|---|",
     ]
+    lines += _gates_section(study)
+    lines += _rehearsal_section(study)
+    lines += _conventions_section(study)
+    lines += ["## Fits", "", "| method | status | allocation | parameters |", "|---|---|---|---|"]
     for method, info in fits.items():
+        if "error" in info:
+            lines.append(f"| {method} | failed | - | {info['error']} |")
+            continue
         params = ", ".join(f"{k} = {_fmt(v)}" for k, v in info["params"].items() if isinstance(v, (int, float)))
-        lines.append(f"| {method} | {params} |")
+        lines.append(f"| {method} | {_fmt(info.get('status'))} | {_fmt(info.get('allocation'))} | {params} |")
     lines += ["", "## Backtests (fit below the top budget, predict it)", "",
-              "| method | budget | predicted best loss | observed best loss | relative error | 90% covered |", "|---|---|---|---|---|---|"]
+              "| method | budget | predicted best loss | 90% interval | observed best loss | relative error | 90% covered |",
+              "|---|---|---|---|---|---|---|"]
     for method, result in backtest.items():
         for b in result.get("budgets", []):
-            lines.append(f"| {method} | {b['budget']:.3g} | {_fmt(b['predicted_loss'])} | {_fmt(b['observed_best_loss'])} "
-                         f"| {_fmt(b['rel_error'], '+.2%')} | {_fmt(b.get('covered_90'))} |")
+            lines.append(f"| {method} | {b['budget']:.3g} | {_fmt(b['predicted_loss'])} | {_fmt(b.get('loss_interval_90'))} "
+                         f"| {_fmt(b['observed_best_loss'])} | {_fmt(b['rel_error'], '+.2%')} | {_fmt(b.get('covered_90'))} |")
         if "error" in result:
-            lines.append(f"| {method} | - | - | - | {result['error']} | - |")
+            lines.append(f"| {method} | - | - | - | - | {result['error']} | - |")
+    summary = (study.done("backtest") or {}).get("result", {}).get("summary")
+    if summary:
+        lines += ["", "Every budget above the third held out in turn:", "",
+                  "| method | points | mean abs error | 90% coverage |", "|---|---|---|---|"]
+        for method, s in summary.items():
+            lines.append(f"| {method} | {s.get('n')} | {_fmt(s.get('mean_abs_rel_error'), '.2%')} | {_fmt(s.get('coverage_90'), '.0%')} |")
     lines += ["", "## Figures", ""]
     for png in sorted(study.figures.glob("*.png")):
         lines.append(f"![{png.stem}](figures/{png.name})")
-    lines += ["", "## Ladder", "", _markdown_table(table), ""]
+    lines += ["", "## Rung health", "", health_table(table), "", "## Ladder", "", _markdown_table(table), ""]
     return "\n".join(lines)
+
+
+def _gates_section(study: Study) -> list[str]:
+    from delphi.prereg.gates import gate_table
+
+    if not study.gates.is_file():
+        return []
+    report = json.loads(study.gates.read_text())
+    verdict = "all passed" if report["passed"] else (
+        f"FAILED ({', '.join(report['failed'])})" + ("; the study went on with force: true" if report.get("forced") else ""))
+    return ["## Gates (evaluated before the hero trained)", "", f"Gates: {verdict}.", "", gate_table(report["gates"]), ""]
+
+
+def _rehearsal_section(study: Study) -> list[str]:
+    r = _rehearsal(study)
+    if r is None:
+        return []
+    return ["## Dress rehearsal", "",
+            f"At {r['compute']:.3g} FLOPs ({r.get('multiple', float('nan')):g}x the top budget): predicted {r['predicted']:.4f}"
+            f" (90% {_fmt(r.get('loss_interval_90'))}), actual {r['actual']:.4f}, error {r['rel_error']:+.2%}.", ""]
+
+
+def _conventions_section(study: Study) -> list[str]:
+    if not study.conventions.is_file():
+        return []
+    data = json.loads(study.conventions.read_text())
+    lines = ["## How N is counted", "",
+             f"Chosen: **{data['chosen']}** ({data['why']}).", "",
+             f"| convention | isoFLOP exponent a [90%] | {data.get('primary_fit', 'primary')} exponent a | backtest mean abs error | note |",
+             "|---|---|---|---|---|"]
+    for name, row in data["conventions"].items():
+        lines.append(f"| {name} | {_fmt(row.get('isoflop_a'), '.3f')} {_fmt(row.get('isoflop_a_interval_90'), '.3f')} "
+                     f"| {_fmt(row.get('law_a'), '.3f')} | {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')} | {row.get('error', '')} |")
+    return lines + [""]
+
+
+HEALTH_COLUMNS = ("run_id", "budget", "d_model", "n_layers", "steps", "tokens_per_param", "n_evals", "eval_tokens",
+                  "drop_frac_mean", "health_ok", "health_issues")
+
+
+def health_table(table: pd.DataFrame) -> str:
+    """One row per rung: what its health bounds check, and whether it met them."""
+    cols = [c for c in HEALTH_COLUMNS if c in table]
+    if "health_ok" not in table:
+        return "(the results table has no health columns)"
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in table.sort_values(["budget", "run_id"] if "run_id" in table else ["budget"])[cols].iterrows():
+        rows.append("| " + " | ".join(_fmt(r[c], ".3g") if c != "run_id" else str(r[c]) for c in cols) + " |")
+    return "\n".join(rows)
 
 
 def _markdown_table(table: pd.DataFrame) -> str:

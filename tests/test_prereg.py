@@ -39,15 +39,22 @@ def _run(args, capsys):
 def _hero_run(run_dir: Path, cfg, *, upto: float = 1.0, shift: float = 0.0, status: str | None = None, seed: int = 5) -> None:
     """Write the hero's run dir as the trainer would after `upto` of its steps."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(ps.train_config_to_dict(cfg)))
+    _atomic(run_dir / "config.yaml", yaml.safe_dump(ps.train_config_to_dict(cfg)))
     steps, tokens, loss = ps.true_curve(cfg, np.random.default_rng(seed))
     keep = steps <= upto * cfg.steps
     rows = ps.metrics_rows(cfg, steps[keep], tokens[keep], loss[keep] + shift)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     done = status or ("completed" if upto >= 1 else "running")
-    (run_dir / "status.json").write_text(json.dumps({"status": done, "reason": "", "step": int(steps[keep][-1]), "updated": ""}))
+    _atomic(run_dir / "status.json", json.dumps({"status": done, "reason": "", "step": int(steps[keep][-1]), "updated": ""}))
     if done == "completed":
-        (run_dir / "summary.json").write_text(json.dumps({"status": done, "val_loss": float(loss[-1] + shift), "val_bpb": 1.0}))
+        _atomic(run_dir / "summary.json", json.dumps({"status": done, "val_loss": float(loss[-1] + shift), "val_bpb": 1.0}))
+
+
+def _atomic(path: Path, text: str) -> None:
+    """Replace a run file in one step, as the trainer does: a watcher never reads half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def test_file_has_design_fields_and_a_valid_seal(setup):

@@ -32,8 +32,8 @@ def _micro_study(tmp_path: Path) -> Path:
     raw["batch"].update(min_steps=40, min_seqs=2, max_seqs=8)
     raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=2, logs_per_run=4, checkpoints_per_run=2)
     (tmp_path / "ladder.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = {"name": "micro", "ladder": "ladder.yaml", "fits": ["vpnls"], "primary_fit": "vpnls", "bootstrap": 10,
-             "hero": {"compute_multiple": 2, "tolerance": 0.5}}
+    study = {"name": "micro", "ladder": "ladder.yaml", "fits": ["vpnls", "isoflop"], "primary_fit": "isoflop", "bootstrap": 0,
+             "hero": {"compute_multiple": 2, "tolerance": 0.5, "rehearsal_multiple": 1.5}}
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     return tmp_path / "study.yaml"
 
@@ -62,8 +62,23 @@ def test_study_stages_resume_without_redoing_finished_runs(tmp_path):
     assert "prepare: done earlier, skipped" in second.stderr
     assert (runs[0] / "summary.json").is_file()
     assert {r.name: (r / "summary.json").stat().st_mtime_ns for r in runs[1:]} == kept
-    assert json.loads((out / "fits" / "vpnls.json").read_text())["kind"] == "parametric"
+    fit = json.loads((out / "fits" / "vpnls.json").read_text())
+    assert fit["kind"] == "parametric" and fit["allocation"] == "exact"  # the ladder family's exact FLOPs
     assert len((out / "results.csv").read_text().splitlines()) == 1 + 9
+    conventions = json.loads((out / "fits" / "conventions.json").read_text())
+    assert set(conventions["conventions"]) == {"nonembedding", "active", "fpt6"}
+    assert conventions["chosen"] in conventions["conventions"] and "backtest" in conventions["why"]
+    assert fit["diagnostics"]["params_convention"] == conventions["chosen"]
+
+    # One seed per rung and three budgets: the gates fail, and the study stops before the hero, saying so.
+    third = _study(str(study), "--out", str(out))
+    assert third.returncode == 1, third.stderr
+    assert "gates failed before the hero trained" in third.stderr and "gate FAIL seeds" in third.stderr
+    assert "dress rehearsal" in third.stderr and (out / "rehearsal" / "summary.json").is_file()
+    gates = json.loads((out / "gates.json").read_text())
+    assert gates["passed"] is False and "seeds" in gates["failed"] and "dress_rehearsal" in [g["name"] for g in gates["gates"]]
+    assert not (out / "hero").exists() and not (out / "preregistration.yaml").exists()
+    assert not (out / "stages" / "gates.json").exists()  # a rerun evaluates the gates again
 
     # The directory belongs to this study: a different study file is refused before anything runs.
     other = yaml.safe_load(study.read_text()) | {"bootstrap": 11}

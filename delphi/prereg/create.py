@@ -478,6 +478,9 @@ def create_prereg(
             curve_fit = cv.fit_curve_law(curves, bootstrap=bootstrap, seed=seed, lr_ref=cv.ladder_lr_ref(ladder))
     if curve_fit is not None:
         traj = cv.predict_trajectory(curve_fit, hero, final_anchor=final["loss"])
+        if any("lo90" not in p for p in traj["points"]):  # a curve law without a bootstrap has no bands
+            traj["points"] = [{k: p.get(k, p["loss"]) for k in ("lo50", "hi50", "lo90", "hi90")} | p for p in traj["points"]]
+            assumptions.append("the curve law had no bootstrap: the trajectory's bands are its median alone")
         agreement = _agreement(traj["curve_end_unanchored"], final)
         trajectory = {
             "model": curve_fit.to_json() | {"samples": []},

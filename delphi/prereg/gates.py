@@ -11,7 +11,7 @@ evidence, not on its absence (`--force` seals anyway and says so forever).
 Why these gates: the first paper's hero missed by +3.99% at 10x after a ladder
 whose leave-one-budget-out hero predictions spread -5.8% .. +7.2%, whose E sat
 on its bound, whose frontier slopes steepened budget by budget and whose hero
-ran at 10x the ladder's tokens per parameter (DESIGN.md section 7). Each of
+ran at 10x the ladder's tokens per parameter (docs/design.md §8.2). Each of
 those is visible before the hero trains; the gates make them block the seal.
 """
 
@@ -433,8 +433,8 @@ def evaluate_gates(
     `hero_facts`; `backtest` the primary method's held-out-budget backtest; `lobo` from
     `leave_one_budget_out`; `ranges` the ladder's ranges (default: from the table);
     `rehearsal` {predicted, actual, rel_error, covered_90, compute} when a dress rehearsal ran."""
-    if exact_required is None:
-        exact_required = getattr(fit, "family", None) is not None
+    if exact_required is None:  # laws in C are fitted on each budget's real cost; only (N, D) laws allocate
+        exact_required = getattr(fit, "family", None) is not None and getattr(fit, "kind", None) in ("parametric", "moe")
     if table is None or len(table) == 0:
         missing = "not evaluated: no results table (give --ladder or --results)"
         gates = [Gate(name, False, None, "needs the results table", missing)
@@ -494,8 +494,9 @@ def gate_table(gates: Iterable[Gate | dict]) -> str:
     rows = ["| gate | result | value | threshold | detail |", "|---|---|---|---|---|"]
     for g in gates:
         g = g if isinstance(g, Gate) else Gate.from_json(g)
-        rows.append(f"| {g.name} | {'PASS' if g.passed else 'FAIL'} | {_value_text(g.value)} | {g.threshold} | "
-                    f"{g.detail.replace('|', '/')} |")
+        cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731  (a '|' inside a cell ends it)
+        rows.append(f"| {g.name} | {'PASS' if g.passed else 'FAIL'} | {cell(_value_text(g.value))} | {cell(g.threshold)} | "
+                    f"{cell(g.detail)} |")
     return "\n".join(rows)
 
 
