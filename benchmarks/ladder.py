@@ -1,23 +1,27 @@
 """Whole-ladder throughput on this machine (issue 11), in one run.
 
     .venv/bin/python benchmarks/ladder.py [--json OUT.json] [--ladders default,paper-min]
-        [--budgets-default 1e11,3e11] [--rungs-paper 3] [--levers baseline,warm_cache,unpinned,one_shot]
+        [--budgets-default 3.6e11] [--seeds-default 0] [--rungs-default 3] [--rungs-paper 2]
+        [--levers baseline,warm_cache,unpinned,one_shot,one_worker]
 
 1. The f32 matmul peak of this machine, measured in this process (delphi.train.peak).
 2. Each ladder planned into a temporary directory and run through the real runner
    (`delphi.ladder.runner.run_ladder`) with the default worker settings and a cold
    compilation cache:
    - `default`: the default study's ladder (delphi/defaults/ladder_default.yaml), all of
-     it or the budgets given by --budgets-default (a reduced copy);
+     it, or a reduced copy (--budgets-default, --seeds-default, --rungs-default: that many
+     rungs spread over the ladder);
    - `paper-min`: the new paper's smallest budget (1e12 FLOPs, MoE 8x top-2, d_model 24-64,
-     >= 3 layers; issue 10), all its rungs or --rungs-paper of them spread over its widths.
+     >= 3 layers, one seed; issue 10), all its rungs or --rungs-paper of them.
    Reported: aggregate model FLOP/s (the ladder's exact FLOPs over its wall time) as a
    fraction of the peak, and every rung's wall split into start-up, compile, train, eval
    and checkpoint (+ logging), from its run directory (see `rung_phases`).
-3. One rung of the default ladder (C1e11_d12, as in the issue, else the median rung)
-   run alone, also through the runner with its defaults: `inside_over_alone`.
+3. One rung of the first ladder run (the issue's C1e11_d12 if it has it, else its median
+   rung) run alone, also through the runner with its defaults (so on every core):
+   `inside_over_alone`.
 4. The levers, each against a baseline run in this invocation on a small ladder (the
-   default ladder's 1e11 budget): a warm compilation cache, no core pinning (every
+   default ladder's recipe at 1e11 FLOPs: 3 sizes of >= 500 steps): a warm compilation
+   cache, no core pinning (every
    worker's XLA sees every core: the old oversubscription), a fresh process per rung
    instead of persistent workers, one worker with all cores. Gains are wall-time ratios.
 
@@ -54,7 +58,9 @@ HEALTH_EVALS, HEALTH_EVAL_TOKENS = 10, 1_000_000
 EVAL_SHARE_LIMIT = 0.05  # issue 11: evals and checkpoints <= 5% of a rung
 TARGET_FRACTION_OF_PEAK = 0.40
 TARGET_INSIDE_OVER_ALONE = 1.10
+# The levers' ladder: the default recipe shrunk to 3 rungs of 1e11 FLOPs (>= 500 steps each).
 LEVER_BUDGET = 1.0e11
+LEVER_SIZES, LEVER_SPAN, LEVER_MIN_STEPS = 3, 4.0, 500
 LEVERS = ("baseline", "warm_cache", "unpinned", "one_shot", "one_worker")
 
 
@@ -76,16 +82,25 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def default_raw(budgets: list[float] | None) -> dict:
+def default_raw(budgets: list[float] | None = None, seeds: list[int] | None = None) -> dict:
     raw = yaml.safe_load(DEFAULT_LADDER.read_text())
     if budgets:
         raw["budgets"] = budgets
+    if seeds:
+        raw["run"].update(seeds=seeds, top_seeds=[])
+    return raw
+
+
+def lever_raw() -> dict:
+    raw = default_raw([LEVER_BUDGET], [0])
+    raw["isoflop"].update(sizes=LEVER_SIZES, span=LEVER_SPAN, min_span=1.0)
+    raw["batch"]["min_steps"] = LEVER_MIN_STEPS
     return raw
 
 
 def paper_min_raw() -> dict:
-    raw = yaml.safe_load(DEFAULT_LADDER.read_text())
-    raw.update(name="paper-min", budgets=[PAPER_MIN_BUDGET])
+    raw = default_raw([PAPER_MIN_BUDGET], [0])
+    raw.update(name="paper-min")
     raw["shape"]["widths"] = PAPER_MIN_WIDTHS
     raw["shape"]["depth"]["min_layers"] = PAPER_MIN_LAYERS
     raw["isoflop"]["min_span"] = PAPER_MIN_SPAN
@@ -154,6 +169,7 @@ def run_one(name: str, ladder_dir: Path, cache: Path | None, peak: float, **opti
 
     os.environ[JAX_CACHE_ENV] = str(cache) if cache is not None else "off"
     print(f"[bench] {name}: {ladder_dir.name} {options or ''} ({uptime()})", file=sys.stderr, flush=True)
+    load_before = uptime()
     summary = run_ladder(ladder_dir, progress=False, **options)
     if summary["failed"] or summary["completed"] != summary["rungs"]:
         raise SystemExit(f"{name}: the ladder did not complete: {summary}")
@@ -165,6 +181,8 @@ def run_one(name: str, ladder_dir: Path, cache: Path | None, peak: float, **opti
     result = {
         "name": name,
         "options": options,
+        "uptime_before": load_before,
+        "uptime_after": uptime(),
         "workers": summary["workers"],
         "cores_per_worker": summary["cores_per_worker"],
         "rungs": len(rungs),
@@ -211,9 +229,13 @@ def phase_table(result: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--ladders", default="default,paper-min", help="comma-separated: default, paper-min")
+    parser.add_argument("--ladders", default="default,paper-min",
+                        help="comma-separated: default, paper-min, lever (the levers' small ladder: then also "
+                             "their baseline)")
     parser.add_argument("--budgets-default", default="",
                         help="run only these budgets of the default ladder (a reduced copy; default: all)")
+    parser.add_argument("--seeds-default", default="", help="run only these seeds of the default ladder")
+    parser.add_argument("--rungs-default", type=int, default=None, help="run only this many default rungs")
     parser.add_argument("--rungs-paper", type=int, default=None, help="run only this many paper-min rungs")
     parser.add_argument("--levers", default=",".join(LEVERS), help=f"comma-separated subset of {LEVERS}, or none")
     parser.add_argument("--no-alone", action="store_true", help="skip the rung-alone measurement")
@@ -221,10 +243,11 @@ def main() -> int:
     args = parser.parse_args()
     ladders = [x for x in args.ladders.split(",") if x]
     levers = [x for x in args.levers.split(",") if x and x != "none"]
-    unknown = [x for x in levers if x not in LEVERS] + [x for x in ladders if x not in ("default", "paper-min")]
+    unknown = [x for x in levers if x not in LEVERS] + [x for x in ladders if x not in ("default", "paper-min", "lever")]
     if unknown:
         parser.error(f"unknown ladder or lever: {unknown}")
     budgets = [float(b) for b in args.budgets_default.split(",") if b]
+    seeds = [int(x) for x in args.seeds_default.split(",") if x]
 
     from delphi.train.peak import measure_matmul_flops
 
@@ -242,24 +265,25 @@ def main() -> int:
     caches = tmp / "jax-caches"
 
     out["ladders"] = {}
+    raws = {"default": default_raw(budgets, seeds), "paper-min": paper_min_raw(), "lever": lever_raw()}
+    keeps = {"default": args.rungs_default, "paper-min": args.rungs_paper, "lever": None}
     for name in ladders:
         ladder_dir = tmp / name
-        if name == "default":
-            plan(default_raw(budgets), ladder_dir)
-        else:
-            plan(paper_min_raw(), ladder_dir, keep=args.rungs_paper)
+        plan(raws[name], ladder_dir, keep=keeps[name])
         result = run_one(name, ladder_dir, caches / name, peak)
         result["eval_share_at_health_bounds"] = health_eval_share(ladder_dir)
         out["ladders"][name] = result
         print(phase_table(result), file=sys.stderr, flush=True)
 
-    if not args.no_alone and "default" in out["ladders"]:
-        inside = out["ladders"]["default"]["per_rung"]
+    if not args.no_alone and ladders:
+        inside_ladder = ladders[0]
+        inside = out["ladders"][inside_ladder]["per_rung"]
         rung_id = ALONE_RUNG if ALONE_RUNG in inside else sorted(inside, key=lambda k: inside[k]["flops"])[len(inside) // 2]
         alone_dir = tmp / "alone"
-        plan(default_raw(budgets), alone_dir, only=rung_id)
+        plan(raws[inside_ladder], alone_dir, only=rung_id)
         alone = run_one("alone", alone_dir, caches / "alone", peak)
         out["alone"] = {
+            "ladder": inside_ladder,
             "run_id": rung_id,
             "inside": inside[rung_id],
             "alone": alone["per_rung"][rung_id],
@@ -272,15 +296,18 @@ def main() -> int:
               file=sys.stderr, flush=True)
 
     if levers:
-        runs = {}
+        runs = {"baseline": out["ladders"]["lever"]} if "lever" in out["ladders"] else {}
         options = {
             "baseline": {}, "warm_cache": {}, "unpinned": {"pin_cores": False},
             "one_shot": {"persistent_workers": False}, "one_worker": {"workers": 1},
         }
         for lever in ["baseline"] + [x for x in levers if x != "baseline"]:
+            if lever in runs:
+                continue
             ladder_dir = tmp / f"lever-{lever}"
-            plan(default_raw([LEVER_BUDGET]), ladder_dir)
-            cache = caches / ("lever-baseline" if lever == "warm_cache" else f"lever-{lever}")
+            plan(lever_raw(), ladder_dir)
+            baseline_cache = caches / ("lever" if "lever" in out["ladders"] else "lever-baseline")
+            cache = baseline_cache if lever == "warm_cache" else caches / f"lever-{lever}"
             runs[lever] = run_one(f"lever {lever}", ladder_dir, cache, peak, **options[lever])
         base = runs["baseline"]
         out["levers"] = {
@@ -292,6 +319,8 @@ def main() -> int:
                 "compile_s_total": r["compile_s_total"],
                 "startup_s_total": r["startup_s_total"],
                 "median_rung_train_gflops": statistics.median(x["model_gflops_in_train"] for x in r["per_rung"].values()),
+                "uptime_before": r["uptime_before"],
+                "per_rung": r["per_rung"],
             }
             for lever, r in runs.items()
         }

@@ -15,6 +15,7 @@ import yaml
 
 from delphi.errors import DelphiError
 from delphi.ladder.plan import plan_ladder, read_manifest, write_ladder
+from delphi.ladder.driver import Rung, placement_order
 from delphi.ladder.runner import WORKER_LOG_PREFIX, core_slots, default_workers, run_ladder
 from delphi.ladder.spec import ladder_spec_from_dict
 
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "studies" / "ladder_tiny.yaml"
 
 
-def _micro_ladder(tmp_path: Path, budgets: list[float]) -> Path:
+def _micro_ladder(tmp_path: Path, budgets: list[float], seeds: tuple[int, ...] = (0,)) -> Path:
     """Rungs of a few seconds of training each (plus compilation), on a small private store."""
     from delphi.data.store import prepare_store
 
@@ -37,7 +38,7 @@ def _micro_ladder(tmp_path: Path, budgets: list[float]) -> Path:
     raw["shape"]["widths"] = [8, 16]
     raw["batch"].update(min_steps=16, min_seqs=2, max_seqs=8)
     raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=1, logs_per_run=2,
-                      checkpoints_per_run=2)
+                      checkpoints_per_run=2, seeds=list(seeds))
     spec = ladder_spec_from_dict(raw)
     ladder = tmp_path / "ladder"
     write_ladder(spec, plan_ladder(spec), ladder)
@@ -61,6 +62,22 @@ def test_core_slots_split_the_cores_without_oversubscription():
     assert default_workers(1, 2) == 1  # a lone rung gets every core, not half of them
     assert default_workers(0, 4) == 1
     assert default_workers(64, 64, memory_bytes=8 * 1024**3) == 8  # no more workers than the memory holds
+
+
+def test_placement_order_is_largest_first_and_first_seeds_first():
+    rungs = [Rung(f"r{f:g}_s{s}", Path("c"), Path("d"), f, s) for f in (1.0, 3.0, 2.0) for s in (1, 0)]
+    assert [r.run_id for r in placement_order(rungs)] == ["r3_s0", "r2_s0", "r1_s0", "r3_s1", "r2_s1", "r1_s1"]
+
+
+def test_a_second_seed_reuses_the_first_seeds_compiled_program(tmp_path, worker_env):
+    ladder = _micro_ladder(tmp_path, [1e9], seeds=(0, 1))
+    # A fresh process per rung, so the second seed cannot reuse the first one's in-process executables.
+    summary = run_ladder(ladder, workers=1, progress=False, persistent_workers=False)
+    assert summary["completed"] == 2
+    # One cache entry per program for the two seeds: the same cache key, so the second process loaded
+    # the first one's compiled train chunk and eval step instead of compiling them.
+    assert len(list(worker_env.glob("jit_chunk*-cache"))) == 1
+    assert len(list(worker_env.glob("jit_eval_step*-cache"))) == 1
 
 
 def test_ray_executor_uses_only_public_runner_names():

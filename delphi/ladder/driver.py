@@ -78,6 +78,7 @@ class Rung:
     config: Path
     run_dir: Path
     flops: float
+    seed: int = 0
     attempts: int = 0
     not_before: float = 0.0  # perf_counter time before which it is not placed again (locked elsewhere)
     placed_at: float = 0.0  # epoch seconds of the last placement
@@ -119,8 +120,18 @@ def load_rungs(ladder_dir: Path, rows: list[dict[str, str]] | None = None) -> li
         config = ladder_dir / row["config"]
         if not config.is_file():
             raise DelphiError(f"{ladder_dir}/manifest.csv: rung {row['run_id']}: config {config} is missing")
-        rungs.append(Rung(row["run_id"], config, ladder_dir / RUNS_DIR / row["run_id"], float(row["flops"])))
+        seed = int(row.get("seed") or 0)
+        rungs.append(Rung(row["run_id"], config, ladder_dir / RUNS_DIR / row["run_id"], float(row["flops"]), seed))
     return rungs
+
+
+def placement_order(rungs: list[Rung]) -> list[Rung]:
+    """Largest first, so the long rungs start early and the short ones fill the gaps at the end;
+    the first seed of every rung before any second seed, so that a later seed (same program, other
+    init and data order) finds its program in the persistent compilation cache instead of
+    compiling it at the same time on the next worker."""
+    seeds = sorted({r.seed for r in rungs})
+    return sorted(rungs, key=lambda r: (seeds.index(r.seed), -r.flops))
 
 
 def format_s(seconds: float) -> str:
@@ -171,8 +182,7 @@ class LadderDriver:
         self.rungs = load_rungs(self.ladder_dir)
         statuses = {r.run_id: rung_status(r.run_dir) for r in self.rungs}
         self.done = {run_id: s for run_id, s in statuses.items() if is_finished(s)}
-        # Largest first: the long rungs start early and the short ones fill the gaps at the end.
-        self.waiting = sorted((r for r in self.rungs if r.run_id not in self.done), key=lambda r: -r.flops)
+        self.waiting = placement_order([r for r in self.rungs if r.run_id not in self.done])
         self._started = time.perf_counter()
         self._last_report = 0.0
         self._flops_at_start = 0.0
