@@ -95,7 +95,38 @@ def test_study_bad_input(tmp_path, capsys):
     assert cli_main(["study", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")]) == 2
     assert cli_main(["study", "--out", str(tmp_path / "o"), "--stop-after", "lunch"]) == 2
     assert "unknown stage" in capsys.readouterr().err
+    # a rehearsal at or past the hero, an unknown parameter convention, a gate threshold out of range
+    for bad in ({"hero": {"compute_multiple": 3, "rehearsal_multiple": 3}}, {"params_convention": "embedding"},
+                {"gates": {"min_seeds": 0}}, {"gates": {"lobo_tolerance": 2.0}}):
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml")} | bad))
+        assert cli_main(["study", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")]) == 2, bad
     assert not (tmp_path / "o").exists()
+
+
+def test_report_sections_come_from_the_files(tmp_path):
+    """The gate, convention and rung-health tables of report.md are rendered from what the stages wrote."""
+    import pandas as pd
+
+    from delphi.prereg.gates import Gate, gate_report
+    from delphi.study import Study, StudySpec, _conventions_section, _gates_section, health_table
+
+    study = Study(tmp_path, StudySpec(), tmp_path / "ladder.yaml")
+    assert _gates_section(study) == [] and _conventions_section(study) == []
+    (tmp_path / "fits").mkdir()
+    gates = [Gate("seeds", False, 1, ">= 2 seeds in every cell", "one seed"), Gate("fit_status", True, "ok", "status ok", "ok")]
+    study.gates.write_text(json.dumps(gate_report(gates, forced=True)))
+    text = "\n".join(_gates_section(study))
+    assert "FAILED (seeds); the study went on with force: true" in text and "| seeds | FAIL | 1 |" in text
+    study.conventions.write_text(json.dumps({"chosen": "fpt6", "why": "lowest backtest error", "primary_fit": "vpnls",
+                                             "conventions": {"fpt6": {"isoflop_a": 0.68, "law_a": 0.55, "backtest_mean_abs_rel_error": 0.004},
+                                                             "nonembedding": {"isoflop_a": 0.91, "error": "fit failed"}}}))
+    text = "\n".join(_conventions_section(study))
+    assert "Chosen: **fpt6**" in text and "| fpt6 | 0.680 - | 0.550 | 0.40% |" in text and "fit failed" in text
+    table = pd.DataFrame({"run_id": ["a", "b"], "budget": [1e12, 1e12], "steps": [500, 900], "drop_frac_mean": [0.01, 0.05],
+                          "health_ok": [True, False], "health_issues": ["", "max_drop_frac"]})
+    rendered = health_table(table)
+    assert "drop_frac_mean" in rendered.splitlines()[0] and "| b | 1e+12 | 900 | 0.05 | no | max_drop_frac |" in rendered
+    assert "no health columns" in health_table(table.drop(columns=["health_ok"]))
 
 
 def test_paper_build_regenerates_from_committed_data(tmp_path):
