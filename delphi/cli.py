@@ -20,6 +20,7 @@ import importlib
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from delphi import __version__
@@ -90,6 +91,13 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
+
+
+def output_path(text: str) -> Path:
+    """argparse type of an --out path: Path("") would silently mean the current directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path; expected a file or directory name")
+    return Path(text)
 
 
 def positive_int(text: str) -> int:

@@ -26,7 +26,7 @@ HELP = {
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, nonnegative_int, positive_float, positive_int
+    from delphi.cli import add_json_flag, nonnegative_int, output_path, positive_float, positive_int
 
     fit = subparsers.add_parser("fit", help="fit scaling laws to a results table")
     fit_sub = fit.add_subparsers(dest="fit_command", metavar="METHOD", parser_class=type(fit))
@@ -50,7 +50,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--bootstrap", type=nonnegative_int, default=0, metavar="N", help="bootstrap refits for intervals")
         sub.add_argument("--seed", type=int, default=0)
         sub.add_argument("--workers", type=positive_int, default=None, help="bootstrap processes (default: all cores)")
-        sub.add_argument("--out", type=Path, help="write the fit JSON here (atomically)")
+        sub.add_argument("--out", type=output_path, help="write the fit JSON here (atomically)")
         add_json_flag(sub)
         sub.set_defaults(func=run_fit if method != "backtest" else run_backtest, fit_method=method)
 
