@@ -48,6 +48,9 @@ RC = {
     "svg.fonttype": "none",
 }
 
+# savefig metadata per format: matplotlib writes the creation time into an SVG unless told not to.
+REPRODUCIBLE_METADATA = {".png": None, ".svg": {"Date": None}}
+
 # Axis labels with units, shared so every figure names quantities the same way.
 LABEL_PARAMS = "N: non-embedding active parameters"
 LABEL_TOKENS = "D: training tokens"
@@ -73,7 +76,10 @@ def save_figure(fig, out: str | Path) -> list[str]:
     written = []
     for ext in (".png", ".svg"):
         buf = io.BytesIO()
-        fig.savefig(buf, format=ext[1:])
+        # Byte-identical files for identical figures: no creation date in the SVG, and its element
+        # ids salted with the style's fixed salt (RC applies only inside style(), not at save time).
+        with plt.rc_context({"svg.hashsalt": RC["svg.hashsalt"]}):
+            fig.savefig(buf, format=ext[1:], metadata=REPRODUCIBLE_METADATA[ext])
         atomic_write_bytes(stem.with_suffix(ext), buf.getvalue())
         written.append(str(stem.with_suffix(ext)))
     plt.close(fig)
