@@ -102,7 +102,10 @@ class TrainConfig:
         return self.steps * self.tokens_per_step
 
     def validate(self) -> "TrainConfig":
+        from delphi.model.flops import check_plausible_size
+
         self.model.validate("model")
+        check_plausible_size(self.model, "model")  # a typo like d_model: 1000000000, named with the file
 
         def need(ok: bool, key: str, message: str) -> None:
             if not ok:
