@@ -216,6 +216,8 @@ OUT_COMMANDS = {
     "plot isoflop": (["plot", "isoflop", "{results}", "--out", "{out}"], False),
     "plot residuals": (["plot", "residuals", "{results}", "--fit", "{fit}", "--out", "{out}"], False),
     "study": (["study", "--out", "{out}"], True),
+    "mup coord-check": (["mup", "coord-check", "--out", "{out}"], True),
+    "mup lr-sweep": (["mup", "lr-sweep", "--out", "{out}"], True),
 }
 
 

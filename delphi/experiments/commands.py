@@ -11,7 +11,7 @@ from delphi.errors import DelphiError
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, positive_float, positive_int
+    from delphi.cli import add_json_flag, output_path, positive_float, positive_int
     from delphi.experiments.lrsweep import DEFAULT_LRS, DEFAULT_STEPS, DEFAULT_WIDTHS, LRSweepSpec
 
     mup = subparsers.add_parser("mup", help="muP verification")
@@ -19,7 +19,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     cc = mup_sub.add_parser(
         "coord-check", help="activation magnitudes vs width over the first Adam steps (muP must pass, SP must fail)"
     )
-    cc.add_argument("--out", type=Path, required=True, help="directory for coordcheck.json and coordcheck.png")
+    cc.add_argument("--out", type=output_path, required=True, help="directory for coordcheck.json and coordcheck.png")
     cc.add_argument("--param", choices=("mup", "sp", "both"), default="both", help="parameterisation(s) to check")
     cc.add_argument("--ffn", choices=("dense", "moe", "both"), default="both")
     cc.add_argument("--widths", default="32,64,128,256,512", help="comma-separated d_model values; the first is the base")
@@ -33,7 +33,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     cc.set_defaults(func=cmd_coord_check)
 
     sub = mup_sub.add_parser("lr-sweep", help="final loss vs base LR at several widths under muP; how far the optimum moves")
-    sub.add_argument("--out", type=Path, required=True, help="directory for runs/, sweep.csv, sweep.json, sweep.png")
+    sub.add_argument("--out", type=output_path, required=True, help="directory for runs/, sweep.csv, sweep.json, sweep.png")
     sub.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)), help="comma-separated d_model; the first is the muP base")
     sub.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS), help="comma-separated base Adam LRs")
     sub.add_argument("--steps", type=int, default=DEFAULT_STEPS)
@@ -66,8 +66,9 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
             raise DelphiError(f"--{name.replace('_', '-')}: must be a positive integer, got {getattr(args, name)}")
     if args.lr is not None and args.lr <= 0:
         raise DelphiError(f"--lr: must be positive, got {args.lr}")
-    if args.out.exists() and not args.out.is_dir():
-        raise DelphiError(f"--out: {args.out} exists and is not a directory")
+    from delphi.io import check_output_dir
+
+    check_output_dir(args.out)
 
     params = {"mup": [True], "sp": [False], "both": [True, False]}[args.param]
     ffns = {"dense": [False], "moe": [True], "both": [False, True]}[args.ffn]
@@ -98,7 +99,9 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
 
 def cmd_lr_sweep(args: argparse.Namespace) -> dict[str, Any]:
     from delphi.experiments.lrsweep import LRSweepSpec, run_sweep, save_report
+    from delphi.io import check_output_dir
 
+    check_output_dir(args.out)
     spec = LRSweepSpec(
         widths=_parse_list(args.widths, int, "--widths"),
         lrs=tuple(sorted(_parse_list(args.lrs, float, "--lrs"))),
