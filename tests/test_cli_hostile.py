@@ -370,3 +370,25 @@ def test_check_accepts_the_hero_on_another_mesh(world, tmp_path, capsys):
     (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     code, err = _run(["prereg", "check", prereg, "--run", run], capsys)
     assert code in (0, 1) and "not the preregistered hero" not in err, err
+
+
+@pytest.mark.parametrize("payload", [BINARY, b'{"n_train": 5'], ids=["binary", "broken-syntax"])
+@pytest.mark.parametrize("command", ["train", "ladder plan"])
+def test_garbage_token_store_meta_names_the_file(command, payload, tmp_path, capsys):
+    """The config is fine; the token store it names has a garbage meta.json (read before any work)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "meta.json").write_bytes(payload)
+    for split in ("train.bin", "val.bin"):
+        (store / split).write_bytes(bytes(range(256)) * 8)
+    if command == "train":
+        config = yaml.safe_load((DEFAULTS / "tiny.yaml").read_text())
+        config.setdefault("data", {})["store"] = str(store)
+    else:
+        config = yaml.safe_load((DEFAULTS / "ladder_default.yaml").read_text())
+        config["run"]["store"] = str(store)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    before = _tree(tmp_path)
+    code, err = _run([*command.split(), tmp_path / "config.yaml", "--out", tmp_path / "out"], capsys)
+    _assert_refused(code, err, store / "meta.json")
+    assert _tree(tmp_path) == before

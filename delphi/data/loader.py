@@ -39,7 +39,13 @@ class TokenStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = resolve_store(str(path))
-        self.meta: dict = json.loads((self.path / META_FILE).read_text())
+        from delphi.io import read_json
+
+        meta = read_json(self.path / META_FILE, what="token store meta.json")
+        missing = [k for k in ("n_train", "n_val") if not isinstance(meta, dict) or k not in meta]
+        if missing:
+            raise DelphiError(f"{self.path / META_FILE}: no {missing[0]!r}; not a token store (rebuild it with `delphi data prepare`)")
+        self.meta: dict = meta
         dtype = np.dtype(self.meta.get("tokenizer", {}).get("dtype", "uint8"))
         self.train = self._map("train.bin", dtype, self.meta["n_train"])
         self.val = self._map("val.bin", dtype, self.meta["n_val"])
