@@ -146,9 +146,9 @@ def backtest(
             }
         )
     runs = []
-    if fit.kind in ("parametric", "moe"):
+    if fit.law_in_nd:
         for _, row in test.iterrows():
-            terms = {fit.extra["term"]: row[fit.extra["term"]]} if fit.kind == "moe" else {}
+            terms = {term: row[term] for term in fit.law_terms}
             pred = fit.predict(params=row["params"], tokens=row["tokens"], **terms)
             runs.append(
                 {
@@ -170,7 +170,7 @@ def backtest(
         "train_budgets": sorted(float(b) for b in train["budget"].unique()),
         "n_train_points": len(train),
         "fit_params": fit.params,
-        "fit_status": fit.status,
+        "fit_status": str(fit.status),  # the plain string (a str enum on the fit)
         "at_bound": fit.diagnostics.get("at_bound", []),
         "allocation": fit.allocation,
         "flops_family_source": None if family is None else family.source,

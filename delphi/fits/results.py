@@ -10,40 +10,73 @@ was written to JSON and read back with `load_fit`.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 import os
 import warnings
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
 import delphi
 from delphi.errors import DelphiError
 from delphi.fits.allocation import FlopsFamily
-from delphi.fits.laws import chinchilla_optimum_draws, derived_quantities, point_prediction
+from delphi.fits.laws import DEFAULT_TERM, ND_KINDS, SURFACES, LawKind, Surface, derived_quantities, surface_class
 
 INTERVAL_LEVELS = (0.5, 0.9)  # central percentile intervals reported on predictions
 SCHEMA = "delphi.fit/1"
-# Fit status: the estimate is an interior optimum ("ok"), has a parameter on a bound of its
-# search region ("at_bound": e.g. E = 0, the law then cannot say where loss levels off), or the
-# optimiser did not report convergence ("not_converged").
-FIT_STATUSES = ("ok", "at_bound", "not_converged")
-ND_KINDS = ("parametric", "moe")  # laws in (N, D); the others predict from compute only
 MODEL_FAMILIES = ("dense", "moe")
 
 
-def fit_status(converged: bool, at_bound: list[str]) -> str:
+class FitStatus(StrEnum):
+    """Whether the estimate can be trusted as an optimum. A str enum: FitStatus.OK == "ok", and the
+    fit JSON's "status" stays the plain string. The report and the fit_status gate read it."""
+
+    OK = "ok"  # an interior optimum
+    AT_BOUND = "at_bound"  # a parameter on a bound of its search region (e.g. E = 0: no level-off)
+    NOT_CONVERGED = "not_converged"  # the optimiser did not report convergence
+
+
+FIT_STATUSES = tuple(s.value for s in FitStatus)
+
+
+def fit_status(converged: bool, at_bound: list[str]) -> FitStatus:
     if not converged:
-        return "not_converged"
-    return "at_bound" if at_bound else "ok"
+        return FitStatus.NOT_CONVERGED
+    return FitStatus.AT_BOUND if at_bound else FitStatus.OK
+
+
+@runtime_checkable
+class FitLike(Protocol):
+    """What every fitted law offers its readers (report, gates, CLI): FitResult and CurveLawFit."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, float]: ...  # point estimate
+
+    @property
+    def intervals(self) -> Mapping[str, tuple[float, float]]: ...  # 90%, per parameter that has one
+
+    @property
+    def diagnostics(self) -> Mapping[str, Any]: ...  # "at_bound": names of parameters on a bound
+
+    @property
+    def status(self) -> FitStatus: ...
+
+    def summary(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 @dataclass
 class FitResult:
-    kind: str  # parametric | moe | isoflop | envelope | frontier
+    kind: LawKind | str  # a LawKind; a kind this version does not know (a newer file) stays a str
     method: str  # approach3 | vpnls | approach2 | approach1 | frontier-free | ...
     params: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 90%
@@ -55,12 +88,15 @@ class FitResult:
     version: str = delphi.__version__
     samples: dict[str, list[float]] | None = None  # bootstrap draws, one list per parameter
     family: FlopsFamily | None = None  # exact FLOPs per token of the fitted models; None: C = 6 N D
-    status: str = "ok"  # one of FIT_STATUSES; names of parameters on a bound in diagnostics["at_bound"]
+    status: FitStatus = FitStatus.OK  # names of parameters on a bound in diagnostics["at_bound"]
     model_family: str | None = None  # "dense" | "moe" from the table's expert counts; None: not said
 
     def __post_init__(self) -> None:
         if self.status not in FIT_STATUSES:
             raise DelphiError(f"fit status {self.status!r}: expected one of {FIT_STATUSES}")
+        self.status = FitStatus(self.status)
+        if self.kind in SURFACES:
+            self.kind = LawKind(self.kind)
         if self.model_family is not None and self.model_family not in MODEL_FAMILIES:
             raise DelphiError(f"model family {self.model_family!r}: expected one of {MODEL_FAMILIES}")
 
@@ -69,9 +105,29 @@ class FitResult:
         return derived_quantities(self.kind, self.params)
 
     @property
+    def law_in_nd(self) -> bool:
+        """A law in (N, D) (predicts a run from its own N and D); else a law in compute alone."""
+        return self.kind in ND_KINDS
+
+    @property
+    def term(self) -> str:
+        """The MoE law's expert term (the keyword its X is passed as)."""
+        return self.extra.get("term", DEFAULT_TERM)
+
+    @property
+    def law_terms(self) -> tuple[str, ...]:
+        """Keywords the law reads besides N and D: (term,) for the MoE law, () for the others."""
+        return (self.term,) if self.kind == LawKind.MOE else ()
+
+    @property
+    def surface(self) -> Surface:
+        """The law at the point estimate (DelphiError for a kind this version does not know)."""
+        return surface_class(self.kind).from_params(self.params, self.term)
+
+    @property
     def allocation(self) -> str:
         """How compute is split into N and D: under the family's exact FLOPs, or 6 N D."""
-        return "exact" if self.family is not None and self.kind in ("parametric", "moe") else "6ND"
+        return "exact" if self.family is not None and self.law_in_nd else "6ND"
 
     def with_family(self, family: FlopsFamily | None) -> "FitResult":
         return dataclasses.replace(self, family=family)
@@ -84,14 +140,16 @@ class FitResult:
         laws in (N, D), compute=C is allocated under the fit's FLOPs family (exact) when it has
         one, else 6 N D; "allocation" says which.
         """
-        term = self.extra.get("term", "granularity")
         query = {"compute": compute, "params": params, "tokens": tokens, **terms}
         if compute is not None:
             c = np.asarray(compute, float)
             if not (np.all(np.isfinite(c)) and np.all(c > 0)):
                 raise DelphiError(f"predict: compute must be a positive finite number of FLOPs, got {compute!r}")
-        family = self.family if self.kind in ("parametric", "moe") else None
-        point = point_prediction(self.kind, self.params, term=term, family=family, **query)
+        if compute is None and (params is None or tokens is None):
+            raise DelphiError("predict: give compute=C, or params=N and tokens=D")
+        law = surface_class(self.kind)
+        family = self.family if law.in_nd else None
+        point = law.from_params(self.params, self.term).predict_point(family=family, **query)
         out: dict[str, Any] = {"compute": compute} if compute is not None else {}
         out.update({k: _plain(v) for k, v in point.items()})
         if compute is not None and point["params"] is not None:
@@ -101,10 +159,10 @@ class FitResult:
             out["allocation"] = self.allocation
         if self.samples:
             if family is not None and compute is not None:
-                draws = self._allocated_draws(compute, family, term, terms)
+                draws = self._allocated_draws(law, compute, family, terms)
             else:
                 draws = [
-                    point_prediction(self.kind, p, term=term, family=family, **query) for p in _sample_dicts(self.samples)
+                    law.from_params(p, self.term).predict_point(family=family, **query) for p in _sample_dicts(self.samples)
                 ]
             for key, value in point.items():
                 if value is None:
@@ -121,17 +179,12 @@ class FitResult:
                     out[f"tokens_per_param_interval_{int(level * 100)}"] = _percentile_interval(ratio, level)
         return out
 
-    def _allocated_draws(self, compute: Any, family: FlopsFamily, term: str, terms: dict[str, Any]) -> list[dict[str, Any]]:
+    def _allocated_draws(self, law: type[Surface], compute: Any, family: FlopsFamily, terms: dict[str, Any]) -> list[dict[str, Any]]:
         """Every bootstrap draw's exact-FLOP optimum in one vectorised allocation."""
         draws = {k: np.asarray(v, float) for k, v in self.samples.items()}
-        a_eff = None
-        if self.kind == "moe":
-            x = terms.get(term)
-            if x is None:
-                raise DelphiError(f"predict: this MoE law needs {term}=... (--{term})")
-            a_eff = draws["G"] * float(x) ** -draws["gamma"] + draws["A"]
-        opt = chinchilla_optimum_draws(draws, compute, family, A=a_eff)
-        return [{k: opt[k][i] for k in ("loss", "params", "tokens")} for i in range(len(draws["alpha"]))]
+        opt = law.optimum_draws(draws, compute, family, self.term, **terms)
+        n_draws = len(next(iter(draws.values())))
+        return [{k: opt[k][i] for k in ("loss", "params", "tokens")} for i in range(n_draws)]
 
     def predict_run(self, *, params: Any, tokens: Any, flops: Any, **terms: Any) -> dict[str, Any]:
         """The loss of a concrete run (N, D, its exact FLOPs C): a law in (N, D) is evaluated at the
@@ -140,8 +193,8 @@ class FitResult:
         This is what plot (residuals), prereg (the hero's final loss) and any other "what will this
         run reach" question call, so that none of them dispatches on the fit kind itself.
         """
-        if self.kind in ND_KINDS:
-            out = self.predict(params=params, tokens=tokens, **(terms if self.kind == "moe" else {}))
+        if self.law_in_nd:
+            out = self.predict(params=params, tokens=tokens, **{k: v for k, v in terms.items() if k in self.law_terms})
             out["how"] = f"{self.kind} fit at the run's N and D"
         else:
             out = self.predict(compute=flops)
@@ -150,12 +203,12 @@ class FitResult:
 
     def summary(self) -> str:
         lines = [f"{self.kind} fit ({self.method}), {self.n_points} points"]
-        if self.status == "at_bound":
+        if self.status == FitStatus.AT_BOUND:
             names = ", ".join(self.diagnostics.get("at_bound", [])) or "?"
             lines.append(f"  WARNING: parameter(s) on a bound of the search: {names}; the estimate is not an interior optimum")
-        elif self.status == "not_converged":
+        elif self.status == FitStatus.NOT_CONVERGED:
             lines.append("  WARNING: the optimiser did not report convergence; treat the estimate with care")
-        if self.kind in ("parametric", "moe"):
+        if self.law_in_nd:
             lines.append(
                 f"  allocation: {'exact FLOPs (' + self.family.source + ')' if self.family else '6ND (no FLOPs family)'}"
             )
@@ -217,7 +270,7 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
         version=data.get("version", "unknown"),
         samples=None if not boot else {k: list(v) for k, v in boot["samples"].items()},
         family=None if not data.get("flops_family") else FlopsFamily.from_json(data["flops_family"], f"{where}: flops_family"),
-        status=data.get("status") or "ok",
+        status=data.get("status") or FitStatus.OK,
         model_family=data.get("family") if data.get("family") in MODEL_FAMILIES else None,
     )
 
@@ -265,7 +318,9 @@ def _sample_dicts(samples: dict[str, list[float]]) -> list[dict[str, float]]:
 
 
 def _plain(obj: Any) -> Any:
-    """JSON-able copy: numpy scalars/arrays to Python, NaN/inf to None."""
+    """JSON-able copy: numpy scalars/arrays to Python, enums to their values, NaN/inf to None."""
+    if isinstance(obj, enum.Enum):
+        return _plain(obj.value)
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
