@@ -52,6 +52,7 @@ from scipy.optimize import least_squares, nnls
 from scipy.signal import lfilter
 
 from delphi.errors import DelphiError
+from delphi.fits.results import FitStatus, fit_status
 from delphi.train.schedules import lr_factor_schedule, warmup_steps
 
 # Tissue et al. 2024, section 3: the decay factor of the annealing momentum;
@@ -68,6 +69,12 @@ ALPHA_GRID = (0.1, 0.2, 0.3, 0.4, 0.6, 0.8)
 BETA_GRID = (0.1, 0.2, 0.3, 0.4, 0.6, 0.8)
 
 PARAM_NAMES = ("E", "A", "alpha", "B", "beta", "C")
+# Search region of the least-squares refinement: exponents, and the log of the amplitudes A, B
+# (E and C are bounded below by 0). A parameter on one of these bounds sets status "at_bound".
+EXPONENT_BOUNDS = (0.01, 3.0)
+LOG_AMPLITUDE_BOUNDS = (-50.0, 50.0)
+BOUND_TOLERANCE = 1e-6  # closer than this (in the searched coordinate) to a bound is on it
+INTERVAL_QUANTILES = (0.05, 0.95)  # the 90% parameter intervals
 
 
 # --------------------------------------------------------------------------- schedules
@@ -295,12 +302,13 @@ def _fit_once(d: _Stacked, single_size: bool, start: np.ndarray | None = None) -
         return (x[0], math.exp(x[1]), x[2], math.exp(x[3]), x[4], x[5])
 
     tiny = 1e-12
+    (log_lo, log_hi), (exp_lo, exp_hi) = LOG_AMPLITUDE_BOUNDS, EXPONENT_BOUNDS
     if single_size:
         x0 = [E, math.log(max(B, tiny)), beta, C]
-        lo, hi = [0.0, -50, 0.01, 0.0], [np.inf, 50, 3.0, np.inf]
+        lo, hi = [0.0, log_lo, exp_lo, 0.0], [np.inf, log_hi, exp_hi, np.inf]
     else:
         x0 = [E, math.log(max(A, tiny)), alpha, math.log(max(B, tiny)), beta, C]
-        lo, hi = [0.0, -50, 0.01, -50, 0.01, 0.0], [np.inf, 50, 3.0, 50, 3.0, np.inf]
+        lo, hi = [0.0, log_lo, exp_lo, log_lo, exp_lo, 0.0], [np.inf, log_hi, exp_hi, log_hi, exp_hi, np.inf]
     x0 = np.clip(x0, np.add(lo, 1e-9), np.subtract(hi, 1e-9))
     res = least_squares(lambda x: law(unpack(x), d.params, d.s1, d.s2) - d.loss, x0, bounds=(lo, hi), x_scale="jac")
     theta = np.asarray(unpack(res.x), dtype=np.float64)
@@ -330,6 +338,49 @@ class CurveLawFit:
     def theta(self) -> np.ndarray:
         return np.array([self.params[k] for k in PARAM_NAMES])
 
+    # The result protocol of every fit (delphi.fits.results.FitLike): params, intervals,
+    # diagnostics, status, summary(), to_json().
+
+    @property
+    def intervals(self) -> dict[str, tuple[float, float]]:
+        """90% bootstrap interval of each parameter; {} without bootstrap replicates."""
+        if not len(self.samples):
+            return {}
+        return {k: tuple(float(v) for v in np.quantile(self.samples[:, i], INTERVAL_QUANTILES)) for i, k in enumerate(PARAM_NAMES)}
+
+    @property
+    def at_bound(self) -> list[str]:
+        """Parameters on a bound of the refinement's search region. The N term (A, alpha) is only
+        searched with two or more model sizes; C = 0 is not listed, since a ladder without LR decay
+        has S2 = 0 and no C to fit."""
+        p, out = self.params, []
+        if p["E"] <= 0:
+            out.append("E")
+        amplitudes, exponents = ["B"], ["beta"]
+        if len(set(self.run_params)) >= 2:
+            amplitudes, exponents = ["A", "B"], ["alpha", "beta"]
+        for k in amplitudes:
+            if p[k] <= 0 or min(abs(math.log(p[k]) - b) for b in LOG_AMPLITUDE_BOUNDS) < BOUND_TOLERANCE:
+                out.append(k)
+        out += [k for k in exponents if min(abs(p[k] - b) for b in EXPONENT_BOUNDS) < BOUND_TOLERANCE]
+        return [k for k in PARAM_NAMES if k in out]
+
+    @property
+    def status(self) -> FitStatus:
+        """ok or at_bound. least_squares' convergence flag is not kept (the curve-law JSON has no
+        place for it), so a curve law is never "not_converged"."""
+        return fit_status(True, self.at_bound)
+
+    @property
+    def diagnostics(self) -> dict[str, Any]:
+        return {
+            "at_bound": self.at_bound,
+            "residual_sd_nats": self.residual_sd,
+            "n_runs": self.n_runs,
+            "bootstrap": self.bootstrap,
+            "n_bootstrap": len(self.samples),
+        }
+
     def predict(self, params: float, s1, s2) -> dict[str, np.ndarray]:
         """Median and band edges of an observed eval loss at (N, S1, S2) points."""
         s1, s2 = np.atleast_1d(np.asarray(s1, float)), np.atleast_1d(np.asarray(s2, float))
@@ -357,7 +408,7 @@ class CurveLawFit:
         ]
         for k in PARAM_NAMES:
             if len(self.samples):
-                lo, hi = np.quantile(self.samples[:, PARAM_NAMES.index(k)], [0.05, 0.95])
+                lo, hi = self.intervals[k]
                 lines.append(f"  {k:>5} = {p[k]:.6g}   90% [{lo:.4g}, {hi:.4g}]")
             else:
                 lines.append(f"  {k:>5} = {p[k]:.6g}")
@@ -370,10 +421,7 @@ class CurveLawFit:
             "method": "tissue2024_lr_annealing_with_size_term",
             "form": "E + A*N^-alpha + B*S1^-beta - C*S2",
             "params": self.params,
-            "intervals": {
-                k: [float(v) for v in np.quantile(self.samples[:, i], [0.05, 0.95])] if len(self.samples) else None
-                for i, k in enumerate(PARAM_NAMES)
-            },
+            "intervals": {k: list(self.intervals[k]) if len(self.samples) else None for k in PARAM_NAMES},
             "samples": self.samples.tolist(),
             "residual_sd": self.residual_sd,
             "momentum_decay": self.momentum_decay,
