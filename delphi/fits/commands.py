@@ -224,6 +224,8 @@ def _config_query(path: Path, kind: str, convention: str = "nonembedding") -> di
     terms = {}
     if cfg.model.moe is not None:
         terms = {"granularity": cfg.model.d_ff / cfg.model.moe.d_expert, "experts": cfg.model.moe.experts}
-    if kind in ("parametric", "moe"):
+    from delphi.fits.laws import ND_KINDS
+
+    if kind in ND_KINDS:
         return {"params": float(n), "tokens": float(d), "terms": terms}
     return {"compute": float(fpt * d), "terms": terms}

@@ -4,6 +4,12 @@ A fit stores only its parameters (a dict); everything a user asks of it (loss
 at N, D; N*, D*, L* at compute C) is one of these functions, so a bootstrap
 interval on a prediction is the same function applied to every bootstrap draw.
 
+Each kind has a frozen surface built from that dict (`SURFACES[kind].from_params(p)`):
+`loss(N, D, **terms)` for the laws in (N, D), `optimum(C, family, **terms)` for every
+law (N*, D*, L*; exact-FLOP aware through `allocation.optimal_allocation`) and
+`derived()`. The registry is the one place that looks at a kind: a new law is one
+surface class and one entry in SURFACES.
+
 Kinds and their parameters:
     parametric  L(N, D) = E + A N^-alpha + B D^-beta                 (Hoffmann et al. 2022)
     moe         L(N, D, X) = E + (G X^-gamma + A) N^-alpha + B D^-beta (Krajewski et al. 2024)
@@ -129,6 +135,7 @@ class Surface:
 
     kind: ClassVar[LawKind]
     in_nd: ClassVar[bool] = False  # a law in (N, D); the others predict from compute only
+    has_expert_term: ClassVar[bool] = False  # reads an expert term X (keyword: the fit's "term")
     param_names: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
@@ -223,6 +230,7 @@ class MoeSurface(Surface):
 
     kind: ClassVar[LawKind] = LawKind.MOE
     in_nd: ClassVar[bool] = True
+    has_expert_term: ClassVar[bool] = True
     param_names: ClassVar[tuple[str, ...]] = ("E", "G", "gamma", "A", "B", "alpha", "beta")
 
     E: Any

@@ -117,7 +117,8 @@ class FitResult:
     @property
     def law_terms(self) -> tuple[str, ...]:
         """Keywords the law reads besides N and D: (term,) for the MoE law, () for the others."""
-        return (self.term,) if self.kind == LawKind.MOE else ()
+        law = SURFACES.get(self.kind)
+        return (self.term,) if law is not None and law.has_expert_term else ()
 
     @property
     def surface(self) -> Surface:
