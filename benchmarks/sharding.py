@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> dict:
     with jax.set_mesh(mesh):
         train_chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, sharding.batch_sharding(mesh, 1), replicated))
         train_hlo = train_chunk.lower(state, sharding.place(tokens, sharding.batch_sharding(mesh, 1))).compile().as_text()
-        eval_step = make_eval_step(graphdef, (state_sh, sharding.batch_sharding(mesh, 0), replicated))
-        eval_hlo = eval_step.lower(state, sharding.place(tokens[0], sharding.batch_sharding(mesh, 0))).compile().as_text()
+        eval_sh = sharding.batch_sharding(mesh, 1)
+        eval_step = make_eval_step(graphdef, (state_sh, eval_sh, replicated))
+        weights = np.ones(tokens.shape[:2], np.float32)
+        eval_hlo = eval_step.lower(state, sharding.place(tokens, eval_sh), sharding.place(weights, eval_sh)).compile().as_text()
 
     local_tokens = cfg.tokens_per_step // devices
     capacity_train = expert_capacity(local_tokens, args.top_k, args.experts, args.capacity_factor, train=True)

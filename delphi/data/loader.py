@@ -107,16 +107,22 @@ class TokenStore:
         batches = max(1, math.ceil(n_tokens / (batch_size * seq_len)))
         return batches * batch_size
 
-    def eval_batches(
-        self, n_tokens: int, batch_size: int, seq_len: int
-    ) -> Iterator[Int[np.ndarray, "batch seq_plus_1"]]:
+    def eval_set(self, n_tokens: int, batch_size: int, seq_len: int) -> Int[np.ndarray, "windows seq_plus_1"]:
+        """Every validation window of `eval_batches`, in order, as one array. `batch_size` (the
+        training batch) only sets how many windows (`eval_windows`); the trainer may evaluate them
+        in batches of any size."""
         window = seq_len + 1
         k = self._checked_eval_windows(n_tokens, batch_size, seq_len, prefix="")
         available = self.n_val_windows(seq_len)
         picks = (np.arange(k, dtype=np.int64) * available) // k  # evenly spread, fixed
-        for b in range(0, k, batch_size):
-            starts = picks[b : b + batch_size] * window
-            yield np.asarray(self.val[starts[:, None] + np.arange(window)], dtype=np.int32)
+        return np.asarray(self.val[(picks * window)[:, None] + np.arange(window)], dtype=np.int32)
+
+    def eval_batches(
+        self, n_tokens: int, batch_size: int, seq_len: int
+    ) -> Iterator[Int[np.ndarray, "batch seq_plus_1"]]:
+        windows = self.eval_set(n_tokens, batch_size, seq_len)
+        for b in range(0, len(windows), batch_size):
+            yield windows[b : b + batch_size]
 
     def check_run(self, batch_size: int, seq_len: int, eval_tokens: int, where: str = "") -> None:
         """Raise DelphiError, before any compilation, when a run cannot be fed by this store."""

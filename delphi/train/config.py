@@ -15,6 +15,13 @@ from delphi.errors import DelphiError
 from delphi.model.config import ModelConfig
 
 
+# Tokens per evaluation batch by default (32 sequences at seq 128). Measured on the default ladder's
+# d24 and d72 rungs (2-core EPYC): one fused eval of 65,536 tokens takes the same time at 256 to
+# 32,768 tokens per batch within the noise (d72: 3.5-4.5 s), so the eval is bound by its forward
+# FLOPs (dropless MoE: every expert sees every token), not by dispatch; 4,096 keeps activations small.
+EVAL_BATCH_TOKENS = 4_096
+
+
 @dataclass(frozen=True)
 class DataConfig:
     # A prepared token store directory, or a built-in source name ("stdlib",
@@ -87,6 +94,10 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 200
     eval_tokens: int = 65_536  # held-out tokens per evaluation
+    # Sequences per evaluation batch, independent of data.batch_size (which still sets how many
+    # windows are evaluated, see TokenStore.eval_windows); None: ~EVAL_BATCH_TOKENS per batch.
+    # Changes no number beyond float rounding, so like `mesh` it is left out of config_sha256.
+    eval_batch_size: int | None = None
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -100,6 +111,16 @@ class TrainConfig:
     @property
     def tokens(self) -> int:
         return self.steps * self.tokens_per_step
+
+    def eval_batch_sequences(self, n_windows: int) -> int:
+        """Sequences per evaluation batch for `n_windows` validation windows: eval_batch_size, or
+        ~EVAL_BATCH_TOKENS, a multiple of the devices the batch is split over and no larger than
+        the windows need."""
+        shards = self.mesh.data * self.mesh.expert
+        if self.eval_batch_size is not None:
+            return self.eval_batch_size
+        wanted = max(1, EVAL_BATCH_TOKENS // self.data.seq_len)
+        return min(-(-wanted // shards), -(-n_windows // shards)) * shards
 
     def validate(self) -> "TrainConfig":
         from delphi.model.flops import check_plausible_size
@@ -118,6 +139,7 @@ class TrainConfig:
             ("log_every", self.log_every),
             ("eval_every", self.eval_every),
             ("eval_tokens", self.eval_tokens),
+            ("eval_batch_size", 1 if self.eval_batch_size is None else self.eval_batch_size),
             ("checkpoint_every", self.checkpoint_every),
             ("keep_checkpoints", self.keep_checkpoints),
         ):
@@ -148,6 +170,12 @@ class TrainConfig:
             "data.batch_size",
             f"{self.data.batch_size} sequences do not split over mesh.data x mesh.expert = {m.data * m.expert} devices",
         )
+        if self.eval_batch_size is not None:
+            need(
+                self.eval_batch_size % (m.data * m.expert) == 0,
+                "eval_batch_size",
+                f"{self.eval_batch_size} sequences do not split over mesh.data x mesh.expert = {m.data * m.expert} devices",
+            )
         if m.num_processes is not None:
             need(m.num_processes >= 1, "mesh.num_processes", f"must be positive, got {m.num_processes}")
         if m.process_id is not None:

@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jaxtyping import Array, Float, Int
@@ -122,19 +123,43 @@ def make_train_chunk(
 
 def make_eval_step(
     graphdef: nnx.GraphDef, shardings: Any = None
-) -> Callable[[TrainState, Int[Array, "batch seq_plus_1"]], Float[Array, ""]]:
-    """Summed next-token NLL (nats) of one validation batch, dropless routing (train=False)."""
+) -> Callable[[TrainState, Int[Array, "batches batch seq_plus_1"], Float[Array, "batches batch"]], Float[Array, " batches"]]:
+    """Summed next-token NLL (nats) of each batch of a whole validation set, in one call, dropless
+    routing (train=False): `lax.map` over (batches, batch, seq+1) windows, each window weighted 1
+    or 0 (0: padding that fills the last batch). The host adds the batch sums in float64. One call per evaluation: at small shapes the per-call
+    dispatch and the host loop cost as much as the forward pass itself.
 
-    def eval_step(state: TrainState, tokens: Int[Array, "batch seq_plus_1"]) -> Float[Array, ""]:
+    `shardings` = (state shardings, batch sharding, replicated), batch sharding on axis 1."""
+
+    def batch_nll(state: TrainState, tokens: Int[Array, "batch seq_plus_1"], weights: Float[Array, " batch"]) -> Float[Array, ""]:
         model = nnx.merge(graphdef, state.params, state.router_bias, state.other)
         logits, _ = model(tokens[:, :-1], train=False)
-        targets = tokens[:, 1:]
-        return cross_entropy(logits, targets) * targets.size
+        # the per-token terms of delphi.model.transformer.cross_entropy (f32), summed per window
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens[:, 1:])
+        return jnp.sum(nll.sum(axis=1) * weights)
+
+    def eval_set(
+        state: TrainState, tokens: Int[Array, "batches batch seq_plus_1"], weights: Float[Array, "batches batch"]
+    ) -> Float[Array, " batches"]:
+        return jax.lax.map(lambda batch: batch_nll(state, *batch), (tokens, weights))
 
     if shardings is None:
-        return jax.jit(eval_step)
+        return jax.jit(eval_set)
     state_sh, batch_sh, replicated = shardings
-    return jax.jit(eval_step, in_shardings=(state_sh, batch_sh), out_shardings=replicated)
+    return jax.jit(eval_set, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=replicated)
+
+
+def eval_blocks(
+    windows: Int[np.ndarray, "windows seq_plus_1"], batch: int
+) -> tuple[Int[np.ndarray, "batches batch seq_plus_1"], Float[np.ndarray, "batches batch"]]:
+    """The windows as whole batches of `batch`, the last one padded with zero-weight copies of
+    window 0, and the weights (1 for a real window, 0 for padding)."""
+    n = len(windows)
+    batches = -(-n // batch)
+    pad = batches * batch - n
+    tokens = np.concatenate([windows, np.repeat(windows[:1], pad, axis=0)]) if pad else windows
+    weights = (np.arange(batches * batch) < n).astype(np.float32)
+    return tokens.reshape(batches, batch, windows.shape[1]), weights.reshape(batches, batch)
 
 
 def bits_per_byte(loss_nats: float | None, bytes_per_token: float = 1.0) -> float | None:

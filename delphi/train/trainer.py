@@ -58,10 +58,11 @@ from delphi.train.rundir import (
     write_status,
 )
 from delphi.train.schedules import lr_schedule
-from delphi.train.step import TrainState, bits_per_byte, make_eval_step, make_train_chunk, split_model
+from delphi.train.step import TrainState, bits_per_byte, eval_blocks, make_eval_step, make_train_chunk, split_model
 
 MAX_STEPS_PER_CALL = 16  # scan length cap: d_model 32, 1 -> 4 -> 8 -> 16 steps per call: 360, 255, 235, 230 ms/step
 STEPS_PER_CALL_ENV = "DELPHI_STEPS_PER_CALL"
+MATHS_FREE_KEYS = ("mesh", "eval_batch_size")  # config keys left out of config_sha256
 
 
 def config_yaml(cfg: TrainConfig) -> str:
@@ -71,12 +72,13 @@ def config_yaml(cfg: TrainConfig) -> str:
 
 
 def identity_yaml(text: str) -> str:
-    """The config without its `mesh` section: what defines the run's maths. A run keeps its
-    config_sha256 on any mesh and may be resumed on a different one."""
+    """The config without the keys that only say how the maths is laid out (MATHS_FREE_KEYS): a
+    run keeps its config_sha256 on any mesh or eval batch and may be resumed on a different one."""
     import yaml
 
     data = yaml.safe_load(text) or {}
-    data.pop("mesh", None)
+    for key in MATHS_FREE_KEYS:
+        data.pop(key, None)
     return yaml.safe_dump(data, sort_keys=False)
 
 
@@ -133,29 +135,47 @@ _COMPILED: dict[tuple, tuple[Callable, Callable]] = {}
 COMPILED_CACHE_SIZE = 4  # a resumed or repeated run in the same process reuses its executables
 
 
-def _compiled_steps(cfg: TrainConfig, k: int, graphdef, tx, state: TrainState, tokens, eval_tokens, mesh, shardings):
+def _compiled_steps(cfg: TrainConfig, k: int, graphdef, tx, state: TrainState, tokens, eval_set, mesh, shardings):
     """AOT-compiled (train chunk, eval step), cached per process by everything they depend on.
 
     Traced under `jax.set_mesh(mesh)`; the model's MoE block was given the mesh when it was built
     (`init_model(cfg, mesh)`, delphi.model.moe_parallel)."""
     devices = tuple(d.id for d in mesh.devices.flat)
-    key = (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, k, cfg.mesh, devices)
+    eval_shape = eval_set[0].shape
+    key = (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, k, eval_shape, cfg.mesh, devices)
     if key not in _COMPILED:
         state_sh, train_batch_sh, eval_batch_sh, replicated = shardings
         with jax.set_mesh(mesh):
             train_chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, train_batch_sh, replicated))
             train_chunk = train_chunk.lower(state, tokens).compile()
-            eval_step = make_eval_step(graphdef, (state_sh, eval_batch_sh, replicated)).lower(state, eval_tokens).compile()
+            eval_step = make_eval_step(graphdef, (state_sh, eval_batch_sh, replicated)).lower(state, *eval_set).compile()
         while len(_COMPILED) >= COMPILED_CACHE_SIZE:
             _COMPILED.pop(next(iter(_COMPILED)))
         _COMPILED[key] = (train_chunk, eval_step)
     return _COMPILED[key]
 
 
-def evaluate(eval_step: Callable, state: TrainState, batches: list[np.ndarray]) -> float:
-    total = sum(eval_step(state, batch) for batch in batches)
-    n_targets = sum(b.shape[0] * (b.shape[1] - 1) for b in batches)
-    return float(total) / n_targets
+@dataclass(frozen=True)
+class EvalSet:
+    """The validation windows on the device as whole eval batches (`delphi.train.step.eval_blocks`)."""
+
+    tokens: jax.Array  # (batches, eval batch, seq+1)
+    weights: jax.Array  # (batches, eval batch): 1 a window, 0 padding
+    n_targets: int  # next-token targets of the real windows
+
+
+def eval_set(cfg: TrainConfig, store: Any, batch_sharding: Any) -> EvalSet:
+    """The windows of `TokenStore.eval_set` (how many: set by the training batch, so the val loss
+    does not depend on the eval batch) in batches of `cfg.eval_batch_sequences`."""
+    windows = store.eval_set(cfg.eval_tokens, cfg.data.batch_size, cfg.data.seq_len)
+    tokens, weights = eval_blocks(windows, cfg.eval_batch_sequences(len(windows)))
+    n_targets = windows.shape[0] * (windows.shape[1] - 1)
+    return EvalSet(sharding.place(tokens, batch_sharding), sharding.place(weights, batch_sharding), n_targets)
+
+
+def evaluate(eval_step: Callable, state: TrainState, data: EvalSet) -> float:
+    """Mean next-token loss (nats) over the validation windows: one device call."""
+    return float(np.sum(np.asarray(eval_step(state, data.tokens, data.weights), np.float64))) / data.n_targets
 
 
 def _train_batches(cfg: TrainConfig, store: Any, first: int, k: int, batch_sharding: Any) -> jax.Array:
@@ -187,7 +207,7 @@ class RunContext:
     k: int  # optimizer steps per jitted call
     train_chunk: Callable
     eval_step: Callable
-    eval_batches: list
+    eval_data: EvalSet
     train_batch_sharding: Any
     lr_at: Callable[[int], float]
     exact_flops_per_token: float
@@ -230,6 +250,8 @@ class LoopState:
     last_sync_step: int = 0
     last_sync_time: float = 0.0
     train_time: float = 0.0  # wall time inside training calls since start (excludes eval, checkpoints)
+    eval_time: float = 0.0  # wall time of evaluations since start
+    checkpoint_time: float = 0.0  # wall time of checkpoint saves since start
     pending: list[dict] = field(default_factory=list)  # device outputs of calls since the last sync point
     stop_signal: str | None = None
     first_step: int = 0  # the step this session started from
@@ -335,7 +357,8 @@ def _train_locked(
         state, start_step, wall_before = restored.state, restored.step, float(restored.extra.get("wall_s", 0.0))
     else:
         state, start_step, wall_before = sharding.place_state(state, state_sh), 0, 0.0
-    shardings = (state_sh, sharding.batch_sharding(mesh, 1), sharding.batch_sharding(mesh, 0), sharding.replicated(mesh))
+    batch_sh = sharding.batch_sharding(mesh, 1)  # (steps or eval batches, batch, seq+1)
+    shardings = (state_sh, batch_sh, batch_sh, sharding.replicated(mesh))
 
     summary = _summary_header(cfg, store, config_sha, start_step, wall_before)
     metrics = MetricsLog(run_dir, keep_through_step=start_step if restored is not None else None, enabled=primary)
@@ -349,19 +372,16 @@ def _train_locked(
         compile_start = time.perf_counter()
         k = summary["steps_per_call"]
         _, train_batch_sh, eval_batch_sh, _ = shardings
-        eval_batches = [
-            sharding.place(b, eval_batch_sh)
-            for b in store.eval_batches(cfg.eval_tokens, cfg.data.batch_size, cfg.data.seq_len)
-        ]
+        eval_data = eval_set(cfg, store, eval_batch_sh)
         first_tokens = _train_batches(cfg, store, start_step, k, train_batch_sh)
         train_chunk, eval_step = _compiled_steps(
-            cfg, k, graphdef, tx, state, first_tokens, eval_batches[0], mesh, shardings
+            cfg, k, graphdef, tx, state, first_tokens, (eval_data.tokens, eval_data.weights), mesh, shardings
         )
         summary["compile_s"] = round(time.perf_counter() - compile_start, 3)
         summary["peak_flops"] = peak = peak_flops(cfg.precision)
         ctx = RunContext(
             cfg=cfg, run_dir=run_dir, store=store, k=k, train_chunk=train_chunk, eval_step=eval_step,
-            eval_batches=eval_batches, train_batch_sharding=train_batch_sh, lr_at=lr_schedule(cfg.optim, cfg.steps),
+            eval_data=eval_data, train_batch_sharding=train_batch_sh, lr_at=lr_schedule(cfg.optim, cfg.steps),
             exact_flops_per_token=summary["flops_per_token"], palm_per_token=summary["flops_per_token_palm"],
             peak=peak, max_steps=max_steps, metrics=metrics, wandb=wandb, bar=bar, primary=primary,
         )
@@ -484,15 +504,18 @@ def _sync(ctx: RunContext, loop: LoopState) -> tuple[dict, int | None]:
 
 def _evaluate_into(ctx: RunContext, loop: LoopState, record: dict) -> None:
     eval_start = time.perf_counter()
-    val_loss = evaluate(ctx.eval_step, loop.state, ctx.eval_batches)
+    val_loss = evaluate(ctx.eval_step, loop.state, ctx.eval_data)
     record["val_loss"] = val_loss
     record["val_bpb"] = bits_per_byte(val_loss)
     record["eval_s"] = time.perf_counter() - eval_start
+    loop.eval_time += record["eval_s"]
     loop.summary.update(val_loss=val_loss, val_bpb=record["val_bpb"])
 
 
 def _checkpoint(ctx: RunContext, loop: LoopState) -> None:
+    start = time.perf_counter()
     ckpt.save_checkpoint(ctx.run_dir, loop.step, loop.state, extra={"wall_s": loop.wall()}, keep=ctx.cfg.keep_checkpoints)
+    loop.checkpoint_time += time.perf_counter() - start
 
 
 def _diverged(ctx: RunContext, loop: LoopState, record: dict, first_bad: int) -> dict:
@@ -518,6 +541,10 @@ def _completed(ctx: RunContext, loop: LoopState) -> dict:
         status="completed",
         wall_time_s=loop.wall(),
         tokens_per_s=(loop.step - loop.first_step) * ctx.cfg.tokens_per_step / max(loop.train_time, 1e-9),
+        # this session's split of its wall time (a resumed run: since the resume)
+        train_s=round(loop.train_time, 3),
+        eval_s=round(loop.eval_time, 3),
+        checkpoint_s=round(loop.checkpoint_time, 3),
     )
     summary["mfu"] = summary["tokens_per_s"] * ctx.palm_per_token / ctx.peak
     ctx.write_summary(summary)
