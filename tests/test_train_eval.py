@@ -71,7 +71,7 @@ def test_fused_eval_equals_per_batch_eval(store):
     placement = sharding.batch_sharding(sharding.make_mesh(cfg.mesh), 1)
     # 5: a padded last batch; None: one batch of all 36 (the default at seq 32)
     for batch in (5, None):
-        got = evaluate(eval_step, state, eval_set(dataclasses.replace(cfg, eval_batch_size=batch), data, placement))
+        got = evaluate(eval_step, state, eval_set(dataclasses.replace(cfg, eval_batch_size=batch), data, placement))[0]
         assert got == pytest.approx(reference, rel=REL_TOL), batch
 
 

@@ -141,8 +141,9 @@ def bytes_per_process(manifest: dict) -> dict[int, int]:
     return out
 
 
-def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None = None, keep: int = 2) -> Path:
-    """Write the checkpoint of `step` (every process takes part) and delete all but the newest `keep`."""
+def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None = None, keep: int | None = 2) -> Path:
+    """Write the checkpoint of `step` (every process takes part) and delete all but the newest `keep`
+    (None: delete none; a seed group prunes with `prune_checkpoints` once every member has saved)."""
     final = checkpoint_dir(run_dir, step)
     if is_primary():
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -164,10 +165,17 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
             "files": _file_table(final / STATE_DIR),
         }
         atomic_write_json(final / MANIFEST_FILE, manifest)
-        for _, old in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if keep is not None:
+            prune_checkpoints(run_dir, keep)
     barrier(f"delphi_checkpoint_done_{step}")
     return final
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` step directories (process 0)."""
+    if is_primary():
+        for _, old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _save_args(arrays: dict):
@@ -233,12 +241,14 @@ def _load(path: Path, template: Any, shardings: Any) -> tuple[Any, dict]:
     return jax.tree.unflatten(treedef, leaves), manifest
 
 
-def restore_latest(run_dir: Path, template: Any, shardings: Any) -> Restoration:
-    """The newest checkpoint that verifies, placed with `shardings` (a tree like `template`),
-    and the corrupt ones skipped on the way. Every process reads the same files and so takes the
-    same decision."""
+def restore_latest(run_dir: Path, template: Any, shardings: Any, *, at_most: int | None = None) -> Restoration:
+    """The newest checkpoint (of a step <= `at_most`, if given) that verifies, placed with
+    `shardings` (a tree like `template`), and the corrupt ones skipped on the way. Every process
+    reads the same files and so takes the same decision."""
     corrupt: list[tuple[Path, str]] = []
-    for _, path in reversed(list_checkpoints(run_dir)):
+    for step, path in reversed(list_checkpoints(run_dir)):
+        if at_most is not None and step > at_most:
+            continue
         try:
             state, manifest = _load(path, template, shardings)
         except CorruptCheckpoint as e:

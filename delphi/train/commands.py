@@ -1,4 +1,4 @@
-"""`delphi train [CONFIG.yaml] --out RUN_DIR [--resume] [--prereg FILE] [--json]`."""
+"""`delphi train [CONFIG.yaml] --out RUN_DIR [--seeds 0,1,2] [--resume] [--prereg FILE] [--json]`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ def add_commands(subparsers) -> None:
     sub.add_argument("config", nargs="?", help=f"training config YAML (default: built-in {DEFAULT_CONFIG})")
     sub.add_argument("--out", required=True, help="run directory")
     sub.add_argument("--resume", action="store_true", help="continue from the last good checkpoint")
+    sub.add_argument(
+        "--seeds",
+        help="comma-separated seeds trained together in one program (seed and data.seed set to each): "
+        "RUN_DIR/seed<S> per seed",
+    )
     sub.add_argument("--prereg", help="preregistration file: show the predicted loss beside the actual one")
     sub.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_json_flag(sub)
@@ -43,20 +48,57 @@ def run_train(args: argparse.Namespace):
     check_output_dir(args.out, inputs=(config_path, args.prereg))
     cfg = load_train_config(config_path)
     predicted_loss = predicted_loss_curve(Path(args.prereg)) if args.prereg else None
-    summary = train(
-        cfg, Path(args.out), resume=args.resume, predicted_loss=predicted_loss,
-        progress=not args.no_progress and sys.stderr.isatty(),
-    )
+    progress = not args.no_progress and sys.stderr.isatty()
+    if args.seeds is not None:
+        return _run_seed_group(args, cfg, predicted_loss, progress)
+    summary = train(cfg, Path(args.out), resume=args.resume, predicted_loss=predicted_loss, progress=progress)
+    _report(summary, args.out)
+    return summary, _exit_code(summary)
+
+
+def parse_seeds(text: str) -> list[int]:
+    from delphi.errors import DelphiError
+
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise DelphiError(f"--seeds: expected comma-separated integers like 0,1,2, got {text!r}") from None
+    if any(s < 0 for s in seeds):
+        raise DelphiError(f"--seeds: seeds must be >= 0, got {text!r}")
+    if len(set(seeds)) != len(seeds):
+        raise DelphiError(f"--seeds: seeds must be unique, got {text!r}")
+    return seeds
+
+
+def _run_seed_group(args: argparse.Namespace, cfg, predicted_loss, progress: bool):
+    import dataclasses
+
+    from delphi.train.trainer import train_group
+
+    seeds = parse_seeds(args.seeds)
+    cfgs = [
+        dataclasses.replace(
+            cfg, seed=s, data=dataclasses.replace(cfg.data, seed=s), name=f"{cfg.name}_seed{s}" if cfg.name else None
+        )
+        for s in seeds
+    ]
+    run_dirs = [Path(args.out) / f"seed{s}" for s in seeds]
+    summaries = train_group(cfgs, run_dirs, resume=args.resume, predicted_loss=predicted_loss, progress=progress)
+    for summary, run_dir in zip(summaries, run_dirs):
+        _report(summary, run_dir)
+    return {f"seed{s}": summary for s, summary in zip(seeds, summaries)}, max(_exit_code(x) for x in summaries)
+
+
+def _exit_code(summary: dict) -> int:
+    return {"completed": 0, "diverged": 1}.get(summary["status"], 130)  # else stopped by a signal: resumable
+
+
+def _report(summary: dict, out) -> None:
     status = summary["status"]
     val = summary.get("val_loss")
     print(
         f"{status}: {summary['steps']} steps, {summary['tokens']:,} tokens, "
         f"val loss {val if val is None else f'{val:.4f}'} nats/token, "
-        f"{summary.get('val_bpb') or float('nan'):.4f} bits/byte, {summary['wall_time_s']:.1f} s -> {args.out}",
+        f"{summary.get('val_bpb') or float('nan'):.4f} bits/byte, {summary['wall_time_s']:.1f} s -> {out}",
         file=sys.stderr,
     )
-    if status == "completed":
-        return summary
-    if status == "diverged":
-        return summary, 1
-    return summary, 130  # stopped by a signal: resumable

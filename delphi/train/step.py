@@ -101,12 +101,15 @@ def make_train_step(
 
 
 def make_train_chunk(
-    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, model_cfg: ModelConfig, shardings: Any = None
+    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, model_cfg: ModelConfig, shardings: Any = None,
+    *, seed_axis: bool = False,
 ) -> Callable[[TrainState, Int[Array, "steps batch seq_plus_1"]], tuple[TrainState, dict]]:
     """jit(scan(train_step)) over a (steps, batch, seq+1) block of batches, state donated.
 
     `shardings` = (state shardings, batch sharding, replicated) from delphi.train.sharding: the
-    state keeps its placement across steps and XLA reduces the gradients over the data axis."""
+    state keeps its placement across steps and XLA reduces the gradients over the data axis.
+    `seed_axis`: a seed group (delphi.train.trainer.train_group), vmapped over a leading axis of
+    the state, the tokens (seeds, steps, batch, seq+1) and the outputs."""
     train_step = make_train_step(graphdef, tx, model_cfg)
 
     def chunk(state: TrainState, tokens: Int[Array, "steps batch seq_plus_1"]) -> tuple[TrainState, dict]:
@@ -115,6 +118,8 @@ def make_train_chunk(
             return state, jax.tree.map(lambda x: x[None], out)
         return jax.lax.scan(train_step, state, tokens)
 
+    if seed_axis:
+        chunk = jax.vmap(chunk)
     if shardings is None:
         return jax.jit(chunk, donate_argnums=(0,))
     state_sh, batch_sh, replicated = shardings
@@ -122,14 +127,15 @@ def make_train_chunk(
 
 
 def make_eval_step(
-    graphdef: nnx.GraphDef, shardings: Any = None
+    graphdef: nnx.GraphDef, shardings: Any = None, *, seed_axis: bool = False
 ) -> Callable[[TrainState, Int[Array, "batches batch seq_plus_1"], Float[Array, "batches batch"]], Float[Array, " batches"]]:
     """Summed next-token NLL (nats) of each batch of a whole validation set, in one call, dropless
     routing (train=False): `lax.map` over (batches, batch, seq+1) windows, each window weighted 1
     or 0 (0: padding that fills the last batch). The host adds the batch sums in float64. One call per evaluation: at small shapes the per-call
     dispatch and the host loop cost as much as the forward pass itself.
 
-    `shardings` = (state shardings, batch sharding, replicated), batch sharding on axis 1."""
+    `shardings` = (state shardings, batch sharding, replicated), batch sharding on axis 1.
+    `seed_axis`: a seed group, vmapped over the state's leading axis: (seeds, batches) sums."""
 
     def batch_nll(state: TrainState, tokens: Int[Array, "batch seq_plus_1"], weights: Float[Array, " batch"]) -> Float[Array, ""]:
         model = nnx.merge(graphdef, state.params, state.router_bias, state.other)
@@ -143,6 +149,8 @@ def make_eval_step(
     ) -> Float[Array, " batches"]:
         return jax.lax.map(lambda batch: batch_nll(state, *batch), (tokens, weights))
 
+    if seed_axis:
+        eval_set = jax.vmap(eval_set, in_axes=(0, None, None))
     if shardings is None:
         return jax.jit(eval_set)
     state_sh, batch_sh, replicated = shardings

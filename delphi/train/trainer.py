@@ -135,20 +135,24 @@ _COMPILED: dict[tuple, tuple[Callable, Callable]] = {}
 COMPILED_CACHE_SIZE = 4  # a resumed or repeated run in the same process reuses its executables
 
 
-def _compiled_steps(cfg: TrainConfig, k: int, graphdef, tx, state: TrainState, tokens, eval_set, mesh, shardings):
-    """AOT-compiled (train chunk, eval step), cached per process by everything they depend on.
+def _compiled_steps(
+    cfg: TrainConfig, k: int, graphdef, tx, state: TrainState, tokens, eval_set, mesh, shardings, *, seeds: int = 0
+):
+    """AOT-compiled (train chunk, eval step), cached per process by everything they depend on;
+    `seeds` > 0: a seed group's, vmapped over a leading axis of that many seeds.
 
     Traced under `jax.set_mesh(mesh)`; the model's MoE block was given the mesh when it was built
     (`init_model(cfg, mesh)`, delphi.model.moe_parallel)."""
     devices = tuple(d.id for d in mesh.devices.flat)
     eval_shape = eval_set[0].shape
-    key = (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, k, eval_shape, cfg.mesh, devices)
+    key = (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, k, eval_shape, seeds, cfg.mesh, devices)
     if key not in _COMPILED:
         state_sh, train_batch_sh, eval_batch_sh, replicated = shardings
         with jax.set_mesh(mesh):
-            train_chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, train_batch_sh, replicated))
+            train_chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, train_batch_sh, replicated), seed_axis=seeds > 0)
             train_chunk = train_chunk.lower(state, tokens).compile()
-            eval_step = make_eval_step(graphdef, (state_sh, eval_batch_sh, replicated)).lower(state, *eval_set).compile()
+            eval_step = make_eval_step(graphdef, (state_sh, eval_batch_sh, replicated), seed_axis=seeds > 0)
+            eval_step = eval_step.lower(state, *eval_set).compile()
         while len(_COMPILED) >= COMPILED_CACHE_SIZE:
             _COMPILED.pop(next(iter(_COMPILED)))
         _COMPILED[key] = (train_chunk, eval_step)
@@ -173,16 +177,21 @@ def eval_set(cfg: TrainConfig, store: Any, batch_sharding: Any) -> EvalSet:
     return EvalSet(sharding.place(tokens, batch_sharding), sharding.place(weights, batch_sharding), n_targets)
 
 
-def evaluate(eval_step: Callable, state: TrainState, data: EvalSet) -> float:
-    """Mean next-token loss (nats) over the validation windows: one device call."""
-    return float(np.sum(np.asarray(eval_step(state, data.tokens, data.weights), np.float64))) / data.n_targets
+def evaluate(eval_step: Callable, state: TrainState, data: EvalSet) -> list[float]:
+    """Mean next-token loss (nats) over the validation windows, per seed (one for a single run):
+    one device call; the per-batch sums are added in float64."""
+    sums = np.asarray(eval_step(state, data.tokens, data.weights), np.float64)
+    return [float(total) / data.n_targets for total in np.atleast_2d(sums).sum(axis=-1)]
 
 
-def _train_batches(cfg: TrainConfig, store: Any, first: int, k: int, batch_sharding: Any) -> jax.Array:
-    """Steps first .. first+k-1 as one (k, batch, seq+1) global array."""
-    data = cfg.data
-    host = np.stack([store.train_batch(s, data.seed, data.batch_size, data.seq_len) for s in range(first, first + k)])
-    return sharding.place(host, batch_sharding)
+def _train_batches(cfgs: list[TrainConfig], store: Any, first: int, k: int, batch_sharding: Any) -> jax.Array:
+    """Steps first .. first+k-1 as one (k, batch, seq+1) global array; a seed group: one such
+    block per member (its own data.seed) stacked into (seeds, k, batch, seq+1)."""
+    blocks = [
+        np.stack([store.train_batch(s, c.data.seed, c.data.batch_size, c.data.seq_len) for s in range(first, first + k)])
+        for c in cfgs
+    ]
+    return sharding.place(blocks[0] if len(cfgs) == 1 else np.stack(blocks), batch_sharding)
 
 
 def _all_processes_agree(flag: bool) -> bool:
@@ -194,33 +203,68 @@ def _all_processes_agree(flag: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.asarray([flag]))))
 
 
-# ---- what the loop reads (RunContext) and what it changes (LoopState)
+# ---- seed groups: members that differ only in their seeds, trained as one vmapped program
+
+SEED_KEYS = ("seed", "data.seed", "name")  # what members of a seed group may differ in
+
+
+def _without_seeds(cfg: TrainConfig) -> dict:
+    data = train_config_to_dict(cfg)
+    data.pop("seed")
+    data.pop("name")
+    data["data"].pop("seed")
+    return data
+
+
+def check_seed_group(cfgs: list[TrainConfig], run_dirs: list[Path]) -> None:
+    """DelphiError unless the configs differ only in SEED_KEYS, their seeds and run dirs are
+    distinct, and the group runs on one device."""
+    if not cfgs or len(cfgs) != len(run_dirs):
+        raise DelphiError(f"train_group: {len(cfgs)} configs for {len(run_dirs)} run directories")
+    if len(cfgs) == 1:
+        return
+    shape = _without_seeds(cfgs[0])
+    for i, cfg in enumerate(cfgs[1:], 1):
+        if _without_seeds(cfg) != shape:
+            differ = sorted(k for k in shape if shape[k] != _without_seeds(cfg).get(k))
+            raise DelphiError(
+                f"{run_dirs[i]}: a vmapped seed group whose members differ in shape: its config differs from "
+                f"{run_dirs[0]}'s in {', '.join(differ)}; members may differ only in {', '.join(SEED_KEYS)}"
+            )
+    seeds = [(c.seed, c.data.seed) for c in cfgs]
+    if len(set(seeds)) != len(seeds):
+        raise DelphiError(f"seeds: (seed, data.seed) of a seed group must be unique, got {seeds}")
+    dirs = [Path(d).resolve() for d in run_dirs]
+    if len(set(dirs)) != len(dirs):
+        raise DelphiError(f"--out: the run directories of a seed group must be distinct, got {[str(d) for d in run_dirs]}")
+    if cfgs[0].mesh.devices != 1:
+        raise DelphiError(
+            f"mesh: a seed group runs on one device (mesh.data x mesh.expert = {cfgs[0].mesh.devices} is not supported "
+            "for groups); train the seeds one by one on a mesh"
+        )
+
+
+def _stack(trees: list[Any]) -> Any:
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _member(state: Any, i: int, stacked: bool) -> Any:
+    return jax.tree.map(lambda x: x[i], state) if stacked else state
+
+
+# ---- what the loop reads (RunContext, a Member per run) and what it changes (LoopState)
 
 
 @dataclass(frozen=True)
-class RunContext:
-    """Everything fixed for the duration of the loop."""
+class Member:
+    """One run of a group (a single run is a group of one): its config, directory and writers."""
 
     cfg: TrainConfig
     run_dir: Path
-    store: Any  # delphi.data.loader.TokenStore
-    k: int  # optimizer steps per jitted call
-    train_chunk: Callable
-    eval_step: Callable
-    eval_data: EvalSet
-    train_batch_sharding: Any
-    lr_at: Callable[[int], float]
-    exact_flops_per_token: float
-    palm_per_token: float
-    peak: float
-    max_steps: int | None
     metrics: MetricsLog
     wandb: WandbLog
     bar: Progress
     primary: bool  # process 0: the one that writes the run directory
-
-    def batches(self, first: int) -> jax.Array:
-        return _train_batches(self.cfg, self.store, first, self.k, self.train_batch_sharding)
 
     def status(self, status: str, step: int, reason: str = "") -> None:
         if self.primary:
@@ -238,14 +282,38 @@ class RunContext:
             self.bar.show(record)
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """Everything fixed for the duration of the loop."""
+
+    cfg: TrainConfig  # the members' common config (steps, periods, shapes)
+    members: tuple[Member, ...]
+    stacked: bool  # a seed group: the state and the batches have a leading seed axis
+    store: Any  # delphi.data.loader.TokenStore
+    k: int  # optimizer steps per jitted call
+    train_chunk: Callable
+    eval_step: Callable
+    eval_data: EvalSet
+    train_batch_sharding: Any
+    lr_at: Callable[[int], float]
+    exact_flops_per_token: float
+    palm_per_token: float
+    peak: float
+    max_steps: int | None
+
+    def batches(self, first: int) -> jax.Array:
+        return _train_batches([m.cfg for m in self.members], self.store, first, self.k, self.train_batch_sharding)
+
+
 @dataclass
 class LoopState:
-    """What the training loop mutates."""
+    """What the training loop mutates (per member: summaries, wall_before, active)."""
 
     state: TrainState
     step: int
-    summary: dict
-    wall_before: float  # wall seconds of earlier sessions of this run (from the checkpoint)
+    summaries: list[dict]
+    wall_before: list[float]  # wall seconds of earlier sessions of each run (from its checkpoint)
+    active: list[bool] = field(default_factory=list)  # False once a member has diverged
     run_start: float = field(default_factory=time.perf_counter)
     last_sync_step: int = 0
     last_sync_time: float = 0.0
@@ -259,9 +327,10 @@ class LoopState:
     def __post_init__(self) -> None:
         self.first_step = self.last_sync_step = self.step
         self.last_sync_time = self.run_start
+        self.active = [True] * len(self.summaries)
 
-    def wall(self) -> float:
-        return self.wall_before + time.perf_counter() - self.run_start
+    def wall(self, i: int) -> float:
+        return self.wall_before[i] + time.perf_counter() - self.run_start
 
 
 @contextlib.contextmanager
@@ -283,7 +352,7 @@ def _stop_on_signals(loop: LoopState) -> Iterator[None]:
             signal.signal(s, h)
 
 
-# ---- train(): validate, set up, run
+# ---- train(), train_group(): validate, set up, run
 
 
 def train(
@@ -300,100 +369,166 @@ def train(
     `max_steps` stops early after that many steps (as a kill would, leaving a
     checkpoint and a resumable run): used by tests and for time-boxed runs.
     """
+    return train_group(
+        [cfg], [run_dir], resume=resume, predicted_loss=predicted_loss, progress=progress, max_steps=max_steps
+    )[0]
+
+
+def train_group(
+    cfgs: list[TrainConfig],
+    run_dirs: list[Path],
+    *,
+    resume: bool = False,
+    predicted_loss: PredictedLoss | None = None,
+    progress: bool = True,
+    max_steps: int | None = None,
+) -> list[dict]:
+    """Train seeds of one config together, one run directory each, and return their summaries.
+
+    The members may differ only in their seeds (SEED_KEYS); they are trained as one program with a
+    leading seed axis (jax.vmap over the train chunk and the eval), each from its own init and data
+    order, each with its own config.yaml, metrics, status, summary and checkpoints, which a plain
+    `train` of that member can resume as well. Resuming a group restarts every member from the
+    newest step that all of them have a good checkpoint of. A single config is a group of one (no
+    seed axis). Groups of more than one run on one device.
+    """
     from delphi.data.loader import TokenStore
 
     # ---- validate everything before writing anything
-    cfg.validate()
+    cfgs = [cfg.validate() for cfg in cfgs]
+    run_dirs = [Path(d) for d in run_dirs]
+    check_seed_group(cfgs, run_dirs)
+    cfg = cfgs[0]
     sharding.initialize_distributed(cfg.mesh)  # multi-host: before any other JAX call
     mesh = sharding.make_mesh(cfg.mesh)
     sharding.check_fits_in_memory(cfg)
-    run_dir = Path(run_dir)
-    text = config_yaml(cfg)
-    _check_run_dir(run_dir, text, resume)
+    texts = [config_yaml(c) for c in cfgs]
+    for run_dir, text in zip(run_dirs, texts):
+        _check_run_dir(run_dir, text, resume)
     store = TokenStore(cfg.data.store)
     store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens)
     if store.vocab_size > cfg.model.vocab_size:
         raise DelphiError(
             f"model.vocab_size: {cfg.model.vocab_size} is smaller than the store's vocabulary ({store.vocab_size})"
         )
-    status = read_status(run_dir) or {}
-    if resume and status.get("status") == "completed" and (run_dir / SUMMARY_FILE).is_file():
-        return json.loads((run_dir / SUMMARY_FILE).read_text())
+    done = [(read_status(d) or {}).get("status") == "completed" and (d / SUMMARY_FILE).is_file() for d in run_dirs]
+    if resume and all(done):
+        return [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
 
     primary = jax.process_index() == 0
     ckpt.barrier("delphi_train_validated")  # every process has read the run dir before process 0 writes it
-    with RunLock(run_dir) if primary else contextlib.nullcontext():
+    with contextlib.ExitStack() as locks:
         if primary:
-            _check_run_dir(run_dir, text, resume)  # again, now that no other trainer can write it
-        return _train_locked(cfg, run_dir, text, mesh, store, resume, predicted_loss, progress, max_steps, primary)
+            for run_dir, text in zip(run_dirs, texts):
+                locks.enter_context(RunLock(run_dir))
+                _check_run_dir(run_dir, text, resume)  # again, now that no other trainer can write it
+        return _train_locked(cfgs, run_dirs, texts, mesh, store, resume, predicted_loss, progress, max_steps, primary)
+
+
+def _restore_group(run_dirs: list[Path], templates: list[TrainState], shardings: Any, primary: bool) -> list | None:
+    """Each member's checkpoint of the newest step all members have a good one of, or None (start
+    over). Corrupt checkpoints are reported and deleted as for a single run."""
+    bound = None
+    while True:
+        found = []
+        for run_dir, template in zip(run_dirs, templates):
+            restoration = ckpt.restore_latest(run_dir, template, shardings, at_most=bound)
+            note = restoration.message(run_dir)
+            if note and primary:
+                warn(note)
+            ckpt.remove_checkpoints([path for path, _ in restoration.corrupt])
+            found.append(restoration.restored)
+        if any(r is None for r in found):
+            if len(found) > 1 and any(r is not None for r in found) and primary:
+                warn(f"{run_dirs[found.index(None)]}: no checkpoint common to the seed group; every member restarts from step 0")
+            return None
+        steps = {r.step for r in found}
+        if len(steps) == 1:
+            return found
+        bound = min(steps)  # a kill between members' saves: go back to the step all of them hold
 
 
 def _train_locked(
-    cfg: TrainConfig, run_dir: Path, text: str, mesh: jax.sharding.Mesh, store: Any, resume: bool,
-    predicted_loss: PredictedLoss | None, progress: bool, max_steps: int | None, primary: bool,
-) -> dict:
-    # ---- the run directory (process 0)
+    cfgs: list[TrainConfig], run_dirs: list[Path], texts: list[str], mesh: jax.sharding.Mesh, store: Any,
+    resume: bool, predicted_loss: PredictedLoss | None, progress: bool, max_steps: int | None, primary: bool,
+) -> list[dict]:
+    cfg, stacked = cfgs[0], len(cfgs) > 1
+    # ---- the run directories (process 0)
     if primary:
-        atomic_write_text(run_dir / CONFIG_FILE, text)
-        write_status(run_dir, "pending", 0)
-    config_sha = sha256_bytes(identity_yaml(text).encode())
+        for run_dir, text in zip(run_dirs, texts):
+            atomic_write_text(run_dir / CONFIG_FILE, text)
+            write_status(run_dir, "pending", 0)
 
     # ---- the state: fresh, or restored straight into this mesh's shardings
-    model = init_model(cfg, mesh)
-    graphdef, params, router_bias, other = split_model(model)
-    del model
     tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
-    state = TrainState(params, tx.init(params), router_bias, other)
-    state_sh = sharding.state_shardings(state, mesh)
-    restored = None
-    if resume:
-        found = ckpt.restore_latest(run_dir, state, state_sh)
-        note = found.message(run_dir)
-        if note and primary:
-            warn(note)
-        ckpt.remove_checkpoints([path for path, _ in found.corrupt])
-        restored = found.restored
+    fresh = []
+    for c in cfgs:
+        graphdef, params, router_bias, other = split_model(init_model(c, mesh))
+        fresh.append(TrainState(params, tx.init(params), router_bias, other))
+    member_sh = sharding.state_shardings(fresh[0], mesh)
+    restored = _restore_group(run_dirs, fresh, member_sh, primary) if resume else None
     if restored is not None:
-        state, start_step, wall_before = restored.state, restored.step, float(restored.extra.get("wall_s", 0.0))
+        states, start_step = [r.state for r in restored], restored[0].step
+        wall_before = [float(r.extra.get("wall_s", 0.0)) for r in restored]
     else:
-        state, start_step, wall_before = sharding.place_state(state, state_sh), 0, 0.0
-    batch_sh = sharding.batch_sharding(mesh, 1)  # (steps or eval batches, batch, seq+1)
-    shardings = (state_sh, batch_sh, batch_sh, sharding.replicated(mesh))
+        states, start_step = [sharding.place_state(s, member_sh) for s in fresh], 0
+        wall_before = [0.0] * len(cfgs)
+    del fresh
+    state = _stack(states) if stacked else states[0]
+    del states
+    state_sh = sharding.state_shardings(state, mesh)
+    batch_sh = sharding.batch_sharding(mesh, 2 if stacked else 1)  # ([seeds,] steps, batch, seq+1)
+    eval_sh = sharding.batch_sharding(mesh, 1)  # (eval batches, batch, seq+1), shared by the seeds
+    shardings = (state_sh, batch_sh, eval_sh, sharding.replicated(mesh))
 
-    summary = _summary_header(cfg, store, config_sha, start_step, wall_before)
-    metrics = MetricsLog(run_dir, keep_through_step=start_step if restored is not None else None, enabled=primary)
-    wandb = WandbLog(
-        wandb_mode(cfg.wandb.mode) if primary else "disabled", project=cfg.wandb.project, entity=cfg.wandb.entity,
-        name=cfg.name, config=train_config_to_dict(cfg), run_dir=run_dir,
-    )
-    bar = Progress(cfg.steps, start_step, cfg.tokens_per_step, predicted_loss, enabled=progress and primary)
+    summaries = [
+        _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall)
+        for c, text, wall in zip(cfgs, texts, wall_before)
+    ]
+    members = []
     try:
+        for i, (c, run_dir) in enumerate(zip(cfgs, run_dirs)):
+            members.append(Member(
+                cfg=c, run_dir=run_dir, primary=primary,
+                metrics=MetricsLog(run_dir, keep_through_step=start_step if restored is not None else None, enabled=primary),
+                wandb=WandbLog(
+                    wandb_mode(c.wandb.mode) if primary else "disabled", project=c.wandb.project,
+                    entity=c.wandb.entity, name=c.name, config=train_config_to_dict(c), run_dir=run_dir,
+                ),
+                # one progress bar for the group: the first member's
+                bar=Progress(c.steps, start_step, c.tokens_per_step, predicted_loss, enabled=progress and primary and i == 0),
+            ))
         # ---- compile ahead of time so timings (and the progress bar) exclude it
         compile_start = time.perf_counter()
-        k = summary["steps_per_call"]
-        _, train_batch_sh, eval_batch_sh, _ = shardings
-        eval_data = eval_set(cfg, store, eval_batch_sh)
-        first_tokens = _train_batches(cfg, store, start_step, k, train_batch_sh)
+        k = summaries[0]["steps_per_call"]
+        eval_data = eval_set(cfg, store, eval_sh)
+        first_tokens = _train_batches(cfgs, store, start_step, k, batch_sh)
         train_chunk, eval_step = _compiled_steps(
-            cfg, k, graphdef, tx, state, first_tokens, (eval_data.tokens, eval_data.weights), mesh, shardings
+            cfg, k, graphdef, tx, state, first_tokens, (eval_data.tokens, eval_data.weights), mesh, shardings,
+            seeds=len(cfgs) if stacked else 0,
         )
-        summary["compile_s"] = round(time.perf_counter() - compile_start, 3)
-        summary["peak_flops"] = peak = peak_flops(cfg.precision)
+        peak = peak_flops(cfg.precision)
+        for summary in summaries:
+            summary["compile_s"] = round(time.perf_counter() - compile_start, 3)
+            summary["peak_flops"] = peak
+            summary["seed_group"] = len(cfgs)
         ctx = RunContext(
-            cfg=cfg, run_dir=run_dir, store=store, k=k, train_chunk=train_chunk, eval_step=eval_step,
-            eval_data=eval_data, train_batch_sharding=train_batch_sh, lr_at=lr_schedule(cfg.optim, cfg.steps),
-            exact_flops_per_token=summary["flops_per_token"], palm_per_token=summary["flops_per_token_palm"],
-            peak=peak, max_steps=max_steps, metrics=metrics, wandb=wandb, bar=bar, primary=primary,
+            cfg=cfg, members=tuple(members), stacked=stacked, store=store, k=k, train_chunk=train_chunk,
+            eval_step=eval_step, eval_data=eval_data, train_batch_sharding=batch_sh,
+            lr_at=lr_schedule(cfg.optim, cfg.steps), exact_flops_per_token=summaries[0]["flops_per_token"],
+            palm_per_token=summaries[0]["flops_per_token_palm"], peak=peak, max_steps=max_steps,
         )
-        return _run(ctx, LoopState(state=state, step=start_step, summary=summary, wall_before=wall_before))
+        return _run(ctx, LoopState(state=state, step=start_step, summaries=summaries, wall_before=wall_before))
     except BaseException as e:
         if primary:
-            write_status(run_dir, "failed", summary["steps"], f"{type(e).__name__}: {e}")
+            for run_dir, summary in zip(run_dirs, summaries):
+                write_status(run_dir, "failed", summary["steps"], f"{type(e).__name__}: {e}")
         raise
     finally:
-        bar.close()
-        metrics.close()
-        wandb.close(summary)
+        for i, member in enumerate(members):
+            member.bar.close()
+            member.metrics.close()
+            member.wandb.close(summaries[i])
 
 
 def _summary_header(cfg: TrainConfig, store: Any, config_sha: str, start_step: int, wall_before: float) -> dict:
@@ -424,9 +559,14 @@ def _summary_header(cfg: TrainConfig, store: Any, config_sha: str, start_step: i
 # ---- the loop
 
 
-def _run(ctx: RunContext, loop: LoopState) -> dict:
+def _active(ctx: RunContext, loop: LoopState) -> list[tuple[int, Member]]:
+    return [(i, m) for i, m in enumerate(ctx.members) if loop.active[i]]
+
+
+def _run(ctx: RunContext, loop: LoopState) -> list[dict]:
     cfg = ctx.cfg
-    ctx.status("running", loop.step)
+    for _, member in _active(ctx, loop):
+        member.status("running", loop.step)
     loop.run_start = loop.last_sync_time = time.perf_counter()
     with _stop_on_signals(loop):
         while loop.step < cfg.steps:
@@ -434,7 +574,7 @@ def _run(ctx: RunContext, loop: LoopState) -> dict:
             loop.state, out = ctx.train_chunk(loop.state, tokens)
             loop.pending.append(out)
             loop.step += ctx.k
-            ctx.bar.advance(ctx.k)
+            ctx.members[0].bar.advance(ctx.k)
 
             step = loop.step
             is_log = step % cfg.log_every == 0 or step == cfg.steps
@@ -444,16 +584,21 @@ def _run(ctx: RunContext, loop: LoopState) -> dict:
             if not (is_log or is_eval or is_ckpt or stopping):
                 continue
 
-            record, first_bad = _sync(ctx, loop)  # blocks until the device is done
-            if first_bad is not None:
-                return _diverged(ctx, loop, record, first_bad)
+            records = _sync(ctx, loop)  # blocks until the device is done
+            for i, (record, first_bad) in records.items():
+                if first_bad is not None:
+                    _diverged(ctx, loop, i, record, first_bad)
+            if not any(loop.active):
+                return loop.summaries
             if is_eval:
-                _evaluate_into(ctx, loop, record)
+                _evaluate_into(ctx, loop, records)
             if is_log or is_eval:
-                ctx.log(record)
+                for i, member in _active(ctx, loop):
+                    member.log(records[i][0], show=i == 0)
             if is_ckpt or stopping:
                 _checkpoint(ctx, loop)
-                ctx.status("running", step)
+                for _, member in _active(ctx, loop):
+                    member.status("running", step)
             if stopping:
                 return _stopped(ctx, loop)
             loop.last_sync_step, loop.last_sync_time = step, time.perf_counter()
@@ -472,81 +617,100 @@ def _stop_requested(ctx: RunContext, loop: LoopState, *, at_sync_point: bool) ->
     return at_sync_point and _all_processes_agree(loop.stop_signal is not None)
 
 
-def _sync(ctx: RunContext, loop: LoopState) -> tuple[dict, int | None]:
-    """Pull the pending outputs: the metrics record of the last step (or of the first non-finite
-    one) and that non-finite step, if any."""
-    host = {key: np.concatenate([np.asarray(o[key]) for o in loop.pending]) for key in loop.pending[0]}
+def _sync(ctx: RunContext, loop: LoopState) -> dict[int, tuple[dict, int | None]]:
+    """Pull the pending outputs: per active member, the metrics record of the last step (or of the
+    first non-finite one) and that non-finite step, if any."""
+    axis = 1 if ctx.stacked else 0  # outputs are ([seeds,] steps)
+    host = {key: np.concatenate([np.asarray(o[key]) for o in loop.pending], axis=axis) for key in loop.pending[0]}
     loop.pending.clear()
-    bad = np.flatnonzero(~np.isfinite(host["train_loss"]))
-    first_bad = None if bad.size == 0 else loop.last_sync_step + int(bad[0]) + 1
-    index = -1 if first_bad is None else int(bad[0])
-    stats = {key: float(v[index]) for key, v in host.items()}
+    if not ctx.stacked:
+        host = {key: v[None] for key, v in host.items()}
 
     now = time.perf_counter()
     loop.train_time += now - loop.last_sync_time
     tokens_per_step = ctx.cfg.tokens_per_step
     tokens_per_s = (loop.step - loop.last_sync_step) * tokens_per_step / max(now - loop.last_sync_time, 1e-9)
-    record_step = loop.step if first_bad is None else first_bad
-    record = {
-        "step": record_step,
-        "tokens": record_step * tokens_per_step,
-        "flops": record_step * tokens_per_step * ctx.exact_flops_per_token,
-        "lr": float(ctx.lr_at(record_step - 1)),
-        **stats,
-        "tokens_per_s": tokens_per_s,
-        "mfu": tokens_per_s * ctx.palm_per_token / ctx.peak,
-        "wall_s": loop.wall(),
-        "time": time.time(),  # epoch seconds: lets `prereg verify` prove the prediction came first
-    }
-    loop.summary.update(steps=record_step, tokens=record["tokens"], flops=record["flops"], wall_time_s=loop.wall())
-    return record, first_bad
+    records = {}
+    for i, _ in _active(ctx, loop):
+        bad = np.flatnonzero(~np.isfinite(host["train_loss"][i]))
+        first_bad = None if bad.size == 0 else loop.last_sync_step + int(bad[0]) + 1
+        index = -1 if first_bad is None else int(bad[0])
+        record_step = loop.step if first_bad is None else first_bad
+        record = {
+            "step": record_step,
+            "tokens": record_step * tokens_per_step,
+            "flops": record_step * tokens_per_step * ctx.exact_flops_per_token,
+            "lr": float(ctx.lr_at(record_step - 1)),
+            **{key: float(v[i][index]) for key, v in host.items()},
+            "tokens_per_s": tokens_per_s,
+            "mfu": tokens_per_s * ctx.palm_per_token / ctx.peak,
+            "wall_s": loop.wall(i),
+            "time": time.time(),  # epoch seconds: lets `prereg verify` prove the prediction came first
+        }
+        loop.summaries[i].update(steps=record_step, tokens=record["tokens"], flops=record["flops"], wall_time_s=loop.wall(i))
+        records[i] = (record, first_bad)
+    return records
 
 
-def _evaluate_into(ctx: RunContext, loop: LoopState, record: dict) -> None:
+def _evaluate_into(ctx: RunContext, loop: LoopState, records: dict[int, tuple[dict, int | None]]) -> None:
     eval_start = time.perf_counter()
-    val_loss = evaluate(ctx.eval_step, loop.state, ctx.eval_data)
-    record["val_loss"] = val_loss
-    record["val_bpb"] = bits_per_byte(val_loss)
-    record["eval_s"] = time.perf_counter() - eval_start
-    loop.eval_time += record["eval_s"]
-    loop.summary.update(val_loss=val_loss, val_bpb=record["val_bpb"])
+    val_losses = evaluate(ctx.eval_step, loop.state, ctx.eval_data)
+    eval_s = time.perf_counter() - eval_start
+    loop.eval_time += eval_s
+    for i, _ in _active(ctx, loop):
+        record = records[i][0]
+        record["val_loss"] = val_losses[i]
+        record["val_bpb"] = bits_per_byte(val_losses[i])
+        record["eval_s"] = eval_s
+        loop.summaries[i].update(val_loss=val_losses[i], val_bpb=record["val_bpb"])
 
 
 def _checkpoint(ctx: RunContext, loop: LoopState) -> None:
+    """Every active member's checkpoint, then the pruning: a kill in between leaves each member a
+    checkpoint of the previous common step (see _restore_group)."""
     start = time.perf_counter()
-    ckpt.save_checkpoint(ctx.run_dir, loop.step, loop.state, extra={"wall_s": loop.wall()}, keep=ctx.cfg.keep_checkpoints)
+    for i, member in _active(ctx, loop):
+        state = _member(loop.state, i, ctx.stacked)
+        ckpt.save_checkpoint(member.run_dir, loop.step, state, extra={"wall_s": loop.wall(i)}, keep=None)
+    for _, member in _active(ctx, loop):
+        ckpt.prune_checkpoints(member.run_dir, member.cfg.keep_checkpoints)
     loop.checkpoint_time += time.perf_counter() - start
 
 
-def _diverged(ctx: RunContext, loop: LoopState, record: dict, first_bad: int) -> dict:
-    ctx.log(record, show=False)
+def _diverged(ctx: RunContext, loop: LoopState, i: int, record: dict, first_bad: int) -> None:
+    """The member stops counting (a group trains on; its state is no longer saved or reported)."""
+    member = ctx.members[i]
+    member.log(record, show=False)
     reason = f"non-finite train loss at step {first_bad}"
-    ctx.status("diverged", first_bad, reason)
-    loop.summary.update(status="diverged", reason=reason)
-    ctx.write_summary(loop.summary)
-    return loop.summary
+    member.status("diverged", first_bad, reason)
+    loop.summaries[i].update(status="diverged", reason=reason)
+    member.write_summary(loop.summaries[i])
+    loop.active[i] = False
 
 
-def _stopped(ctx: RunContext, loop: LoopState) -> dict:
+def _stopped(ctx: RunContext, loop: LoopState) -> list[dict]:
     why = f"signal {loop.stop_signal}" if loop.stop_signal else f"max_steps={ctx.max_steps}"
     reason = f"stopped by {why} at step {loop.step}; continue with --resume"
-    ctx.status("failed", loop.step, reason)
-    loop.summary.update(status="failed", reason=reason)
-    return loop.summary
+    for i, member in _active(ctx, loop):
+        member.status("failed", loop.step, reason)
+        loop.summaries[i].update(status="failed", reason=reason)
+    return loop.summaries
 
 
-def _completed(ctx: RunContext, loop: LoopState) -> dict:
-    summary = loop.summary
-    summary.update(
-        status="completed",
-        wall_time_s=loop.wall(),
-        tokens_per_s=(loop.step - loop.first_step) * ctx.cfg.tokens_per_step / max(loop.train_time, 1e-9),
-        # this session's split of its wall time (a resumed run: since the resume)
-        train_s=round(loop.train_time, 3),
-        eval_s=round(loop.eval_time, 3),
-        checkpoint_s=round(loop.checkpoint_time, 3),
-    )
-    summary["mfu"] = summary["tokens_per_s"] * ctx.palm_per_token / ctx.peak
-    ctx.write_summary(summary)
-    ctx.status("completed", loop.step)
-    return summary
+def _completed(ctx: RunContext, loop: LoopState) -> list[dict]:
+    tokens_per_s = (loop.step - loop.first_step) * ctx.cfg.tokens_per_step / max(loop.train_time, 1e-9)
+    for i, member in _active(ctx, loop):
+        summary = loop.summaries[i]
+        summary.update(
+            status="completed",
+            wall_time_s=loop.wall(i),
+            tokens_per_s=tokens_per_s,  # each member's own tokens over the group's training time
+            # this session's split of its wall time (a resumed run: since the resume; a group: shared)
+            train_s=round(loop.train_time, 3),
+            eval_s=round(loop.eval_time, 3),
+            checkpoint_s=round(loop.checkpoint_time, 3),
+        )
+        summary["mfu"] = summary["tokens_per_s"] * ctx.palm_per_token / ctx.peak
+        member.write_summary(summary)
+        member.status("completed", loop.step)
+    return loop.summaries
