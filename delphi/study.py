@@ -545,11 +545,10 @@ def _hero_point(study: Study) -> dict:
 def _residual_prediction(fit: Any, table: pd.DataFrame):
     import numpy as np
 
-    if fit.kind in ("parametric", "moe"):
-        term = fit.extra.get("term", "granularity")
-        terms = {term: table[term].to_numpy(float)} if fit.kind == "moe" else {}
-        return np.asarray(fit.predict(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float), **terms)["loss"], float)
-    return np.asarray(fit.predict(compute=table["flops"].to_numpy(float))["loss"], float)
+    terms = {t: table[t].to_numpy(float) for t in fit.law_terms if t in table}
+    pred = fit.predict_run(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float),
+                           flops=table["flops"].to_numpy(float), **terms)
+    return np.asarray(pred["loss"], float)
 
 
 def stage_figures(study: Study) -> dict:

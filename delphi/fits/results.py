@@ -258,6 +258,9 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
         if key not in data:
             raise DelphiError(f"{where}: missing key {key!r}; not a delphi fit file")
     boot = data.get("bootstrap")
+    if boot and not (isinstance(boot, dict) and isinstance(boot.get("samples"), dict)):
+        raise DelphiError(f"{where}: 'bootstrap' is not a fit's bootstrap (expected {{n, samples}}); "
+                          f"a {data.get('kind')!r} file is not a fit written by `delphi fit`")
     return FitResult(
         kind=data["kind"],
         method=data["method"],

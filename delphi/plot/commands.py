@@ -184,11 +184,9 @@ def _residuals(args):
     _check_out(args)
     table = _table(args.results)
     fit = _fit(args.fit)
-    if fit.kind in ("parametric", "moe"):
-        terms = {fit.extra.get("term", "granularity"): table[fit.extra.get("term", "granularity")].to_numpy(float)} if fit.kind == "moe" else {}
-        pred = fit.predict(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float), **terms)["loss"]
-    else:
-        pred = fit.predict(compute=table["flops"].to_numpy(float))["loss"]
+    terms = {t: table[t].to_numpy(float) for t in fit.law_terms if t in table}
+    pred = fit.predict_run(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float),
+                           flops=table["flops"].to_numpy(float), **terms)["loss"]
     return _done(residuals_figure(table, np.asarray(pred, float), title=f"{fit.kind} fit ({fit.method}) residuals"), args)
 
 

@@ -28,8 +28,6 @@ from delphi.prereg import format as fmt
 DEFAULT_TOLERANCE_REL = 0.01
 # Normal quantiles used only when a fit reports a 90% interval but no 50% one.
 Z50, Z90 = 0.6744897501960817, 1.6448536269514722
-FIT_KINDS_ND = ("parametric", "moe")  # laws in (N, D): predicted at the hero's own N and D
-FIT_KINDS_C = ("isoflop", "envelope", "frontier")  # laws in C: predicted at the hero's compute
 
 
 def utc_now() -> str:
@@ -85,15 +83,11 @@ def model_family(model_cfg) -> str:
     return "moe" if model_cfg.moe is not None and model_cfg.moe.experts > 1 else "dense"
 
 
-def fit_family(fit_json: dict, ladder_families: set[str]) -> str | None:
-    """The model family a fit describes: its own 'family' key, an expert term, or the ladder's runs."""
-    if fit_json.get("family") in ("moe", "dense"):
-        return fit_json["family"]
-    if fit_json.get("kind") == "moe":
-        return "moe"
-    text = json.dumps({k: fit_json.get(k) for k in ("kind", "method", "form", "params")}).lower()
-    if any(w in text for w in ("expert", "granularity", "krajewski")):
-        return "moe"
+def fit_family(fit, ladder_families: set[str]) -> str | None:
+    """The model family a fit describes: recorded in the fit (from its table's expert counts), else
+    the single family of the ladder's runs; None when neither says."""
+    if fit.model_family is not None:
+        return fit.model_family
     if len(ladder_families) == 1:
         return next(iter(ladder_families))
     return None
@@ -117,48 +111,43 @@ def fit_convention(fit) -> str:
 
 
 def predict_hero(fit, hero) -> tuple[dict, str]:
-    """(the fit's predict() dict, how) for the hero: laws in (N, D) at its N and D, laws in C at its exact compute."""
+    """(the fit's prediction, how) for the hero: `FitResult.predict_run` decides whether the law is
+    evaluated at the hero's own N and D or at its exact compute."""
     from delphi.model.flops import flops_per_token
 
-    kind = fit.kind
-    n = hero_params(hero.model, hero.data.seq_len, fit_convention(fit))
-    tokens = hero.tokens
-    flops = flops_per_token(hero.model, hero.data.seq_len) * tokens
-    if kind in FIT_KINDS_ND:
-        terms = {}
-        if kind == "moe" and hero.model.moe is not None:
-            terms = {"experts": hero.model.moe.experts, "granularity": hero.model.d_ff / hero.model.moe.d_expert}
-        pred = fit.predict(params=n, tokens=tokens, **terms)
-        how = f"{kind} fit at the hero's N = {n:.4g} ({fit_convention(fit)}), D = {tokens:.4g}"
+    convention = fit_convention(fit)
+    n = hero_params(hero.model, hero.data.seq_len, convention)
+    terms = {}
+    if hero.model.moe is not None:
+        terms = {"experts": hero.model.moe.experts, "granularity": hero.model.d_ff / hero.model.moe.d_expert}
+    flops = flops_per_token(hero.model, hero.data.seq_len) * hero.tokens
+    pred = dict(fit.predict_run(params=n, tokens=hero.tokens, flops=flops, **terms))
+    how = pred.pop("how")
+    if fit.law_in_nd:
+        how += f" (N = {n:.4g}, {convention}; D = {hero.tokens:.4g})"
     else:
-        pred = fit.predict(compute=flops)
-        how = f"{kind} fit at the hero's compute C = {flops:.4g} FLOPs (exact count, Chinchilla appendix F)"
-    return dict(pred), how
+        how += f" (C = {flops:.4g} FLOPs, exact count, Chinchilla appendix F)"
+    return pred, how
 
 
-def predict_final(fit_path: Path, hero) -> tuple[dict, dict]:
-    """(final prediction, fit JSON) for the hero from a fit file written by `delphi fit`."""
-    fit_json = read_json(fit_path, what="fit JSON")
-    kind = fit_json.get("kind") if isinstance(fit_json, dict) else None
-    if kind is None:
-        raise DelphiError(f"{fit_path}: no 'kind'; not a fit written by `delphi fit`")
-    if kind not in FIT_KINDS_ND + FIT_KINDS_C:
-        raise DelphiError(f"{fit_path}: a fit of kind {kind!r} cannot predict a final loss (expected one of {', '.join(FIT_KINDS_ND + FIT_KINDS_C)})")
-    try:
-        from delphi.fits.results import load_fit
-    except ImportError:
-        raise DelphiError("delphi.fits.results.load_fit is not available in this installation") from None
+def predict_final(fit_path: Path, hero) -> tuple[dict, Any]:
+    """(final prediction, the loaded fit) for the hero from a fit file written by `delphi fit`."""
+    from delphi.fits.laws import SURFACES
+    from delphi.fits.results import load_fit
+
     fit = load_fit(fit_path)
+    if fit.kind not in SURFACES:
+        raise DelphiError(f"{fit_path}: a fit of kind {fit.kind!r} cannot predict a final loss (expected one of {', '.join(SURFACES)})")
     try:
         pred, how = predict_hero(fit, hero)
     except (TypeError, ValueError, KeyError) as e:
-        raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {kind!r} fit ({e})") from None
+        raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {fit.kind!r} fit ({e})") from None
     final = final_from_prediction(pred, how)
     if pred.get("allocation"):
         final["allocation"] = pred["allocation"]
     if not math.isfinite(final["loss"]):
         raise DelphiError(f"{fit_path}: the fit predicts a non-finite loss for the hero")
-    return final, fit_json
+    return final, fit
 
 
 # --------------------------------------------------------------------------- assembly
@@ -427,8 +416,8 @@ def create_prereg(
         run_dirs = cv.find_run_dirs(ladder)
     ladder_families = {model_family(load_train_config(r / "config.yaml").model) for r in run_dirs}
 
-    final, fit_json = predict_final(Path(fit_path), hero)
-    family, hero_family = fit_family(fit_json, ladder_families), model_family(hero.model)
+    final, fit_obj = predict_final(Path(fit_path), hero)
+    family, hero_family = fit_family(fit_obj, ladder_families), model_family(hero.model)
     if family is not None and family != hero_family:
         raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
 
@@ -438,7 +427,7 @@ def create_prereg(
     provenance: dict[str, Any] = {
         "fit_path": str(fit_path),
         "fit_sha256": sha256_file(fit_path),
-        "fit_kind": fit_json.get("kind"),
+        "fit_kind": str(fit_obj.kind),
         "fit_family": family,
         "hero_config_path": str(hero_path),
         "hero_config_sha256": sha256_file(hero_path),
@@ -454,18 +443,17 @@ def create_prereg(
         provenance["results_path"] = str(results)
         provenance["results_sha256"] = sha256_file(results)
     else:
-        recorded = next((fit_json[k] for k in ("input_sha256", "data_sha256", "results_sha256", "table_sha256") if fit_json.get(k)), None)
+        recorded = fit_obj.input_sha256
         provenance["results_sha256"] = recorded
         provenance["results_note"] = "taken from the fit file" if recorded else "no results table given"
     ladder_compute = _ladder_max_flops(results, run_dirs)
     if ladder_compute:
         provenance["ladder_max_flops"] = ladder_compute
         assumptions.append(f"extrapolation: the hero's compute {hero_flops:.3g} FLOPs is {hero_flops / ladder_compute:.1f}x the largest ladder run ({ladder_compute:.3g})")
-    if fit_json.get("n_points"):
-        assumptions.append(f"the {fit_json.get('kind')} fit uses {fit_json['n_points']} ladder points")
-    params = fit_json.get("params") or {}
-    if isinstance(params, dict) and "E" in params:
-        assumptions.append(f"irreducible loss E = {float(params['E']):.4g} nats (fitted, not pinned)")
+    if fit_obj.n_points:
+        assumptions.append(f"the {fit_obj.kind} fit uses {fit_obj.n_points} ladder points")
+    if "E" in fit_obj.params:
+        assumptions.append(f"irreducible loss E = {float(fit_obj.params['E']):.4g} nats (fitted, not pinned)")
 
     # Trajectory: curve law fitted on the ladder's curves (or given), anchored to the scaling law's end.
     curve_fit = None
@@ -498,7 +486,6 @@ def create_prereg(
     elif thresholds.tolerance_rel != tolerance_rel:
         thresholds = dataclasses.replace(thresholds, tolerance_rel=tolerance_rel)
     thresholds.validate("gates")
-    fit_obj = load_fit(fit_path)
     if rehearsal is None and rehearsal_run is not None:
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,

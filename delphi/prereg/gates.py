@@ -434,7 +434,7 @@ def evaluate_gates(
     `leave_one_budget_out`; `ranges` the ladder's ranges (default: from the table);
     `rehearsal` {predicted, actual, rel_error, covered_90, compute} when a dress rehearsal ran."""
     if exact_required is None:  # laws in C are fitted on each budget's real cost; only (N, D) laws allocate
-        exact_required = getattr(fit, "family", None) is not None and getattr(fit, "kind", None) in ("parametric", "moe")
+        exact_required = getattr(fit, "family", None) is not None and bool(getattr(fit, "law_in_nd", False))
     if table is None or len(table) == 0:
         missing = "not evaluated: no results table (give --ladder or --results)"
         gates = [Gate(name, False, None, "needs the results table", missing)
@@ -466,7 +466,7 @@ def evaluate_gates(
 
 def _frontier_gate(table: pd.DataFrame, noise: float | None, fit: Any, z: float) -> Gate:
     params = getattr(fit, "params", None) or {}
-    e = float(params.get("E", 0.0)) if getattr(fit, "kind", None) in ("parametric", "moe", "frontier") else 0.0
+    e = float(params.get("E", 0.0))  # laws without an asymptote (isoflop) have no E: slopes of ln L
     try:
         return gate_frontier_slopes(frontier_slopes(table, noise, e), z)
     except DelphiError as err:
