@@ -284,7 +284,7 @@ def compare_conventions(study: Study) -> dict:
     """For each parameter-count convention: the isoFLOP exponent, the primary law's compute-optimal
     exponent, and its held-out-budget backtest; the convention with the lowest backtest error wins."""
     from delphi.fits import backtest
-    from delphi.fits.allocation import isoflop_exponent_by_convention
+    from delphi.fits.isoflop import isoflop_exponent_by_convention
 
     raw = pd.read_csv(study.results)
     iso = isoflop_exponent_by_convention(raw, tuple(study.spec.conventions))

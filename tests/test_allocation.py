@@ -10,7 +10,8 @@ import pytest
 
 from delphi.errors import DelphiError
 from delphi.fits import fit_vpnls, load_results
-from delphi.fits.allocation import FlopsFamily, isoflop_exponent_by_convention, optimal_allocation
+from delphi.fits.allocation import FlopsFamily, optimal_allocation
+from delphi.fits.isoflop import isoflop_exponent_by_convention
 from delphi.fits.laws import chinchilla_loss, chinchilla_optimum
 from delphi.fits.results import FitResult, fit_from_json
 

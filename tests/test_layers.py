@@ -41,17 +41,10 @@ CLI_HUB = "delphi.cli"  # argparse helpers every command module uses
 
 # Imports that break the rules today, each waiting for its owner to remove it. The test fails on
 # any violation not listed here, and on any entry listed here that no longer occurs (delete it).
-KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    # `prereg create --ladder` reuses ladder_own_paths, a library helper that lives in a command
-    # module; it belongs in the ladder library (e.g. delphi.ladder.plan). Owners: ladder/prereg CLI.
-    ("delphi.prereg.commands", "delphi.ladder.commands"): "a helper in a command module",
-}
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 # Import cycles that exist today (modules of one strongly connected component); a cycle found
 # must lie inside one of these. Same rule: the test fails on a new cycle and on a stale entry.
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # fits.allocation (new, in progress) <-> data, isoflop, laws, results; owner: delphi/fits.
-    frozenset({"delphi.fits.allocation", "delphi.fits.data", "delphi.fits.isoflop", "delphi.fits.laws", "delphi.fits.results"}),
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 
 def module_files() -> dict[str, Path]:

@@ -18,7 +18,7 @@ _LAZY = {
     "FlopsFamily": "delphi.fits.allocation",
     "PARAM_CONVENTIONS": "delphi.fits.allocation",
     "optimal_allocation": "delphi.fits.allocation",
-    "isoflop_exponent_by_convention": "delphi.fits.allocation",
+    "isoflop_exponent_by_convention": "delphi.fits.isoflop",
     "load_results": "delphi.fits.data",
     "fit_frontier": "delphi.fits.frontier",
     "fit_approach1": "delphi.fits.isoflop",

@@ -203,33 +203,6 @@ def optimal_allocation(
     }
 
 
-def isoflop_exponent_by_convention(raw: pd.DataFrame, conventions: tuple[str, ...] = PARAM_CONVENTIONS, **load_options: Any) -> dict[str, dict[str, Any]]:
-    """The isoFLOP (Approach 2) exponent a of N* ~ C^a under each parameter-count convention.
-
-    `raw` is a ladder results table (with params_nonembedding, params_active and flops/tokens
-    columns). Returns {convention: {"a": ..., "a_interval_90": (lo, hi), "n_budgets": ...}};
-    a convention the table cannot express gets {"error": message}.
-    """
-    from delphi.fits.data import load_results
-    from delphi.fits.isoflop import fit_approach2
-
-    out: dict[str, dict[str, Any]] = {}
-    for convention in conventions:
-        try:
-            table = load_results(raw, params_convention=convention, **load_options)
-            fit = fit_approach2(table)
-        except DelphiError as e:
-            out[convention] = {"error": str(e)}
-            continue
-        out[convention] = {
-            "a": fit.params["a"],
-            "a_interval_90": fit.intervals.get("a"),
-            "n_budgets": fit.diagnostics.get("n_budgets"),
-            "mapped": bool(table.attrs.get("params_mapped")),
-        }
-    return out
-
-
 def flops_of(family: FlopsFamily | None, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float) -> np.ndarray:
     """Training FLOPs of (N, D) under the family (or 6 N D without one)."""
     n, d = np.asarray(params, float), np.asarray(tokens, float)

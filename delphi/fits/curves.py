@@ -21,7 +21,7 @@ Choices, and why:
   a constant LR, S1 = D and the law's first three terms are exactly Chinchilla's
   E + A/N^alpha + B/D^beta, so the curve's end can be compared term by term with
   the parametric scaling law. Tokens rather than steps, because ladder rungs use
-  different batch sizes (DESIGN.md section 7: batch scales with the rung).
+  different batch sizes (docs/design.md §8.1: batch scales with the rung).
 - S2 stays in steps of normalised LR, as in the paper: the momentum lambda acts
   per optimizer update.
 - The model-size dependence is an additive Chinchilla term A * N^-alpha, with
@@ -29,7 +29,7 @@ Choices, and why:
   L0 = E + A N^-alpha depend on N (the paper's own model-size extension has the
   same additive form). With one model size the law falls back to the paper's
   4-parameter form (L0, B, beta, C).
-- Fitting is variable projection, as for VPNLS (DESIGN.md section 6): for fixed
+- Fitting is variable projection, as for VPNLS (docs/design.md §6.1): for fixed
   exponents the law is linear in (E, A, B, C) >= 0, so a grid over (alpha, beta)
   with non-negative least squares gives the start, then scipy's least_squares
   refines all six parameters.
@@ -62,7 +62,7 @@ TISSUE_MOMENTUM_DECAY = 0.999
 BAND_QUANTILES = {"lo90": 0.05, "lo50": 0.25, "hi50": 0.75, "hi90": 0.95}
 # Eval points taken before this fraction of a run's updates are dropped from
 # fits: the first few percent of training are the "early plateau" regime that
-# no power law in S1 describes (DESIGN.md section 7 pilot notes).
+# no power law in S1 describes (docs/design.md §8.1, pilot notes).
 DEFAULT_MIN_PROGRESS = 0.05
 # Grid of exponent starts for the variable-projection search.
 ALPHA_GRID = (0.1, 0.2, 0.3, 0.4, 0.6, 0.8)
@@ -164,11 +164,14 @@ def read_metrics(path: str | Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 break  # a line still being written
             raise DelphiError(f"{path}:{i + 1}: not valid JSON") from None
+        if not isinstance(row, dict):
+            raise DelphiError(f"{path}:{i + 1}: expected one JSON object per line, got {type(row).__name__}")
+        rows.append(row)
     return rows
 
 
@@ -235,10 +238,12 @@ def load_ladder_curves(ladder_dir: str | Path, *, momentum_decay: float = TISSUE
 
 
 def _read_json(path: Path) -> dict:
+    """A run's status/summary JSON; {} when absent, unreadable or not an object (mid-replace)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 # --------------------------------------------------------------------------- the law
@@ -436,8 +441,9 @@ class CurveLawFit:
 
     @classmethod
     def from_json(cls, d: dict) -> "CurveLawFit":
-        if d.get("kind") != "curve_law":
-            raise DelphiError(f"curve fit: kind is {d.get('kind')!r}, expected 'curve_law'")
+        if not isinstance(d, dict) or d.get("kind") != "curve_law":
+            kind = d.get("kind") if isinstance(d, dict) else type(d).__name__
+            raise DelphiError(f"curve fit: kind is {kind!r}, expected 'curve_law'")
         return cls(
             params={k: float(d["params"][k]) for k in PARAM_NAMES},
             samples=np.asarray(d.get("samples") or np.zeros((0, 6)), dtype=np.float64).reshape(-1, 6),

@@ -31,8 +31,9 @@ import pandas as pd
 import statsmodels.api as sm
 
 from delphi.errors import DelphiError
+from delphi.fits.allocation import PARAM_CONVENTIONS
 from delphi.fits.bootstrap import bootstrap
-from delphi.fits.data import cell_points, provenance
+from delphi.fits.data import cell_points, load_results, provenance
 from delphi.fits.results import FitResult, percentile_intervals, table_context
 
 MIN_POINTS_PER_BUDGET = 3  # a parabola has three coefficients
@@ -239,3 +240,27 @@ def fit_approach1(table: pd.DataFrame, *, n_bootstrap: int = 0, seed: int = 0, w
         fit.intervals = percentile_intervals(samples)
         fit.diagnostics.update(info)
     return fit
+
+
+def isoflop_exponent_by_convention(raw: pd.DataFrame, conventions: tuple[str, ...] = PARAM_CONVENTIONS, **load_options: Any) -> dict[str, dict[str, Any]]:
+    """The isoFLOP (Approach 2) exponent a of N* ~ C^a under each parameter-count convention.
+
+    `raw` is a ladder results table (with params_nonembedding, params_active and flops/tokens
+    columns). Returns {convention: {"a": ..., "a_interval_90": (lo, hi), "n_budgets": ...}};
+    a convention the table cannot express gets {"error": message}.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for convention in conventions:
+        try:
+            table = load_results(raw, params_convention=convention, **load_options)
+            fit = fit_approach2(table)
+        except DelphiError as e:
+            out[convention] = {"error": str(e)}
+            continue
+        out[convention] = {
+            "a": fit.params["a"],
+            "a_interval_90": fit.intervals.get("a"),
+            "n_budgets": fit.diagnostics.get("n_budgets"),
+            "mapped": bool(table.attrs.get("params_mapped")),
+        }
+    return out

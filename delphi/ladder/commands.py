@@ -21,7 +21,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
     run = sub.add_parser("run", help="train every rung that is not completed")
     run.add_argument("ladder_dir", metavar="LADDER_DIR")
-    run.add_argument("--workers", type=positive_int, default=None, help="parallel rungs (default: one per CPU core)")
+    run.add_argument("--workers", type=positive_int, default=None,
+                     help="parallel rungs (default: one per CPU core, at most one per pending rung and per GiB "
+                          "of free memory; each worker pinned to its cores)")
     run.add_argument("--retries", type=nonnegative_int, default=1, help="retries of a failed rung (default 1)")
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local worker processes, or one Ray task per rung (pip install 'delphi[ray]')")
@@ -61,13 +63,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     hero.set_defaults(func=_hero)
 
     ladder.set_defaults(func=lambda args: (ladder.print_help(sys.stderr), ({}, 2))[1])
-
-
-def ladder_own_paths(ladder_dir: str | Path) -> tuple[Path, ...]:
-    """What `ladder plan` and `ladder run` write and read back: an --out must never land there."""
-    from delphi.ladder.plan import CONFIG_DIR, MANIFEST_FILE, RUNS_DIR, SPEC_FILE
-
-    return tuple(Path(ladder_dir) / name for name in (MANIFEST_FILE, SPEC_FILE, CONFIG_DIR, RUNS_DIR))
 
 
 def _plan(args: argparse.Namespace) -> dict:
@@ -126,7 +121,7 @@ def _run(args: argparse.Namespace):
 def _collect(args: argparse.Namespace) -> dict:
     from delphi.ladder.collect import collect_ladder, write_results
     from delphi.io import check_output_file
-    from delphi.ladder.plan import read_manifest
+    from delphi.ladder.plan import ladder_own_paths, read_manifest
 
     check_output_file(args.out, protected=ladder_own_paths(args.ladder_dir))
     total = len(read_manifest(args.ladder_dir))

@@ -694,6 +694,11 @@ def manifest_csv(rows: list[dict[str, object]]) -> str:
     return buf.getvalue()
 
 
+def ladder_own_paths(ladder_dir: str | Path) -> tuple[Path, ...]:
+    """What `ladder plan` and `ladder run` write and read back: an --out must never land there."""
+    return tuple(Path(ladder_dir) / name for name in (MANIFEST_FILE, SPEC_FILE, CONFIG_DIR, RUNS_DIR))
+
+
 def read_manifest(ladder_dir: str | Path) -> list[dict[str, str]]:
     path = Path(ladder_dir) / MANIFEST_FILE
     if not path.is_file():
