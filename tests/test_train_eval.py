@@ -1,5 +1,5 @@
 """Evaluation in one fused call at its own batch size gives the val loss of the former
-per-training-batch evaluation (to float rounding), whatever the eval batch."""
+per-training-batch evaluation (to float rounding), whatever the eval batch; checkpoints by time."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from delphi.errors import DelphiError
 from delphi.model.config import ModelConfig, MoEConfig
 from delphi.model.transformer import cross_entropy
 from delphi.train import sharding
+from delphi.train.checkpoint import list_checkpoints
 from delphi.train.config import EVAL_BATCH_TOKENS, DataConfig, OptimConfig, TrainConfig
 from delphi.train.optim import make_optimizer
 from delphi.train.step import TrainState, eval_blocks, make_eval_step, split_model
@@ -111,3 +112,15 @@ def test_trained_val_loss_independent_of_eval_batch(store, tmp_path):
     assert fused["val_loss"] == pytest.approx(former["val_loss"], rel=REL_TOL)
     assert fused["eval_s"] >= 0 and fused["checkpoint_s"] >= 0 and fused["train_s"] > 0
     assert jax.device_count() >= 1
+
+
+def test_checkpoints_by_time_skip_periodic_saves_only(store, tmp_path):
+    """checkpoint_every_s far above the run's length: no periodic save, the final one is written;
+    the key is left out of the run's identity (it changes no number)."""
+    cfg = tiny_config(store, checkpoint_every=2, keep_checkpoints=5, checkpoint_every_s=3600.0)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["status"] == "completed"
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [8]
+    assert identity_yaml(config_yaml(cfg)) == identity_yaml(config_yaml(dataclasses.replace(cfg, checkpoint_every_s=0.0)))
+    with pytest.raises(DelphiError, match="checkpoint_every_s"):
+        tiny_config(store, checkpoint_every_s=-1.0)
