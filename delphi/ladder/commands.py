@@ -25,6 +25,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                      help="parallel rungs (default: one per CPU core, at most one per pending rung and per GiB "
                           "of free memory; each worker pinned to its cores)")
     run.add_argument("--retries", type=nonnegative_int, default=1, help="retries of a failed rung (default 1)")
+    run.add_argument("--no-group-seeds", dest="group_seeds", action="store_false",
+                     help="train every rung alone (default: the seeds of one cell train together as one "
+                          "vmapped program on one worker; local executor only)")
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local worker processes, or one Ray task per rung (pip install 'delphi[ray]')")
     ray_opts = run.add_argument_group("--executor ray")
@@ -109,7 +112,7 @@ def _run(args: argparse.Namespace):
         from delphi.ladder.ray_executor import reject_ray_options
 
         reject_ray_options(args)
-        result = run_ladder(args.ladder_dir, workers=args.workers, retries=args.retries)
+        result = run_ladder(args.ladder_dir, workers=args.workers, retries=args.retries, group_seeds=args.group_seeds)
     print(
         f"ladder {args.ladder_dir}: {result['completed']} completed, {result['diverged']} diverged, "
         f"{len(result['failed'])} failed of {result['rungs']} rungs in {result['wall_s']:.0f} s",

@@ -10,8 +10,17 @@ implements `Placer` (how many jobs it can take now, place one, wait for
 outcomes, stop everything on Ctrl-C). `delphi.ladder.runner` places rungs on
 local worker processes, `delphi.ladder.ray_executor` on Ray tasks.
 
-Every job runs `run_rung` (in delphi.ladder.runner), whose exit code is the
-contract between a job and the driver: EXIT_COMPLETED, EXIT_DIVERGED,
+Seed groups: with `group_seeds` (the default) and a placer that takes groups
+(`place_group`), the pending rungs of one cell (configs equal but for their
+seeds, see `cell_key`) are placed together as one job that trains them as one
+vmapped program (`delphi.train.trainer.train_group`). The job still reports
+one outcome per rung, so the skip, retry and summary rules stay per rung; a
+member locked elsewhere is reported locked and comes back alone later, and a
+rung whose group job failed is retried alone (a broken member cannot keep
+failing its cell).
+
+Every job runs `run_rung` or `run_group` (in delphi.ladder.runner), whose exit code (one per
+rung) is the contract between a job and the driver: EXIT_COMPLETED, EXIT_DIVERGED,
 EXIT_LOCKED (another process holds the rung's flock: come back later),
 anything else a failure.
 """
@@ -39,6 +48,8 @@ PROGRESS_EVERY_S = 30.0
 LOCKED_RETRY_S = 5.0
 FINISHED_STATUSES = ("completed", "diverged")
 TAIL_BYTES = 8192  # enough for the last few metrics lines of a running rung
+# What seeds of one cell may differ in (delphi.train.trainer.SEED_KEYS, as paths into the config file).
+SEED_CONFIG_PATHS = (("seed",), ("name",), ("data", "seed"))
 
 
 def rung_status(run_dir: Path) -> str:
@@ -72,6 +83,30 @@ def last_flops(run_dir: Path) -> float:
     return 0.0
 
 
+def cell_key(config: Path) -> str | None:
+    """The rung's config without its seeds (SEED_CONFIG_PATHS), as canonical JSON: rungs with equal
+    keys can train as one seed group. None when it cannot be grouped (a multi-device mesh, or a
+    config that does not read as a mapping; the trainer reports that one)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(config.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    mesh = raw.get("mesh") or {}
+    if isinstance(mesh, dict) and any(int(mesh.get(axis) or 1) != 1 for axis in ("data", "expert", "model")):
+        return None
+    for path in SEED_CONFIG_PATHS:
+        node = raw
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return json.dumps(raw, sort_keys=True, default=str)
+
+
 @dataclass
 class Rung:
     run_id: str
@@ -82,6 +117,8 @@ class Rung:
     attempts: int = 0
     not_before: float = 0.0  # perf_counter time before which it is not placed again (locked elsewhere)
     placed_at: float = 0.0  # epoch seconds of the last placement
+    cell: str | None = None  # cell_key of its config: rungs with equal (non-None) cells may train together
+    alone: bool = False  # set once a group job failed it: its retries train it alone
 
 
 @dataclass(frozen=True)
@@ -102,6 +139,9 @@ class Placer(Protocol):
     def place(self, rung: Rung, lock_path: Path, log_path: Path) -> None:
         """Start `run_rung(rung.config, rung.run_dir, lock_path)` with its output appended to `log_path`."""
 
+    # Optional: a placer with `place_group(rungs, lock_paths, log_paths)` (one job training the rungs
+    # as one seed group via `run_group`, one Outcome per rung) gets seed groups from the driver.
+
     def wait(self, timeout_s: float) -> list[Outcome]:
         """The jobs that ended, waiting at most `timeout_s` for the first one."""
 
@@ -121,7 +161,8 @@ def load_rungs(ladder_dir: Path, rows: list[dict[str, str]] | None = None) -> li
         if not config.is_file():
             raise DelphiError(f"{ladder_dir}/manifest.csv: rung {row['run_id']}: config {config} is missing")
         seed = int(row.get("seed") or 0)
-        rungs.append(Rung(row["run_id"], config, ladder_dir / RUNS_DIR / row["run_id"], float(row["flops"]), seed))
+        rungs.append(Rung(row["run_id"], config, ladder_dir / RUNS_DIR / row["run_id"], float(row["flops"]), seed,
+                          cell=cell_key(config)))
     return rungs
 
 
@@ -166,6 +207,7 @@ class LadderDriver:
     retries: int = 1
     progress: bool = True
     progress_every_s: float = PROGRESS_EVERY_S
+    group_seeds: bool = True  # seeds of one cell as one job, where the placer takes groups
     rungs: list[Rung] = field(init=False)
     done: dict[str, str] = field(init=False)  # run_id -> completed | diverged
     waiting: list[Rung] = field(init=False)
@@ -233,13 +275,20 @@ class LadderDriver:
             while self.waiting or self.in_flight:
                 now = time.perf_counter()
                 for rung in [r for r in self.waiting if r.not_before <= now]:
+                    if rung not in self.waiting:  # placed just now with its group
+                        continue
                     if placer.free_slots() <= 0:
                         break
-                    self.waiting.remove(rung)
-                    rung.attempts += 1
-                    rung.placed_at = time.time()
-                    self.in_flight[rung.run_id] = rung
-                    placer.place(rung, self.lock_path(rung), self.log_path(rung))
+                    group = self.group_of(rung, placer, now)
+                    for member in group:
+                        self.waiting.remove(member)
+                        member.attempts += 1
+                        member.placed_at = time.time()
+                        self.in_flight[member.run_id] = member
+                    if len(group) == 1:
+                        placer.place(rung, self.lock_path(rung), self.log_path(rung))
+                    else:
+                        placer.place_group(group, [self.lock_path(r) for r in group], [self.log_path(r) for r in group])
                 for outcome in placer.wait(poll_s):
                     self.judge(outcome, placer)
                 self.report(placer)
@@ -249,6 +298,19 @@ class LadderDriver:
         finally:
             self.wall_s = time.perf_counter() - self._started
         self.report(placer, force=True)
+
+    def pending_jobs(self) -> int:
+        """How many jobs the waiting rungs make (a seed group is one job)."""
+        if not self.group_seeds:
+            return len(self.waiting)
+        return len({r.cell if r.cell is not None and not r.alone else r.run_id for r in self.waiting})
+
+    def group_of(self, rung: Rung, placer: Placer, now: float) -> list[Rung]:
+        """`rung` and the waiting rungs of its cell that may start now, in placement order."""
+        if not self.group_seeds or rung.alone or rung.cell is None or not hasattr(placer, "place_group"):
+            return [rung]
+        return [rung] + [r for r in self.waiting if r is not rung and r.cell == rung.cell
+                         and not r.alone and r.not_before <= now]
 
     def judge(self, outcome: Outcome, placer: Placer) -> None:
         """The retry and skip rules, for every executor."""
@@ -271,6 +333,7 @@ class LadderDriver:
             self.waiting.append(rung)
         elif rung.attempts <= self.retries:
             _say(f"[ladder] {rung.run_id}: failed ({outcome.why}), retrying; see {log}")
+            rung.alone = True
             self.waiting.append(rung)
         else:
             self.failed[rung.run_id] = f"{outcome.why} after {rung.attempts} attempt(s); see {log}"

@@ -21,6 +21,15 @@ SIGKILL), so there are no stale locks; a second `delphi ladder run` on the same
 ladder skips a locked rung and comes back to it later. A worker that dies is
 replaced; its rung counts as failed (and is retried `retries` times).
 
+Seeds of one cell (see delphi.ladder.driver) go to one worker as one job,
+`run_group`: it takes every member's lock (a member locked elsewhere is
+reported EXIT_LOCKED and left alone), skips the finished members, trains the
+others as one vmapped program (`train_group(..., resume=True)`: a killed group
+resumes from the newest step all its members hold) and returns one exit code per
+member; a member that diverges stops counting while the others train on. The
+group's output goes to the first member's log; each other member's log says so
+and gets its own result line.
+
 Ladder workers use JAX's persistent compilation cache in a per-machine directory
 ($DELPHI_CACHE/jax, default ~/.cache/delphi/jax; DELPHI_JAX_CACHE=DIR overrides
 it, DELPHI_JAX_CACHE=off disables it), so a program of one shape compiles once
@@ -38,6 +47,7 @@ import subprocess
 import sys
 import time
 import traceback
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -107,30 +117,7 @@ def enable_compilation_cache() -> Path | None:
     return path
 
 
-def run_rung(config: str | Path, run_dir: str | Path, lock_path: str | Path) -> int:
-    """One rung in this process under its lock; the exit code tells the executor what happened.
-
-    The lock lives as long as this call (or this process, if it dies): the kernel
-    drops a dead process's flock, so a killed rung can be retried at once.
-    """
-    with open(lock_path, "a+") as lock:
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"{run_dir}: locked by another process", file=sys.stderr)
-            return EXIT_LOCKED
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
-        enable_compilation_cache()
-        from delphi.train.config import load_train_config
-        from delphi.train.trainer import train
-
-        cfg = load_train_config(config)
-        summary = train(cfg, Path(run_dir), resume=True, progress=False)
-    status = summary.get("status")
-    print(json.dumps({k: summary.get(k) for k in ("status", "steps", "val_loss", "wall_time_s")}), file=sys.stderr)
+def _exit_code(status: str | None) -> int:
     if status == "completed":
         return EXIT_COMPLETED
     if status == "diverged":
@@ -138,17 +125,79 @@ def run_rung(config: str | Path, run_dir: str | Path, lock_path: str | Path) -> 
     return EXIT_FAILED
 
 
-def run_rung_into_log(config: str | Path, run_dir: str | Path, lock_path: str | Path, log: IO[str]) -> int:
-    """`run_rung` with this process's stdout and stderr (file descriptors 1 and 2) appended to `log`."""
+def _take_lock(stack: ExitStack, lock_path: str | Path) -> bool:
+    """Hold `lock_path`'s flock until `stack` closes (or this process dies); False if another holds it."""
+    lock = stack.enter_context(open(lock_path, "a+"))
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return True
+
+
+def run_group(
+    configs: list[str | Path], run_dirs: list[str | Path], lock_paths: list[str | Path]
+) -> list[int]:
+    """Rungs of one cell (configs equal but for their seeds) trained in this process as one seed
+    group under their locks; one exit code per rung. A single rung is a group of one.
+
+    A rung locked by another process gets EXIT_LOCKED and is left alone (the others train without
+    it); a finished rung (completed or diverged) is not trained again. The locks live as long as
+    this call (or this process, if it dies): the kernel drops a dead process's flock, so a killed
+    group can be retried at once.
+    """
+    codes: list[int | None] = [None] * len(configs)
+    with ExitStack() as locks:
+        for i, (run_dir, lock_path) in enumerate(zip(run_dirs, lock_paths)):
+            if not _take_lock(locks, lock_path):
+                print(f"{run_dir}: locked by another process", file=sys.stderr)
+                codes[i] = EXIT_LOCKED
+            elif is_finished(status := rung_status(Path(run_dir))):
+                codes[i] = _exit_code(status)
+        todo = [i for i, code in enumerate(codes) if code is None]
+        if todo:
+            enable_compilation_cache()
+            from delphi.train.config import load_train_config
+            from delphi.train.trainer import train_group
+
+            cfgs = [load_train_config(configs[i]) for i in todo]
+            summaries = train_group(cfgs, [Path(run_dirs[i]) for i in todo], resume=True, progress=False)
+            for i, summary in zip(todo, summaries):
+                codes[i] = _exit_code(summary.get("status"))
+                result = {k: summary.get(k) for k in ("status", "steps", "val_loss", "wall_time_s")}
+                print(json.dumps({"run_dir": str(run_dirs[i]), **result} if len(configs) > 1 else result),
+                      file=sys.stderr)
+    return [int(code) for code in codes]
+
+
+def run_rung(config: str | Path, run_dir: str | Path, lock_path: str | Path) -> int:
+    """One rung in this process under its lock; the exit code tells the executor what happened."""
+    return run_group([config], [run_dir], [lock_path])[0]
+
+
+def run_group_into_log(
+    configs: list[str | Path], run_dirs: list[str | Path], lock_paths: list[str | Path], logs: list[IO[str]]
+) -> list[int]:
+    """`run_group` with this process's stdout and stderr (file descriptors 1 and 2) appended to the
+    first member's log; every other member's log says where the output went and gets its result."""
+    for log in logs[1:]:
+        log.write(f"trained in a seed group with {Path(run_dirs[0]).name}: its output is in {Path(logs[0].name).name}\n")
+        log.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
+    os.dup2(logs[0].fileno(), 1)
+    os.dup2(logs[0].fileno(), 2)
     try:
-        return run_rung(config, run_dir, lock_path)
+        codes = run_group(configs, run_dirs, lock_paths)
     except BaseException:
         traceback.print_exc()
+        for log in logs[1:]:
+            log.write("the seed group raised (traceback in the first member's log)\n")
         raise
     finally:
         sys.stdout.flush()
@@ -157,6 +206,14 @@ def run_rung_into_log(config: str | Path, run_dir: str | Path, lock_path: str | 
         os.dup2(saved[1], 2)
         os.close(saved[0])
         os.close(saved[1])
+    for run_dir, log, code in list(zip(run_dirs, logs, codes))[1:]:
+        log.write(json.dumps({"status": rung_status(Path(run_dir)), "exit": code}) + "\n")
+    return codes
+
+
+def run_rung_into_log(config: str | Path, run_dir: str | Path, lock_path: str | Path, log: IO[str]) -> int:
+    """`run_rung` with this process's stdout and stderr (file descriptors 1 and 2) appended to `log`."""
+    return run_group_into_log([config], [run_dir], [lock_path], [log])[0]
 
 
 def _pin(cores: str) -> None:
@@ -173,22 +230,23 @@ def _worker(config: str, run_dir: str, lock_path: str, cores: str) -> int:
 def serve(cores: str) -> int:
     """A persistent worker: one JSON job per stdin line, one JSON result per line on stdout.
 
-    A job is {"config", "run_dir", "lock", "log"}; the result is {"exit": code}. The
-    worker stops at the end of its input, and after a rung that raised (a fresh
-    process for the next rung, in case the error left JAX in a bad state).
+    A job is {"configs", "run_dirs", "locks", "logs"} (one entry per member of a seed group); the
+    result is {"exits": [code per member]}. The worker stops at the end of its input, and after a
+    job that raised (a fresh process for the next job, in case the error left JAX in a bad state).
     """
     _pin(cores)
     results = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed outside a rung goes to the worker's log, never into the results
     for line in sys.stdin:
         job = json.loads(line)
-        with open(job["log"], "a") as log:
+        with ExitStack() as stack:
+            logs = [stack.enter_context(open(path, "a")) for path in job["logs"]]
             try:
-                code = run_rung_into_log(job["config"], job["run_dir"], job["lock"], log)
-            except Exception:  # printed into the rung's log by run_rung_into_log
-                results.write(json.dumps({"exit": EXIT_FAILED, "raised": True}) + "\n")
+                codes = run_group_into_log(job["configs"], job["run_dirs"], job["locks"], logs)
+            except Exception:  # printed into the first member's log by run_group_into_log
+                results.write(json.dumps({"exits": [EXIT_FAILED] * len(logs), "raised": True}) + "\n")
                 return EXIT_FAILED
-        results.write(json.dumps({"exit": code}) + "\n")
+        results.write(json.dumps({"exits": codes}) + "\n")
     return 0
 
 
@@ -233,7 +291,7 @@ def worker_env(cores: list[int], pin_cores: bool) -> dict[str, str]:
 
 @dataclass
 class _Job:
-    rung: Rung
+    rungs: list[Rung]  # one, or the members of a seed group
     proc: subprocess.Popen
     log: IO[str] | None = field(default=None, repr=False)  # one-shot workers: the process's own output
 
@@ -285,22 +343,36 @@ class LocalPlacer:
         return proc
 
     def place(self, rung: Rung, lock_path: Path, log_path: Path) -> None:
+        self._place([rung], [lock_path], [log_path])
+
+    def place_group(self, rungs: list[Rung], lock_paths: list[Path], log_paths: list[Path]) -> None:
+        """The rungs of one cell as one job (`run_group`) on one worker."""
+        self._place(rungs, lock_paths, log_paths)
+
+    def _place(self, rungs: list[Rung], lock_paths: list[Path], log_paths: list[Path]) -> None:
         slot = next(s for s in self.slots if s.job is None)
-        with open(log_path, "a") as log:
-            log.write(f"--- attempt {rung.attempts} on cores {slot.cores} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        for rung, log_path in zip(rungs, log_paths):
+            with open(log_path, "a") as log:
+                group = f" in a seed group of {len(rungs)}" if len(rungs) > 1 else ""
+                log.write(f"--- attempt {rung.attempts}{group} on cores {slot.cores} at "
+                          f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         if not self.persistent:
+            if len(rungs) != 1:
+                raise DelphiError("one-shot ladder workers train one rung per process, not seed groups")
+            rung, lock_path, log_path = rungs[0], lock_paths[0], log_paths[0]
             log = open(log_path, "a")
             proc = subprocess.Popen(
                 [sys.executable, "-m", "delphi.ladder.runner", str(rung.config), str(rung.run_dir), str(lock_path),
                  self._cores_arg(slot)],
                 stdout=log, stderr=subprocess.STDOUT, env=worker_env(slot.cores, self.pin_cores),
             )
-            slot.job = _Job(rung, proc, log)
+            slot.job = _Job([rung], proc, log)
             return
         if slot.proc is None or slot.proc.poll() is not None:
             slot.proc = self._start_worker(slot)
-        job = {"config": str(rung.config), "run_dir": str(rung.run_dir), "lock": str(lock_path), "log": str(log_path)}
-        slot.job = _Job(rung, slot.proc)
+        job = {"configs": [str(r.config) for r in rungs], "run_dirs": [str(r.run_dir) for r in rungs],
+               "locks": [str(p) for p in lock_paths], "logs": [str(p) for p in log_paths]}
+        slot.job = _Job(rungs, slot.proc)
         try:
             slot.proc.stdin.write((json.dumps(job) + "\n").encode())
             slot.proc.stdin.flush()
@@ -325,7 +397,7 @@ class LocalPlacer:
                 if job is not None and (code := job.proc.poll()) is not None:
                     job.log.close()
                     slot.job = None
-                    outcomes.append(Outcome(job.rung, code, f"exit {code}"))
+                    outcomes.append(Outcome(job.rungs[0], code, f"exit {code}"))
             return outcomes
         if not self.selector.get_map():
             time.sleep(timeout_s)
@@ -339,7 +411,8 @@ class LocalPlacer:
                     line, slot.buffer = slot.buffer.split(b"\n", 1)
                     result = json.loads(line)
                     if slot.job is not None:
-                        outcomes.append(Outcome(slot.job.rung, result["exit"], f"exit {result['exit']}"))
+                        for rung, code in zip(slot.job.rungs, result["exits"]):
+                            outcomes.append(Outcome(rung, code, f"exit {code}"))
                         slot.job = None
                     if result.get("raised"):  # the worker is ending: never send it another rung
                         self._retire(slot)
@@ -350,7 +423,7 @@ class LocalPlacer:
             self._retire(slot)
             if slot.job is not None:
                 why = f"worker killed by {signal.Signals(-code).name}" if code < 0 else f"worker exit {code}"
-                outcomes.append(Outcome(slot.job.rung, None if code <= 0 else EXIT_FAILED, why))
+                outcomes.extend(Outcome(rung, None if code <= 0 else EXIT_FAILED, why) for rung in slot.job.rungs)
                 slot.job = None
         return outcomes
 
@@ -410,16 +483,21 @@ def run_ladder(
     progress_every_s: float = PROGRESS_EVERY_S,
     persistent_workers: bool = True,
     pin_cores: bool = True,
+    group_seeds: bool = True,
 ) -> dict:
     """Run every rung of `ladder_dir` that is not completed (or diverged); return a summary.
 
+    `group_seeds`: the seeds of one cell train together as one job (one vmapped program); False
+    trains every rung alone. One-shot workers (`persistent_workers=False`) train rungs alone.
     `persistent_workers` and `pin_cores` exist to measure what they gain (benchmarks/ladder.py).
     """
     if workers is not None and workers < 1:
         raise DelphiError(f"--workers: must be >= 1, got {workers}")
-    driver = LadderDriver(Path(ladder_dir), retries=retries, progress=progress, progress_every_s=progress_every_s)
+    group_seeds = group_seeds and persistent_workers
+    driver = LadderDriver(Path(ladder_dir), retries=retries, progress=progress, progress_every_s=progress_every_s,
+                          group_seeds=group_seeds)
     cpus = sorted(os.sched_getaffinity(0))
-    workers = workers if workers is not None else default_workers(len(driver.waiting), len(cpus), available_memory_bytes())
+    workers = workers if workers is not None else default_workers(driver.pending_jobs(), len(cpus), available_memory_bytes())
     slots = core_slots(workers, cpus)
     driver.make_dirs()
     placer = LocalPlacer(slots, driver.ladder_dir / LOGS_DIR, persistent=persistent_workers, pin_cores=pin_cores)
@@ -429,7 +507,7 @@ def run_ladder(
         placer.close()
     return driver.summary(
         executor="local", workers=workers, cores_per_worker=[len(s) for s in slots],
-        persistent_workers=persistent_workers, pinned=pin_cores,
+        persistent_workers=persistent_workers, pinned=pin_cores, group_seeds=group_seeds,
     )
 
 
