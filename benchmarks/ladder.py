@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/ladder.py [--json OUT.json] [--ladders default,paper-min]
         [--budgets-default 3.6e11] [--seeds-default 0] [--rungs-default 3] [--rungs-paper 2]
-        [--levers baseline,warm_cache,unpinned,one_shot,one_worker]
+        [--levers baseline,warm_cache,unpinned,one_shot,one_worker,group_seeds]
 
 1. The f32 matmul peak of this machine, measured in this process (delphi.train.peak).
 2. Each ladder planned into a temporary directory and run through the real runner
@@ -24,6 +24,10 @@
    cache, no core pinning (every
    worker's XLA sees every core: the old oversubscription), a fresh process per rung
    instead of persistent workers, one worker with all cores. Gains are wall-time ratios.
+   `group_seeds`: the levers' ladder with GROUP_SEEDS seeds per cell, run with the seeds of a
+   cell trained as one vmapped job (the default) and with every rung alone (--no-group-seeds),
+   each from a cold compilation cache; gain = alone wall / grouped wall, and the largest
+   relative difference of a rung's final val loss between the two.
 
 Speed figures are ratios against baselines measured in the same run; the CPU model,
 its flags and the load average (uptime) before and after are in the output, because
@@ -61,7 +65,8 @@ TARGET_INSIDE_OVER_ALONE = 1.10
 # The levers' ladder: the default recipe shrunk to 3 rungs of 1e11 FLOPs (>= 500 steps each).
 LEVER_BUDGET = 1.0e11
 LEVER_SIZES, LEVER_SPAN, LEVER_MIN_STEPS = 3, 4.0, 500
-LEVERS = ("baseline", "warm_cache", "unpinned", "one_shot", "one_worker")
+LEVERS = ("baseline", "warm_cache", "unpinned", "one_shot", "one_worker", "group_seeds")
+GROUP_SEEDS = [0, 1]  # the group_seeds lever: seeds per cell
 
 
 def machine() -> dict:
@@ -91,8 +96,8 @@ def default_raw(budgets: list[float] | None = None, seeds: list[int] | None = No
     return raw
 
 
-def lever_raw() -> dict:
-    raw = default_raw([LEVER_BUDGET], [0])
+def lever_raw(seeds: list[int] | None = None) -> dict:
+    raw = default_raw([LEVER_BUDGET], seeds or [0])
     raw["isoflop"].update(sizes=LEVER_SIZES, span=LEVER_SPAN, min_span=1.0)
     raw["batch"]["min_steps"] = LEVER_MIN_STEPS
     return raw
@@ -301,7 +306,19 @@ def main() -> int:
             "baseline": {}, "warm_cache": {}, "unpinned": {"pin_cores": False},
             "one_shot": {"persistent_workers": False}, "one_worker": {"workers": 1},
         }
-        for lever in ["baseline"] + [x for x in levers if x != "baseline"]:
+        seed_runs: dict[str, dict] = {}
+        if "group_seeds" in levers:
+            for mode, grouped in (("grouped", True), ("alone", False)):
+                ladder_dir = tmp / f"lever-group_seeds-{mode}"
+                plan(lever_raw(GROUP_SEEDS), ladder_dir)
+                seed_runs[mode] = run_one(f"lever group_seeds {mode}", ladder_dir, caches / ladder_dir.name, peak,
+                                          group_seeds=grouped)
+                seed_runs[mode]["val_loss"] = {
+                    run_id: json.loads((ladder_dir / "runs" / run_id / "summary.json").read_text())["val_loss"]
+                    for run_id in seed_runs[mode]["per_rung"]
+                }
+        others = [x for x in levers if x not in ("baseline", "group_seeds")]
+        for lever in ["baseline"] + others if others or "baseline" in levers else []:
             if lever in runs:
                 continue
             ladder_dir = tmp / f"lever-{lever}"
@@ -309,7 +326,7 @@ def main() -> int:
             baseline_cache = caches / ("lever" if "lever" in out["ladders"] else "lever-baseline")
             cache = baseline_cache if lever == "warm_cache" else caches / f"lever-{lever}"
             runs[lever] = run_one(f"lever {lever}", ladder_dir, cache, peak, **options[lever])
-        base = runs["baseline"]
+        base = runs.get("baseline")
         out["levers"] = {
             lever: {
                 "wall_s": r["wall_s"],
@@ -324,6 +341,25 @@ def main() -> int:
             }
             for lever, r in runs.items()
         }
+        if seed_runs:
+            grouped, alone = seed_runs["grouped"], seed_runs["alone"]
+            out["levers"]["group_seeds"] = {
+                "seeds": GROUP_SEEDS,
+                "wall_s": grouped["wall_s"],
+                "alone_wall_s": alone["wall_s"],
+                "gain": round(alone["wall_s"] / grouped["wall_s"], 3),  # > 1: grouping seeds is faster
+                "aggregate_fraction_of_peak": grouped["aggregate_fraction_of_peak"],
+                "alone_aggregate_fraction_of_peak": alone["aggregate_fraction_of_peak"],
+                "workers": grouped["workers"], "alone_workers": alone["workers"],
+                "compile_s_total": grouped["compile_s_total"],
+                "startup_s_total": grouped["startup_s_total"],
+                "median_rung_train_gflops": statistics.median(
+                    x["model_gflops_in_train"] for x in grouped["per_rung"].values()),
+                "val_loss_max_relative_difference": max(
+                    abs(grouped["val_loss"][k] - v) / abs(v) for k, v in alone["val_loss"].items()),
+                "uptime_before": grouped["uptime_before"], "alone_uptime_before": alone["uptime_before"],
+                "per_rung": grouped["per_rung"], "alone_per_rung": alone["per_rung"],
+            }
         if "warm_cache" in runs:
             warm = out["levers"]["warm_cache"]
             warm["gain"] = round(base["wall_s"] / runs["warm_cache"]["wall_s"], 3)  # > 1: the warm cache is faster

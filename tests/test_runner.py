@@ -220,20 +220,31 @@ def test_seeds_of_a_cell_train_as_one_group_with_the_same_results_as_alone(tmp_p
     assert set(run_ladder(grouped, workers=1, progress=False)["rung_times"]) == set()
 
 
-def test_a_locked_member_is_left_out_of_its_group_and_the_others_train(tmp_path, worker_env):
+@pytest.mark.slow  # three in-process trainings, each compiling its programs
+def test_a_killed_group_resumes_and_a_locked_member_is_left_out_of_its_group(tmp_path, worker_env):
     import fcntl
 
     from delphi.ladder.runner import EXIT_COMPLETED, EXIT_LOCKED, run_group
+    from delphi.train.config import load_train_config
+    from delphi.train.trainer import train_group
 
     ladder = _micro_ladder(tmp_path, [2e8], seeds=(0, 1), tokens_per_param=6.0, min_steps=4)
     rows = read_manifest(ladder)
+    configs = [ladder / r["config"] for r in rows]
+    run_dirs = [ladder / "runs" / r["run_id"] for r in rows]
+    steps = load_train_config(configs[0]).steps
+    # A group stopped part-way (as a kill would: a checkpoint of the step it reached, status failed).
+    train_group([load_train_config(c) for c in configs], run_dirs, max_steps=steps // 2, progress=False)
+    assert [json.loads((d / "status.json").read_text())["status"] for d in run_dirs] == ["failed", "failed"]
     (ladder / "locks").mkdir()
     locks = [ladder / "locks" / f"{r['run_id']}.lock" for r in rows]
     with open(locks[1], "a+") as held:  # another process holds the second seed
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        codes = run_group([ladder / r["config"] for r in rows], [ladder / "runs" / r["run_id"] for r in rows], locks)
-    assert codes == [EXIT_COMPLETED, EXIT_LOCKED]
-    assert not (ladder / "runs" / rows[1]["run_id"] / "status.json").exists()
-    # Now the first member is finished: the group trains only the second one.
-    codes = run_group([ladder / r["config"] for r in rows], [ladder / "runs" / r["run_id"] for r in rows], locks)
-    assert codes == [EXIT_COMPLETED, EXIT_COMPLETED]
+        assert run_group(configs, run_dirs, locks) == [EXIT_COMPLETED, EXIT_LOCKED]
+    assert json.loads((run_dirs[1] / "status.json").read_text())["status"] == "failed"  # left alone
+    # Now the first member is finished: the group resumes only the second one.
+    assert run_group(configs, run_dirs, locks) == [EXIT_COMPLETED, EXIT_COMPLETED]
+    for run_dir in run_dirs:
+        logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert logged == sorted(set(logged)) and logged[-1] == steps  # resumed, not restarted
+        assert json.loads((run_dir / "summary.json").read_text())["steps"] == steps
