@@ -9,6 +9,8 @@ flock on `locks/<run_id>.lock` (`run_rung`), and `train(..., resume=True)`
 continues a rung from its last checkpoint. Only the placement differs: each
 pending rung is a Ray task declaring `num_cpus` / `num_gpus`, and Ray decides
 where and how many run at once.
+Seeds are not grouped here: the Ray placer has no `place_group`, so every seed
+is its own task (the local executor trains a cell's seeds as one job).
 
 Two kinds of retry:
 - worker death (the process is killed, OOM-killed, or its node is lost): Ray
