@@ -151,11 +151,11 @@ def _evals_per_run(table: pd.DataFrame, data_dir: Path) -> list[int]:
     """Eval points each ladder run logged: the results table's n_evals, else its metrics.jsonl."""
     if "n_evals" in table and table["n_evals"].notna().all():
         return [int(v) for v in table["n_evals"]]
-    from delphi.fits.curves import read_metrics
+    from delphi.train.rundir import METRICS_FILE, read_metrics
 
     counts = []
-    for metrics in sorted((data_dir / "ladder").glob("runs/*/metrics.jsonl")):
-        counts.append(sum(1 for r in read_metrics(metrics) if r.get("val_loss") is not None))
+    for metrics in sorted((data_dir / "ladder").glob(f"runs/*/{METRICS_FILE}")):
+        counts.append(sum(1 for r in read_metrics(metrics.parent) if r.get("val_loss") is not None))
     return counts
 
 

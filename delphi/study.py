@@ -34,6 +34,7 @@ import pandas as pd
 from delphi.config_schema import from_dict, to_dict
 from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_json, atomic_write_text, atomic_write_yaml, read_yaml
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
 FIT_METHODS = ("isoflop", "parametric", "vpnls", "frontier", "envelope", "moe")
@@ -435,7 +436,7 @@ def stage_dress_rehearsal(study: Study) -> dict:
 
     predicted = predict_hero(fit, cfg)[0]
     _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
-    train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / "config.yaml").exists())
+    train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists())
     result = run_predicted_vs_actual(fit, study.rehearsal_run)
     _say(f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
     return result | {"multiple": multiple}
@@ -493,7 +494,7 @@ def stage_prereg(study: Study) -> dict:
         if not seal_status(read(study.prereg))["ok"]:
             raise DelphiError(f"{study.prereg}: exists but its seal is broken; it was edited after sealing")
         return {"prereg": str(study.prereg), "note": "sealed earlier"}
-    if (study.hero_run / "metrics.jsonl").exists():
+    if (study.hero_run / METRICS_FILE).exists():
         raise DelphiError(f"{study.hero_run}: the hero started before a preregistration existed; remove it to start over")
     doc = create_prereg(
         study.fit_path(study.spec.primary_fit), study.hero_config, study.prereg,
@@ -519,7 +520,7 @@ def stage_train_hero(study: Study) -> dict:
     from delphi.train.trainer import train
 
     cfg = load_train_config(study.hero_config)
-    resume = (study.hero_run / "config.yaml").exists()
+    resume = (study.hero_run / CONFIG_FILE).exists()
     return train(cfg, study.hero_run, resume=resume, predicted_loss=predicted_loss_curve(study.prereg))
 
 

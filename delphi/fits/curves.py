@@ -40,7 +40,6 @@ Choices, and why:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +52,7 @@ from scipy.signal import lfilter
 
 from delphi.errors import DelphiError
 from delphi.fits.results import FitStatus, fit_status
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, read_metrics, read_status
 from delphi.train.schedules import lr_factor_schedule, warmup_steps
 
 # Tissue et al. 2024, section 3: the decay factor of the annealing momentum;
@@ -151,30 +151,6 @@ def curve_from_schedule(
     )
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """Read metrics.jsonl, tolerating a truncated last line (the run may be writing it)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    from delphi.io import read_text
-
-    rows = []
-    lines = read_text(path, what="metrics file").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break  # a line still being written
-            raise DelphiError(f"{path}:{i + 1}: not valid JSON") from None
-        if not isinstance(row, dict):
-            raise DelphiError(f"{path}:{i + 1}: expected one JSON object per line, got {type(row).__name__}")
-        rows.append(row)
-    return rows
-
-
 def eval_points(rows: Iterable[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(steps, tokens, val_loss) of the rows that carry an eval."""
     pts = [(r["step"], r["tokens"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
@@ -190,8 +166,8 @@ def load_run_curve(run_dir: str | Path, *, lr_ref: float | None = None, momentum
     from delphi.model.flops import count_params
     from delphi.train.config import load_train_config
     run_dir = Path(run_dir)
-    cfg = load_train_config(run_dir / "config.yaml")
-    _, tokens, loss = eval_points(read_metrics(run_dir / "metrics.jsonl"))
+    cfg = load_train_config(run_dir / CONFIG_FILE)
+    _, tokens, loss = eval_points(read_metrics(run_dir))
     peak = cfg.optim.lr / (lr_ref or cfg.optim.lr)
     return curve_from_schedule(
         run_dir.name,
@@ -209,8 +185,8 @@ def find_run_dirs(root: str | Path) -> list[Path]:
     """Run dirs (config.yaml + metrics.jsonl) at most three levels under `root`."""
     root = Path(root)
     found = []
-    for pattern in ("metrics.jsonl", "*/metrics.jsonl", "*/*/metrics.jsonl", "*/*/*/metrics.jsonl"):
-        found += [p.parent for p in root.glob(pattern) if (p.parent / "config.yaml").is_file()]
+    for pattern in (METRICS_FILE, f"*/{METRICS_FILE}", f"*/*/{METRICS_FILE}", f"*/*/*/{METRICS_FILE}"):
+        found += [p.parent for p in root.glob(pattern) if (p.parent / CONFIG_FILE).is_file()]
     return sorted(set(found))
 
 
@@ -218,7 +194,7 @@ def ladder_lr_ref(ladder_dir: str | Path) -> float:
     """The reference LR of a ladder's curves: the largest peak LR among its runs."""
     from delphi.train.config import load_train_config
 
-    return max(load_train_config(r / "config.yaml").optim.lr for r in find_run_dirs(ladder_dir))
+    return max(load_train_config(r / CONFIG_FILE).optim.lr for r in find_run_dirs(ladder_dir))
 
 
 def load_ladder_curves(ladder_dir: str | Path, *, momentum_decay: float = TISSUE_MOMENTUM_DECAY) -> list[Curve]:
@@ -227,23 +203,14 @@ def load_ladder_curves(ladder_dir: str | Path, *, momentum_decay: float = TISSUE
 
     runs = []
     for run in find_run_dirs(ladder_dir):
-        status = _read_json(run / "status.json").get("status", "completed")
-        if status in ("completed", "running") or not (run / "status.json").exists():
+        status = (read_status(run) or {}).get("status", "completed")
+        if status in ("completed", "running") or not (run / STATUS_FILE).exists():
             runs.append(run)
     if not runs:
         raise DelphiError(f"{ladder_dir}: no run dirs with config.yaml and metrics.jsonl found")
     lr_ref = ladder_lr_ref(ladder_dir)
     curves = [load_run_curve(r, lr_ref=lr_ref, momentum_decay=momentum_decay) for r in runs]
     return [c for c in curves if c.loss.size]
-
-
-def _read_json(path: Path) -> dict:
-    """A run's status/summary JSON; {} when absent, unreadable or not an object (mid-replace)."""
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 # --------------------------------------------------------------------------- the law

@@ -35,6 +35,7 @@ from delphi.io import atomic_write_json, atomic_write_text
 from delphi.ladder.plan import RUNS_DIR, SPEC_FILE, cell_id_of, flops_family, read_manifest
 from delphi.ladder.runner import rung_status
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
+from delphi.train.rundir import CONFIG_FILE, read_metrics, read_summary
 
 CANONICAL_COLUMNS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
 EXTRA_COLUMNS = (
@@ -54,13 +55,6 @@ HEALTH_TABLE_COLUMNS = (
 FAMILY_SUFFIX = ".family.json"  # <results>.family.json beside the table (delphi.fits.data reads it)
 
 
-def _summary(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _number(text: str | None) -> object:
     """Manifest cells are text: give numbers back their type."""
     if text is None or text == "":
@@ -73,26 +67,9 @@ def _number(text: str | None) -> object:
     return text
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    """The records of metrics.jsonl (a torn last line of a live run is skipped)."""
-    records = []
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return records
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def run_health(run_dir: Path, moe: bool) -> dict[str, object]:
     """drop_frac_mean and n_evals of one run from its metrics.jsonl."""
-    records = _metrics(run_dir)
+    records = read_metrics(run_dir)
     drops = [float(r["drop_frac"]) for r in records if r.get("drop_frac") is not None]
     n_evals = sum(1 for r in records if r.get("val_loss") is not None)
     if not moe:
@@ -127,7 +104,7 @@ def _eval_tokens(run_dir: Path, default: int) -> int:
     from delphi.io import read_yaml
 
     try:
-        cfg = read_yaml(run_dir / "config.yaml")
+        cfg = read_yaml(run_dir / CONFIG_FILE)
         return int(cfg["eval_tokens"])
     except (OSError, KeyError, TypeError, ValueError, DelphiError):
         return default
@@ -154,7 +131,7 @@ def collect_ladder(ladder_dir: str | Path, *, include_all: bool = False) -> pd.D
     for m in read_manifest(ladder_dir):
         run_dir = ladder_dir / RUNS_DIR / m["run_id"]
         status = rung_status(run_dir)
-        summary = _summary(run_dir) if status in ("completed", "diverged") else {}
+        summary = read_summary(run_dir) if status in ("completed", "diverged") else {}
         loss = summary.get("val_loss")
         complete = status == "completed" and loss is not None and math.isfinite(float(loss))
         if not (complete or include_all):

@@ -151,10 +151,9 @@ def _frontier(args):
         state = read_run_dir(args.run)
         actual = state.final_loss
         if hero_c is None:
-            from delphi.io import read_json
+            from delphi.train.rundir import read_summary
 
-            summary = read_json(Path(args.run) / "summary.json") if (Path(args.run) / "summary.json").is_file() else {}
-            summary = summary if isinstance(summary, dict) else {}
+            summary = read_summary(Path(args.run))
             hero_c = summary.get("flops")
     return _done(frontier_figure(table, fit, hero_c, interval, actual), args)
 

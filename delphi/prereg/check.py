@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from delphi.errors import DelphiError
-from delphi.fits.curves import read_metrics
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics
 from delphi.io import atomic_write_json
 from delphi.prereg import format as fmt
 from delphi.prereg.create import parse_utc, utc_now
@@ -55,7 +55,7 @@ def first_step_time(run_dir: Path, rows: list[dict]) -> float | None:
     for key in ("time", "timestamp"):
         if isinstance(rows[0].get(key), (int, float)):
             return float(rows[0][key])
-    mtime = (run_dir / "metrics.jsonl").stat().st_mtime
+    mtime = (run_dir / METRICS_FILE).stat().st_mtime
     first, last = rows[0].get("wall_s"), rows[-1].get("wall_s")
     if isinstance(first, (int, float)) and isinstance(last, (int, float)):
         return mtime - (float(last) - float(first))
@@ -66,9 +66,9 @@ def read_run_dir(run_dir: str | Path) -> RunState:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DelphiError(f"{run_dir}: run dir not found")
-    status = _read_json_object(run_dir / "status.json")  # {} while being replaced; the next poll reads it
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    summary = _read_json_object(run_dir / "summary.json")
+    status = read_json_object(run_dir / STATUS_FILE)  # {} while being replaced; the next poll reads it
+    rows = read_metrics(run_dir)
+    summary = read_json_object(run_dir / SUMMARY_FILE)
     return RunState(
         source=str(run_dir),
         status=status.get("status", "pending" if not rows else "unknown"),
@@ -211,27 +211,18 @@ def ran_evidence(run_dir: Path, rows: list[dict]) -> str | None:
     from delphi.train.checkpoint import CHECKPOINTS_DIR
 
     run_dir = Path(run_dir)
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS_FILE
     lost = (f"{metrics.name} has {len(rows)} rows without a time" if rows
             else f"{metrics.name} is {'empty' if metrics.is_file() else 'missing'}")
-    status = _read_json_object(run_dir / "status.json")
+    status = read_json_object(run_dir / STATUS_FILE)
     if status.get("status") not in (None, "pending") or (status.get("step") or 0) > 0:
         return f"{lost} but status.json says {status.get('status')!r} at step {status.get('step')}"
-    if (run_dir / "summary.json").is_file():
+    if (run_dir / SUMMARY_FILE).is_file():
         return f"{lost} but summary.json exists"
     checkpoints = run_dir / CHECKPOINTS_DIR
     if checkpoints.is_dir() and any(checkpoints.iterdir()):
         return f"{lost} but {CHECKPOINTS_DIR}/ holds checkpoints"
     return lost if rows else None
-
-
-def _read_json_object(path: Path) -> dict:
-    """A run-dir JSON file that may be mid-replace: {} when absent or unparsable, else its object."""
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path) -> str | None:
@@ -246,7 +237,7 @@ def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path) -> str | None:
     sealed = (doc.get("hero") or {}).get("config")
     if not isinstance(sealed, dict):
         return None  # an older preregistration without the config: nothing to compare
-    config_path = Path(run_dir) / "config.yaml"
+    config_path = Path(run_dir) / CONFIG_FILE
     if not config_path.is_file():
         return None  # not started yet (a watch may begin before the trainer writes its config)
     from delphi.io import read_yaml

@@ -246,11 +246,11 @@ def _plain(obj: Any) -> Any:
 
 
 def _ladder_bpb_per_nat(run_dirs: list[Path]) -> float | None:
-    from delphi.fits.curves import read_metrics
+    from delphi.train.rundir import read_metrics
 
     ratios = []
     for run in run_dirs:
-        for row in reversed(read_metrics(run / "metrics.jsonl")):
+        for row in reversed(read_metrics(run)):
             if row.get("val_loss") and row.get("val_bpb"):
                 ratios.append(row["val_bpb"] / row["val_loss"])
                 break

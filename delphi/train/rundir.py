@@ -92,12 +92,21 @@ def write_status(run_dir: Path, status: Status, step: int, reason: str = "") -> 
     )
 
 
-def read_status(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / STATUS_FILE
+def read_json_object(path: Path) -> dict:
+    """A run-dir JSON file that may be mid-replace: {} when absent, unreadable or not an object."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_status(run_dir: Path) -> dict | None:
+    return read_json_object(Path(run_dir) / STATUS_FILE) or None
+
+
+def read_summary(run_dir: Path) -> dict:
+    return read_json_object(Path(run_dir) / SUMMARY_FILE)
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -107,17 +116,29 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of a run's metrics.jsonl. The one torn-line rule: a last line that does not parse
+    is skipped (a live run is writing it, or a hard kill cut it); a bad line before it is an error."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    records = []
-    for line in path.read_text().splitlines():
+    from delphi.io import read_text
+
+    rows = []
+    lines = read_text(path, what="metrics file").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
         try:
-            records.append(json.loads(line))
-        except ValueError:  # a torn last line after a hard kill
-            break
-    return records
+            row = json.loads(line)
+        except ValueError:
+            if i == len(lines) - 1:
+                break
+            raise DelphiError(f"{path}:{i + 1}: not valid JSON") from None
+        if not isinstance(row, dict):
+            raise DelphiError(f"{path}:{i + 1}: expected one JSON object per line, got {type(row).__name__}")
+        rows.append(row)
+    return rows
 
 
 class MetricsLog:
