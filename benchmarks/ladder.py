@@ -25,7 +25,7 @@
    worker's XLA sees every core: the old oversubscription), a fresh process per rung
    instead of persistent workers, one worker with all cores. Gains are wall-time ratios.
    `group_seeds`: the levers' ladder with GROUP_SEEDS seeds per cell, run with the seeds of a
-   cell trained as one vmapped job (the default) and with every rung alone (--no-group-seeds),
+   cell trained as one vmapped job (--group-seeds) and with every rung alone (the default),
    each from a cold compilation cache; gain = alone wall / grouped wall, and the largest
    relative difference of a rung's final val loss between the two.
 

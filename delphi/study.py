@@ -418,8 +418,12 @@ def stage_hero(study: Study) -> dict:
 
 
 def stage_dress_rehearsal(study: Study) -> dict:
-    """Predict and train one run at ~3x the top budget, sized like the hero; its error is a gate."""
+    """Predict and train one run at ~3x the top budget, sized like the hero; its error is a gate.
+
+    It runs after the other gates passed (no compute is spent on a rehearsal of a ladder the gates
+    already refuse) and stops the study before the hero when it misses, unless `force: true`."""
     from delphi.fits import load_fit
+    from delphi.prereg.gates import gate_dress_rehearsal
     from delphi.prereg.create import run_predicted_vs_actual
     from delphi.train.config import load_train_config
     from delphi.train.trainer import train
@@ -439,7 +443,13 @@ def stage_dress_rehearsal(study: Study) -> dict:
     train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists())
     result = run_predicted_vs_actual(fit, study.rehearsal_run)
     _say(f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
-    return result | {"multiple": multiple}
+    thresholds = study.spec.thresholds()
+    gate = gate_dress_rehearsal(result | {"compute": compute}, thresholds.rehearsal_tolerance_rel or thresholds.tolerance_rel)
+    _say(f"gate {'PASS' if gate.passed else 'FAIL'} {gate.name}: {gate.detail}")
+    if not gate.passed and not study.spec.force:
+        raise CheckFailed(f"gates failed before the hero trained: dress_rehearsal ({gate.detail}; {gate.threshold}); "
+                          "the hero was NOT trained and nothing was sealed. Set `force: true` in the study file to go on anyway.")
+    return result | {"multiple": multiple, "gate_passed": gate.passed}
 
 
 def _rehearsal(study: Study) -> dict | None:
@@ -635,8 +645,8 @@ STAGES: tuple[tuple[str, Callable[[Study], dict]], ...] = (
     ("fit", stage_fit),
     ("backtest", stage_backtest),
     ("hero", stage_hero),
-    ("dress_rehearsal", stage_dress_rehearsal),
     ("gates", stage_gates),
+    ("dress_rehearsal", stage_dress_rehearsal),
     ("prereg", stage_prereg),
     ("train_hero", stage_train_hero),
     ("check", stage_check),

@@ -188,7 +188,7 @@ def test_seeds_of_a_cell_train_as_one_group_with_the_same_results_as_alone(tmp_p
     cells = {cell_id_of(r["run_id"]) for r in rows}
     assert len(rows) == 4 and len(cells) == 2  # 2 sizes x 2 seeds
     assert len({json.loads(json.dumps(r))["run_id"].split("_")[1] for r in rows}) == 2
-    summary_g = run_ladder(grouped, workers=2, progress=False)
+    summary_g = run_ladder(grouped, workers=2, progress=False, group_seeds=True)
     summary_a = run_ladder(alone, workers=2, progress=False, group_seeds=False)
     assert summary_g["completed"] == summary_a["completed"] == 4 and not summary_g["failed"]
     assert summary_g["group_seeds"] and not summary_a["group_seeds"]

@@ -10,7 +10,8 @@ implements `Placer` (how many jobs it can take now, place one, wait for
 outcomes, stop everything on Ctrl-C). `delphi.ladder.runner` places rungs on
 local worker processes, `delphi.ladder.ray_executor` on Ray tasks.
 
-Seed groups: with `group_seeds` (the default) and a placer that takes groups
+Seed groups: with `group_seeds` (off by default: on a 2-core CPU the vmapped
+program cost as much as the seeds alone and compiled slower; see benchmarks/ladder.py) and a placer that takes groups
 (`place_group`), the pending rungs of one cell (configs equal but for their
 seeds, see `cell_key`) are placed together as one job that trains them as one
 vmapped program (`delphi.train.trainer.train_group`). The job still reports
@@ -207,7 +208,7 @@ class LadderDriver:
     retries: int = 1
     progress: bool = True
     progress_every_s: float = PROGRESS_EVERY_S
-    group_seeds: bool = True  # seeds of one cell as one job, where the placer takes groups
+    group_seeds: bool = False  # seeds of one cell as one job, where the placer takes groups
     rungs: list[Rung] = field(init=False)
     done: dict[str, str] = field(init=False)  # run_id -> completed | diverged
     waiting: list[Rung] = field(init=False)

@@ -483,7 +483,7 @@ def run_ladder(
     progress_every_s: float = PROGRESS_EVERY_S,
     persistent_workers: bool = True,
     pin_cores: bool = True,
-    group_seeds: bool = True,
+    group_seeds: bool = False,
 ) -> dict:
     """Run every rung of `ladder_dir` that is not completed (or diverged); return a summary.
 
