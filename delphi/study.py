@@ -1,15 +1,16 @@
 """`delphi study`: the whole loop from one study file, resumably.
 
-    prepare -> plan -> ladder -> collect -> fit -> backtest -> hero -> dress_rehearsal
-            -> gates -> prereg -> train_hero (checked live) -> check -> figures -> report
+    prepare -> plan -> ladder -> collect -> fit -> backtest -> hero -> gates
+            -> dress_rehearsal (its own gate) -> prereg -> train_hero (checked live) -> check -> figures -> report
 
 The fit stage fits the primary law under each parameter-count convention
 (non-embedding, active, FLOPs per token / 6), reports the compute-optimal
 exponent under each, and keeps the convention its held-out-budget backtest
 favours; every law allocates compute under the ladder family's exact FLOPs per
-token. The dress rehearsal predicts and trains one run at ~3x the top budget;
-the gates stage says PASS/FAIL for every gate before the hero trains and stops
-the study (exit 1) when one fails, unless the study says `force: true`.
+token. The gates stage says PASS/FAIL for every gate before anything larger than
+the ladder trains and stops the study (exit 1) when one fails, unless the study
+says `force: true`; then the dress rehearsal predicts and trains one run at ~3x
+the top budget, and its error is one more gate before the hero.
 
 Each stage writes `stages/<name>.json` when it completes; re-running the study
 skips completed stages, and the two training stages resume their runs (the
