@@ -35,13 +35,13 @@ import pandas as pd
 from delphi.config_schema import from_dict, to_dict
 from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_json, atomic_write_text, atomic_write_yaml, read_yaml
+from delphi.fits import FIT_METHODS
+from delphi.fits.allocation import PARAM_CONVENTIONS
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
-FIT_METHODS = ("isoflop", "parametric", "vpnls", "frontier", "envelope", "moe")
-# How N is counted (delphi.fits.allocation.PARAM_CONVENTIONS): the study fits under each and keeps
-# the one its backtest favours (issue 10: 0.91 / 0.71 / 0.68 isoFLOP exponents on the first paper ladder).
-PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
+# How N is counted (PARAM_CONVENTIONS): the study fits under each and keeps the one its backtest
+# favours (issue 10: 0.91 / 0.71 / 0.68 isoFLOP exponents on the first paper ladder).
 # A dress rehearsal at ~3x the top budget (issue 10) sits between the ladder and a >= 10x hero.
 DEFAULT_REHEARSAL_MULTIPLE = 3.0
 

@@ -40,6 +40,7 @@ _FITTER_NAMES = {
     "frontier": "fit_frontier",
     "moe": "fit_moe",
 }
+FIT_METHODS = tuple(_FITTER_NAMES)  # the methods `delphi fit` and a study's `fits:` accept
 
 
 def __getattr__(name: str):

@@ -39,7 +39,8 @@ from delphi.fits.allocation import CONVENTION_COLUMNS, FLOPS_PER_PARAM_TOKEN, PA
 # exact-FLOP values of one budget scatter by a few percent.
 BUDGET_GAP_LOG10 = 0.05
 
-CANONICAL = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity", "seed", "cell_id")
+CANONICAL_COLUMNS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
+CANONICAL = CANONICAL_COLUMNS + ("seed", "cell_id")  # what a fit keeps: the canonical columns and the seed cells
 NUMERIC = ("params", "tokens", "flops", "loss", "budget", "experts", "granularity")
 FAMILY_SUFFIX = ".family.json"  # `delphi ladder collect` writes <results>.family.json beside the table
 # Losses this close together (relative) carry no scaling signal: a degenerate table, not a fit.

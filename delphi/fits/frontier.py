@@ -34,7 +34,6 @@ from delphi.fits.data import cell_points, provenance
 from delphi.fits.isoflop import per_budget_optima
 from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 
-GAMMA_BOUNDS = (1e-4, 3.0)
 GAMMA_GRID = np.geomspace(1e-3, 2.0, 60)
 E_PROFILE_POINTS = 41
 E_MAX_FRACTION = 0.999  # E must stay below the lowest observed loss

@@ -35,9 +35,9 @@ from delphi.io import atomic_write_json, atomic_write_text
 from delphi.ladder.plan import RUNS_DIR, SPEC_FILE, cell_id_of, flops_family, read_manifest
 from delphi.ladder.runner import rung_status
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
+from delphi.fits.data import CANONICAL_COLUMNS
 from delphi.train.rundir import CONFIG_FILE, read_metrics, read_summary
 
-CANONICAL_COLUMNS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
 EXTRA_COLUMNS = (
     "status", "bpb", "seed", "flops_6nd", "flops_planned", "params_active", "params_total", "params_nonembedding",
     "steps", "batch_size", "batch_tokens", "seq_len", "d_model", "n_layers", "n_heads", "d_head", "d_ff", "top_k",
