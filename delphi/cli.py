@@ -51,13 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"delphi {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # that part is not built yet
-                continue
-            raise
-        module.add_commands(subparsers)
+        importlib.import_module(name).add_commands(subparsers)
     _groups_print_their_own_help(parser)
     return parser
 

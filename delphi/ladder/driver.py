@@ -38,6 +38,7 @@ from typing import Protocol
 
 from delphi.errors import DelphiError
 from delphi.ladder.plan import RUNS_DIR, read_manifest
+from delphi.train.rundir import METRICS_FILE, read_status
 
 LOCKS_DIR = "locks"
 LOGS_DIR = "logs"
@@ -54,10 +55,7 @@ SEED_CONFIG_PATHS = (("seed",), ("name",), ("data", "seed"))
 
 
 def rung_status(run_dir: Path) -> str:
-    try:
-        return json.loads((run_dir / "status.json").read_text()).get("status", "pending")
-    except (OSError, ValueError):
-        return "pending"
+    return (read_status(run_dir) or {}).get("status", "pending")
 
 
 def is_finished(status: str) -> bool:
@@ -67,7 +65,7 @@ def is_finished(status: str) -> bool:
 
 def last_flops(run_dir: Path) -> float:
     """FLOPs done so far by a running rung: the last complete line of its metrics.jsonl."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
