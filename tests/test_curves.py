@@ -131,7 +131,14 @@ def test_trajectory_anchors_and_orders_bands():
         assert p["lo90"] <= p["lo50"] <= p["loss"] <= p["hi50"] <= p["hi90"]
 
 
-def test_read_metrics_tolerates_truncated_last_line(tmp_path):
+def test_read_metrics_one_torn_line_rule(tmp_path):
+    """The run dir's one reader: a torn last line (a live or killed run) is skipped, a bad line before it is an error."""
+    from delphi.errors import DelphiError
+    from delphi.train.rundir import read_metrics
+
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "tokens": 10, "val_loss": 2.0}\n{"step": 2, "tok')
-    assert cv.read_metrics(path) == [{"step": 1, "tokens": 10, "val_loss": 2.0}]
+    assert read_metrics(tmp_path) == [{"step": 1, "tokens": 10, "val_loss": 2.0}]
+    path.write_text('{"step": 1}\n{"step": 2, "tok\n{"step": 3}\n')
+    with pytest.raises(DelphiError, match="metrics.jsonl:2"):
+        read_metrics(tmp_path)
