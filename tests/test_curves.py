@@ -12,19 +12,6 @@ from delphi.train.config import OptimConfig
 import prereg_synthetic as ps
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """A small real token store: the sources of the stdlib's `email` package (~0.5 MB)."""
-    import email
-    from pathlib import Path
-
-    from delphi.data.store import prepare_store
-
-    out = tmp_path_factory.mktemp("store")
-    prepare_store(str(Path(email.__file__).parent), out)
-    return out
-
-
 @pytest.mark.parametrize("optim", [
     OptimConfig(lr=3e-3, schedule="wsd", warmup_frac=0.1, decay_frac=0.3, decay_shape="sqrt", min_lr_frac=0.1),
     OptimConfig(lr=3e-3, schedule="cosine", warmup_frac=0.15, min_lr_frac=0.05),

@@ -60,17 +60,6 @@ def test_movement_across_widths():
     assert "moved 2.00x" in result.summary()
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    import email
-
-    from delphi.data.store import prepare_store
-
-    out = tmp_path_factory.mktemp("store")
-    prepare_store(str(Path(email.__file__).parent), out)
-    return out
-
-
 def micro_args(out: Path, store: Path, **changes: str) -> list[str]:
     flags = {"--widths": "16,32", "--lrs": "0.01,0.03,0.1", "--steps": "8", "--layers": "1", "--batch-size": "4",
              "--seq-len": "32", "--eval-tokens": "512", "--store": str(store), **changes}

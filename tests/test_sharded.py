@@ -26,17 +26,6 @@ STEPS = 4
 LAYERS = 1
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    import email
-
-    from delphi.data.store import prepare_store
-
-    out = tmp_path_factory.mktemp("store")
-    prepare_store(str(Path(email.__file__).parent), out)
-    return out
-
-
 def sharded_config(store: Path, data: int = 1, expert: int = 1, **changes) -> TrainConfig:
     # capacity_factor = experts / top_k makes every device's capacity its own token count, so
     # nothing is dropped on any mesh and routing is the one-device routing (see moe_parallel.py).

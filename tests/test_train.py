@@ -28,18 +28,6 @@ CONTRACT_KEYS = {"step", "tokens", "flops", "lr", "train_loss", "grad_norm", "to
 MOE_KEYS = {"drop_frac", "load_max_over_mean", "router_entropy"}
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    """A small real store: the sources of the stdlib's `email` package (~0.5 MB)."""
-    import email
-
-    from delphi.data.store import prepare_store
-
-    out = tmp_path_factory.mktemp("store")
-    prepare_store(str(Path(email.__file__).parent), out)
-    return out
-
-
 def tiny_config(store: Path, **changes) -> TrainConfig:
     cfg = TrainConfig(
         model=ModelConfig(d_model=32, n_layers=1, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=32)),

@@ -25,17 +25,6 @@ from delphi.train.trainer import config_yaml, eval_set, evaluate, identity_yaml,
 REL_TOL = 1e-6  # f32 sums in another order, other batch shapes (measured: 8e-8 and 3e-7)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    import email
-
-    from delphi.data.store import prepare_store
-
-    out = tmp_path_factory.mktemp("store")
-    prepare_store(str(Path(email.__file__).parent), out)
-    return out
-
-
 def tiny_config(store: Path, **changes) -> TrainConfig:
     cfg = TrainConfig(
         model=ModelConfig(d_model=32, n_layers=2, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=32)),

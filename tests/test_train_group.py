@@ -26,17 +26,6 @@ REL_TOL = 1e-5
 SEEDS = (0, 1)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    import email
-
-    from delphi.data.store import prepare_store
-
-    out = tmp_path_factory.mktemp("store")
-    prepare_store(str(Path(email.__file__).parent), out)
-    return out
-
-
 def tiny_config(store: Path, seed: int = 0, **changes) -> TrainConfig:
     cfg = TrainConfig(
         model=ModelConfig(d_model=32, n_layers=1, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=32)),
