@@ -26,7 +26,7 @@ from delphi.train.checkpoint import bytes_per_process, list_checkpoints, read_ma
 from delphi.train.config import MeshConfig
 from delphi.train.rundir import read_metrics, read_status
 from delphi.train.trainer import train
-from tests.test_sharded import sharded_config, store  # noqa: F401  (store is a fixture)
+from tests.test_sharded import sharded_config
 
 PROCESSES = 2
 DEVICES_PER_PROCESS = 4

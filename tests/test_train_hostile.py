@@ -15,7 +15,7 @@ import pytest
 
 from delphi.cli import main as cli_main
 from delphi.train.rundir import LOCK_FILE, RunLock, read_metrics, read_status
-from tests.test_train import store, tiny_config, write_config  # noqa: F401  (store is a fixture)
+from tests.test_train import tiny_config, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 
