@@ -12,7 +12,11 @@
      f32 in both frameworks, so a ratio would say nothing, and it is left out (said in the output).
    SwiGLU d_ff = 8 d / 3 rounded up to 16, so the MLP has nanoGPT's 8 d^2 parameters and FLOPs.
 3. MoE with the same active FLOPs (8 experts, top-2, d_expert = d_ff / 2) at d_model 32
-   (ladder shape) and 256: tokens/s per active FLOP against the dense model of that shape.
+   (ladder shape) and 256: tokens/s per active FLOP against the dense model of that shape, with
+   Switch's capacity factor 1.25 (drops allowed) and dropless (capacity factor 4 = E / k, what the
+   ladders train). The dropless model runs twice: with the dropless block dispatch
+   (delphi.model.moe.block_slots) and with the capacity groups it replaced (capacity = every
+   token), the lever's gain measured in the same run.
 4. `--widths`: dense at d_model 32, 64, 128 at the d256 shape, with the trainer's default
    steps per call and with 1 step per jitted call (what per-call dispatch costs small models).
 
@@ -36,6 +40,7 @@ d256 (f32); MoE tokens/s per active FLOP >= 0.9 x dense at d32 and d256.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -46,7 +51,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from delphi.model.config import ModelConfig, MoEConfig
+from delphi.model.config import SWITCH_CAPACITY_FACTOR, ModelConfig, MoEConfig
 from delphi.model.flops import palm_flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig
 from delphi.train.peak import measure_matmul_flops
@@ -82,11 +87,30 @@ def dense(shape: Shape) -> ModelConfig:
     return ModelConfig(d_model=shape.d_model, n_layers=shape.n_layers, n_heads=HEADS, d_ff=d_ff_for(shape.d_model))
 
 
-def moe_same_active(shape: Shape) -> ModelConfig:
+def moe_same_active(shape: Shape, capacity_factor: float = SWITCH_CAPACITY_FACTOR) -> ModelConfig:
     return ModelConfig(
         d_model=shape.d_model, n_layers=shape.n_layers, n_heads=HEADS,
-        moe=MoEConfig(experts=8, top_k=2, d_expert=d_ff_for(shape.d_model) // 2),
+        moe=MoEConfig(experts=8, top_k=2, d_expert=d_ff_for(shape.d_model) // 2, capacity_factor=capacity_factor),
     )
+
+
+DROPLESS_CAPACITY_FACTOR = 4.0  # = experts / top_k: every assignment fits (the ladders' setting)
+
+
+@contextlib.contextmanager
+def capacity_groups_for_dropless():
+    """The dispatch the block layout replaced: dropless MoE through [E, tokens, d] capacity groups."""
+    from delphi.model import moe
+    from delphi.train import trainer
+
+    saved = moe.is_dropless
+    moe.is_dropless = lambda *args, **kwargs: False
+    trainer._COMPILED.clear()  # the compiled step of the same config must not be reused
+    try:
+        yield
+    finally:
+        moe.is_dropless = saved
+        trainer._COMPILED.clear()
 
 
 def cpu_info() -> dict:
@@ -258,14 +282,14 @@ def main() -> int:
 
     rows, peers, checks = [], [], {}
 
-    def run(model: ModelConfig, shape: Shape, precision: str, k: int | None = None, scale: int = 1) -> dict:
-        row = bench(model, shape, precision, steps * scale, k, args.store)
+    def run(model: ModelConfig, shape: Shape, precision: str, k: int | None = None, scale: int = 1, label: str = "") -> dict:
+        row = bench(model, shape, precision, steps * scale, k, args.store) | {"label": label}
         rows.append(row)
         say(
             f"{'moe' if row['moe'] else 'dense':5s} {shape.name:4s} L{shape.n_layers} S{shape.seq_len} B{shape.batch} "
             f"{precision:4s} k={row['steps_per_call']}: {row['tokens_per_s']:>9,.0f} tok/s  {row['model_gflops']:6.1f} GFLOP/s  "
             f"MFU {row['mfu']:.3f}  {row['ms_per_step']:.1f} ms/step, XLA FLOP/byte {row['xla_flops_per_byte'] or float('nan'):.1f} "
-            f"(compile {row['compile_s']:.1f} s)"
+            f"(compile {row['compile_s']:.1f} s) {label}"
         )
         return row
 
@@ -290,6 +314,12 @@ def main() -> int:
     d32 = with_peer(LADDER_D32, "f32", scale=4)
     moe32 = run(moe_same_active(LADDER_D32), LADDER_D32, "f32", scale=4)
     checks["moe_d32_vs_dense_per_active_flop_f32"] = per_flop(moe32) / per_flop(d32)
+    dropless = moe_same_active(LADDER_D32, DROPLESS_CAPACITY_FACTOR)
+    blocks = run(dropless, LADDER_D32, "f32", scale=4, label="dropless, blocks")
+    with capacity_groups_for_dropless():
+        groups = run(dropless, LADDER_D32, "f32", scale=4, label="dropless, capacity groups")
+    checks["moe_dropless_d32_vs_dense_per_active_flop_f32"] = per_flop(blocks) / per_flop(d32)
+    checks["moe_dropless_d32_blocks_over_capacity_groups"] = per_flop(blocks) / per_flop(groups)
     with_peer(LADDER_D64, "f32", scale=4)
     for precision in precisions if not args.ladder_only else []:
         d256 = with_peer(NANOGPT_D256, precision, scale=1)
@@ -306,7 +336,8 @@ def main() -> int:
         checks["mfu_w64_over_d256"] = widths[64]["mfu"] / widths[256]["mfu"]
 
     targets = {
-        name: TARGET_VS_PEER if name.endswith("_vs_peer") else TARGET_MOE_PER_ACTIVE_FLOP if name.startswith("moe_") else 0.5
+        name: TARGET_VS_PEER if name.endswith("_vs_peer") else 1.0 if name.endswith("_over_capacity_groups")
+        else TARGET_MOE_PER_ACTIVE_FLOP if name.startswith("moe_") else 0.5
         for name in checks
     }
     for name, value in checks.items():

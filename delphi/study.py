@@ -25,7 +25,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -44,6 +44,9 @@ DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
 # favours (issue 10: 0.91 / 0.71 / 0.68 isoFLOP exponents on the first paper ladder).
 # A dress rehearsal at ~3x the top budget (issue 10) sits between the ladder and a >= 10x hero.
 DEFAULT_REHEARSAL_MULTIPLE = 3.0
+# Study seed k trains the ladder's run seeds + k * STUDY_SEED_STRIDE: disjoint from seed 0's as long as
+# a spec lists fewer seeds than the stride.
+STUDY_SEED_STRIDE = 1000
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ class StudySpec:
     fits: tuple[str, ...] = ("isoflop", "parametric", "vpnls", "frontier")
     primary_fit: str = "vpnls"  # the law that sizes the hero and makes the prediction
     bootstrap: int = 200
-    seed: int = 0
+    seed: int = 0  # bootstrap, hero and rehearsal seed; offsets the ladder's run seeds (seed_offset)
     workers: int | None = None  # ladder processes; None: one per core
     hero: HeroSpec = field(default_factory=HeroSpec)
     author: str | None = None
@@ -105,6 +108,8 @@ class StudySpec:
             raise DelphiError(f"{where}: primary_fit: {self.primary_fit!r} must predict N*(C): isoflop, parametric or vpnls")
         if self.bootstrap < 0:
             raise DelphiError(f"{where}: bootstrap: must be >= 0, got {self.bootstrap}")
+        if not 0 <= self.seed < 2**31 // STUDY_SEED_STRIDE:
+            raise DelphiError(f"{where}: seed: must be in [0, {2**31 // STUDY_SEED_STRIDE}), got {self.seed}")
         if self.workers is not None and self.workers < 1:
             raise DelphiError(f"{where}: workers: must be >= 1, got {self.workers}")
         hero = self.hero
@@ -184,9 +189,9 @@ def _say(text: str) -> None:
 
 def _pin_study(study: Study) -> None:
     """Record the resolved study and ladder spec; refuse to continue a different study in the same dir."""
-    from delphi.ladder.spec import ladder_spec_to_dict, load_ladder_spec
+    from delphi.ladder.spec import ladder_spec_to_dict
 
-    pinned = {"study": to_dict(study.spec), "ladder": ladder_spec_to_dict(load_ladder_spec(study.ladder_spec_path))}
+    pinned = {"study": to_dict(study.spec), "ladder": ladder_spec_to_dict(_ladder_spec(study))}
     path = study.out / "study.json"
     if path.is_file():
         recorded = json.loads(path.read_text())
@@ -205,9 +210,8 @@ def _pin_study(study: Study) -> None:
 
 def stage_prepare(study: Study) -> dict:
     from delphi.data.store import resolve_store
-    from delphi.ladder.spec import load_ladder_spec
 
-    ladder = load_ladder_spec(study.ladder_spec_path)
+    ladder = _ladder_spec(study)
     store = resolve_store(ladder.run.store)
     meta = json.loads((store / "meta.json").read_text())
     return {"store": str(store), "sha256": meta.get("sha256"), "train_tokens": meta.get("n_train")}
@@ -215,9 +219,8 @@ def stage_prepare(study: Study) -> dict:
 
 def stage_plan(study: Study) -> dict:
     from delphi.ladder.plan import format_table, plan_ladder, write_ladder
-    from delphi.ladder.spec import load_ladder_spec
 
-    ladder = load_ladder_spec(study.ladder_spec_path)
+    ladder = _ladder_spec(study)
     rows = write_ladder(ladder, plan_ladder(ladder), study.ladder_dir)
     print(format_table(rows), file=sys.stderr)
     return {"rungs": len(rows), "flops": sum(float(r["flops"]) for r in rows)}
@@ -241,9 +244,22 @@ def stage_collect(study: Study) -> dict:
 
 
 def _ladder_spec(study: Study):
+    """The study's ladder: the ladder spec with its run seeds offset by the study seed (seed_offset)."""
     from delphi.ladder.spec import load_ladder_spec
 
-    return load_ladder_spec(study.ladder_spec_path)
+    spec = load_ladder_spec(study.ladder_spec_path)
+    offset = seed_offset(study.spec.seed)
+    if offset == 0:
+        return spec
+    run = replace(spec.run, seeds=tuple(s + offset for s in spec.run.seeds),
+                  top_seeds=tuple(s + offset for s in spec.run.top_seeds))
+    return replace(spec, run=run)
+
+
+def seed_offset(study_seed: int) -> int:
+    """What the study seed adds to every ladder run seed: studies with different seeds train
+    different inits and data orders (the robustness check of issue 10), seed 0 the spec's own."""
+    return STUDY_SEED_STRIDE * study_seed
 
 
 def chosen_convention(study: Study) -> str:
@@ -798,18 +814,20 @@ def _conventions_section(study: Study) -> list[str]:
     return lines + [""]
 
 
-HEALTH_COLUMNS = ("run_id", "budget", "d_model", "n_layers", "steps", "tokens_per_param", "n_evals", "eval_tokens",
-                  "drop_frac_mean", "health_ok", "health_issues")
-
-
 def health_table(table: pd.DataFrame) -> str:
-    """One row per rung: what its health bounds check, and whether it met them."""
-    cols = [c for c in HEALTH_COLUMNS if c in table]
+    """One row per rung: what its health bounds check, and whether it met them (the columns of
+    delphi.ladder.collect's rung health view that the table has), after a line naming any bound the
+    ladder spec set looser than the defaults."""
+    from delphi.ladder.collect import HEALTH_TABLE_COLUMNS, relaxed_in_table
+
     if "health_ok" not in table:
         return "(the results table has no health columns)"
-    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    cols = [c for c in HEALTH_TABLE_COLUMNS if c in table and c != "health_relaxed"]
+    relaxed = relaxed_in_table(table)
+    rows = [f"The ladder spec's health bounds are looser than the defaults (issue 10): {', '.join(relaxed)}.", ""] if relaxed else []
+    rows += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.sort_values(["budget", "run_id"] if "run_id" in table else ["budget"])[cols].iterrows():
-        rows.append("| " + " | ".join(_fmt(r[c], ".3g") if c != "run_id" else str(r[c]) for c in cols) + " |")
+        rows.append("| " + " | ".join(str(r[c]) if c in ("run_id", "cell_id") else _fmt(r[c], ".3g") for c in cols) + " |")
     return "\n".join(rows)
 
 

@@ -33,6 +33,7 @@ from delphi.ladder.plan import (
     shape_for_width,
     transfer,
 )
+from delphi.ladder.collect import relaxed_bounds
 from delphi.ladder.spec import ladder_spec_from_dict, load_ladder_spec
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import load_train_config
@@ -292,12 +293,12 @@ def test_plan_refuses_a_store_too_small_and_collect_filters_incomplete(tmp_path,
 # ---- issue 10: seeds, rung health, FLOPs family, hero ranges, absurd plans -------------------------
 
 
-@pytest.mark.parametrize("path, hero_multiple", [(DEFAULT, 10), (PAPER, 30)])
+@pytest.mark.parametrize("path, hero_multiple", [(DEFAULT, 4), (PAPER, 30)])
 def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, hero_multiple):
     spec = load_ladder_spec(path)
     rungs = plan_ladder(spec)
     assert plan_health_warnings(spec, rungs) == []  # layers, width, evals, eval tokens met at plan time
-    assert min(r.model.d_model for r in rungs) >= 24 and min(r.model.n_layers for r in rungs) >= 3
+    assert min(r.model.d_model for r in rungs) >= spec.health.min_d_model and min(r.model.n_layers for r in rungs) >= 3
     assert all(evals_of(r.train) >= 10 for r in rungs)
     moe = spec.shape.moe
     assert moe.capacity_factor >= moe.experts / moe.top_k  # dropless training: no routed token dropped
@@ -319,6 +320,9 @@ def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, h
     if path == PAPER:
         assert len(spec.budgets) >= 4 and min(spec.budgets) >= 1e12 and len(spec.seeds_for(top)) >= 3
         assert spec.run.store == "environment" and spec.run.max_epochs <= 1.0 and spec.run.eval_tokens >= 1_000_000
+        assert relaxed_bounds(spec.health) == ""  # the paper keeps issue 10's default bounds
+    else:  # the default says which bounds it relaxes (its header says why)
+        assert relaxed_bounds(spec.health) == "min_d_model 12 < 24;min_eval_tokens 32768 < 1e+06"
 
 
 def test_seeds_expand_to_one_run_per_rung_and_seed(tmp_path):
@@ -479,8 +483,8 @@ def test_hero_ranges_report_which_range_the_hero_leaves():
     top = max(spec.budgets)
     rungs = plan_ladder(spec)
     results = pd.DataFrame([{**manifest_row(r), "status": "completed"} for r in rungs])
-    n_star = expected_optimum(spec, 10 * top)
-    hero = plan_hero(spec, n_star, 10 * top, results=results)
+    n_star = expected_optimum(spec, 4 * top)
+    hero = plan_hero(spec, n_star, 4 * top, results=results)
     ranges = hero_ranges(spec, hero, results)
     assert ranges["inside"] and ranges["outside"] == []
     for key in ("tokens_per_param", "steps", "batch_tokens", "beta2"):
@@ -489,7 +493,7 @@ def test_hero_ranges_report_which_range_the_hero_leaves():
     assert ranges["batch_tokens"]["ladder"] == [hero.batch_size * spec.seq_len] * 2  # the top budget's batch
     # A ladder whose rungs all trained few steps: the same hero now leaves the steps range.
     short = results[results["steps"] <= 3000]
-    assert hero_ranges(spec, hero, short)["outside"] == ["steps"]
+    assert "steps" in hero_ranges(spec, hero, short)["outside"]
     # 100x the top budget at the same N: far more steps than any rung, at the top budget's batch.
     far = hero_ranges(spec, plan_hero(spec, n_star, 100 * top, results=results), results)
     assert "steps" in far["outside"] and far["batch_tokens"]["inside"] and far["beta2"]["inside"]

@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
-from delphi.model.moe import MoE, bias_update, dispatch_slots, expert_capacity
+import delphi.model.moe as moe_module
+from delphi.model.moe import DROPLESS_BLOCK, MoE, bias_update, block_slots, dispatch_slots, expert_capacity
 
 
 def make_moe(**moe_kwargs) -> MoE:
@@ -64,6 +65,33 @@ def test_moe_matches_naive_reference(kwargs, train):
     y, stats = run(layer, x, train=train)
     assert float(stats.drop_frac) == 0.0
     np.testing.assert_allclose(np.asarray(y), naive_moe(layer, x), rtol=2e-4, atol=2e-5)
+
+
+def test_dropless_blocks_match_capacity_groups_with_gradients(monkeypatch):
+    """Many blocks per expert: the block layout gives the capacity groups' outputs and gradients."""
+    layer = make_moe(capacity_factor=2.0)  # 4 experts top-2: dropless
+    x = jax.random.normal(jax.random.key(2), (4, 40, 16))  # 320 assignments, ~3 blocks per expert
+
+    def loss(layer, x):
+        y, _ = layer(x, train=True)
+        return jnp.sum(y**2), y
+
+    (_, y_blocks), g_blocks = nnx.value_and_grad(loss, has_aux=True)(layer, x)
+    monkeypatch.setattr(moe_module, "is_dropless", lambda *args, **kwargs: False)  # capacity = every token
+    (_, y_groups), g_groups = nnx.value_and_grad(loss, has_aux=True)(layer, x)
+    np.testing.assert_allclose(np.asarray(y_blocks), np.asarray(y_groups), rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(nnx.state(g_blocks)), jax.tree.leaves(nnx.state(g_groups))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+
+
+def test_block_slots_layout():
+    expert_idx = jnp.array([[0, 2]] * 40 + [[1, 0]] * 3)  # expert 0: 43 rows (2 blocks), 1: 3, 2: 40 (2)
+    row, block_expert = block_slots(expert_idx, experts=4, block=DROPLESS_BLOCK)
+    rows = np.asarray(row).reshape(-1)
+    assert len(set(rows.tolist())) == rows.size  # one row per assignment
+    experts = np.asarray(block_expert)[rows // DROPLESS_BLOCK]
+    np.testing.assert_array_equal(experts, np.asarray(expert_idx).reshape(-1))  # each row in its expert's block
+    assert np.asarray(block_expert)[:5].tolist() == [0, 0, 1, 2, 2]
 
 
 def test_capacity_drops_later_and_second_choices_first():

@@ -17,34 +17,10 @@ import yaml
 
 from delphi.cli import main as cli_main
 from delphi.ladder.collect import collect_ladder
-from delphi.ladder.plan import plan_ladder, read_manifest, write_ladder
-from delphi.ladder.spec import ladder_spec_from_dict
+from delphi.ladder.plan import read_manifest
+from micro_ladder import micro_ladder
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "studies" / "ladder_tiny.yaml"
 ATTEMPT_HEADER = "--- ray attempt on "
-
-
-def _micro_ladder(tmp_path: Path) -> Path:
-    """Two rungs of a few seconds of training each (plus compilation), on a small private store."""
-    from delphi.data.store import prepare_store
-
-    src = tmp_path / "corpus"
-    src.mkdir()
-    for i in range(40):
-        (src / f"m{i:02d}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x + {j}\n" for j in range(300)))
-    prepare_store(str(src), tmp_path / "store")
-    raw = yaml.safe_load(TINY.read_text())
-    raw.update(name="micro-ray", mode="tokens_per_param", budgets=[1e9, 2e9], seq_len=32)
-    raw["tokens_per_param"] = {"ratio": 2.0, "max_ratio_error": 0.9}
-    raw["shape"]["widths"] = [8, 16]
-    raw["batch"].update(min_steps=16, min_seqs=2, max_seqs=8)
-    raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=1, logs_per_run=2,
-                      checkpoints_per_run=2)
-    spec = ladder_spec_from_dict(raw)
-    ladder = tmp_path / "ladder"
-    write_ladder(spec, plan_ladder(spec), ladder)
-    return ladder
 
 
 def _attempt_pids(log: Path) -> list[int]:
@@ -112,7 +88,7 @@ def test_ray_ladder_survives_a_killed_worker(tmp_path, monkeypatch, capsys):
     ray = pytest.importorskip("ray")
     from delphi.ladder.ray_executor import run_ray_ladder
 
-    ladder = _micro_ladder(tmp_path)
+    ladder = micro_ladder(tmp_path, [1e9, 2e9], name="micro-ray")
     rows = read_manifest(ladder)
     assert len(rows) == 2
     victim, held = sorted(rows, key=lambda r: -float(r["flops"]))  # the largest rung is submitted first
@@ -232,7 +208,7 @@ def test_ray_missing_is_a_clear_error(tmp_path):
 
 def test_unreachable_cluster_is_a_clear_error(tmp_path, capsys):
     pytest.importorskip("ray")
-    ladder = _micro_ladder(tmp_path)
+    ladder = micro_ladder(tmp_path, [1e9, 2e9], name="micro-ray")
     before = sorted(p.relative_to(ladder) for p in ladder.rglob("*"))
     # Port 1 on this host: nothing listens there, so the connection is refused at once.
     assert cli_main(["ladder", "run", str(ladder), "--executor", "ray", "--address", "127.0.0.1:1"]) == 2

@@ -14,40 +14,13 @@ import pytest
 import yaml
 
 from delphi.errors import DelphiError
-from delphi.ladder.plan import cell_id_of, plan_ladder, read_manifest, write_ladder
+from delphi.ladder.plan import cell_id_of, read_manifest
 from delphi.ladder.driver import Rung, placement_order
 from delphi.ladder.runner import WORKER_LOG_PREFIX, core_slots, default_workers, run_ladder
-from delphi.ladder.spec import ladder_spec_from_dict
+
+from micro_ladder import micro_ladder
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "studies" / "ladder_tiny.yaml"
-
-
-def _micro_ladder(
-    tmp_path: Path, budgets: list[float], seeds: tuple[int, ...] = (0,), *, tokens_per_param: float = 2.0,
-    min_steps: int = 16, base_lr: float | None = None,
-) -> Path:
-    """Rungs of a few seconds of training each (plus compilation), on a small private store."""
-    from delphi.data.store import prepare_store
-
-    src = tmp_path / "corpus"
-    src.mkdir()
-    for i in range(40):
-        (src / f"m{i:02d}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x + {j}\n" for j in range(300)))
-    prepare_store(str(src), tmp_path / "store")
-    raw = yaml.safe_load(TINY.read_text())
-    raw.update(name="micro-local", mode="tokens_per_param", budgets=budgets, seq_len=32)
-    raw["tokens_per_param"] = {"ratio": tokens_per_param, "max_ratio_error": 0.9}
-    raw["shape"]["widths"] = [8, 16]
-    if base_lr is not None:
-        raw["base"]["lr"] = base_lr
-    raw["batch"].update(min_steps=min_steps, min_seqs=2, max_seqs=8)
-    raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=1, logs_per_run=2,
-                      checkpoints_per_run=2, seeds=list(seeds))
-    spec = ladder_spec_from_dict(raw)
-    ladder = tmp_path / "ladder"
-    write_ladder(spec, plan_ladder(spec), ladder)
-    return ladder
 
 
 @pytest.fixture
@@ -75,7 +48,7 @@ def test_placement_order_is_largest_first_and_first_seeds_first():
 
 
 def test_a_second_seed_reuses_the_first_seeds_compiled_program(tmp_path, worker_env):
-    ladder = _micro_ladder(tmp_path, [1e9], seeds=(0, 1))
+    ladder = micro_ladder(tmp_path, [1e9], seeds=(0, 1))
     # A fresh process per rung, so the second seed cannot reuse the first one's in-process executables.
     summary = run_ladder(ladder, workers=1, progress=False, persistent_workers=False)
     assert summary["completed"] == 2
@@ -94,7 +67,7 @@ def test_ray_executor_uses_only_public_runner_names():
 
 
 def test_bad_workers_and_retries_write_nothing(tmp_path):
-    ladder = _micro_ladder(tmp_path, [1e9])
+    ladder = micro_ladder(tmp_path, [1e9])
     before = sorted(p.relative_to(ladder) for p in ladder.rglob("*"))
     with pytest.raises(DelphiError, match="--workers"):
         run_ladder(ladder, workers=0)
@@ -104,7 +77,7 @@ def test_bad_workers_and_retries_write_nothing(tmp_path):
 
 
 def test_one_persistent_worker_trains_rung_after_rung_and_a_broken_rung_fails_alone(tmp_path, worker_env, capsys):
-    ladder = _micro_ladder(tmp_path, [1e9, 2e9])
+    ladder = micro_ladder(tmp_path, [1e9, 2e9])
     rows = read_manifest(ladder)
     # A third rung whose config points at a store that does not exist: the trainer raises in the worker.
     broken = dict(rows[0], run_id="broken", config="configs/broken.yaml")
@@ -141,7 +114,7 @@ def test_one_persistent_worker_trains_rung_after_rung_and_a_broken_rung_fails_al
 
 @pytest.mark.slow
 def test_a_killed_worker_is_replaced_and_its_rung_resumes(tmp_path, worker_env, capsys):
-    ladder = _micro_ladder(tmp_path, [2e9])
+    ladder = micro_ladder(tmp_path, [2e9])
     (row,) = read_manifest(ladder)
     run_dir = ladder / "runs" / row["run_id"]
     outcome: dict = {}
@@ -182,7 +155,7 @@ def test_seeds_of_a_cell_train_as_one_group_with_the_same_results_as_alone(tmp_p
 
     from delphi.cli import main
 
-    grouped = _micro_ladder(tmp_path, [2e8, 1.6e9], seeds=(0, 1), tokens_per_param=6.0, min_steps=4, base_lr=5e-4)
+    grouped = micro_ladder(tmp_path, [2e8, 1.6e9], seeds=(0, 1), tokens_per_param=6.0, min_steps=4, base_lr=5e-4)
     alone = shutil.copytree(grouped, tmp_path / "ladder-alone")
     rows = read_manifest(grouped)
     cells = {cell_id_of(r["run_id"]) for r in rows}
@@ -228,7 +201,7 @@ def test_a_killed_group_resumes_and_a_locked_member_is_left_out_of_its_group(tmp
     from delphi.train.config import load_train_config
     from delphi.train.trainer import train_group
 
-    ladder = _micro_ladder(tmp_path, [2e8], seeds=(0, 1), tokens_per_param=6.0, min_steps=4)
+    ladder = micro_ladder(tmp_path, [2e8], seeds=(0, 1), tokens_per_param=6.0, min_steps=4)
     rows = read_manifest(ladder)
     configs = [ladder / r["config"] for r in rows]
     run_dirs = [ladder / "runs" / r["run_id"] for r in rows]

@@ -45,12 +45,12 @@ EXTRA_COLUMNS = (
     "warmup_frac", "decay_frac", "tokens_per_param", "wall_time_s", "data_sha256", "config_sha256",
 )
 CELL_COLUMNS = ("cell_id", "loss_mean", "loss_std", "n_seeds")
-HEALTH_COLUMNS = ("drop_frac_mean", "n_evals", "eval_tokens", "health_ok", "health_issues")
+HEALTH_COLUMNS = ("drop_frac_mean", "n_evals", "eval_tokens", "health_ok", "health_issues", "health_relaxed")
 RESULT_COLUMNS = CANONICAL_COLUMNS + EXTRA_COLUMNS + CELL_COLUMNS + HEALTH_COLUMNS
 # The per-row view of rung health (the report's and the gates' table).
 HEALTH_TABLE_COLUMNS = (
     "run_id", "cell_id", "budget", "seed", "d_model", "n_layers", "steps", "tokens_per_param", "n_evals",
-    "eval_tokens", "drop_frac_mean", "health_ok", "health_issues",
+    "eval_tokens", "drop_frac_mean", "health_ok", "health_issues", "health_relaxed",
 )
 FAMILY_SUFFIX = ".family.json"  # <results>.family.json beside the table (delphi.fits.data reads it)
 
@@ -91,6 +91,25 @@ def health_issues(row: dict | pd.Series, health: HealthSpec) -> list[str]:
         if value is None or (isinstance(value, float) and math.isnan(value)) or value < getattr(health, key):
             issues.append(key)
     return issues
+
+
+def relaxed_bounds(health: HealthSpec) -> str:
+    """The spec's bounds looser than issue 10's defaults (HealthSpec()), e.g. "min_d_model 12 < 24":
+    a rung may be healthy by its own spec and still below the defaults; the gates and report say so."""
+    default = HealthSpec()
+    looser = []
+    for key, value in vars(health).items():
+        base = getattr(default, key)
+        if (value > base) if key.startswith("max_") else (value < base):
+            looser.append(f"{key} {value:g} {'>' if key.startswith('max_') else '<'} {base:g}")
+    return ";".join(looser)
+
+
+def relaxed_in_table(table: pd.DataFrame) -> list[str]:
+    """The relaxed bounds a results table records (its health_relaxed column; none if absent)."""
+    if "health_relaxed" not in table:
+        return []
+    return sorted({b for text in table["health_relaxed"].fillna("").astype(str) for b in text.split(";") if b})
 
 
 def ladder_spec_of(ladder_dir: str | Path) -> LadderSpec | None:
@@ -166,6 +185,7 @@ def collect_ladder(ladder_dir: str | Path, *, include_all: bool = False) -> pd.D
         issues = health_issues(row, health)
         row["health_ok"] = not issues
         row["health_issues"] = ";".join(issues)
+        row["health_relaxed"] = relaxed_bounds(health)
         rows.append(row)
     frame = pd.DataFrame(rows, columns=[c for c in RESULT_COLUMNS if c not in CELL_COLUMNS])
     frame = add_cell_columns(frame)
@@ -178,6 +198,8 @@ def collect_ladder(ladder_dir: str | Path, *, include_all: bool = False) -> pd.D
 def rung_health_table(results: pd.DataFrame | str | Path) -> pd.DataFrame:
     """One row per run: the health columns of a results table (a DataFrame or a results CSV)."""
     frame = pd.read_csv(results) if isinstance(results, (str, Path)) else results
+    if "health_relaxed" not in frame.columns:  # tables collected before the column existed
+        frame = frame.assign(health_relaxed="")
     missing = [c for c in HEALTH_TABLE_COLUMNS if c not in frame.columns]
     if missing:
         where = results if isinstance(results, (str, Path)) else "results"
@@ -185,6 +207,7 @@ def rung_health_table(results: pd.DataFrame | str | Path) -> pd.DataFrame:
                           "with `delphi ladder collect`")
     table = frame[list(HEALTH_TABLE_COLUMNS)].copy()
     table["health_issues"] = table["health_issues"].fillna("").astype(str)
+    table["health_relaxed"] = table["health_relaxed"].fillna("").astype(str)
     table["health_ok"] = table["health_ok"].astype(bool)
     return table.reset_index(drop=True)
 

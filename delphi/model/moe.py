@@ -5,13 +5,18 @@ Routing (docs/design.md §4.2):
     top-k experts are chosen on s + b (b = `RouterBias`, DeepSeek-V3's aux-loss-free bias),
     the gates use s only, normalised over the selected experts, times `route_scale`.
 
-Dispatch: every (token, choice) assignment is sorted by expert into capacity-padded groups
-[E, capacity, d], each projection is one batched einsum over the groups, and the results are
-gathered back and summed with their gates. On XLA:CPU this is ~15x faster than
-`jax.lax.ragged_dot` (which lowers to a masked dense matmul). Assignments beyond an expert's
-capacity are dropped (their contribution is zero; the residual stream carries the token on);
-first choices have priority over second choices, and earlier tokens over later ones.
-Evaluation (`train=False`) is dropless: capacity = tokens, the worst case.
+Dispatch, two ways (both gather tokens into groups, run each projection as one batched einsum,
+and gather the results back, summed with their gates; on XLA:CPU ~15x faster than
+`jax.lax.ragged_dot`, which lowers to a masked dense matmul):
+- capacity groups [E, capacity, d] when tokens may be dropped (capacity_factor < E / top_k).
+  Assignments beyond an expert's capacity are dropped (their contribution is zero; the residual
+  stream carries the token on); first choices have priority over second choices, and earlier
+  tokens over later ones.
+- dropless blocks (capacity_factor >= E / top_k, and evaluation): the assignments sorted by expert,
+  each expert's run padded to whole blocks of DROPLESS_BLOCK rows, every block multiplied by its
+  own expert's weights (MegaBlocks' block-sparse idea, Gale et al. 2023, arXiv:2211.15841). That
+  costs tokens * k + E * (block - 1) rows at most instead of the E * tokens of capacity groups
+  sized for the worst case, with the same outputs.
 
 This block knows nothing of device meshes: on a mesh of several devices the model is built with
 `delphi.model.moe_parallel.ExpertParallelMoE` instead (the transformer chooses, given the mesh).
@@ -99,6 +104,17 @@ def swiglu(h: Float[Array, "... two_ff"]) -> Float[Array, "... ff"]:
     return jax.nn.silu(gate) * up
 
 
+# Rows per dropless block: small enough that padding (at most E * (block - 1) rows) stays a small
+# share of a ladder batch's tokens x k (512 x 2), large enough that each block's matmul is not
+# dominated by its weight gather.
+DROPLESS_BLOCK = 32
+
+
+def is_dropless(moe_capacity_factor: float, top_k: int, experts: int, *, train: bool) -> bool:
+    """Whether every assignment fits: evaluation, or a capacity of at least the whole batch."""
+    return not train or moe_capacity_factor * top_k >= experts
+
+
 class Routing(NamedTuple):
     expert_idx: Int[Array, "tokens k"]  # chosen experts, by rank
     gates: Float[Array, "tokens k"]  # combine weights
@@ -144,6 +160,31 @@ def dispatch_slots(
     return slot, kept
 
 
+def block_slots(
+    expert_idx: Int[Array, "tokens k"], experts: int, block: int
+) -> tuple[Int[Array, "tokens k"], Int[Array, " blocks"]]:
+    """Dropless block layout: each assignment's row in a [blocks * block] buffer, and each block's expert.
+
+    Assignments are sorted by expert (stably: token order within an expert) and each expert's run
+    starts on a block boundary. `blocks` = ceil(tokens * k / block) + experts is a static bound on
+    sum_e ceil(count_e / block); unused trailing blocks hold zero rows (and the last expert's index).
+    """
+    tokens, k = expert_idx.shape
+    flat = expert_idx.reshape(-1)
+    blocks = -(-tokens * k // block) + experts
+    counts = jnp.bincount(flat, length=experts)
+    padded = -(-counts // block) * block
+    starts = jnp.cumsum(counts) - counts
+    padded_starts = jnp.cumsum(padded) - padded
+    order = jnp.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    row_sorted = padded_starts[sorted_experts] + jnp.arange(tokens * k) - starts[sorted_experts]
+    row = jnp.zeros_like(flat).at[order].set(row_sorted).reshape(tokens, k)
+    block_start = jnp.arange(blocks) * block
+    block_expert = jnp.minimum(jnp.searchsorted(jnp.cumsum(padded), block_start, side="right"), experts - 1)
+    return row, block_expert
+
+
 class SwiGLUExperts(nnx.Module):
     """E independent SwiGLU experts stored as stacked matrices [E, d, 2*d_expert] and [E, d_expert, d]."""
 
@@ -154,6 +195,13 @@ class SwiGLUExperts(nnx.Module):
     def __call__(self, xs: Float[Array, "experts capacity d"], compute_dtype: jnp.dtype) -> Float[Array, "experts capacity d"]:
         h = swiglu(matmul(xs, self.w_in[...], "ecd,edf->ecf", compute_dtype))
         return matmul(h, self.w_out[...], "ecf,efd->ecd", compute_dtype)
+
+    def blocks(
+        self, xs: Float[Array, "blocks block d"], block_expert: Int[Array, " blocks"], compute_dtype: jnp.dtype
+    ) -> Float[Array, "blocks block d"]:
+        """Each block through its own expert (the weights gathered per block)."""
+        h = swiglu(matmul(xs, self.w_in[...][block_expert], "bcd,bdf->bcf", compute_dtype))
+        return matmul(h, self.w_out[...][block_expert], "bcf,bfd->bcd", compute_dtype)
 
 
 class SharedExperts(nnx.Module):
@@ -212,17 +260,25 @@ class MoE(nnx.Module):
         xt = x.reshape(tokens, d)
         routing = self.route(xt)
 
-        capacity = expert_capacity(tokens, moe.top_k, moe.experts, moe.capacity_factor, train=train)
-        slot, kept = dispatch_slots(routing.expert_idx, moe.experts, capacity)
+        if is_dropless(moe.capacity_factor, moe.top_k, moe.experts, train=train):
+            slot, block_expert = block_slots(routing.expert_idx, moe.experts, DROPLESS_BLOCK)
+            kept = jnp.ones(slot.shape, bool)
+            rows = block_expert.shape[0] * DROPLESS_BLOCK
+        else:
+            capacity = expert_capacity(tokens, moe.top_k, moe.experts, moe.capacity_factor, train=train)
+            slot, kept = dispatch_slots(routing.expert_idx, moe.experts, capacity)
+            rows = moe.experts * capacity
 
-        # Gather tokens into [E, capacity, d]; empty slots read the zero row at index `tokens`.
+        # Gather tokens into the rows; empty rows read the zero row at index `tokens`.
         token_of_assignment = jnp.broadcast_to(jnp.arange(tokens)[:, None], slot.shape)
-        slot_token = jnp.full((moe.experts * capacity + 1,), tokens).at[slot.reshape(-1)].set(token_of_assignment.reshape(-1))
+        slot_token = jnp.full((rows + 1,), tokens).at[slot.reshape(-1)].set(token_of_assignment.reshape(-1))
         x_padded = jnp.concatenate([xt, jnp.zeros((1, d), xt.dtype)])
-        xs = x_padded[slot_token[:-1]].reshape(moe.experts, capacity, d)
-
-        ys = self.experts(xs, self.compute_dtype).reshape(moe.experts * capacity, d)
-        ys_padded = jnp.concatenate([ys, jnp.zeros((1, d), ys.dtype)])  # overflow slot -> zeros
+        xs = x_padded[slot_token[:-1]]
+        if is_dropless(moe.capacity_factor, moe.top_k, moe.experts, train=train):
+            ys = self.experts.blocks(xs.reshape(-1, DROPLESS_BLOCK, d), block_expert, self.compute_dtype)
+        else:
+            ys = self.experts(xs.reshape(moe.experts, -1, d), self.compute_dtype)
+        ys_padded = jnp.concatenate([ys.reshape(rows, d), jnp.zeros((1, d), ys.dtype)])  # overflow slot -> zeros
         y = jnp.einsum("tk,tkd->td", routing.gates, ys_padded[slot])
         if self.shared is not None:
             y = y + self.shared(xt, self.compute_dtype)

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
+from delphi.ladder.collect import relaxed_in_table
 
 # A half-width of the 90% interval wider than this many tolerances cannot decide pass/fail:
 # the outcome could be 1.5 tolerances off and still be "covered" (issue 10's default).
@@ -320,6 +321,9 @@ def gate_rung_health(table: pd.DataFrame) -> Gate:
                 counts[issue] = counts.get(issue, 0) + 1
         detail = (", ".join(f"{k} ({v})" for k, v in sorted(counts.items())) or "unhealthy") + \
                  f"; e.g. {', '.join(list(names)[:3])}"
+    relaxed = relaxed_in_table(table)
+    if relaxed:
+        detail += f"; the spec's bounds are looser than the defaults: {', '.join(relaxed)}"
     return Gate("rung_health", len(bad) == 0, f"{len(bad)}/{len(table)} unhealthy", threshold, detail)
 
 
