@@ -453,12 +453,12 @@ def stage_dress_rehearsal(study: Study) -> dict:
         _sized_run(study, compute, "rehearsal", study.rehearsal_config)
     fit = load_fit(study.fit_path(study.spec.primary_fit))
     cfg = load_train_config(study.rehearsal_config)
-    from delphi.prereg.create import predict_hero
+    from delphi.prereg.create import predict_hero, run_noise_nats
 
     predicted = predict_hero(fit, cfg)[0]
     _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
     train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists())
-    result = run_predicted_vs_actual(fit, study.rehearsal_run)
+    result = run_predicted_vs_actual(fit, study.rehearsal_run, run_noise_nats(fit, load_table(study))[0])
     _say(f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
     thresholds = study.spec.thresholds()
     gate = gate_dress_rehearsal(result | {"compute": compute}, thresholds.rehearsal_tolerance_rel or thresholds.tolerance_rel)

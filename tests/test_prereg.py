@@ -78,6 +78,25 @@ def test_file_has_design_fields_and_a_valid_seal(setup):
     assert report["sealed"] is True and report["seal"] == doc["seal"]["digest"]
 
 
+def test_final_interval_is_predictive_for_one_run(setup):
+    """The sealed final interval is the fit's bootstrap interval widened in quadrature by z x one run's
+    noise (the law's residual scatter and the seed noise), as the backtests' intervals are."""
+    from delphi.fits import load_fit
+    from delphi.prereg.create import Z90, load_tables, predict_hero, predictive, run_noise_nats
+
+    final = fmt.read(setup["prereg"])["prediction"]["final"]
+    fit = load_fit(setup["fit"])
+    noise, parts = run_noise_nats(fit, load_tables(setup["ladder"] / "results.csv")[0])
+    assert noise is not None and noise > 0 and final["residual_scatter_nats"] == pytest.approx(parts["residual_scatter_nats"])
+    bootstrap = predict_hero(fit, setup["hero_cfg"])[0]
+    lo, hi = bootstrap["loss_interval_90"]
+    loss = bootstrap["loss"]
+    assert final["loss_90"][0] == pytest.approx(loss - np.hypot(loss - lo, Z90 * noise))
+    assert final["loss_90"][1] == pytest.approx(loss + np.hypot(hi - loss, Z90 * noise))
+    assert final["loss_90"][1] - final["loss_90"][0] > hi - lo  # wider than the law's own interval
+    assert predictive(bootstrap, None) == bootstrap  # no noise known: unchanged
+
+
 def test_truth_lies_inside_the_preregistered_band(setup):
     """The hero's curve from the law that made the ladder falls inside the 90% band."""
     cfg = setup["hero_cfg"]

@@ -260,7 +260,8 @@ class MoE(nnx.Module):
         xt = x.reshape(tokens, d)
         routing = self.route(xt)
 
-        if is_dropless(moe.capacity_factor, moe.top_k, moe.experts, train=train):
+        dropless = is_dropless(moe.capacity_factor, moe.top_k, moe.experts, train=train)
+        if dropless:
             slot, block_expert = block_slots(routing.expert_idx, moe.experts, DROPLESS_BLOCK)
             kept = jnp.ones(slot.shape, bool)
             rows = block_expert.shape[0] * DROPLESS_BLOCK
@@ -274,7 +275,7 @@ class MoE(nnx.Module):
         slot_token = jnp.full((rows + 1,), tokens).at[slot.reshape(-1)].set(token_of_assignment.reshape(-1))
         x_padded = jnp.concatenate([xt, jnp.zeros((1, d), xt.dtype)])
         xs = x_padded[slot_token[:-1]]
-        if is_dropless(moe.capacity_factor, moe.top_k, moe.experts, train=train):
+        if dropless:
             ys = self.experts.blocks(xs.reshape(-1, DROPLESS_BLOCK, d), block_expert, self.compute_dtype)
         else:
             ys = self.experts(xs.reshape(moe.experts, -1, d), self.compute_dtype)

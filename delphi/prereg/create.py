@@ -79,6 +79,49 @@ def final_from_prediction(pred: dict, source: str) -> dict[str, Any]:
     return out
 
 
+def law_scatter_nats(fit, fit_table) -> float | None:
+    """RMS (nats) of the ladder's seed-averaged points about the law, per residual dof: each cell at
+    its own N and D for a law in (N, D); for a law in C (isoFLOP, frontier) each budget's best cell
+    against L*(C) (delphi.fits.backtest.residual_scatter)."""
+    from delphi.fits.backtest import residual_scatter
+    from delphi.fits.data import cell_points
+
+    if fit_table is None or "budget" not in fit_table:
+        return None
+    if not fit.law_in_nd:
+        return residual_scatter(fit, fit_table)
+    points, _ = cell_points(fit_table)
+    residuals = [row["loss"] - fit.predict(params=row["params"], tokens=row["tokens"], **{t: row[t] for t in fit.law_terms})["loss"]
+                 for _, row in points.iterrows()]
+    dof = len(residuals) - len(fit.params)
+    return float(math.sqrt(sum(r * r for r in residuals) / dof)) if dof > 0 else None
+
+
+def run_noise_nats(fit, fit_table) -> tuple[float | None, dict[str, Any]]:
+    """The sd (nats) one run adds around the law: the law's scatter about the ladder's points
+    (law_scatter_nats) and one run's seed noise (the fit's pooled per-run seed sd), in quadrature.
+    None when neither is known."""
+    scatter = law_scatter_nats(fit, fit_table)
+    seed = (fit.diagnostics or {}).get("seed_noise_nats")
+    seed = float(seed) if isinstance(seed, (int, float)) and math.isfinite(seed) else None
+    parts = [v for v in (scatter, seed) if v is not None]
+    info = {"residual_scatter_nats": scatter, "seed_noise_nats": seed}
+    return (float(math.hypot(*parts)) if parts else None), info
+
+
+def predictive(pred: dict, noise: float | None) -> dict:
+    """`pred` with its 50% and 90% intervals widened, side by side in quadrature, by z x `noise`: an
+    interval for one run's outcome rather than for the law's mean (the backtests' rule)."""
+    if noise is None:
+        return pred
+    out = dict(pred)
+    loss = float(pred["loss"])
+    for key, z in (("loss_interval_50", Z50), ("loss_interval_90", Z90)):
+        lo, hi = pred.get(key) or (loss, loss)
+        out[key] = [loss - math.hypot(max(loss - float(lo), 0.0), z * noise), loss + math.hypot(max(float(hi) - loss, 0.0), z * noise)]
+    return out
+
+
 def model_family(model_cfg) -> str:
     return "moe" if model_cfg.moe is not None and model_cfg.moe.experts > 1 else "dense"
 
@@ -130,8 +173,9 @@ def predict_hero(fit, hero) -> tuple[dict, str]:
     return pred, how
 
 
-def predict_final(fit_path: Path, hero) -> tuple[dict, Any]:
-    """(final prediction, the loaded fit) for the hero from a fit file written by `delphi fit`."""
+def predict_final(fit_path: Path, hero, results: Path | None = None) -> tuple[dict, Any]:
+    """(final prediction, the loaded fit) for the hero from a fit file written by `delphi fit`; with
+    the ladder's `results`, its intervals are predictive for one run (`run_noise_nats`)."""
     from delphi.fits.laws import SURFACES
     from delphi.fits.results import load_fit
 
@@ -142,7 +186,12 @@ def predict_final(fit_path: Path, hero) -> tuple[dict, Any]:
         pred, how = predict_hero(fit, hero)
     except (TypeError, ValueError, KeyError) as e:
         raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {fit.kind!r} fit ({e})") from None
-    final = final_from_prediction(pred, how)
+    noise, parts = run_noise_nats(fit, load_tables(results, fit_convention(fit))[0]) if results is not None else (None, {})
+    final = final_from_prediction(predictive(pred, noise), how)
+    if noise is not None:
+        final["interval"] = (f"the fit's bootstrap interval widened in quadrature by z x {noise:.4g} nats: one run's "
+                             "noise around the law (residual scatter and seed noise, in quadrature)")
+        final |= parts
     if pred.get("allocation"):
         final["allocation"] = pred["allocation"]
     if not math.isfinite(final["loss"]):
@@ -306,8 +355,9 @@ def load_tables(results: Path, convention: str = "nonembedding"):
     return fit_table, gate_table
 
 
-def run_predicted_vs_actual(fit, run_dir: Path) -> dict[str, Any]:
-    """A finished run (the dress rehearsal) predicted by `fit` at its own N and D, against its final loss."""
+def run_predicted_vs_actual(fit, run_dir: Path, noise: float | None = None) -> dict[str, Any]:
+    """A finished run (the dress rehearsal) predicted by `fit` at its own N and D, against its final
+    loss; `noise` (run_noise_nats) makes the interval predictive for one run, as the hero's is."""
     from delphi.model.flops import flops_per_token
     from delphi.train.config import load_train_config
 
@@ -322,6 +372,7 @@ def run_predicted_vs_actual(fit, run_dir: Path) -> dict[str, Any]:
         raise DelphiError(f"--rehearsal: {run_dir}: status {summary.get('status')!r}, no final val_loss")
     cfg = load_train_config(run_dir / "config.yaml")
     pred, how = predict_hero(fit, cfg)
+    pred = predictive(pred, noise)
     actual, predicted = float(summary["val_loss"]), float(pred["loss"])
     i90 = pred.get("loss_interval_90")
     return {"run": str(run_dir), "compute": float(flops_per_token(cfg.model, cfg.data.seq_len) * cfg.tokens),
@@ -416,7 +467,12 @@ def create_prereg(
         run_dirs = cv.find_run_dirs(ladder)
     ladder_families = {model_family(load_train_config(r / "config.yaml").model) for r in run_dirs}
 
-    final, fit_obj = predict_final(Path(fit_path), hero)
+    if results is None and ladder is not None:
+        guess = [p for p in (Path(ladder) / "results.csv", Path(ladder) / "results" / "results.csv") if p.is_file()]
+        results = guess[0] if guess else None
+    if results is not None and not Path(results).is_file():
+        raise DelphiError(f"{results}: results table not found")
+    final, fit_obj = predict_final(Path(fit_path), hero, Path(results) if results is not None else None)
     family, hero_family = fit_family(fit_obj, ladder_families), model_family(hero.model)
     if family is not None and family != hero_family:
         raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
@@ -434,12 +490,7 @@ def create_prereg(
     }
     manifest = Path(ladder) / "manifest.csv" if ladder else None
     provenance["manifest_sha256"] = sha256_file(manifest) if manifest and manifest.is_file() else None
-    if results is None and ladder is not None:
-        guess = [p for p in (Path(ladder) / "results.csv", Path(ladder) / "results" / "results.csv") if p.is_file()]
-        results = guess[0] if guess else None
     if results is not None:
-        if not Path(results).is_file():
-            raise DelphiError(f"{results}: results table not found")
         provenance["results_path"] = str(results)
         provenance["results_sha256"] = sha256_file(results)
     else:
@@ -487,7 +538,8 @@ def create_prereg(
         thresholds = dataclasses.replace(thresholds, tolerance_rel=tolerance_rel)
     thresholds.validate("gates")
     if rehearsal is None and rehearsal_run is not None:
-        rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run)
+        noise = run_noise_nats(fit_obj, load_tables(Path(results), fit_convention(fit_obj))[0])[0] if results is not None else None
+        rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run, noise)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
