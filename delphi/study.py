@@ -54,7 +54,7 @@ class HeroSpec:
     compute: float | None = None  # FLOPs; None: compute_multiple x the largest ladder budget
     compute_multiple: float = 10.0
     tolerance: float = 0.01  # relative error of the final loss that counts as a pass
-    eval_every: int | None = None  # None: about 10 eval points along the curve
+    eval_every: int | None = None  # None: the ladder's evals_per_run, spaced as on its rungs
     # The dress rehearsal's compute as a multiple of the top ladder budget; None: no rehearsal.
     rehearsal_multiple: float | None = DEFAULT_REHEARSAL_MULTIPLE
 
@@ -414,9 +414,11 @@ def _sized_run(study: Study, compute: float, name: str, out: Path) -> dict:
 
     rung, details = hero_from_fit(study.fit_path(study.spec.primary_fit), compute, _ladder_spec(study),
                                   seed=study.spec.seed, results=pd.read_csv(study.results))
-    config = train_config_to_dict(rung.train)
-    every = study.spec.hero.eval_every or max(1, rung.train.steps // 10)
-    config.update(name=name, eval_every=every, checkpoint_every=every)
+    config = train_config_to_dict(rung.train) | {"name": name}
+    # The rung's own events (the ladder's evals_per_run, on multiples of its step quantum) let the
+    # trainer fuse several steps per call; an override of eval_every may cost that.
+    if study.spec.hero.eval_every:
+        config.update(eval_every=study.spec.hero.eval_every, checkpoint_every=study.spec.hero.eval_every)
     atomic_write_yaml(out, train_config_to_dict(train_config_from_dict(config)))
     return details
 
@@ -485,15 +487,12 @@ def _primary_backtest(study: Study) -> dict | None:
 
 def stage_gates(study: Study) -> dict:
     """Every gate, PASS/FAIL, before the hero trains; a failure stops the study here unless `force: true`."""
-    from delphi.fits import load_fit
     from delphi.prereg import gates as gt
-    from delphi.prereg.create import compute_gates, final_from_prediction, predict_hero
+    from delphi.prereg.create import compute_gates, predict_final
     from delphi.train.config import load_train_config
 
-    fit = load_fit(study.fit_path(study.spec.primary_fit))
     hero = load_train_config(study.hero_config)
-    pred, how = predict_hero(fit, hero)
-    final = final_from_prediction(pred, how)
+    final, fit = predict_final(study.fit_path(study.spec.primary_fit), hero, study.results)  # what prereg will seal
     thresholds = study.spec.thresholds()
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
                           backtest=_primary_backtest(study), rehearsal=_rehearsal(study), ladder=study.ladder_dir)

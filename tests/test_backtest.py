@@ -74,6 +74,11 @@ def test_seeds_are_averaged_weighted_and_resampled_hierarchically():
     for idx in resample_indices(table, 5, seed=1):
         sample = table.iloc[idx]
         assert (sample.groupby("budget").size() == table.groupby("budget").size()).all()
+    # fixed design (the isoFLOP fits): every cell kept once per draw, only its seeds resampled
+    for idx in resample_indices(table, 5, seed=1, fixed_design=True):
+        sample = table.iloc[idx]
+        assert (sample.groupby("cell_id").size() == table.groupby("cell_id").size()).all()
+        assert sample["cell_id"].nunique() == table["cell_id"].nunique()
     a3 = fit_approach3(table)
     assert a3.n_points == len(raw) // 3 and a3.diagnostics["seed_noise_nats"] == fit.diagnostics["seed_noise_nats"]
     iso = fit_approach2(table)

@@ -196,7 +196,8 @@ def fit_approach2(
         input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed, **table_context(table),
     )
     if n_bootstrap:
-        samples, info = bootstrap(partial(_approach2_params, robust=robust), table, n_bootstrap, seed, strata="budget", workers=workers)
+        samples, info = bootstrap(partial(_approach2_params, robust=robust), table, n_bootstrap, seed, strata="budget",
+                                  fixed_design=True, workers=workers)
         fit.samples = samples
         fit.intervals = percentile_intervals(samples)
         fit.diagnostics.update(info)
