@@ -149,3 +149,24 @@ def test_unknown_bootstrap_starts_is_a_clear_error():
 
     with pytest.raises(DelphiError, match="bootstrap_starts"):
         fit_approach3(synthetic_surface(HOFFMANN), n_bootstrap=2, bootstrap_starts="random")
+
+
+def test_bootstrap_draws_without_an_optimum_leave_the_exponent_interval(monkeypatch):
+    """A draw with alpha = beta = 0 (both terms flat: no compute-optimal point) implies no exponent a;
+    it is left out of a's interval and counted, not a KeyError (seen on a 2-budget backtest)."""
+    import delphi.fits.parametric as parametric
+
+    table = synthetic_surface(HOFFMANN)
+    real = parametric.bootstrap
+
+    def with_a_flat_draw(*args, **kwargs):
+        samples, info = real(*args, **kwargs)
+        for key in ("alpha", "beta"):
+            samples[key][0] = 0.0
+        return samples, info
+
+    monkeypatch.setattr(parametric, "bootstrap", with_a_flat_draw)
+    fit = fit_approach3(table, n_bootstrap=8, seed=0, workers=1)
+    assert fit.diagnostics["bootstrap_draws_without_a"] == 1
+    lo, hi = fit.intervals["a"]
+    assert np.isfinite(lo) and np.isfinite(hi)

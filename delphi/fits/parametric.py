@@ -375,8 +375,11 @@ def _with_bootstrap(
         derived = [derived_quantities(fit.kind, dict(zip(samples, row))) for row in zip(*samples.values())]
         all_draws = dict(samples)
         for key in fit.derived:
-            all_draws[key] = [d[key] for d in derived]
-        fit.intervals = percentile_intervals(all_draws, 0.9)
+            # a draw whose law has no optimum (alpha + beta <= 0) implies no exponent: left out of that interval
+            all_draws[key] = [d[key] for d in derived if key in d]
+            if len(all_draws[key]) < len(derived):
+                info[f"bootstrap_draws_without_{key}"] = len(derived) - len(all_draws[key])
+        fit.intervals = percentile_intervals({k: v for k, v in all_draws.items() if v}, 0.9)
         fit.diagnostics.update(info)
     return fit
 
