@@ -98,10 +98,21 @@ def test_study_bad_input(tmp_path, capsys):
     assert "unknown stage" in capsys.readouterr().err
     # a rehearsal at or past the hero, an unknown parameter convention, a gate threshold out of range
     for bad in ({"hero": {"compute_multiple": 3, "rehearsal_multiple": 3}}, {"params_convention": "embedding"},
-                {"gates": {"min_seeds": 0}}, {"gates": {"lobo_tolerance": 2.0}}):
+                {"gates": {"min_seeds": 0}}, {"gates": {"lobo_tolerance": 2.0}}, {"seed": -1}):
         (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml")} | bad))
         assert cli_main(["study", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")]) == 2, bad
     assert not (tmp_path / "o").exists()
+
+
+def test_study_seed_offsets_the_ladder_seeds(tmp_path):
+    """Study seed k trains run seeds + k * STUDY_SEED_STRIDE: three study seeds, three ladders."""
+    from delphi.study import STUDY_SEED_STRIDE, Study, _ladder_spec, load_study
+
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "seed": 2}))
+    spec, ladder_path, prereg = load_study(tmp_path / "s.yaml")
+    seeds = _ladder_spec(Study(tmp_path / "o", spec, ladder_path, prereg)).run.seeds
+    base = yaml.safe_load((REPO / "studies" / "ladder_tiny.yaml").read_text())["run"].get("seeds", [0])
+    assert list(seeds) == [s + 2 * STUDY_SEED_STRIDE for s in base]
 
 
 def test_report_sections_come_from_the_files(tmp_path):

@@ -82,9 +82,10 @@ def residual_scatter(fit: FitResult, train: pd.DataFrame) -> float | None:
     return float(np.sqrt(np.sum(r**2) / max(len(r) - RESIDUAL_DOF, 1))) if len(r) else None
 
 
-def predictive_interval(point: float, fit_interval: Any, scatter: float | None) -> tuple[float, float] | None:
-    """Bootstrap interval widened by the residual scatter, each side in quadrature (normal approx)."""
-    extra = Z_90 * scatter if scatter is not None else 0.0
+def predictive_interval(point: float, fit_interval: Any, scatter: float | None, z: float = Z_90) -> tuple[float, float] | None:
+    """Bootstrap interval widened by z x the residual scatter, each side in quadrature (normal
+    approx); z = Z_90 for a central 90% interval."""
+    extra = z * scatter if scatter is not None else 0.0
     if fit_interval is not None and fit_interval[0] is not None and fit_interval[1] is not None:
         lo, hi = point - float(fit_interval[0]), float(fit_interval[1]) - point
     elif scatter is not None:

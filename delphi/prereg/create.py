@@ -112,13 +112,13 @@ def run_noise_nats(fit, fit_table) -> tuple[float | None, dict[str, Any]]:
 def predictive(pred: dict, noise: float | None) -> dict:
     """`pred` with its 50% and 90% intervals widened, side by side in quadrature, by z x `noise`: an
     interval for one run's outcome rather than for the law's mean (the backtests' rule)."""
+    from delphi.fits.backtest import predictive_interval
+
     if noise is None:
         return pred
     out = dict(pred)
-    loss = float(pred["loss"])
     for key, z in (("loss_interval_50", Z50), ("loss_interval_90", Z90)):
-        lo, hi = pred.get(key) or (loss, loss)
-        out[key] = [loss - math.hypot(max(loss - float(lo), 0.0), z * noise), loss + math.hypot(max(float(hi) - loss, 0.0), z * noise)]
+        out[key] = list(predictive_interval(float(pred["loss"]), pred.get(key), noise, z))
     return out
 
 
