@@ -21,6 +21,9 @@ from delphi.ladder.plan import read_manifest
 from micro_ladder import micro_ladder
 
 ATTEMPT_HEADER = "--- ray attempt on "
+# Generous waits: on a loaded 2-core machine (a study beside the tests) Ray took over 3 minutes to
+# start its first workers; a quiet one takes seconds. Only how long a failure takes to show depends on them.
+RAY_WAIT_S = 300
 
 
 def _attempt_pids(log: Path) -> list[int]:
@@ -125,17 +128,17 @@ def test_ray_ladder_survives_a_killed_worker(tmp_path, monkeypatch, capsys):
             # Kill the victim's worker process once its trainer has started writing the run dir. retries=0:
             # only Ray's own resubmission after a worker death (max_retries) can bring the rung back.
             _wait_for(lambda: _attempt_pids(ladder / "logs" / f"{victim_id}.log") and (victim_dir / "status.json").is_file(),
-                      60, f"the first attempt of {victim_id}", driver)
+                      RAY_WAIT_S, f"the first attempt of {victim_id}", driver)
             killed = _attempt_pids(ladder / "logs" / f"{victim_id}.log")[0]
             _kill_our_ray_worker(killed, ladder / "locks" / f"{victim_id}.lock")
             # The held rung was tried and turned away, never started.
             _wait_for(lambda: "locked by another process" in (ladder / "logs" / f"{held_id}.log").read_text()
-                      if (ladder / "logs" / f"{held_id}.log").is_file() else False, 60, f"{held_id} to be turned away", driver)
+                      if (ladder / "logs" / f"{held_id}.log").is_file() else False, RAY_WAIT_S, f"{held_id} to be turned away", driver)
             assert not (ladder / "runs" / held_id / "status.json").exists()
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
             lock.close()
-            driver.join(timeout=150)
+            driver.join(timeout=2 * RAY_WAIT_S)
         assert not driver.is_alive(), "the Ray ladder did not finish"
         if "error" in outcome:
             raise outcome["error"]
