@@ -85,10 +85,11 @@ def test_run_dir_contract(store, uninterrupted):
     assert [s for s, _ in list_checkpoints(run)] == [8, 12]  # keep_checkpoints=2
 
 
-def test_resume_reproduces_uninterrupted_metrics(store, uninterrupted, tmp_path):
+def test_resume_reproduces_uninterrupted_metrics(store, uninterrupted, tmp_path, monkeypatch):
     run_a, _ = uninterrupted
     cfg = tiny_config(store)
-    run_b = tmp_path / "b"
+    monkeypatch.chdir(tmp_path)
+    run_b = Path("b")  # relative, as in the README's `delphi study --out runs/study` (Orbax wants absolute paths)
     stopped = train(cfg, run_b, progress=False, max_steps=6)  # stops between checkpoints
     assert stopped["status"] == "failed" and "resume" in read_status(run_b)["reason"]
     assert [s for s, _ in list_checkpoints(run_b)] == [4, 6]

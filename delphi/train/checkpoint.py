@@ -151,7 +151,8 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
             shutil.rmtree(final)
     barrier(f"delphi_checkpoint_clear_{step}")
     arrays = _arrays(state)
-    _checkpointer().save(final / STATE_DIR, args=_save_args(arrays))  # returns once every process is done
+    # Orbax refuses relative paths (a run dir given as `runs/study/...` is one): hand it absolute ones.
+    _checkpointer().save((final / STATE_DIR).absolute(), args=_save_args(arrays))  # returns once every process is done
     if is_primary():
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -228,7 +229,7 @@ def _load(path: Path, template: Any, shardings: Any) -> tuple[Any, dict]:
         target[f"leaf_{i:05d}"] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
     try:
         arrays = _checkpointer().restore(
-            path / STATE_DIR,
+            (path / STATE_DIR).absolute(),
             args=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
         )
     except Exception as e:  # whatever tensorstore says about damaged data
