@@ -22,7 +22,7 @@ from delphi.prereg.create import predict_final
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_DIRS = sorted(HERE.glob("*-v3-seed*"))
+DEFAULT_DIRS = sorted(HERE.glob("*-v3-*"))
 
 
 def stage_seconds(run: Path, stage: str) -> float | None:
