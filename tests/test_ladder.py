@@ -156,6 +156,7 @@ def test_tokens_per_param_mode():
         (lambda d: d["transfer"]["beta2"].update(rule="sqrt"), "transfer.beta2.rule"),
         (lambda d: d["base"].update(lr=-1.0), "base.lr"),
         (lambda d: d["shape"].update(head_dim=15), "shape.head_dim"),
+        (lambda d: d["shape"].update(n_heads=2, widths=[16, 18, 24, 32, 48, 64]), "shape.widths[1]"),  # 18 / 2 = 9: odd
         (lambda d: d.update(isoflop=None), "isoflop"),
         (lambda d: d["shape"].update(moe={"experts": 4, "top_k": 8}), "shape.moe.top_k"),
     ],
@@ -503,3 +504,13 @@ def test_hero_ranges_report_which_range_the_hero_leaves():
         plan_hero(spec, n_star, 1e4 * top, results=results)
     # A hero config (TrainConfig) is compared the same way as a planned rung.
     assert hero_ranges(spec, hero.train, results) == ranges
+
+
+def test_fixed_head_count_holds_at_every_width(tmp_path):
+    raw = copy.deepcopy(_raw())
+    raw["shape"]["n_heads"] = 2
+    raw["shape"]["widths"] = [w for w in raw["shape"]["widths"] if w % 4 == 0]
+    rungs = plan_ladder(load_ladder_spec(_write(tmp_path, raw)))
+    assert {r.model.n_heads for r in rungs} == {2}
+    assert len({r.model.d_model for r in rungs}) > 1
+

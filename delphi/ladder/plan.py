@@ -106,7 +106,7 @@ def shape_for_width(spec: LadderSpec, d_model: int) -> ModelConfig:
         vocab_size=spec.vocab_size,
         d_model=d_model,
         n_layers=layers_for_width(spec, d_model),
-        n_heads=heads_for_width(d_model, s.head_dim),
+        n_heads=s.n_heads if s.n_heads is not None else heads_for_width(d_model, s.head_dim),
         d_ff=d_ff,
         moe=moe,
         mup=mup,

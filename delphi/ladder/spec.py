@@ -92,7 +92,11 @@ class MoEShapeSpec:
 class ShapeSpec:
     widths: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128)  # d_model grid a rung is chosen from
     depth: DepthSpec = field(default_factory=DepthSpec)
-    head_dim: int = 16  # heads = d / head_dim (one head of size d when d < head_dim)
+    head_dim: int = 16  # heads = d / head_dim (one head of size d when d < head_dim); unused with n_heads
+    # A fixed head count for every width (head size d / n_heads) instead of head_dim: below
+    # d ~ 3 head_dim the count d / head_dim jumps 1 -> 2 -> 4 inside an isoFLOP curve, and
+    # a jump moves the loss by more than the seed noise (ladder_default.yaml's header).
+    n_heads: int | None = None
     ffn_mult: float = 4.0  # dense SwiGLU hidden width = ffn_mult * d
     ffn_multiple: int = 8  # round hidden widths up to a multiple of this
     moe: MoEShapeSpec | None = None
@@ -233,6 +237,13 @@ class LadderSpec:
             need(w >= 2 and w % 2 == 0, f"shape.widths[{i}]", f"must be an even width >= 2, got {w}")
         need(len(set(s.widths)) == len(s.widths), "shape.widths", "widths must be distinct")
         need(s.head_dim >= 2 and s.head_dim % 2 == 0, "shape.head_dim", f"must be even (RoPE), got {s.head_dim}")
+        if s.n_heads is not None:
+            need(s.n_heads >= 1, "shape.n_heads", f"must be >= 1, got {s.n_heads}")
+            for i, w in enumerate(s.widths):
+                need(w % (2 * s.n_heads) == 0, f"shape.widths[{i}]",
+                     f"{w} does not split into {s.n_heads} heads of even size (RoPE); use a multiple of {2 * s.n_heads}")
+            need(s.hero_width_multiple % (2 * s.n_heads) == 0, "shape.hero_width_multiple",
+                 f"{s.hero_width_multiple} does not split into {s.n_heads} heads of even size; use a multiple of {2 * s.n_heads}")
         need(s.ffn_mult > 0, "shape.ffn_mult", f"must be positive, got {s.ffn_mult}")
         need(s.ffn_multiple >= 1, "shape.ffn_multiple", f"must be >= 1, got {s.ffn_multiple}")
         need(s.hero_width_multiple >= 2 and s.hero_width_multiple % 2 == 0, "shape.hero_width_multiple",
