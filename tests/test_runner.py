@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -221,3 +224,21 @@ def test_a_killed_group_resumes_and_a_locked_member_is_left_out_of_its_group(tmp
         logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert logged == sorted(set(logged)) and logged[-1] == steps  # resumed, not restarted
         assert json.loads((run_dir / "summary.json").read_text())["steps"] == steps
+
+
+def test_compilation_cache_writes_programs_in_a_plain_install(tmp_path):
+    """The persistent compilation cache works with what `pip install -e .` brings: with a size limit
+    set, JAX needs `filelock`, and without it every rung of a fresh install recompiled its programs."""
+    requires = importlib.metadata.requires("delphi") or []
+    assert any(r.split(";")[0].strip().startswith("filelock") for r in requires), requires
+    script = (
+        "import jax, jax.numpy as jnp\n"
+        "from delphi.ladder.runner import enable_compilation_cache\n"
+        "enable_compilation_cache()\n"
+        "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)\n"
+        "jax.jit(lambda x: jnp.tanh(x @ x.T))(jnp.ones((8, 8))).block_until_ready()\n"
+    )
+    env = {**os.environ, "DELPHI_JAX_CACHE": str(tmp_path / "jax")}
+    done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert any(p.name.endswith("-cache") for p in (tmp_path / "jax").iterdir())

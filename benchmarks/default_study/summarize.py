@@ -22,7 +22,7 @@ from delphi.prereg.create import predict_final
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_DIRS = sorted(HERE.glob("*-v3-*"))
+DEFAULT_DIRS = sorted(HERE.glob("*-v[34]-*"))  # third and fourth editions
 
 
 def stage_seconds(run: Path, stage: str) -> float | None:
@@ -39,6 +39,7 @@ def summarize(run: Path) -> dict:
     stages = [p.stem for p in (run / "stages").glob("*.json") if p.stem not in ("ladder", "ladder_first_invocation")]
     row = {
         "run": run.name,
+        "edition": run.name.split("-v")[1].split("-")[0],
         "study_seed": study["seed"],
         "primary_fit": study["primary_fit"],
         "tolerance": study["hero"]["tolerance"],
