@@ -25,6 +25,8 @@ import numpy as np
 import delphi
 from delphi.errors import DelphiError
 from delphi.fits.allocation import FlopsFamily
+
+ALLOCATION_FITTED = "fitted in C"  # the `allocation` of a law in C
 from delphi.fits.laws import DEFAULT_TERM, ND_KINDS, SURFACES, LawKind, Surface, derived_quantities, surface_class
 
 INTERVAL_LEVELS = (0.5, 0.9)  # central percentile intervals reported on predictions
@@ -127,8 +129,11 @@ class FitResult:
 
     @property
     def allocation(self) -> str:
-        """How compute is split into N and D: under the family's exact FLOPs, or 6 N D."""
-        return "exact" if self.family is not None and self.law_in_nd else "6ND"
+        """How compute is split into N and D: under the family's exact FLOPs, or 6 N D; a law in C
+        (isoFLOP, frontier) allocates nothing: its N*(C) and D*(C) are fitted to the vertices."""
+        if not self.law_in_nd:
+            return ALLOCATION_FITTED
+        return "exact" if self.family is not None else "6ND"
 
     def with_family(self, family: FlopsFamily | None) -> "FitResult":
         return dataclasses.replace(self, family=family)
