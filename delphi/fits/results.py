@@ -25,10 +25,9 @@ import numpy as np
 import delphi
 from delphi.errors import DelphiError
 from delphi.fits.allocation import FlopsFamily
-
-ALLOCATION_FITTED = "fitted in C"  # the `allocation` of a law in C
 from delphi.fits.laws import DEFAULT_TERM, ND_KINDS, SURFACES, LawKind, Surface, derived_quantities, surface_class
 
+ALLOCATION_FITTED = "fitted in C"  # the `allocation` of a law in C: N*(C), D*(C) fitted, not allocated
 INTERVAL_LEVELS = (0.5, 0.9)  # central percentile intervals reported on predictions
 SCHEMA = "delphi.fit/1"
 MODEL_FAMILIES = ("dense", "moe")
