@@ -21,8 +21,10 @@ from delphi.train.rundir import read_metrics, read_status
 from delphi.train.trainer import train, train_group
 
 # vmapped matmuls and reductions may be blocked differently from the single run's: f32 rounding,
-# amplified by 20 Adam steps. Measured: see test_group_equals_each_seed_alone's assertion message.
-REL_TOL = 1e-5
+# amplified by 20 Adam steps. Measured (RBG init): seed 1's train loss agrees to 6e-8 at step 5,
+# then rises from 3.32 to 3.46 between steps 15 and 20, and that spike grows the gap to 1.1e-5
+# in the final val loss. A wrong seed, data order or init differs by > 1e-2.
+REL_TOL = 5e-5
 SEEDS = (0, 1)
 
 
