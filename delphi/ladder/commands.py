@@ -179,8 +179,9 @@ def _hero(args: argparse.Namespace) -> dict:
     atomic_write_yaml(args.out, train_config_to_dict(rung.train))
     print(format_table([details]), file=sys.stderr)
     print(
-        f"hero at C={args.compute:.3g}: predicted N*={details['predicted_params']:.4g}, chosen N={details['params']:,} "
-        f"(x{details['params_ratio_to_predicted']:.2f}), D={details['tokens']:,}; wrote {args.out}",
+        f"hero at C={args.compute:.3g}: predicted N*={details['predicted_params']:.4g} ({details['params_convention']} params), "
+        f"chosen x{details['params_ratio_to_predicted']:.2f} of it (non-embedding N={details['params']:,}), "
+        f"D={details['tokens']:,}; wrote {args.out}",
         file=sys.stderr,
     )
     return {"out": str(args.out), **details}
