@@ -23,20 +23,17 @@ import pandas as pd
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
 
-# Files of a study directory that are too big or too transient for the paper's data.
-SKIP_DIRS = {"checkpoints", "logs", "locks", "__pycache__"}
-
-
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:
     """Copy a finished study's compact data (no checkpoints, no logs) into `data_dir`."""
     if not (study_dir / "stages" / "report.json").is_file():
         raise DelphiError(f"--from-study: {study_dir} is not a finished study (no stages/report.json)")
+    from delphi.study import compact_files
+
     copied = []
-    for path in sorted(study_dir.rglob("*")):
-        rel = path.relative_to(study_dir)
-        if path.is_dir() or SKIP_DIRS & set(rel.parts) or rel.parts[0] in ("figures",) or path.name == "report.md":
+    for rel in compact_files(study_dir):
+        if rel.parts[0] == "figures" or rel.name == "report.md":
             continue
-        target = data_dir / rel
+        path, target = study_dir / rel, data_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
         copied.append(str(rel))

@@ -34,7 +34,7 @@ import pandas as pd
 
 from delphi.config_schema import from_dict, to_dict
 from delphi.errors import CheckFailed, DelphiError
-from delphi.io import atomic_write_json, atomic_write_text, atomic_write_yaml, read_yaml
+from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_text, atomic_write_yaml, read_yaml
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE
@@ -192,7 +192,7 @@ def _pin_study(study: Study) -> None:
     from delphi.ladder.spec import ladder_spec_to_dict
 
     pinned = {"study": to_dict(study.spec), "ladder": ladder_spec_to_dict(_ladder_spec(study))}
-    path = study.out / "study.json"
+    path = study.out / STUDY_FILE
     if path.is_file():
         recorded = json.loads(path.read_text())
         try:  # keys added to StudySpec since the directory was pinned take their defaults
@@ -203,6 +203,46 @@ def _pin_study(study: Study) -> None:
             raise DelphiError(f"--out: {study.out} holds a different study (study.json differs); choose a new directory")
         return
     atomic_write_json(path, pinned)
+
+
+# ---- compact copies: a study continued elsewhere, the paper's data -------------------------------
+
+# Too big or too machine-bound to commit: a finished run's result is its config, status, summary
+# and metrics; an unfinished run is left out whole and trains again wherever the study continues.
+STUDY_FILE = "study.json"  # the pinned study and ladder spec: a directory holds one study
+COMPACT_SKIP_DIRS = frozenset({"checkpoints", "logs", "locks", "__pycache__", "wandb"})
+
+
+def compact_files(study_dir: str | Path) -> list[Path]:
+    """The files of a study directory worth committing, relative to it: everything but checkpoints,
+    logs, locks and the run directories of runs that have not finished (completed or diverged)."""
+    from delphi.ladder.driver import is_finished
+    from delphi.train.rundir import read_status
+
+    study_dir = Path(study_dir)
+    unfinished = {p.parent for p in study_dir.rglob(CONFIG_FILE)  # a run dir holds its config.yaml first
+                  if not is_finished((read_status(p.parent) or {}).get("status", "pending"))}
+    files = []
+    for path in sorted(study_dir.rglob("*")):
+        rel = path.relative_to(study_dir)
+        if path.is_dir() or COMPACT_SKIP_DIRS & set(rel.parts) or any(d in unfinished for d in path.parents):
+            continue
+        files.append(rel)
+    return files
+
+
+def export_study(study_dir: str | Path, dest: str | Path) -> list[str]:
+    """Copy a study's compact data (`compact_files`) into `dest`, each file written atomically: a
+    stage of a long study, committed as it completes. To continue on another machine, copy `dest`
+    to a study directory and run the same `delphi study` command there."""
+    study_dir, dest = Path(study_dir), Path(dest)
+    if not (study_dir / STUDY_FILE).is_file():
+        raise DelphiError(f"--from-study: {study_dir} is not a study directory (no {STUDY_FILE})")
+    copied = []
+    for rel in compact_files(study_dir):
+        atomic_write_bytes(dest / rel, (study_dir / rel).read_bytes())
+        copied.append(str(rel))
+    return copied
 
 
 # ---- stages --------------------------------------------------------------------------------------
@@ -221,18 +261,63 @@ def stage_plan(study: Study) -> dict:
     from delphi.ladder.plan import format_table, plan_ladder, write_ladder
 
     ladder = _ladder_spec(study)
+    preflight = _hero_preflight(study, ladder)
     rows = write_ladder(ladder, plan_ladder(ladder), study.ladder_dir)
     print(format_table(rows), file=sys.stderr)
-    return {"rungs": len(rows), "flops": sum(float(r["flops"]) for r in rows)}
+    return {"rungs": len(rows), "flops": sum(float(r["flops"]) for r in rows), "hero_preflight": preflight}
+
+
+def _hero_preflight(study: Study, ladder) -> dict:
+    """Before the ladder trains: would the rehearsal and the hero fit the ladder's ranges if the
+    optimum came out where the spec expects it? If not at the expected optimum itself, the gates
+    would refuse after hours of ladder; stop now unless `force: true`."""
+    from delphi.ladder.plan import hero_preflight
+
+    if ladder.isoflop is None:
+        return {"skipped": "a tokens_per_param ladder has no expected optimum"}
+    runs = {"hero": hero_compute(study)}
+    if study.spec.hero.rehearsal_multiple is not None:
+        runs["rehearsal"] = study.spec.hero.rehearsal_multiple * max(ladder.budgets)
+    out = {}
+    for name, compute in runs.items():
+        check = out[name] = hero_preflight(ladder, compute)
+        band = check["inside_factors"]
+        expected = check["expected"]
+        _say(f"preflight {name} at {compute:.3g} FLOPs: at the expected N* ({check['expected_params']:.3g}) it would be "
+             f"{expected['run_id']} ({expected['steps']:,} steps), " + (
+                 f"inside the ladder's ranges for a fitted N* {band[0]:g}-{band[1]:g}x the expected" if band else
+                 "outside the ladder's ranges at every N* from 0.5x to 2x the expected"))
+        if not expected["inside"] and not study.spec.force:
+            raise CheckFailed(f"preflight: the {name} at {compute:.3g} FLOPs would leave the ladder's ranges "
+                              f"({', '.join(expected['outside'])}) even if the fit found the optimum the ladder spec expects; "
+                              f"the gate hero_ranges would refuse it after the ladder trained. Nothing was trained. Lower "
+                              f"hero.compute_multiple, or widen isoflop.span so the top budget trains smaller models longer.")
+    return out
 
 
 def stage_ladder(study: Study) -> dict:
     from delphi.ladder.runner import run_ladder
 
+    check_store_unchanged(study)
     summary = run_ladder(study.ladder_dir, workers=study.spec.workers)
     if summary.get("failed"):
         raise DelphiError(f"ladder: rungs failed: {summary['failed']}; see {study.ladder_dir}/logs and rerun the study")
     return summary
+
+
+def check_store_unchanged(study: Study) -> None:
+    """A study continued elsewhere (its committed stages copied to a fresh machine) must train on
+    the corpus its first rungs trained on: a built-in store is rebuilt from the machine's files
+    (`environment`: its installed packages), so compare its sha256 with the one pinned at prepare."""
+    prepared = study.done("prepare")
+    if prepared is None:
+        return
+    pinned = prepared["result"].get("sha256")
+    now = stage_prepare(study)
+    if pinned is not None and now["sha256"] != pinned:
+        raise DelphiError(f"{study.marker('prepare')}: the study's rungs trained on store sha256 {pinned}, but "
+                          f"{now['store']} now holds sha256 {now['sha256']} (another machine or other installed "
+                          f"packages); rebuild that corpus or start a new study directory")
 
 
 def stage_collect(study: Study) -> dict:
@@ -451,6 +536,7 @@ def stage_dress_rehearsal(study: Study) -> dict:
     if multiple is None:
         return {"skipped": "hero.rehearsal_multiple is null: no dress rehearsal"}
     compute = multiple * max(_ladder_spec(study).budgets)
+    check_store_unchanged(study)
     if not study.rehearsal_config.is_file():
         _sized_run(study, compute, "rehearsal", study.rehearsal_config)
     fit = load_fit(study.fit_path(study.spec.primary_fit))
@@ -545,6 +631,7 @@ def stage_train_hero(study: Study) -> dict:
     from delphi.train.config import load_train_config
     from delphi.train.trainer import train
 
+    check_store_unchanged(study)
     cfg = load_train_config(study.hero_config)
     resume = (study.hero_run / CONFIG_FILE).exists()
     return train(cfg, study.hero_run, resume=resume, predicted_loss=predicted_loss_curve(study.prereg))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +39,21 @@ def add_paper_commands(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--from-study", metavar="STUDY_DIR", help="first import a finished study's data into paper/data")
     add_json_flag(build)
     build.set_defaults(func=_paper_build)
+    snap = sub.add_parser("snapshot", help="copy a study in progress, compactly, to commit a completed stage")
+    snap.add_argument("--from-study", required=True, metavar="STUDY_DIR")
+    snap.add_argument("--to", required=True, metavar="DIR",
+                      help="where the compact copy goes (to continue elsewhere: copy it to a study dir, rerun the study)")
+    add_json_flag(snap)
+    snap.set_defaults(func=_paper_snapshot)
+
+
+def _paper_snapshot(args: argparse.Namespace) -> dict:
+    from delphi.study import export_study
+
+    copied = export_study(args.from_study, args.to)
+    runs = sorted({p.split("/")[2] for p in copied if p.startswith("ladder/runs/")})
+    print(f"snapshot: {len(copied)} files, {len(runs)} finished ladder runs, into {args.to}", file=sys.stderr)
+    return {"files": len(copied), "ladder_runs": runs, "to": args.to}
 
 
 def _paper_build(args: argparse.Namespace) -> dict:

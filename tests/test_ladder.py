@@ -18,11 +18,13 @@ import yaml
 from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
 from delphi.ladder.plan import (
+    HERO_MAX_OFF_OPTIMUM,
     batch_for_tokens,
     cell_id_of,
     evals_of,
     expected_optimum,
     flops_family,
+    hero_preflight,
     hero_ranges,
     layers_for_width,
     manifest_row,
@@ -320,7 +322,7 @@ def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, h
     assert hero.batch_size == top_rung.batch_size and hero.hp.beta2 == top_rung.hp.beta2  # no switch at the hero
     if path == PAPER:
         assert len(spec.budgets) >= 4 and min(spec.budgets) >= 1e12 and len(spec.seeds_for(top)) >= 3
-        assert spec.run.store == "environment" and spec.run.max_epochs <= 1.0 and spec.run.eval_tokens >= 1_000_000
+        assert spec.run.store == "environment" and spec.run.max_epochs <= 1.0 and spec.run.final_eval_tokens >= 1_000_000
         assert relaxed_bounds(spec.health) == ""  # the paper keeps issue 10's default bounds
     else:  # the default says which bounds it relaxes (its header says why)
         assert relaxed_bounds(spec.health) == "min_d_model 12 < 24;min_eval_tokens 32768 < 1e+06"
@@ -514,3 +516,19 @@ def test_fixed_head_count_holds_at_every_width(tmp_path):
     assert {r.model.n_heads for r in rungs} == {2}
     assert len({r.model.d_model for r in rungs}) > 1
 
+
+
+def test_hero_sized_off_its_optimum_to_stay_inside_the_ranges():
+    """At 30x the paper ladder's top budget an N* of 0.8x the expected optimum falls between d128
+    and d144, whose runs would train more steps than any rung; d160 (L5, within 2x of N*) trains
+    fewer and is chosen. At 0.6x no shape within 2x fits: the nearest comes back, outside, and the
+    preflight reports the band of N* that fits."""
+    spec = load_ladder_spec(PAPER)
+    compute = 30 * max(spec.budgets)
+    n_star = 0.8 * expected_optimum(spec, compute)
+    hero = plan_hero(spec, n_star, compute)
+    assert hero_ranges(spec, hero)["inside"] and 1.5 < hero.params / n_star <= HERO_MAX_OFF_OPTIMUM
+    low = plan_hero(spec, 0.6 * expected_optimum(spec, compute), compute)
+    assert hero_ranges(spec, low)["outside"] == ["steps"]
+    preflight = hero_preflight(spec, compute)
+    assert preflight["expected"]["inside"] and preflight["inside_factors"] == [0.8, 2.0]

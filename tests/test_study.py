@@ -38,20 +38,44 @@ def _micro_study(tmp_path: Path) -> Path:
     return tmp_path / "study.yaml"
 
 
-def _study(*args: str) -> subprocess.CompletedProcess:
+def _delphi(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}  # skip the per-run matmul peak measurement
-    return subprocess.run([sys.executable, "-m", "delphi.cli", "study", *args, "--json"], env=env,
+    return subprocess.run([sys.executable, "-m", "delphi.cli", *args, "--json"], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
+def _study(*args: str) -> subprocess.CompletedProcess:
+    return _delphi("study", *args)
+
+
 def test_study_stages_resume_without_redoing_finished_runs(tmp_path):
-    study, out = _micro_study(tmp_path), tmp_path / "out"
+    study, first_dir, out = _micro_study(tmp_path), tmp_path / "first", tmp_path / "out"
+    planned = _study(str(study), "--out", str(first_dir), "--stop-after", "plan")
+    assert planned.returncode == 0, planned.stderr
+    preflight = json.loads((first_dir / "stages" / "plan.json").read_text())["result"]["hero_preflight"]
+    assert preflight["hero"]["expected"]["inside"] and preflight["rehearsal"]["expected"]["inside"]
+    assert "preflight hero at 1.6e+10 FLOPs" in planned.stderr
+
+    # A long ladder in stages: one budget, then a compact snapshot (what gets committed) carried to
+    # a fresh study dir, where the study trains only the other budgets.
+    stage = _delphi("ladder", "run", str(first_dir / "ladder"), "--budgets", "2e9")
+    assert stage.returncode == 0, stage.stderr
+    assert json.loads(stage.stdout)["rungs"] == 3
+    assert _delphi("ladder", "run", str(first_dir / "ladder"), "--budgets", "3e9").returncode == 2
+    snap = _delphi("paper", "snapshot", "--from-study", str(first_dir), "--to", str(tmp_path / "snap"))
+    assert snap.returncode == 0, snap.stderr
+    assert len(json.loads(snap.stdout)["ladder_runs"]) == 3
+    assert not list((tmp_path / "snap").rglob("checkpoints")) and not (tmp_path / "snap" / "ladder" / "logs").exists()
+    shutil.copytree(tmp_path / "snap", out)
+    carried = {r.name: (r / "summary.json").stat().st_mtime_ns for r in (out / "ladder" / "runs").iterdir()}
+
     first = _study(str(study), "--out", str(out), "--stop-after", "ladder")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["stopped_after"] == "ladder"
     assert [p.stem for p in sorted((out / "stages").glob("*.json"))] == ["ladder", "plan", "prepare"]
     runs = sorted((out / "ladder" / "runs").iterdir())
     assert len(runs) == 9 and all(json.loads((r / "status.json").read_text())["status"] == "completed" for r in runs)
+    assert {r: (out / "ladder" / "runs" / r / "summary.json").stat().st_mtime_ns for r in carried} == carried
 
     # As if the ladder stage had been killed after all but one rung: rerunning trains only that rung.
     (out / "stages" / "ladder.json").unlink()
@@ -102,6 +126,38 @@ def test_study_bad_input(tmp_path, capsys):
         (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml")} | bad))
         assert cli_main(["study", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")]) == 2, bad
     assert not (tmp_path / "o").exists()
+
+
+def test_study_preflight_refuses_a_hero_no_ladder_range_covers(tmp_path):
+    """A hero far past the ladder (1000x) would leave its steps range even at the expected optimum:
+    the study stops at the plan, before any rung trains, and says why."""
+    study = _micro_study(tmp_path)
+    raw = yaml.safe_load(study.read_text())
+    raw["hero"] = {"compute_multiple": 1000, "tolerance": 0.5}
+    study.write_text(yaml.safe_dump(raw))
+    refused = _study(str(study), "--out", str(tmp_path / "out"))
+    assert refused.returncode == 1 and "preflight: the hero at 8e+12 FLOPs would leave the ladder's ranges (steps" in refused.stderr
+    assert not (tmp_path / "out" / "ladder" / "runs").exists() and not (tmp_path / "out" / "stages" / "plan.json").exists()
+
+
+def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path):
+    """A study continued elsewhere whose store has other contents (another machine's packages) stops
+    before training, naming both hashes."""
+    import pytest
+
+    from delphi.errors import DelphiError
+    from delphi.study import Study, check_store_unchanged, load_study, run_study
+
+    study_file = _micro_study(tmp_path)
+    run_study(study_file, tmp_path / "out", stop_after="prepare")
+    spec, ladder, prereg = load_study(study_file)
+    study = Study(tmp_path / "out", spec, ladder, prereg)
+    check_store_unchanged(study)  # the same store: nothing to say
+    marker = json.loads(study.marker("prepare").read_text())
+    marker["result"]["sha256"] = "0" * 64
+    study.marker("prepare").write_text(json.dumps(marker))
+    with pytest.raises(DelphiError, match="trained on store sha256 0{64}, but .* now holds sha256 [0-9a-f]{64}"):
+        check_store_unchanged(study)
 
 
 def test_study_seed_offsets_the_ladder_seeds(tmp_path):

@@ -1,5 +1,6 @@
 """Evaluation in one fused call at its own batch size gives the val loss of the former
-per-training-batch evaluation (to float rounding), whatever the eval batch; checkpoints by time."""
+per-training-batch evaluation (to float rounding), whatever the eval batch; a larger final
+evaluation on a superset of the curve's windows; checkpoints by time."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_fused_eval_equals_per_batch_eval(store):
     placement = sharding.batch_sharding(sharding.make_mesh(cfg.mesh), 1)
     # 5: a padded last batch; None: one batch of all 36 (the default at seq 32)
     for batch in (5, None):
-        got = evaluate(eval_step, state, eval_set(dataclasses.replace(cfg, eval_batch_size=batch), data, placement))[0]
+        got = evaluate(eval_step, state, eval_set(dataclasses.replace(cfg, eval_batch_size=batch), data, placement))[0][0]
         assert got == pytest.approx(reference, rel=REL_TOL), batch
 
 
@@ -113,3 +114,66 @@ def test_checkpoints_by_time_skip_periodic_saves_only(store, tmp_path):
     assert identity_yaml(config_yaml(cfg)) == identity_yaml(config_yaml(dataclasses.replace(cfg, checkpoint_every_s=0.0)))
     with pytest.raises(DelphiError, match="checkpoint_every_s"):
         tiny_config(store, checkpoint_every_s=-1.0)
+
+
+def test_final_eval_chunks_extend_the_curve_set(store):
+    """Chunk 0 is the regular eval set; the chunks are disjoint, of one shape, and together an
+    evenly spread set of m x k windows with at least final_tokens targets."""
+    data = TokenStore(store)
+    regular = data.eval_set(1000, 6, 32)
+    chunks = data.final_eval_chunks(1000, 4000, 6, 32)
+    assert len(chunks) == 4 and all(c.shape == regular.shape for c in chunks)  # ceil(4000 / 192) = 21 batches -> 4 x 36 windows
+    np.testing.assert_array_equal(chunks[0], regular)
+    np.testing.assert_array_equal(np.concatenate(chunks), np.concatenate([data._spread_windows(144, 32)[j::4] for j in range(4)]))
+    assert data.n_val_windows(32) >= 144  # evenly spread over more windows than picked: none twice
+    with pytest.raises(DelphiError, match="final_eval_tokens: 10000000 tokens"):
+        data.final_eval_chunks(1000, 10_000_000, 6, 32)
+
+
+def test_final_eval_is_the_mean_over_every_chunk(store):
+    cfg = tiny_config(store, final_eval_tokens=3000)
+    data = TokenStore(store)
+    graphdef, params, router_bias, other = split_model(init_model(cfg))
+    # weights away from the zero readout, so that windows differ in loss
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    params = jax.tree.unflatten(treedef, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+    tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
+    state = TrainState(params, tx.init(params), router_bias, other)
+    placement = sharding.batch_sharding(sharding.make_mesh(cfg.mesh), 1)
+    evals = eval_set(cfg, data, placement)
+    assert len(evals.chunks) == 3
+    curve, full = evaluate(make_eval_step(graphdef), state, evals, final=True)
+    assert curve[0] == pytest.approx(per_batch_val_loss(cfg, state, graphdef, data), rel=REL_TOL)
+    per_chunk = [per_batch_val_loss(cfg, state, graphdef, _Chunk(c)) for c in data.final_eval_chunks(1000, 3000, 6, 32)]
+    assert full[0] == pytest.approx(np.mean(per_chunk), rel=REL_TOL) and full[0] != curve[0]
+    assert evaluate(make_eval_step(graphdef), state, evals)[1] == curve  # not final: chunk 0 only
+
+
+class _Chunk:
+    """A store whose eval batches are one chunk's windows (per_batch_val_loss reads eval_batches)."""
+
+    def __init__(self, windows: np.ndarray) -> None:
+        self.windows = windows
+
+    def eval_batches(self, n_tokens: int, batch_size: int, seq_len: int):
+        for b in range(0, len(self.windows), batch_size):
+            yield self.windows[b : b + batch_size]
+
+
+def test_trained_run_reports_the_final_set_and_keeps_the_curve_set(store, tmp_path):
+    cfg = tiny_config(store, final_eval_tokens=3000)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    from delphi.train.rundir import read_metrics
+
+    evals = [r for r in read_metrics(tmp_path / "run") if r.get("val_loss") is not None]
+    assert [r["step"] for r in evals] == [4, 8] and "val_loss_final_set" not in evals[0]
+    assert summary["val_loss"] == evals[-1]["val_loss_final_set"] != evals[-1]["val_loss"]
+    assert summary["final_eval_targets"] == 3 * 36 * 32
+    # unset, the key leaves a run's identity as it was before the key existed
+    plain = tiny_config(store)
+    old_text = config_yaml(plain).replace("final_eval_tokens: null\n", "")
+    assert "final_eval_tokens" not in old_text and identity_yaml(old_text) == identity_yaml(config_yaml(plain))
+    assert identity_yaml(config_yaml(cfg)) != identity_yaml(config_yaml(plain))
+    with pytest.raises(DelphiError, match="final_eval_tokens: must be >= eval_tokens"):
+        tiny_config(store, final_eval_tokens=500)

@@ -111,10 +111,29 @@ class TokenStore:
         """Every validation window of `eval_batches`, in order, as one array. `batch_size` (the
         training batch) only sets how many windows (`eval_windows`); the trainer may evaluate them
         in batches of any size."""
-        window = seq_len + 1
+        return self._spread_windows(self._checked_eval_windows(n_tokens, batch_size, seq_len, prefix=""), seq_len)
+
+    def final_eval_chunks(
+        self, n_tokens: int, final_tokens: int, batch_size: int, seq_len: int
+    ) -> list[Int[np.ndarray, "windows seq_plus_1"]]:
+        """The final evaluation's windows (at least `final_tokens` targets) as m chunks of the regular
+        set's size: chunk j holds windows j, j+m, j+2m, ... of m x k evenly spread windows, so chunk 0
+        is exactly `eval_set(n_tokens)` (floor(m j A / (m k)) = floor(j A / k)) and every chunk has
+        its shape: the final eval reuses the regular eval's program, and its chunk 0 continues the curve."""
         k = self._checked_eval_windows(n_tokens, batch_size, seq_len, prefix="")
+        m = max(1, math.ceil(self.eval_windows(final_tokens, batch_size, seq_len) / k))
         available = self.n_val_windows(seq_len)
-        picks = (np.arange(k, dtype=np.int64) * available) // k  # evenly spread, fixed
+        if m * k > available:
+            raise DelphiError(
+                f"final_eval_tokens: {final_tokens} tokens need {m * k} validation windows of {seq_len + 1} tokens "
+                f"({m} x the {k} of eval_tokens); the store {self.path} has {available} ({self.n_val} validation tokens)"
+            )
+        windows = self._spread_windows(m * k, seq_len)
+        return [windows[j::m] for j in range(m)]
+
+    def _spread_windows(self, k: int, seq_len: int) -> Int[np.ndarray, "windows seq_plus_1"]:
+        window = seq_len + 1
+        picks = (np.arange(k, dtype=np.int64) * self.n_val_windows(seq_len)) // k  # evenly spread, fixed
         return np.asarray(self.val[(picks * window)[:, None] + np.arange(window)], dtype=np.int32)
 
     def eval_batches(
@@ -124,7 +143,9 @@ class TokenStore:
         for b in range(0, len(windows), batch_size):
             yield windows[b : b + batch_size]
 
-    def check_run(self, batch_size: int, seq_len: int, eval_tokens: int, where: str = "") -> None:
+    def check_run(
+        self, batch_size: int, seq_len: int, eval_tokens: int, where: str = "", final_eval_tokens: int | None = None
+    ) -> None:
         """Raise DelphiError, before any compilation, when a run cannot be fed by this store."""
         prefix = f"{where}: " if where else ""
         window = seq_len + 1
@@ -137,6 +158,11 @@ class TokenStore:
                 f"store {self.path} ({self.n_train} tokens = {n_windows} windows)"
             )
         self._checked_eval_windows(eval_tokens, batch_size, seq_len, prefix=prefix)
+        if final_eval_tokens is not None:
+            try:
+                self.final_eval_chunks(eval_tokens, final_eval_tokens, batch_size, seq_len)
+            except DelphiError as e:
+                raise DelphiError(f"{prefix}{e}") from None
 
     def _checked_eval_windows(self, n_tokens: int, batch_size: int, seq_len: int, *, prefix: str) -> int:
         """`eval_windows`, or a DelphiError when the validation split holds fewer windows."""

@@ -119,12 +119,13 @@ def ladder_spec_of(ladder_dir: str | Path) -> LadderSpec | None:
 
 
 def _eval_tokens(run_dir: Path, default: int) -> int:
-    """eval_tokens of the run's resolved config (the spec's when the run has not started)."""
+    """Validation tokens of the final evaluation in the run's resolved config (the spec's when the
+    run has not started)."""
     from delphi.io import read_yaml
 
     try:
         cfg = read_yaml(run_dir / CONFIG_FILE)
-        return int(cfg["eval_tokens"])
+        return int(cfg.get("final_eval_tokens") or cfg["eval_tokens"])
     except (OSError, KeyError, TypeError, ValueError, DelphiError):
         return default
 
@@ -145,7 +146,7 @@ def collect_ladder(ladder_dir: str | Path, *, include_all: bool = False) -> pd.D
     ladder_dir = Path(ladder_dir)
     spec = ladder_spec_of(ladder_dir)
     health = spec.health if spec is not None else HealthSpec()
-    default_eval_tokens = spec.run.eval_tokens if spec is not None else 0
+    default_eval_tokens = (spec.run.final_eval_tokens or spec.run.eval_tokens) if spec is not None else 0
     rows = []
     for m in read_manifest(ladder_dir):
         run_dir = ladder_dir / RUNS_DIR / m["run_id"]

@@ -25,6 +25,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                      help="parallel rungs (default: one per CPU core, at most one per pending rung and per GiB "
                           "of free memory; each worker pinned to its cores)")
     run.add_argument("--retries", type=nonnegative_int, default=1, help="retries of a failed rung (default 1)")
+    run.add_argument("--budgets", type=positive_float, nargs="+", default=None, metavar="C",
+                     help="train only these budgets' rungs (default: all): a long ladder in stages, each committed "
+                          "as it completes; `delphi study` later trains what is left")
     run.add_argument("--group-seeds", action="store_true",
                      help="train the seeds of one cell together as one vmapped program on one worker (local "
                           "executor only; off by default: measured slower than rungs alone on a 2-core CPU)")
@@ -112,7 +115,8 @@ def _run(args: argparse.Namespace):
         from delphi.ladder.ray_executor import reject_ray_options
 
         reject_ray_options(args)
-        result = run_ladder(args.ladder_dir, workers=args.workers, retries=args.retries, group_seeds=args.group_seeds)
+        result = run_ladder(args.ladder_dir, workers=args.workers, retries=args.retries, group_seeds=args.group_seeds,
+                            budgets=None if args.budgets is None else tuple(args.budgets))
     print(
         f"ladder {args.ladder_dir}: {result['completed']} completed, {result['diverged']} diverged, "
         f"{len(result['failed'])} failed of {result['rungs']} rungs in {result['wall_s']:.0f} s",

@@ -113,6 +113,7 @@ class Rung:
     run_dir: Path
     flops: float
     seed: int = 0
+    budget: float = 0.0  # the isoFLOP budget it belongs to (manifest.csv)
     attempts: int = 0
     not_before: float = 0.0  # perf_counter time before which it is not placed again (locked elsewhere)
     placed_at: float = 0.0  # epoch seconds of the last placement
@@ -161,7 +162,7 @@ def load_rungs(ladder_dir: Path, rows: list[dict[str, str]] | None = None) -> li
             raise DelphiError(f"{ladder_dir}/manifest.csv: rung {row['run_id']}: config {config} is missing")
         seed = int(row.get("seed") or 0)
         rungs.append(Rung(row["run_id"], config, ladder_dir / RUNS_DIR / row["run_id"], float(row["flops"]), seed,
-                          cell=cell_key(config)))
+                          budget=float(row.get("budget") or 0.0), cell=cell_key(config)))
     return rungs
 
 
@@ -198,6 +199,18 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def select_budgets(rungs: list[Rung], budgets: tuple[float, ...] | None) -> list[Rung]:
+    """The rungs of `budgets` (each matched to 1e-6 relative); a budget the ladder lacks is an error."""
+    if budgets is None:
+        return rungs
+    planned = sorted({r.budget for r in rungs})
+    matches = lambda b, c: abs(b / c - 1) <= 1e-6  # noqa: E731
+    for b in budgets:
+        if not any(matches(b, c) for c in planned):
+            raise DelphiError(f"--budgets: {b:g} is not a budget of this ladder (its budgets: {', '.join(f'{c:g}' for c in planned)})")
+    return [r for r in rungs if any(matches(r.budget, b) for b in budgets)]
+
+
 @dataclass
 class LadderDriver:
     """One pass over a ladder dir: skip, order, place, judge outcomes, report, summarise."""
@@ -207,6 +220,8 @@ class LadderDriver:
     progress: bool = True
     progress_every_s: float = PROGRESS_EVERY_S
     group_seeds: bool = False  # seeds of one cell as one job, where the placer takes groups
+    # Only these budgets' rungs (None: all): a long ladder run in stages, one commit per stage.
+    budgets: tuple[float, ...] | None = None
     rungs: list[Rung] = field(init=False)
     done: dict[str, str] = field(init=False)  # run_id -> completed | diverged
     waiting: list[Rung] = field(init=False)
@@ -220,7 +235,7 @@ class LadderDriver:
         self.ladder_dir = Path(self.ladder_dir)
         if self.retries < 0:
             raise DelphiError(f"--retries: must be >= 0, got {self.retries}")
-        self.rungs = load_rungs(self.ladder_dir)
+        self.rungs = select_budgets(load_rungs(self.ladder_dir), self.budgets)
         statuses = {r.run_id: rung_status(r.run_dir) for r in self.rungs}
         self.done = {run_id: s for run_id, s in statuses.items() if is_finished(s)}
         self.waiting = placement_order([r for r in self.rungs if r.run_id not in self.done])

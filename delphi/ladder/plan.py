@@ -290,6 +290,7 @@ def make_rung(
         log_every=every(run.logs_per_run),
         eval_every=every(run.evals_per_run),
         eval_tokens=run.eval_tokens,
+        final_eval_tokens=run.final_eval_tokens,
         checkpoint_every=every(run.checkpoints_per_run),
         keep_checkpoints=run.keep_checkpoints,
         name=run_id,
@@ -517,23 +518,36 @@ def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataF
     return out
 
 
+# How far from N* the hero may be sized (a factor either way) when neither shape bracketing N*
+# keeps its steps and tokens per parameter inside the ladder's ranges. The isoFLOP curves are
+# flat near their vertex (within 2x of N*, Hoffmann et al. 2022 Fig. 3 and this project's ladders:
+# a few hundredths of a nat), and the law predicts the loss of whatever (N, D) is trained, so an
+# off-optimal hero inside the ranges is a fairer test than an optimal one outside them.
+HERO_MAX_OFF_OPTIMUM = 2.0
+# Where the fitted N* may land relative to the spec's expected optimum, for `hero_preflight`: the
+# default ladder's fitted optima sat at 0.8-0.9x its centre (benchmarks/default_study/).
+PREFLIGHT_FACTORS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0)
+
+
 def _family_shapes_around(spec: LadderSpec, params: float, convention: str = "nonembedding") -> list[ModelConfig]:
-    """The family's shapes just below and above `params` (N counted as `convention`), nearest first."""
+    """The family's shapes just below and above `params` (N counted as `convention`), then the others
+    within HERO_MAX_OFF_OPTIMUM of it; nearest (in log N) first."""
     multiple = spec.shape.hero_width_multiple
     n_of = lambda m: params_in_convention(m, spec.seq_len, convention)  # noqa: E731
     widths = set(spec.shape.widths)
-    # Grow the grid until it passes the target, so any N* has a neighbour on both sides.
+    # Grow the grid past the farthest allowed shape, so any N* has a neighbour on both sides.
     w = multiple
     while True:
         widths.add(w)
-        if n_of(shape_for_width(spec, w)) > 2 * params or w > 1 << 16:
+        if n_of(shape_for_width(spec, w)) > 2 * HERO_MAX_OFF_OPTIMUM * params or w > 1 << 16:
             break
         w += multiple
     shapes = sorted((shape_for_width(spec, w) for w in widths), key=n_of)
     n = [n_of(m) for m in shapes]
     above = next((i for i, v in enumerate(n) if v >= params), len(n) - 1)
     around = shapes[max(0, above - 1) : above + 1]
-    return sorted(around, key=lambda m: abs(math.log(n_of(m) / params)))
+    near = [m for m, v in zip(shapes, n) if abs(math.log(v / params)) <= math.log(HERO_MAX_OFF_OPTIMUM) and m not in around]
+    return sorted(around, key=lambda m: abs(math.log(n_of(m) / params))) + sorted(near, key=lambda m: abs(math.log(n_of(m) / params)))
 
 
 def plan_hero(
@@ -549,8 +563,8 @@ def plan_hero(
     Its batch is its own batch rule's, clipped to the top budget's (so batch and beta2 continue the
     ladder's, with no switch where the extrapolation starts). Of the two shapes bracketing N*, the
     nearest whose tokens per parameter and steps fall inside the ladder's ranges (`hero_ranges`, from
-    `results` or the plan) is chosen; when neither does, the nearest, and `hero_ranges` says which
-    range it leaves.
+    `results` or the plan) is chosen; when neither does, the nearest such shape within
+    HERO_MAX_OFF_OPTIMUM of N*; when none does, the nearest, and `hero_ranges` says which range it leaves.
     """
     if not (params > 0 and compute > 0 and math.isfinite(params) and math.isfinite(compute)):
         raise DelphiError(f"hero: params and compute must be positive and finite, got {params:g}, {compute:g}")
@@ -575,12 +589,37 @@ def plan_hero(
     return candidates[0]
 
 
+def hero_preflight(spec: LadderSpec, compute: float, factors: tuple[float, ...] = PREFLIGHT_FACTORS) -> dict:
+    """Before any rung trains: would a hero at `compute` fit the ladder's ranges if the fitted N*
+    came out at `factor` x the spec's expected optimum (isoflop.center_*)? The fitted optimum is
+    only known after the ladder, and a hero outside the ranges is refused then (gate hero_ranges).
+
+    {"compute", "expected_params", "expected": the hero at factor 1 (run_id, steps, inside,
+    outside), "inside_factors": [lowest, highest] factor whose hero fits (None if none), "factors"}."""
+    center = expected_optimum(spec, compute)
+    rows = []
+    for f in factors:
+        hero = plan_hero(spec, f * center, compute)
+        ranges = hero_ranges(spec, hero)
+        rows.append({"factor": f, "run_id": hero.run_id, "steps": hero.steps, "inside": ranges["inside"],
+                     "outside": ranges["outside"]})
+    fits = [r["factor"] for r in rows if r["inside"]]
+    expected = next(r for r in rows if r["factor"] == 1.0)
+    return {"compute": compute, "expected_params": center, "expected": expected,
+            "inside_factors": [min(fits), max(fits)] if fits else None, "factors": rows}
+
+
 # ---- health and the store, before training --------------------------------------------------------
 
 
 def evals_of(train: TrainConfig) -> int:
     """Evaluations the trainer logs: every eval_every steps and at the last step."""
     return train.steps // train.eval_every + (1 if train.steps % train.eval_every else 0)
+
+
+def final_eval_tokens(train: TrainConfig) -> int:
+    """Validation tokens asked of the last evaluation, whose loss the fits use."""
+    return train.eval_tokens if train.final_eval_tokens is None else train.final_eval_tokens
 
 
 def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
@@ -592,7 +631,7 @@ def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
         ("min_layers", h.min_layers, lambda r: r.model.n_layers, "layers"),
         ("min_d_model", h.min_d_model, lambda r: r.model.d_model, "d_model"),
         ("min_evals", h.min_evals, lambda r: evals_of(r.train), "evals"),
-        ("min_eval_tokens", h.min_eval_tokens, lambda r: r.train.eval_tokens, "eval tokens"),
+        ("min_eval_tokens", h.min_eval_tokens, lambda r: final_eval_tokens(r.train), "final eval tokens"),
     )
     warnings = []
     for key, bound, value, what in checks:
@@ -609,7 +648,8 @@ def check_ladder_store(spec: LadderSpec, rungs: list[Rung], store: "TokenStore",
     prefix = f"{where}: " if where else ""
     epochs = []
     for rung in rungs:
-        store.check_run(rung.batch_size, spec.seq_len, spec.run.eval_tokens, where=f"{prefix}run.store ({rung.run_id})")
+        store.check_run(rung.batch_size, spec.seq_len, spec.run.eval_tokens, where=f"{prefix}run.store ({rung.run_id})",
+                        final_eval_tokens=spec.run.final_eval_tokens)
         e = store.epochs(rung.steps, rung.batch_size, spec.seq_len)
         if e > spec.run.max_epochs:
             raise DelphiError(

@@ -131,6 +131,7 @@ def run_ray_ladder(
     worker_retries: int = DEFAULT_WORKER_RETRIES,
     progress: bool = True,
     progress_every_s: float = PROGRESS_EVERY_S,
+    budgets: tuple[float, ...] | None = None,
 ) -> dict:
     """Run every rung of `ladder_dir` that is not completed (or diverged) as Ray tasks; return a summary.
 
@@ -141,7 +142,7 @@ def run_ray_ladder(
     validate_resources(cpus_per_rung, gpus_per_rung, retries, worker_retries)
     ray = import_ray()
     ladder_dir = Path(ladder_dir).resolve()  # the tasks see the same absolute path (shared filesystem)
-    driver = LadderDriver(ladder_dir, retries=retries, progress=progress, progress_every_s=progress_every_s)
+    driver = LadderDriver(ladder_dir, retries=retries, progress=progress, progress_every_s=progress_every_s, budgets=budgets)
     extra = {"executor": "ray", "cpus_per_rung": cpus_per_rung, "gpus_per_rung": gpus_per_rung}
     if not driver.waiting:  # nothing to run: no need to start or join a cluster
         return driver.summary(**extra)
@@ -240,4 +241,5 @@ def run_ray_ladder_from_args(args) -> dict:
         gpus_per_rung=0.0 if args.gpus_per_rung is None else args.gpus_per_rung,
         retries=args.retries,
         worker_retries=DEFAULT_WORKER_RETRIES if args.worker_retries is None else args.worker_retries,
+        budgets=None if args.budgets is None else tuple(args.budgets),
     )

@@ -484,18 +484,19 @@ def run_ladder(
     persistent_workers: bool = True,
     pin_cores: bool = True,
     group_seeds: bool = False,
+    budgets: tuple[float, ...] | None = None,
 ) -> dict:
     """Run every rung of `ladder_dir` that is not completed (or diverged); return a summary.
 
     `group_seeds`: the seeds of one cell train together as one job (one vmapped program); False
-    trains every rung alone. One-shot workers (`persistent_workers=False`) train rungs alone.
+    trains every rung alone. `budgets`: only those budgets' rungs (a stage of a long ladder). One-shot workers (`persistent_workers=False`) train rungs alone.
     `persistent_workers` and `pin_cores` exist to measure what they gain (benchmarks/ladder.py).
     """
     if workers is not None and workers < 1:
         raise DelphiError(f"--workers: must be >= 1, got {workers}")
     group_seeds = group_seeds and persistent_workers
     driver = LadderDriver(Path(ladder_dir), retries=retries, progress=progress, progress_every_s=progress_every_s,
-                          group_seeds=group_seeds)
+                          group_seeds=group_seeds, budgets=budgets)
     cpus = sorted(os.sched_getaffinity(0))
     workers = workers if workers is not None else default_workers(driver.pending_jobs(), len(cpus), available_memory_bytes())
     slots = core_slots(workers, cpus)

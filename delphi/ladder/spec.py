@@ -169,6 +169,7 @@ class RunSpec:
     top_seeds: tuple[int, ...] = ()  # seeds of the top budget's rungs instead of `seeds` (empty: `seeds`)
     max_epochs: float = DATA_CONSTRAINED_MAX_EPOCHS  # passes over the store's train split allowed per run
     eval_tokens: int = 65_536
+    final_eval_tokens: int | None = None  # the last evaluation's (the fitted loss); None: eval_tokens
     evals_per_run: int = 4
     logs_per_run: int = 50
     checkpoints_per_run: int = 4
@@ -183,7 +184,7 @@ class HealthSpec:
     min_layers: int = HEALTH_MIN_LAYERS
     min_d_model: int = HEALTH_MIN_D_MODEL
     min_evals: int = HEALTH_MIN_EVALS  # evaluations logged per run (incl. the final one)
-    min_eval_tokens: int = HEALTH_MIN_EVAL_TOKENS  # validation tokens per evaluation
+    min_eval_tokens: int = HEALTH_MIN_EVAL_TOKENS  # validation tokens of the final evaluation (the fitted loss)
 
 
 @dataclass(frozen=True)
@@ -299,6 +300,9 @@ class LadderSpec:
         need(r.max_epochs > 0, "run.max_epochs", f"must be positive, got {r.max_epochs}")
         for key in ("eval_tokens", "evals_per_run", "logs_per_run", "checkpoints_per_run", "keep_checkpoints"):
             need(getattr(r, key) > 0, f"run.{key}", f"must be positive, got {getattr(r, key)}")
+        if r.final_eval_tokens is not None:
+            need(r.final_eval_tokens >= r.eval_tokens, "run.final_eval_tokens",
+                 f"must be >= run.eval_tokens ({r.eval_tokens}), got {r.final_eval_tokens}")
         h = self.health
         need(0 <= h.max_drop_frac <= 1, "health.max_drop_frac", f"must be in [0, 1], got {h.max_drop_frac}")
         for key in ("min_layers", "min_d_model", "min_evals", "min_eval_tokens"):

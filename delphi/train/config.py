@@ -94,6 +94,10 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 200
     eval_tokens: int = 65_536  # held-out tokens per evaluation
+    # Held-out tokens of the last evaluation (None: eval_tokens). The final loss is the number a fit
+    # uses, so it can afford a larger set than the curve's evaluations: a superset of theirs
+    # (TokenStore.final_eval_chunks), evaluated with the same program; the summary's val_loss is this one.
+    final_eval_tokens: int | None = None
     # Sequences per evaluation batch, independent of data.batch_size (which still sets how many
     # windows are evaluated, see TokenStore.eval_windows); None: ~EVAL_BATCH_TOKENS per batch.
     # Changes no number beyond float rounding, so like `mesh` it is left out of config_sha256.
@@ -150,6 +154,9 @@ class TrainConfig:
             ("keep_checkpoints", self.keep_checkpoints),
         ):
             need(value > 0, key, f"must be a positive integer, got {value}")
+        if self.final_eval_tokens is not None:
+            need(self.final_eval_tokens >= self.eval_tokens, "final_eval_tokens",
+                 f"must be >= eval_tokens ({self.eval_tokens}), got {self.final_eval_tokens}")
         o = self.optim
         need(self.checkpoint_every_s >= 0, "checkpoint_every_s", f"must be >= 0 seconds, got {self.checkpoint_every_s}")
         need(o.lr > 0, "optim.lr", f"must be positive, got {o.lr}")

@@ -65,6 +65,8 @@ from delphi.train.step import TrainState, bits_per_byte, eval_blocks, make_eval_
 MAX_STEPS_PER_CALL = 16  # scan length cap: d_model 32, 1 -> 4 -> 8 -> 16 steps per call: 360, 255, 235, 230 ms/step
 STEPS_PER_CALL_ENV = "DELPHI_STEPS_PER_CALL"
 MATHS_FREE_KEYS = ("mesh", "eval_batch_size", "checkpoint_every_s")  # config keys left out of config_sha256
+# Keys added after runs were on disk: unset (None), they are left out, so older runs keep their identity.
+UNSET_SINCE_ADDED_KEYS = ("final_eval_tokens",)
 
 
 def config_yaml(cfg: TrainConfig) -> str:
@@ -81,6 +83,9 @@ def identity_yaml(text: str) -> str:
     data = yaml.safe_load(text) or {}
     for key in MATHS_FREE_KEYS:
         data.pop(key, None)
+    for key in UNSET_SINCE_ADDED_KEYS:
+        if data.get(key, 0) is None:
+            data.pop(key)
     return yaml.safe_dump(data, sort_keys=False)
 
 
@@ -177,27 +182,37 @@ def _compiled_steps(
 
 @dataclass(frozen=True)
 class EvalSet:
-    """The validation windows on the device as whole eval batches (`delphi.train.step.eval_blocks`)."""
+    """The validation windows on the device as whole eval batches (`delphi.train.step.eval_blocks`),
+    in chunks of one shape: chunk 0 is every evaluation's set, the others join it at the last step
+    (`TokenStore.final_eval_chunks`; none without final_eval_tokens)."""
 
-    tokens: jax.Array  # (batches, eval batch, seq+1)
-    weights: jax.Array  # (batches, eval batch): 1 a window, 0 padding
-    n_targets: int  # next-token targets of the real windows
+    chunks: tuple[tuple[jax.Array, jax.Array], ...]  # (tokens (batches, eval batch, seq+1), weights (batches, eval batch))
+    n_targets: int  # next-token targets of the real windows of one chunk
 
 
 def eval_set(cfg: TrainConfig, store: Any, batch_sharding: Any) -> EvalSet:
     """The windows of `TokenStore.eval_set` (how many: set by the training batch, so the val loss
-    does not depend on the eval batch) in batches of `cfg.eval_batch_sequences`."""
-    windows = store.eval_set(cfg.eval_tokens, cfg.data.batch_size, cfg.data.seq_len)
-    tokens, weights = eval_blocks(windows, cfg.eval_batch_sequences(len(windows)))
-    n_targets = windows.shape[0] * (windows.shape[1] - 1)
-    return EvalSet(sharding.place(tokens, batch_sharding), sharding.place(weights, batch_sharding), n_targets)
+    does not depend on the eval batch) in batches of `cfg.eval_batch_sequences`, and the final
+    evaluation's further chunks."""
+    b, t = cfg.data.batch_size, cfg.data.seq_len
+    if cfg.final_eval_tokens is None:
+        windows = [store.eval_set(cfg.eval_tokens, b, t)]
+    else:
+        windows = store.final_eval_chunks(cfg.eval_tokens, cfg.final_eval_tokens, b, t)
+    per_batch = cfg.eval_batch_sequences(len(windows[0]))
+    chunks = tuple(tuple(sharding.place(a, batch_sharding) for a in eval_blocks(w, per_batch)) for w in windows)
+    return EvalSet(chunks, windows[0].shape[0] * (windows[0].shape[1] - 1))
 
 
-def evaluate(eval_step: Callable, state: TrainState, data: EvalSet) -> list[float]:
-    """Mean next-token loss (nats) over the validation windows, per seed (one for a single run):
-    one device call; the per-batch sums are added in float64."""
-    sums = np.asarray(eval_step(state, data.tokens, data.weights), np.float64)
-    return [float(total) / data.n_targets for total in np.atleast_2d(sums).sum(axis=-1)]
+def evaluate(eval_step: Callable, state: TrainState, data: EvalSet, *, final: bool = False) -> tuple[list[float], list[float]]:
+    """Mean next-token loss (nats) per seed (one for a single run) over chunk 0, the curve's set,
+    and over every chunk when `final` (else chunk 0 again): one device call per chunk, the
+    per-batch sums added in float64."""
+    chunks = data.chunks if final else data.chunks[:1]
+    sums = np.stack([np.atleast_2d(np.asarray(eval_step(state, *c), np.float64)).sum(axis=-1) for c in chunks])
+    curve = sums[0] / data.n_targets
+    full = sums.sum(axis=0) / (len(chunks) * data.n_targets)
+    return [float(v) for v in curve], [float(v) for v in full]
 
 
 def _train_batches(cfgs: list[TrainConfig], store: Any, first: int, k: int, batch_sharding: Any) -> jax.Array:
@@ -429,7 +444,7 @@ def train_group(
     for run_dir, text in zip(run_dirs, texts):
         _check_run_dir(run_dir, text, resume)
     store = TokenStore(cfg.data.store)
-    store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens)
+    store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens, final_eval_tokens=cfg.final_eval_tokens)
     if store.vocab_size > cfg.model.vocab_size:
         raise DelphiError(
             f"model.vocab_size: {cfg.model.vocab_size} is smaller than the store's vocabulary ({store.vocab_size})"
@@ -527,7 +542,7 @@ def _train_locked(
         eval_data = eval_set(cfg, store, eval_sh)
         first_tokens = _train_batches(cfgs, store, start_step, k, batch_sh)
         train_chunk, eval_step = _compiled_steps(
-            cfg, k, graphdef, tx, state, first_tokens, (eval_data.tokens, eval_data.weights), mesh, shardings,
+            cfg, k, graphdef, tx, state, first_tokens, eval_data.chunks[0], mesh, shardings,
             seeds=len(cfgs) if stacked else 0,
         )
         peak = peak_flops(cfg.precision)
@@ -681,15 +696,19 @@ def _sync(ctx: RunContext, loop: LoopState) -> dict[int, tuple[dict, int | None]
 
 def _evaluate_into(ctx: RunContext, loop: LoopState, records: dict[int, tuple[dict, int | None]]) -> None:
     eval_start = time.perf_counter()
-    val_losses = evaluate(ctx.eval_step, loop.state, ctx.eval_data)
+    final = len(ctx.eval_data.chunks) > 1 and loop.step == ctx.cfg.steps
+    val_losses, full_losses = evaluate(ctx.eval_step, loop.state, ctx.eval_data, final=final)
     eval_s = time.perf_counter() - eval_start
     loop.eval_time += eval_s
     for i, _ in _active(ctx, loop):
         record = records[i][0]
-        record["val_loss"] = val_losses[i]
+        record["val_loss"] = val_losses[i]  # the curve: every evaluation on one set
         record["val_bpb"] = bits_per_byte(val_losses[i])
         record["eval_s"] = eval_s
-        loop.summaries[i].update(val_loss=val_losses[i], val_bpb=record["val_bpb"])
+        if final:  # the final loss on the larger set, the number the fits use
+            record["val_loss_final_set"] = full_losses[i]
+            loop.summaries[i].update(final_eval_targets=len(ctx.eval_data.chunks) * ctx.eval_data.n_targets)
+        loop.summaries[i].update(val_loss=full_losses[i], val_bpb=bits_per_byte(full_losses[i]))
 
 
 def _checkpoint(ctx: RunContext, loop: LoopState) -> None:
