@@ -549,8 +549,9 @@ def _family_shapes_around(spec: LadderSpec, params: float, convention: str = "no
     n = [n_of(m) for m in shapes]
     above = next((i for i, v in enumerate(n) if v >= params), len(n) - 1)
     around = shapes[max(0, above - 1) : above + 1]
-    near = [m for m, v in zip(shapes, n) if abs(math.log(v / params)) <= math.log(HERO_MAX_OFF_OPTIMUM) and m not in around]
-    return sorted(around, key=lambda m: abs(math.log(n_of(m) / params))) + sorted(near, key=lambda m: abs(math.log(n_of(m) / params)))
+    distance = lambda m: abs(math.log(n_of(m) / params))  # noqa: E731
+    near = [m for m in shapes if distance(m) <= math.log(HERO_MAX_OFF_OPTIMUM) and m not in around]
+    return sorted(around, key=distance) + sorted(near, key=distance)
 
 
 def plan_hero(
@@ -620,11 +621,6 @@ def evals_of(train: TrainConfig) -> int:
     return train.steps // train.eval_every + (1 if train.steps % train.eval_every else 0)
 
 
-def final_eval_tokens(train: TrainConfig) -> int:
-    """Validation tokens asked of the last evaluation, whose loss the fits use."""
-    return train.eval_tokens if train.final_eval_tokens is None else train.final_eval_tokens
-
-
 def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
     """The health bounds (spec.health) that planned rungs already miss: layers, width, evals, eval tokens.
 
@@ -634,7 +630,7 @@ def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
         ("min_layers", h.min_layers, lambda r: r.model.n_layers, "layers"),
         ("min_d_model", h.min_d_model, lambda r: r.model.d_model, "d_model"),
         ("min_evals", h.min_evals, lambda r: evals_of(r.train), "evals"),
-        ("min_eval_tokens", h.min_eval_tokens, lambda r: final_eval_tokens(r.train), "final eval tokens"),
+        ("min_eval_tokens", h.min_eval_tokens, lambda r: r.train.last_eval_tokens, "final eval tokens"),
     )
     warnings = []
     for key, bound, value, what in checks:

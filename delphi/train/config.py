@@ -122,6 +122,11 @@ class TrainConfig:
     def tokens(self) -> int:
         return self.steps * self.tokens_per_step
 
+    @property
+    def last_eval_tokens(self) -> int:
+        """Validation tokens asked of the last evaluation, whose loss the fits use."""
+        return self.eval_tokens if self.final_eval_tokens is None else self.final_eval_tokens
+
     def eval_batch_sequences(self, n_windows: int) -> int:
         """Sequences per evaluation batch for `n_windows` validation windows: eval_batch_size, or
         ~EVAL_BATCH_TOKENS, a multiple of the devices the batch is split over and no larger than
