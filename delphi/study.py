@@ -66,6 +66,7 @@ class GatesSpec:
     backtest_tolerance: float | None = None
     lobo_tolerance: float | None = None
     rehearsal_tolerance: float | None = None
+    agreement_tolerance: float | None = None  # gate method_agreement
     interval_width_factor: float = 1.5  # issue 10: 90% half-width <= 1.5 x tolerance
     min_seeds: int = 2  # issue 10: >= 2 seeds per rung
 
@@ -96,6 +97,7 @@ class StudySpec:
         g = self.gates
         return GateThresholds(tolerance_rel=self.hero.tolerance, backtest_tolerance_rel=g.backtest_tolerance,
                               lobo_tolerance_rel=g.lobo_tolerance, rehearsal_tolerance_rel=g.rehearsal_tolerance,
+                              agreement_tolerance_rel=g.agreement_tolerance,
                               interval_width_factor=g.interval_width_factor, min_seeds=g.min_seeds)
 
     def validate(self, where: str) -> "StudySpec":
@@ -714,9 +716,8 @@ def stage_figures(study: Study) -> dict:
     draw("frontier", frontier)
     if prereg is not None:
         def prediction():
-            pts = [(r["tokens"], r["val_loss"]) for r in (run.rows if run else []) if r.get("val_loss") is not None]
             verdict = compare(prereg, run)["verdict"] if run else None
-            return pf.prediction_figure(prereg.doc, [t for t, _ in pts], [v for _, v in pts], verdict)
+            return pf.prediction_figure(prereg.doc, run, verdict)
 
         draw("prediction", prediction)
 

@@ -18,6 +18,8 @@ from delphi.fits.results import FitResult
 from delphi.model.flops import count_params
 from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
+from delphi.prereg.create import cross_check_predictions, load_tables
+from delphi.train.config import load_train_config
 
 # The law that makes every synthetic ladder here (E, A, alpha, B, beta) and one seed's noise (nats).
 TRUE = (0.9, 25.0, 0.35, 60.0, 0.3)
@@ -48,7 +50,7 @@ def ladder_table(budgets=(1e12, 3e12, 1e13, 3e13), seeds=(0, 1), sizes=5, span=4
                              "budget": budget, "params": n, "tokens": tokens, "flops": budget,
                              "loss": float(true_loss(n, tokens) + rng.normal(0, noise)), "status": "completed",
                              "steps": tokens / BATCH_TOKENS, "batch_tokens": BATCH_TOKENS, "tokens_per_param": tokens / n,
-                             "beta2": 0.95, "health_ok": True, "health_issues": ""})
+                             "beta2": 0.95, "health_ok": True, "health_issues": "", "n_layers": 2})
     return pd.DataFrame(rows)
 
 
@@ -87,8 +89,10 @@ def test_every_gate_passes_on_a_good_ladder(good):
     bt = backtest(table, refit)
     lobo = gt.leave_one_budget_out(table, refit, lambda f: f.predict(params=good["n"], tokens=cfg.tokens)["loss"])
     rehearsal = {"compute": 9e13, "predicted": 1.5, "actual": 1.503, "rel_error": 0.002, "covered_90": True}
+    cross_checks = cross_check_predictions(fit, table, cfg)
     gates = gt.evaluate_gates(fit=fit, table=raw, final=good["final"], hero=gt.hero_facts(cfg),
-                              thresholds=gt.GateThresholds(tolerance_rel=0.01), backtest=bt, lobo=lobo, rehearsal=rehearsal)
+                              thresholds=gt.GateThresholds(tolerance_rel=0.01), backtest=bt, lobo=lobo, rehearsal=rehearsal,
+                              cross_checks=cross_checks)
     assert [g.name for g in gates] == list(gt.GATE_NAMES)
     assert all(g.passed for g in gates), gt.gate_lines(g for g in gates if not g.passed)
     assert all(g.threshold and g.detail for g in gates)
@@ -183,6 +187,57 @@ def test_hero_ranges_gate():
     assert not gt.gate_hero_ranges(inside | {"batch_tokens": 4 * BATCH_TOKENS}, ranges, 0.01).passed  # batch switch
     assert not gt.gate_hero_ranges(inside | {"beta2": 0.99}, ranges, 0.01).passed  # a beta2 discontinuity at the hero
     assert not gt.gate_hero_ranges(inside, {}, 0.0).passed
+
+
+def test_hero_depth_gate():
+    table = ladder_table(seeds=(0,), sizes=5, span=4.0)
+    # Only each budget's largest (4x past the optimum, most under-trained) size is 3 layers deep.
+    largest = table.groupby("budget")["params"].transform("max") == table["params"]
+    table.loc[largest, "n_layers"] = 3
+    assert gt.gate_hero_depth(table, 2, 2.0).passed
+    gate = gt.gate_hero_depth(table, 3, 2.0)
+    assert not gate.passed and "L3 trained only far from the optimum" in gate.detail
+    assert "never trained" in gt.gate_hero_depth(table, 5, 2.0).detail
+    assert gt.gate_hero_depth(table, 3, 4.5).passed  # "near" widened to include the edges
+    assert not gt.gate_hero_depth(table.drop(columns="n_layers"), 2, 2.0).passed  # evidence missing: fail
+
+
+def test_method_agreement_gate():
+    agree = {"isoflop": {"loss": 1.505, "backtest_rel_error": 0.004}}
+    assert gt.gate_method_agreement(1.50, agree, 0.01).passed
+    disagree = {"isoflop": {"loss": 1.38, "backtest_rel_error": -0.004}}
+    gate = gt.gate_method_agreement(1.50, disagree, 0.01)
+    assert not gate.passed and gate.value == pytest.approx(0.08) and "-8.00%" in gate.detail
+    # A cross-check its own held-out budget contradicts does not count against the primary.
+    rejected = {"isoflop": {"loss": 1.38, "backtest_rel_error": -0.02}}
+    gate = gt.gate_method_agreement(1.50, rejected, 0.01)
+    assert gate.passed and "not counted" in gate.detail
+    assert gt.gate_method_agreement(1.50, {}, 0.01).passed  # nothing to cross-check against
+    assert not gt.gate_method_agreement(1.50, None, 0.01).passed
+    assert not gt.gate_method_agreement(1.50, {"vpnls": {"error": "not fitted (no optimum)"}}, 0.01).passed
+
+
+PAPER_V2_10X = Path(__file__).resolve().parents[1] / "paper" / "v2" / "study_10x"
+
+
+def test_gates_refuse_the_paper_v2_10x_hero_that_missed():
+    """The committed 10x study (paper/v2/study_10x) passed every gate of its day and missed by -6.99%
+    (sealed 1.2558, actual 1.1680). Its own data, already on disk before the hero trained, fail the
+    two gates added after it: its depth was never trained near an optimum, and the isoFLOP law,
+    whose own backtest was within tolerance, put the hero 8% lower (where it landed)."""
+    from delphi.fits import load_fit
+
+    fit = load_fit(PAPER_V2_10X / "fits" / "vpnls.json")
+    hero = load_train_config(PAPER_V2_10X / "hero.yaml")
+    fit_table, gate_table = load_tables(PAPER_V2_10X / "results.csv", "fpt6")
+    depth = gt.gate_hero_depth(gate_table, hero.model.n_layers, 2.0)
+    assert not depth.passed and "L4 trained only far from the optimum" in depth.detail
+    checks = cross_check_predictions(fit, fit_table, hero)
+    assert set(checks) == {"isoflop"} and abs(checks["isoflop"]["backtest_rel_error"]) < 0.03
+    actual = json.loads((PAPER_V2_10X / "hero" / "summary.json").read_text())["val_loss"]
+    assert checks["isoflop"]["loss"] / actual - 1 == pytest.approx(-0.0122, abs=0.003)
+    agreement = gt.gate_method_agreement(1.2558, checks, 0.03)
+    assert not agreement.passed and agreement.value == pytest.approx(0.081, abs=0.003)
 
 
 def test_fit_status_and_rehearsal_gates():

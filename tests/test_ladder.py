@@ -21,6 +21,7 @@ from delphi.ladder.plan import (
     HERO_MAX_OFF_OPTIMUM,
     batch_for_tokens,
     cell_id_of,
+    depths_near_optimum,
     evals_of,
     expected_optimum,
     flops_family,
@@ -532,3 +533,17 @@ def test_hero_sized_off_its_optimum_to_stay_inside_the_ranges():
     assert hero_ranges(spec, low)["outside"] == ["steps"]
     preflight = hero_preflight(spec, compute)
     assert preflight["expected"]["inside"] and preflight["inside_factors"] == [0.8, 2.0]
+
+
+def test_hero_keeps_a_depth_the_ladder_trained_near_its_optimum():
+    """On the committed paper v2 ladder every cell within 2x of its budget's optimum is 3 layers deep.
+    At 6e13 with N* = 6e5 (fpt6) the nearest shape is d112 L4 (6.5e5), inside the ranges but a depth
+    seen only in the most under-trained rungs; with the results the planner takes d96 L3 (3.8e5),
+    also inside, instead (gate hero_depth would refuse d112 L4)."""
+    spec = load_ladder_spec(PAPER)
+    results = pd.read_csv(Path(__file__).resolve().parents[1] / "paper" / "v2" / "study" / "results.csv")
+    assert depths_near_optimum(results) == {3}
+    blind = plan_hero(spec, 6.0e5, 6e13, convention="fpt6")
+    aware = plan_hero(spec, 6.0e5, 6e13, results=results, convention="fpt6")
+    assert blind.model.n_layers == 4 and aware.model.n_layers == 3
+    assert hero_ranges(spec, aware, results)["inside"]

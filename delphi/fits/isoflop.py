@@ -97,6 +97,24 @@ def parabola_vertex(x: np.ndarray, loss: np.ndarray, robust: bool = False, weigh
     }
 
 
+def near_optimum_cells(table: pd.DataFrame, factor: float) -> pd.DataFrame:
+    """The cells (seed-averaged points, `cell_points`) within `factor` of their budget's optimal N:
+    the vertex of the parabola in ln N over the cell means where it is convex and inside the sampled
+    range, else the best cell. What the hero's depth is checked against (gate hero_depth)."""
+    points, _ = cell_points(table)
+    near = []
+    for _, g in points.groupby("budget", sort=True):
+        ln_n = np.log(g["params"].to_numpy(float))
+        loss = g["loss"].to_numpy(float)
+        optimum = ln_n[int(np.argmin(loss))]
+        if g["params"].nunique() >= MIN_POINTS_PER_BUDGET:
+            v = parabola_vertex(ln_n, loss)
+            if v["convex"] and v["inside"]:
+                optimum = float(v["x"])
+        near.append(g[np.abs(ln_n - optimum) <= np.log(factor) + 1e-12])
+    return pd.concat(near, ignore_index=True) if near else points.iloc[:0]
+
+
 def per_budget_optima(table: pd.DataFrame, robust: bool = False, method: str = "approach2") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Parabola vertices per budget, on the seed-averaged points (one per cell) of `table`."""
     optima, skipped = [], []

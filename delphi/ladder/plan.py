@@ -523,9 +523,9 @@ def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataF
 # flat near their vertex (within 2x of N*, Hoffmann et al. 2022 Fig. 3 and this project's ladders:
 # a few hundredths of a nat), and the law predicts the loss of whatever (N, D) is trained, so an
 # off-optimal hero inside the ranges is a fairer test than an optimal one outside them.
-# Caveat, measured (paper/v2/README.md): at 10x it chose d112 L4 (1.88x N*), a depth the ladder held
-# only as under-trained rungs, and that hero came in 7% below its prediction; keeping the allowance
-# within the depths the ladder trained near their optimum is open work.
+# The same factor defines "near the optimum" for the depths a hero may have (gate hero_depth): at
+# 10x the allowance once chose d112 L4 (1.88x N*), a depth the ladder held only as under-trained
+# rungs, and that hero came in 7% below its prediction (paper/v2/README.md).
 HERO_MAX_OFF_OPTIMUM = 2.0
 # Where the fitted N* may land relative to the spec's expected optimum, for `hero_preflight`: the
 # default ladder's fitted optima sat at 0.8-0.9x its centre (benchmarks/default_study/).
@@ -569,6 +569,8 @@ def plan_hero(
     nearest whose tokens per parameter and steps fall inside the ladder's ranges (`hero_ranges`, from
     `results` or the plan) is chosen; when neither does, the nearest such shape within
     HERO_MAX_OFF_OPTIMUM of N*; when none does, the nearest, and `hero_ranges` says which range it leaves.
+    With `results`, a shape whose depth the ladder trained near its optimum (`depths_near_optimum`)
+    is preferred among those inside the ranges; when none is, gate hero_depth refuses the hero.
     """
     if not (params > 0 and compute > 0 and math.isfinite(params) and math.isfinite(compute)):
         raise DelphiError(f"hero: params and compute must be positive and finite, got {params:g}, {compute:g}")
@@ -587,10 +589,24 @@ def plan_hero(
             candidates.append(rung)
     if not candidates:
         raise DelphiError(f"--compute: {compute:g} FLOPs gives the hero fewer than batch.min_steps steps")
-    for rung in candidates:
-        if hero_ranges(spec, rung, results)["inside"]:
-            return rung
-    return candidates[0]
+    inside = [rung for rung in candidates if hero_ranges(spec, rung, results)["inside"]]
+    depths = depths_near_optimum(results)
+    seen = [rung for rung in inside if depths is None or rung.model.n_layers in depths]
+    return (seen or inside or candidates)[0]
+
+
+def depths_near_optimum(results: "pd.DataFrame | None") -> set[int] | None:
+    """The n_layers of the ladder's cells within HERO_MAX_OFF_OPTIMUM of their budget's optimal N
+    (`delphi.fits.isoflop.near_optimum_cells`, which gate hero_depth reads too); None before any rung
+    has a loss (the plan's preflight), when every depth is allowed."""
+    if results is None or not {"loss", "params", "budget", "n_layers"} <= set(results.columns):
+        return None
+    from delphi.fits.isoflop import near_optimum_cells
+
+    frame = results[results["status"] == "completed"] if "status" in results.columns else results
+    if len(frame) == 0:
+        return None
+    return {int(v) for v in near_optimum_cells(frame, HERO_MAX_OFF_OPTIMUM)["n_layers"]}
 
 
 def hero_preflight(spec: LadderSpec, compute: float, factors: tuple[float, ...] = PREFLIGHT_FACTORS) -> dict:

@@ -164,15 +164,13 @@ def _prediction(args):
 
     _check_out(args)
     prereg = load_prereg(args.prereg)
-    tokens, loss, verdict = [], [], None
+    state = verdict = None
     if args.run:
         from delphi.prereg.check import compare, read_run_dir
 
         state = read_run_dir(args.run)
-        pts = [(r["tokens"], r["val_loss"]) for r in state.rows if r.get("val_loss") is not None]
-        tokens, loss = [t for t, _ in pts], [v for _, v in pts]
         verdict = compare(prereg, state)["verdict"]
-    return _done(prediction_figure(prereg.doc, tokens, loss, verdict), args)
+    return _done(prediction_figure(prereg.doc, state, verdict), args)
 
 
 def _residuals(args):

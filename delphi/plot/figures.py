@@ -165,8 +165,15 @@ def frontier_figure(
 # --------------------------------------------------------------------------- prediction vs actual
 
 
-def prediction_figure(prereg_doc: dict, actual_tokens: Sequence[float] = (), actual_loss: Sequence[float] = (), verdict: str | None = None) -> plt.Figure:
-    """The preregistered trajectory with 50%/90% bands against the hero's eval points."""
+def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None) -> plt.Figure:
+    """The preregistered trajectory with 50%/90% bands against the hero's eval points, and the
+    hero's final loss (its summary's, on the final evaluation set) beside the predicted final.
+
+    `run`: the hero's `delphi.prereg.check.RunState` (rows with tokens and val_loss, final_loss), or None."""
+    pts = [(r["tokens"], r["val_loss"]) for r in (run.rows if run is not None else [])
+           if r.get("val_loss") is not None and r.get("tokens")]
+    actual_tokens, actual_loss = [t for t, _ in pts], [v for _, v in pts]
+    actual_final = run.final_loss if run is not None else None
     points = prereg_doc["prediction"]["trajectory"]["points"]
     t = np.array([p["tokens"] for p in points], float)
     col = lambda k: np.array([p[k] for p in points], float)  # noqa: E731
@@ -183,6 +190,9 @@ def prediction_figure(prereg_doc: dict, actual_tokens: Sequence[float] = (), act
                         capsize=4, label="final loss (scaling law, 90%)")
         if len(actual_tokens):
             ax.plot(actual_tokens, actual_loss, "o-", color=st.HERO, ms=3.5, lw=1, label="hero: actual eval loss")
+        if actual_final is not None:
+            ax.plot([t[-1] * 1.04], [actual_final], "*", color=st.HERO, ms=11, label="hero: final loss (final eval set)")
+            actual_loss = [*actual_loss, actual_final]
         ax.set_xscale("log")
         _readable_log_axis(ax.xaxis)
         ax.set_xlabel(st.LABEL_TOKENS)

@@ -38,6 +38,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--backtest", help="BACKTEST.json of the same law (default: refitted here)")
     p.add_argument("--min-seeds", type=int, default=None, help="gate: seeds needed in every ladder cell (default 2)")
     p.add_argument("--interval-factor", type=float, default=None, help="gate: 90%% half-width <= this x tolerance (default 1.5)")
+    p.add_argument("--agreement-tolerance", type=positive_float, default=None,
+                   help="gate method_agreement: cross-check laws within this relative distance (default --tolerance)")
     add_json_flag(p)
     p.set_defaults(func=_create)
 
@@ -87,7 +89,8 @@ def _create(args: argparse.Namespace):
     from delphi.prereg.create import create_prereg, gates_path
     from delphi.prereg import gates as gt
 
-    options = {k: v for k, v in (("min_seeds", args.min_seeds), ("interval_width_factor", args.interval_factor)) if v is not None}
+    options = {k: v for k, v in (("min_seeds", args.min_seeds), ("interval_width_factor", args.interval_factor),
+                                 ("agreement_tolerance_rel", args.agreement_tolerance)) if v is not None}
     from delphi.io import check_output_file, read_json
 
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
@@ -157,8 +160,7 @@ def _check(args: argparse.Namespace):
         from delphi.plot.figures import prediction_figure
         from delphi.plot.style import save_figure
 
-        pts = [(p["tokens"], p["val_loss"]) for p in run.rows if p.get("val_loss") is not None and p.get("tokens")]
-        fig = prediction_figure(prereg.doc, [t for t, _ in pts], [v for _, v in pts], verdict=result["verdict"])
+        fig = prediction_figure(prereg.doc, run, verdict=result["verdict"])
         result["plot"] = save_figure(fig, args.plot)
     return result, ck.EXIT[result["verdict"]]
 

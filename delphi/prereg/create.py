@@ -318,20 +318,63 @@ REFIT_NAMES = {"vpnls": "vpnls", "approach3": "parametric", "approach2": "isoflo
 
 def refit_function(fit) -> Callable[[Any], Any]:
     """Refit the same law (no bootstrap) on another table, with the fit's FLOPs family attached."""
+    name = REFIT_NAMES.get(fit.method) or fit.kind
+    return refit_with(name, getattr(fit, "family", None), fit.seed or 0, f"a {fit.kind!r} fit (method {fit.method!r})")
+
+
+def refit_with(name: str, family, seed: int = 0, what: str | None = None) -> Callable[[Any], Any]:
+    """Fit law `name` (a `delphi.fits.FITTERS` key, no bootstrap) on a table, `family` attached."""
     from delphi.fits import FITTERS
 
-    name = REFIT_NAMES.get(fit.method) or fit.kind
     if name not in FITTERS:
-        raise DelphiError(f"fit: cannot refit a {fit.kind!r} fit (method {fit.method!r}) for the gates")
-    fitter, family = FITTERS[name], getattr(fit, "family", None)
+        raise DelphiError(f"fit: cannot refit {what or repr(name)} for the gates")
 
     def refit(table):
-        refitted = fitter(table, n_bootstrap=0, seed=fit.seed or 0)
-        if family is not None and hasattr(refitted, "with_family"):
-            refitted = refitted.with_family(family)
-        return refitted
+        refitted = FITTERS[name](table, n_bootstrap=0, seed=seed)
+        return refitted.with_family(family) if family is not None else refitted
 
     return refit
+
+
+# Laws the primary prediction is checked against (gate method_agreement): the isoFLOP frontier is a
+# pure power law in C (no asymptote), VPNLS the Chinchilla surface with one. On a ladder spanning one
+# decade the two bracket what the data cannot decide: whether the loss is bending toward an E.
+CROSS_CHECK_METHODS = ("isoflop", "vpnls")
+
+
+def cross_check_predictions(fit, fit_table, hero) -> dict[str, dict[str, Any]]:
+    """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss", "backtest_rel_error"}}
+    or {method: {"error"}}.
+
+    "loss" is its compute-optimal loss at the hero's exact FLOPs times the primary law's own ratio of
+    the hero's loss to that optimum (1 for a primary law in C), so that only the extrapolation in C
+    differs; "backtest_rel_error" its own held-out top-budget error, which decides whether the gate
+    counts it (a law the held-out budget already contradicts is no competing explanation). The
+    primary's own law (VPNLS for Approach 3 too) is skipped."""
+    from delphi.fits import backtest as run_backtest
+    from delphi.model.flops import flops_per_token
+
+    compute = flops_per_token(hero.model, hero.data.seq_len) * hero.tokens
+    primary_own = REFIT_NAMES.get(fit.method) or fit.kind
+    off_optimum = 1.0
+    if fit.law_in_nd:
+        off_optimum = predict_hero(fit, hero)[0]["loss"] / float(fit.predict(compute=compute)["loss"])
+    family = getattr(fit, "family", None)
+    out: dict[str, dict[str, Any]] = {}
+    for name in CROSS_CHECK_METHODS:
+        if name == primary_own or (name == "vpnls" and fit.kind == "parametric"):
+            continue
+        refit = refit_with(name, family, fit.seed or 0)
+        try:
+            other = refit(fit_table)
+            loss = float(other.predict(compute=compute)["loss"]) * off_optimum
+            held_out = run_backtest(fit_table, refit, family=family)["budgets"]
+        except (DelphiError, ValueError, KeyError, ZeroDivisionError) as e:
+            out[name] = {"error": f"not fitted ({e})"}
+            continue
+        out[name] = {"loss": loss if math.isfinite(loss) else None,
+                     "backtest_rel_error": float(held_out[0]["rel_error"]) if held_out else None}
+    return out
 
 
 def load_tables(results: Path, convention: str = "nonembedding"):
@@ -416,7 +459,8 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
             backtest = {"error": str(e)}
     lobo = gt.leave_one_budget_out(fit_table, refit, lambda f: predict_hero(f, hero)[0]["loss"])
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
-                             backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table))
+                             backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
+                             cross_checks=cross_check_predictions(fit, fit_table, hero))
 
 
 def create_prereg(

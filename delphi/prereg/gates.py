@@ -13,6 +13,9 @@ whose leave-one-budget-out hero predictions spread -5.8% .. +7.2%, whose E sat
 on its bound, whose frontier slopes steepened budget by budget and whose hero
 ran at 10x the ladder's tokens per parameter (docs/design.md §8.2). Each of
 those is visible before the hero trains; the gates make them block the seal.
+The second paper's 10x hero passed all of those and missed by -6.99% (docs/design.md §8.6):
+it had a depth the ladder trained only far from its optimum, and the law's prediction sat 9%
+above the isoFLOP frontier's. `hero_depth` and `method_agreement` are those two checks.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ TREND_Z = 1.6448536269514722
 RANGE_SLACK_REL = 0.01
 
 GATE_NAMES = ("isoflop_vertices", "backtest", "lobo_spread", "interval_width", "frontier_slopes",
-              "rung_health", "seeds", "hero_ranges", "fit_status", "dress_rehearsal")
+              "rung_health", "seeds", "hero_ranges", "hero_depth", "method_agreement", "fit_status",
+              "dress_rehearsal")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class GateThresholds:
     backtest_tolerance_rel: float | None = None
     lobo_tolerance_rel: float | None = None
     rehearsal_tolerance_rel: float | None = None
+    agreement_tolerance_rel: float | None = None
     interval_width_factor: float = INTERVAL_WIDTH_FACTOR
     min_seeds: int = MIN_SEEDS
     trend_z: float = TREND_Z
@@ -84,7 +89,8 @@ class GateThresholds:
         return float(self.tolerance_rel if value is None else value)
 
     def validate(self, where: str) -> "GateThresholds":
-        for key in ("tolerance_rel", "backtest_tolerance_rel", "lobo_tolerance_rel", "rehearsal_tolerance_rel"):
+        for key in ("tolerance_rel", "backtest_tolerance_rel", "lobo_tolerance_rel", "rehearsal_tolerance_rel",
+                    "agreement_tolerance_rel"):
             v = getattr(self, key)
             if v is not None and not 0 < v < 1:
                 raise DelphiError(f"{where}: {key}: must be in (0, 1), got {v}")
@@ -339,12 +345,14 @@ def gate_seeds(table: pd.DataFrame, min_seeds: int) -> Gate:
 
 
 def hero_facts(cfg) -> dict[str, float]:
-    """What the ranges gate compares: the hero's tokens per (non-embedding) parameter, steps, batch, beta2."""
+    """What the ranges and depth gates compare: the hero's tokens per (non-embedding) parameter, steps,
+    batch, beta2, and its n_layers."""
     from delphi.model.flops import count_params
 
     n = count_params(cfg.model).nonembedding
     return {"tokens_per_param": cfg.tokens / n, "steps": float(cfg.steps),
-            "batch_tokens": float(cfg.data.batch_size * cfg.data.seq_len), "beta2": float(cfg.optim.beta2)}
+            "batch_tokens": float(cfg.data.batch_size * cfg.data.seq_len), "beta2": float(cfg.optim.beta2),
+            "n_layers": float(cfg.model.n_layers)}
 
 
 RANGE_COLUMNS = ("tokens_per_param", "steps", "batch_tokens")
@@ -386,6 +394,61 @@ def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, floa
         if not inside:
             outside.append(col)
     return Gate("hero_ranges", not outside, ", ".join(outside) if outside else "inside", threshold, "; ".join(parts))
+
+
+def gate_hero_depth(table: pd.DataFrame, hero_layers: int, factor: float) -> Gate:
+    """The hero's depth is one the ladder trained within `factor` of some budget's compute optimum.
+
+    The law's N-term is identified by the rungs near each optimum; a depth seen only far from it
+    (the largest, most undertrained rungs) is an extrapolation in architecture as well as in scale.
+    The second paper's 10x hero (d112 L4, every near-optimal rung L3) missed by -6.99%."""
+    threshold = f"the hero's n_layers among the depths of cells within {factor:g}x of a budget's optimal N"
+    if "n_layers" not in table.columns:
+        return Gate("hero_depth", False, None, threshold, "not evaluated: the results table has no n_layers column")
+    from delphi.fits.isoflop import near_optimum_cells
+
+    near = near_optimum_cells(table, factor)
+    depths = sorted({int(v) for v in near["n_layers"]})
+    all_depths = sorted({int(v) for v in table["n_layers"]})
+    detail = f"hero L{hero_layers}; near-optimal cells have L{', L'.join(map(str, depths))}"
+    if hero_layers not in depths:
+        detail += (f"; L{hero_layers} " + ("trained only far from the optimum" if hero_layers in all_depths
+                                            else "never trained"))
+    return Gate("hero_depth", hero_layers in depths, hero_layers, threshold, detail)
+
+
+def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | None, tolerance_rel: float) -> Gate:
+    """Every cross-check law that its own held-out budget does not contradict predicts the hero
+    within +-tolerance of the primary law.
+
+    `cross_checks`: method -> {"loss", "backtest_rel_error"} or {"error"} (from
+    `delphi.prereg.create.cross_check_predictions`). A cross-check whose held-out-budget backtest
+    missed by more than the tolerance is shown but not counted: the data already rejects it.
+    Why: a law with an asymptote E and one without agree only where E is identified. On a ladder
+    spanning a decade they can differ by several percent at 10x (paper v2: VPNLS 1.256, isoFLOP
+    1.154; the hero came in at 1.168), and the gates before it saw nothing."""
+    threshold = (f"each cross-check within +-{tolerance_rel:.2%} of the primary prediction "
+                 f"(a cross-check counts when its own backtest is within +-{tolerance_rel:.2%})")
+    if cross_checks is None:
+        return Gate("method_agreement", False, None, threshold, "not evaluated: no results table to fit the cross-checks on")
+    if not cross_checks:
+        return Gate("method_agreement", True, 0.0, threshold, "no cross-check law: the primary is the only law fitted")
+    errors = [f"{k}: {v.get('error') or 'no finite prediction'}" for k, v in cross_checks.items()
+              if v.get("error") or v.get("loss") is None]
+    if errors:
+        return Gate("method_agreement", False, None, threshold, _join(errors))
+    parts, counted = [], []
+    for name, v in cross_checks.items():
+        dev = float(v["loss"]) / final_loss - 1
+        bt = v.get("backtest_rel_error")
+        counts = bt is None or abs(float(bt)) <= tolerance_rel
+        bt_text = "no backtest" if bt is None else f"its backtest {float(bt):+.2%}"
+        parts.append(f"{name} {float(v['loss']):.4f} ({dev:+.2%}; {bt_text}" + ("" if counts else ", not counted") + ")")
+        if counts:
+            counted.append(dev)
+    worst = max(counted, key=abs) if counted else 0.0
+    detail = f"primary {final_loss:.4f}; " + ", ".join(parts)
+    return Gate("method_agreement", abs(worst) <= tolerance_rel, abs(worst), threshold, detail)
 
 
 def gate_fit_status(fit: Any) -> Gate:
@@ -430,23 +493,28 @@ def evaluate_gates(
     lobo: dict | None = None,
     ranges: dict[str, tuple[float, float]] | None = None,
     rehearsal: dict | None = None,
+    cross_checks: dict[str, dict] | None = None,
     exact_required: bool | None = None,
 ) -> list[Gate]:
     """Every gate, in a fixed order. `fit` is the primary FitResult; `table` the results table
     (one row per run and seed); `final` the hero's prediction {loss, loss_90}; `hero` from
     `hero_facts`; `backtest` the primary method's held-out-budget backtest; `lobo` from
     `leave_one_budget_out`; `ranges` the ladder's ranges (default: from the table);
-    `rehearsal` {predicted, actual, rel_error, covered_90, compute} when a dress rehearsal ran."""
+    `rehearsal` {predicted, actual, rel_error, covered_90, compute} when a dress rehearsal ran;
+    `cross_checks` other methods' predictions for the hero (`gate_method_agreement`)."""
+    from delphi.ladder.plan import HERO_MAX_OFF_OPTIMUM
+
+    agreement = gate_method_agreement(float(final["loss"]), cross_checks, thresholds.tol("agreement"))
     if exact_required is None:  # laws in C are fitted on each budget's real cost; only (N, D) laws allocate
         exact_required = getattr(fit, "family", None) is not None and bool(getattr(fit, "law_in_nd", False))
     if table is None or len(table) == 0:
         missing = "not evaluated: no results table (give --ladder or --results)"
         gates = [Gate(name, False, None, "needs the results table", missing)
-                 for name in ("isoflop_vertices", "frontier_slopes", "rung_health", "seeds", "hero_ranges")]
+                 for name in ("isoflop_vertices", "frontier_slopes", "rung_health", "seeds", "hero_ranges", "hero_depth")]
         gates[1:1] = [gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
                       gate_lobo_spread(lobo, float(final["loss"]), thresholds.tol("lobo")),
                       gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor)]
-        gates.append(gate_fit_status(fit))
+        gates += [agreement, gate_fit_status(fit)]
         if rehearsal is not None:
             gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
         return gates
@@ -461,6 +529,8 @@ def evaluate_gates(
         gate_rung_health(table),
         gate_seeds(table, thresholds.min_seeds),
         gate_hero_ranges(hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel),
+        gate_hero_depth(table, int(hero["n_layers"]), HERO_MAX_OFF_OPTIMUM),
+        agreement,
         gate_fit_status(fit),
     ]
     if rehearsal is not None:

@@ -1,0 +1,67 @@
+"""Method agreement on every committed study whose hero trained: the primary law's sealed
+prediction, each cross-check law's (refitted on the same ladder), and the hero's actual loss.
+Errors are the preregistration's: actual / predicted - 1; disagreement is cross-check / primary - 1.
+
+Hypothesis: a law with an asymptote (VPNLS) and one without (the isoFLOP power law) agree at the
+hero only where the ladder identifies E; where they disagree, at most one of them can be right, so
+the gate `method_agreement` should refuse to seal.
+Method: `delphi.prereg.create.cross_check_predictions` on each study's committed results table,
+primary fit and hero config (no retraining; the same code the gate runs).
+Expected: the paper v2 10x hero, which missed by -6.99%, fails the gate; so would the default
+study's heroes at its 4% tolerance, where the isoFLOP primary was right.
+
+    python paper/v2/method_agreement.py            # writes paper/v2/method_agreement.csv
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+from delphi.fits import load_fit
+from delphi.io import atomic_write_text
+from delphi.prereg.create import cross_check_predictions, fit_convention, load_tables, predict_hero
+from delphi.train.config import load_train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = Path(__file__).with_suffix(".csv")
+# Committed studies whose hero trained, with the primary law each one sealed.
+STUDIES = [
+    ("paper/v2/study_10x", "vpnls"),
+    *((f"benchmarks/default_study/2026-12-01-{name}", "isoflop")
+      for name in ("v3-seed0", "v3-seed1", "v3-seed2", "v4-readme-run-final", "v4-seed1", "v4-seed2")),
+]
+
+
+def row(study: str, primary: str) -> dict[str, object]:
+    d = ROOT / study
+    fit = load_fit(d / "fits" / f"{primary}.json")
+    hero = load_train_config(d / "hero.yaml")
+    fit_table, _ = load_tables(d / "results.csv", fit_convention(fit))
+    predicted = float(predict_hero(fit, hero)[0]["loss"])
+    actual = float(json.loads((d / "hero" / "summary.json").read_text())["val_loss"])
+    out: dict[str, object] = {"study": study, "primary": primary, "primary_loss": round(predicted, 4),
+                              "actual_loss": round(actual, 4), "primary_error": round(actual / predicted - 1, 4)}
+    for name, check in cross_check_predictions(fit, fit_table, hero).items():
+        out |= {"cross_check": name, "cross_check_loss": round(check["loss"], 4),
+                "cross_check_error": round(actual / check["loss"] - 1, 4),
+                "cross_check_backtest": round(check["backtest_rel_error"], 4),
+                "disagreement": round(check["loss"] / predicted - 1, 4)}
+    return out
+
+
+def main() -> int:
+    rows = [row(study, primary) for study, primary in STUDIES]
+    lines = [",".join(rows[0])]
+    lines += [",".join(str(r[k]) for k in rows[0]) for r in rows]
+    atomic_write_text(OUT, "\n".join(lines) + "\n")
+    for r in csv.DictReader(OUT.read_text().splitlines()):
+        print(f"{r['study']:<48} {r['primary']:>8} {float(r['primary_error']):+.2%}  "
+              f"{r['cross_check']:>8} {float(r['cross_check_error']):+.2%}  disagree {float(r['disagreement']):+.2%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
