@@ -117,6 +117,33 @@ def test_approach2_per_budget_optima_and_intervals():
     assert lo <= fit.params["a"] <= hi
 
 
+def test_approach2_curvature_prices_a_run_off_its_optimum():
+    """The parabolas' curvature, a power law in C, gives what a run 2-3x off N* pays over the
+    optimum at a budget inside the ladder and at 10x past it (Chinchilla truth, half-width 0.5 dex);
+    the JSON round trip keeps it. Without the law (an older fit file) the run gets L*(C) alone."""
+    fit = fit_approach2(load_results(isoflop_design(TRUTH, half_width=0.5)))
+    again = load_fit_json(fit.to_json())
+    truth = lambda n, d: TRUTH["E"] + TRUTH["A"] * n ** -TRUTH["alpha"] + TRUTH["B"] * d ** -TRUTH["beta"]  # noqa: E731
+    for compute in (1e20, 1e22):
+        n_fit = fit.predict(compute=compute)["params"]
+        at_optimum = truth(n_fit, compute / (6 * n_fit))
+        for k in (2.0, 3.0):
+            n = k * n_fit
+            run = again.predict_run(params=n, tokens=compute / (6 * n), flops=compute)
+            true_excess = truth(n, compute / (6 * n)) - at_optimum
+            assert run["off_optimum_penalty"] == pytest.approx(true_excess, rel=0.05), (compute, k)
+            assert "curvature" in run["how"]
+    old = load_fit_json({k: v for k, v in fit.to_json().items() if k != "curvature_law"})
+    run = old.predict_run(params=3 * n_fit, tokens=1e22 / (18 * n_fit), flops=1e22)
+    assert "off_optimum_penalty" not in run and run["loss"] == pytest.approx(fit.predict(compute=1e22)["loss"])
+
+
+def load_fit_json(data: dict):
+    from delphi.fits.results import fit_from_json
+
+    return fit_from_json(json.loads(json.dumps(data)))
+
+
 @pytest.mark.parametrize("method", ["approach2", "vpnls"])
 def test_every_isoflops_source_fits(method):
     path = REFERENCE / "isoflops.csv"

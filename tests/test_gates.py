@@ -224,7 +224,7 @@ def test_gates_refuse_the_paper_v2_10x_hero_that_missed():
     """The committed 10x study (paper/v2/study_10x) passed every gate of its day and missed by -6.99%
     (sealed 1.2558, actual 1.1680). Its own data, already on disk before the hero trained, fail the
     two gates added after it: its depth was never trained near an optimum, and the isoFLOP law,
-    whose own backtest was within tolerance, put the hero 8% lower (where it landed)."""
+    whose own backtest was within tolerance, put the hero 7% lower (where it landed)."""
     from delphi.fits import load_fit
 
     fit = load_fit(PAPER_V2_10X / "fits" / "vpnls.json")
@@ -235,9 +235,9 @@ def test_gates_refuse_the_paper_v2_10x_hero_that_missed():
     checks = cross_check_predictions(fit, fit_table, hero)
     assert set(checks) == {"isoflop"} and abs(checks["isoflop"]["backtest_rel_error"]) < 0.03
     actual = json.loads((PAPER_V2_10X / "hero" / "summary.json").read_text())["val_loss"]
-    assert checks["isoflop"]["loss"] / actual - 1 == pytest.approx(-0.0122, abs=0.003)
+    assert actual / checks["isoflop"]["loss"] - 1 == pytest.approx(0.0027, abs=0.003)
     agreement = gt.gate_method_agreement(1.2558, checks, 0.03)
-    assert not agreement.passed and agreement.value == pytest.approx(0.081, abs=0.003)
+    assert not agreement.passed and agreement.value == pytest.approx(0.072, abs=0.003)
 
 
 def test_fit_status_and_rehearsal_gates():

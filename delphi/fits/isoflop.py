@@ -140,6 +140,7 @@ def per_budget_optima(table: pd.DataFrame, robust: bool = False, method: str = "
                 "tokens_opt_se_ln": vd["x_se"],
                 "loss_opt": vn["loss"],
                 "loss_opt_se": vn["loss_se"],
+                "curvature_ln_n": vn["curvature"],
                 "vertex_inside_sampled_range": vn["inside"] and vd["inside"],
                 "best_observed_loss": float(loss.min()),
             }
@@ -191,6 +192,20 @@ def _optima_arrays(optima: list[dict[str, Any]]) -> tuple[np.ndarray, ...]:
     return tuple(np.array([o[k] for o in optima]) for k in ("budget", "params_opt", "tokens_opt", "loss_opt"))
 
 
+def curvature_law(optima: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The isoFLOP parabolas' curvature in ln N (nats per (ln N)^2) as a power law in C, K(C) =
+    10^log10_K0 C^exponent, by OLS over the budgets; None with fewer than 2 budgets that have one.
+
+    Why a law and not the top budget's value: the curvature falls with C (the paper v2 ladder:
+    0.19, 0.11, 0.077, 0.056 nats over 1e12..1e13, ~C^-0.5), so a run 3.5x off N* at 10x costs a
+    third of what the top budget's parabola says (0.026 nats, not 0.07)."""
+    known = [o for o in optima if o.get("curvature_ln_n", 0) > 0]
+    if len(known) < 2:
+        return None
+    law = power_law_ols(np.log10([o["flops"] for o in known]), np.log10([o["curvature_ln_n"] for o in known]))
+    return {"log10_K0": law["intercept"], "exponent": law["slope"], "n_budgets": len(known)}
+
+
 def fit_approach2(
     table: pd.DataFrame, *, robust: bool = False, n_bootstrap: int = 0, seed: int = 0, workers: int | None = None
 ) -> FitResult:
@@ -210,7 +225,8 @@ def fit_approach2(
     }
     fit = FitResult(
         kind="isoflop", method="approach2", params=params, intervals=ols_intervals, diagnostics=diagnostics,
-        extra={"optima": optima, "skipped_budgets": skipped, "ols_intervals": ols_intervals},
+        extra={"optima": optima, "skipped_budgets": skipped, "ols_intervals": ols_intervals,
+               "curvature_law": curvature_law(optima)},
         input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed, **table_context(table),
     )
     if n_bootstrap:

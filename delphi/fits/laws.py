@@ -305,6 +305,13 @@ class IsoflopSurface(Surface):
         return Optimum(params=params, tokens=tokens, loss=loss)
 
 
+def off_optimum_penalty(curvature: Mapping[str, float], compute: Any, params: Any, params_opt: Any) -> np.ndarray:
+    """K(C) (ln N - ln N*)^2 (nats): what a run of N pays at compute C over the compute-optimal N*,
+    K(C) = 10^log10_K0 C^exponent the isoFLOP parabolas' curvature law (`isoflop.curvature_law`)."""
+    k = 10.0 ** curvature["log10_K0"] * np.asarray(compute, float) ** curvature["exponent"]
+    return k * np.log(np.asarray(params, float) / np.asarray(params_opt, float)) ** 2
+
+
 @dataclass(frozen=True)
 class EnvelopeSurface(IsoflopSurface):
     """The isoflop power laws fitted to the lower envelope (Approach 1)."""

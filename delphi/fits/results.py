@@ -25,7 +25,9 @@ import numpy as np
 import delphi
 from delphi.errors import DelphiError
 from delphi.fits.allocation import FlopsFamily
-from delphi.fits.laws import DEFAULT_TERM, ND_KINDS, SURFACES, LawKind, Surface, derived_quantities, surface_class
+from delphi.fits.laws import (
+    DEFAULT_TERM, ND_KINDS, SURFACES, LawKind, Surface, derived_quantities, off_optimum_penalty, surface_class,
+)
 
 ALLOCATION_FITTED = "fitted in C"  # the `allocation` of a law in C: N*(C), D*(C) fitted, not allocated
 INTERVAL_LEVELS = (0.5, 0.9)  # central percentile intervals reported on predictions
@@ -201,9 +203,19 @@ class FitResult:
         if self.law_in_nd:
             out = self.predict(params=params, tokens=tokens, **{k: v for k, v in terms.items() if k in self.law_terms})
             out["how"] = f"{self.kind} fit at the run's N and D"
-        else:
-            out = self.predict(compute=flops)
-            out["how"] = f"{self.kind} fit at the run's exact compute C"
+            return out
+        out = self.predict(compute=flops)
+        out["how"] = f"{self.kind} fit at the run's exact compute C"
+        curvature = self.extra.get("curvature_law")
+        if curvature and out.get("params") is not None and params is not None:
+            # An isoFLOP law knows the optimum at C; its parabolas' curvature prices a run off it.
+            penalty = float(off_optimum_penalty(curvature, flops, params, out["params"]))
+            out["loss"] = out["loss"] + penalty
+            for key in [k for k in out if k.startswith("loss_interval_")]:
+                out[key] = [None if v is None else v + penalty for v in out[key]]
+            out["off_optimum_penalty"] = penalty
+            out["how"] += (f", plus the isoFLOP curvature's penalty {penalty:.4f} nats for N = "
+                           f"{float(params) / float(out['params']):.2f} x N*")
         return out
 
     def summary(self) -> str:
@@ -254,7 +266,8 @@ class FitResult:
         )
 
 
-EXTRA_KEYS = ("optima", "term", "E_profile", "sensitivity", "frontier_points", "skipped_budgets", "ols_intervals", "e_mode")
+EXTRA_KEYS = ("optima", "term", "E_profile", "sensitivity", "frontier_points", "skipped_budgets", "ols_intervals", "e_mode",
+              "curvature_law")
 
 
 def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:

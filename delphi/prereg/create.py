@@ -346,19 +346,14 @@ def cross_check_predictions(fit, fit_table, hero) -> dict[str, dict[str, Any]]:
     """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss", "backtest_rel_error"}}
     or {method: {"error"}}.
 
-    "loss" is its compute-optimal loss at the hero's exact FLOPs times the primary law's own ratio of
-    the hero's loss to that optimum (1 for a primary law in C), so that only the extrapolation in C
-    differs; "backtest_rel_error" its own held-out top-budget error, which decides whether the gate
-    counts it (a law the held-out budget already contradicts is no competing explanation). The
-    primary's own law (VPNLS for Approach 3 too) is skipped."""
+    "loss" is its prediction for the hero's own run (`predict_hero`: a law in (N, D) at the hero's
+    N and D; the isoFLOP law at its exact FLOPs plus its curvature's off-optimum penalty);
+    "backtest_rel_error" its own held-out top-budget error, which decides whether the gate counts
+    it (a law the held-out budget already contradicts is no competing explanation). The primary's
+    own law (VPNLS for Approach 3 too) is skipped."""
     from delphi.fits import backtest as run_backtest
-    from delphi.model.flops import flops_per_token
 
-    compute = flops_per_token(hero.model, hero.data.seq_len) * hero.tokens
     primary_own = REFIT_NAMES.get(fit.method) or fit.kind
-    off_optimum = 1.0
-    if fit.law_in_nd:
-        off_optimum = predict_hero(fit, hero)[0]["loss"] / float(fit.predict(compute=compute)["loss"])
     family = getattr(fit, "family", None)
     out: dict[str, dict[str, Any]] = {}
     for name in CROSS_CHECK_METHODS:
@@ -366,10 +361,9 @@ def cross_check_predictions(fit, fit_table, hero) -> dict[str, dict[str, Any]]:
             continue
         refit = refit_with(name, family, fit.seed or 0)
         try:
-            other = refit(fit_table)
-            loss = float(other.predict(compute=compute)["loss"]) * off_optimum
+            loss = float(predict_hero(refit(fit_table), hero)[0]["loss"])
             held_out = run_backtest(fit_table, refit, family=family)["budgets"]
-        except (DelphiError, ValueError, KeyError, ZeroDivisionError) as e:
+        except (DelphiError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
             out[name] = {"error": f"not fitted ({e})"}
             continue
         out[name] = {"loss": loss if math.isfinite(loss) else None,

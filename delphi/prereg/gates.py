@@ -14,8 +14,8 @@ on its bound, whose frontier slopes steepened budget by budget and whose hero
 ran at 10x the ladder's tokens per parameter (docs/design.md §8.2). Each of
 those is visible before the hero trains; the gates make them block the seal.
 The second paper's 10x hero passed all of those and missed by -6.99% (docs/design.md §8.6):
-it had a depth the ladder trained only far from its optimum, and the law's prediction sat 9%
-above the isoFLOP frontier's. `hero_depth` and `method_agreement` are those two checks.
+it had a depth the ladder trained only far from its optimum, and the law's prediction sat 7%
+above the isoFLOP law's. `hero_depth` and `method_agreement` are those two checks.
 """
 
 from __future__ import annotations
@@ -426,7 +426,7 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
     missed by more than the tolerance is shown but not counted: the data already rejects it.
     Why: a law with an asymptote E and one without agree only where E is identified. On a ladder
     spanning a decade they can differ by several percent at 10x (paper v2: VPNLS 1.256, isoFLOP
-    1.154; the hero came in at 1.168), and the gates before it saw nothing."""
+    1.165; the hero came in at 1.168), and the gates before it saw nothing."""
     threshold = (f"each cross-check within +-{tolerance_rel:.2%} of the primary prediction "
                  f"(a cross-check counts when its own backtest is within +-{tolerance_rel:.2%})")
     if cross_checks is None:
