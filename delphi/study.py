@@ -582,8 +582,10 @@ def stage_gates(study: Study) -> dict:
     hero = load_train_config(study.hero_config)
     final, fit = predict_final(study.fit_path(study.spec.primary_fit), hero, study.results)  # what prereg will seal
     thresholds = study.spec.thresholds()
+    rehearsal = _rehearsal(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
-                          backtest=_primary_backtest(study), rehearsal=_rehearsal(study), ladder=study.ladder_dir)
+                          backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
+                          rehearsal_run=study.rehearsal_run if rehearsal is not None else None)
     report = gt.gate_report(gates, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
     atomic_write_json(study.gates, report)
     for line in gt.gate_lines(gates):
@@ -616,7 +618,7 @@ def stage_prereg(study: Study) -> dict:
         author=study.spec.author, rationale=study.spec.rationale or _default_rationale(study),
         bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
         force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
-        rehearsal=_rehearsal(study),
+        rehearsal=_rehearsal(study), rehearsal_run=study.rehearsal_run if _rehearsal(study) is not None else None,
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}

@@ -342,15 +342,16 @@ def refit_with(name: str, family, seed: int = 0, what: str | None = None) -> Cal
 CROSS_CHECK_METHODS = ("isoflop", "vpnls")
 
 
-def cross_check_predictions(fit, fit_table, hero) -> dict[str, dict[str, Any]]:
-    """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss", "backtest_rel_error"}}
-    or {method: {"error"}}.
+def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss",
+    "backtest_rel_error", "rehearsal_rel_error"}} or {method: {"error"}}.
 
     "loss" is its prediction for the hero's own run (`predict_hero`: a law in (N, D) at the hero's
-    N and D; the isoFLOP law at its exact FLOPs plus its curvature's off-optimum penalty);
-    "backtest_rel_error" its own held-out top-budget error, which decides whether the gate counts
-    it (a law the held-out budget already contradicts is no competing explanation). The primary's
-    own law (VPNLS for Approach 3 too) is skipped."""
+    N and D; the isoFLOP law at its exact FLOPs plus its curvature's off-optimum penalty). The
+    other two are its own errors where the truth is already known: the held-out top budget, and
+    the finished dress rehearsal when there is one (None otherwise). They decide whether the gate
+    counts it: a law the data already contradicts is no competing explanation. The primary's own
+    law (VPNLS for Approach 3 too) is skipped."""
     from delphi.fits import backtest as run_backtest
 
     primary_own = REFIT_NAMES.get(fit.method) or fit.kind
@@ -361,13 +362,16 @@ def cross_check_predictions(fit, fit_table, hero) -> dict[str, dict[str, Any]]:
             continue
         refit = refit_with(name, family, fit.seed or 0)
         try:
-            loss = float(predict_hero(refit(fit_table), hero)[0]["loss"])
+            other = refit(fit_table)
+            loss = float(predict_hero(other, hero)[0]["loss"])
             held_out = run_backtest(fit_table, refit, family=family)["budgets"]
+            rehearsal = run_predicted_vs_actual(other, rehearsal_run) if rehearsal_run is not None else None
         except (DelphiError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
             out[name] = {"error": f"not fitted ({e})"}
             continue
         out[name] = {"loss": loss if math.isfinite(loss) else None,
-                     "backtest_rel_error": float(held_out[0]["rel_error"]) if held_out else None}
+                     "backtest_rel_error": float(held_out[0]["rel_error"]) if held_out else None,
+                     "rehearsal_rel_error": None if rehearsal is None else float(rehearsal["rel_error"])}
     return out
 
 
@@ -433,8 +437,9 @@ def ladder_spec_ranges(ladder: Path | None, gate_table) -> dict | None:
 
 
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
-                  rehearsal: dict | None = None, ladder: Path | None = None) -> list:
-    """Evaluate every gate for the hero: refit the backtest (when not given) and the leave-one-budget-out laws."""
+                  rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None) -> list:
+    """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
+    laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` too)."""
     from delphi.fits import backtest as run_backtest
     from delphi.prereg import gates as gt
 
@@ -454,7 +459,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     lobo = gt.leave_one_budget_out(fit_table, refit, lambda f: predict_hero(f, hero)[0]["loss"])
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                              backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
-                             cross_checks=cross_check_predictions(fit, fit_table, hero))
+                             cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run))
 
 
 def create_prereg(
@@ -579,7 +584,8 @@ def create_prereg(
         noise = run_noise_nats(fit_obj, load_tables(Path(results), fit_convention(fit_obj))[0])[0] if results is not None else None
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run, noise)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
-                              thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder)
+                              thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
+                              rehearsal_run=rehearsal_run)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal

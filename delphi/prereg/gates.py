@@ -13,9 +13,10 @@ whose leave-one-budget-out hero predictions spread -5.8% .. +7.2%, whose E sat
 on its bound, whose frontier slopes steepened budget by budget and whose hero
 ran at 10x the ladder's tokens per parameter (docs/design.md §8.2). Each of
 those is visible before the hero trains; the gates make them block the seal.
-The second paper's 10x hero passed all of those and missed by -6.99% (docs/design.md §8.6):
-it had a depth the ladder trained only far from its optimum, and the law's prediction sat 7%
-above the isoFLOP law's. `hero_depth` and `method_agreement` are those two checks.
+The second paper's 10x hero passed all of those and missed by -6.99% (docs/design.md §8.6): it
+had a depth the ladder trained only far from its optimum (`hero_depth`), and a d96 L3 run at the
+same compute landed within 0.5% of the same law. `method_agreement` asks whether another law that
+the held-out evidence does not reject would have predicted the hero differently.
 """
 
 from __future__ import annotations
@@ -418,17 +419,19 @@ def gate_hero_depth(table: pd.DataFrame, hero_layers: int, factor: float) -> Gat
 
 
 def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | None, tolerance_rel: float) -> Gate:
-    """Every cross-check law that its own held-out budget does not contradict predicts the hero
-    within +-tolerance of the primary law.
+    """Every cross-check law that the known outcomes do not contradict predicts the hero within
+    +-tolerance of the primary law.
 
-    `cross_checks`: method -> {"loss", "backtest_rel_error"} or {"error"} (from
-    `delphi.prereg.create.cross_check_predictions`). A cross-check whose held-out-budget backtest
-    missed by more than the tolerance is shown but not counted: the data already rejects it.
-    Why: a law with an asymptote E and one without agree only where E is identified. On a ladder
-    spanning a decade they can differ by several percent at 10x (paper v2: VPNLS 1.256, isoFLOP
-    1.165; the hero came in at 1.168), and the gates before it saw nothing."""
+    `cross_checks`: method -> {"loss", "backtest_rel_error", "rehearsal_rel_error"} or {"error"}
+    (`delphi.prereg.create.cross_check_predictions`). A cross-check whose own held-out-budget
+    backtest or dress-rehearsal error exceeds the tolerance is shown but not counted: the data
+    already rejects it, and the primary (which passed those gates) stands alone.
+    Why: two laws fitted to the same ladder that both survive its held-out evidence and still
+    disagree at the hero mean the ladder cannot tell which extrapolation is right. On the paper v2
+    ladder VPNLS and the isoFLOP law differ by 7% at 10x; the dress rehearsal at 3x (VPNLS +0.17%,
+    isoFLOP +3.2%) and a d96 L3 run at 10x (VPNLS -0.5%, isoFLOP +7.6%) side with VPNLS."""
     threshold = (f"each cross-check within +-{tolerance_rel:.2%} of the primary prediction "
-                 f"(a cross-check counts when its own backtest is within +-{tolerance_rel:.2%})")
+                 f"(a cross-check counts when its own backtest and rehearsal errors are within +-{tolerance_rel:.2%})")
     if cross_checks is None:
         return Gate("method_agreement", False, None, threshold, "not evaluated: no results table to fit the cross-checks on")
     if not cross_checks:
@@ -440,10 +443,11 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
     parts, counted = [], []
     for name, v in cross_checks.items():
         dev = float(v["loss"]) / final_loss - 1
-        bt = v.get("backtest_rel_error")
-        counts = bt is None or abs(float(bt)) <= tolerance_rel
-        bt_text = "no backtest" if bt is None else f"its backtest {float(bt):+.2%}"
-        parts.append(f"{name} {float(v['loss']):.4f} ({dev:+.2%}; {bt_text}" + ("" if counts else ", not counted") + ")")
+        evidence = {"backtest": v.get("backtest_rel_error"), "rehearsal": v.get("rehearsal_rel_error")}
+        known = {k: float(e) for k, e in evidence.items() if e is not None}
+        counts = all(abs(e) <= tolerance_rel for e in known.values())
+        shown = ", ".join(f"its {k} {e:+.2%}" for k, e in known.items()) or "no backtest"
+        parts.append(f"{name} {float(v['loss']):.4f} ({dev:+.2%}; {shown}" + ("" if counts else ", not counted") + ")")
         if counts:
             counted.append(dev)
     worst = max(counted, key=abs) if counted else 0.0
