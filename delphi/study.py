@@ -191,14 +191,15 @@ def _say(text: str) -> None:
 
 def _pin_study(study: Study) -> None:
     """Record the resolved study and ladder spec; refuse to continue a different study in the same dir."""
-    from delphi.ladder.spec import ladder_spec_to_dict
+    from delphi.ladder.spec import ladder_spec_from_dict, ladder_spec_to_dict
 
     pinned = {"study": to_dict(study.spec), "ladder": ladder_spec_to_dict(_ladder_spec(study))}
     path = study.out / STUDY_FILE
     if path.is_file():
         recorded = json.loads(path.read_text())
-        try:  # keys added to StudySpec since the directory was pinned take their defaults
+        try:  # keys added to StudySpec or LadderSpec since the directory was pinned take their defaults
             recorded["study"] = to_dict(from_dict(StudySpec, recorded.get("study"), str(path)))
+            recorded["ladder"] = ladder_spec_to_dict(ladder_spec_from_dict(recorded.get("ladder")))
         except DelphiError:
             pass
         if recorded != json.loads(json.dumps(pinned)):
@@ -779,13 +780,13 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
     for name, stage in STAGES:
         if study.done(name) is not None:
             _say(f"{name}: done earlier, skipped")
-            continue
-        _say(f"{name}: running")
-        t0 = time.perf_counter()
-        result = stage(study)
-        atomic_write_json(study.marker(name), {"stage": name, "seconds": round(time.perf_counter() - t0, 2), "result": result})
-        _say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
-        if name == stop_after:
+        else:
+            _say(f"{name}: running")
+            t0 = time.perf_counter()
+            result = stage(study)
+            atomic_write_json(study.marker(name), {"stage": name, "seconds": round(time.perf_counter() - t0, 2), "result": result})
+            _say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
+        if name == stop_after:  # also when it was done earlier: the invocation goes no further
             _say(f"stopped after {name}, as asked; run the same command without --stop-after to continue")
             return {"out": str(study.out), "stopped_after": name, "verdict": None}
     verdict = study.done("check")["result"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fcntl
 import json
 import math
@@ -28,6 +29,7 @@ from delphi.ladder.plan import (
     hero_preflight,
     hero_ranges,
     layers_for_width,
+    make_rung,
     manifest_row,
     plan_health_warnings,
     plan_hero,
@@ -262,7 +264,7 @@ def test_runner_and_collect_micro_ladder(tmp_path):
         # Health from the real run's metrics.jsonl: one eval (the final one) on 512 tokens, dense (no drops).
         assert r["n_evals"] == 1 and r["eval_tokens"] == 512 and r["drop_frac_mean"] == 0.0
         assert not r["health_ok"] and "min_layers" in r["health_issues"] and "max_drop_frac" not in r["health_issues"]
-        assert r["n_seeds"] == 1 and r["cell_id"] == cell_id_of(r["run_id"])
+        assert r["n_seeds"] == 1 and r["cell_id"] == cell_id_of(r["run_id"]) and r["role"] == "isoflop"
     assert (tmp_path / "results.csv.family.json").is_file()
 
 
@@ -547,3 +549,49 @@ def test_hero_keeps_a_depth_the_ladder_trained_near_its_optimum():
     aware = plan_hero(spec, 6.0e5, 6e13, results=results, convention="fpt6")
     assert blind.model.n_layers == 4 and aware.model.n_layers == 3
     assert hero_ranges(spec, aware, results)["inside"]
+
+
+def test_anchor_rungs_extend_the_steps_range_and_join_only_the_nd_laws(tmp_path):
+    """The paper spec with anchors (d24, d32 at 4x the top budget): the plan adds them at the top
+    budget's batch and seeds, under run ids starting with "A"; their steps widen the ladder's range
+    so that a 30x L3 hero fits it (gate hero_ranges refused the same hero without them); in a
+    results table they join VPNLS's points and not the isoFLOP law's, nor the backtest's."""
+    from delphi.fits import backtest, fit_approach2, fit_vpnls, load_results
+    from delphi.ladder.plan import ANCHOR_PREFIX, ladder_ranges, rung_role
+    from delphi.ladder.spec import AnchorSpec
+
+    base = load_ladder_spec(PAPER)
+    spec = dataclasses.replace(base, anchors=AnchorSpec(widths=(24, 32), multiple=4.0)).validate()
+    rungs = plan_ladder(spec)
+    anchors = [r for r in rungs if rung_role(r.run_id) == "anchor"]
+    top = max(spec.budgets)
+    top_batch = max(r.batch_size for r in rungs if r.budget == top)
+    assert len(anchors) == 2 * len(spec.seeds_for(top)) and all(r.run_id.startswith(ANCHOR_PREFIX) for r in anchors)
+    assert {r.batch_size for r in anchors} == {top_batch} and {r.budget for r in anchors} == {4 * top}
+    assert len(rungs) == len(plan_ladder(base)) + len(anchors)
+    steps_without, steps_with = ladder_ranges(base)["steps"], ladder_ranges(spec)["steps"]
+    assert steps_with[1] == max(r.steps for r in anchors) > 3 * steps_without[1]
+    assert ladder_ranges(spec)["batch_tokens"] == ladder_ranges(base)["batch_tokens"]  # top budget: isoFLOP rungs'
+    hero = make_rung(spec, shape_for_width(spec, 96), 30 * top, 0, batch=top_batch)
+    assert not hero_ranges(base, hero)["inside"] and hero_ranges(spec, hero)["inside"]
+    with pytest.raises(DelphiError, match="anchors.multiple"):
+        dataclasses.replace(base, anchors=AnchorSpec(widths=(24,), multiple=0.5)).validate()
+
+    # A results table: the committed paper ladder plus two anchor rows (role "anchor").
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "paper" / "v2" / "study" / "results.csv")
+    table["role"] = "isoflop"
+    extra = table[(table["budget"] == table["budget"].max()) & (table["d_model"] == 24)].head(2).copy()
+    extra["run_id"] = ["A4e13_d24_L3_E8k2_s0", "A4e13_d24_L3_E8k2_s1"]
+    extra["cell_id"] = "A4e13_d24_L3_E8k2"
+    extra[["tokens", "flops", "budget"]] *= 4
+    extra["loss"] = [1.45, 1.46]
+    extra["role"] = "anchor"
+    path = tmp_path / "results.csv"
+    pd.concat([table, extra], ignore_index=True).to_csv(path, index=False)
+    with_anchor = load_results(path, params_convention="fpt6")
+    plain = load_results(Path(__file__).resolve().parents[1] / "paper" / "v2" / "study" / "results.csv", params_convention="fpt6")
+    assert len(with_anchor) == len(plain) and len(with_anchor.attrs["anchor_rows"]) == 2
+    assert fit_vpnls(with_anchor).n_points == fit_vpnls(plain).n_points + 1  # one more cell: the anchor's
+    assert fit_approach2(with_anchor).params == pytest.approx(fit_approach2(plain).params)
+    held_out = backtest(with_anchor, lambda t: fit_vpnls(t))
+    assert held_out["budgets"][0]["rel_error"] == pytest.approx(backtest(plain, lambda t: fit_vpnls(t))["budgets"][0]["rel_error"])

@@ -50,6 +50,8 @@ def split_by_budget(table: pd.DataFrame, cut: float | None = None, holdout: int 
         raise DelphiError(f"backtest: cut {cut:.4g} leaves {len(train)} training and {len(test)} held-out rows; both must be non-empty")
     train = train.reset_index(drop=True)
     train.attrs = dict(table.attrs)
+    # An anchor rung trained on more compute than the cut would tell the fit about the held-out budget.
+    train.attrs["anchor_rows"] = [r for r in table.attrs.get("anchor_rows") or [] if r["flops"] < cut]
     return train, test.reset_index(drop=True), float(cut)
 
 

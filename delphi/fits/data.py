@@ -209,6 +209,14 @@ def load_results(
         if keys.duplicated().any():
             table["cell_id"] = keys
 
+    # Anchor rungs (a ladder spec's long rungs, results column `role`) are no budget's isoFLOP
+    # points: they ride along in attrs, for the laws in (N, D) only (`with_anchors`).
+    anchor = raw.loc[table.index, "role"].astype(str).eq(ANCHOR_ROLE).to_numpy() if "role" in raw.columns else None
+    anchor_rows = table[anchor][[c for c in CANONICAL if c in table]].to_dict("records") if anchor is not None else []
+    if anchor is not None and anchor.any():
+        table = table[~anchor]
+        if table.empty:
+            raise DelphiError(f"{where}: only anchor rungs (role = {ANCHOR_ROLE!r}); no isoFLOP points to fit")
     table = table[[c for c in CANONICAL if c in table]].reset_index(drop=True)
     flops_family, family_origin = _resolve_family(family, source, raw, params_convention, params_mapped, where)
     if warn is not None and flops_family is not None:
@@ -218,10 +226,29 @@ def load_results(
             "source": where, "sha256": sha, "dropped": dropped, "budget_derived": budget_derived, "query": query,
             "params_convention": params_convention, "params_mapped": params_mapped,
             "flops_family": flops_family, "family_origin": family_origin, "model_family": model_family,
-            "invalid_rows_dropped": invalid_rows,
+            "invalid_rows_dropped": invalid_rows, "anchor_rows": anchor_rows,
         }
     )
     return table
+
+
+ANCHOR_ROLE = "anchor"  # results column `role` of a ladder spec's anchor rungs (delphi.ladder.plan.rung_role)
+
+
+def with_anchors(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` plus the anchor rungs `load_results` set aside (what the laws in (N, D) fit); the
+    table itself when it has none."""
+    rows = table.attrs.get("anchor_rows") or []
+    if not rows:
+        return table
+    out = pd.concat([table, pd.DataFrame(rows)], ignore_index=True)
+    out.attrs = {k: v for k, v in table.attrs.items() if k != "anchor_rows"}
+    return out
+
+
+def isoflop_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a results table that belong to a budget's isoFLOP set (not anchor rungs)."""
+    return table[table["role"].astype(str) != ANCHOR_ROLE] if "role" in table.columns else table
 
 
 def _is_ladder_table(raw: pd.DataFrame) -> bool:

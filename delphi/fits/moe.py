@@ -32,7 +32,7 @@ from scipy.optimize import minimize, nnls
 
 from delphi.errors import DelphiError
 from delphi.fits.bootstrap import bootstrap
-from delphi.fits.data import cell_points, check_points, provenance
+from delphi.fits.data import cell_points, check_points, provenance, with_anchors
 from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 
 EXPONENT_BOUNDS = (0.01, 2.5)
@@ -82,7 +82,7 @@ def _arrays(table: pd.DataFrame, term: str):
 
 
 def _moe_refit(table: pd.DataFrame, term: str, start: tuple[float, float, float]) -> dict[str, float]:
-    points, _ = cell_points(table)
+    points, _ = cell_points(with_anchors(table))
     out = moe_arrays(*_arrays(points, term), start=start, weights=points["weight"].to_numpy(float))
     return {k: v for k, v in out.items() if not k.startswith("_")}
 
@@ -94,7 +94,7 @@ def fit_moe(
         raise DelphiError(f"moe: term = {term!r}, expected one of {TERMS}")
     if term not in table:
         raise DelphiError(f"moe: the table has no {term!r} column (map one with --{term}-col)")
-    points, seeds = cell_points(table)
+    points, seeds = cell_points(with_anchors(table))
     check_points(points, 8, "moe")
     if table[term].nunique() < 2:
         raise DelphiError(

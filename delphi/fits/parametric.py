@@ -37,7 +37,7 @@ from scipy.optimize import minimize, nnls
 
 from delphi.errors import DelphiError
 from delphi.fits.bootstrap import bootstrap
-from delphi.fits.data import cell_points, check_points, provenance
+from delphi.fits.data import cell_points, check_points, provenance, with_anchors
 from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 from delphi.fits.laws import derived_quantities
 
@@ -252,7 +252,7 @@ def _approach3_refit(table: pd.DataFrame, start: np.ndarray, starts: str = "warm
     """Bootstrap refit. "warm": L-BFGS-B from the full-data optimum `start` and the perturbed
     starts around it; "grid": the full fit's procedure (Epoch's grid, best TOP_STARTS), the slow
     reference the warm refit is checked against."""
-    points, _ = cell_points(table)
+    points, _ = cell_points(with_anchors(table))
     log_n, log_d, log_loss = _log_arrays(points)
     if starts == "grid":
         out = approach3_arrays(log_n, log_d, log_loss, weights=_weights(points))
@@ -317,7 +317,7 @@ def vpnls_arrays(
 
 
 def _vpnls_refit(table: pd.DataFrame, start: tuple[float, float]) -> dict[str, float]:
-    points, _ = cell_points(table)
+    points, _ = cell_points(with_anchors(table))
     log_n, log_d, _ = _log_arrays(points)
     return vpnls_arrays(log_n, log_d, points["loss"].to_numpy(float), start=start, weights=_weights(points))["params"]
 
@@ -397,7 +397,7 @@ def fit_approach3(
     `bootstrap_starts`: "warm" (default, fast) or "grid" (each resample fitted like the full data)."""
     if bootstrap_starts not in BOOTSTRAP_START_MODES:
         raise DelphiError(f"fit_approach3: bootstrap_starts = {bootstrap_starts!r}, expected one of {BOOTSTRAP_START_MODES}")
-    points, seeds = cell_points(table)
+    points, seeds = cell_points(with_anchors(table))
     check_points(points, 6, "approach3")
     log_n, log_d, log_loss = _log_arrays(points)
     out = approach3_arrays(log_n, log_d, log_loss, top_starts=top_starts, weights=_weights(points))
@@ -437,7 +437,7 @@ def fit_vpnls(
     seed: int = 0,
     workers: int | None = None,
 ) -> FitResult:
-    points, seeds = cell_points(table)
+    points, seeds = cell_points(with_anchors(table))
     check_points(points, 6, "vpnls")
     log_n, log_d, _ = _log_arrays(points)
     out = vpnls_arrays(log_n, log_d, points["loss"].to_numpy(float), weights=_weights(points))

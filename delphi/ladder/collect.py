@@ -32,7 +32,7 @@ import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_json, atomic_write_text
-from delphi.ladder.plan import RUNS_DIR, SPEC_FILE, cell_id_of, flops_family, read_manifest
+from delphi.ladder.plan import RUNS_DIR, SPEC_FILE, cell_id_of, flops_family, read_manifest, rung_role
 from delphi.ladder.runner import rung_status
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
 from delphi.fits.data import CANONICAL_COLUMNS
@@ -46,7 +46,9 @@ EXTRA_COLUMNS = (
 )
 CELL_COLUMNS = ("cell_id", "loss_mean", "loss_std", "n_seeds")
 HEALTH_COLUMNS = ("drop_frac_mean", "n_evals", "eval_tokens", "health_ok", "health_issues", "health_relaxed")
-RESULT_COLUMNS = CANONICAL_COLUMNS + EXTRA_COLUMNS + CELL_COLUMNS + HEALTH_COLUMNS
+# "anchor" for the spec's long rungs (anchors), "isoflop" for the rest (delphi.fits.data reads it)
+ROLE_COLUMNS = ("role",)
+RESULT_COLUMNS = CANONICAL_COLUMNS + EXTRA_COLUMNS + CELL_COLUMNS + HEALTH_COLUMNS + ROLE_COLUMNS
 # The per-row view of rung health (the report's and the gates' table).
 HEALTH_TABLE_COLUMNS = (
     "run_id", "cell_id", "budget", "seed", "d_model", "n_layers", "steps", "tokens_per_param", "n_evals",
@@ -187,6 +189,7 @@ def collect_ladder(ladder_dir: str | Path, *, include_all: bool = False) -> pd.D
         row["health_ok"] = not issues
         row["health_issues"] = ";".join(issues)
         row["health_relaxed"] = relaxed_bounds(health)
+        row["role"] = rung_role(m["run_id"])
         rows.append(row)
     frame = pd.DataFrame(rows, columns=[c for c in RESULT_COLUMNS if c not in CELL_COLUMNS])
     frame = add_cell_columns(frame)

@@ -232,6 +232,18 @@ def run_id_for(budget: float, model: ModelConfig, seed: int) -> str:
     return f"{cell_id_for(budget, model)}_s{seed}"
 
 
+ANCHOR_PREFIX = "A"  # run ids of anchor rungs (spec `anchors`) start with it; isoFLOP rungs' with "C"
+
+
+def anchor_run_id(budget: float, model: ModelConfig, seed: int) -> str:
+    return ANCHOR_PREFIX + run_id_for(budget, model, seed)[1:]
+
+
+def rung_role(run_id: str) -> str:
+    """"anchor" for a long rung of the spec's `anchors`, else "isoflop" (the results column `role`)."""
+    return "anchor" if run_id.startswith(ANCHOR_PREFIX) else "isoflop"
+
+
 def cell_id_of(run_id: str) -> str:
     """The cell of a run id written by run_id_for (its seed suffix removed)."""
     return re.sub(r"_s\d+$", "", run_id)
@@ -392,9 +404,29 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
                         f"(allowed {spec.tolerance:.2%}); raise batch.min_steps"
                     )
                 rungs.append(rung)
+    rungs += plan_anchors(spec, rungs)
     ids = [r.run_id for r in rungs]
     assert len(set(ids)) == len(ids), "run ids must be unique"
     return rungs
+
+
+def plan_anchors(spec: LadderSpec, rungs: list[Rung]) -> list[Rung]:
+    """The spec's anchor rungs: each of `anchors.widths` on `anchors.multiple` x the top budget, at
+    the top budget's batch (so the hero's batch continues theirs too) and seeds."""
+    if spec.anchors is None:
+        return []
+    top = max(spec.budgets)
+    top_batch = max(r.batch_size for r in rungs if r.budget == top)
+    budget = spec.anchors.multiple * top
+    out = []
+    for width in spec.anchors.widths:
+        model = shape_for_width(spec, width)
+        for seed in spec.seeds_for(top):
+            rung = make_rung(spec, model, budget, seed, run_id=anchor_run_id(budget, model, seed), batch=top_batch)
+            if rung is None:
+                raise DelphiError(f"anchors.widths: d_model={width} gets fewer than batch.min_steps steps on {budget:g} FLOPs")
+            out.append(rung)
+    return out
 
 
 # ---- shape family and its exact FLOPs ------------------------------------------------------------
@@ -457,12 +489,12 @@ def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: 
 RANGE_SCOPES = {"tokens_per_param": "ladder", "steps": "ladder", "batch_tokens": "top budget", "beta2": "top budget"}
 
 
-def _ladder_rows(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> list[dict[str, float]]:
-    """(budget, tokens_per_param, steps, batch_size, batch_tokens, beta2) of the ladder's rungs: from the
-    results table's completed rows when given, else from the plan."""
+def _ladder_rows(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> list[dict[str, float | str]]:
+    """(budget, tokens_per_param, steps, batch_size, batch_tokens, beta2, role) of the ladder's rungs:
+    from the results table's completed rows when given, else from the plan."""
     keys = ("budget", "tokens_per_param", "steps", "batch_size", "batch_tokens", "beta2")
     if results is None:
-        return [{k: float(manifest_row(r)[k]) for k in keys} for r in plan_ladder(spec)]
+        return [{**{k: float(manifest_row(r)[k]) for k in keys}, "role": rung_role(r.run_id)} for r in plan_ladder(spec)]
     frame = results
     if "status" in frame.columns:
         frame = frame[frame["status"] == "completed"]
@@ -471,13 +503,14 @@ def _ladder_rows(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> lis
         raise DelphiError(f"results: a ladder table needs columns {', '.join(missing)} to compare the hero with")
     if len(frame) == 0:
         raise DelphiError("results: no completed rung to compare the hero with")
-    return [{k: float(row[k]) for k in keys} for _, row in frame.iterrows()]
+    return [{**{k: float(row[k]) for k in keys}, "role": str(row.get("role", "isoflop"))} for _, row in frame.iterrows()]
 
 
 def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> dict[str, tuple[float, float]]:
-    """[min, max] of each quantity of RANGE_SCOPES over its scope."""
+    """[min, max] of each quantity of RANGE_SCOPES over its scope (anchor rungs count for the ladder's
+    steps and tokens per parameter; the top budget is the isoFLOP sets')."""
     rows = _ladder_rows(spec, results)
-    top = max(r["budget"] for r in rows)
+    top = max(r["budget"] for r in rows if r["role"] != "anchor")
     out = {}
     for key, scope in RANGE_SCOPES.items():
         values = [r[key] for r in rows if scope == "ladder" or r["budget"] == top]
@@ -575,7 +608,7 @@ def plan_hero(
     if not (params > 0 and compute > 0 and math.isfinite(params) and math.isfinite(compute)):
         raise DelphiError(f"hero: params and compute must be positive and finite, got {params:g}, {compute:g}")
     rows = _ladder_rows(spec, results)
-    top = max(r["budget"] for r in rows)
+    top = max(r["budget"] for r in rows if r["role"] != "anchor")
     top_batch = int(max(r["batch_size"] for r in rows if r["budget"] == top))
     candidates = []
     for model in _family_shapes_around(spec, params, convention):
@@ -604,6 +637,8 @@ def depths_near_optimum(results: "pd.DataFrame | None") -> set[int] | None:
     from delphi.fits.isoflop import near_optimum_cells
 
     frame = results[results["status"] == "completed"] if "status" in results.columns else results
+    if "role" in frame.columns:
+        frame = frame[frame["role"] != "anchor"]
     if len(frame) == 0:
         return None
     return {int(v) for v in near_optimum_cells(frame, HERO_MAX_OFF_OPTIMUM)["n_layers"]}

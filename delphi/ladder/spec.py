@@ -177,6 +177,21 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class AnchorSpec:
+    """Long rungs of small shapes outside the isoFLOP sets (issue 10, "Pinning E"): each width in
+    `widths` trained on `multiple` x the top budget, at the top budget's batch and seeds.
+
+    Why: a 30x hero sized by the law trains ~6x the tokens of the top budget's optimum, and more
+    steps than any isoFLOP rung (paper v2: 129K against 37K), so gate hero_ranges refuses it; and
+    the law's data term is identified only by runs far past their optimum. These rungs are both.
+    They join the (N, D) fits and the ladder's steps and tokens-per-parameter ranges; the laws in C
+    (isoFLOP, frontier) and every per-budget check leave them out (results column `role`)."""
+
+    widths: tuple[int, ...] = ()
+    multiple: float = 4.0
+
+
+@dataclass(frozen=True)
 class HealthSpec:
     """Bounds every rung must meet (flagged in the results table, the report and the gates)."""
 
@@ -203,6 +218,7 @@ class LadderSpec:
     tokens_per_param: TokensPerParamSpec | None = None
     run: RunSpec = field(default_factory=RunSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
+    anchors: AnchorSpec | None = None
 
     def seeds_for(self, budget: float) -> tuple[int, ...]:
         """The seeds of the rungs at `budget`: run.top_seeds at the top budget when given."""
@@ -303,6 +319,16 @@ class LadderSpec:
         if r.final_eval_tokens is not None:
             need(r.final_eval_tokens >= r.eval_tokens, "run.final_eval_tokens",
                  f"must be >= run.eval_tokens ({r.eval_tokens}), got {r.final_eval_tokens}")
+        if self.anchors is not None:
+            a = self.anchors
+            need(len(a.widths) > 0, "anchors.widths", "at least one width is required (or leave anchors out)")
+            for i, w in enumerate(a.widths):
+                need(w >= 2 and w % 2 == 0, f"anchors.widths[{i}]", f"must be an even width, got {w}")
+                if s.n_heads is not None:
+                    need(w % (2 * s.n_heads) == 0, f"anchors.widths[{i}]",
+                         f"{w} does not split into {s.n_heads} heads of even size (RoPE); use a multiple of {2 * s.n_heads}")
+            need(len(set(a.widths)) == len(a.widths), "anchors.widths", f"widths must be distinct, got {list(a.widths)}")
+            need(a.multiple > 1, "anchors.multiple", f"must be > 1 (x the top budget), got {a.multiple}")
         h = self.health
         need(0 <= h.max_drop_frac <= 1, "health.max_drop_frac", f"must be in [0, 1], got {h.max_drop_frac}")
         for key in ("min_layers", "min_d_model", "min_evals", "min_eval_tokens"):

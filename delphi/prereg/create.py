@@ -84,13 +84,13 @@ def law_scatter_nats(fit, fit_table) -> float | None:
     its own N and D for a law in (N, D); for a law in C (isoFLOP, frontier) each budget's best cell
     against L*(C) (delphi.fits.backtest.residual_scatter)."""
     from delphi.fits.backtest import residual_scatter
-    from delphi.fits.data import cell_points
+    from delphi.fits.data import cell_points, with_anchors
 
     if fit_table is None or "budget" not in fit_table:
         return None
     if not fit.law_in_nd:
         return residual_scatter(fit, fit_table)
-    points, _ = cell_points(fit_table)
+    points, _ = cell_points(with_anchors(fit_table))  # the points the law was fitted to
     residuals = [row["loss"] - fit.predict(params=row["params"], tokens=row["tokens"], **{t: row[t] for t in fit.law_terms})["loss"]
                  for _, row in points.iterrows()]
     dof = len(residuals) - len(fit.params)
@@ -376,23 +376,26 @@ def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = N
 
 
 def load_tables(results: Path, convention: str = "nonembedding"):
-    """(fit table, gate table): the canonical table the fits read (N in `convention`), and the same
-    rows with every other column of the results CSV (seeds, cells, health, steps, batch)."""
-    import inspect
-
+    """(fit table, gate table): the canonical table the fits read (N in `convention`; anchor rungs
+    in its attrs), and every completed row, anchors included, with every other column of the
+    results CSV (seeds, cells, health, steps, batch, role), matched by run_id where it is unique."""
     import pandas as pd
 
     from delphi.fits import load_results
+    from delphi.fits.data import with_anchors
 
-    kwargs = {"params_convention": convention} if "params_convention" in inspect.signature(load_results).parameters else {}
-    fit_table = load_results(results, **kwargs)
+    fit_table = load_results(results, params_convention=convention)
     try:
         raw = pd.read_csv(results)
     except (UnicodeDecodeError, pd.errors.ParserError) as e:
         raise DelphiError(f"{results}: not a readable CSV ({e})") from None
-    extra = raw.loc[raw.index.isin(fit_table.index), [c for c in raw.columns if c not in fit_table.columns]]
-    gate_table = fit_table.join(extra, how="left")
-    gate_table.attrs = dict(fit_table.attrs)
+    rows = with_anchors(fit_table)
+    extra = [c for c in raw.columns if c not in rows.columns]
+    if "run_id" in rows.columns and "run_id" in raw.columns and raw["run_id"].is_unique:
+        gate_table = rows.merge(raw[["run_id", *extra]].astype({"run_id": str}), on="run_id", how="left")
+    else:  # an external table without unique run ids: its rows in order (load_results keeps them)
+        gate_table = rows.join(raw.loc[raw.index.isin(rows.index), extra], how="left")
+    gate_table.attrs = dict(rows.attrs)
     return fit_table, gate_table
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
+from delphi.fits.data import isoflop_rows
 from delphi.ladder.collect import relaxed_in_table
 
 # A half-width of the 90% interval wider than this many tolerances cannot decide pass/fail:
@@ -155,7 +156,7 @@ def gate_isoflop_vertices(table: pd.DataFrame) -> Gate:
     from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET, parabola_vertex
 
     threshold = "every budget: parabola in ln N convex, vertex inside the sampled N range"
-    c = cells(table)
+    c = cells(isoflop_rows(table))
     bad, n = [], 0
     for budget, g in c.groupby("budget", sort=True):
         n += 1
@@ -254,7 +255,7 @@ def budget_best_losses(table: pd.DataFrame) -> pd.DataFrame:
     inside the sampled range, else the lowest cell mean) and the seeds behind the best cell."""
     from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET, parabola_vertex
 
-    c = cells(table)
+    c = cells(isoflop_rows(table))
     rows = []
     for budget, g in c.groupby("budget", sort=True):
         best = g.loc[g["loss_mean"].idxmin()]
@@ -366,7 +367,8 @@ def ladder_ranges(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
     """[min, max] of tokens per parameter and steps over the ladder, of batch tokens and beta2 over
     its top budget (the results-table twin of delphi.ladder.plan.ladder_ranges)."""
     out = {}
-    top = table[table["budget"] == table["budget"].max()] if "budget" in table.columns else table
+    budgets = isoflop_rows(table)["budget"] if "budget" in table.columns else None
+    top = table[table["budget"] == budgets.max()] if budgets is not None else table
     for col in RANGE_COLUMNS + ("beta2",):
         frame = top if col in TOP_BUDGET_SCOPED else table
         if col in frame.columns and frame[col].notna().any():
@@ -408,7 +410,7 @@ def gate_hero_depth(table: pd.DataFrame, hero_layers: int, factor: float) -> Gat
         return Gate("hero_depth", False, None, threshold, "not evaluated: the results table has no n_layers column")
     from delphi.fits.isoflop import near_optimum_cells
 
-    near = near_optimum_cells(table, factor)
+    near = near_optimum_cells(isoflop_rows(table), factor)
     depths = sorted({int(v) for v in near["n_layers"]})
     all_depths = sorted({int(v) for v in table["n_layers"]})
     detail = f"hero L{hero_layers}; near-optimal cells have L{', L'.join(map(str, depths))}"

@@ -9,12 +9,14 @@ Hypotheses:
 3. Pinning E. Long rungs of the smallest shapes (d24, d32 at 4e13 FLOPs: 3,200-8,500 tokens per
    parameter) identify the data term; refitted with them, VPNLS moves toward the actual heroes.
 
+   With them, the 90% interval of a 30x L3 hero (d96 L3 at 3e14 FLOPs, untrained) narrows.
+
 Method: each run in `diagnostics/` was trained with `delphi train` from a config that the ladder's
 own planner made (`make_rung` on the paper v2 spec, batch 8 as at the top budget). The laws are
 refitted on `study/results.csv` (fpt6, as the 10x study) with the code the gates run
 (`cross_check_predictions`'s `predict_hero`), then VPNLS again with the long rungs added.
 
-    python paper/v2/diagnostics.py        # writes paper/v2/diagnostics.csv
+    python paper/v2/diagnostics.py        # writes paper/v2/diagnostics.csv and diagnostics_30x.csv
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from delphi.fits import fit_approach2, fit_vpnls, load_results
+from delphi.ladder.plan import make_rung, shape_for_width
+from delphi.ladder.spec import load_ladder_spec
 from delphi.io import atomic_write_text
 from delphi.model.flops import count_params, flops_per_token
 from delphi.prereg.create import predict_hero
@@ -36,6 +40,8 @@ LADDER = HERE / "study" / "results.csv"
 RUNS = HERE / "diagnostics"
 HEROES = {"hero 10x (sealed)": HERE / "study_10x" / "hero", "rehearsal 3x (sealed)": HERE / "study_10x" / "rehearsal"}
 CONVENTION = "fpt6"  # the 10x study's choice (paper/v2/study_10x/fits/conventions.json)
+HERO_30X = (96, 3e14)  # the largest L3 width under the spec's depth rule, at 30x the top budget
+BOOTSTRAP = 200
 
 
 def run_dirs() -> dict[str, Path]:
@@ -85,6 +91,24 @@ def main() -> int:
                                                       f"beta={f.params['beta']:.3f}" for k, f in fits.items() if "vpnls" in k))
     atomic_write_text(HERE / "diagnostics.csv", "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+    # The 30x L3 hero the gates would now allow (were its steps inside the ladder's range): its
+    # VPNLS prediction and 90% interval, with and without the long rungs.
+    spec = load_ladder_spec(HERE / "study" / "ladder" / "ladder.yaml")
+    width, compute = HERO_30X
+    hero = make_rung(spec, shape_for_width(spec, width), compute, 0, batch=8).train
+    rows = ["fit,predicted,lo90,hi90,half_width"]
+    tables = {"vpnls": ladder}
+    if long_dirs:
+        tables["vpnls + long rungs"] = load_results(with_long, params_convention=CONVENTION)
+    for name, table in tables.items():
+        fit = fit_vpnls(table, n_bootstrap=BOOTSTRAP, seed=0)
+        fit = fit.with_family(family) if family is not None else fit
+        pred = predict_hero(fit, hero)[0]
+        lo, hi = pred["loss_interval_90"]
+        rows.append(f"{name},{pred['loss']:.4f},{lo:.4f},{hi:.4f},{(hi - lo) / 2 / pred['loss']:.4f}")
+    atomic_write_text(HERE / "diagnostics_30x.csv", "\n".join(rows) + "\n")
+    print("\n".join(rows))
     return 0
 
 
