@@ -595,3 +595,28 @@ def test_anchor_rungs_extend_the_steps_range_and_join_only_the_nd_laws(tmp_path)
     assert fit_approach2(with_anchor).params == pytest.approx(fit_approach2(plain).params)
     held_out = backtest(with_anchor, lambda t: fit_vpnls(t))
     assert held_out["budgets"][0]["rel_error"] == pytest.approx(backtest(plain, lambda t: fit_vpnls(t))["budgets"][0]["rel_error"])
+
+
+def test_anchor_rung_trains_as_its_own_stage_and_is_collected_as_an_anchor(tmp_path):
+    """A real micro ladder with one anchor rung (d8 on 2x the top budget): `--budgets` selects it
+    by its compute, the trainer runs it, and collect marks it role "anchor" (the others "isoflop")."""
+    from delphi.fits import load_results
+    from delphi.ladder.collect import collect_ladder
+
+    raw = yaml.safe_load(_micro_spec(tmp_path).read_text())
+    raw["anchors"] = {"widths": [8], "multiple": 2.0}
+    ladder = tmp_path / "ladder"
+    assert cli_main(["ladder", "plan", str(_write(tmp_path, raw, "anchored.yaml")), "--out", str(ladder)]) == 0
+    rows = read_manifest(ladder)
+    anchor = [r for r in rows if r["run_id"].startswith("A")]
+    assert len(rows) == 3 and len(anchor) == 1 and float(anchor[0]["budget"]) == 4e9
+    env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}
+    done = subprocess.run([sys.executable, "-m", "delphi.cli", "ladder", "run", str(ladder), "--budgets", "4e9", "--json"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["completed"] == 1
+    table = collect_ladder(ladder, include_all=True).set_index("run_id")
+    assert table.loc[anchor[0]["run_id"], "role"] == "anchor" and table.loc[anchor[0]["run_id"], "status"] == "completed"
+    assert set(table.drop(index=anchor[0]["run_id"])["role"]) == {"isoflop"}
+    with pytest.raises(DelphiError, match="only anchor rungs"):  # the isoFLOP rungs have not trained
+        load_results(collect_ladder(ladder))
