@@ -141,6 +141,11 @@ def test_interval_width_gate():
     gate = gt.gate_interval_width({"loss": 2.0, "loss_90": [1.9, 2.1]}, 0.01, 1.5)
     assert not gate.passed and gate.value == pytest.approx(0.05)
     assert not gt.gate_interval_width({"loss": 2.0, "loss_90": None}, 0.01, 1.5).passed
+    # The law's residual scatter about the ladder (0.04 nats: 3.3% at z_0.95) is a floor: said so.
+    floor = gt.gate_interval_width({"loss": 2.0, "loss_90": [1.9, 2.1], "residual_scatter_nats": 0.04}, 0.01, 1.5)
+    assert "+-3.29%" in floor.detail and "no hero can pass" in floor.detail
+    below = gt.gate_interval_width({"loss": 2.0, "loss_90": [1.9, 2.1], "residual_scatter_nats": 0.01}, 0.01, 1.5)
+    assert "+-0.82%" in below.detail and "no hero can pass" not in below.detail
 
 
 def test_frontier_slopes_gate():

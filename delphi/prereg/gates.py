@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
+from delphi.fits.backtest import Z_90
 from delphi.fits.data import isoflop_rows
 from delphi.ladder.collect import relaxed_in_table
 
@@ -246,8 +247,15 @@ def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gat
     if not i90 or i90[0] is None:
         return Gate("interval_width", False, None, threshold, "the prediction has no 90% interval (fit without a bootstrap?)")
     half = (float(i90[1]) - float(i90[0])) / 2 / float(final["loss"])
-    return Gate("interval_width", half <= limit, half, threshold,
-                f"90% [{float(i90[0]):.4f}, {float(i90[1]):.4f}] around {float(final['loss']):.4f}: half-width {half:.2%}")
+    detail = f"90% [{float(i90[0]):.4f}, {float(i90[1]):.4f}] around {float(final['loss']):.4f}: half-width {half:.2%}"
+    scatter = final.get("residual_scatter_nats")
+    if half > limit and isinstance(scatter, (int, float)) and math.isfinite(scatter):
+        # The law's own misfit to the ladder is a floor no bootstrap or hero seed count removes.
+        floor = Z_90 * float(scatter) / float(final["loss"])
+        detail += (f"; the law's residual scatter alone ({float(scatter):.4f} nats) gives +-{floor:.2%}"
+                   + (": no hero can pass until the ladder's points sit closer to the law (more seeds per cell, "
+                      "larger batches)" if floor > limit else ""))
+    return Gate("interval_width", half <= limit, half, threshold, detail)
 
 
 def budget_best_losses(table: pd.DataFrame) -> pd.DataFrame:
