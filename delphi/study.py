@@ -288,13 +288,14 @@ def _hero_preflight(study: Study, ladder) -> dict:
         expected = check["expected"]
         _say(f"preflight {name} at {compute:.3g} FLOPs: at the expected N* ({check['expected_params']:.3g}) it would be "
              f"{expected['run_id']} ({expected['steps']:,} steps), " + (
-                 f"inside the ladder's ranges for a fitted N* {band[0]:g}-{band[1]:g}x the expected" if band else
-                 "outside the ladder's ranges at every N* from 0.5x to 2x the expected"))
+                 f"inside the ladder's ranges and depths for a fitted N* {band[0]:g}-{band[1]:g}x the expected" if band else
+                 "outside the ladder's ranges or depths at every N* from 0.5x to 2x the expected"))
         if not expected["inside"] and not study.spec.force:
-            raise CheckFailed(f"preflight: the {name} at {compute:.3g} FLOPs would leave the ladder's ranges "
+            raise CheckFailed(f"preflight: the {name} at {compute:.3g} FLOPs would leave the ladder's ranges or depths "
                               f"({', '.join(expected['outside'])}) even if the fit found the optimum the ladder spec expects; "
-                              f"the gate hero_ranges would refuse it after the ladder trained. Nothing was trained. Lower "
-                              f"hero.compute_multiple, or widen isoflop.span so the top budget trains smaller models longer.")
+                              f"the gates hero_ranges / hero_depth would refuse it after the ladder trained. Nothing was "
+                              f"trained. Lower hero.compute_multiple, add anchors (long rungs of small shapes), widen "
+                              f"isoflop.span, or choose a depth rule that keeps the hero at a depth trained near the optimum.")
     return out
 
 

@@ -524,8 +524,12 @@ def test_fixed_head_count_holds_at_every_width(tmp_path):
 def test_hero_sized_off_its_optimum_to_stay_inside_the_ranges():
     """At 30x the paper ladder's top budget an N* of 0.8x the expected optimum falls between d128
     and d144, whose runs would train more steps than any rung; d160 (L5, within 2x of N*) trains
-    fewer and is chosen. At 0.6x no shape within 2x fits: the nearest comes back, outside, and the
-    preflight reports the band of N* that fits."""
+    fewer and is chosen. At 0.6x no shape within 2x fits: the nearest comes back, outside.
+    The preflight also asks for a depth the ladder will train near its optimum (L3 here): no
+    30x hero has one, so it reports none that fits; with d24/d32 anchors carrying the steps
+    range, d96 L3 fits for N* at 0.5-0.6x the expected optimum (the fit found 0.56x)."""
+    from delphi.ladder.spec import AnchorSpec
+
     spec = load_ladder_spec(PAPER)
     compute = 30 * max(spec.budgets)
     n_star = 0.8 * expected_optimum(spec, compute)
@@ -534,7 +538,14 @@ def test_hero_sized_off_its_optimum_to_stay_inside_the_ranges():
     low = plan_hero(spec, 0.6 * expected_optimum(spec, compute), compute)
     assert hero_ranges(spec, low)["outside"] == ["steps"]
     preflight = hero_preflight(spec, compute)
-    assert preflight["expected"]["inside"] and preflight["inside_factors"] == [0.8, 2.0]
+    assert preflight["expected_depths"] == [3] and preflight["inside_factors"] is None
+    assert "depth" in preflight["expected"]["outside"]
+    # The second edition's 10x study (its L4 hero missed by -7%) would have stopped at plan time.
+    assert hero_preflight(spec, 10 * max(spec.budgets))["expected"]["outside"] == ["depth"]
+    anchored = dataclasses.replace(spec, anchors=AnchorSpec(widths=(24, 32), multiple=4.0))
+    preflight = hero_preflight(anchored, compute)
+    assert preflight["inside_factors"] == [0.5, 0.6]
+    assert {r["run_id"] for r in preflight["factors"] if r["inside"]} == {"hero_C3e14_d96_L3_s0"}
 
 
 def test_hero_keeps_a_depth_the_ladder_trained_near_its_optimum():

@@ -594,6 +594,7 @@ def plan_hero(
     seed: int = 0,
     results: "pd.DataFrame | None" = None,
     convention: str = "nonembedding",
+    depths: set[int] | None = None,
 ) -> Rung:
     """The hero: a family shape next to `params` (N*, counted as `convention`) trained on exactly `compute` FLOPs.
 
@@ -604,6 +605,7 @@ def plan_hero(
     HERO_MAX_OFF_OPTIMUM of N*; when none does, the nearest, and `hero_ranges` says which range it leaves.
     With `results`, a shape whose depth the ladder trained near its optimum (`depths_near_optimum`)
     is preferred among those inside the ranges; when none is, gate hero_depth refuses the hero.
+    Without results, `depths` (e.g. `expected_depths`, the preflight's) plays that part.
     """
     if not (params > 0 and compute > 0 and math.isfinite(params) and math.isfinite(compute)):
         raise DelphiError(f"hero: params and compute must be positive and finite, got {params:g}, {compute:g}")
@@ -623,7 +625,8 @@ def plan_hero(
     if not candidates:
         raise DelphiError(f"--compute: {compute:g} FLOPs gives the hero fewer than batch.min_steps steps")
     inside = [rung for rung in candidates if hero_ranges(spec, rung, results)["inside"]]
-    depths = depths_near_optimum(results)
+    if results is not None:
+        depths = depths_near_optimum(results)
     seen = [rung for rung in inside if depths is None or rung.model.n_layers in depths]
     return (seen or inside or candidates)[0]
 
@@ -644,24 +647,37 @@ def depths_near_optimum(results: "pd.DataFrame | None") -> set[int] | None:
     return {int(v) for v in near_optimum_cells(frame, HERO_MAX_OFF_OPTIMUM)["n_layers"]}
 
 
-def hero_preflight(spec: LadderSpec, compute: float, factors: tuple[float, ...] = PREFLIGHT_FACTORS) -> dict:
-    """Before any rung trains: would a hero at `compute` fit the ladder's ranges if the fitted N*
-    came out at `factor` x the spec's expected optimum (isoflop.center_*)? The fitted optimum is
-    only known after the ladder, and a hero outside the ranges is refused then (gate hero_ranges).
+def expected_depths(spec: LadderSpec) -> set[int] | None:
+    """The depths of the planned isoFLOP shapes within HERO_MAX_OFF_OPTIMUM of their budget's expected
+    optimum (isoflop.center_*): before any rung trains, the depths gate hero_depth should allow."""
+    if spec.isoflop is None:
+        return None
+    return {r.model.n_layers for r in plan_ladder(spec) if rung_role(r.run_id) == "isoflop"
+            and abs(math.log(r.params / expected_optimum(spec, r.budget))) <= math.log(HERO_MAX_OFF_OPTIMUM)}
 
-    {"compute", "expected_params", "expected": the hero at factor 1 (run_id, steps, inside,
-    outside), "inside_factors": [lowest, highest] factor whose hero fits (None if none), "factors"}."""
+
+def hero_preflight(spec: LadderSpec, compute: float, factors: tuple[float, ...] = PREFLIGHT_FACTORS) -> dict:
+    """Before any rung trains: would a hero at `compute` fit the ladder's ranges, at a depth the
+    ladder should train near its optimum (`expected_depths`), if the fitted N* came out at `factor`
+    x the spec's expected optimum (isoflop.center_*)? The fitted optimum is only known after the
+    ladder, and such a hero is refused then (gates hero_ranges, hero_depth).
+
+    {"compute", "expected_params", "expected_depths", "expected": the hero at factor 1 (run_id,
+    steps, inside, outside), "inside_factors": [lowest, highest] factor whose hero fits (None if
+    none), "factors"}; "depth" in `outside` when only the depth does not fit."""
     center = expected_optimum(spec, compute)
+    depths = expected_depths(spec)
     rows = []
     for f in factors:
-        hero = plan_hero(spec, f * center, compute)
-        ranges = hero_ranges(spec, hero)
-        rows.append({"factor": f, "run_id": hero.run_id, "steps": hero.steps, "inside": ranges["inside"],
-                     "outside": ranges["outside"]})
+        hero = plan_hero(spec, f * center, compute, depths=depths)
+        outside = hero_ranges(spec, hero)["outside"]
+        if depths is not None and hero.model.n_layers not in depths:
+            outside = [*outside, "depth"]
+        rows.append({"factor": f, "run_id": hero.run_id, "steps": hero.steps, "inside": not outside, "outside": outside})
     fits = [r["factor"] for r in rows if r["inside"]]
     expected = next(r for r in rows if r["factor"] == 1.0)
-    return {"compute": compute, "expected_params": center, "expected": expected,
-            "inside_factors": [min(fits), max(fits)] if fits else None, "factors": rows}
+    return {"compute": compute, "expected_params": center, "expected_depths": sorted(depths) if depths else None,
+            "expected": expected, "inside_factors": [min(fits), max(fits)] if fits else None, "factors": rows}
 
 
 # ---- health and the store, before training --------------------------------------------------------
