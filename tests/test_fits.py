@@ -133,6 +133,11 @@ def test_approach2_curvature_prices_a_run_off_its_optimum():
             true_excess = truth(n, compute / (6 * n)) - at_optimum
             assert run["off_optimum_penalty"] == pytest.approx(true_excess, rel=0.05), (compute, k)
             assert "curvature" in run["how"]
+    # Many runs at once (the study's residual figure): the same as one by one.
+    n = n_fit * np.array([0.5, 1.0, 2.0, 3.0])
+    many = again.predict_run(params=n, tokens=1e22 / (6 * n), flops=np.full(4, 1e22))
+    one_by_one = [again.predict_run(params=v, tokens=1e22 / (6 * v), flops=1e22)["loss"] for v in n]
+    assert np.asarray(many["loss"]) == pytest.approx(one_by_one)
     old = load_fit_json({k: v for k, v in fit.to_json().items() if k != "curvature_law"})
     run = old.predict_run(params=3 * n_fit, tokens=1e22 / (18 * n_fit), flops=1e22)
     assert "off_optimum_penalty" not in run and run["loss"] == pytest.approx(fit.predict(compute=1e22)["loss"])

@@ -209,13 +209,18 @@ class FitResult:
         curvature = self.extra.get("curvature_law")
         if curvature and out.get("params") is not None and params is not None:
             # An isoFLOP law knows the optimum at C; its parabolas' curvature prices a run off it.
-            penalty = float(off_optimum_penalty(curvature, flops, params, out["params"]))
-            out["loss"] = out["loss"] + penalty
+            # Runs may be one or an array (the residual figure predicts every rung at once).
+            penalty = off_optimum_penalty(curvature, flops, params, np.asarray(out["params"], float))
+            shift = lambda v: None if v is None else _plain(np.asarray(v, float) + penalty)  # noqa: E731
+            out["loss"] = shift(out["loss"])
             for key in [k for k in out if k.startswith("loss_interval_")]:
-                out[key] = [None if v is None else v + penalty for v in out[key]]
-            out["off_optimum_penalty"] = penalty
-            out["how"] += (f", plus the isoFLOP curvature's penalty {penalty:.4f} nats for N = "
-                           f"{float(params) / float(out['params']):.2f} x N*")
+                out[key] = [shift(v) for v in out[key]]
+            out["off_optimum_penalty"] = _plain(penalty)
+            if np.ndim(penalty) == 0:
+                out["how"] += (f", plus the isoFLOP curvature's penalty {float(penalty):.4f} nats for N = "
+                               f"{float(params) / float(out['params']):.2f} x N*")
+            else:
+                out["how"] += ", plus the isoFLOP curvature's penalty for each run's N / N*"
         return out
 
     def summary(self) -> str:
