@@ -136,7 +136,7 @@ def test_study_preflight_refuses_a_hero_no_ladder_range_covers(tmp_path):
     raw["hero"] = {"compute_multiple": 1000, "tolerance": 0.5}
     study.write_text(yaml.safe_dump(raw))
     refused = _study(str(study), "--out", str(tmp_path / "out"))
-    assert refused.returncode == 1 and "preflight: the hero at 8e+12 FLOPs would leave the ladder's ranges (steps" in refused.stderr
+    assert refused.returncode == 1 and "preflight: the hero at 8e+12 FLOPs would leave the ladder's ranges or depths (steps" in refused.stderr
     assert not (tmp_path / "out" / "ladder" / "runs").exists() and not (tmp_path / "out" / "stages" / "plan.json").exists()
 
 
