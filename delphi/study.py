@@ -620,13 +620,14 @@ def stage_prereg(study: Study) -> dict:
         return {"prereg": str(study.prereg), "note": "sealed earlier"}
     if (study.hero_run / METRICS_FILE).exists():
         raise DelphiError(f"{study.hero_run}: the hero started before a preregistration existed; remove it to start over")
+    rehearsal = _rehearsal(study)
     doc = create_prereg(
         study.fit_path(study.spec.primary_fit), study.hero_config, study.prereg,
         ladder=study.ladder_dir, results=study.results, tolerance_rel=study.spec.hero.tolerance,
         author=study.spec.author, rationale=study.spec.rationale or _default_rationale(study),
         bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
         force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
-        rehearsal=_rehearsal(study), rehearsal_run=study.rehearsal_run if _rehearsal(study) is not None else None,
+        rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}

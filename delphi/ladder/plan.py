@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from delphi.errors import DelphiError
+from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text, atomic_write_yaml
 from delphi.ladder.spec import LadderSpec, ladder_spec_to_dict
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
@@ -241,7 +242,7 @@ def anchor_run_id(budget: float, model: ModelConfig, seed: int) -> str:
 
 def rung_role(run_id: str) -> str:
     """"anchor" for a long rung of the spec's `anchors`, else "isoflop" (the results column `role`)."""
-    return "anchor" if run_id.startswith(ANCHOR_PREFIX) else "isoflop"
+    return ANCHOR_ROLE if run_id.startswith(ANCHOR_PREFIX) else "isoflop"
 
 
 def cell_id_of(run_id: str) -> str:
@@ -506,11 +507,16 @@ def _ladder_rows(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> lis
     return [{**{k: float(row[k]) for k in keys}, "role": str(row.get("role", "isoflop"))} for _, row in frame.iterrows()]
 
 
+def _top_budget(rows: list[dict[str, float | str]]) -> float:
+    """The top budget of the isoFLOP sets (anchor rungs train on more, outside them)."""
+    return max(float(r["budget"]) for r in rows if r["role"] != ANCHOR_ROLE)
+
+
 def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> dict[str, tuple[float, float]]:
     """[min, max] of each quantity of RANGE_SCOPES over its scope (anchor rungs count for the ladder's
     steps and tokens per parameter; the top budget is the isoFLOP sets')."""
     rows = _ladder_rows(spec, results)
-    top = max(r["budget"] for r in rows if r["role"] != "anchor")
+    top = _top_budget(rows)
     out = {}
     for key, scope in RANGE_SCOPES.items():
         values = [r[key] for r in rows if scope == "ladder" or r["budget"] == top]
@@ -610,7 +616,7 @@ def plan_hero(
     if not (params > 0 and compute > 0 and math.isfinite(params) and math.isfinite(compute)):
         raise DelphiError(f"hero: params and compute must be positive and finite, got {params:g}, {compute:g}")
     rows = _ladder_rows(spec, results)
-    top = max(r["budget"] for r in rows if r["role"] != "anchor")
+    top = _top_budget(rows)
     top_batch = int(max(r["batch_size"] for r in rows if r["budget"] == top))
     candidates = []
     for model in _family_shapes_around(spec, params, convention):
@@ -639,9 +645,7 @@ def depths_near_optimum(results: "pd.DataFrame | None") -> set[int] | None:
         return None
     from delphi.fits.isoflop import near_optimum_cells
 
-    frame = results[results["status"] == "completed"] if "status" in results.columns else results
-    if "role" in frame.columns:
-        frame = frame[frame["role"] != "anchor"]
+    frame = isoflop_rows(results[results["status"] == "completed"] if "status" in results.columns else results)
     if len(frame) == 0:
         return None
     return {int(v) for v in near_optimum_cells(frame, HERO_MAX_OFF_OPTIMUM)["n_layers"]}

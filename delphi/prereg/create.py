@@ -316,9 +316,14 @@ def gates_path(out: Path) -> Path:
 REFIT_NAMES = {"vpnls": "vpnls", "approach3": "parametric", "approach2": "isoflop", "approach1": "envelope"}
 
 
+def law_name(fit) -> str:
+    """The `delphi.fits.FITTERS` key of the law a fit was made with."""
+    return REFIT_NAMES.get(fit.method) or fit.kind
+
+
 def refit_function(fit) -> Callable[[Any], Any]:
     """Refit the same law (no bootstrap) on another table, with the fit's FLOPs family attached."""
-    name = REFIT_NAMES.get(fit.method) or fit.kind
+    name = law_name(fit)
     return refit_with(name, getattr(fit, "family", None), fit.seed or 0, f"a {fit.kind!r} fit (method {fit.method!r})")
 
 
@@ -354,7 +359,7 @@ def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = N
     law (VPNLS for Approach 3 too) is skipped."""
     from delphi.fits import backtest as run_backtest
 
-    primary_own = REFIT_NAMES.get(fit.method) or fit.kind
+    primary_own = law_name(fit)
     family = getattr(fit, "family", None)
     out: dict[str, dict[str, Any]] = {}
     for name in CROSS_CHECK_METHODS:
