@@ -2,7 +2,7 @@
 
 For each source x dataset x condition group of the public isoFLOP data (Open-Athena's
 isoflops.csv, see tests/data or ../shared/reference-data) with at least MIN_BUDGETS
-budgets, and for the old paper ladder (paper/data/results.csv, scored at its exact FLOPs
+budgets, and for the old paper ladder (paper/v1/data/results.csv, scored at its exact FLOPs
 with the family of its own shapes), run `delphi.fits.backtest.all_holdouts`: for each cut
 k >= 3 fit on budgets[:k] and predict every higher budget's best loss. Reports the mean
 |relative error| and the share of held-out points inside their 90% predictive interval
@@ -32,7 +32,7 @@ from delphi.fits.backtest import all_holdouts, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_CANDIDATES = (ROOT / "tests" / "data" / "isoflops.csv", ROOT.parent / "shared" / "reference-data" / "isoflops.csv")
-PAPER_LADDER = ROOT / "paper" / "data" / "results.csv"
+PAPER_LADDER = ROOT / "paper" / "v1" / "data" / "results.csv"
 METHODS = ("isoflop", "vpnls", "parametric", "frontier")
 MIN_BUDGETS = 4  # at least one budget above the third
 MIN_POINTS_PER_BUDGET = 3

@@ -1,13 +1,13 @@
 """`delphi paper build`: regenerate the paper's figures and numbers from its data files.
 
-The paper (paper/paper.md) is rendered from paper/template.md. Every number in
-the text is a `{placeholder}` filled from the compact study data kept in
-paper/data/ (results table, fits, backtests, the hero's metrics, the
-preregistration), so nothing in the prose is typed by hand and nothing needs
-training to rebuild.
+A paper (PAPER_DIR/paper.md) is rendered from PAPER_DIR/template.md. Every number in
+the text is a `$placeholder` filled from a finished study's compact data (results table, fits,
+backtests, gates, the rehearsal, the hero's metrics, the preregistration), so nothing in the prose
+is typed by hand and nothing needs training to rebuild.
 
-    delphi paper build --from-study runs/paper   # import a finished study's data, then build
-    delphi paper build                           # rebuild from paper/data alone
+    delphi paper build --data paper/v3/study        # the current edition, from its committed study
+    delphi paper build --paper-dir paper/v1         # the first edition, from paper/v1/data
+    delphi paper build --from-study runs/paper      # import a finished study into PAPER_DIR/data, then build
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from delphi.errors import DelphiError
+from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text
 
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:
@@ -44,29 +45,52 @@ def import_study(study_dir: Path, data_dir: Path) -> list[str]:
     return copied
 
 
+def _stage(data_dir: Path, name: str) -> dict:
+    path = data_dir / "stages" / f"{name}.json"
+    if not path.is_file():
+        raise DelphiError(f"{path}: stage {name!r} not found; the paper needs a finished study")
+    return json.loads(path.read_text())["result"]
+
+
+def prereg_file(data_dir: Path) -> Path:
+    """The study's sealed preregistration: `preregistration.yaml` in the data (a study that sealed
+    inside its directory, or `--from-study`'s copy), else the file its prereg stage names, looked up
+    by name in a `preregistrations/` folder above the data (the project's own studies seal there;
+    the stage records the absolute path of the machine that sealed it)."""
+    local = data_dir / "preregistration.yaml"
+    if local.is_file():
+        return local
+    named = Path(_stage(data_dir, "prereg")["prereg"])
+    for parent in data_dir.resolve().parents:
+        if (candidate := parent / "preregistrations" / named.name).is_file():
+            return candidate
+    if named.is_file():
+        return named
+    raise DelphiError(f"{data_dir}: preregistration {named.name} not found in the data or in a preregistrations/ folder above it")
+
+
 def _study_view(data_dir: Path, figures_dir: Path):
     """A `Study` whose paths point into the paper's data (and figures) directory."""
     from delphi.study import Study, StudySpec
     from delphi.config_schema import from_dict
 
     pinned = json.loads((data_dir / "study.json").read_text())
-    spec = from_dict(StudySpec, pinned["study"], "paper/data/study.json")
-    study = Study(data_dir, spec, data_dir / "ladder" / "ladder.yaml")
+    spec = from_dict(StudySpec, pinned["study"], f"{data_dir}/study.json")
+    study = Study(data_dir, spec, data_dir / "ladder" / "ladder.yaml", prereg=prereg_file(data_dir))
     study.figures = figures_dir
     return study
 
 
 def paper_numbers(data_dir: Path) -> dict[str, Any]:
     """Every number the text quotes, computed from the data files."""
-    stage = lambda name: json.loads((data_dir / "stages" / f"{name}.json").read_text())["result"]
-    check, hero, plan = stage("check"), stage("hero"), stage("plan")
+    check, hero, plan = (_stage(data_dir, name) for name in ("check", "hero", "plan"))
     fits = {m: json.loads(p.read_text()) for m in ("isoflop", "parametric", "vpnls", "frontier")
             if (p := data_dir / "fits" / f"{m}.json").is_file()}
     backtest = json.loads((data_dir / "fits" / "backtest.json").read_text())
-    prereg_doc = _read_prereg(data_dir / "preregistration.yaml")
+    prereg_doc = _read_prereg(prereg_file(data_dir))
     final = prereg_doc["prediction"]["final"]
     table = pd.read_csv(data_dir / "results.csv")
-    budgets = sorted(table["budget"].unique())
+    budgets = sorted(isoflop_rows(table)["budget"].unique())  # anchor rungs are not a budget of the ladder
     vp = fits.get("vpnls", {})
     iso = fits.get("isoflop", {})
     n: dict[str, Any] = {
@@ -137,7 +161,149 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["ladder_table"] = _ladder_table(table)
     n["trajectory_table"] = _trajectory_table(check)
     n["assumptions"] = "\n".join(f"- {a}" for a in prereg_doc.get("assumptions", []))
+    n.update(_edition_numbers(data_dir, table, prereg_doc, hero))
     return n
+
+
+def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_doc: dict, hero: dict) -> dict[str, Any]:
+    """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
+    rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
+    pinned = json.loads((data_dir / "study.json").read_text())["study"]
+    out: dict[str, Any] = {"data_dir": str(data_dir), "study_name": pinned.get("name"), "ladder_file": pinned.get("ladder"),
+                           "prereg_file": f"preregistrations/{prereg_file(data_dir).name}"}
+    iso = isoflop_rows(table)
+    anchors = table[table["role"].astype(str) == ANCHOR_ROLE] if "role" in table else table.iloc[0:0]
+    out["n_isoflop_runs"], out["n_anchor_runs"] = len(iso), len(anchors)
+    largest = float(table["flops"].max())
+    out["largest_run_flops"] = f"{largest:.3g}"
+    out["extrapolation_largest_run"] = f"{float(hero['compute']) / largest:.1f}"
+    if len(anchors):
+        widths = ", ".join(str(w) for w in sorted(anchors["d_model"].unique()))
+        out["anchor_clause"] = (f", plus {len(anchors)} anchor runs (d_model {widths}) of {float(anchors['flops'].max()):.3g} FLOPs each, "
+                                f"trained {int(anchors['steps'].min()):,} to {int(anchors['steps'].max()):,} steps")
+        out["anchor_sentence"] = (
+            f"**Anchor rungs.** {len(anchors)} runs of d_model {widths}, {_count_words(int(anchors['n_layers'].min()))} layers, "
+            f"{float(anchors['flops'].max()):.3g} FLOPs each ({float(anchors['flops'].max()) / float(iso['budget'].max()):.0f}x the top budget, "
+            f"at its batch and seeds), {float(anchors['tokens_per_param'].min()):.0f} to {float(anchors['tokens_per_param'].max()):.0f} "
+            f"tokens per parameter: runs far past their optimum, which identify the law's data term and carry the ladder's step "
+            f"and tokens-per-parameter ranges to the hero's. They enter the (N, D) fits, not the isoFLOP parabolas or the laws in C.")
+    else:
+        out["anchor_clause"] = out["anchor_sentence"] = ""
+    gates = prereg_doc.get("gates") or []
+    failed = [g["name"] for g in gates if not g.get("passed")]
+    forced = bool(prereg_doc.get("forced"))
+    if not gates:
+        out["gates_verdict"] = "were not evaluated (this preregistration predates them)"
+    elif failed:
+        out["gates_verdict"] = f"did not all pass ({', '.join(failed)} failed); the prediction was sealed with --force"
+    else:
+        out["gates_verdict"] = f"all passed ({len(gates)} gates), " + ("with --force given anyway" if forced else "without --force")
+    out["gates_table"] = _gates_table(gates)
+    out["lobo"] = next((g["detail"] for g in gates if g["name"] == "lobo_spread"), "n/a")
+    rehearsal = _stage(data_dir, "dress_rehearsal") if (data_dir / "stages" / "dress_rehearsal.json").is_file() else {}
+    if rehearsal.get("actual") is not None:
+        out["rehearsal_multiple"] = f"{float(rehearsal['multiple']):.0f}"
+        out["rehearsal_sentence"] = (
+            f"Before sealing, the study predicted and trained one run at {float(rehearsal['compute']):.3g} FLOPs "
+            f"({float(rehearsal['multiple']):.0f}x the top budget): predicted {float(rehearsal['predicted']):.4f}, actual "
+            f"{float(rehearsal['actual']):.4f}, {float(rehearsal['rel_error']):+.2%}, "
+            f"{'inside' if rehearsal.get('covered_90') else 'outside'} its 90% interval {_interval(rehearsal.get('loss_interval_90'))}.")
+    else:
+        out["rehearsal_multiple"], out["rehearsal_sentence"] = "n/a", "No dress rehearsal was run."
+    final = prereg_doc["prediction"]["final"]
+    noise = {k: final.get(k) for k in ("residual_scatter_nats", "seed_noise_nats")}
+    out["noise_sentence"] = (
+        f"The law's residual scatter about the ladder's cells is {noise['residual_scatter_nats']:.4f} nats and the pooled seed noise "
+        f"{noise['seed_noise_nats']:.4f} nats; the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise."
+        if None not in noise.values() else "The interval is the fit's bootstrap interval.")
+    out["cross_check_sentence"] = _cross_check_sentence(data_dir, prereg_doc, hero, float(final["loss"]))
+    out["health_table"] = _cell_table(table)
+    out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
+    out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
+    return out
+
+
+def _cross_check_sentence(data_dir: Path, prereg_doc: dict, hero: dict, predicted: float) -> str:
+    """The cross-check laws refitted on the ladder and gate method_agreement as the code stands
+    today, beside the sealed record: a gate changed after an outcome is shown as such."""
+    from delphi.fits import load_fit
+    from delphi.prereg import gates as gt
+    from delphi.prereg.create import cross_check_predictions, fit_convention, load_tables
+    from delphi.train.config import load_train_config
+
+    fit_path = data_dir / "fits" / f"{json.loads((data_dir / 'study.json').read_text())['study']['primary_fit']}.json"
+    if not fit_path.is_file() or not (data_dir / "hero.yaml").is_file():
+        return "No cross-check laws were fitted."
+    fit = load_fit(fit_path)
+    fit_table, _ = load_tables(data_dir / "results.csv", fit_convention(fit))
+    rehearsal = data_dir / "rehearsal" if (data_dir / "rehearsal" / "summary.json").is_file() else None
+    checks = cross_check_predictions(fit, fit_table, load_train_config(data_dir / "hero.yaml"), rehearsal)
+    tolerance = float(prereg_doc["decision"]["tolerance_rel"])
+    now = gt.gate_method_agreement(predicted, checks, tolerance)
+    sealed = next((g for g in prereg_doc.get("gates") or [] if g["name"] == "method_agreement"), None)
+    check = json.loads((data_dir / "stages" / "check.json").read_text())["result"]
+    actual = check.get("actual_final_loss")
+    laws = [predicted, *(float(v["loss"]) for v in checks.values() if v.get("loss") is not None)]
+    where = ("n/a" if actual is None else "between the laws" if min(laws) <= actual <= max(laws) else "outside the laws' span")
+    record = ("the sealed file records no such gate" if sealed is None
+              else f"the sealed file records it as {'passed' if sealed['passed'] else 'failed'}")
+    return (f"**The cross-check laws.** Refitted on the same ladder: {now.detail}. The outcome lies {where}. Gate "
+            f"method_agreement as the code stands today: **{'PASS' if now.passed else 'FAIL'}** ({now.threshold}); {record}.")
+
+
+def _gates_table(gates: list[dict]) -> str:
+    if not gates:
+        return "(no gates recorded)"
+    cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731  thresholds quote |error|
+    rows = ["| gate | passed | value | threshold | detail |", "|---|---|---|---|---|"]
+    for g in gates:
+        value = g.get("value")
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        rows.append(f"| {g['name']} | {'yes' if g.get('passed') else '**no**'} | {cell(shown)} | {cell(g.get('threshold', ''))} "
+                    f"| {cell(g.get('detail', ''))} |")
+    return "\n".join(rows)
+
+
+def _cell_table(table: pd.DataFrame) -> str:
+    """One row per cell (a shape at a budget, its seeds pooled): size, horizon and health."""
+    if "cell_id" not in table:
+        return "(the results table has no cells: one seed per rung, no health columns)"
+    rows = ["| cell | role | budget | d_model | layers | seeds | steps | tokens/param | evals | max dropped share | loss (mean +- sd) | healthy |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for cell, g in table.sort_values(["budget", "params"]).groupby("cell_id", sort=False):
+        r = g.iloc[0]
+        sd = f"{g['loss'].std(ddof=1):.4f}" if len(g) > 1 else "n/a"
+        rows.append(f"| {cell} | {r.get('role', 'isoflop')} | {r['budget']:.3g} | {int(r['d_model'])} | {int(r['n_layers'])} | {len(g)} "
+                    f"| {int(r['steps']):,} | {float(r['tokens_per_param']):.0f} | {int(g['n_evals'].min())} "
+                    f"| {float(g['drop_frac_mean'].max()):.2%} | {g['loss'].mean():.4f} +- {sd} | {'yes' if g['health_ok'].all() else '**no**'} |")
+    return "\n".join(rows)
+
+
+def _coverage_table(path: Path) -> str:
+    """Every held-out budget the ladder allows (`delphi fit backtest --all`), per method."""
+    if not path.is_file():
+        return "(no all-holdouts backtest in the data)"
+    summary = json.loads(path.read_text())["summary"]
+    rows = ["| method | held-out points | mean abs error | 90% coverage |", "|---|---|---|---|"]
+    for method, s in summary.items():
+        coverage = f"{s['coverage_90']:.0%}" if s.get("coverage_90") is not None else "n/a"
+        rows.append(f"| {method} | {s['n']} | {s['mean_abs_rel_error']:.2%} | {coverage} |")
+    return "\n".join(rows)
+
+
+def _timeline(prereg_doc: dict, hero_dir: Path) -> str:
+    """When the prediction was sealed against when the hero logged its first and last step."""
+    from datetime import datetime, timezone
+
+    from delphi.train.rundir import read_metrics
+
+    records = [r for r in read_metrics(hero_dir) if r.get("time") is not None] if hero_dir.is_dir() else []
+    if not records:
+        return f"Sealed at {prereg_doc.get('created')}."
+    stamp = lambda t: datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    started = records[0]["time"] - records[0].get("wall_s", 0.0)
+    return (f"Sealed at {prereg_doc.get('created')}; the hero started at {stamp(started)} and logged its last step at "
+            f"{stamp(records[-1]['time'])}.")
 
 
 def _count_words(k: int) -> str:
@@ -274,18 +440,23 @@ def _trajectory_table(check: dict) -> str:
     return "\n".join(rows)
 
 
-def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None = None) -> dict:
-    """Import a study's data if asked, redraw every figure, and render paper.md from template.md."""
+def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None = None,
+                data_dir: str | Path | None = None) -> dict:
+    """Import a study's data if asked, redraw every figure, and render paper.md from template.md.
+    The data are `data_dir` (a finished study's compact copy, e.g. a committed snapshot), else
+    PAPER_DIR/data."""
     from delphi.study import stage_figures
 
     paper_dir = Path(paper_dir)
-    data_dir, figures_dir = paper_dir / "data", paper_dir / "figures"
+    if from_study is not None and data_dir is not None:
+        raise DelphiError("paper build: give --from-study (import into PAPER_DIR/data) or --data, not both")
+    data_dir, figures_dir = Path(data_dir) if data_dir is not None else paper_dir / "data", paper_dir / "figures"
     template = paper_dir / "template.md"
     if not template.is_file():
         raise DelphiError(f"{template}: paper template not found")
     imported = import_study(Path(from_study), data_dir) if from_study is not None else []
     if not (data_dir / "study.json").is_file():
-        raise DelphiError(f"{data_dir}: no study data; run `delphi paper build --from-study STUDY_DIR` once")
+        raise DelphiError(f"{data_dir}: no study data (no study.json); give --data STUDY_COPY or --from-study STUDY_DIR")
     study = _study_view(data_dir, figures_dir)
     figures = stage_figures(study)["files"]
     numbers = paper_numbers(data_dir)

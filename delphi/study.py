@@ -592,12 +592,7 @@ def stage_gates(study: Study) -> dict:
     atomic_write_json(study.gates, report)
     for line in gt.gate_lines(gates):
         _say(f"gate {line}")
-    # method_agreement weighs each cross-check law by its own dress-rehearsal error too: before the
-    # rehearsal has run, its failure waits for that evidence (the prereg stage decides, with it).
-    waiting = [] if rehearsal is not None or study.spec.hero.rehearsal_multiple is None else ["method_agreement"]
-    blocking = [name for name in report["failed"] if name not in waiting]
-    if set(report["failed"]) & set(waiting):
-        _say("gate method_agreement: deferred to the dress rehearsal, whose errors decide which laws count")
+    blocking = report["failed"]
     if blocking:
         if not study.spec.force:
             raise CheckFailed(f"gates failed before the hero trained: {', '.join(blocking)}; the hero was NOT "

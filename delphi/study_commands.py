@@ -34,9 +34,10 @@ def add_paper_commands(subparsers: argparse._SubParsersAction) -> None:
 
     paper = subparsers.add_parser("paper", help="the project's own write-up (paper/)")
     sub = paper.add_subparsers(dest="paper_command", metavar="ACTION")
-    build = sub.add_parser("build", help="redraw every figure and re-render paper.md from paper/data")
-    build.add_argument("--paper-dir", default="paper", help="paper directory (default: paper)")
-    build.add_argument("--from-study", metavar="STUDY_DIR", help="first import a finished study's data into paper/data")
+    build = sub.add_parser("build", help="redraw every figure and re-render PAPER_DIR/paper.md from a finished study's data")
+    build.add_argument("--paper-dir", default="paper", help="paper directory: template.md in, paper.md and figures/ out (default: paper)")
+    build.add_argument("--data", metavar="DIR", help="a finished study's compact copy (e.g. paper/v3/study; default: PAPER_DIR/data)")
+    build.add_argument("--from-study", metavar="STUDY_DIR", help="first import a finished study's data into PAPER_DIR/data")
     add_json_flag(build)
     build.set_defaults(func=_paper_build)
     snap = sub.add_parser("snapshot", help="copy a study in progress, compactly, to commit a completed stage")
@@ -59,4 +60,4 @@ def _paper_snapshot(args: argparse.Namespace) -> dict:
 def _paper_build(args: argparse.Namespace) -> dict:
     from delphi.paper import build_paper
 
-    return build_paper(args.paper_dir, args.from_study)
+    return build_paper(args.paper_dir, args.from_study, args.data)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from delphi.cli import main as cli_main
@@ -197,12 +198,32 @@ def test_report_sections_come_from_the_files(tmp_path):
     assert "no health columns" in health_table(table.drop(columns=["health_ok"]))
 
 
-def test_paper_build_regenerates_from_committed_data(tmp_path):
+@pytest.mark.parametrize("edition, data", [("v1", None), ("current", "paper/v3/study")])
+def test_paper_build_regenerates_from_committed_data(tmp_path, monkeypatch, edition, data):
+    """Each edition's committed paper.md is exactly what its template and committed data give."""
+    monkeypatch.chdir(REPO)  # the text quotes the data path as given
+    source = REPO / "paper" / ("v1" if edition == "v1" else "")
     paper = tmp_path / "paper"
-    shutil.copytree(REPO / "paper" / "data", paper / "data")
-    shutil.copy(REPO / "paper" / "template.md", paper / "template.md")
-    assert cli_main(["paper", "build", "--paper-dir", str(paper)]) == 0
+    paper.mkdir()
+    shutil.copy(source / "template.md", paper / "template.md")
+    args = ["paper", "build", "--paper-dir", str(paper)]
+    if data is None:
+        shutil.copytree(source / "data", paper / "data")
+    else:
+        args += ["--data", data]
+    assert cli_main(args) == 0
     text = (paper / "paper.md").read_text()
     assert "$" not in text.replace("$$", "")  # every placeholder filled
-    assert text == (REPO / "paper" / "paper.md").read_text()  # the committed paper is what the data gives
+    assert text == (source / "paper.md").read_text()  # the committed paper is what the data gives
     assert {p.name for p in (paper / "figures").glob("*.png")} >= {"isoflop.png", "prediction.png", "frontier.png"}
+
+
+def test_paper_build_refuses_two_data_sources_and_missing_data(tmp_path, capsys):
+    paper = tmp_path / "paper"
+    paper.mkdir()
+    (paper / "template.md").write_text("# $verdict\n")
+    assert cli_main(["paper", "build", "--paper-dir", str(paper), "--data", "x", "--from-study", "y"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert cli_main(["paper", "build", "--paper-dir", str(paper), "--data", str(tmp_path / "nothing")]) == 2
+    assert "no study.json" in capsys.readouterr().err
+    assert not (paper / "paper.md").exists()

@@ -15,8 +15,10 @@ ran at 10x the ladder's tokens per parameter (docs/design.md §8.2). Each of
 those is visible before the hero trains; the gates make them block the seal.
 The second paper's 10x hero passed all of those and missed by -6.99% (docs/design.md §8.6): it
 had a depth the ladder trained only far from its optimum (`hero_depth`), and a d96 L3 run at the
-same compute landed within 0.5% of the same law. `method_agreement` asks whether another law that
-the held-out evidence does not reject would have predicted the hero differently.
+same compute landed within 0.5% of the same law. The third paper's 30x hero passed every gate,
+method_agreement under a rule that set aside a cross-check its own rehearsal contradicted, and
+missed by -7.05%, between the two laws: `method_agreement` now sets a law aside only for its
+held-out budget.
 """
 
 from __future__ import annotations
@@ -429,19 +431,22 @@ def gate_hero_depth(table: pd.DataFrame, hero_layers: int, factor: float) -> Gat
 
 
 def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | None, tolerance_rel: float) -> Gate:
-    """Every cross-check law that the known outcomes do not contradict predicts the hero within
+    """Every cross-check law that its own held-out budget does not reject predicts the hero within
     +-tolerance of the primary law.
 
     `cross_checks`: method -> {"loss", "backtest_rel_error", "rehearsal_rel_error"} or {"error"}
-    (`delphi.prereg.create.cross_check_predictions`). A cross-check whose own held-out-budget
-    backtest or dress-rehearsal error exceeds the tolerance is shown but not counted: the data
-    already rejects it, and the primary (which passed those gates) stands alone.
-    Why: two laws fitted to the same ladder that both survive its held-out evidence and still
-    disagree at the hero mean the ladder cannot tell which extrapolation is right. On the paper v2
-    ladder VPNLS and the isoFLOP law differ by 7% at 10x; the dress rehearsal at 3x (VPNLS +0.17%,
-    isoFLOP +3.2%) and a d96 L3 run at 10x (VPNLS -0.5%, isoFLOP +7.6%) side with VPNLS."""
+    (`delphi.prereg.create.cross_check_predictions`). A cross-check whose held-out-budget backtest
+    (seed-averaged cells) misses by more than the tolerance is shown, not counted: the ladder itself
+    rejects it (an isoFLOP power law under a true asymptote does). Its dress-rehearsal error is
+    shown, not weighed: one seed at 3x, whose noise alone is +-2.5% on the paper ladder.
+    Why: two laws that both survive the ladder's held-out budget and still disagree at the hero
+    mean the ladder cannot tell which extrapolation is right. The paper's 30x hero (paper/v3) was
+    sealed under an earlier rule that also set a law aside for a +3.2% rehearsal: VPNLS 1.1573,
+    isoFLOP 1.0169 (-12%), actual 1.0757 (-7.05% from VPNLS). On the 8 committed heroes
+    (paper/v2/method_agreement.csv) the two paper heroes, where the laws disagreed by 7% and 12%,
+    missed by 7%; 7 of the 8 outcomes lay between the two laws."""
     threshold = (f"each cross-check within +-{tolerance_rel:.2%} of the primary prediction "
-                 f"(a cross-check counts when its own backtest and rehearsal errors are within +-{tolerance_rel:.2%})")
+                 f"(a cross-check counts when its own held-out-budget backtest is within +-{tolerance_rel:.2%})")
     if cross_checks is None:
         return Gate("method_agreement", False, None, threshold, "not evaluated: no results table to fit the cross-checks on")
     if not cross_checks:
@@ -454,10 +459,9 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
     for name, v in cross_checks.items():
         dev = float(v["loss"]) / final_loss - 1
         evidence = {"backtest": v.get("backtest_rel_error"), "rehearsal": v.get("rehearsal_rel_error")}
-        known = {k: float(e) for k, e in evidence.items() if e is not None}
-        counts = all(abs(e) <= tolerance_rel for e in known.values())
-        shown = ", ".join(f"its {k} {e:+.2%}" for k, e in known.items()) or "no backtest"
-        parts.append(f"{name} {float(v['loss']):.4f} ({dev:+.2%}; {shown}" + ("" if counts else ", not counted") + ")")
+        shown = "".join(f"; its {k} {float(e):+.2%}" for k, e in evidence.items() if e is not None)
+        counts = evidence["backtest"] is None or abs(float(evidence["backtest"])) <= tolerance_rel
+        parts.append(f"{name} {float(v['loss']):.4f} ({dev:+.2%}{shown}" + ("" if counts else ", not counted") + ")")
         if counts:
             counted.append(dev)
     worst = max(counted, key=abs) if counted else 0.0

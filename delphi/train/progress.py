@@ -5,6 +5,7 @@ actual one, so a hero run can be watched against its prediction live.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 # tokens -> predicted eval loss: a number, or a band with .median/.lo90/.hi90. The caller builds it
@@ -42,8 +43,9 @@ class Progress:
         postfix = {"loss": f"{record['train_loss']:.4f}", "tok/s": f"{record['tokens_per_s']:,.0f}"}
         if record.get("val_loss") is not None:
             postfix["val"] = f"{record['val_loss']:.4f}"
-        if self.predicted_loss is not None:
-            postfix["pred"] = format_prediction(self.predicted_loss(record["tokens"]))
+        predicted = self.predicted_loss(record["tokens"]) if self.predicted_loss is not None else None
+        if predicted is not None and not math.isnan(getattr(predicted, "median", predicted)):  # NaN: before the first predicted point
+            postfix["pred"] = format_prediction(predicted)
         self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
