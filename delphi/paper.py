@@ -161,11 +161,11 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["ladder_table"] = _ladder_table(table)
     n["trajectory_table"] = _trajectory_table(check)
     n["assumptions"] = "\n".join(f"- {a}" for a in prereg_doc.get("assumptions", []))
-    n.update(_edition_numbers(data_dir, table, prereg_doc, hero))
+    n.update(_edition_numbers(data_dir, table, prereg_doc, hero, check))
     return n
 
 
-def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_doc: dict, hero: dict) -> dict[str, Any]:
+def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_doc: dict, hero: dict, check: dict) -> dict[str, Any]:
     """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
     rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
@@ -173,10 +173,8 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_doc: dict, hero
                            "prereg_file": f"preregistrations/{prereg_file(data_dir).name}"}
     iso = isoflop_rows(table)
     anchors = table[table["role"].astype(str) == ANCHOR_ROLE] if "role" in table else table.iloc[0:0]
-    out["n_isoflop_runs"], out["n_anchor_runs"] = len(iso), len(anchors)
-    largest = float(table["flops"].max())
-    out["largest_run_flops"] = f"{largest:.3g}"
-    out["extrapolation_largest_run"] = f"{float(hero['compute']) / largest:.1f}"
+    out["n_isoflop_runs"] = len(iso)
+    out["extrapolation_largest_run"] = f"{float(hero['compute']) / float(table['flops'].max()):.1f}"
     if len(anchors):
         widths = ", ".join(str(w) for w in sorted(anchors["d_model"].unique()))
         out["anchor_clause"] = (f", plus {len(anchors)} anchor runs (d_model {widths}) of {float(anchors['flops'].max()):.3g} FLOPs each, "
@@ -216,14 +214,14 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_doc: dict, hero
         f"The law's residual scatter about the ladder's cells is {noise['residual_scatter_nats']:.4f} nats and the pooled seed noise "
         f"{noise['seed_noise_nats']:.4f} nats; the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise."
         if None not in noise.values() else "The interval is the fit's bootstrap interval.")
-    out["cross_check_sentence"] = _cross_check_sentence(data_dir, prereg_doc, hero, float(final["loss"]))
+    out["cross_check_sentence"] = _cross_check_sentence(data_dir, prereg_doc, float(final["loss"]), check.get("actual_final_loss"))
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
     return out
 
 
-def _cross_check_sentence(data_dir: Path, prereg_doc: dict, hero: dict, predicted: float) -> str:
+def _cross_check_sentence(data_dir: Path, prereg_doc: dict, predicted: float, actual: float | None) -> str:
     """The cross-check laws refitted on the ladder and gate method_agreement as the code stands
     today, beside the sealed record: a gate changed after an outcome is shown as such."""
     from delphi.fits import load_fit
@@ -241,8 +239,6 @@ def _cross_check_sentence(data_dir: Path, prereg_doc: dict, hero: dict, predicte
     tolerance = float(prereg_doc["decision"]["tolerance_rel"])
     now = gt.gate_method_agreement(predicted, checks, tolerance)
     sealed = next((g for g in prereg_doc.get("gates") or [] if g["name"] == "method_agreement"), None)
-    check = json.loads((data_dir / "stages" / "check.json").read_text())["result"]
-    actual = check.get("actual_final_loss")
     laws = [predicted, *(float(v["loss"]) for v in checks.values() if v.get("loss") is not None)]
     where = ("n/a" if actual is None else "between the laws" if min(laws) <= actual <= max(laws) else "outside the laws' span")
     record = ("the sealed file records no such gate" if sealed is None
