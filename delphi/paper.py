@@ -87,7 +87,8 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     fits = {m: json.loads(p.read_text()) for m in ("isoflop", "parametric", "vpnls", "frontier")
             if (p := data_dir / "fits" / f"{m}.json").is_file()}
     backtest = json.loads((data_dir / "fits" / "backtest.json").read_text())
-    prereg_doc = _read_prereg(prereg_file(data_dir))
+    prereg_path = prereg_file(data_dir)
+    prereg_doc = _read_prereg(prereg_path)
     final = prereg_doc["prediction"]["final"]
     table = pd.read_csv(data_dir / "results.csv")
     budgets = sorted(isoflop_rows(table)["budget"].unique())  # anchor rungs are not a budget of the ladder
@@ -161,16 +162,17 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["ladder_table"] = _ladder_table(table)
     n["trajectory_table"] = _trajectory_table(check)
     n["assumptions"] = "\n".join(f"- {a}" for a in prereg_doc.get("assumptions", []))
-    n.update(_edition_numbers(data_dir, table, prereg_doc, hero, check))
+    n.update(_edition_numbers(data_dir, table, prereg_path, prereg_doc, hero, check))
     return n
 
 
-def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_doc: dict, hero: dict, check: dict) -> dict[str, Any]:
+def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, prereg_doc: dict, hero: dict,
+                     check: dict) -> dict[str, Any]:
     """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
     rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
     out: dict[str, Any] = {"data_dir": str(data_dir), "study_name": pinned.get("name"), "ladder_file": pinned.get("ladder"),
-                           "prereg_file": f"preregistrations/{prereg_file(data_dir).name}"}
+                           "prereg_file": f"preregistrations/{prereg_path.name}"}
     iso = isoflop_rows(table)
     anchors = table[table["role"].astype(str) == ANCHOR_ROLE] if "role" in table else table.iloc[0:0]
     out["n_isoflop_runs"] = len(iso)
@@ -214,14 +216,15 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_doc: dict, hero
         f"The law's residual scatter about the ladder's cells is {noise['residual_scatter_nats']:.4f} nats and the pooled seed noise "
         f"{noise['seed_noise_nats']:.4f} nats; the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise."
         if None not in noise.values() else "The interval is the fit's bootstrap interval.")
-    out["cross_check_sentence"] = _cross_check_sentence(data_dir, prereg_doc, float(final["loss"]), check.get("actual_final_loss"))
+    out["cross_check_sentence"] = _cross_check_sentence(data_dir, pinned["primary_fit"], prereg_doc, float(final["loss"]),
+                                                       check.get("actual_final_loss"))
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
     return out
 
 
-def _cross_check_sentence(data_dir: Path, prereg_doc: dict, predicted: float, actual: float | None) -> str:
+def _cross_check_sentence(data_dir: Path, primary_fit: str, prereg_doc: dict, predicted: float, actual: float | None) -> str:
     """The cross-check laws refitted on the ladder and gate method_agreement as the code stands
     today, beside the sealed record: a gate changed after an outcome is shown as such."""
     from delphi.fits import load_fit
@@ -229,7 +232,7 @@ def _cross_check_sentence(data_dir: Path, prereg_doc: dict, predicted: float, ac
     from delphi.prereg.create import cross_check_predictions, fit_convention, load_tables
     from delphi.train.config import load_train_config
 
-    fit_path = data_dir / "fits" / f"{json.loads((data_dir / 'study.json').read_text())['study']['primary_fit']}.json"
+    fit_path = data_dir / "fits" / f"{primary_fit}.json"
     if not fit_path.is_file() or not (data_dir / "hero.yaml").is_file():
         return "No cross-check laws were fitted."
     fit = load_fit(fit_path)

@@ -592,13 +592,12 @@ def stage_gates(study: Study) -> dict:
     atomic_write_json(study.gates, report)
     for line in gt.gate_lines(gates):
         _say(f"gate {line}")
-    blocking = report["failed"]
-    if blocking:
+    if not report["passed"]:
         if not study.spec.force:
-            raise CheckFailed(f"gates failed before the hero trained: {', '.join(blocking)}; the hero was NOT "
+            raise CheckFailed(f"gates failed before the hero trained: {', '.join(report['failed'])}; the hero was NOT "
                               f"trained and nothing was sealed (report {study.gates}). Fix the ladder (more seeds, "
                               f"budgets, healthier rungs) or set `force: true` in the study file to go on anyway.")
-        _say(f"GATES FAILED ({', '.join(blocking)}); going on because the study says force: true "
+        _say(f"GATES FAILED ({', '.join(report['failed'])}); going on because the study says force: true "
              "(the preregistration records it)")
     return {"passed": report["passed"], "failed": report["failed"], "forced": bool(study.spec.force and not report["passed"]),
             "gates": report["gates"]}

@@ -11,8 +11,8 @@ Expected: the laws disagree by more than the tolerance on every study; the law t
 evidence favours is the one closer to the hero (paper/v2/diagnostics.csv has the 10x runs).
 Found (with the 30x hero of paper/v3): the second half is wrong. The held-out evidence favoured
 VPNLS on both paper studies, and VPNLS missed both heroes by -7%; the actual loss lay between the
-two laws in 7 of 8 studies (column actual_between_laws). Gate method_agreement now counts every
-cross-check, whatever its held-out errors.
+two laws in 7 of 8 studies (column actual_between_laws). Gate method_agreement now sets a
+cross-check aside only for its own held-out-budget backtest, not for its rehearsal.
 
     python paper/v2/method_agreement.py            # writes paper/v2/method_agreement.csv
 """
