@@ -67,6 +67,9 @@ class GatesSpec:
     lobo_tolerance: float | None = None
     rehearsal_tolerance: float | None = None
     agreement_tolerance: float | None = None  # gate method_agreement
+    # An `delphi ladder lr-calibrate` report (relative to the study file): gate lr_transfer checks the
+    # ladder's LR rule against it; None: no such gate (the rule is taken on trust).
+    lr_calibration: str | None = None
     interval_width_factor: float = 1.5  # issue 10: 90% half-width <= 1.5 x tolerance
     min_seeds: int = 2  # issue 10: >= 2 seeds per rung
 
@@ -135,8 +138,9 @@ class StudySpec:
         return self
 
 
-def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None]:
-    """The study spec, its ladder spec path and its preregistration path (None: inside the study dir).
+def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, Path | None]:
+    """The study spec, its ladder spec path, its preregistration path (None: inside the study dir)
+    and its LR calibration report (None: none).
 
     With `path` None this is the built-in default study."""
     if path is None:
@@ -148,7 +152,10 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None]:
     if not ladder.is_file():
         raise DelphiError(f"{path}: ladder: {ladder} not found")
     prereg = (path.parent / spec.preregistration).resolve() if spec.preregistration else None
-    return spec, ladder, prereg
+    calibration = (path.parent / spec.gates.lr_calibration).resolve() if spec.gates.lr_calibration else None
+    if calibration is not None and not calibration.is_file():
+        raise DelphiError(f"{path}: gates.lr_calibration: {calibration} not found (write it with `delphi ladder lr-calibrate`)")
+    return spec, ladder, prereg, calibration
 
 
 # ---- stage bookkeeping ---------------------------------------------------------------------------
@@ -157,8 +164,10 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None]:
 class Study:
     """Paths of a study directory and its stage markers."""
 
-    def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path, prereg: Path | None = None) -> None:
+    def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path, prereg: Path | None = None,
+                 lr_calibration_source: Path | None = None) -> None:
         self.out = Path(out)
+        self.lr_calibration_source = lr_calibration_source
         self.spec = spec
         self.ladder_spec_path = ladder_spec_path
         self.ladder_dir = self.out / "ladder"
@@ -168,6 +177,7 @@ class Study:
         self.rehearsal_config = self.out / "rehearsal.yaml"
         self.rehearsal_run = self.out / "rehearsal"
         self.gates = self.out / "gates.json"
+        self.lr_calibration = self.out / "lr_calibration.json"  # the gates stage's copy of gates.lr_calibration
         self.conventions = self.out / "fits" / "conventions.json"
         self.prereg = prereg or self.out / "preregistration.yaml"
         self.hero_run = self.out / "hero"
@@ -585,9 +595,11 @@ def stage_gates(study: Study) -> dict:
     final, fit = predict_final(study.fit_path(study.spec.primary_fit), hero, study.results)  # what prereg will seal
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
+    pin_lr_calibration(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
                           backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
-                          rehearsal_run=study.rehearsal_run if rehearsal is not None else None)
+                          rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
+                          lr_calibration=_lr_calibration(study))
     report = gt.gate_report(gates, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
     atomic_write_json(study.gates, report)
     for line in gt.gate_lines(gates):
@@ -601,6 +613,25 @@ def stage_gates(study: Study) -> dict:
              "(the preregistration records it)")
     return {"passed": report["passed"], "failed": report["failed"], "forced": bool(study.spec.force and not report["passed"]),
             "gates": report["gates"]}
+
+
+def pin_lr_calibration(study: Study) -> Path | None:
+    """Copy gates.lr_calibration into the study dir, where the gates and the seal read it: the study's
+    data then hold the evidence. Copied afresh by the gates stage (a calibration may be extended
+    while the ladder trains); the seal reads the copy the gates saw."""
+    if study.lr_calibration_source is None:
+        return None
+    atomic_write_text(study.lr_calibration, study.lr_calibration_source.read_text())
+    return study.lr_calibration
+
+
+def _lr_calibration(study: Study) -> Path | None:
+    """The pinned copy, when the study names a calibration (a study continued from a snapshot has it)."""
+    if not study.spec.gates.lr_calibration:
+        return None
+    if not study.lr_calibration.is_file():
+        raise DelphiError(f"{study.lr_calibration}: missing; the gates stage copies gates.lr_calibration there")
+    return study.lr_calibration
 
 
 def stage_prereg(study: Study) -> dict:
@@ -622,6 +653,7 @@ def stage_prereg(study: Study) -> dict:
         bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
         force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
         rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
+        lr_calibration=_lr_calibration(study),
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}
@@ -775,8 +807,8 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
     """
     if stop_after is not None and stop_after not in STAGE_NAMES:
         raise DelphiError(f"--stop-after: unknown stage {stop_after!r} (expected one of {', '.join(STAGE_NAMES)})")
-    spec, ladder_spec_path, prereg = load_study(study_path)
-    study = Study(out, spec, ladder_spec_path, prereg)
+    spec, ladder_spec_path, prereg, calibration = load_study(study_path)
+    study = Study(out, spec, ladder_spec_path, prereg, calibration)
     _pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:

@@ -90,9 +90,12 @@ def test_every_gate_passes_on_a_good_ladder(good):
     lobo = gt.leave_one_budget_out(table, refit, lambda f: f.predict(params=good["n"], tokens=cfg.tokens)["loss"])
     rehearsal = {"compute": 9e13, "predicted": 1.5, "actual": 1.503, "rel_error": 0.002, "covered_90": True}
     cross_checks = cross_check_predictions(fit, table, cfg)
+    # An LR calibration at the hero's width and horizon that found the rule within 5% of the optimum.
+    lr_drift = [{"d_model": cfg.model.d_model, "tokens": float(cfg.tokens), "lr_now": 1e-2, "lr_opt": 1.05e-2,
+                 "m_now": 1.05, "lost_frac_now": 1e-4}]
     gates = gt.evaluate_gates(fit=fit, table=raw, final=good["final"], hero=gt.hero_facts(cfg),
                               thresholds=gt.GateThresholds(tolerance_rel=0.01), backtest=bt, lobo=lobo, rehearsal=rehearsal,
-                              cross_checks=cross_checks)
+                              cross_checks=cross_checks, lr_drift=lr_drift)
     assert [g.name for g in gates] == list(gt.GATE_NAMES)
     assert all(g.passed for g in gates), gt.gate_lines(g for g in gates if not g.passed)
     assert all(g.threshold and g.detail for g in gates)
@@ -299,7 +302,7 @@ def test_prereg_create_seals_when_every_gate_passes(good, tmp_path, capsys):
                                  "--results", str(good["root"] / "results.csv"), "--out", str(out), "--bootstrap", "5"], capsys)
     assert code == 0, err
     doc = fmt.read(out)
-    assert doc["forced"] is False and [g["name"] for g in doc["gates"]] == list(gt.GATE_NAMES[:-1])
+    assert doc["forced"] is False and [g["name"] for g in doc["gates"]] == list(gt.GATE_NAMES[:-2])
     assert all(g["passed"] for g in doc["gates"]) and fmt.seal_status(doc)["ok"]
     assert json.loads((tmp_path / "good.gates.json").read_text())["sealed"] is True
     assert "PASS lobo_spread" in err
@@ -370,3 +373,14 @@ def test_rehearsal_run_is_a_gate_and_empty_ladder_is_bad_input(good, tmp_path, c
     code, _, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]), "--ladder", str(empty),
                             "--out", str(tmp_path / "e.yaml")], capsys)
     assert code == 2 and "manifest" in err and not (tmp_path / "e.yaml").exists() and not (tmp_path / "e.gates.json").exists()
+
+
+def test_lr_calibration_needs_the_ladder_whose_rule_it_checks(good, tmp_path, capsys):
+    report = tmp_path / "lr_calibration.json"
+    report.write_text(json.dumps({"points": []}))
+    out = tmp_path / "p.yaml"
+    code, _, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]),
+                            "--results", str(good["root"] / "results.csv"), "--out", str(out), "--bootstrap", "5",
+                            "--lr-calibration", str(report)], capsys)
+    assert code == 2 and "--lr-calibration" in err and "--ladder" in err
+    assert not out.exists() and not (tmp_path / "p.gates.json").exists()

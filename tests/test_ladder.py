@@ -587,6 +587,12 @@ def test_anchor_rungs_extend_the_steps_range_and_join_only_the_nd_laws(tmp_path)
     assert not hero_ranges(base, hero)["inside"] and hero_ranges(spec, hero)["inside"]
     with pytest.raises(DelphiError, match="anchors.multiple"):
         dataclasses.replace(base, anchors=AnchorSpec(widths=(24,), multiple=0.5)).validate()
+    # anchors.seeds: the first n of the top budget's seeds.
+    two = dataclasses.replace(spec, anchors=AnchorSpec(widths=(24, 32), multiple=4.0, seeds=2)).validate()
+    two_anchors = [r for r in plan_ladder(two) if rung_role(r.run_id) == "anchor"]
+    assert sorted({r.seed for r in two_anchors}) == list(spec.seeds_for(top)[:2]) and len(two_anchors) == 4
+    with pytest.raises(DelphiError, match="anchors.seeds"):
+        dataclasses.replace(base, anchors=AnchorSpec(widths=(24,), seeds=0)).validate()
 
     # A results table: the committed paper ladder plus two anchor rows (role "anchor").
     table = pd.read_csv(Path(__file__).resolve().parents[1] / "paper" / "v2" / "study" / "results.csv")

@@ -151,7 +151,7 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
 
     study_file = _micro_study(tmp_path)
     run_study(study_file, tmp_path / "out", stop_after="prepare")
-    spec, ladder, prereg = load_study(study_file)
+    spec, ladder, prereg, _ = load_study(study_file)
     study = Study(tmp_path / "out", spec, ladder, prereg)
     check_store_unchanged(study)  # the same store: nothing to say
     marker = json.loads(study.marker("prepare").read_text())
@@ -166,10 +166,36 @@ def test_study_seed_offsets_the_ladder_seeds(tmp_path):
     from delphi.study import STUDY_SEED_STRIDE, Study, _ladder_spec, load_study
 
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "seed": 2}))
-    spec, ladder_path, prereg = load_study(tmp_path / "s.yaml")
+    spec, ladder_path, prereg, _ = load_study(tmp_path / "s.yaml")
     seeds = _ladder_spec(Study(tmp_path / "o", spec, ladder_path, prereg)).run.seeds
     base = yaml.safe_load((REPO / "studies" / "ladder_tiny.yaml").read_text())["run"].get("seeds", [0])
     assert list(seeds) == [s + 2 * STUDY_SEED_STRIDE for s in base]
+
+
+def test_study_lr_calibration_is_resolved_checked_and_pinned(tmp_path):
+    """gates.lr_calibration: relative to the study file; a missing file is exit-2 material naming the key;
+    the gates stage copies it into the study dir, where the gates and the seal read it."""
+    import pytest
+
+    from delphi.errors import DelphiError
+    from delphi.study import Study, _lr_calibration, load_study, pin_lr_calibration
+
+    raw = {"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "gates": {"lr_calibration": "cal/lr.json"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(DelphiError, match=r"gates.lr_calibration: .*cal/lr.json not found"):
+        load_study(tmp_path / "s.yaml")
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "lr.json").write_text('{"points": []}')
+    spec, ladder, prereg, calibration = load_study(tmp_path / "s.yaml")
+    assert calibration == (tmp_path / "cal" / "lr.json").resolve()
+    study = Study(tmp_path / "out", spec, ladder, prereg, calibration)
+    with pytest.raises(DelphiError, match="the gates stage copies"):
+        _lr_calibration(study)
+    assert pin_lr_calibration(study) == _lr_calibration(study) == study.lr_calibration
+    (tmp_path / "cal" / "lr.json").write_text('{"points": [1]}')  # extended while the ladder trained
+    pin_lr_calibration(study)
+    assert study.lr_calibration.read_text() == '{"points": [1]}'
+    assert pin_lr_calibration(Study(tmp_path / "o2", spec, ladder, prereg)) is None
 
 
 def test_report_sections_come_from_the_files(tmp_path):

@@ -68,6 +68,22 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     add_json_flag(hero)
     hero.set_defaults(func=_hero)
 
+    cal = sub.add_parser(
+        "lr-calibrate",
+        help="train the spec's own rungs at multiples of the transfer rule's LR; where the optimum drifts with width and horizon",
+    )
+    cal.add_argument("spec", metavar="SPEC.yaml")
+    cal.add_argument("--points", required=True, nargs="+", metavar="D@TOKENS",
+                     help="shapes and horizons to calibrate at, e.g. 32@8.4e6 96@4.2e6 (d_model@tokens); "
+                          "include the hero's width and horizons past the ladder's")
+    cal.add_argument("--multipliers", type=positive_float, nargs="+", default=None, metavar="M",
+                     help="LRs tried, in units of the rule's (default 0.125 0.25 0.5 1 2)")
+    cal.add_argument("--out", required=True, metavar="DIR",
+                     help="a ladder directory; a rerun resumes it, new points or multipliers extend it")
+    cal.add_argument("--workers", type=positive_int, default=None, help="parallel runs (default: as `ladder run`)")
+    add_json_flag(cal)
+    cal.set_defaults(func=_lr_calibrate)
+
     ladder.set_defaults(func=lambda args: (ladder.print_help(sys.stderr), ({}, 2))[1])
 
 
@@ -189,3 +205,20 @@ def _hero(args: argparse.Namespace) -> dict:
         file=sys.stderr,
     )
     return {"out": str(args.out), **details}
+
+
+def _lr_calibrate(args: argparse.Namespace) -> dict:
+    from delphi.ladder.lr_calibration import DEFAULT_MULTIPLIERS, Point, analyse, save_report, write_calibration
+    from delphi.ladder.runner import run_ladder
+    from delphi.ladder.spec import load_ladder_spec
+
+    spec = load_ladder_spec(args.spec)
+    points = [Point.parse(text) for text in args.points]
+    multipliers = tuple(args.multipliers) if args.multipliers else DEFAULT_MULTIPLIERS
+    write_calibration(spec, points, multipliers, args.out)
+    run = run_ladder(args.out, workers=args.workers)
+    result = analyse(spec, args.out)
+    path = save_report(result, args.out)
+    print(result.summary(), file=sys.stderr)
+    print(f"wrote {path}", file=sys.stderr)
+    return (result.to_json(), 1) if run["failed"] else result.to_json()

@@ -413,7 +413,8 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
 
 def plan_anchors(spec: LadderSpec, rungs: list[Rung]) -> list[Rung]:
     """The spec's anchor rungs: each of `anchors.widths` on `anchors.multiple` x the top budget, at
-    the top budget's batch (so the hero's batch continues theirs too) and seeds."""
+    the top budget's batch (so the hero's batch continues theirs too) and (the first `anchors.seeds`
+    of) its seeds."""
     if spec.anchors is None:
         return []
     top = max(spec.budgets)
@@ -422,7 +423,7 @@ def plan_anchors(spec: LadderSpec, rungs: list[Rung]) -> list[Rung]:
     out = []
     for width in spec.anchors.widths:
         model = shape_for_width(spec, width)
-        for seed in spec.seeds_for(top):
+        for seed in spec.seeds_for(top)[: spec.anchors.seeds]:
             rung = make_rung(spec, model, budget, seed, run_id=anchor_run_id(budget, model, seed), batch=top_batch)
             if rung is None:
                 raise DelphiError(f"anchors.widths: d_model={width} gets fewer than batch.min_steps steps on {budget:g} FLOPs")

@@ -189,6 +189,7 @@ class AnchorSpec:
 
     widths: tuple[int, ...] = ()
     multiple: float = 4.0
+    seeds: int | None = None  # each anchor trains the first `seeds` of the top budget's seeds (None: all)
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,7 @@ class LadderSpec:
                          f"{w} does not split into {s.n_heads} heads of even size (RoPE); use a multiple of {2 * s.n_heads}")
             need(len(set(a.widths)) == len(a.widths), "anchors.widths", f"widths must be distinct, got {list(a.widths)}")
             need(a.multiple > 1, "anchors.multiple", f"must be > 1 (x the top budget), got {a.multiple}")
+            need(a.seeds is None or a.seeds >= 1, "anchors.seeds", f"must be >= 1 (or null: the top budget's seeds), got {a.seeds}")
         h = self.health
         need(0 <= h.max_drop_frac <= 1, "health.max_drop_frac", f"must be in [0, 1], got {h.max_drop_frac}")
         for key in ("min_layers", "min_d_model", "min_evals", "min_eval_tokens"):

@@ -444,16 +444,36 @@ def ladder_spec_ranges(ladder: Path | None, gate_table) -> dict | None:
         return None
 
 
+def lr_drift_from(lr_calibration: Path | None, ladder: Path | None) -> list[dict] | None:
+    """The ladder's LR rule (its pinned spec) against an `lr-calibrate` report; None without a report."""
+    if lr_calibration is None:
+        return None
+    from delphi.io import read_json
+    from delphi.ladder.lr_calibration import rule_drift
+    from delphi.ladder.spec import load_ladder_spec
+
+    spec_path = Path(ladder) / "ladder.yaml" if ladder is not None else None
+    if spec_path is None or not spec_path.is_file():
+        raise DelphiError(f"--lr-calibration: needs the ladder dir (--ladder) whose ladder.yaml holds the LR rule; got {ladder}")
+    report = read_json(lr_calibration, what="LR calibration JSON")
+    if not isinstance(report, dict) or not isinstance(report.get("points"), list):
+        raise DelphiError(f"{lr_calibration}: not an lr-calibrate report (expected a 'points' list)")
+    return rule_drift(report, load_ladder_spec(spec_path))
+
+
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
-                  rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None) -> list:
+                  rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
+                  lr_calibration: Path | None = None) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
-    laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` too)."""
+    laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` too);
+    gate lr_transfer when an `lr-calibrate` report is given."""
     from delphi.fits import backtest as run_backtest
     from delphi.prereg import gates as gt
 
+    lr_drift = lr_drift_from(lr_calibration, ladder)
     if results is None:
         return gt.evaluate_gates(fit=fit, table=None, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
-                                 backtest=backtest, rehearsal=rehearsal)
+                                 backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift)
     fit_table, gate_table = load_tables(results, fit_convention(fit))
     refit = refit_function(fit)
     if backtest is None:
@@ -467,7 +487,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     lobo = gt.leave_one_budget_out(fit_table, refit, lambda f: predict_hero(f, hero)[0]["loss"])
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                              backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
-                             cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run))
+                             cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run), lr_drift=lr_drift)
 
 
 def create_prereg(
@@ -489,6 +509,7 @@ def create_prereg(
     backtest: dict | None = None,
     rehearsal_run: Path | None = None,
     rehearsal: dict | None = None,
+    lr_calibration: Path | None = None,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -496,7 +517,8 @@ def create_prereg(
 
     `thresholds` is a `gates.GateThresholds` (default: its defaults at `tolerance_rel`);
     `backtest` a precomputed held-out-budget backtest of the same law (default: refitted here);
-    `rehearsal_run` a finished dress-rehearsal run dir, or `rehearsal` its result already measured."""
+    `rehearsal_run` a finished dress-rehearsal run dir, or `rehearsal` its result already measured;
+    `lr_calibration` an `lr-calibrate` report (gate lr_transfer, against `ladder`'s rule)."""
     from delphi.fits.results import load_fit
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
@@ -593,7 +615,7 @@ def create_prereg(
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run, noise)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
-                              rehearsal_run=rehearsal_run)
+                              rehearsal_run=rehearsal_run, lr_calibration=lr_calibration)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal
