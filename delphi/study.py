@@ -67,9 +67,9 @@ class GatesSpec:
     lobo_tolerance: float | None = None
     rehearsal_tolerance: float | None = None
     agreement_tolerance: float | None = None  # gate method_agreement
-    # An `delphi ladder lr-calibrate` report (relative to the study file): gate lr_transfer checks the
-    # ladder's LR rule against it; None: no such gate (the rule is taken on trust).
-    lr_calibration: str | None = None
+    # `delphi ladder lr-calibrate` reports (relative to the study file): gate lr_transfer checks the
+    # ladder's LR rule against their points; empty: no such gate (the rule is taken on trust).
+    lr_calibration: tuple[str, ...] = ()
     interval_width_factor: float = 1.5  # issue 10: 90% half-width <= 1.5 x tolerance
     min_seeds: int = 2  # issue 10: >= 2 seeds per rung
 
@@ -138,9 +138,9 @@ class StudySpec:
         return self
 
 
-def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, Path | None]:
+def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, tuple[Path, ...]]:
     """The study spec, its ladder spec path, its preregistration path (None: inside the study dir)
-    and its LR calibration report (None: none).
+    and its LR calibration reports.
 
     With `path` None this is the built-in default study."""
     if path is None:
@@ -152,10 +152,11 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, P
     if not ladder.is_file():
         raise DelphiError(f"{path}: ladder: {ladder} not found")
     prereg = (path.parent / spec.preregistration).resolve() if spec.preregistration else None
-    calibration = (path.parent / spec.gates.lr_calibration).resolve() if spec.gates.lr_calibration else None
-    if calibration is not None and not calibration.is_file():
-        raise DelphiError(f"{path}: gates.lr_calibration: {calibration} not found (write it with `delphi ladder lr-calibrate`)")
-    return spec, ladder, prereg, calibration
+    calibrations = tuple((path.parent / c).resolve() for c in spec.gates.lr_calibration)
+    for c in calibrations:
+        if not c.is_file():
+            raise DelphiError(f"{path}: gates.lr_calibration: {c} not found (write it with `delphi ladder lr-calibrate`)")
+    return spec, ladder, prereg, calibrations
 
 
 # ---- stage bookkeeping ---------------------------------------------------------------------------
@@ -165,9 +166,9 @@ class Study:
     """Paths of a study directory and its stage markers."""
 
     def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path, prereg: Path | None = None,
-                 lr_calibration_source: Path | None = None) -> None:
+                 lr_calibration_sources: tuple[Path, ...] = ()) -> None:
         self.out = Path(out)
-        self.lr_calibration_source = lr_calibration_source
+        self.lr_calibration_sources = lr_calibration_sources
         self.spec = spec
         self.ladder_spec_path = ladder_spec_path
         self.ladder_dir = self.out / "ladder"
@@ -177,7 +178,7 @@ class Study:
         self.rehearsal_config = self.out / "rehearsal.yaml"
         self.rehearsal_run = self.out / "rehearsal"
         self.gates = self.out / "gates.json"
-        self.lr_calibration = self.out / "lr_calibration.json"  # the gates stage's copy of gates.lr_calibration
+        self.lr_calibration = self.out / "lr_calibration.json"  # the gates stage's merged copy of gates.lr_calibration
         self.conventions = self.out / "fits" / "conventions.json"
         self.prereg = prereg or self.out / "preregistration.yaml"
         self.hero_run = self.out / "hero"
@@ -616,22 +617,24 @@ def stage_gates(study: Study) -> dict:
 
 
 def pin_lr_calibration(study: Study) -> Path | None:
-    """Copy gates.lr_calibration into the study dir, where the gates and the seal read it: the study's
-    data then hold the evidence. Copied afresh by the gates stage (a calibration may be extended
-    while the ladder trains); the seal reads the copy the gates saw."""
-    if study.lr_calibration_source is None:
+    """Merge gates.lr_calibration into one report in the study dir, where the gates and the seal read
+    it: the study's data then hold the evidence. Written afresh by the gates stage (a calibration may
+    be extended while the ladder trains); the seal reads the copy the gates saw."""
+    from delphi.ladder.lr_calibration import merge_reports
+
+    if not study.lr_calibration_sources:
         return None
-    atomic_write_text(study.lr_calibration, study.lr_calibration_source.read_text())
+    atomic_write_json(study.lr_calibration, merge_reports(list(study.lr_calibration_sources)))
     return study.lr_calibration
 
 
-def _lr_calibration(study: Study) -> Path | None:
-    """The pinned copy, when the study names a calibration (a study continued from a snapshot has it)."""
+def _lr_calibration(study: Study) -> list[Path] | None:
+    """The merged copy, when the study names calibrations (a study continued from a snapshot has it)."""
     if not study.spec.gates.lr_calibration:
         return None
     if not study.lr_calibration.is_file():
-        raise DelphiError(f"{study.lr_calibration}: missing; the gates stage copies gates.lr_calibration there")
-    return study.lr_calibration
+        raise DelphiError(f"{study.lr_calibration}: missing; the gates stage writes it from gates.lr_calibration")
+    return [study.lr_calibration]
 
 
 def stage_prereg(study: Study) -> dict:
@@ -807,8 +810,8 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
     """
     if stop_after is not None and stop_after not in STAGE_NAMES:
         raise DelphiError(f"--stop-after: unknown stage {stop_after!r} (expected one of {', '.join(STAGE_NAMES)})")
-    spec, ladder_spec_path, prereg, calibration = load_study(study_path)
-    study = Study(out, spec, ladder_spec_path, prereg, calibration)
+    spec, ladder_spec_path, prereg, calibrations = load_study(study_path)
+    study = Study(out, spec, ladder_spec_path, prereg, calibrations)
     _pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:

@@ -48,6 +48,7 @@ TINY = ROOT / "studies" / "ladder_tiny.yaml"
 CPU = ROOT / "studies" / "ladder_cpu.yaml"
 DEFAULT = ROOT / "delphi" / "defaults" / "ladder_default.yaml"
 PAPER = ROOT / "studies" / "ladder_paper.yaml"
+PAPER_V4 = ROOT / "studies" / "ladder_paper_v4.yaml"
 
 
 def _raw(path: Path = TINY) -> dict:
@@ -299,7 +300,7 @@ def test_plan_refuses_a_store_too_small_and_collect_filters_incomplete(tmp_path,
 # ---- issue 10: seeds, rung health, FLOPs family, hero ranges, absurd plans -------------------------
 
 
-@pytest.mark.parametrize("path, hero_multiple", [(DEFAULT, 4), (PAPER, 30)])
+@pytest.mark.parametrize("path, hero_multiple", [(DEFAULT, 4), (PAPER, 30), (PAPER_V4, 30)])
 def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, hero_multiple):
     spec = load_ladder_spec(path)
     rungs = plan_ladder(spec)
@@ -323,7 +324,7 @@ def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, h
     assert ranges["inside"], ranges
     top_rung = next(r for r in rungs if r.budget == top)
     assert hero.batch_size == top_rung.batch_size and hero.hp.beta2 == top_rung.hp.beta2  # no switch at the hero
-    if path == PAPER:
+    if path in (PAPER, PAPER_V4):
         assert len(spec.budgets) >= 4 and min(spec.budgets) >= 1e12 and len(spec.seeds_for(top)) >= 3
         assert spec.run.store == "environment" and spec.run.max_epochs <= 1.0 and spec.run.final_eval_tokens >= 1_000_000
         assert relaxed_bounds(spec.health) == ""  # the paper keeps issue 10's default bounds

@@ -17,7 +17,7 @@ from delphi.errors import DelphiError
 from delphi.ladder.lr_calibration import (DEFAULT_MULTIPLIERS, Point, analyse, plan_calibration, rule_drift,
                                           save_report, write_calibration)
 from delphi.ladder.plan import RUNS_DIR, make_rung, shape_for_width
-from delphi.ladder.spec import ladder_spec_from_dict, load_ladder_spec
+from delphi.ladder.spec import load_ladder_spec
 from delphi.prereg.gates import gate_lr_transfer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_analysis_recovers_a_known_drift_and_the_gate_judges_the_rule(tmp_path):
     # What `prereg create --lr-calibration` and the study read: the report against the ladder dir's pinned rule.
     from delphi.prereg.create import lr_drift_from
 
-    assert lr_drift_from(tmp_path / "lr_calibration.json", tmp_path) == rule_drift(report, spec)
+    assert lr_drift_from([tmp_path / "lr_calibration.json"], tmp_path) == rule_drift(report, spec)
 
     # The suggested rule puts every point at its optimum: passed.
     s = result.rule_suggested
@@ -140,23 +140,10 @@ def test_an_optimum_at_the_edge_of_the_multipliers_fails_the_gate(tmp_path):
 
 
 def _micro_spec(tmp_path: Path) -> Path:
-    from delphi.data.store import prepare_store
+    from micro_ladder import micro_spec
 
-    src = tmp_path / "corpus"
-    src.mkdir()
-    for i in range(20):
-        (src / f"m{i:02d}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j}\n" for j in range(300)))
-    prepare_store(str(src), tmp_path / "store")
-    raw = yaml.safe_load((ROOT / "studies" / "ladder_tiny.yaml").read_text())
-    raw.update(name="micro", mode="tokens_per_param", budgets=[1e9], seq_len=32)
-    raw["tokens_per_param"] = {"ratio": 2.0, "max_ratio_error": 0.9}
-    raw["shape"]["widths"] = [8, 16]
-    raw["batch"].update(min_steps=16, min_seqs=2, max_seqs=4)
-    raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=1, logs_per_run=2,
-                      checkpoints_per_run=1)
-    ladder_spec_from_dict(raw)  # valid before it is written
     path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(yaml.safe_dump(micro_spec(tmp_path, [1e9])))
     return path
 
 

@@ -173,28 +173,31 @@ def test_study_seed_offsets_the_ladder_seeds(tmp_path):
 
 
 def test_study_lr_calibration_is_resolved_checked_and_pinned(tmp_path):
-    """gates.lr_calibration: relative to the study file; a missing file is exit-2 material naming the key;
-    the gates stage copies it into the study dir, where the gates and the seal read it."""
+    """gates.lr_calibration: reports relative to the study file; a missing one is exit-2 material naming
+    the key; the gates stage merges them into the study dir, where the gates and the seal read them."""
     import pytest
 
     from delphi.errors import DelphiError
     from delphi.study import Study, _lr_calibration, load_study, pin_lr_calibration
 
-    raw = {"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "gates": {"lr_calibration": "cal/lr.json"}}
+    raw = {"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"),
+           "gates": {"lr_calibration": ["cal/a.json", "cal/b.json"]}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
-    with pytest.raises(DelphiError, match=r"gates.lr_calibration: .*cal/lr.json not found"):
-        load_study(tmp_path / "s.yaml")
     (tmp_path / "cal").mkdir()
-    (tmp_path / "cal" / "lr.json").write_text('{"points": []}')
-    spec, ladder, prereg, calibration = load_study(tmp_path / "s.yaml")
-    assert calibration == (tmp_path / "cal" / "lr.json").resolve()
-    study = Study(tmp_path / "out", spec, ladder, prereg, calibration)
-    with pytest.raises(DelphiError, match="the gates stage copies"):
+    (tmp_path / "cal" / "a.json").write_text('{"points": [{"d_model": 32}]}')
+    with pytest.raises(DelphiError, match=r"gates.lr_calibration: .*cal/b.json not found"):
+        load_study(tmp_path / "s.yaml")
+    (tmp_path / "cal" / "b.json").write_text('{"points": [{"d_model": 160}]}')
+    spec, ladder, prereg, calibrations = load_study(tmp_path / "s.yaml")
+    assert calibrations == ((tmp_path / "cal" / "a.json").resolve(), (tmp_path / "cal" / "b.json").resolve())
+    study = Study(tmp_path / "out", spec, ladder, prereg, calibrations)
+    with pytest.raises(DelphiError, match="the gates stage writes it"):
         _lr_calibration(study)
-    assert pin_lr_calibration(study) == _lr_calibration(study) == study.lr_calibration
-    (tmp_path / "cal" / "lr.json").write_text('{"points": [1]}')  # extended while the ladder trained
+    assert [pin_lr_calibration(study)] == _lr_calibration(study) == [study.lr_calibration]
+    assert [p["d_model"] for p in json.loads(study.lr_calibration.read_text())["points"]] == [32, 160]
+    (tmp_path / "cal" / "b.json").write_text('{"points": [{"d_model": 160}, {"d_model": 192}]}')  # extended
     pin_lr_calibration(study)
-    assert study.lr_calibration.read_text() == '{"points": [1]}'
+    assert [p["d_model"] for p in json.loads(study.lr_calibration.read_text())["points"]] == [32, 160, 192]
     assert pin_lr_calibration(Study(tmp_path / "o2", spec, ladder, prereg)) is None
 
 

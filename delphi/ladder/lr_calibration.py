@@ -284,6 +284,21 @@ def save_report(result: CalibrationResult, out: str | Path) -> Path:
 # ---- the gate's view: the spec's rule today against the optima measured --------------------------
 
 
+def merge_reports(paths: list[Path]) -> dict[str, Any]:
+    """The points of several `lr-calibrate` reports as one (e.g. a family's narrow points measured
+    under one spec and its widest under another: each point's optimum LR is absolute)."""
+    from delphi.io import read_json
+
+    points, sources = [], []
+    for path in paths:
+        report = read_json(path, what="LR calibration JSON")
+        if not isinstance(report, dict) or not isinstance(report.get("points"), list):
+            raise DelphiError(f"{path}: not an lr-calibrate report (expected a 'points' list)")
+        points += report["points"]
+        sources.append(str(path))
+    return {"sources": sources, "points": points}
+
+
 def rule_drift(calibration: dict, spec: LadderSpec) -> list[dict[str, Any]]:
     """Each calibrated point under `spec`'s transfer rule (which may have been corrected since the
     calibration ran): m_now = LR* / the rule's LR now, and the loss that costs, c (log2 m_now)^2,

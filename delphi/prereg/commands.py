@@ -35,8 +35,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="seal even if a gate fails (recorded in the sealed file and every verdict)")
     p.add_argument("--rehearsal", help="a finished dress-rehearsal run dir (~3x the top budget): its error is a gate")
-    p.add_argument("--lr-calibration", metavar="LR_CALIBRATION.json",
-                   help="a `delphi ladder lr-calibrate` report: gate lr_transfer checks --ladder's LR rule against it")
+    p.add_argument("--lr-calibration", metavar="LR_CALIBRATION.json", nargs="+",
+                   help="`delphi ladder lr-calibrate` reports: gate lr_transfer checks --ladder's LR rule against their points")
     p.add_argument("--backtest", help="BACKTEST.json of the same law (default: refitted here)")
     p.add_argument("--min-seeds", type=int, default=None, help="gate: seeds needed in every ladder cell (default 2)")
     p.add_argument("--interval-factor", type=float, default=None, help="gate: 90%% half-width <= this x tolerance (default 1.5)")
@@ -97,7 +97,7 @@ def _create(args: argparse.Namespace):
 
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
     check_output_file(args.out, inputs=(args.fit, args.hero, args.results, args.curve_fit, args.backtest, args.rehearsal,
-                                        args.lr_calibration))
+                                        *(args.lr_calibration or ())))
     backtest = read_json(args.backtest, what="backtest JSON") if args.backtest else None
     try:
         doc = create_prereg(
@@ -108,7 +108,7 @@ def _create(args: argparse.Namespace):
             tolerance_rel=args.tolerance, author=args.author, rationale=args.rationale,
             assumptions=args.assume, bootstrap=args.bootstrap, seed=args.seed, force=args.force, thresholds=thresholds,
             backtest=backtest, rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
-            lr_calibration=Path(args.lr_calibration) if args.lr_calibration else None,
+            lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
         )
     except CheckFailed:
         for line in gt.gate_lines(gt.Gate.from_json(g) for g in json.loads(gates_path(Path(args.out)).read_text())["gates"]):

@@ -444,26 +444,22 @@ def ladder_spec_ranges(ladder: Path | None, gate_table) -> dict | None:
         return None
 
 
-def lr_drift_from(lr_calibration: Path | None, ladder: Path | None) -> list[dict] | None:
-    """The ladder's LR rule (its pinned spec) against an `lr-calibrate` report; None without a report."""
-    if lr_calibration is None:
+def lr_drift_from(lr_calibration: list[Path] | None, ladder: Path | None) -> list[dict] | None:
+    """The ladder's LR rule (its pinned spec) against `lr-calibrate` reports; None without any."""
+    if not lr_calibration:
         return None
-    from delphi.io import read_json
-    from delphi.ladder.lr_calibration import rule_drift
+    from delphi.ladder.lr_calibration import merge_reports, rule_drift
     from delphi.ladder.spec import load_ladder_spec
 
     spec_path = Path(ladder) / "ladder.yaml" if ladder is not None else None
     if spec_path is None or not spec_path.is_file():
         raise DelphiError(f"--lr-calibration: needs the ladder dir (--ladder) whose ladder.yaml holds the LR rule; got {ladder}")
-    report = read_json(lr_calibration, what="LR calibration JSON")
-    if not isinstance(report, dict) or not isinstance(report.get("points"), list):
-        raise DelphiError(f"{lr_calibration}: not an lr-calibrate report (expected a 'points' list)")
-    return rule_drift(report, load_ladder_spec(spec_path))
+    return rule_drift(merge_reports(list(lr_calibration)), load_ladder_spec(spec_path))
 
 
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
-                  lr_calibration: Path | None = None) -> list:
+                  lr_calibration: list[Path] | None = None) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` too);
     gate lr_transfer when an `lr-calibrate` report is given."""
@@ -509,7 +505,7 @@ def create_prereg(
     backtest: dict | None = None,
     rehearsal_run: Path | None = None,
     rehearsal: dict | None = None,
-    lr_calibration: Path | None = None,
+    lr_calibration: list[Path] | None = None,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -518,7 +514,7 @@ def create_prereg(
     `thresholds` is a `gates.GateThresholds` (default: its defaults at `tolerance_rel`);
     `backtest` a precomputed held-out-budget backtest of the same law (default: refitted here);
     `rehearsal_run` a finished dress-rehearsal run dir, or `rehearsal` its result already measured;
-    `lr_calibration` an `lr-calibrate` report (gate lr_transfer, against `ladder`'s rule)."""
+    `lr_calibration` `lr-calibrate` reports (gate lr_transfer, against `ladder`'s rule)."""
     from delphi.fits.results import load_fit
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
