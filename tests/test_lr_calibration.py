@@ -43,6 +43,18 @@ def test_plan_trains_the_ladders_own_rung_at_multiples_of_its_lr():
             assert same == ref.train
 
 
+def test_another_batch_is_its_own_point_at_the_rules_lr_for_that_batch(tmp_path):
+    spec = load_ladder_spec(PAPER_SPEC)
+    top = plan_calibration(spec, POINTS[:1], (1.0,))[0]
+    small = plan_calibration(spec, POINTS[:1], (1.0,), batch=4)[0]
+    assert small.batch_size == 4 and "_b4_" in small.run_id and "_b" not in top.run_id
+    assert small.hp.lr == pytest.approx(top.hp.lr * (small.tokens / top.tokens) ** -spec.transfer.horizon_exponent
+                                        * 0.5**spec.transfer.batch_exponent)
+    write_calibration(spec, POINTS[:1], (0.5, 1.0, 2.0), tmp_path)
+    write_calibration(spec, POINTS[:1], (0.5, 1.0, 2.0), tmp_path, batch=4)
+    assert sorted(p.batch_tokens for p in analyse(spec, tmp_path).points) == [512, 1024]
+
+
 @pytest.mark.parametrize("text", ["48", "48@", "x@1e6", "0@1e6", "48@-1", "48@nan"])
 def test_bad_points_name_the_flag(text):
     with pytest.raises(DelphiError, match="--points"):

@@ -78,6 +78,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                           "include the hero's width and horizons past the ladder's")
     cal.add_argument("--multipliers", type=positive_float, nargs="+", default=None, metavar="M",
                      help="LRs tried, in units of the rule's (default 0.125 0.25 0.5 1 2)")
+    cal.add_argument("--batch", type=positive_int, default=None, metavar="SEQS",
+                     help="sequences per step (default: the top budget's, which the hero continues); another "
+                          "batch checks the rule's batch term where the smaller budgets train")
     cal.add_argument("--out", required=True, metavar="DIR",
                      help="a ladder directory; a rerun resumes it, new points or multipliers extend it")
     cal.add_argument("--workers", type=positive_int, default=None, help="parallel runs (default: as `ladder run`)")
@@ -215,7 +218,7 @@ def _lr_calibrate(args: argparse.Namespace) -> dict:
     spec = load_ladder_spec(args.spec)
     points = [Point.parse(text) for text in args.points]
     multipliers = tuple(args.multipliers) if args.multipliers else DEFAULT_MULTIPLIERS
-    write_calibration(spec, points, multipliers, args.out)
+    write_calibration(spec, points, multipliers, args.out, args.batch)
     run = run_ladder(args.out, workers=args.workers)
     result = analyse(spec, args.out)
     path = save_report(result, args.out)

@@ -13,9 +13,10 @@ the drift at the ladder's own shapes, batch and schedule:
     over points: log m* = c + a log(d / d0) + b log(T / T0)  (least squares)
                  -> the corrected rule: base.lr x e^c, width_exponent - a, horizon_exponent - b
 
-Every rung trains at the top budget's batch (the batch the hero continues), so batch is not a
-factor here. The rungs form a ladder directory (configs/, manifest.csv, runs/), so `run` gets
-the ladder runner's workers, progress and resume for free.
+Rungs train at the top budget's batch (the batch the hero continues) unless `--batch` says
+otherwise; the fit above uses the top batch's points only, and a point at another batch checks
+the rule's batch term. The rungs form a ladder directory (configs/, manifest.csv, runs/), so
+they get the ladder runner's workers, progress and resume, and a second call extends them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from delphi.io import atomic_write_text, atomic_write_yaml
 from delphi.ladder.plan import (CONFIG_DIR, MANIFEST_FILE, RUNS_DIR, SPEC_FILE, Rung, make_rung, manifest_csv, manifest_row,
                                 plan_ladder, read_manifest, shape_for_width, write_ladder)
 from delphi.ladder.spec import LadderSpec, load_ladder_spec
+from delphi.model.flops import flops_per_token
 from delphi.train.config import train_config_to_dict
 
 DEFAULT_MULTIPLIERS = (0.125, 0.25, 0.5, 1.0, 2.0)
@@ -60,43 +62,49 @@ class Point:
         return point
 
 
-def run_id_for(model_d: int, n_layers: int, tokens: float, multiplier: float) -> str:
-    return f"LR_T{tokens:.3g}_d{model_d}_L{n_layers}_x{multiplier:g}_s0"
+def run_id_for(model_d: int, n_layers: int, tokens: float, multiplier: float, batch: int | None = None) -> str:
+    """`batch` (sequences per step) only when it is not the top budget's."""
+    b = f"_b{batch}" if batch is not None else ""
+    return f"LR_T{tokens:.3g}_d{model_d}_L{n_layers}{b}_x{multiplier:g}_s0"
 
 
-def plan_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[float, ...] = DEFAULT_MULTIPLIERS) -> list[Rung]:
-    """One rung per (point, multiplier): the ladder's own rung at that shape and horizon, LR scaled."""
+def top_batch_seqs(spec: LadderSpec) -> int:
+    """Sequences per step of the top budget's rungs: the batch the hero continues."""
+    top = max(spec.budgets)
+    return max(r.batch_size for r in plan_ladder(spec) if r.budget == top)
+
+
+def plan_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[float, ...] = DEFAULT_MULTIPLIERS,
+                     batch: int | None = None) -> list[Rung]:
+    """One rung per (point, multiplier): the ladder's own rung at that shape and horizon, LR scaled.
+    Every rung trains `batch` sequences per step (None: the top budget's, which the hero continues)."""
     if not multipliers or len(set(multipliers)) != len(multipliers) or min(multipliers) <= 0:
         raise DelphiError(f"--multipliers: need distinct positive values, got {list(multipliers)}")
     if not points or len(set(points)) != len(points):
         raise DelphiError(f"--points: need at least one point and no duplicates, got {points}")
-    top = max(spec.budgets)
-    top_batch = max(r.batch_size for r in plan_ladder(spec) if r.budget == top)
+    top_batch = top_batch_seqs(spec)
+    if batch is not None and batch < 1:
+        raise DelphiError(f"--batch: sequences per step must be >= 1, got {batch}")
     rungs = []
     for p in points:
         model = shape_for_width(spec, p.d_model)
-        base_rung = make_rung(spec, model, p.tokens * _fpt(spec, model), 0, batch=top_batch)
+        base_rung = make_rung(spec, model, p.tokens * flops_per_token(model, spec.seq_len), 0, batch=batch or top_batch)
         if base_rung is None:
             raise DelphiError(f"--points: {p.d_model}@{p.tokens:g} gives fewer than batch.min_steps steps")
         for m in multipliers:
             hp = dataclasses.replace(base_rung.hp, lr=base_rung.hp.lr * m)
-            run_id = run_id_for(p.d_model, model.n_layers, p.tokens, m)
+            run_id = run_id_for(p.d_model, model.n_layers, p.tokens, m, None if batch in (None, top_batch) else batch)
             train = dataclasses.replace(base_rung.train, optim=dataclasses.replace(base_rung.train.optim, lr=hp.lr), name=run_id)
             rungs.append(dataclasses.replace(base_rung, run_id=run_id, hp=hp, train=train))
     return rungs
 
 
-def _fpt(spec: LadderSpec, model) -> float:
-    from delphi.model.flops import flops_per_token
-
-    return flops_per_token(model, spec.seq_len)
-
-
-def write_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[float, ...], out: str | Path) -> list[Rung]:
+def write_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[float, ...], out: str | Path,
+                      batch: int | None = None) -> list[Rung]:
     """Plan the rungs into `out` (a ladder directory). A directory that already holds a calibration
     of the same spec is extended: its rungs and runs stay, new (point, multiplier) rungs join them,
     so an optimum found at the edge of the multipliers is bracketed by a second call."""
-    rungs = plan_calibration(spec, points, multipliers)
+    rungs = plan_calibration(spec, points, multipliers, batch)
     out = Path(out)
     if not (out / MANIFEST_FILE).is_file():
         write_ladder(spec, rungs, out)
@@ -155,12 +163,13 @@ class CalibrationResult:
 
     def summary(self) -> str:
         lines = ["LR calibration: optimum LR in units of the transfer rule's (m* = 1: the rule is right)",
-                 f"{'d_model':>7} {'tokens':>9} {'lr rule':>9} {'m*':>6} {'90% interval':>15} {'loss@rule':>9} {'loss@m*':>8} {'lost':>6}"]
+                 f"{'d_model':>7} {'tokens':>9} {'batch':>6} {'lr rule':>9} {'m*':>6} {'90% interval':>15} {'loss@rule':>9} "
+                 f"{'loss@m*':>8} {'lost':>6}"]
         for p in self.points:
             iv = f"[{p.m_opt_interval_90[0]:.2f}, {p.m_opt_interval_90[1]:.2f}]" if p.m_opt_interval_90 else "-"
             m = f"{p.m_opt:.2f}" if p.interior else _edge(p)
             lost = f"{p.loss_lost_frac:+.1%}" if p.loss_lost_frac is not None else "-"
-            lines.append(f"{p.d_model:>7} {p.tokens:>9.3g} {p.lr_rule:>9.4g} {m:>6} {iv:>15} "
+            lines.append(f"{p.d_model:>7} {p.tokens:>9.3g} {p.batch_tokens:>6} {p.lr_rule:>9.4g} {m:>6} {iv:>15} "
                          f"{_f(p.loss_at_rule):>9} {_f(p.loss_at_opt):>8} {lost:>6}")
         if not all(p.interior for p in self.points):
             lines.append("(<x, >x: the optimum lies past the multipliers tried; extend them with a second call into the same --out)")
@@ -213,11 +222,11 @@ def analyse(spec: LadderSpec, ladder_dir: str | Path) -> CalibrationResult:
     from delphi.experiments.lrsweep import fit_quadratic
 
     ladder_dir = Path(ladder_dir)
-    groups: dict[tuple[int, int], list[dict[str, str]]] = {}
+    groups: dict[tuple[int, int, int], list[dict[str, str]]] = {}
     for row in read_manifest(ladder_dir):
-        groups.setdefault((int(row["d_model"]), int(row["tokens"])), []).append(row)
+        groups.setdefault((int(row["d_model"]), int(row["tokens"]), int(row["batch_tokens"])), []).append(row)
     points = []
-    for (d, tokens), rows in sorted(groups.items()):
+    for (d, tokens, _), rows in sorted(groups.items()):
         mults = sorted(_multiplier(row["run_id"]) for row in rows)
         rows = sorted(rows, key=lambda row: _multiplier(row["run_id"]))
         lr_rule = float(rows[0]["lr"]) / mults[0]
@@ -236,7 +245,10 @@ def analyse(spec: LadderSpec, ladder_dir: str | Path) -> CalibrationResult:
             curvature=fit.coef[2] if fit and fit.coef else None,
         ))
     t = spec.transfer
-    coef = _fit_drift(points, spec.base.d_model, spec.base.tokens)
+    # The rule's width and horizon terms are refitted at the top budget's batch only; a point at
+    # another batch checks the batch term (gate lr_transfer) without moving the others.
+    top_tokens = top_batch_seqs(spec) * spec.seq_len
+    coef = _fit_drift([p for p in points if p.batch_tokens == top_tokens], spec.base.d_model, spec.base.tokens)
     now = {"lr": spec.base.lr, "width_exponent": t.width_exponent, "horizon_exponent": t.horizon_exponent}
     suggested = None
     if coef["c"] is not None:
