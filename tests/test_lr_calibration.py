@@ -191,17 +191,21 @@ def test_lr_calibrate_cli_trains_real_runs_and_resumes(tmp_path):
 
 
 def test_the_committed_calibration_refuses_the_third_editions_rule_and_passes_the_fourths():
-    """paper/v4/lr_calibration: the third edition's rule cost every point > 10% of its loss (its 30x
-    hero missed by -7.05%); the fourth edition's rule, fitted to it, costs none more than 1%."""
-    report = json.loads((ROOT / "paper" / "v4" / "lr_calibration" / "lr_calibration.json").read_text())
-    v3 = rule_drift(report, load_ladder_spec(PAPER_SPEC))
+    """paper/v4/lr_calibration*: the third edition's rule cost every point > 10% of its loss (its 30x
+    hero missed by -7.05%); the fourth edition's rule, fitted to it, costs none more than 1%, up to d160."""
+    from delphi.ladder.lr_calibration import merge_reports
+
+    first = ROOT / "paper" / "v4" / "lr_calibration" / "lr_calibration.json"
+    report = merge_reports([first, ROOT / "paper" / "v4" / "lr_calibration_wide" / "lr_calibration.json"])
+    v3 = rule_drift(json.loads(first.read_text()), load_ladder_spec(PAPER_SPEC))
     v4 = rule_drift(report, load_ladder_spec(ROOT / "studies" / "ladder_paper_v4.yaml"))
-    assert min(p["loss_lost_frac"] for p in report["points"]) > 0.10  # measured: loss at the rule vs the optimum
+    assert min(p["loss_lost_frac"] for p in json.loads(first.read_text())["points"]) > 0.10  # measured
     # The gate's estimate from the curvature near the optimum is lower (the loss climbs a cliff past it).
     assert min(row["lost_frac_now"] for row in v3) > 0.05 and all(row["m_now"] < 0.2 for row in v3)
-    assert max(row["lost_frac_now"] for row in v4) < 0.01
+    assert max(row["lost_frac_now"] for row in v4) < 0.01 and max(row["d_model"] for row in v4) == 160
     v3_hero = {"d_model": 96.0, "tokens": 132_194_304.0}  # preregistrations/paper-v3-hero-30x.yaml
     assert not gate_lr_transfer(v3, v3_hero, tolerance_rel=0.03).passed
     assert gate_lr_transfer(v4, v3_hero, tolerance_rel=0.03).passed
-    wide = gate_lr_transfer(v4, {"d_model": 160.0, "tokens": 5.3e7}, tolerance_rel=0.03)
-    assert not wide.passed and "wider than any calibrated point (96)" in wide.detail
+    assert gate_lr_transfer(v4, {"d_model": 160.0, "tokens": 5.3e7}, tolerance_rel=0.03).passed
+    wide = gate_lr_transfer(v4, {"d_model": 192.0, "tokens": 4e7}, tolerance_rel=0.03)
+    assert not wide.passed and "wider than any calibrated point (160)" in wide.detail

@@ -11,9 +11,9 @@ Every model shares the muP base shape (the first width, `n_layers` layers), so t
 means the same thing at every width: hidden matrices train at eta / m. Runs live in
 OUT/runs/<run id>/ and a rerun skips the completed ones (resume).
 
-The quadratic is fitted to the best LR of a width and up to `FIT_NEIGHBOURS` grid points on
-each side of it (a quadratic is only a local model of loss(log LR), which rises steeply past
-the stability edge). The interval on eta* is the delta method on the fitted coefficients'
+The quadratic (`delphi.fits.lr_optimum.fit_quadratic`) is fitted to the best LR of a width and
+up to two grid points on each side of it (a quadratic is only a local model of loss(log LR),
+which rises steeply past the stability edge). The interval on eta* is the delta method on the fitted coefficients'
 covariance (residual variance, so it needs more points than coefficients); it is a local
 fit's interval, not a seed-to-seed one.
 """
@@ -26,14 +26,11 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # numpy is imported where used: `delphi --help` builds this module's parser
-    import numpy as np
-    from jaxtyping import Float
+from typing import Any
 
 from delphi.errors import DelphiError
 from delphi.experiments.shapes import WidthFamily
+from delphi.fits.lr_optimum import QuadraticFit, fit_quadratic
 from delphi.model.config import ModelConfig, MoEConfig
 
 # Defaults sized for ~6-8 minutes on 2 CPU cores: 1000 steps of 8 x 64 tokens take ~9 s at width 32,
@@ -46,8 +43,6 @@ DEFAULT_WIDTHS = (32, 64, 128)
 DEFAULT_LRS = (1.5e-3, 3e-3, 6e-3, 1.2e-2, 2.4e-2)
 DEFAULT_STEPS = 1000
 DEFAULT_BATCH_SIZE = 8
-FIT_NEIGHBOURS = 2  # grid points each side of the best LR used by the quadratic
-Z90 = 1.6448536269514722  # two-sided 90% normal quantile (delta-method interval)
 
 
 @dataclass(frozen=True)
@@ -117,64 +112,6 @@ class LRSweepSpec:
 
 def run_id(width: int, lr: float) -> str:
     return f"w{width}-lr{lr:.3g}"
-
-
-# --------------------------------------------------------------------------- the quadratic fit
-
-
-@dataclass
-class QuadraticFit:
-    """loss = a + b x + c x^2, x = log2(lr), fitted to `lrs`/`losses` (the points actually used)."""
-
-    lrs: list[float]
-    losses: list[float]
-    coef: tuple[float, float, float] | None  # (a, b, c); None with fewer than 3 points
-    lr_opt: float | None  # 2^(-b/2c) when c > 0, else None
-    lr_opt_interval_90: tuple[float, float] | None  # delta method; None without residual dof
-    loss_opt: float | None
-    interior: bool  # the optimum lies inside the fitted LR range
-    best_lr: float  # the grid point with the lowest loss
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def fit_quadratic(lrs: Float[np.ndarray, " n"], losses: Float[np.ndarray, " n"], neighbours: int = FIT_NEIGHBOURS) -> QuadraticFit:
-    """Quadratic in log2(LR) around the best finite point; diverged (non-finite) runs are left out."""
-    import numpy as np
-
-    lrs, losses = np.asarray(lrs, float), np.asarray(losses, float)
-    order = np.argsort(lrs)
-    lrs, losses = lrs[order], losses[order]
-    ok = np.isfinite(losses)
-    lrs, losses = lrs[ok], losses[ok]
-    if lrs.size == 0:
-        raise ValueError("no finite losses to fit")
-    best = int(np.argmin(losses))
-    lo, hi = max(0, best - neighbours), min(lrs.size, best + neighbours + 1)
-    x, y = np.log2(lrs[lo:hi]), losses[lo:hi]
-    fit = QuadraticFit(lrs=lrs[lo:hi].tolist(), losses=y.tolist(), coef=None, lr_opt=None, lr_opt_interval_90=None,
-                       loss_opt=None, interior=False, best_lr=float(lrs[best]))
-    if x.size < 3:
-        return fit
-    design = np.stack([np.ones_like(x), x, x * x], axis=1)
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    a, b, c = (float(v) for v in coef)
-    fit.coef = (a, b, c)
-    if c <= 0:  # no minimum: the curve is flat or concave over the fitted points
-        return fit
-    x_opt = -b / (2 * c)
-    fit.lr_opt = float(2.0**x_opt)
-    fit.loss_opt = float(a + b * x_opt + c * x_opt**2)
-    fit.interior = bool(x.min() <= x_opt <= x.max())
-    dof = x.size - 3
-    if dof > 0:
-        resid = y - design @ coef
-        cov = float(resid @ resid) / dof * np.linalg.inv(design.T @ design)
-        grad = np.array([0.0, -1 / (2 * c), b / (2 * c * c)])  # d x_opt / d (a, b, c)
-        sd = math.sqrt(max(float(grad @ cov @ grad), 0.0))
-        fit.lr_opt_interval_90 = (float(2.0 ** (x_opt - Z90 * sd)), float(2.0 ** (x_opt + Z90 * sd)))
-    return fit
 
 
 # --------------------------------------------------------------------------- results

@@ -219,7 +219,7 @@ def analyse(spec: LadderSpec, ladder_dir: str | Path) -> CalibrationResult:
     """Every point of the calibration in `ladder_dir` (its manifest), against `spec`'s rule."""
     import numpy as np
 
-    from delphi.experiments.lrsweep import fit_quadratic
+    from delphi.fits.lr_optimum import fit_quadratic
 
     ladder_dir = Path(ladder_dir)
     groups: dict[tuple[int, int, int], list[dict[str, str]]] = {}
