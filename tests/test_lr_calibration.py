@@ -68,6 +68,8 @@ def test_bad_multipliers_name_the_flag():
             plan_calibration(spec, POINTS, bad)
     with pytest.raises(DelphiError, match="--points"):
         plan_calibration(spec, [POINTS[0], POINTS[0]])
+    with pytest.raises(DelphiError, match=r"--points: 32@10 trains .* fewer than batch.min_steps=1,000"):
+        plan_calibration(spec, [Point(32, 10.0)])
 
 
 def _fake_runs(spec, points, ladder: Path, m_star, curvature: float = 0.02, floor: float = 1.5) -> list:

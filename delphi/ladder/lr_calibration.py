@@ -89,8 +89,9 @@ def plan_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[f
     for p in points:
         model = shape_for_width(spec, p.d_model)
         base_rung = make_rung(spec, model, p.tokens * flops_per_token(model, spec.seq_len), 0, batch=batch or top_batch)
-        if base_rung is None:
-            raise DelphiError(f"--points: {p.d_model}@{p.tokens:g} gives fewer than batch.min_steps steps")
+        if base_rung is None or base_rung.steps < spec.batch.min_steps:  # runs the ladder itself would not train
+            raise DelphiError(f"--points: {p.d_model}@{p.tokens:g} trains {base_rung.steps if base_rung else 0:,} steps of "
+                              f"{batch or top_batch} sequences, fewer than batch.min_steps={spec.batch.min_steps:,}")
         for m in multipliers:
             hp = dataclasses.replace(base_rung.hp, lr=base_rung.hp.lr * m)
             run_id = run_id_for(p.d_model, model.n_layers, p.tokens, m, None if batch in (None, top_batch) else batch)
