@@ -228,8 +228,8 @@ def analyse(spec: LadderSpec, ladder_dir: str | Path) -> CalibrationResult:
         groups.setdefault((int(row["d_model"]), int(row["tokens"]), int(row["batch_tokens"])), []).append(row)
     points = []
     for (d, tokens, _), rows in sorted(groups.items()):
-        mults = sorted(_multiplier(row["run_id"]) for row in rows)
         rows = sorted(rows, key=lambda row: _multiplier(row["run_id"]))
+        mults = [_multiplier(row["run_id"]) for row in rows]
         lr_rule = float(rows[0]["lr"]) / mults[0]
         losses = [_final_loss(ladder_dir / RUNS_DIR / row["run_id"]) for row in rows]
         finite = [(m, loss) for m, loss in zip(mults, losses) if math.isfinite(loss)]
