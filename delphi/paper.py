@@ -218,10 +218,27 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
         if None not in noise.values() else "The interval is the fit's bootstrap interval.")
     out["cross_check_sentence"] = _cross_check_sentence(data_dir, pinned["primary_fit"], prereg_doc, float(final["loss"]),
                                                        check.get("actual_final_loss"))
+    out["lr_sentence"] = _lr_sentence(data_dir / "lr_calibration.json", gates)
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
     return out
+
+
+def _lr_sentence(calibration_path: Path, gates: list[dict]) -> str:
+    """How the LR transfer rule was checked: the study's merged `lr-calibrate` report and the verdict
+    of gate `lr_transfer` on it, or the plain fact that it was not."""
+    if not calibration_path.is_file():
+        return "The LR transfer rule's constants were tuned on a handful of proxy runs and not calibrated on the ladder's own family."
+    points = json.loads(calibration_path.read_text())["points"]
+    widths = sorted({int(p["d_model"]) for p in points})
+    runs = sum(len(p["multipliers"]) for p in points)
+    gate = next((g for g in gates if g["name"] == "lr_transfer"), None)
+    verdict = (f" Gate lr_transfer {'passed' if gate['passed'] else 'failed'}: {gate['detail']}." if gate
+               else " Gate lr_transfer was not evaluated.")
+    return (f"The LR transfer rule was calibrated on the ladder's own family with `delphi ladder lr-calibrate`: {len(points)} points "
+            f"(d_model {widths[0]} to {widths[-1]}, up to {max(float(p['tokens']) for p in points):.3g} tokens), {runs} runs, one seed per LR, "
+            f"so each optimum is uncertain by about the seed noise.{verdict}")
 
 
 def _cross_check_sentence(data_dir: Path, primary_fit: str, prereg_doc: dict, predicted: float, actual: float | None) -> str:
