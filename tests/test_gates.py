@@ -276,6 +276,24 @@ def test_gates_refuse_the_paper_v3_30x_hero_that_missed():
     assert checks["isoflop"]["loss"] < actual < predicted and actual / predicted - 1 == pytest.approx(-0.0705, abs=0.001)
 
 
+def test_gates_refuse_the_paper_v4_30x_hero_and_the_probes_side_with_the_refusal():
+    """The fourth edition (paper/v4/study, calibrated LR rule) was refused by method_agreement: VPNLS
+    1.1571 against the isoFLOP law's 0.9331 for the 30x hero. The two probes past the ladder,
+    sealed with --force before they trained, landed far below VPNLS (-7.3% at 3x, -9.7% at 10x)."""
+    from delphi.fits import load_fit
+
+    v4 = Path(__file__).resolve().parents[1] / "paper" / "v4"
+    fit = load_fit(v4 / "study" / "fits" / "vpnls.json")
+    fit_table, _ = load_tables(v4 / "study" / "results.csv", "fpt6")
+    hero = load_train_config(v4 / "study" / "hero.yaml")
+    predicted = float(predict_hero(fit, hero)[0]["loss"])
+    gate = gt.gate_method_agreement(predicted, cross_check_predictions(fit, fit_table, hero), 0.03)
+    assert not gate.passed and gate.value == pytest.approx(0.194, abs=0.005)
+    for probe, error in (("probe3x", -0.0726), ("probe10x", -0.0968)):
+        actual = json.loads((v4 / probe / "summary.json").read_text())["val_loss"]
+        assert actual / predict_hero(fit, load_train_config(v4 / probe / "hero.yaml"))[0]["loss"] - 1 == pytest.approx(error, abs=0.001)
+
+
 def test_fit_status_and_rehearsal_gates():
     ok = FitResult(kind="parametric", method="vpnls", params={"E": 1.0}, diagnostics={"at_bound": [], "converged": True})
     assert gt.gate_fit_status(ok).passed
