@@ -688,13 +688,13 @@ def stage_check(study: Study) -> dict:
 
 
 def _hero_point(study: Study) -> dict:
-    from delphi.model.flops import count_params, flops_per_token
+    from delphi.model.flops import count_params
     from delphi.train.config import load_train_config
 
     if not study.hero_config.is_file():
         return {}
     cfg = load_train_config(study.hero_config)
-    return {"compute": flops_per_token(cfg.model, cfg.data.seq_len) * cfg.tokens,
+    return {"compute": cfg.flops,
             "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
 
 

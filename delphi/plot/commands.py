@@ -88,11 +88,11 @@ def _fit(path: str):
 def _hero(path: str | None):
     if not path:
         return None
-    from delphi.model.flops import count_params, flops_per_token
+    from delphi.model.flops import count_params
     from delphi.train.config import load_train_config
 
     cfg = load_train_config(path)
-    return {"compute": flops_per_token(cfg.model, cfg.data.seq_len) * cfg.tokens,
+    return {"compute": cfg.flops,
             "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
 
 

@@ -156,14 +156,12 @@ def fit_convention(fit) -> str:
 def predict_hero(fit, hero) -> tuple[dict, str]:
     """(the fit's prediction, how) for the hero: `FitResult.predict_run` decides whether the law is
     evaluated at the hero's own N and D or at its exact compute."""
-    from delphi.model.flops import flops_per_token
-
     convention = fit_convention(fit)
     n = hero_params(hero.model, hero.data.seq_len, convention)
     terms = {}
     if hero.model.moe is not None:
         terms = {"experts": hero.model.moe.experts, "granularity": hero.model.d_ff / hero.model.moe.d_expert}
-    flops = flops_per_token(hero.model, hero.data.seq_len) * hero.tokens
+    flops = hero.flops
     pred = dict(fit.predict_run(params=n, tokens=hero.tokens, flops=flops, **terms))
     how = pred.pop("how")
     if fit.law_in_nd:
@@ -407,7 +405,6 @@ def load_tables(results: Path, convention: str = "nonembedding"):
 def run_predicted_vs_actual(fit, run_dir: Path, noise: float | None = None) -> dict[str, Any]:
     """A finished run (the dress rehearsal) predicted by `fit` at its own N and D, against its final
     loss; `noise` (run_noise_nats) makes the interval predictive for one run, as the hero's is."""
-    from delphi.model.flops import flops_per_token
     from delphi.train.config import load_train_config
 
     run_dir = Path(run_dir)
@@ -424,7 +421,7 @@ def run_predicted_vs_actual(fit, run_dir: Path, noise: float | None = None) -> d
     pred = predictive(pred, noise)
     actual, predicted = float(summary["val_loss"]), float(pred["loss"])
     i90 = pred.get("loss_interval_90")
-    return {"run": str(run_dir), "compute": float(flops_per_token(cfg.model, cfg.data.seq_len) * cfg.tokens),
+    return {"run": str(run_dir), "compute": float(cfg.flops),
             "predicted": predicted, "actual": actual, "rel_error": actual / predicted - 1,
             "loss_interval_90": None if i90 is None else [float(i90[0]), float(i90[1])],
             "covered_90": None if i90 is None else bool(i90[0] <= actual <= i90[1]), "how": how}
@@ -518,7 +515,7 @@ def create_prereg(
     from delphi.fits.results import load_fit
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
-    from delphi.model.flops import count_params, flops_per_token
+    from delphi.model.flops import count_params
     from delphi.train.config import load_train_config, train_config_to_dict
 
     out = Path(out)
@@ -548,7 +545,7 @@ def create_prereg(
 
     assumptions = list(assumptions or [])
     n = count_params(hero.model).nonembedding
-    hero_flops = flops_per_token(hero.model, hero.data.seq_len) * hero.tokens
+    hero_flops = hero.flops
     provenance: dict[str, Any] = {
         "fit_path": str(fit_path),
         "fit_sha256": sha256_file(fit_path),

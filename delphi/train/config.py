@@ -123,6 +123,13 @@ class TrainConfig:
         return self.steps * self.tokens_per_step
 
     @property
+    def flops(self) -> float:
+        """Model FLOPs of the whole run: exact FLOPs per token (Chinchilla appendix F) x tokens."""
+        from delphi.model.flops import flops_per_token
+
+        return flops_per_token(self.model, self.data.seq_len) * self.tokens
+
+    @property
     def last_eval_tokens(self) -> int:
         """Validation tokens asked of the last evaluation, whose loss the fits use."""
         return self.eval_tokens if self.final_eval_tokens is None else self.final_eval_tokens

@@ -43,17 +43,11 @@ def rows() -> list[dict[str, object]]:
         actual = json.loads(summary.read_text())["val_loss"] if summary.is_file() else None
         for law, fit in fits.items():
             predicted = float(predict_hero(fit, hero)[0]["loss"])
-            out.append({"probe": probe, "multiple": round(_flops(hero) / top_budget, 2),
+            out.append({"probe": probe, "multiple": round(hero.flops / top_budget, 2),
                         "d_model": hero.model.d_model, "tokens": hero.tokens, "law": law,
                         "predicted": round(predicted, 4), "actual": None if actual is None else round(actual, 4),
                         "error": None if actual is None else round(actual / predicted - 1, 4)})
     return out
-
-
-def _flops(hero) -> float:
-    from delphi.model.flops import flops_per_token
-
-    return flops_per_token(hero.model, hero.data.seq_len) * hero.tokens
 
 
 def main() -> int:
