@@ -255,7 +255,8 @@ def _cross_check_sentence(data_dir: Path, primary_fit: str, prereg_doc: dict, pr
     fit = load_fit(fit_path)
     fit_table, _ = load_tables(data_dir / "results.csv", fit_convention(fit))
     rehearsal = data_dir / "rehearsal" if (data_dir / "rehearsal" / "summary.json").is_file() else None
-    checks = cross_check_predictions(fit, fit_table, load_train_config(data_dir / "hero.yaml"), rehearsal)
+    probes = sorted(p for p in (data_dir / "probes").glob("*") if (p / "summary.json").is_file())
+    checks = cross_check_predictions(fit, fit_table, load_train_config(data_dir / "hero.yaml"), rehearsal, probes)
     tolerance = float(prereg_doc["decision"]["tolerance_rel"])
     now = gt.gate_method_agreement(predicted, checks, tolerance)
     sealed = next((g for g in prereg_doc.get("gates") or [] if g["name"] == "method_agreement"), None)

@@ -70,6 +70,10 @@ class GatesSpec:
     # `delphi ladder lr-calibrate` reports (relative to the study file): gate lr_transfer checks the
     # ladder's LR rule against their points; empty: no such gate (the rule is taken on trust).
     lr_calibration: tuple[str, ...] = ()
+    # Finished runs beyond the ladder (relative to the study file), each sealed before it trained:
+    # gate probes scores the primary law on them and method_agreement sets aside a cross-check law
+    # they reject. Empty: the dress rehearsal is the only such run.
+    probes: tuple[str, ...] = ()
     interval_width_factor: float = 1.5  # issue 10: 90% half-width <= 1.5 x tolerance
     min_seeds: int = 2  # issue 10: >= 2 seeds per rung
 
@@ -138,9 +142,9 @@ class StudySpec:
         return self
 
 
-def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, tuple[Path, ...]]:
-    """The study spec, its ladder spec path, its preregistration path (None: inside the study dir)
-    and its LR calibration reports.
+def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, tuple[Path, ...], tuple[Path, ...]]:
+    """The study spec, its ladder spec path, its preregistration path (None: inside the study dir),
+    its LR calibration reports and its probe run dirs.
 
     With `path` None this is the built-in default study."""
     if path is None:
@@ -156,7 +160,13 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
     for c in calibrations:
         if not c.is_file():
             raise DelphiError(f"{path}: gates.lr_calibration: {c} not found (write it with `delphi ladder lr-calibrate`)")
-    return spec, ladder, prereg, calibrations
+    probes = tuple((path.parent / p).resolve() for p in spec.gates.probes)
+    for p in probes:
+        if not (p / "summary.json").is_file() or not (p / CONFIG_FILE).is_file():
+            raise DelphiError(f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and summary.json)")
+    if len({p.name for p in probes}) != len(probes):
+        raise DelphiError(f"{path}: gates.probes: two probe dirs share a name; each names its run in the gates")
+    return spec, ladder, prereg, calibrations, probes
 
 
 # ---- stage bookkeeping ---------------------------------------------------------------------------
@@ -166,9 +176,10 @@ class Study:
     """Paths of a study directory and its stage markers."""
 
     def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path, prereg: Path | None = None,
-                 lr_calibration_sources: tuple[Path, ...] = ()) -> None:
+                 lr_calibration_sources: tuple[Path, ...] = (), probe_sources: tuple[Path, ...] = ()) -> None:
         self.out = Path(out)
         self.lr_calibration_sources = lr_calibration_sources
+        self.probe_sources = probe_sources
         self.spec = spec
         self.ladder_spec_path = ladder_spec_path
         self.ladder_dir = self.out / "ladder"
@@ -179,6 +190,7 @@ class Study:
         self.rehearsal_run = self.out / "rehearsal"
         self.gates = self.out / "gates.json"
         self.lr_calibration = self.out / "lr_calibration.json"  # the gates stage's merged copy of gates.lr_calibration
+        self.probes_dir = self.out / "probes"  # the gates stage's copy of gates.probes (config and summary)
         self.conventions = self.out / "fits" / "conventions.json"
         self.prereg = prereg or self.out / "preregistration.yaml"
         self.hero_run = self.out / "hero"
@@ -597,10 +609,11 @@ def stage_gates(study: Study) -> dict:
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
     pin_lr_calibration(study)
+    pin_probes(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
                           backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
                           rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-                          lr_calibration=_lr_calibration(study))
+                          lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study))
     report = gt.gate_report(gates, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
     atomic_write_json(study.gates, report)
     for line in gt.gate_lines(gates):
@@ -626,6 +639,25 @@ def pin_lr_calibration(study: Study) -> Path | None:
         return None
     atomic_write_json(study.lr_calibration, merge_reports(list(study.lr_calibration_sources)))
     return study.lr_calibration
+
+
+def pin_probes(study: Study) -> None:
+    """Copy each of gates.probes' config and summary into the study dir, where the gates, the seal
+    and the paper read them: the study's data then hold the evidence."""
+    for source in study.probe_sources:
+        for name in (CONFIG_FILE, "summary.json"):
+            atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())
+
+
+def probe_runs(study: Study) -> list[Path]:
+    """The pinned copies of the study's probes (a study continued from a snapshot has them)."""
+    if not study.spec.gates.probes:
+        return []
+    runs = [study.probes_dir / Path(p).name for p in study.spec.gates.probes]
+    missing = [str(r) for r in runs if not (r / "summary.json").is_file()]
+    if missing:
+        raise DelphiError(f"{', '.join(missing)}: missing; the gates stage copies them from gates.probes")
+    return runs
 
 
 def _lr_calibration(study: Study) -> list[Path] | None:
@@ -656,7 +688,7 @@ def stage_prereg(study: Study) -> dict:
         bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
         force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
         rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-        lr_calibration=_lr_calibration(study),
+        lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}
@@ -810,8 +842,8 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
     """
     if stop_after is not None and stop_after not in STAGE_NAMES:
         raise DelphiError(f"--stop-after: unknown stage {stop_after!r} (expected one of {', '.join(STAGE_NAMES)})")
-    spec, ladder_spec_path, prereg, calibrations = load_study(study_path)
-    study = Study(out, spec, ladder_spec_path, prereg, calibrations)
+    spec, ladder_spec_path, prereg, calibrations, probes = load_study(study_path)
+    study = Study(out, spec, ladder_spec_path, prereg, calibrations, probes)
     _pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:

@@ -151,7 +151,7 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
 
     study_file = _micro_study(tmp_path)
     run_study(study_file, tmp_path / "out", stop_after="prepare")
-    spec, ladder, prereg, _ = load_study(study_file)
+    spec, ladder, prereg, _, _ = load_study(study_file)
     study = Study(tmp_path / "out", spec, ladder, prereg)
     check_store_unchanged(study)  # the same store: nothing to say
     marker = json.loads(study.marker("prepare").read_text())
@@ -166,7 +166,7 @@ def test_study_seed_offsets_the_ladder_seeds(tmp_path):
     from delphi.study import STUDY_SEED_STRIDE, Study, _ladder_spec, load_study
 
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "seed": 2}))
-    spec, ladder_path, prereg, _ = load_study(tmp_path / "s.yaml")
+    spec, ladder_path, prereg, _, _ = load_study(tmp_path / "s.yaml")
     seeds = _ladder_spec(Study(tmp_path / "o", spec, ladder_path, prereg)).run.seeds
     base = yaml.safe_load((REPO / "studies" / "ladder_tiny.yaml").read_text())["run"].get("seeds", [0])
     assert list(seeds) == [s + 2 * STUDY_SEED_STRIDE for s in base]
@@ -188,7 +188,7 @@ def test_study_lr_calibration_is_resolved_checked_and_pinned(tmp_path):
     with pytest.raises(DelphiError, match=r"gates.lr_calibration: .*cal/b.json not found"):
         load_study(tmp_path / "s.yaml")
     (tmp_path / "cal" / "b.json").write_text('{"points": [{"d_model": 160}]}')
-    spec, ladder, prereg, calibrations = load_study(tmp_path / "s.yaml")
+    spec, ladder, prereg, calibrations, _ = load_study(tmp_path / "s.yaml")
     assert calibrations == ((tmp_path / "cal" / "a.json").resolve(), (tmp_path / "cal" / "b.json").resolve())
     study = Study(tmp_path / "out", spec, ladder, prereg, calibrations)
     with pytest.raises(DelphiError, match="the gates stage writes it"):
@@ -199,6 +199,31 @@ def test_study_lr_calibration_is_resolved_checked_and_pinned(tmp_path):
     pin_lr_calibration(study)
     assert [p["d_model"] for p in json.loads(study.lr_calibration.read_text())["points"]] == [32, 160, 192]
     assert pin_lr_calibration(Study(tmp_path / "o2", spec, ladder, prereg)) is None
+
+
+def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
+    """gates.probes: finished run dirs relative to the study file; one that is not a finished run is
+    an error naming the key; the gates stage copies config and summary into the study dir."""
+    import pytest
+
+    from delphi.errors import DelphiError
+    from delphi.study import Study, load_study, pin_probes, probe_runs
+
+    raw = {"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "gates": {"probes": ["p/probe3x"]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "p" / "probe3x").mkdir(parents=True)
+    with pytest.raises(DelphiError, match=r"gates.probes: .*probe3x is not a finished run dir"):
+        load_study(tmp_path / "s.yaml")
+    for name in ("config.yaml", "summary.json"):
+        shutil.copy(REPO / "paper" / "v4" / "probe3x" / name, tmp_path / "p" / "probe3x" / name)
+    spec, ladder, prereg, calibrations, probes = load_study(tmp_path / "s.yaml")
+    assert probes == ((tmp_path / "p" / "probe3x").resolve(),)
+    study = Study(tmp_path / "out", spec, ladder, prereg, calibrations, probes)
+    with pytest.raises(DelphiError, match="the gates stage copies them"):
+        probe_runs(study)
+    pin_probes(study)
+    assert probe_runs(study) == [study.probes_dir / "probe3x"]
+    assert (study.probes_dir / "probe3x" / "summary.json").read_bytes() == (REPO / "paper" / "v4" / "probe3x" / "summary.json").read_bytes()
 
 
 def test_report_sections_come_from_the_files(tmp_path):

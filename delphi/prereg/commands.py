@@ -35,6 +35,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="seal even if a gate fails (recorded in the sealed file and every verdict)")
     p.add_argument("--rehearsal", help="a finished dress-rehearsal run dir (~3x the top budget): its error is a gate")
+    p.add_argument("--probe", metavar="RUN_DIR", action="append", default=[],
+                   help="a finished run beyond the ladder, sealed before it trained (repeatable): gate probes scores the "
+                        "law on it, and gate method_agreement sets aside a cross-check law it rejects")
     p.add_argument("--lr-calibration", metavar="LR_CALIBRATION.json", nargs="+",
                    help="`delphi ladder lr-calibrate` reports: gate lr_transfer checks --ladder's LR rule against their points")
     p.add_argument("--backtest", help="BACKTEST.json of the same law (default: refitted here)")
@@ -97,7 +100,7 @@ def _create(args: argparse.Namespace):
 
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
     check_output_file(args.out, inputs=(args.fit, args.hero, args.results, args.curve_fit, args.backtest, args.rehearsal,
-                                        *(args.lr_calibration or ())))
+                                        *(args.lr_calibration or ()), *args.probe))
     backtest = read_json(args.backtest, what="backtest JSON") if args.backtest else None
     try:
         doc = create_prereg(
@@ -109,6 +112,7 @@ def _create(args: argparse.Namespace):
             assumptions=args.assume, bootstrap=args.bootstrap, seed=args.seed, force=args.force, thresholds=thresholds,
             backtest=backtest, rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
             lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
+            probe_runs=[Path(p) for p in args.probe],
         )
     except CheckFailed:
         for line in gt.gate_lines(gt.Gate.from_json(g) for g in json.loads(gates_path(Path(args.out)).read_text())["gates"]):

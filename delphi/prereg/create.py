@@ -15,7 +15,7 @@ import json
 import math
 import subprocess
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -345,20 +345,35 @@ def refit_with(name: str, family, seed: int = 0, what: str | None = None) -> Cal
 CROSS_CHECK_METHODS = ("isoflop", "vpnls")
 
 
-def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = None) -> dict[str, dict[str, Any]]:
+def beyond_ladder_runs(rehearsal_run: Path | None = None, probe_runs: Sequence[Path] = ()) -> dict[str, Path]:
+    """The finished runs beyond the ladder, by name: the dress rehearsal and each probe (its dir name)."""
+    runs = {"rehearsal": Path(rehearsal_run)} if rehearsal_run is not None else {}
+    for run in probe_runs:
+        name = Path(run).name
+        if name in runs:
+            raise DelphiError(f"--probe {run}: two runs beyond the ladder are named {name!r}; give each probe its own dir name")
+        runs[name] = Path(run)
+    return runs
+
+
+def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = None,
+                            probe_runs: Sequence[Path] = ()) -> dict[str, dict[str, Any]]:
     """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss",
-    "backtest_rel_error", "rehearsal_rel_error"}} or {method: {"error"}}.
+    "backtest_rel_error", "probes"}} or {method: {"error"}}.
 
     "loss" is its prediction for the hero's own run (`predict_hero`: a law in (N, D) at the hero's
     N and D; the isoFLOP law at its exact FLOPs plus its curvature's off-optimum penalty). The
     other two are its own errors where the truth is already known: the held-out top budget, and
-    the finished dress rehearsal when there is one (None otherwise). They decide whether the gate
-    counts it: a law the data already contradicts is no competing explanation. The primary's own
-    law (VPNLS for Approach 3 too) is skipped."""
+    each finished run beyond the ladder (`beyond_ladder_runs`: the dress rehearsal, probes) as
+    {run: {"rel_error", "noise_rel"}}, "noise_rel" being one run's noise around this law relative
+    to the run's loss. They decide whether gate method_agreement counts it: a law the data already
+    contradict is no competing explanation. The primary's own law (VPNLS for Approach 3 too) is
+    skipped."""
     from delphi.fits import backtest as run_backtest
 
     primary_own = law_name(fit)
     family = getattr(fit, "family", None)
+    runs = beyond_ladder_runs(rehearsal_run, probe_runs)
     out: dict[str, dict[str, Any]] = {}
     for name in CROSS_CHECK_METHODS:
         if name == primary_own or (name == "vpnls" and fit.kind == "parametric"):
@@ -368,13 +383,15 @@ def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = N
             other = refit(fit_table)
             loss = float(predict_hero(other, hero)[0]["loss"])
             held_out = run_backtest(fit_table, refit, family=family)["budgets"]
-            rehearsal = run_predicted_vs_actual(other, rehearsal_run) if rehearsal_run is not None else None
+            noise = run_noise_nats(other, fit_table)[0] or 0.0
+            scored = {run: run_predicted_vs_actual(other, path) for run, path in runs.items()}
         except (DelphiError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
             out[name] = {"error": f"not fitted ({e})"}
             continue
         out[name] = {"loss": loss if math.isfinite(loss) else None,
                      "backtest_rel_error": float(held_out[0]["rel_error"]) if held_out else None,
-                     "rehearsal_rel_error": None if rehearsal is None else float(rehearsal["rel_error"])}
+                     "probes": {run: {"rel_error": float(r["rel_error"]), "noise_rel": noise / float(r["actual"])}
+                                for run, r in scored.items()}}
     return out
 
 
@@ -409,13 +426,13 @@ def run_predicted_vs_actual(fit, run_dir: Path, noise: float | None = None) -> d
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
-        raise DelphiError(f"--rehearsal: {run_dir}: no config.yaml; not a run dir")
+        raise DelphiError(f"{run_dir}: no config.yaml; not a run dir")
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
-        raise DelphiError(f"--rehearsal: {run_dir}: no readable summary.json; has the run finished?") from None
+        raise DelphiError(f"{run_dir}: no readable summary.json; has the run finished?") from None
     if summary.get("status", "completed") != "completed" or summary.get("val_loss") is None:
-        raise DelphiError(f"--rehearsal: {run_dir}: status {summary.get('status')!r}, no final val_loss")
+        raise DelphiError(f"{run_dir}: status {summary.get('status')!r}, no final val_loss")
     cfg = load_train_config(run_dir / "config.yaml")
     pred, how = predict_hero(fit, cfg)
     pred = predictive(pred, noise)
@@ -456,18 +473,23 @@ def lr_drift_from(lr_calibration: list[Path] | None, ladder: Path | None) -> lis
 
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
-                  lr_calibration: list[Path] | None = None) -> list:
+                  lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = ()) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
-    laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` too);
-    gate lr_transfer when an `lr-calibrate` report is given."""
+    laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
+    finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
+    (the primary law at each probe) when probes are given."""
     from delphi.fits import backtest as run_backtest
     from delphi.prereg import gates as gt
 
     lr_drift = lr_drift_from(lr_calibration, ladder)
     if results is None:
+        if probe_runs:
+            raise DelphiError("--probe: needs the results table (--results or --ladder) to score the laws on the probes")
         return gt.evaluate_gates(fit=fit, table=None, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                                  backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift)
     fit_table, gate_table = load_tables(results, fit_convention(fit))
+    noise = run_noise_nats(fit, fit_table)[0]
+    probes = {name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()}
     refit = refit_function(fit)
     if backtest is None:
         import inspect
@@ -480,7 +502,8 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     lobo = gt.leave_one_budget_out(fit_table, refit, lambda f: predict_hero(f, hero)[0]["loss"])
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                              backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
-                             cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run), lr_drift=lr_drift)
+                             cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs),
+                             lr_drift=lr_drift, probes=probes)
 
 
 def create_prereg(
@@ -503,6 +526,7 @@ def create_prereg(
     rehearsal_run: Path | None = None,
     rehearsal: dict | None = None,
     lr_calibration: list[Path] | None = None,
+    probe_runs: Sequence[Path] = (),
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -511,7 +535,9 @@ def create_prereg(
     `thresholds` is a `gates.GateThresholds` (default: its defaults at `tolerance_rel`);
     `backtest` a precomputed held-out-budget backtest of the same law (default: refitted here);
     `rehearsal_run` a finished dress-rehearsal run dir, or `rehearsal` its result already measured;
-    `lr_calibration` `lr-calibrate` reports (gate lr_transfer, against `ladder`'s rule)."""
+    `lr_calibration` `lr-calibrate` reports (gate lr_transfer, against `ladder`'s rule);
+    `probe_runs` finished runs beyond the ladder, sealed before they trained (gate probes, and
+    evidence for method_agreement); their summaries are hashed into the provenance."""
     from delphi.fits.results import load_fit
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
@@ -554,6 +580,10 @@ def create_prereg(
         "hero_config_path": str(hero_path),
         "hero_config_sha256": sha256_file(hero_path),
     }
+    for name, run in beyond_ladder_runs(None, probe_runs).items():
+        if not (run / "summary.json").is_file():
+            raise DelphiError(f"--probe {run}: no summary.json; not a finished run")
+        provenance.setdefault("probe_summaries_sha256", {})[name] = sha256_file(run / "summary.json")
     manifest = Path(ladder) / "manifest.csv" if ladder else None
     provenance["manifest_sha256"] = sha256_file(manifest) if manifest and manifest.is_file() else None
     if results is not None:
@@ -608,7 +638,7 @@ def create_prereg(
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run, noise)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
-                              rehearsal_run=rehearsal_run, lr_calibration=lr_calibration)
+                              rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal

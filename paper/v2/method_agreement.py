@@ -55,7 +55,7 @@ def row(study: str, primary: str) -> dict[str, object]:
         out |= {"cross_check": name, "cross_check_loss": round(check["loss"], 4),
                 "cross_check_error": round(actual / check["loss"] - 1, 4),
                 "cross_check_backtest": round(check["backtest_rel_error"], 4),
-                "cross_check_rehearsal_error": round(check["rehearsal_rel_error"], 4),
+                "cross_check_rehearsal_error": round(check["probes"]["rehearsal"]["rel_error"], 4),
                 "disagreement": round(check["loss"] / predicted - 1, 4),
                 "actual_between_laws": min(predicted, check["loss"]) <= actual <= max(predicted, check["loss"])}
     return out
