@@ -37,7 +37,7 @@ from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_text, atomic_write_yaml, read_yaml
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
-from delphi.train.rundir import CONFIG_FILE, METRICS_FILE
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
 # How N is counted (PARAM_CONVENTIONS): the study fits under each and keeps the one its backtest
@@ -162,8 +162,8 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
             raise DelphiError(f"{path}: gates.lr_calibration: {c} not found (write it with `delphi ladder lr-calibrate`)")
     probes = tuple((path.parent / p).resolve() for p in spec.gates.probes)
     for p in probes:
-        if not (p / "summary.json").is_file() or not (p / CONFIG_FILE).is_file():
-            raise DelphiError(f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and summary.json)")
+        if not (p / SUMMARY_FILE).is_file() or not (p / CONFIG_FILE).is_file():
+            raise DelphiError(f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and {SUMMARY_FILE})")
     if len({p.name for p in probes}) != len(probes):
         raise DelphiError(f"{path}: gates.probes: two probe dirs share a name; each names its run in the gates")
     return spec, ladder, prereg, calibrations, probes
@@ -642,11 +642,13 @@ def pin_lr_calibration(study: Study) -> Path | None:
 
 
 def pin_probes(study: Study) -> None:
-    """Copy each of gates.probes' config and summary into the study dir, where the gates, the seal
-    and the paper read them: the study's data then hold the evidence."""
+    """Copy each of gates.probes' config, status and summary into the study dir, where the gates, the
+    seal and the paper read them: the study's data then hold the evidence (and a snapshot, which
+    keeps finished runs only, keeps them)."""
     for source in study.probe_sources:
-        for name in (CONFIG_FILE, "summary.json"):
-            atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())
+        for name in (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE):
+            if (source / name).is_file():
+                atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())
 
 
 def probe_runs(study: Study) -> list[Path]:
@@ -654,7 +656,7 @@ def probe_runs(study: Study) -> list[Path]:
     if not study.spec.gates.probes:
         return []
     runs = [study.probes_dir / Path(p).name for p in study.spec.gates.probes]
-    missing = [str(r) for r in runs if not (r / "summary.json").is_file()]
+    missing = [str(r) for r in runs if not (r / SUMMARY_FILE).is_file()]
     if missing:
         raise DelphiError(f"{', '.join(missing)}: missing; the gates stage copies them from gates.probes")
     return runs

@@ -207,14 +207,14 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     import pytest
 
     from delphi.errors import DelphiError
-    from delphi.study import Study, load_study, pin_probes, probe_runs
+    from delphi.study import Study, compact_files, load_study, pin_probes, probe_runs
 
     raw = {"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "gates": {"probes": ["p/probe3x"]}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     (tmp_path / "p" / "probe3x").mkdir(parents=True)
     with pytest.raises(DelphiError, match=r"gates.probes: .*probe3x is not a finished run dir"):
         load_study(tmp_path / "s.yaml")
-    for name in ("config.yaml", "summary.json"):
+    for name in ("config.yaml", "status.json", "summary.json"):
         shutil.copy(REPO / "paper" / "v4" / "probe3x" / name, tmp_path / "p" / "probe3x" / name)
     spec, ladder, prereg, calibrations, probes = load_study(tmp_path / "s.yaml")
     assert probes == ((tmp_path / "p" / "probe3x").resolve(),)
@@ -224,6 +224,8 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     pin_probes(study)
     assert probe_runs(study) == [study.probes_dir / "probe3x"]
     assert (study.probes_dir / "probe3x" / "summary.json").read_bytes() == (REPO / "paper" / "v4" / "probe3x" / "summary.json").read_bytes()
+    # A snapshot keeps finished runs only: the probe's status comes along, so the evidence is committed.
+    assert Path("probes/probe3x/summary.json") in compact_files(study.out)
 
 
 def test_report_sections_come_from_the_files(tmp_path):
