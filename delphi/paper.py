@@ -128,6 +128,7 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["iso_a"] = f"{iso['params']['a']:.3f}" if "a" in iso.get("params", {}) else "n/a"
     n["iso_a_90"] = _interval((iso.get("intervals") or {}).get("a"))
     n["iso_b"] = f"{iso['params']['b']:.3f}" if "b" in iso.get("params", {}) else "n/a"
+    n["iso_loss_exponent"] = f"{iso['params']['loss_exponent']:.4f}" if "loss_exponent" in iso.get("params", {}) else "n/a"
     n["vpnls_E_at_bound"] = "yes" if "E" in (vp.get("diagnostics") or {}).get("at_bound", []) else "no"
     frontier = fits.get("frontier", {})
     sens = frontier.get("sensitivity") or {}
@@ -219,9 +220,47 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     out["cross_check_sentence"] = _cross_check_sentence(data_dir, pinned["primary_fit"], prereg_doc, float(final["loss"]),
                                                        check.get("actual_final_loss"))
     out["lr_sentence"] = _lr_sentence(data_dir / "lr_calibration.json", gates)
+    out.update(_beyond_ladder_numbers(data_dir, pinned["primary_fit"], gates, float(iso["budget"].max())))
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
+    return out
+
+
+LAW_NAMES = {"isoflop": "the isoFLOP power law (Approach 2)", "vpnls": "VPNLS (the Chinchilla surface)",
+             "parametric": "the parametric surface (Approach 3)", "frontier": "the compute frontier with E free"}
+
+
+def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], top_budget: float) -> dict[str, Any]:
+    """The runs beyond the ladder (the study's pinned probes, then the hero) against every law the
+    study fitted, each at the run's own N, D and exact FLOPs (`predict_hero`, the code the seal runs),
+    and the gate that held the primary law to the probes."""
+    from delphi.fits import load_fit
+    from delphi.prereg.create import predict_hero
+    from delphi.train.config import load_train_config
+
+    probes = sorted((p for p in (data_dir / "probes").glob("*") if (p / "summary.json").is_file()),
+                    key=lambda p: load_train_config(p / "config.yaml").flops)
+    multiples = [load_train_config(p / "config.yaml").flops / top_budget for p in probes]
+    out: dict[str, Any] = {"primary_law": LAW_NAMES.get(primary_fit, primary_fit), "n_probes": _count_words(len(probes)),
+                           "probe_multiples": " and ".join(f"{m:.0f}x" for m in multiples) or "none"}
+    gate = next((g for g in gates if g["name"] == "probes"), None)
+    out["probes_sentence"] = ("No probes beyond the ladder were given." if gate is None else
+                              f"Gate probes {'passed' if gate['passed'] else 'failed'} for the primary law: {gate['detail']}.")
+    fits = {m: load_fit(path) for m in LAW_NAMES if (path := data_dir / "fits" / f"{m}.json").is_file()}
+    runs = probes + ([data_dir / "hero"] if (data_dir / "hero" / "summary.json").is_file() else [])
+    rows = ["| run | FLOPs | shape | tokens | actual | " + " | ".join(f"{m}{' (primary)' if m == primary_fit else ''}" for m in fits) + " |",
+            "|---|---|---|---|---|" + "---|" * len(fits)]
+    for run in runs:
+        cfg = load_train_config(run / "config.yaml")
+        actual = float(json.loads((run / "summary.json").read_text())["val_loss"])
+        cells = []
+        for fit in fits.values():
+            predicted = float(predict_hero(fit, cfg)[0]["loss"])
+            cells.append(f"{predicted:.4f} ({actual / predicted - 1:+.2%})")
+        rows.append(f"| {run.name} | {cfg.flops:.3g} ({cfg.flops / top_budget:.0f}x) | d{cfg.model.d_model} L{cfg.model.n_layers} "
+                    f"| {float(cfg.tokens):.3g} | {actual:.4f} | " + " | ".join(cells) + " |")
+    out["beyond_ladder_table"] = "\n".join(rows) if runs else "(no runs beyond the ladder)"
     return out
 
 

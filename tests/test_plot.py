@@ -40,7 +40,6 @@ def isoflop_files(tmp_path_factory):
                       ("frontier", fit_frontier(table, n_bootstrap=30))):
         (root / f"{name}.json").write_text(json.dumps(fit.to_json()))
         fits[name] = root / f"{name}.json"
-    hero = ps.hero_config()
     return root, fits
 
 

@@ -14,7 +14,6 @@ validation stream, identical for every call and every run on the same store.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Iterator

@@ -41,7 +41,7 @@ Choices, and why:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -199,7 +199,6 @@ def ladder_lr_ref(ladder_dir: str | Path) -> float:
 
 def load_ladder_curves(ladder_dir: str | Path, *, momentum_decay: float = TISSUE_MOMENTUM_DECAY) -> list[Curve]:
     """Every completed run's curve under a ladder dir, all in units of `ladder_lr_ref`."""
-    from delphi.train.config import load_train_config
 
     runs = []
     for run in find_run_dirs(ladder_dir):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 import os
 import warnings

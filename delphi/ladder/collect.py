@@ -24,7 +24,6 @@ beside the table, which `delphi fit` picks up for exact-FLOP allocation.
 from __future__ import annotations
 
 import io
-import json
 import math
 from pathlib import Path
 

@@ -5,7 +5,6 @@ Every figure is written as OUT.png and OUT.svg (delphi.plot.style).
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 from pathlib import Path

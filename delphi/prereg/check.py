@@ -15,11 +15,10 @@ sets the exit code.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

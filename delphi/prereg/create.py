@@ -538,7 +538,6 @@ def create_prereg(
     `lr_calibration` `lr-calibrate` reports (gate lr_transfer, against `ladder`'s rule);
     `probe_runs` finished runs beyond the ladder, sealed before they trained (gate probes, and
     evidence for method_agreement); their summaries are hashed into the provenance."""
-    from delphi.fits.results import load_fit
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params
