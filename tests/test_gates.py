@@ -366,6 +366,15 @@ def test_prereg_create_seals_when_every_gate_passes(good, tmp_path, capsys):
     assert "PASS lobo_spread" in err
 
 
+def test_prereg_create_refuses_a_probe_that_is_not_a_finished_run(good, tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    (tmp_path / "probe").mkdir()
+    code, _, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]), "--results",
+                            str(good["root"] / "results.csv"), "--out", str(out), "--probe", str(tmp_path / "probe")], capsys)
+    assert code == 2 and "probe: no summary.json; not a finished run" in err
+    assert not out.exists() and not (tmp_path / "p.gates.json").exists()
+
+
 def test_bad_ladder_is_refused_and_force_is_recorded_everywhere(good, tmp_path, capsys):
     """One seed and two budgets: refused (exit 1, gate report written, nothing sealed); --force seals and says so."""
     bad = ladder_table(budgets=(1e12, 1e13), seeds=(0,))
