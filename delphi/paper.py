@@ -5,7 +5,8 @@ the text is a `$placeholder` filled from a finished study's compact data (result
 backtests, gates, the rehearsal, the hero's metrics, the preregistration), so nothing in the prose
 is typed by hand and nothing needs training to rebuild.
 
-    delphi paper build --data paper/v3/study        # the current edition, from its committed study
+    delphi paper build --data paper/v5/study        # the current edition, from its committed study
+    delphi paper build --paper-dir paper/v3 --data paper/v3/study   # the third edition
     delphi paper build --paper-dir paper/v1         # the first edition, from paper/v1/data
     delphi paper build --from-study runs/paper      # import a finished study into PAPER_DIR/data, then build
 """
