@@ -242,6 +242,13 @@ def test_probes_gate():
     assert gt.gate_probes({"probe3x": runs["probe3x"]}, 0.03).passed
     assert not gt.gate_probes({"probe3x": {"error": "no summary.json"}}, 0.03).passed
     assert not gt.gate_probes({}, 0.03).passed
+    # Errors growing with distance: each probe inside, their trend carried to the hero outside.
+    growing = {"probe3x": {"predicted": 1.0, "actual": 0.98, "rel_error": -0.02, "compute": 3e13},
+               "probe10x": {"predicted": 1.0, "actual": 1.03, "rel_error": 0.03, "compute": 1e14}}
+    assert gt.gate_probes(growing, 0.03).passed  # no hero compute: the trend is not evaluated
+    gate = gt.gate_probes(growing, 0.03, top_budget=1e13, hero_compute=3e14)
+    assert not gate.passed and "carried to the hero +7.56%" in gate.detail
+    assert gt.carried_probe_error({"probe3x": growing["probe3x"]}, 1e13, 3e14) is None  # one probe: no trend
 
 
 PAPER_V2 = Path(__file__).resolve().parents[1] / "paper" / "v2"
@@ -355,6 +362,11 @@ def test_the_v5_hero_sealed_green_on_the_probes_and_missed_high():
     assert errors["isoflop"]["hero"] == pytest.approx(0.0869, abs=0.001) and errors["vpnls"]["hero"] == pytest.approx(-0.1235, abs=0.001)
     assert errors["isoflop"]["probe3x"] < errors["isoflop"]["probe10x"] < errors["isoflop"]["hero"]  # growing with distance
     assert float(predict_hero(load_fit(v5 / "fits" / "isoflop.json"), hero)[0]["loss"]) < actual < 1.1571
+    # Gate probes as it stands today carries the probes' errors to the hero and refuses the seal.
+    scored = {name: {"rel_error": errors["isoflop"][name], "compute": load_train_config(v5 / "probes" / name / "config.yaml").flops,
+                     "predicted": 0.0, "actual": 0.0} for name in ("probe3x", "probe10x")}
+    gate = gt.gate_probes(scored, 0.03, top_budget=1e13, hero_compute=hero.flops)
+    assert not gate.passed and gate.value == pytest.approx(0.0748, abs=0.001)
 
 
 def test_fit_status_and_rehearsal_gates():
