@@ -234,6 +234,11 @@ LAW_NAMES = {"isoflop": "the isoFLOP power law (Approach 2)", "vpnls": "VPNLS (t
              "parametric": "the parametric surface (Approach 3)", "frontier": "the compute frontier with E free"}
 
 
+def _probe_dirs(data_dir: Path) -> list[Path]:
+    """The study's pinned probes (`delphi.study.pin_probes`), by name."""
+    return sorted(p for p in (data_dir / "probes").glob("*") if (p / "summary.json").is_file())
+
+
 def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], top_budget: float,
                            tolerance_rel: float) -> dict[str, Any]:
     """The runs beyond the ladder (the study's pinned probes, then the hero) against every law the
@@ -243,9 +248,10 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
     from delphi.prereg.create import predict_hero
     from delphi.train.config import load_train_config
 
-    probes = sorted((p for p in (data_dir / "probes").glob("*") if (p / "summary.json").is_file()),
-                    key=lambda p: load_train_config(p / "config.yaml").flops)
-    multiples = [load_train_config(p / "config.yaml").flops / top_budget for p in probes]
+    probes = _probe_dirs(data_dir)
+    configs = {run: load_train_config(run / "config.yaml") for run in probes}
+    probes.sort(key=lambda run: configs[run].flops)
+    multiples = [configs[run].flops / top_budget for run in probes]
     out: dict[str, Any] = {"primary_law": LAW_NAMES.get(primary_fit, primary_fit), "n_probes": _count_words(len(probes)),
                            "probe_multiples": " and ".join(f"{m:.0f}x" for m in multiples) or "none"}
     gate = next((g for g in gates if g["name"] == "probes"), None)
@@ -308,8 +314,7 @@ def _cross_check_sentence(data_dir: Path, primary_fit: str, prereg_doc: dict, pr
     fit = load_fit(fit_path)
     fit_table, _ = load_tables(data_dir / "results.csv", fit_convention(fit))
     rehearsal = data_dir / "rehearsal" if (data_dir / "rehearsal" / "summary.json").is_file() else None
-    probes = sorted(p for p in (data_dir / "probes").glob("*") if (p / "summary.json").is_file())
-    checks = cross_check_predictions(fit, fit_table, load_train_config(data_dir / "hero.yaml"), rehearsal, probes)
+    checks = cross_check_predictions(fit, fit_table, load_train_config(data_dir / "hero.yaml"), rehearsal, _probe_dirs(data_dir))
     tolerance = float(prereg_doc["decision"]["tolerance_rel"])
     now = gt.gate_method_agreement(predicted, checks, tolerance)
     sealed = next((g for g in prereg_doc.get("gates") or [] if g["name"] == "method_agreement"), None)

@@ -488,7 +488,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
         return gt.evaluate_gates(fit=fit, table=None, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                                  backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift)
     fit_table, gate_table = load_tables(results, fit_convention(fit))
-    noise = run_noise_nats(fit, fit_table)[0]
+    noise = run_noise_nats(fit, fit_table)[0] if probe_runs else None
     probes = {name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()}
     refit = refit_function(fit)
     if backtest is None:
