@@ -22,6 +22,7 @@ first step, so the sealed prediction provably precedes the outcome.
 from __future__ import annotations
 
 import json
+import os
 import math
 import sys
 import time
@@ -57,6 +58,12 @@ class HeroSpec:
     eval_every: int | None = None  # None: the ladder's evals_per_run, spaced as on its rungs
     # The dress rehearsal's compute as a multiple of the top ladder budget; None: no rehearsal.
     rehearsal_multiple: float | None = DEFAULT_REHEARSAL_MULTIPLE
+    # Seal the primary law x (1 + its error trend at gates.probes carried to the hero), not the law
+    # alone (delphi.prereg.create.correct_by_probes); needs >= 3 probes for gate probes to pass.
+    probe_correction: bool = False
+    # A checkpoint at least this often (seconds of training; 0: by count only): a hero that outlasts
+    # a working session resumes from minutes ago, not from a quarter of the run.
+    checkpoint_every_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,10 @@ class StudySpec:
             if hero.compute is None and hero.rehearsal_multiple >= hero.compute_multiple:
                 raise DelphiError(f"{where}: hero.rehearsal_multiple: {hero.rehearsal_multiple} must be below "
                                   f"hero.compute_multiple {hero.compute_multiple} (a rehearsal precedes the hero)")
+        if hero.probe_correction and not self.gates.probes:
+            raise DelphiError(f"{where}: hero.probe_correction: true needs gates.probes (finished runs beyond the ladder)")
+        if not hero.checkpoint_every_s >= 0:
+            raise DelphiError(f"{where}: hero.checkpoint_every_s: must be >= 0 seconds, got {hero.checkpoint_every_s}")
         if not self.conventions or any(c not in PARAM_CONVENTIONS for c in self.conventions):
             raise DelphiError(f"{where}: conventions: {list(self.conventions)}, expected a non-empty subset of {list(PARAM_CONVENTIONS)}")
         if self.params_convention is not None and self.params_convention not in PARAM_CONVENTIONS:
@@ -160,7 +171,8 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
     for c in calibrations:
         if not c.is_file():
             raise DelphiError(f"{path}: gates.lr_calibration: {c} not found (write it with `delphi ladder lr-calibrate`)")
-    probes = tuple((path.parent / p).resolve() for p in spec.gates.probes)
+    # Absolute, not resolved: a link keeps its own name (paper/v5/hero30x -> study/hero).
+    probes = tuple(Path(os.path.normpath((path.parent / p).absolute())) for p in spec.gates.probes)
     for p in probes:
         if not (p / SUMMARY_FILE).is_file() or not (p / CONFIG_FILE).is_file():
             raise DelphiError(f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and {SUMMARY_FILE})")
@@ -531,6 +543,8 @@ def _sized_run(study: Study, compute: float, name: str, out: Path) -> dict:
     # trainer fuse several steps per call; an override of eval_every may cost that.
     if study.spec.hero.eval_every:
         config.update(eval_every=study.spec.hero.eval_every, checkpoint_every=study.spec.hero.eval_every)
+    if name == "hero" and study.spec.hero.checkpoint_every_s:
+        config["checkpoint_every_s"] = study.spec.hero.checkpoint_every_s
     atomic_write_yaml(out, train_config_to_dict(train_config_from_dict(config)))
     return details
 
@@ -601,19 +615,21 @@ def _primary_backtest(study: Study) -> dict | None:
 def stage_gates(study: Study) -> dict:
     """Every gate, PASS/FAIL, before the hero trains; a failure stops the study here unless `force: true`."""
     from delphi.prereg import gates as gt
-    from delphi.prereg.create import compute_gates, predict_final
+    from delphi.prereg.create import compute_gates, hero_prediction
     from delphi.train.config import load_train_config
 
     hero = load_train_config(study.hero_config)
-    final, fit = predict_final(study.fit_path(study.spec.primary_fit), hero, study.results)  # what prereg will seal
-    thresholds = study.spec.thresholds()
-    rehearsal = _rehearsal(study)
     pin_lr_calibration(study)
     pin_probes(study)
+    correct = study.spec.hero.probe_correction
+    final, fit = hero_prediction(study.fit_path(study.spec.primary_fit), hero, study.results, probe_runs(study),
+                                 correct)  # what prereg will seal
+    thresholds = study.spec.thresholds()
+    rehearsal = _rehearsal(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
                           backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
                           rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-                          lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study))
+                          lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study), probe_correction=correct)
     report = gt.gate_report(gates, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
     atomic_write_json(study.gates, report)
     for line in gt.gate_lines(gates):
@@ -691,6 +707,7 @@ def stage_prereg(study: Study) -> dict:
         force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
         rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
         lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
+        probe_correction=study.spec.hero.probe_correction,
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}

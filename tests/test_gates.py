@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -248,7 +249,35 @@ def test_probes_gate():
     assert gt.gate_probes(growing, 0.03).passed  # no hero compute: the trend is not evaluated
     gate = gt.gate_probes(growing, 0.03, top_budget=1e13, hero_compute=3e14)
     assert not gate.passed and "carried to the hero +7.56%" in gate.detail
-    assert gt.carried_probe_error({"probe3x": growing["probe3x"]}, 1e13, 3e14) is None  # one probe: no trend
+    assert gt.probe_trend({"probe3x": growing["probe3x"]}, 1e13) is None  # one probe: no trend
+
+
+def test_probe_trend_and_the_corrected_gate():
+    """The fifth edition's three runs beyond the ladder: the trend of the first two carried to the
+    third is the +1.13% second opinion of paper/v5/second_opinions.csv."""
+    runs = {"probe3x": {"predicted": 1.1653, "actual": 1.1421, "rel_error": -0.0199, "compute": 3e13},
+            "probe10x": {"predicted": 1.0384, "actual": 1.0691, "rel_error": 0.0296, "compute": 1e14},
+            "hero30x": {"predicted": 0.9331, "actual": 1.0142, "rel_error": 0.0869, "compute": 3e14}}
+    trend = gt.probe_trend(runs, 1e13)
+    assert trend.names == ("probe3x", "probe10x", "hero30x")
+    two = gt.probe_trend({k: runs[k] for k in ("probe3x", "probe10x")}, 1e13)
+    assert two.at(3e14) == pytest.approx(0.0748, abs=2e-4)
+    assert trend.leave_last_out() == ("hero30x", pytest.approx(1.0869 / 1.0748 - 1, abs=3e-4))
+    assert two.leave_last_out() is None
+    # sd of a least-squares line at x0: noise x sqrt(1/n + (x0 - mean)^2 / Sxx); the two-point line
+    # at a probe's own x is the probe itself
+    assert two.sd_at(3e13, 0.01) == pytest.approx(0.01, rel=1e-9)
+    assert trend.sd_at(6e14, 0.01) > trend.sd_at(3e14, 0.01) > trend.sd_at(1e14, 0.01)
+    gate = gt.gate_probes(runs, 0.03, top_budget=1e13, hero_compute=6e14, corrected=True)
+    assert gate.passed and gate.value == pytest.approx(0.0113, abs=3e-4) and "without hero30x" in gate.detail
+    assert not gt.gate_probes(runs, 0.03, top_budget=1e13, hero_compute=6e14).passed  # the law alone: +8.69%
+    # Too far beyond the furthest probe, too few probes to test the correction, a probe off the trend:
+    assert "more than the probes' span" in gt.gate_probes(runs, 0.03, top_budget=1e13, hero_compute=1e16, corrected=True).detail
+    few = gt.gate_probes({k: runs[k] for k in ("probe3x", "probe10x")}, 0.03, top_budget=1e13, hero_compute=6e14, corrected=True)
+    assert not few.passed and ">= 3 finished probes" in few.detail
+    bent = runs | {"hero30x": runs["hero30x"] | {"rel_error": 0.20}}
+    gate = gt.gate_probes(bent, 0.03, top_budget=1e13, hero_compute=6e14, corrected=True)
+    assert not gate.passed and "from the trend fitted without it" in gate.detail and "from the trend" in gate.detail
 
 
 PAPER_V2 = Path(__file__).resolve().parents[1] / "paper" / "v2"
@@ -486,3 +515,16 @@ def test_lr_calibration_needs_the_ladder_whose_rule_it_checks(good, tmp_path, ca
                             "--lr-calibration", str(report)], capsys)
     assert code == 2 and "--lr-calibration" in err and "--ladder" in err
     assert not out.exists() and not (tmp_path / "p.gates.json").exists()
+
+
+def test_correct_by_probes_moves_and_widens_the_interval():
+    from delphi.prereg.create import Z90, correct_by_probes
+
+    trend = gt.probe_trend({"a": {"compute": 3e13, "rel_error": 0.0}, "b": {"compute": 1e14, "rel_error": 0.1}}, 1e13)
+    final = {"loss": 1.0, "loss_50": [0.99, 1.01], "loss_90": [0.98, 1.02], "source": "law"}
+    out = correct_by_probes(final, trend, 1e14, noise_rel=0.01)
+    assert out["loss"] == pytest.approx(1.1) and out["uncorrected"]["loss"] == 1.0
+    sd = trend.sd_at(1e14, 0.01)  # = 0.01: the line through two points passes through each
+    half = math.hypot(0.02 * 1.1, Z90 * sd * 1.1)
+    assert out["loss_90"] == pytest.approx([1.1 - half, 1.1 + half])
+    assert out["probe_correction"]["carried_rel"] == pytest.approx(0.1) and "x (1 +10.00%)" in out["source"]

@@ -226,6 +226,14 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     assert (study.probes_dir / "probe3x" / "summary.json").read_bytes() == (REPO / "paper" / "v4" / "probe3x" / "summary.json").read_bytes()
     # A snapshot keeps finished runs only: the probe's status comes along, so the evidence is committed.
     assert Path("probes/probe3x/summary.json") in compact_files(study.out)
+    # A link keeps its own name (paper/v5/hero30x -> study/hero).
+    (tmp_path / "p" / "hero30x").symlink_to("probe3x")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {"probes": ["p/hero30x"]}}))
+    assert [p.name for p in load_study(tmp_path / "s.yaml")[4]] == ["hero30x"]
+    # Correcting by the probes needs probes.
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {}, "hero": {"probe_correction": True}}))
+    with pytest.raises(DelphiError, match="hero.probe_correction: true needs gates.probes"):
+        load_study(tmp_path / "s.yaml")
 
 
 def test_report_sections_come_from_the_files(tmp_path):

@@ -38,6 +38,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--probe", metavar="RUN_DIR", action="append", default=[],
                    help="a finished run beyond the ladder, sealed before it trained (repeatable): gate probes scores the "
                         "law on it, and gate method_agreement sets aside a cross-check law it rejects")
+    p.add_argument("--probe-correction", action="store_true",
+                   help="seal the law x (1 + its error trend at the probes, linear in log C, carried to the hero); "
+                        "gate probes then tests the trend on the furthest probe (needs >= 3 --probe)")
     p.add_argument("--lr-calibration", metavar="LR_CALIBRATION.json", nargs="+",
                    help="`delphi ladder lr-calibrate` reports: gate lr_transfer checks --ladder's LR rule against their points")
     p.add_argument("--backtest", help="BACKTEST.json of the same law (default: refitted here)")
@@ -112,7 +115,7 @@ def _create(args: argparse.Namespace):
             assumptions=args.assume, bootstrap=args.bootstrap, seed=args.seed, force=args.force, thresholds=thresholds,
             backtest=backtest, rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
             lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
-            probe_runs=[Path(p) for p in args.probe],
+            probe_runs=[Path(p) for p in args.probe], probe_correction=args.probe_correction,
         )
     except CheckFailed:
         for line in gt.gate_lines(gt.Gate.from_json(g) for g in json.loads(gates_path(Path(args.out)).read_text())["gates"]):

@@ -197,6 +197,69 @@ def predict_final(fit_path: Path, hero, results: Path | None = None) -> tuple[di
     return final, fit
 
 
+def score_probes(fit, probe_runs: Sequence[Path], noise: float | None = None) -> dict[str, dict[str, Any]]:
+    """Each finished probe (`beyond_ladder_runs`) predicted by `fit` at its own N and D, against its final loss."""
+    return {name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()}
+
+
+def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float) -> dict[str, Any]:
+    """`final` x (1 + the probes' error trend carried to the hero), its intervals moved with it and
+    widened, in quadrature, by z x the carried error's sd when each probe is one run of relative sd
+    `noise_rel` (`gates.ProbeTrend.sd_at`). Why: the isoFLOP law's error grew with distance in the
+    fifth edition (-1.99%, +2.96%, +8.69% at 3x, 10x, 30x); the trend of its first two probes,
+    carried to 30x, put the hero at 1.0029 against an actual 1.0142 (+1.13%; paper/v5/second_opinions.csv)."""
+    from delphi.fits.backtest import predictive_interval
+
+    carried, sd = trend.at(hero_compute), trend.sd_at(hero_compute, noise_rel)
+    factor = 1 + carried
+    loss = float(final["loss"]) * factor
+    out = dict(final) | {"loss": loss}
+    for key, z in (("loss_50", Z50), ("loss_90", Z90)):
+        moved = None if final.get(key) is None else [float(v) * factor for v in final[key]]
+        out[key] = list(predictive_interval(loss, moved, sd * loss, z))
+    out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
+    out["probe_correction"] = {
+        "rule": "primary law x (1 + its relative error at the probes, least squares linear in log10(C / top budget), "
+                "carried to the hero's exact FLOPs)",
+        "carried_rel": carried, "carried_sd_rel": sd, "noise_rel": noise_rel, "slope_per_decade": trend.slope,
+        "intercept": trend.intercept, "top_budget": trend.top_budget,
+        "probes": {n: {"log10_multiple": x, "rel_error": e} for n, x, e in zip(trend.names, trend.x, trend.errors)}}
+    out["source"] = f"{final['source']}; x (1 {carried:+.2%}), the probes' error trend carried to the hero"
+    out["interval"] = (f"{final.get('interval') or 'the fit interval'}; moved by the correction and widened in quadrature "
+                       f"by z x {sd:.2%} of the loss: the carried error's sd for probes of {noise_rel:.2%} noise each")
+    return out
+
+
+def probe_noise_rel(fit, fit_table, probes: dict[str, dict]) -> float:
+    """One probe's relative noise about the probes' error trend: the ladder's seed noise (the law's
+    scatter about the ladder is what the trend corrects), or the whole run noise when no seed
+    noise was measured, relative to the probes' mean loss."""
+    noise, parts = run_noise_nats(fit, fit_table)
+    nats = parts.get("seed_noise_nats") or noise
+    if nats is None:
+        raise DelphiError("--probe-correction: the ladder measured no run noise (one seed per cell and no law scatter)")
+    return float(nats) / float(np.mean([r["actual"] for r in probes.values()]))
+
+
+def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_runs: Sequence[Path] = (),
+                    probe_correction: bool = False) -> tuple[dict, Any]:
+    """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
+    prediction corrected by the probes' error trend (`correct_by_probes`)."""
+    from delphi.prereg import gates as gt
+
+    final, fit = predict_final(fit_path, hero, results)
+    if not probe_correction:
+        return final, fit
+    if results is None:
+        raise DelphiError("--probe-correction: needs the results table (--results or --ladder) to score the law on the probes")
+    fit_table, gate_table = load_tables(results, fit_convention(fit))
+    probes = score_probes(fit, probe_runs)
+    trend = gt.probe_trend(probes, gt.ladder_top_budget(gate_table))
+    if trend is None:
+        raise DelphiError(f"--probe-correction: needs >= 2 finished probes at distinct computes (--probe); got {len(probes)}")
+    return correct_by_probes(final, trend, float(hero.flops), probe_noise_rel(fit, fit_table, probes)), fit
+
+
 # --------------------------------------------------------------------------- assembly
 
 
@@ -473,11 +536,14 @@ def lr_drift_from(lr_calibration: list[Path] | None, ladder: Path | None) -> lis
 
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
-                  lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = ()) -> list:
+                  lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = (),
+                  probe_correction: bool = False) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
     finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
-    (the primary law at each probe) when probes are given."""
+    (the primary law at each probe) when probes are given. With `probe_correction`, `final` is the
+    corrected prediction (`hero_prediction`) and each leave-one-budget-out law is corrected by its
+    own errors at the probes."""
     from delphi.fits import backtest as run_backtest
     from delphi.prereg import gates as gt
 
@@ -489,7 +555,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
                                  backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift)
     fit_table, gate_table = load_tables(results, fit_convention(fit))
     noise = run_noise_nats(fit, fit_table)[0] if probe_runs else None
-    probes = {name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()}
+    probes = score_probes(fit, probe_runs, noise)
     refit = refit_function(fit)
     if backtest is None:
         import inspect
@@ -499,11 +565,16 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
             backtest = run_backtest(fit_table, refit, **kwargs)
         except (DelphiError, ValueError) as e:
             backtest = {"error": str(e)}
-    lobo = gt.leave_one_budget_out(fit_table, refit, lambda f: predict_hero(f, hero)[0]["loss"])
+    def hero_loss(f) -> float:
+        loss = float(predict_hero(f, hero)[0]["loss"])
+        trend = gt.probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table)) if probe_correction else None
+        return loss * (1 + trend.at(float(hero.flops))) if trend is not None else loss
+
+    lobo = gt.leave_one_budget_out(fit_table, refit, hero_loss)
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                              backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
                              cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs),
-                             lr_drift=lr_drift, probes=probes)
+                             lr_drift=lr_drift, probes=probes, probe_correction=probe_correction)
 
 
 def create_prereg(
@@ -527,6 +598,7 @@ def create_prereg(
     rehearsal: dict | None = None,
     lr_calibration: list[Path] | None = None,
     probe_runs: Sequence[Path] = (),
+    probe_correction: bool = False,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -537,7 +609,9 @@ def create_prereg(
     `rehearsal_run` a finished dress-rehearsal run dir, or `rehearsal` its result already measured;
     `lr_calibration` `lr-calibrate` reports (gate lr_transfer, against `ladder`'s rule);
     `probe_runs` finished runs beyond the ladder, sealed before they trained (gate probes, and
-    evidence for method_agreement); their summaries are hashed into the provenance."""
+    evidence for method_agreement); their summaries are hashed into the provenance;
+    `probe_correction` seals the primary law corrected by its error trend at the probes
+    (`hero_prediction`)."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params
@@ -563,7 +637,8 @@ def create_prereg(
         results = guess[0] if guess else None
     if results is not None and not Path(results).is_file():
         raise DelphiError(f"{results}: results table not found")
-    final, fit_obj = predict_final(Path(fit_path), hero, Path(results) if results is not None else None)
+    final, fit_obj = hero_prediction(Path(fit_path), hero, Path(results) if results is not None else None,
+                                     probe_runs, probe_correction)
     family, hero_family = fit_family(fit_obj, ladder_families), model_family(hero.model)
     if family is not None and family != hero_family:
         raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
@@ -637,7 +712,8 @@ def create_prereg(
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run, noise)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
-                              rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs)
+                              rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs,
+                              probe_correction=probe_correction)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal

@@ -520,27 +520,81 @@ def gate_dress_rehearsal(rehearsal: dict, tolerance_rel: float) -> Gate:
     return Gate("dress_rehearsal", abs(rel) <= tolerance_rel, rel, threshold, detail)
 
 
-def carried_probe_error(probes: dict[str, dict], top_budget: float, hero_compute: float) -> float | None:
-    """The primary law's error at the probes, fitted linear in log10(C / top budget) and carried to
-    the hero's compute; None with fewer than two probes at distinct computes. Why: a law whose error
-    grows with distance passes every probe and still misses the hero (paper v5: the isoFLOP law at
-    -1.99%, +2.96% at 3x, 10x carried +7.48% to 30x; the hero missed by +8.69%)."""
-    points = [(math.log10(float(r["compute"]) / top_budget), float(r["rel_error"])) for r in probes.values()
-              if not r.get("error") and r.get("compute")]
-    if len({x for x, _ in points}) < 2:
+def ladder_top_budget(table: pd.DataFrame) -> float:
+    """The largest isoFLOP budget of a results table: where extrapolation starts."""
+    return float(isoflop_rows(table)["budget"].max())
+
+
+@dataclass(frozen=True)
+class ProbeTrend:
+    """The primary law's relative error (actual / predicted - 1) at the finished probes, fitted by
+    least squares linear in x = log10(C / top budget). Why: a law whose error grows with distance
+    passes every probe and still misses the hero (paper v5: the isoFLOP law at -1.99%, +2.96% at
+    3x, 10x carried +7.48% to 30x; the hero missed by +8.69%)."""
+
+    top_budget: float
+    names: tuple[str, ...]
+    x: tuple[float, ...]
+    errors: tuple[float, ...]
+    slope: float
+    intercept: float
+
+    def x_of(self, compute: float) -> float:
+        return math.log10(compute / self.top_budget)
+
+    def at(self, compute: float) -> float:
+        """The trend's error carried to `compute`."""
+        return self.intercept + self.slope * self.x_of(compute)
+
+    def sd_at(self, compute: float, noise_rel: float) -> float:
+        """The sd of the carried error when each probe's error has sd `noise_rel` (one run's noise)."""
+        x = np.array(self.x)
+        return float(noise_rel * math.sqrt(1 / len(x) + (self.x_of(compute) - x.mean()) ** 2 / ((x - x.mean()) ** 2).sum()))
+
+    def residuals(self) -> dict[str, float]:
+        return {n: e - (self.intercept + self.slope * x) for n, x, e in zip(self.names, self.x, self.errors)}
+
+    def leave_last_out(self) -> tuple[str, float] | None:
+        """(the furthest probe, the error of its corrected prediction when the trend is fitted on the
+        other probes); None with fewer than two others at distinct computes."""
+        last = int(np.argmax(self.x))
+        rest = {n: {"compute": self.top_budget * 10 ** x, "rel_error": e}
+                for i, (n, x, e) in enumerate(zip(self.names, self.x, self.errors)) if i != last}
+        trend = probe_trend(rest, self.top_budget)
+        if trend is None:
+            return None
+        return self.names[last], (1 + self.errors[last]) / (1 + trend.intercept + trend.slope * self.x[last]) - 1
+
+
+def probe_trend(probes: dict[str, dict], top_budget: float) -> ProbeTrend | None:
+    """`ProbeTrend` of the finished probes (name -> {"compute", "rel_error"}); None with fewer than
+    two at distinct computes."""
+    points = sorted((math.log10(float(r["compute"]) / top_budget), float(r["rel_error"]), name)
+                    for name, r in probes.items() if not r.get("error") and r.get("compute"))
+    if len({x for x, _, _ in points}) < 2:
         return None
-    x, e = np.array(points).T
+    x, e = np.array([p[0] for p in points]), np.array([p[1] for p in points])
     slope, intercept = np.polyfit(x, e, 1)
-    return float(intercept + slope * math.log10(hero_compute / top_budget))
+    return ProbeTrend(float(top_budget), tuple(p[2] for p in points), tuple(map(float, x)), tuple(map(float, e)),
+                      float(slope), float(intercept))
 
 
 def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: float | None = None,
-                hero_compute: float | None = None) -> Gate:
-    """Every finished probe beyond the ladder (sealed before it trained) within tolerance of the
-    primary law's prediction for it at its own N and D, as a dress rehearsal must be; and with two
-    or more probes, their error carried to the hero (`carried_probe_error`) within tolerance too.
-    `probes`: name -> `run_predicted_vs_actual` (or {"error"})."""
-    threshold = f"|error| <= {tolerance_rel:.2%} at every probe and carried to the hero"
+                hero_compute: float | None = None, corrected: bool = False) -> Gate:
+    """Every finished probe beyond the ladder (sealed before it trained) scored against the primary
+    law at its own N and D. `probes`: name -> `run_predicted_vs_actual` (or {"error"}).
+
+    Uncorrected (the prediction is the primary law's): every probe within tolerance, as a dress
+    rehearsal must be, and with two or more probes their error trend (`ProbeTrend`) carried to the
+    hero within tolerance too. Corrected (the prediction is the law x (1 + the trend carried to the
+    hero), `delphi.prereg.create.correct_by_probes`): the correction must have been tested, so at
+    least three probes; the trend fitted without the furthest probe predicts it within tolerance;
+    every probe lies within tolerance of the trend; and the hero is no farther beyond the furthest
+    probe (in log C) than the probes span."""
+    threshold = (f"the correction, fitted without the furthest probe, predicts it within {tolerance_rel:.2%}; every "
+                 f"probe within {tolerance_rel:.2%} of the trend; the hero beyond the furthest probe by at most the "
+                 "probes' span in log C" if corrected else
+                 f"|error| <= {tolerance_rel:.2%} at every probe and carried to the hero")
     if not probes:
         return Gate("probes", False, None, threshold, "not evaluated: no probe runs")
     problems, parts, worst = [], [], 0.0
@@ -551,16 +605,35 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
         rel = float(r["rel_error"])
         parts.append(f"{name} ({r.get('compute', float('nan')):.3g} FLOPs): predicted {r['predicted']:.4f}, "
                      f"actual {r['actual']:.4f} ({rel:+.2%})")
-        worst = max(worst, abs(rel))
-        if abs(rel) > tolerance_rel:
-            problems.append(f"{name} {rel:+.2%}")
-    carried = (carried_probe_error(probes, top_budget, hero_compute)
-               if top_budget is not None and hero_compute is not None else None)
-    if carried is not None:
-        parts.append(f"carried to the hero's {hero_compute:.3g} FLOPs (linear in log C): {carried:+.2%}")
-        worst = max(worst, abs(carried))
-        if abs(carried) > tolerance_rel:
-            problems.append(f"carried to the hero {carried:+.2%}")
+        if not corrected:
+            worst = max(worst, abs(rel))
+            if abs(rel) > tolerance_rel:
+                problems.append(f"{name} {rel:+.2%}")
+    trend = probe_trend(probes, top_budget) if top_budget is not None else None
+    if trend is not None and hero_compute is not None:
+        parts.append(f"carried to the hero's {hero_compute:.3g} FLOPs (linear in log C): {trend.at(hero_compute):+.2%}")
+        if not corrected:
+            worst = max(worst, abs(trend.at(hero_compute)))
+            if abs(trend.at(hero_compute)) > tolerance_rel:
+                problems.append(f"carried to the hero {trend.at(hero_compute):+.2%}")
+    if corrected:
+        tested = trend.leave_last_out() if trend is not None else None
+        if tested is None:
+            problems.append("a correction by the probes needs >= 3 finished probes at distinct computes "
+                            "(two to fit the trend, one to test it)")
+        else:
+            name, rel = tested
+            worst = abs(rel)
+            parts.append(f"the trend without {name} predicts it at {rel:+.2%}")
+            if abs(rel) > tolerance_rel:
+                problems.append(f"{name} {rel:+.2%} from the trend fitted without it")
+            off = {n: r for n, r in trend.residuals().items() if abs(r) > tolerance_rel}
+            problems += [f"{n} {r:+.2%} from the trend" for n, r in off.items()]
+            if hero_compute is not None:
+                beyond, span = trend.x_of(hero_compute) - max(trend.x), max(trend.x) - min(trend.x)
+                parts.append(f"the hero {10 ** beyond:.3g}x beyond the furthest probe (probes span {10 ** span:.3g}x)")
+                if beyond > span:
+                    problems.append(f"the hero is {10 ** beyond:.3g}x beyond the furthest probe, more than the probes' span")
     detail = "; ".join(parts) + (f"; outside: {_join(problems)}" if problems else "")
     return Gate("probes", not problems, worst if parts else None, threshold, detail)
 
@@ -616,6 +689,7 @@ def evaluate_gates(
     exact_required: bool | None = None,
     lr_drift: list[dict] | None = None,
     probes: dict[str, dict] | None = None,
+    probe_correction: bool = False,
 ) -> list[Gate]:
     """Every gate, in a fixed order. `fit` is the primary FitResult; `table` the results table
     (one row per run and seed); `final` the hero's prediction {loss, loss_90}; `hero` from
@@ -624,7 +698,8 @@ def evaluate_gates(
     `rehearsal` {predicted, actual, rel_error, covered_90, compute} when a dress rehearsal ran;
     `cross_checks` other methods' predictions for the hero (`gate_method_agreement`); `lr_drift`
     the ladder's LR rule against a calibration (`gate_lr_transfer`; no gate without one); `probes`
-    the primary law against finished runs beyond the ladder (`gate_probes`; no gate without any)."""
+    the primary law against finished runs beyond the ladder (`gate_probes`; no gate without any);
+    `probe_correction` whether `final` is the primary law corrected by the probes' trend."""
     from delphi.ladder.plan import HERO_MAX_OFF_OPTIMUM
 
     agreement = gate_method_agreement(float(final["loss"]), cross_checks, thresholds.tol("agreement"))
@@ -641,7 +716,7 @@ def evaluate_gates(
         if rehearsal is not None:
             gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
         if probes:
-            gates.append(gate_probes(probes, thresholds.tol("rehearsal")))
+            gates.append(gate_probes(probes, thresholds.tol("rehearsal"), corrected=probe_correction))
         if lr_drift is not None:
             gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
         return gates
@@ -663,8 +738,8 @@ def evaluate_gates(
     if rehearsal is not None:
         gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
     if probes:
-        gates.append(gate_probes(probes, thresholds.tol("rehearsal"), top_budget=float(isoflop_rows(table)["budget"].max()),
-                                 hero_compute=hero.get("flops")))
+        gates.append(gate_probes(probes, thresholds.tol("rehearsal"), top_budget=ladder_top_budget(table),
+                                 hero_compute=hero.get("flops"), corrected=probe_correction))
     if lr_drift is not None:
         gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
     return gates
