@@ -10,12 +10,14 @@ import pandas as pd
 import pytest
 
 from delphi.cli import main
+from delphi.errors import DelphiError
 from delphi.fits import backtest, fit_approach2, fit_approach3, fit_vpnls, load_results
 from delphi.fits.backtest import all_holdouts, predictive_interval
 from delphi.fits.bootstrap import resample_indices
 from delphi.fits.laws import chinchilla_optimum
 
-PAPER_RESULTS = Path(__file__).resolve().parents[1] / "paper" / "v1" / "data" / "results.csv"
+REPO = Path(__file__).resolve().parents[1]
+PAPER_RESULTS = REPO / "paper" / "v1" / "data" / "results.csv"
 TRUTH = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al. 2022, rounded
 
 
@@ -151,3 +153,22 @@ def test_predict_run_is_the_one_entry_point_for_a_concrete_run():
     assert nd["loss"] == pytest.approx(row["loss"], rel=1e-6) and "N and D" in nd["how"]
     c_only = fit_approach2(table).predict_run(params=row["params"], tokens=row["tokens"], flops=row["flops"])
     assert "compute" in c_only["how"] and c_only["loss"] > 0
+
+
+def test_probe_holdouts_correct_the_isoflop_law_on_llama3():
+    """Llama 3's isoFLOP sweep: the isoFLOP law fitted on the lowest budgets is optimistic further
+    out, more so with distance (its error at the probes grows); the law x (1 + that trend) is
+    within 1% where the law alone misses by 3-4% (paper/v6/probe_trend_public.csv has every source)."""
+    from delphi.fits.backtest import probe_holdouts
+
+    raw = pd.read_csv(REPO / "tests" / "data" / "isoflops.csv")
+    table = load_results(raw[(raw["experiment"] == "llama_3__exp_loss") & ~raw["outlier"]])
+    result = probe_holdouts(table, fit_approach2, probes=3)
+    rows = [r for r in result["rows"] if "error" not in r]
+    assert len(rows) == 3 and all(r["tested"] for r in rows)
+    assert all(np.diff(r["probe_errors"]).min() > 0 for r in rows)  # the law's error grows at the probes
+    assert all(abs(r["corrected_rel_error"]) < 0.01 < abs(r["law_rel_error"]) for r in rows)
+    assert result["summary"]["all"]["corrected_coverage_90"] == 1.0
+    with pytest.raises(DelphiError, match="need >= 2 probes"):
+        probe_holdouts(table, fit_approach2, probes=6)
+    assert main(["fit", "backtest", str(REPO / "tests" / "data" / "isoflops.csv"), "--method", "isoflop", "--probes", "1"]) == 2

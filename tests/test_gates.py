@@ -15,6 +15,7 @@ import yaml
 import prereg_synthetic as ps
 from delphi.cli import main
 from delphi.fits import backtest, fit_vpnls, load_results
+from delphi.fits.backtest import probe_trend
 from delphi.fits.results import FitResult
 from delphi.model.flops import count_params
 from delphi.prereg import format as fmt
@@ -249,7 +250,7 @@ def test_probes_gate():
     assert gt.gate_probes(growing, 0.03).passed  # no hero compute: the trend is not evaluated
     gate = gt.gate_probes(growing, 0.03, top_budget=1e13, hero_compute=3e14)
     assert not gate.passed and "carried to the hero +7.56%" in gate.detail
-    assert gt.probe_trend({"probe3x": growing["probe3x"]}, 1e13) is None  # one probe: no trend
+    assert probe_trend({"probe3x": growing["probe3x"]}, 1e13) is None  # one probe: no trend
 
 
 def test_probe_trend_and_the_corrected_gate():
@@ -258,9 +259,9 @@ def test_probe_trend_and_the_corrected_gate():
     runs = {"probe3x": {"predicted": 1.1653, "actual": 1.1421, "rel_error": -0.0199, "compute": 3e13},
             "probe10x": {"predicted": 1.0384, "actual": 1.0691, "rel_error": 0.0296, "compute": 1e14},
             "hero30x": {"predicted": 0.9331, "actual": 1.0142, "rel_error": 0.0869, "compute": 3e14}}
-    trend = gt.probe_trend(runs, 1e13)
+    trend = probe_trend(runs, 1e13)
     assert trend.names == ("probe3x", "probe10x", "hero30x")
-    two = gt.probe_trend({k: runs[k] for k in ("probe3x", "probe10x")}, 1e13)
+    two = probe_trend({k: runs[k] for k in ("probe3x", "probe10x")}, 1e13)
     assert two.at(3e14) == pytest.approx(0.0748, abs=2e-4)
     assert trend.leave_last_out() == ("hero30x", pytest.approx(1.0869 / 1.0748 - 1, abs=3e-4))
     assert two.leave_last_out() is None
@@ -520,7 +521,7 @@ def test_lr_calibration_needs_the_ladder_whose_rule_it_checks(good, tmp_path, ca
 def test_correct_by_probes_moves_and_widens_the_interval():
     from delphi.prereg.create import Z90, correct_by_probes
 
-    trend = gt.probe_trend({"a": {"compute": 3e13, "rel_error": 0.0}, "b": {"compute": 1e14, "rel_error": 0.1}}, 1e13)
+    trend = probe_trend({"a": {"compute": 3e13, "rel_error": 0.0}, "b": {"compute": 1e14, "rel_error": 0.1}}, 1e13)
     final = {"loss": 1.0, "loss_50": [0.99, 1.01], "loss_90": [0.98, 1.02], "source": "law"}
     out = correct_by_probes(final, trend, 1e14, noise_rel=0.01)
     assert out["loss"] == pytest.approx(1.1) and out["uncorrected"]["loss"] == 1.0
@@ -528,3 +529,30 @@ def test_correct_by_probes_moves_and_widens_the_interval():
     half = math.hypot(0.02 * 1.1, Z90 * sd * 1.1)
     assert out["loss_90"] == pytest.approx([1.1 - half, 1.1 + half])
     assert out["probe_correction"]["carried_rel"] == pytest.approx(0.1) and "x (1 +10.00%)" in out["source"]
+
+
+PAPER_V6 = Path(__file__).resolve().parents[1] / "paper" / "v6"
+
+
+def test_paper_v6_seal_regenerates_from_committed_data():
+    """The sixth edition's sealed prediction (the isoFLOP law x its error trend at three probes,
+    carried to 60x) and its gates, recomputed from the committed study data, are the sealed ones."""
+    from delphi.prereg.create import compute_gates, hero_prediction
+    from delphi.prereg.format import read
+    from delphi.train.config import load_train_config
+
+    study = PAPER_V6 / "study"
+    sealed = read(PAPER_V6.parents[1] / "preregistrations" / "paper-v6-hero-60x.yaml")
+    hero = load_train_config(study / "hero.yaml")
+    probes = [study / "probes" / name for name in ("probe3x", "probe10x", "hero30x")]
+    final, fit = hero_prediction(study / "fits" / "isoflop.json", hero, study / "results.csv", probes, probe_correction=True)
+    for key in ("loss", "loss_50", "loss_90"):
+        assert final[key] == pytest.approx(sealed["prediction"]["final"][key], rel=1e-9)
+    assert final["uncorrected"]["loss"] == pytest.approx(0.8732, abs=1e-4)
+    backtest_of = json.loads((study / "fits" / "backtest.json").read_text())["isoflop"]
+    gates = compute_gates(fit, results=study / "results.csv", hero=hero, final=final, backtest=backtest_of,
+                          thresholds=gt.GateThresholds(tolerance_rel=0.03), probe_runs=probes, probe_correction=True)
+    by_name = {g.name: g for g in gates}
+    assert by_name["probes"].value == pytest.approx(0.0113, abs=2e-4)
+    # the sealed gates, lr_transfer aside (it needs the LR calibration, not given here)
+    assert {g["name"]: g["passed"] for g in sealed["gates"]} == {g.name: g.passed for g in gates} | {"lr_transfer": True}

@@ -44,8 +44,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
             group.add_argument("--all-holdouts", action="store_true",
                                help="every budget above the third held out in turn (train on all lower budgets), "
                                     "every method: mean |error| and 90%% coverage")
+            group.add_argument("--probes", type=positive_int, metavar="P",
+                               help="backtest the probe-trend correction: at every cut the next P budgets are probes and "
+                                    "the law x (1 + its error trend at them) predicts the budgets beyond")
             sub.add_argument("--min-train-budgets", type=positive_int, default=3, metavar="K",
-                             help="--all-holdouts: smallest number of training budgets (default 3)")
+                             help="--all-holdouts, --probes: smallest number of training budgets (default 3)")
+            sub.add_argument("--tolerance", type=positive_float, default=0.03,
+                             help="--probes: a correction counts as tested when gate probes' test passes at this tolerance (default 0.03)")
         _add_method_options(sub, method)
         sub.add_argument("--bootstrap", type=nonnegative_int, default=0, metavar="N", help="bootstrap refits for intervals")
         sub.add_argument("--seed", type=int, default=0)
@@ -150,6 +155,8 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
     table = _load(args)
     if args.all_holdouts:
         return _all_holdouts(args, table)
+    if args.probes:
+        return _probe_holdouts(args, table)
     if len(args.method) > 1:
         raise DelphiError("backtest: several --method values need --all-holdouts (or run one method at a time)")
     result = backtest(table, _fit_function(args, args.method[0]), cut=args.cut, holdout=args.holdout)
@@ -180,6 +187,24 @@ def _all_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
               f"{pct(s['mean_abs_rel_error'])}, 90% coverage {pct(s['coverage_90'])}; one step ahead: "
               f"mean |error| {pct(s['one_step_mean_abs_rel_error'])}, coverage {pct(s['one_step_coverage_90'])}",
               file=sys.stderr)
+    if args.out:
+        atomic_write_json(args.out, result)
+    return result
+
+
+def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
+    from delphi.fits.backtest import probe_holdouts
+    from delphi.io import atomic_write_json
+
+    if len(args.method) > 1:
+        raise DelphiError("backtest --probes: one --method at a time")
+    result = probe_holdouts(table, _fit_function(args, args.method[0]), probes=args.probes,
+                            min_train_budgets=args.min_train_budgets, tolerance=args.tolerance)
+    pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+    for label, s in result["summary"].items():
+        print(f"{args.method[0]}, {label} ({s['n']} points beyond {args.probes} probes): mean |error| law "
+              f"{pct(s['law_mean_abs_rel_error'])}, corrected {pct(s['corrected_mean_abs_rel_error'])}; 90% coverage "
+              f"law {pct(s['law_coverage_90'])}, corrected {pct(s['corrected_coverage_90'])}", file=sys.stderr)
     if args.out:
         atomic_write_json(args.out, result)
     return result

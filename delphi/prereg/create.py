@@ -205,18 +205,15 @@ def score_probes(fit, probe_runs: Sequence[Path], noise: float | None = None) ->
 def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float) -> dict[str, Any]:
     """`final` x (1 + the probes' error trend carried to the hero), its intervals moved with it and
     widened, in quadrature, by z x the carried error's sd when each probe is one run of relative sd
-    `noise_rel` (`gates.ProbeTrend.sd_at`). Why: the isoFLOP law's error grew with distance in the
-    fifth edition (-1.99%, +2.96%, +8.69% at 3x, 10x, 30x); the trend of its first two probes,
-    carried to 30x, put the hero at 1.0029 against an actual 1.0142 (+1.13%; paper/v5/second_opinions.csv)."""
-    from delphi.fits.backtest import predictive_interval
-
+    `noise_rel` (`delphi.fits.backtest.ProbeTrend.correct`). Why: the isoFLOP law's error grew with
+    distance in the fifth edition (-1.99%, +2.96%, +8.69% at 3x, 10x, 30x); the trend of its first
+    two probes, carried to 30x, put the hero at 1.0029 against an actual 1.0142 (+1.13%;
+    paper/v5/second_opinions.csv)."""
     carried, sd = trend.at(hero_compute), trend.sd_at(hero_compute, noise_rel)
-    factor = 1 + carried
-    loss = float(final["loss"]) * factor
-    out = dict(final) | {"loss": loss}
+    out = dict(final)
     for key, z in (("loss_50", Z50), ("loss_90", Z90)):
-        moved = None if final.get(key) is None else [float(v) * factor for v in final[key]]
-        out[key] = list(predictive_interval(loss, moved, sd * loss, z))
+        out["loss"], interval = trend.correct(float(final["loss"]), final.get(key), hero_compute, noise_rel, z)
+        out[key] = None if interval is None else list(interval)
     out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
     out["probe_correction"] = {
         "rule": "primary law x (1 + its relative error at the probes, least squares linear in log10(C / top budget), "
@@ -245,6 +242,7 @@ def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_run
                     probe_correction: bool = False) -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
     prediction corrected by the probes' error trend (`correct_by_probes`)."""
+    from delphi.fits.backtest import probe_trend
     from delphi.prereg import gates as gt
 
     final, fit = predict_final(fit_path, hero, results)
@@ -254,7 +252,7 @@ def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_run
         raise DelphiError("--probe-correction: needs the results table (--results or --ladder) to score the law on the probes")
     fit_table, gate_table = load_tables(results, fit_convention(fit))
     probes = score_probes(fit, probe_runs)
-    trend = gt.probe_trend(probes, gt.ladder_top_budget(gate_table))
+    trend = probe_trend(probes, gt.ladder_top_budget(gate_table))
     if trend is None:
         raise DelphiError(f"--probe-correction: needs >= 2 finished probes at distinct computes (--probe); got {len(probes)}")
     return correct_by_probes(final, trend, float(hero.flops), probe_noise_rel(fit, fit_table, probes)), fit
@@ -545,6 +543,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     corrected prediction (`hero_prediction`) and each leave-one-budget-out law is corrected by its
     own errors at the probes."""
     from delphi.fits import backtest as run_backtest
+    from delphi.fits.backtest import probe_trend
     from delphi.prereg import gates as gt
 
     lr_drift = lr_drift_from(lr_calibration, ladder)
@@ -567,7 +566,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
             backtest = {"error": str(e)}
     def hero_loss(f) -> float:
         loss = float(predict_hero(f, hero)[0]["loss"])
-        trend = gt.probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table)) if probe_correction else None
+        trend = probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table)) if probe_correction else None
         return loss * (1 + trend.at(float(hero.flops))) if trend is not None else loss
 
     lobo = gt.leave_one_budget_out(fit_table, refit, hero_loss)

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_90
+from delphi.fits.backtest import Z_90, probe_trend
 from delphi.fits.data import isoflop_rows
 from delphi.ladder.collect import relaxed_in_table
 
@@ -525,60 +525,6 @@ def ladder_top_budget(table: pd.DataFrame) -> float:
     return float(isoflop_rows(table)["budget"].max())
 
 
-@dataclass(frozen=True)
-class ProbeTrend:
-    """The primary law's relative error (actual / predicted - 1) at the finished probes, fitted by
-    least squares linear in x = log10(C / top budget). Why: a law whose error grows with distance
-    passes every probe and still misses the hero (paper v5: the isoFLOP law at -1.99%, +2.96% at
-    3x, 10x carried +7.48% to 30x; the hero missed by +8.69%)."""
-
-    top_budget: float
-    names: tuple[str, ...]
-    x: tuple[float, ...]
-    errors: tuple[float, ...]
-    slope: float
-    intercept: float
-
-    def x_of(self, compute: float) -> float:
-        return math.log10(compute / self.top_budget)
-
-    def at(self, compute: float) -> float:
-        """The trend's error carried to `compute`."""
-        return self.intercept + self.slope * self.x_of(compute)
-
-    def sd_at(self, compute: float, noise_rel: float) -> float:
-        """The sd of the carried error when each probe's error has sd `noise_rel` (one run's noise)."""
-        x = np.array(self.x)
-        return float(noise_rel * math.sqrt(1 / len(x) + (self.x_of(compute) - x.mean()) ** 2 / ((x - x.mean()) ** 2).sum()))
-
-    def residuals(self) -> dict[str, float]:
-        return {n: e - (self.intercept + self.slope * x) for n, x, e in zip(self.names, self.x, self.errors)}
-
-    def leave_last_out(self) -> tuple[str, float] | None:
-        """(the furthest probe, the error of its corrected prediction when the trend is fitted on the
-        other probes); None with fewer than two others at distinct computes."""
-        last = int(np.argmax(self.x))
-        rest = {n: {"compute": self.top_budget * 10 ** x, "rel_error": e}
-                for i, (n, x, e) in enumerate(zip(self.names, self.x, self.errors)) if i != last}
-        trend = probe_trend(rest, self.top_budget)
-        if trend is None:
-            return None
-        return self.names[last], (1 + self.errors[last]) / (1 + trend.intercept + trend.slope * self.x[last]) - 1
-
-
-def probe_trend(probes: dict[str, dict], top_budget: float) -> ProbeTrend | None:
-    """`ProbeTrend` of the finished probes (name -> {"compute", "rel_error"}); None with fewer than
-    two at distinct computes."""
-    points = sorted((math.log10(float(r["compute"]) / top_budget), float(r["rel_error"]), name)
-                    for name, r in probes.items() if not r.get("error") and r.get("compute"))
-    if len({x for x, _, _ in points}) < 2:
-        return None
-    x, e = np.array([p[0] for p in points]), np.array([p[1] for p in points])
-    slope, intercept = np.polyfit(x, e, 1)
-    return ProbeTrend(float(top_budget), tuple(p[2] for p in points), tuple(map(float, x)), tuple(map(float, e)),
-                      float(slope), float(intercept))
-
-
 def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: float | None = None,
                 hero_compute: float | None = None, corrected: bool = False) -> Gate:
     """Every finished probe beyond the ladder (sealed before it trained) scored against the primary
@@ -618,22 +564,14 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
                 problems.append(f"carried to the hero {trend.at(hero_compute):+.2%}")
     if corrected:
         tested = trend.leave_last_out() if trend is not None else None
-        if tested is None:
-            problems.append("a correction by the probes needs >= 3 finished probes at distinct computes "
-                            "(two to fit the trend, one to test it)")
-        else:
-            name, rel = tested
-            worst = abs(rel)
-            parts.append(f"the trend without {name} predicts it at {rel:+.2%}")
-            if abs(rel) > tolerance_rel:
-                problems.append(f"{name} {rel:+.2%} from the trend fitted without it")
-            off = {n: r for n, r in trend.residuals().items() if abs(r) > tolerance_rel}
-            problems += [f"{n} {r:+.2%} from the trend" for n, r in off.items()]
-            if hero_compute is not None:
-                beyond, span = trend.x_of(hero_compute) - max(trend.x), max(trend.x) - min(trend.x)
-                parts.append(f"the hero {10 ** beyond:.3g}x beyond the furthest probe (probes span {10 ** span:.3g}x)")
-                if beyond > span:
-                    problems.append(f"the hero is {10 ** beyond:.3g}x beyond the furthest probe, more than the probes' span")
+        if tested is not None:
+            worst = abs(tested[1])
+            parts.append(f"the trend without {tested[0]} predicts it at {tested[1]:+.2%}")
+        if trend is not None and hero_compute is not None:
+            beyond, span = trend.x_of(hero_compute) - max(trend.x), max(trend.x) - min(trend.x)
+            parts.append(f"the hero {10 ** beyond:.3g}x beyond the furthest probe (probes span {10 ** span:.3g}x)")
+        problems += (trend.untested(tolerance_rel, hero_compute) if trend is not None else
+                     ["a correction by the probes needs >= 3 finished probes at distinct computes"])
     detail = "; ".join(parts) + (f"; outside: {_join(problems)}" if problems else "")
     return Gate("probes", not problems, worst if parts else None, threshold, detail)
 
