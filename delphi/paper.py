@@ -223,7 +223,8 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     out["lr_sentence"] = _lr_sentence(data_dir / "lr_calibration.json", gates)
     out.update(_beyond_ladder_numbers(data_dir, pinned["primary_fit"], gates, float(iso["budget"].max()),
                                       float((pinned.get("gates") or {}).get("rehearsal_tolerance")
-                                            or prereg_doc["decision"]["tolerance_rel"])))
+                                            or prereg_doc["decision"]["tolerance_rel"]),
+                                      corrected="probe_correction" in final))
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
@@ -240,10 +241,11 @@ def _probe_dirs(data_dir: Path) -> list[Path]:
 
 
 def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], top_budget: float,
-                           tolerance_rel: float) -> dict[str, Any]:
+                           tolerance_rel: float, corrected: bool = False) -> dict[str, Any]:
     """The runs beyond the ladder (the study's pinned probes, then the hero) against every law the
     study fitted, each at the run's own N, D and exact FLOPs (`predict_hero`, the code the seal runs),
-    and the gate that held the primary law to the probes."""
+    and the gate that held the primary law to the probes. With `corrected` (the seal was the primary
+    law x its probe trend) a last column gives that rule at each run from the runs before it only."""
     from delphi.fits import load_fit
     from delphi.prereg.create import predict_hero
     from delphi.train.config import load_train_config
@@ -264,13 +266,15 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
 
         hero_cfg = load_train_config(data_dir / "hero.yaml")
         now = gate_probes({p.name: run_predicted_vs_actual(fits[primary_fit], p) for p in probes}, tolerance_rel,
-                          top_budget=top_budget, hero_compute=hero_cfg.flops)
+                          top_budget=top_budget, hero_compute=hero_cfg.flops, corrected=corrected)
         out["probes_sentence"] = (f"The sealed file records gate probes as {'passed' if gate['passed'] else 'failed'}: {gate['detail']}. "
                                   f"Gate probes as the code stands today: **{'PASS' if now.passed else 'FAIL'}** ({now.threshold}): "
                                   f"{now.detail}.")
     runs = probes + ([data_dir / "hero"] if (data_dir / "hero" / "summary.json").is_file() else [])
-    rows = ["| run | FLOPs | shape | tokens | actual | " + " | ".join(f"{m}{' (primary)' if m == primary_fit else ''}" for m in fits) + " |",
-            "|---|---|---|---|---|" + "---|" * len(fits)]
+    rule = [f"{primary_fit} x trend of the runs before"] if corrected else []
+    rows = ["| run | FLOPs | shape | tokens | actual | " + " | ".join([f"{m}{' (primary)' if m == primary_fit else ''}" for m in fits] + rule) + " |",
+            "|---|---|---|---|---|" + "---|" * (len(fits) + len(rule))]
+    before: dict[str, dict] = {}  # the primary law's error at each run so far, for the rule's column
     for run in runs:
         cfg = load_train_config(run / "config.yaml")
         actual = float(json.loads((run / "summary.json").read_text())["val_loss"])
@@ -278,6 +282,14 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
         for fit in fits.values():
             predicted = float(predict_hero(fit, cfg)[0]["loss"])
             cells.append(f"{predicted:.4f} ({actual / predicted - 1:+.2%})")
+        if corrected:
+            from delphi.fits.backtest import probe_trend
+
+            law = float(predict_hero(fits[primary_fit], cfg)[0]["loss"])
+            trend = probe_trend(before, top_budget)
+            ruled = None if trend is None else law * (1 + trend.at(cfg.flops))
+            cells.append("n/a (< 2 runs before)" if ruled is None else f"{ruled:.4f} ({actual / ruled - 1:+.2%})")
+            before[run.name] = {"compute": cfg.flops, "rel_error": actual / law - 1}
         rows.append(f"| {run.name} | {cfg.flops:.3g} ({cfg.flops / top_budget:.0f}x) | d{cfg.model.d_model} L{cfg.model.n_layers} "
                     f"| {float(cfg.tokens):.3g} | {actual:.4f} | " + " | ".join(cells) + " |")
     out["beyond_ladder_table"] = "\n".join(rows) if runs else "(no runs beyond the ladder)"
