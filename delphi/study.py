@@ -48,6 +48,7 @@ DEFAULT_REHEARSAL_MULTIPLE = 3.0
 # Study seed k trains the ladder's run seeds + k * STUDY_SEED_STRIDE: disjoint from seed 0's as long as
 # a spec lists fewer seeds than the stride.
 STUDY_SEED_STRIDE = 1000
+TRAJECTORY_SOURCES = ("curve_law", "probes")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class HeroSpec:
     # A checkpoint at least this often (seconds of training; 0: by count only): a hero that outlasts
     # a working session resumes from minutes ago, not from a quarter of the run.
     checkpoint_every_s: float = 0.0
+    # Where the sealed trajectory's shape comes from: "curve_law" (the LR-annealing law fitted on the
+    # ladder's curves) or "probes" (the longest of gates.probes, normalised to its final loss).
+    trajectory: str = "curve_law"
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,10 @@ class StudySpec:
                                   f"hero.compute_multiple {hero.compute_multiple} (a rehearsal precedes the hero)")
         if hero.probe_correction and not self.gates.probes:
             raise DelphiError(f"{where}: hero.probe_correction: true needs gates.probes (finished runs beyond the ladder)")
+        if hero.trajectory not in TRAJECTORY_SOURCES:
+            raise DelphiError(f"{where}: hero.trajectory: {hero.trajectory!r}, expected one of {list(TRAJECTORY_SOURCES)}")
+        if hero.trajectory == "probes" and not self.gates.probes:
+            raise DelphiError(f"{where}: hero.trajectory: probes needs gates.probes (finished runs beyond the ladder)")
         if not hero.checkpoint_every_s >= 0:
             raise DelphiError(f"{where}: hero.checkpoint_every_s: must be >= 0 seconds, got {hero.checkpoint_every_s}")
         if not self.conventions or any(c not in PARAM_CONVENTIONS for c in self.conventions):
@@ -658,11 +666,11 @@ def pin_lr_calibration(study: Study) -> Path | None:
 
 
 def pin_probes(study: Study) -> None:
-    """Copy each of gates.probes' config, status and summary into the study dir, where the gates, the
-    seal and the paper read them: the study's data then hold the evidence (and a snapshot, which
-    keeps finished runs only, keeps them)."""
+    """Copy each of gates.probes' config, status, summary and metrics into the study dir, where the
+    gates, the seal and the paper read them: the study's data then hold the evidence (and a
+    snapshot, which keeps finished runs only, keeps them)."""
     for source in study.probe_sources:
-        for name in (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE):
+        for name in (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE, METRICS_FILE):
             if (source / name).is_file():
                 atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())
 
@@ -707,7 +715,7 @@ def stage_prereg(study: Study) -> dict:
         force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
         rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
         lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
-        probe_correction=study.spec.hero.probe_correction,
+        probe_correction=study.spec.hero.probe_correction, trajectory_from_probes=study.spec.hero.trajectory == "probes",
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}

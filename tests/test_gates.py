@@ -556,3 +556,32 @@ def test_paper_v6_seal_regenerates_from_committed_data():
     assert by_name["probes"].value == pytest.approx(0.0113, abs=2e-4)
     # the sealed gates, lr_transfer aside (it needs the LR calibration, not given here)
     assert {g["name"]: g["passed"] for g in sealed["gates"]} == {g.name: g.passed for g in gates} | {"lr_transfer": True}
+
+
+def test_prereg_create_corrects_by_the_probes_and_takes_their_shape(tmp_path, capsys):
+    """`prereg create --probe-correction --trajectory-from-probes` on the sixth edition's committed
+    data: the same sealed number as the study's, all gates green, the trajectory's shape from the
+    longest probe (the fifth edition's 30x hero) and ending on the final prediction; with fewer than
+    three probes gate probes refuses the correction (exit 1, nothing sealed)."""
+    from delphi.prereg import format as fmt
+
+    study = PAPER_V6 / "study"
+    sealed = fmt.read(PAPER_V6.parents[1] / "preregistrations" / "paper-v6-hero-60x.yaml")
+    probes = [PAPER_V6.parent / "v4" / "probe3x", PAPER_V6.parent / "v4" / "probe10x", PAPER_V6.parent / "v5" / "hero30x"]
+    common = ["--fit", str(study / "fits" / "isoflop.json"), "--hero", str(study / "hero.yaml"), "--results",
+              str(study / "results.csv"), "--tolerance", "0.03", "--backtest", str(tmp_path / "backtest.json"),
+              "--probe-correction", "--trajectory-from-probes"]
+    (tmp_path / "backtest.json").write_text(json.dumps(json.loads((study / "fits" / "backtest.json").read_text())["isoflop"]))
+    out = tmp_path / "v6.yaml"
+    code, _, err = _create([*common, "--out", str(out), *[a for p in probes for a in ("--probe", str(p))]], capsys)
+    assert code == 0, err
+    doc = fmt.read(out)
+    final = doc["prediction"]["final"]
+    assert final["loss"] == pytest.approx(sealed["prediction"]["final"]["loss"], rel=1e-9) and all(g["passed"] for g in doc["gates"])
+    trajectory = doc["prediction"]["trajectory"]
+    assert trajectory["model"]["kind"] == "shape" and trajectory["model"]["shape_run"].endswith("hero30x")
+    assert trajectory["points"][-1]["lo90"] < final["loss"] < trajectory["points"][-1]["hi90"]
+    # the longest probe's eval points: its 131K-token curve ends 0.9% above its 1M-token final eval
+    assert trajectory["points"][-1]["loss"] == pytest.approx(final["loss"] * 1.0236 / 1.0142, rel=1e-3)
+    code, _, err = _create([*common, "--out", str(tmp_path / "two.yaml"), "--probe", str(probes[0]), "--probe", str(probes[1])], capsys)
+    assert code == 1 and "FAIL probes" in err and ">= 3 finished probes" in err and not (tmp_path / "two.yaml").exists()

@@ -37,6 +37,7 @@ from delphi.fits.data import cell_points
 from delphi.fits.results import FitResult
 
 Z_90 = 1.6448536269514722  # standard normal quantile at 0.95: a central 90% interval
+Z_50 = 0.6744897501960817  # ... at 0.75: a central 50% interval
 LEVEL = 0.90
 MIN_TRAIN_BUDGETS = 3  # all-holdouts: every budget above the third is held out in turn
 RESIDUAL_DOF = 2  # the training residual scatter removes 2 dof (as for a 2-parameter L*(C) line)

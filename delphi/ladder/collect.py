@@ -110,7 +110,7 @@ def relaxed_in_table(table: pd.DataFrame) -> list[str]:
     """The relaxed bounds a results table records (its health_relaxed column; none if absent)."""
     if "health_relaxed" not in table:
         return []
-    return sorted({b for text in table["health_relaxed"].fillna("").astype(str) for b in text.split(";") if b})
+    return sorted({b for text in table["health_relaxed"] if isinstance(text, str) for b in text.split(";") if b})
 
 
 def ladder_spec_of(ladder_dir: str | Path) -> LadderSpec | None:

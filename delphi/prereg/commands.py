@@ -41,6 +41,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--probe-correction", action="store_true",
                    help="seal the law x (1 + its error trend at the probes, linear in log C, carried to the hero); "
                         "gate probes then tests the trend on the furthest probe (needs >= 3 --probe)")
+    p.add_argument("--trajectory-from-probes", action="store_true",
+                   help="the trajectory's shape from the longest --probe (its eval curve over its final loss, at the "
+                        "same fractions of training) instead of the curve law fitted on the ladder")
     p.add_argument("--lr-calibration", metavar="LR_CALIBRATION.json", nargs="+",
                    help="`delphi ladder lr-calibrate` reports: gate lr_transfer checks --ladder's LR rule against their points")
     p.add_argument("--backtest", help="BACKTEST.json of the same law (default: refitted here)")
@@ -116,6 +119,7 @@ def _create(args: argparse.Namespace):
             backtest=backtest, rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
             lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
             probe_runs=[Path(p) for p in args.probe], probe_correction=args.probe_correction,
+            trajectory_from_probes=args.trajectory_from_probes,
         )
     except CheckFailed:
         for line in gt.gate_lines(gt.Gate.from_json(g) for g in json.loads(gates_path(Path(args.out)).read_text())["gates"]):

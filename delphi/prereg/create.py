@@ -21,13 +21,12 @@ import numpy as np
 
 import delphi
 from delphi.errors import CheckFailed, DelphiError
+from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
 
 # docs/design.md §9: the project's goal is a hero within 1% of its prediction.
 DEFAULT_TOLERANCE_REL = 0.01
-# Normal quantiles used only when a fit reports a 90% interval but no 50% one.
-Z50, Z90 = 0.6744897501960817, 1.6448536269514722
 
 
 def utc_now() -> str:
@@ -598,6 +597,7 @@ def create_prereg(
     lr_calibration: list[Path] | None = None,
     probe_runs: Sequence[Path] = (),
     probe_correction: bool = False,
+    trajectory_from_probes: bool = False,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -610,7 +610,8 @@ def create_prereg(
     `probe_runs` finished runs beyond the ladder, sealed before they trained (gate probes, and
     evidence for method_agreement); their summaries are hashed into the provenance;
     `probe_correction` seals the primary law corrected by its error trend at the probes
-    (`hero_prediction`)."""
+    (`hero_prediction`); `trajectory_from_probes` takes the trajectory's shape from the longest probe
+    (`delphi.fits.curves.trajectory_from_shapes`) instead of the curve law."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params
@@ -675,9 +676,14 @@ def create_prereg(
     if "E" in fit_obj.params:
         assumptions.append(f"irreducible loss E = {float(fit_obj.params['E']):.4g} nats (fitted, not pinned)")
 
-    # Trajectory: curve law fitted on the ladder's curves (or given), anchored to the scaling law's end.
+    # Trajectory: the shape of the longest run beyond the ladder, or the curve law fitted on the
+    # ladder's curves (or given), anchored to the scaling law's end.
     curve_fit = None
-    if curve_fit_path is not None:
+    if trajectory_from_probes:
+        trajectory = cv.trajectory_from_shapes(list(beyond_ladder_runs(None, probe_runs).values()), hero, final)
+        assumptions.append(f"the trajectory is the final prediction x the normalised eval curve of {trajectory['model']['shape_run']} "
+                           "(the longest run beyond the ladder, on the hero's schedule) at the same fractions of training")
+    elif curve_fit_path is not None:
         curve_fit = cv.CurveLawFit.from_json(read_json(curve_fit_path, what="curve-law JSON"))
         provenance["curve_fit_sha256"] = sha256_file(curve_fit_path)
     elif run_dirs:
@@ -697,7 +703,7 @@ def create_prereg(
         }
         assumptions.append(agreement["note"])
         assumptions.append(f"trajectory bands include the eval noise of one point (sd {curve_fit.residual_sd:.3g} nats) and a {curve_fit.bootstrap} bootstrap of the curve law ({len(curve_fit.samples)} reps)")
-    else:
+    elif not trajectory_from_probes:
         trajectory = trajectory_from_final(final, hero)
 
     # Gates: evaluated on the evidence before anything is sealed; the report is written either way.
