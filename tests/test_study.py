@@ -234,6 +234,13 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {}, "hero": {"probe_correction": True}}))
     with pytest.raises(DelphiError, match="hero.probe_correction: true needs gates.probes"):
         load_study(tmp_path / "s.yaml")
+    for hero, message in (({"trajectory": "probes"}, "hero.trajectory: probes needs gates.probes"),
+                          ({"trajectory": "spline"}, "hero.trajectory: 'spline', expected one of")):
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {}, "hero": hero}))
+        with pytest.raises(DelphiError, match=message):
+            load_study(tmp_path / "s.yaml")
+    # The pinned copy carries the probe's eval curve too, for a trajectory taken from its shape.
+    assert (study.probes_dir / "probe3x" / "metrics.jsonl").is_file()
 
 
 def test_report_sections_come_from_the_files(tmp_path):
