@@ -214,7 +214,7 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     (tmp_path / "p" / "probe3x").mkdir(parents=True)
     with pytest.raises(DelphiError, match=r"gates.probes: .*probe3x is not a finished run dir"):
         load_study(tmp_path / "s.yaml")
-    for name in ("config.yaml", "status.json", "summary.json"):
+    for name in ("config.yaml", "status.json", "summary.json", "metrics.jsonl"):
         shutil.copy(REPO / "paper" / "v4" / "probe3x" / name, tmp_path / "p" / "probe3x" / name)
     spec, ladder, prereg, calibrations, probes = load_study(tmp_path / "s.yaml")
     assert probes == ((tmp_path / "p" / "probe3x").resolve(),)
