@@ -62,8 +62,8 @@ class HeroSpec:
     # Seal the primary law x (1 + its error trend at gates.probes carried to the hero), not the law
     # alone (delphi.prereg.create.correct_by_probes); needs >= 3 probes for gate probes to pass.
     probe_correction: bool = False
-    # A checkpoint at least this often (seconds of training; 0: by count only): a hero that outlasts
-    # a working session resumes from minutes ago, not from a quarter of the run.
+    # The hero's train config checkpoint_every_s: a checkpoint_every checkpoint is skipped while the
+    # last save is less than this many seconds ago (a throttle, not a clock; 0: every checkpoint_every).
     checkpoint_every_s: float = 0.0
     # Where the sealed trajectory's shape comes from: "curve_law" (the LR-annealing law fitted on the
     # ladder's curves) or "probes" (the longest of gates.probes, normalised to its final loss).
