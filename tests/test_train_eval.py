@@ -116,6 +116,21 @@ def test_checkpoints_by_time_skip_periodic_saves_only(store, tmp_path):
         tiny_config(store, checkpoint_every_s=-1.0)
 
 
+def test_a_checkpoint_clock_saves_at_log_points(store, tmp_path, monkeypatch):
+    """DELPHI_CHECKPOINT_CLOCK_S: a save at each log point once that many seconds passed since the
+    last, between the count's checkpoints; the run's identity is unchanged and it resumes from one."""
+    from delphi.train.trainer import CHECKPOINT_CLOCK_ENV
+
+    monkeypatch.setenv(CHECKPOINT_CLOCK_ENV, "1e-9")
+    cfg = tiny_config(store, steps=12, log_every=4, eval_every=12, checkpoint_every=12, keep_checkpoints=5)
+    train(cfg, tmp_path / "run", progress=False, max_steps=8)
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [4, 8]
+    monkeypatch.delenv(CHECKPOINT_CLOCK_ENV)
+    resumed = train(cfg, tmp_path / "run", resume=True, progress=False)
+    straight = train(cfg, tmp_path / "straight", progress=False)
+    assert resumed["val_loss"] == pytest.approx(straight["val_loss"], rel=1e-5)
+
+
 def test_final_eval_chunks_extend_the_curve_set(store):
     """Chunk 0 is the regular eval set; the chunks are disjoint, of one shape, and together an
     evenly spread set of m x k windows with at least final_tokens targets."""

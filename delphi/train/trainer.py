@@ -64,6 +64,10 @@ from delphi.train.step import TrainState, bits_per_byte, eval_blocks, make_eval_
 
 MAX_STEPS_PER_CALL = 16  # scan length cap: d_model 32, 1 -> 4 -> 8 -> 16 steps per call: 360, 255, 235, 230 ms/step
 STEPS_PER_CALL_ENV = "DELPHI_STEPS_PER_CALL"
+# Seconds: a single-process run also checkpoints at the first log point this long after its last
+# save, so a hard kill of a long run (a hero outlasting a working session) loses at most this much.
+# A setting of the machine, not of the experiment: an environment variable, out of every config.
+CHECKPOINT_CLOCK_ENV = "DELPHI_CHECKPOINT_CLOCK_S"
 MATHS_FREE_KEYS = ("mesh", "eval_batch_size", "checkpoint_every_s")  # config keys left out of config_sha256
 # Keys added after runs were on disk: unset (None), they are left out, so older runs keep their identity.
 UNSET_SINCE_ADDED_KEYS = ("final_eval_tokens",)
@@ -617,7 +621,8 @@ def _run(ctx: RunContext, loop: LoopState) -> list[dict]:
             step = loop.step
             is_log = step % cfg.log_every == 0 or step == cfg.steps
             is_eval = step % cfg.eval_every == 0 or step == cfg.steps
-            is_ckpt = step % cfg.checkpoint_every == 0 and step < cfg.steps and _checkpoint_due(cfg, loop)
+            is_ckpt = step < cfg.steps and ((step % cfg.checkpoint_every == 0 and _checkpoint_due(cfg, loop))
+                                            or (is_log and _clock_checkpoint_due(loop)))
             stopping = _stop_requested(ctx, loop, at_sync_point=is_log or is_eval or is_ckpt)
             if not (is_log or is_eval or is_ckpt or stopping):
                 continue
@@ -647,6 +652,13 @@ def _run(ctx: RunContext, loop: LoopState) -> list[dict]:
 
 def _checkpoint_due(cfg: TrainConfig, loop: LoopState) -> bool:
     return time.perf_counter() - loop.last_checkpoint_time >= cfg.checkpoint_every_s
+
+
+def _clock_checkpoint_due(loop: LoopState) -> bool:
+    """CHECKPOINT_CLOCK_ENV seconds since the last save, in a single process (processes of a
+    multi-host job would disagree on the clock, and a save is collective)."""
+    clock = float(os.environ.get(CHECKPOINT_CLOCK_ENV) or 0)
+    return clock > 0 and jax.process_count() == 1 and time.perf_counter() - loop.last_checkpoint_time >= clock
 
 
 def _stop_requested(ctx: RunContext, loop: LoopState, *, at_sync_point: bool) -> bool:
