@@ -594,7 +594,7 @@ def stage_dress_rehearsal(study: Study) -> dict:
 
     predicted = predict_hero(fit, cfg)[0]
     _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
-    train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists())
+    _finished(train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists()), "the dress rehearsal")
     result = run_predicted_vs_actual(fit, study.rehearsal_run, run_noise_nats(fit, load_table(study))[0])
     _say(f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
     thresholds = study.spec.thresholds()
@@ -735,7 +735,16 @@ def stage_train_hero(study: Study) -> dict:
     check_store_unchanged(study)
     cfg = load_train_config(study.hero_config)
     resume = (study.hero_run / CONFIG_FILE).exists()
-    return train(cfg, study.hero_run, resume=resume, predicted_loss=predicted_loss_curve(study.prereg))
+    return _finished(train(cfg, study.hero_run, resume=resume, predicted_loss=predicted_loss_curve(study.prereg)), "the hero")
+
+
+def _finished(summary: dict, what: str) -> dict:
+    """A run that ended (completed, or diverged: a diverged hero is a failed prediction, checked as
+    such); one stopped before its end (a signal) is not a stage done: nothing after it may run."""
+    if summary.get("status") not in ("completed", "diverged"):
+        raise CheckFailed(f"{what} stopped before its end ({summary.get('reason') or summary.get('status')}); nothing "
+                          "after it ran or was checked. Run the same `delphi study` command to resume it.")
+    return summary
 
 
 def stage_check(study: Study) -> dict:

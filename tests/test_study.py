@@ -299,3 +299,19 @@ def test_paper_build_refuses_two_data_sources_and_missing_data(tmp_path, capsys)
     assert cli_main(["paper", "build", "--paper-dir", str(paper), "--data", str(tmp_path / "nothing")]) == 2
     assert "no study.json" in capsys.readouterr().err
     assert not (paper / "paper.md").exists()
+
+
+def test_a_run_stopped_by_a_signal_is_not_a_stage_done():
+    """A hero stopped by SIGTERM returns a summary (status failed, "stopped by signal"): the study
+    must stop there, not check the preregistration against a partial run (it once went on to the
+    check stage); a diverged hero is an outcome, checked as a failure."""
+    import pytest
+
+    from delphi.errors import CheckFailed
+    from delphi.study import _finished
+
+    stopped = {"status": "failed", "reason": "stopped by signal SIGTERM at step 8312; continue with --resume"}
+    with pytest.raises(CheckFailed, match="the hero stopped before its end .*SIGTERM at step 8312.* resume"):
+        _finished(stopped, "the hero")
+    assert _finished({"status": "diverged"}, "the hero")["status"] == "diverged"
+    assert _finished({"status": "completed"}, "the hero")["status"] == "completed"
