@@ -7,7 +7,8 @@ the probes better than the law alone, and gate probes' test (the trend fitted wi
 probe predicts it within 3%) picks out the cases where it does.
 
 Method: `delphi.fits.backtest.probe_holdouts` on each experiment (outliers dropped) with the
-isoFLOP law (Approach 2, no bootstrap): every cut with >= 3 training budgets, the next P budgets as
+isoFLOP law (Approach 2), and as cross-checks VPNLS and the compute frontier with E free (no
+bootstrap; tables without a FLOPs family allocate under 6ND): every cut with >= 3 training budgets, the next P budgets as
 probes (each scored by its best observed loss, as every backtest scores a budget), every budget
 beyond them a target, predicted by the law alone and by the law corrected by its trend at the
 probes. P = 3, the sixth edition's; and P = 2, which reaches the Marin sweeps (6 budgets each) but
@@ -28,9 +29,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from delphi.fits import load_results
+from functools import partial
+
+from delphi.fits import fit_approach2, fit_frontier, fit_vpnls, load_results
 from delphi.fits.backtest import probe_holdouts
-from delphi.fits.isoflop import fit_approach2
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
 
@@ -38,37 +40,39 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[1] / "tests" / "data" / "isoflops.csv"
 OUT = HERE / "probe_trend_public.csv"
 PROBE_COUNTS = (3, 2)  # the sixth edition's, and two (the Marin sweeps have 6 budgets)
+METHODS = {"isoflop": fit_approach2, "vpnls": partial(fit_vpnls, n_bootstrap=0), "frontier": partial(fit_frontier, n_bootstrap=0)}
 TOLERANCE = 0.03  # the sixth edition's
 
 
 def main() -> int:
     raw = pd.read_csv(DATA)
     rows, summary = [], []
-    for n_probes in PROBE_COUNTS:
-        for experiment, part in raw[~raw["outlier"]].groupby("experiment"):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                try:
-                    result = probe_holdouts(load_results(part), fit_approach2, probes=n_probes, tolerance=TOLERANCE)
-                except DelphiError as e:  # too few budgets for this many probes
-                    print(f"{experiment}, {n_probes} probes: skipped ({e})")
-                    continue
-            rows += [{"experiment": experiment, "probes": n_probes} | r for r in result["rows"]]
-            summary += [{"experiment": experiment, "probes": n_probes, "rows": label} | s
-                        for label, s in result["summary"].items() if s["n"]]
+    for method, fit in METHODS.items():
+        for n_probes in PROBE_COUNTS:
+            for experiment, part in raw[~raw["outlier"]].groupby("experiment"):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    try:
+                        result = probe_holdouts(load_results(part), fit, probes=n_probes, tolerance=TOLERANCE)
+                    except DelphiError as e:  # too few budgets for this many probes
+                        print(f"{method}, {experiment}, {n_probes} probes: skipped ({e})")
+                        continue
+                rows += [{"method": method, "experiment": experiment, "probes": n_probes} | r for r in result["rows"]]
+                summary += [{"method": method, "experiment": experiment, "probes": n_probes, "rows": label} | s
+                            for label, s in result["summary"].items() if s["n"]]
     frame = pd.DataFrame(rows)
     frame["probe_errors"] = frame["probe_errors"].map(lambda v: " ".join(f"{e:+.4f}" for e in v))
     frame = frame.drop(columns="corrected_interval_90")
     atomic_write_text(OUT, frame.round(6).to_csv(index=False))
     table = pd.DataFrame(summary)
-    pooled = [{"experiment": "all", "probes": p, "rows": label, "n": len(part),
+    pooled = [{"method": m, "experiment": "all", "probes": p, "rows": label, "n": len(part),
                "law_mean_abs_rel_error": part["law_rel_error"].abs().mean(),
                "corrected_mean_abs_rel_error": part["corrected_rel_error"].abs().mean(),
                "law_coverage_90": part["law_covered_90"].mean(), "corrected_coverage_90": part["corrected_covered_90"].mean(),
                "corrected_better": (part["corrected_rel_error"].abs() < part["law_rel_error"].abs()).mean(),
                "law_mean_half_width_rel": part["law_half_width_rel"].mean(),
                "corrected_mean_half_width_rel": part["corrected_half_width_rel"].mean()}
-              for p, by_p in frame.groupby("probes", sort=False)
+              for (m, p), by_p in frame.groupby(["method", "probes"], sort=False)
               for label, part in (("all", by_p), ("tested", by_p[by_p["tested"]])) if len(part)]
     table = pd.concat([pd.DataFrame(pooled), table], ignore_index=True)
     atomic_write_text(OUT.with_name("probe_trend_public_summary.csv"), table.round(4).to_csv(index=False))
