@@ -209,9 +209,9 @@ def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float)
     two probes, carried to 30x, put the hero at 1.0029 against an actual 1.0142 (+1.13%;
     paper/v5/second_opinions.csv)."""
     carried, sd = trend.at(hero_compute), trend.sd_at(hero_compute, noise_rel)
-    out = dict(final)
+    out = dict(final) | {"loss": float(final["loss"]) * (1 + carried)}
     for key, z in (("loss_50", Z50), ("loss_90", Z90)):
-        out["loss"], interval = trend.correct(float(final["loss"]), final.get(key), hero_compute, noise_rel, z)
+        interval = trend.correct(float(final["loss"]), final.get(key), hero_compute, noise_rel, z)[1]
         out[key] = None if interval is None else list(interval)
     out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
     out["probe_correction"] = {
@@ -563,6 +563,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
             backtest = run_backtest(fit_table, refit, **kwargs)
         except (DelphiError, ValueError) as e:
             backtest = {"error": str(e)}
+
     def hero_loss(f) -> float:
         loss = float(predict_hero(f, hero)[0]["loss"])
         trend = probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table)) if probe_correction else None
