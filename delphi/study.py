@@ -22,8 +22,8 @@ first step, so the sealed prediction provably precedes the outcome.
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
