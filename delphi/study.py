@@ -49,6 +49,9 @@ DEFAULT_REHEARSAL_MULTIPLE = 3.0
 # a spec lists fewer seeds than the stride.
 STUDY_SEED_STRIDE = 1000
 TRAJECTORY_SOURCES = ("curve_law", "probes")
+# Gates on the hero's prediction, which the study's own probes (hero.probe_multiples) correct: while
+# those are untrained the gates stage shows them and the seal decides them.
+PREDICTION_GATES = ("lobo_spread", "interval_width", "method_agreement", "probes")
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,13 @@ class HeroSpec:
     # last save is less than this many seconds ago (a throttle, not a clock; 0: every checkpoint_every).
     checkpoint_every_s: float = 0.0
     # Where the sealed trajectory's shape comes from: "curve_law" (the LR-annealing law fitted on the
-    # ladder's curves) or "probes" (the longest of gates.probes, normalised to its final loss).
+    # ladder's curves) or "probes" (the longest probe, normalised to its final loss).
     trajectory: str = "curve_law"
+    # Probes of the study's own, as multiples of the top ladder budget (e.g. [3, 10, 30]): after the
+    # ladder's gates pass, each is sized like the hero, sealed (with --force: the gates judge the
+    # hero) and trained, then counts as evidence like gates.probes (paper/v6: three probes let
+    # probe_correction seal a hero up to their span beyond the last).
+    probe_multiples: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,12 +153,18 @@ class StudySpec:
             if hero.compute is None and hero.rehearsal_multiple >= hero.compute_multiple:
                 raise DelphiError(f"{where}: hero.rehearsal_multiple: {hero.rehearsal_multiple} must be below "
                                   f"hero.compute_multiple {hero.compute_multiple} (a rehearsal precedes the hero)")
-        if hero.probe_correction and not self.gates.probes:
-            raise DelphiError(f"{where}: hero.probe_correction: true needs gates.probes (finished runs beyond the ladder)")
+        if any(not m > 1 for m in hero.probe_multiples) or len(set(hero.probe_multiples)) != len(hero.probe_multiples):
+            raise DelphiError(f"{where}: hero.probe_multiples: {list(hero.probe_multiples)}, expected distinct multiples > 1")
+        if hero.compute is None and any(m >= hero.compute_multiple for m in hero.probe_multiples):
+            raise DelphiError(f"{where}: hero.probe_multiples: {list(hero.probe_multiples)} must lie below "
+                              f"hero.compute_multiple {hero.compute_multiple} (probes precede the hero)")
+        has_probes = bool(self.gates.probes or hero.probe_multiples)
+        if hero.probe_correction and not has_probes:
+            raise DelphiError(f"{where}: hero.probe_correction: true needs probes (gates.probes or hero.probe_multiples)")
         if hero.trajectory not in TRAJECTORY_SOURCES:
             raise DelphiError(f"{where}: hero.trajectory: {hero.trajectory!r}, expected one of {list(TRAJECTORY_SOURCES)}")
-        if hero.trajectory == "probes" and not self.gates.probes:
-            raise DelphiError(f"{where}: hero.trajectory: probes needs gates.probes (finished runs beyond the ladder)")
+        if hero.trajectory == "probes" and not has_probes:
+            raise DelphiError(f"{where}: hero.trajectory: probes needs probes (gates.probes or hero.probe_multiples)")
         if not hero.checkpoint_every_s >= 0:
             raise DelphiError(f"{where}: hero.checkpoint_every_s: must be >= 0 seconds, got {hero.checkpoint_every_s}")
         if not self.conventions or any(c not in PARAM_CONVENTIONS for c in self.conventions):
@@ -184,8 +198,10 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
     for p in probes:
         if not (p / SUMMARY_FILE).is_file() or not (p / CONFIG_FILE).is_file():
             raise DelphiError(f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and {SUMMARY_FILE})")
-    if len({p.name for p in probes}) != len(probes):
-        raise DelphiError(f"{path}: gates.probes: two probe dirs share a name; each names its run in the gates")
+    names = [p.name for p in probes] + [own_probe_name(m) for m in spec.hero.probe_multiples]
+    if len(set(names)) != len(names):
+        raise DelphiError(f"{path}: gates.probes, hero.probe_multiples: two probes share a name ({', '.join(names)}); "
+                          "each names its run in the gates")
     return spec, ladder, prereg, calibrations, probes
 
 
@@ -629,7 +645,10 @@ def stage_gates(study: Study) -> dict:
     hero = load_train_config(study.hero_config)
     pin_lr_calibration(study)
     pin_probes(study)
-    correct = study.spec.hero.probe_correction
+    # While the study's own probes are untrained, the prediction they will correct is not known yet:
+    # the ladder's gates decide whether to spend their compute, the prediction's wait for the seal.
+    pending = [m for m in study.spec.hero.probe_multiples if not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()]
+    correct = study.spec.hero.probe_correction and not pending
     final, fit = hero_prediction(study.fit_path(study.spec.primary_fit), hero, study.results, probe_runs(study),
                                  correct)  # what prereg will seal
     thresholds = study.spec.thresholds()
@@ -638,10 +657,18 @@ def stage_gates(study: Study) -> dict:
                           backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
                           rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
                           lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study), probe_correction=correct)
-    report = gt.gate_report(gates, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
+    deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
+    deciding = [g for g in gates if g not in deferred]
+    report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
+    if deferred:
+        report["deferred"] = {"gates": [g.to_json() for g in deferred],
+                              "why": f"the study's probes at {', '.join(f'{m:g}x' for m in pending)} have not trained: "
+                                     "these gates are evaluated at the seal, after them"}
     atomic_write_json(study.gates, report)
-    for line in gt.gate_lines(gates):
+    for line in gt.gate_lines(deciding):
         _say(f"gate {line}")
+    for g in deferred:
+        _say(f"gate DEFERRED {g.name}: evaluated at the seal, after the study's probes")
     if not report["passed"]:
         if not study.spec.force:
             raise CheckFailed(f"gates failed before the hero trained: {', '.join(report['failed'])}; the hero was NOT "
@@ -675,15 +702,61 @@ def pin_probes(study: Study) -> None:
                 atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())
 
 
+def own_probe_name(multiple: float) -> str:
+    return f"probe{multiple:g}x"
+
+
 def probe_runs(study: Study) -> list[Path]:
-    """The pinned copies of the study's probes (a study continued from a snapshot has them)."""
-    if not study.spec.gates.probes:
-        return []
+    """The pinned copies of gates.probes (a study continued from a snapshot has them), then the
+    study's own probes (hero.probe_multiples) that have finished."""
     runs = [study.probes_dir / Path(p).name for p in study.spec.gates.probes]
     missing = [str(r) for r in runs if not (r / SUMMARY_FILE).is_file()]
     if missing:
         raise DelphiError(f"{', '.join(missing)}: missing; the gates stage copies them from gates.probes")
-    return runs
+    own = [study.probes_dir / own_probe_name(m) for m in sorted(study.spec.hero.probe_multiples)]
+    return runs + [r for r in own if (r / SUMMARY_FILE).is_file()]
+
+
+def stage_probes(study: Study) -> dict:
+    """Each of hero.probe_multiples, smallest first: sized from the primary fit like the hero,
+    its prediction sealed into STUDY/probes/NAME.prereg.yaml before its first step (with force: the
+    gates judge the hero, not a probe), then trained against the seal. A probe that started before
+    its seal existed is refused; an interrupted one resumes."""
+    from delphi.fits import load_fit
+    from delphi.prereg.create import create_prereg, run_noise_nats, run_predicted_vs_actual
+    from delphi.prereg.format import predicted_loss_curve
+    from delphi.train.config import load_train_config
+    from delphi.train.trainer import train
+
+    multiples = sorted(study.spec.hero.probe_multiples)
+    if not multiples:
+        return {"skipped": "hero.probe_multiples is empty: no probes of the study's own"}
+    check_store_unchanged(study)
+    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    noise = run_noise_nats(fit, load_table(study))[0]
+    top = max(_ladder_spec(study).budgets)
+    results = []
+    for multiple in multiples:
+        name = own_probe_name(multiple)
+        run, config, seal = study.probes_dir / name, study.probes_dir / f"{name}.yaml", study.probes_dir / f"{name}.prereg.yaml"
+        if not config.is_file():
+            _sized_run(study, multiple * top, name, config)
+        if not seal.exists():
+            if (run / METRICS_FILE).exists():
+                raise DelphiError(f"{run}: the probe started before its preregistration existed; remove it to start over")
+            create_prereg(study.fit_path(study.spec.primary_fit), config, seal, ladder=study.ladder_dir, results=study.results,
+                          tolerance_rel=study.spec.hero.tolerance, author=study.spec.author, force=True,
+                          rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
+                                    "(sealed with force: the gates judge the hero, not a probe).",
+                          bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed, thresholds=study.spec.thresholds(),
+                          backtest=_primary_backtest(study))
+        cfg = load_train_config(config)
+        _say(f"probe {name}: {cfg.flops:.3g} FLOPs, sealed in {seal}")
+        _finished(train(cfg, run, resume=(run / CONFIG_FILE).exists(), predicted_loss=predicted_loss_curve(seal)), f"probe {name}")
+        result = run_predicted_vs_actual(fit, run, noise)
+        _say(f"probe {name}: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
+        results.append(result | {"name": name, "multiple": multiple})
+    return {"probes": results}
 
 
 def _lr_calibration(study: Study) -> list[Path] | None:
@@ -859,6 +932,7 @@ STAGES: tuple[tuple[str, Callable[[Study], dict]], ...] = (
     ("hero", stage_hero),
     ("gates", stage_gates),
     ("dress_rehearsal", stage_dress_rehearsal),
+    ("probes", stage_probes),
     ("prereg", stage_prereg),
     ("train_hero", stage_train_hero),
     ("check", stage_check),

@@ -333,3 +333,43 @@ def test_the_paper_says_how_a_corrected_seal_came_from_the_law():
         assert part in sentence, part
     plain = _correction_numbers({"loss": 1.0}, None, primary_law="VPNLS")
     assert plain["correction_sentence"] == "The sealed number is VPNLS's own prediction."
+
+
+def test_study_trains_its_own_probes_and_seals_the_corrected_hero(tmp_path):
+    """hero.probe_multiples: after the ladder's gates, the study sizes, seals and trains each probe
+    (its preregistration written before its first step), then seals the hero corrected by the
+    probes' error trend, its trajectory shaped like the longest probe. The micro ladder has one seed,
+    so the ladder's gates fail and `force: true` carries the study on (recorded); the prediction's
+    gates are deferred while the probes are untrained."""
+    import pytest
+
+    from delphi.prereg import format as fmt
+
+    study = _micro_study(tmp_path)
+    raw = yaml.safe_load(study.read_text())
+    raw["hero"] |= {"compute_multiple": 2.5, "rehearsal_multiple": None, "probe_multiples": [1.25, 1.5, 2],
+                    "probe_correction": True, "trajectory": "probes"}
+    raw["force"] = True
+    study.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    done = _study(str(study), "--out", str(out), "--stop-after", "prereg")
+    assert done.returncode == 0, done.stderr
+    assert "gate DEFERRED interval_width: evaluated at the seal" in done.stderr
+    gates = json.loads((out / "gates.json").read_text())
+    assert {g["name"] for g in gates["deferred"]["gates"]} == {"lobo_spread", "interval_width", "method_agreement"}
+    for name in ("probe1.25x", "probe1.5x", "probe2x"):
+        seal = fmt.read(out / "probes" / f"{name}.prereg.yaml")
+        summary = json.loads((out / "probes" / name / "summary.json").read_text())
+        assert seal["forced"] and fmt.seal_status(seal)["ok"] and summary["status"] == "completed"
+    hero = fmt.read(out / "preregistration.yaml")
+    final = hero["prediction"]["final"]
+    assert set(final["probe_correction"]["probes"]) == {"probe1.25x", "probe1.5x", "probe2x"}
+    assert final["loss"] == pytest.approx(final["uncorrected"]["loss"] * (1 + final["probe_correction"]["carried_rel"]))
+    assert hero["prediction"]["trajectory"]["model"]["shape_run"].endswith("probe2x")
+    assert any(g["name"] == "probes" for g in hero["gates"]) and hero["forced"]
+    # Bad input: probes at or beyond the hero, or two of one multiple.
+    for multiples, message in (([3], "must lie below hero.compute_multiple"), ([1.5, 1.5], "expected distinct multiples > 1")):
+        raw["hero"]["probe_multiples"] = multiples
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+        refused = _study(str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "bad"))
+        assert refused.returncode == 2 and message in refused.stderr and not (tmp_path / "bad").exists()
