@@ -172,6 +172,8 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
                      check: dict) -> dict[str, Any]:
     """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
     rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
+    from delphi.prereg.create import correction_text
+
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
     out: dict[str, Any] = {"data_dir": str(data_dir), "study_name": pinned.get("name"), "ladder_file": pinned.get("ladder"),
                            "prereg_file": f"preregistrations/{prereg_path.name}"}
@@ -228,31 +230,9 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
-    out.update(_correction_numbers(final, check.get("actual_final_loss"),
-                                   primary_law=LAW_NAMES.get(pinned["primary_fit"], pinned["primary_fit"])))
+    out.update(correction_text(final, check.get("actual_final_loss"),
+                               primary_law=LAW_NAMES.get(pinned["primary_fit"], pinned["primary_fit"])))
     return out
-
-
-def _correction_numbers(final: dict, actual: float | None, *, primary_law: str) -> dict[str, str]:
-    """How the sealed number came from the primary law: as it is, or corrected by the law's error
-    trend at the probes (`delphi.prereg.create.correct_by_probes`), and what the law alone would
-    have scored."""
-    correction = final.get("probe_correction")
-    if correction is None:
-        return {"prediction_rule": f"made the law they confirmed, {primary_law}, the primary one",
-                "correction_sentence": f"The sealed number is {primary_law}'s own prediction."}
-    law, sealed = float(final["uncorrected"]["loss"]), float(final["loss"])
-    errors = ", ".join(f"{p['rel_error']:+.2%} at {10 ** p['log10_multiple']:.0f}x"
-                       for p in sorted(correction["probes"].values(), key=lambda p: p["log10_multiple"]))
-    outcome = "" if actual is None else (f" Against the law alone the hero's error would have been {float(actual) / law - 1:+.2%}; "
-                                         f"against the sealed number it is {float(actual) / sealed - 1:+.2%}.")
-    return {"prediction_rule": f"corrected the primary law, {primary_law}, by its error trend at them",
-            "correction_sentence": (
-                f"The sealed number is not the law's own: the law predicted {law:.4f} at the hero. Its relative error at the "
-                f"probes ({errors}), fitted linear in log10 C ({correction['slope_per_decade']:+.1%} per decade), carried to "
-                f"the hero gives {correction['carried_rel']:+.2%} with an sd of {correction['carried_sd_rel']:.2%} (each probe "
-                f"one run of {correction['noise_rel']:.2%} noise), so the preregistration sealed {sealed:.4f} = {law:.4f} x "
-                f"(1 {correction['carried_rel']:+.2%}), its interval widened by that sd in quadrature.{outcome}")}
 
 
 LAW_NAMES = {"isoflop": "the isoFLOP power law (Approach 2)", "vpnls": "VPNLS (the Chinchilla surface)",

@@ -1019,6 +1019,7 @@ def render_report(study: Study) -> str:
     ]
     lines += _gates_section(study)
     lines += _rehearsal_section(study)
+    lines += _probes_section(study)
     lines += _conventions_section(study)
     lines += ["## Fits", "", "| method | status | allocation | parameters |", "|---|---|---|---|"]
     for method, info in fits.items():
@@ -1067,6 +1068,26 @@ def _rehearsal_section(study: Study) -> list[str]:
     return ["## Dress rehearsal", "",
             f"At {r['compute']:.3g} FLOPs ({r.get('multiple', float('nan')):g}x the top budget): predicted {r['predicted']:.4f}"
             f" (90% {_fmt(r.get('loss_interval_90'))}), actual {r['actual']:.4f}, error {r['rel_error']:+.2%}.", ""]
+
+
+def _probes_section(study: Study) -> list[str]:
+    """The probes beyond the ladder against the primary law, and how the seal used them."""
+    runs = probe_runs(study)
+    if not runs:
+        return []
+    from delphi.fits import load_fit
+    from delphi.prereg.create import correction_text, score_probes
+    from delphi.prereg.format import read
+
+    lines = ["## Probes beyond the ladder", "", f"The {study.spec.primary_fit} law at each probe's own N and D "
+             "(error = actual / predicted - 1):", "", "| probe | FLOPs | predicted | actual | error |", "|---|---|---|---|---|"]
+    for name, r in score_probes(load_fit(study.fit_path(study.spec.primary_fit)), runs).items():
+        lines.append(f"| {name} | {r['compute']:.3g} | {r['predicted']:.4f} | {r['actual']:.4f} | {r['rel_error']:+.2%} |")
+    check = (study.done("check") or {}).get("result", {})
+    final = read(study.prereg)["prediction"]["final"] if study.prereg.is_file() else {}
+    if final:
+        lines += ["", correction_text(final, check.get("actual_final_loss"), primary_law=f"the {study.spec.primary_fit} law")["correction_sentence"]]
+    return lines + [""]
 
 
 def _conventions_section(study: Study) -> list[str]:

@@ -320,18 +320,18 @@ def test_a_run_stopped_by_a_signal_is_not_a_stage_done():
 def test_the_paper_says_how_a_corrected_seal_came_from_the_law():
     """The sixth edition sealed the isoFLOP law x its probe trend: the paper's sentence gives the
     law's own number, the probes' errors, the carried correction and, with an outcome, both errors."""
-    from delphi.paper import _correction_numbers
+    from delphi.prereg.create import correction_text
     from delphi.prereg.format import read
 
     final = read(REPO / "preregistrations" / "paper-v6-hero-60x.yaml")["prediction"]["final"]
-    text = _correction_numbers(final, 1.0, primary_law="the isoFLOP power law (Approach 2)")
+    text = correction_text(final, 1.0, primary_law="the isoFLOP power law (Approach 2)")
     assert text["prediction_rule"] == "corrected the primary law, the isoFLOP power law (Approach 2), by its error trend at them"
     sentence = text["correction_sentence"]
     for part in ("the law predicted 0.8732", "-1.99% at 3x, +2.96% at 10x, +8.69% at 30x", "+10.7% per decade",
                  "+11.68% with an sd of 1.62%", "sealed 0.9752 = 0.8732 x (1 +11.68%)",
                  f"would have been {1 / 0.873221852575211 - 1:+.2%}", f"it is {1 / 0.9752299528466102 - 1:+.2%}"):
         assert part in sentence, part
-    plain = _correction_numbers({"loss": 1.0}, None, primary_law="VPNLS")
+    plain = correction_text({"loss": 1.0}, None, primary_law="VPNLS")
     assert plain["correction_sentence"] == "The sealed number is VPNLS's own prediction."
 
 
