@@ -585,3 +585,16 @@ def test_prereg_create_corrects_by_the_probes_and_takes_their_shape(tmp_path, ca
     assert trajectory["points"][-1]["loss"] == pytest.approx(final["loss"] * 1.0236 / 1.0142, rel=1e-3)
     code, _, err = _create([*common, "--out", str(tmp_path / "two.yaml"), "--probe", str(probes[0]), "--probe", str(probes[1])], capsys)
     assert code == 1 and "FAIL probes" in err and ">= 3 finished probes" in err and not (tmp_path / "two.yaml").exists()
+
+
+def test_prereg_create_refuses_a_correction_or_a_shape_without_probes(tmp_path, capsys):
+    """--probe-correction and --trajectory-from-probes need finished probes: exit 2, nothing written."""
+    study = PAPER_V6 / "study"
+    common = ["--fit", str(study / "fits" / "isoflop.json"), "--hero", str(study / "hero.yaml"), "--results",
+              str(study / "results.csv"), "--tolerance", "0.03"]
+    for flag, message in (("--probe-correction", "needs >= 2 finished probes"),
+                          ("--trajectory-from-probes", "no finished run beyond the ladder")):
+        out = tmp_path / f"{flag.strip('-')}.yaml"
+        code, _, err = _create([*common, "--out", str(out), flag], capsys)
+        assert code == 2 and message in err, err
+        assert not out.exists() and not out.with_suffix(".gates.json").exists()
