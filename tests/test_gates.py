@@ -578,6 +578,7 @@ def test_prereg_create_corrects_by_the_probes_and_takes_their_shape(tmp_path, ca
     doc = fmt.read(out)
     final = doc["prediction"]["final"]
     assert final["loss"] == pytest.approx(sealed["prediction"]["final"]["loss"], rel=1e-9) and all(g["passed"] for g in doc["gates"])
+    assert any("continues linearly in log10 C to the hero: +11.68%" in a for a in doc["assumptions"])
     trajectory = doc["prediction"]["trajectory"]
     assert trajectory["model"]["kind"] == "shape" and trajectory["model"]["shape_run"].endswith("hero30x")
     assert trajectory["points"][-1]["lo90"] < final["loss"] < trajectory["points"][-1]["hi90"]

@@ -696,6 +696,12 @@ def create_prereg(
         assumptions.append(f"extrapolation: the hero's compute {hero_flops:.3g} FLOPs is {hero_flops / ladder_compute:.1f}x the largest ladder run ({ladder_compute:.3g})")
     if fit_obj.n_points:
         assumptions.append(f"the {fit_obj.kind} fit uses {fit_obj.n_points} ladder points")
+    if final.get("probe_correction"):
+        corr = final["probe_correction"]
+        errors = ", ".join(f"{p['rel_error']:+.2%}" for p in corr["probes"].values())
+        assumptions.append(f"the {fit_obj.kind} law's relative error at the probes ({errors}) "
+                           f"continues linearly in log10 C to the hero: {corr['carried_rel']:+.2%} (sd {corr['carried_sd_rel']:.2%}); "
+                           f"the law alone predicts {final['uncorrected']['loss']:.4f}")
     if "E" in fit_obj.params:
         assumptions.append(f"irreducible loss E = {float(fit_obj.params['E']):.4g} nats (fitted, not pinned)")
 
