@@ -232,9 +232,9 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     assert [p.name for p in load_study(tmp_path / "s.yaml")[4]] == ["hero30x"]
     # Correcting by the probes needs probes.
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {}, "hero": {"probe_correction": True}}))
-    with pytest.raises(DelphiError, match="hero.probe_correction: true needs gates.probes"):
+    with pytest.raises(DelphiError, match=r"hero.probe_correction: true needs probes \(gates.probes or hero.probe_multiples\)"):
         load_study(tmp_path / "s.yaml")
-    for hero, message in (({"trajectory": "probes"}, "hero.trajectory: probes needs gates.probes"),
+    for hero, message in (({"trajectory": "probes"}, "hero.trajectory: probes needs probes"),
                           ({"trajectory": "spline"}, "hero.trajectory: 'spline', expected one of")):
         (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {}, "hero": hero}))
         with pytest.raises(DelphiError, match=message):
