@@ -230,3 +230,22 @@ def test_bad_inputs_exit_2(setup, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert _run(["prereg", "check", str(setup["prereg"]), "--wandb", "ent/proj/run1"], capsys)[0] == 2
     assert _run(["prereg", "check", str(setup["prereg"]), "--wandb", "not-a-path"], capsys)[0] == 2
+
+
+def test_check_projects_the_final_on_a_probes_shape(tmp_path, capsys):
+    """`prereg check --shape RUN`: the fifth edition's hero on its 10x probe's curve was heading
+    +8% to +10% above its seal from 30% of training on (it missed by +8.69%); an early warning,
+    beside the verdict, not in it."""
+    repo = Path(__file__).resolve().parents[1]
+    prereg = tmp_path / "paper-v5-hero-30x.yaml"  # a copy: a completed check rewrites NAME.outcome.json beside it
+    prereg.write_bytes((repo / "preregistrations" / "paper-v5-hero-30x.yaml").read_bytes())
+    code = main(["prereg", "check", str(prereg), "--run", str(repo / "paper" / "v5" / "study" / "hero"),
+                 "--shape", str(repo / "paper" / "v4" / "probe10x"), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 1 and result["verdict"] == "failed"  # the verdict is the seal's, unchanged
+    middle = [p for p in result["projection"]["points"] if 0.25 < p["fraction"] < 0.75]
+    assert len(middle) == 5 and all(0.08 < p["vs_predicted"] < 0.11 for p in middle)
+    assert all(abs(p["projected_final"] / 1.0142 - 1) < 0.015 for p in middle)
+    bad = main(["prereg", "check", str(prereg), "--run", str(repo / "paper" / "v5" / "study" / "hero"),
+                "--shape", str(repo / "paper" / "v4"), "--json"])
+    assert bad == 2 and "config.yaml" in capsys.readouterr().err

@@ -545,6 +545,33 @@ def normalised_curve(run_dir: str | Path) -> tuple[Float[np.ndarray, "points"], 
     return steps / steps.max(), loss / final
 
 
+def same_schedule_shape(run_dir: str | Path, hero: Any) -> Any:
+    """The run's TrainConfig, when its LR schedule has the hero's shape (SCHEDULE_SHAPE_KEYS); a
+    DelphiError naming the key otherwise: a curve's shape transfers only between runs on one schedule."""
+    from delphi.train.config import load_train_config
+
+    cfg = load_train_config(Path(run_dir) / CONFIG_FILE)
+    for key in SCHEDULE_SHAPE_KEYS:
+        if getattr(cfg.optim, key) != getattr(hero.optim, key):
+            raise DelphiError(f"{run_dir}: optim.{key} is {getattr(cfg.optim, key)!r} but the hero's is "
+                              f"{getattr(hero.optim, key)!r}; a curve's shape transfers only between runs on one schedule")
+    return cfg
+
+
+def project_finals(points: Sequence[dict], shape_run: str | Path, hero: Any) -> list[dict[str, float]]:
+    """Each eval point {step, actual} of a live run divided by `shape_run`'s normalised curve at the
+    same fraction of training: the final loss the run is heading for if it keeps that shape. On the
+    fifth edition's hero, the 10x probe's shape put it at 1.011-1.029 from 30% to 70% of training
+    (actual 1.0142; sealed 0.9331): the miss was visible at 30%."""
+    same_schedule_shape(shape_run, hero)
+    fraction, ratio = normalised_curve(shape_run)
+    out = []
+    for p in points:
+        f = int(p["step"]) / hero.steps
+        out.append({"step": int(p["step"]), "fraction": f, "projected_final": float(p["actual"]) / float(np.interp(f, fraction, ratio))})
+    return out
+
+
 def trajectory_from_shapes(shape_runs: Sequence[str | Path], hero: Any, final: dict) -> dict[str, Any]:
     """The hero's eval curve as its final prediction x the normalised curve (`normalised_curve`) of
     the longest of `shape_runs`, at the hero's fractions of training; every run must share the
@@ -554,17 +581,12 @@ def trajectory_from_shapes(shape_runs: Sequence[str | Path], hero: Any, final: d
     the curve law fitted on the ladder's short runs put the constant-LR phase 6-9% too high, while
     the 10x probe's normalised curve was within 3.3% of it after warmup (paper/v6/second_opinions.py)."""
     from delphi.fits.backtest import Z_50, Z_90
-    from delphi.train.config import load_train_config
 
     if not shape_runs:
         raise DelphiError("trajectory from probes: no finished run beyond the ladder to take the curve's shape from")
     runs = []
     for run in map(Path, shape_runs):
-        cfg = load_train_config(run / CONFIG_FILE)
-        for key in SCHEDULE_SHAPE_KEYS:
-            if getattr(cfg.optim, key) != getattr(hero.optim, key):
-                raise DelphiError(f"{run}: optim.{key} is {getattr(cfg.optim, key)!r} but the hero's is "
-                                  f"{getattr(hero.optim, key)!r}; a curve's shape transfers only between runs on one schedule")
+        cfg = same_schedule_shape(run, hero)
         runs.append((float(cfg.tokens), run, *normalised_curve(run)))
     runs.sort(key=lambda r: r[0], reverse=True)
     steps = np.asarray(eval_steps(hero.steps, hero.eval_every))

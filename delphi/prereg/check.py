@@ -180,6 +180,19 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
     return result
 
 
+def with_projection(result: dict[str, Any], prereg: fmt.Prereg, shape_run: Path) -> dict[str, Any]:
+    """`result` plus, at every eval point, the final loss the run is heading for on `shape_run`'s
+    curve (`delphi.fits.curves.project_finals`) against the sealed final: an early warning, not a verdict."""
+    from delphi.fits.curves import project_finals
+    from delphi.train.config import train_config_from_dict
+
+    hero = train_config_from_dict(prereg.doc["hero"]["config"])
+    projected = project_finals(result["points"], shape_run, hero)
+    for p in projected:
+        p["vs_predicted"] = p["projected_final"] / float(prereg.final["loss"]) - 1
+    return result | {"projection": {"shape_run": str(shape_run), "points": projected}}
+
+
 def _last_val(rows: list[dict]) -> float | None:
     vals = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
     return float(vals[-1]) if vals else None

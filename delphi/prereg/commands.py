@@ -68,6 +68,8 @@ def add_commands(subparsers) -> None:
     g.add_argument("--run", help="the hero's run dir")
     g.add_argument("--wandb", help="ENTITY/PROJECT/RUN (W&B public API; needs network)")
     p.add_argument("--plot", help="write prediction-vs-actual figure OUT.png (+ .svg)")
+    p.add_argument("--shape", metavar="RUN_DIR", help="a finished run on the hero's schedule (e.g. the longest probe): "
+                                                      "project each eval point to a final loss on its curve (not a verdict)")
     p.add_argument("--watch", action="store_true", help="poll until the run's status is terminal")
     p.add_argument("--interval", type=positive_float, default=10.0, help="seconds between polls with --watch")
     p.add_argument("--timeout", type=positive_float, default=None, help="stop watching after this many seconds")
@@ -171,6 +173,11 @@ def _check(args: argparse.Namespace):
     else:
         result, prereg, run = ck.check(Path(args.file), run_dir=run_dir, wandb_path=args.wandb)
     _say(f"{result['verdict']}: {result['why']}")
+    if args.shape:
+        result = ck.with_projection(result, prereg, Path(args.shape))
+        for p in result["projection"]["points"]:
+            _say(f"  at {p['fraction']:.0%} of training, on {Path(args.shape).name}'s curve: final {p['projected_final']:.4f} "
+                 f"({p['vs_predicted']:+.2%} vs the sealed {float(prereg.final['loss']):.4f})")
     if args.plot:
         from delphi.plot.figures import prediction_figure
         from delphi.plot.style import save_figure
