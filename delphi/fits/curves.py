@@ -40,6 +40,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -532,8 +533,6 @@ SCHEDULE_SHAPE_KEYS = ("schedule", "warmup_frac", "decay_frac", "decay_shape", "
 def normalised_curve(run_dir: str | Path) -> tuple[Float[np.ndarray, "points"], Float[np.ndarray, "points"]]:
     """(fraction of the run's steps, eval loss / final val_loss) of a finished run. The final is the
     summary's val_loss (the final eval), so a curve evaluated on fewer tokens keeps its offset from it."""
-    import json
-
     run_dir = Path(run_dir)
     try:
         final = float(json.loads((run_dir / "summary.json").read_text())["val_loss"])
@@ -576,10 +575,11 @@ def trajectory_from_shapes(shape_runs: Sequence[str | Path], hero: Any, final: d
     """The hero's eval curve as its final prediction x the normalised curve (`normalised_curve`) of
     the longest of `shape_runs`, at the hero's fractions of training; every run must share the
     hero's schedule shape (SCHEDULE_SHAPE_KEYS). Bands: the final's 50%/90% intervals scaled by the
-    same ratio, widened in quadrature by z x the RMS relative difference between the two longest runs'
-    normalised curves before their end (the shape's own uncertainty; one run gives none). Why: on the fifth edition's 30x hero
-    the curve law fitted on the ladder's short runs put the constant-LR phase 6-9% too high, while
-    the 10x probe's normalised curve was within 3.3% of it after warmup (paper/v6/second_opinions.py)."""
+    same ratio, widened in quadrature by z x the RMS relative difference between the two longest
+    runs' normalised curves before their end (the shape's own uncertainty; one run gives none).
+    Why: on the fifth edition's 30x hero the curve law fitted on the ladder's short runs put the
+    constant-LR phase 6-9% too high, while the 10x probe's normalised curve was within 3.3% of it
+    after warmup (paper/v6/second_opinions.py)."""
     from delphi.fits.backtest import Z_50, Z_90
 
     if not shape_runs:
