@@ -172,3 +172,18 @@ def test_probe_holdouts_correct_the_isoflop_law_on_llama3():
     with pytest.raises(DelphiError, match="need >= 2 probes"):
         probe_holdouts(table, fit_approach2, probes=6)
     assert main(["fit", "backtest", str(REPO / "tests" / "data" / "isoflops.csv"), "--method", "isoflop", "--probes", "1"]) == 2
+
+
+def test_the_public_probe_trend_table_regenerates(tmp_path):
+    """paper/v6/probe_trend_public_summary.csv, whose numbers the sixth edition's notebook and the
+    design quote, is what `paper/v6/probe_trend_public.py` computes today."""
+    import importlib.util
+
+    script = REPO / "paper" / "v6" / "probe_trend_public.py"
+    spec = importlib.util.spec_from_file_location("probe_trend_public", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(tmp_path / "rows.csv") == 0
+    fresh = pd.read_csv(tmp_path / "probe_trend_public_summary.csv")
+    committed = pd.read_csv(script.with_name("probe_trend_public_summary.csv"))
+    pd.testing.assert_frame_equal(fresh, committed)

@@ -38,13 +38,13 @@ from delphi.io import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[1] / "tests" / "data" / "isoflops.csv"
-OUT = HERE / "probe_trend_public.csv"
+OUT = HERE / "probe_trend_public.csv"  # and probe_trend_public_summary.csv beside it
 PROBE_COUNTS = (3, 2)  # the sixth edition's, and two (the Marin sweeps have 6 budgets)
 METHODS = {"isoflop": fit_approach2, "vpnls": partial(fit_vpnls, n_bootstrap=0), "frontier": partial(fit_frontier, n_bootstrap=0)}
 TOLERANCE = 0.03  # the sixth edition's
 
 
-def main() -> int:
+def main(out: Path = OUT) -> int:
     raw = pd.read_csv(DATA)
     rows, summary = [], []
     for method, fit in METHODS.items():
@@ -63,7 +63,7 @@ def main() -> int:
     frame = pd.DataFrame(rows)
     frame["probe_errors"] = frame["probe_errors"].map(lambda v: " ".join(f"{e:+.4f}" for e in v))
     frame = frame.drop(columns="corrected_interval_90")
-    atomic_write_text(OUT, frame.round(6).to_csv(index=False))
+    atomic_write_text(out, frame.round(6).to_csv(index=False))
     table = pd.DataFrame(summary)
     pooled = [{"method": m, "experiment": "all", "probes": p, "rows": label, "n": len(part),
                "law_mean_abs_rel_error": part["law_rel_error"].abs().mean(),
@@ -75,7 +75,7 @@ def main() -> int:
               for (m, p), by_p in frame.groupby(["method", "probes"], sort=False)
               for label, part in (("all", by_p), ("tested", by_p[by_p["tested"]])) if len(part)]
     table = pd.concat([pd.DataFrame(pooled), table], ignore_index=True)
-    atomic_write_text(OUT.with_name("probe_trend_public_summary.csv"), table.round(4).to_csv(index=False))
+    atomic_write_text(out.with_name("probe_trend_public_summary.csv"), table.round(4).to_csv(index=False))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return 0
 
