@@ -175,8 +175,8 @@ def test_probe_holdouts_correct_the_isoflop_law_on_llama3():
 
 
 def test_the_public_probe_trend_table_regenerates(tmp_path):
-    """paper/v6/probe_trend_public_summary.csv, whose numbers the sixth edition's notebook and the
-    design quote, is what `paper/v6/probe_trend_public.py` computes today."""
+    """paper/v6/probe_trend_public_{summary,reach}.csv, whose numbers the sixth edition's notebook
+    and the design quote, are what `paper/v6/probe_trend_public.py` computes today."""
     import importlib.util
 
     script = REPO / "paper" / "v6" / "probe_trend_public.py"
@@ -184,6 +184,5 @@ def test_the_public_probe_trend_table_regenerates(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(tmp_path / "rows.csv") == 0
-    fresh = pd.read_csv(tmp_path / "probe_trend_public_summary.csv")
-    committed = pd.read_csv(script.with_name("probe_trend_public_summary.csv"))
-    pd.testing.assert_frame_equal(fresh, committed)
+    for name in ("probe_trend_public_summary.csv", "probe_trend_public_reach.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / name), pd.read_csv(script.with_name(name)))

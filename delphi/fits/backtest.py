@@ -321,7 +321,7 @@ class ProbeTrend:
         problems += [f"{n} {r:+.2%} from the trend" for n, r in self.residuals().items() if abs(r) > tolerance]
         if compute is not None:
             beyond, span = self.x_of(compute) - max(self.x), max(self.x) - min(self.x)
-            if beyond > span:
+            if beyond > span * (1 + 1e-9):  # one span out is allowed, whatever the rounding of its logs
                 problems.append(f"{10 ** beyond:.3g}x beyond the furthest probe, more than the probes' span ({10 ** span:.3g}x)")
         return problems
 

@@ -18,7 +18,7 @@ Run after the sixth edition's seal and before its hero's outcome; it did not cho
 Expected: the correction lowers the mean |error| where the law's error grows smoothly with C
 (sweeps whose frontier bends, as ours does) and does little where the probes' errors are noise.
 
-    python paper/v6/probe_trend_public.py    # writes probe_trend_public{,_summary}.csv here and prints the summary
+    python paper/v6/probe_trend_public.py    # writes probe_trend_public{,_summary,_reach}.csv here, prints the summary
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from functools import partial
@@ -42,6 +43,21 @@ OUT = HERE / "probe_trend_public.csv"  # and probe_trend_public_summary.csv besi
 PROBE_COUNTS = (3, 2)  # the sixth edition's, and two (the Marin sweeps have 6 budgets)
 METHODS = {"isoflop": fit_approach2, "vpnls": partial(fit_vpnls, n_bootstrap=0), "frontier": partial(fit_frontier, n_bootstrap=0)}
 TOLERANCE = 0.03  # the sixth edition's
+REACH_BINS = (0, 0.5, 1.0, 1.5, 2.5, 5.0)  # target beyond the last probe, in probe spans (log C)
+
+
+def by_reach(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean |error| of the law and the corrected law against how far beyond the last probe the target
+    lies, in units of the probes' own span in log C (gate probes allows up to 1)."""
+    reach = (np.log(frame["beyond_last_probe"]) / np.log(frame["probe_span"])).round(6)  # a target one span out is 1, not 1 + 1e-16
+    bins = pd.cut(reach, REACH_BINS)
+    rows = []
+    for (method, interval), part in frame.groupby([frame["method"], bins], observed=True, sort=False):
+        rows.append({"method": method, "reach_in_spans": str(interval), "n": len(part),
+                     "law_mean_abs_rel_error": part["law_rel_error"].abs().mean(),
+                     "corrected_mean_abs_rel_error": part["corrected_rel_error"].abs().mean(),
+                     "corrected_coverage_90": part["corrected_covered_90"].mean()})
+    return pd.DataFrame(rows).sort_values(["method", "reach_in_spans"], kind="stable", ignore_index=True)
 
 
 def main(out: Path = OUT) -> int:
@@ -76,6 +92,8 @@ def main(out: Path = OUT) -> int:
               for label, part in (("all", by_p), ("tested", by_p[by_p["tested"]])) if len(part)]
     table = pd.concat([pd.DataFrame(pooled), table], ignore_index=True)
     atomic_write_text(out.with_name("probe_trend_public_summary.csv"), table.round(4).to_csv(index=False))
+    reach = by_reach(frame[frame["probes"] == 3])
+    atomic_write_text(out.with_name("probe_trend_public_reach.csv"), reach.round(4).to_csv(index=False))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return 0
 
