@@ -43,7 +43,15 @@ OUT = HERE / "probe_trend_public.csv"  # and probe_trend_public_summary.csv besi
 PROBE_COUNTS = (3, 2)  # the sixth edition's, and two (the Marin sweeps have 6 budgets)
 METHODS = {"isoflop": fit_approach2, "vpnls": partial(fit_vpnls, n_bootstrap=0), "frontier": partial(fit_frontier, n_bootstrap=0)}
 TOLERANCE = 0.03  # the sixth edition's
+Z90 = 1.6448536269514722  # the central 90% interval's half-width in sds
 REACH_BINS = (0, 0.5, 1.0, 1.5, 2.5, 5.0)  # target beyond the last probe, in probe spans (log C)
+
+
+def _z_for_90(rows: pd.DataFrame) -> float:
+    """The z (in sds of the corrected interval) within which 90% of the corrected errors stay: an
+    honest interval needs Z90 = 1.645; less means it was wider than the errors (inf: zero-width)."""
+    sd = rows["corrected_half_width_rel"] / Z90
+    return float(np.quantile(np.where(sd > 0, rows["corrected_rel_error"].abs() / sd.where(sd > 0, 1.0), np.inf), 0.9))
 
 
 def by_reach(frame: pd.DataFrame) -> pd.DataFrame:
@@ -87,7 +95,9 @@ def main(out: Path = OUT) -> int:
                "law_coverage_90": part["law_covered_90"].mean(), "corrected_coverage_90": part["corrected_covered_90"].mean(),
                "corrected_better": (part["corrected_rel_error"].abs() < part["law_rel_error"].abs()).mean(),
                "law_mean_half_width_rel": part["law_half_width_rel"].mean(),
-               "corrected_mean_half_width_rel": part["corrected_half_width_rel"].mean()}
+               "corrected_mean_half_width_rel": part["corrected_half_width_rel"].mean(),
+               # the z (in sds of the corrected interval) that 90% of the errors stay within: Z90 = 1.645 is honest
+               "corrected_z_for_90": _z_for_90(part)}
               for (m, p), by_p in frame.groupby(["method", "probes"], sort=False)
               for label, part in (("all", by_p), ("tested", by_p[by_p["tested"]])) if len(part)]
     table = pd.concat([pd.DataFrame(pooled), table], ignore_index=True)
