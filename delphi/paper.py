@@ -156,8 +156,9 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["stable_from"] = f"{p40['actual']:.4f} at {p40['tokens']:.3g} tokens" if p40 else "n/a"
     n["stable_to"] = f"{p80['actual']:.4f} at {p80['tokens']:.3g} tokens" if p80 else "n/a"
     n["ladder_max_tokens"] = f"{table['tokens'].max():.3g}"
-    n["miss_side"] = ("high side: the primary law was too optimistic" if (check.get("rel_error") or 0) > 0
-                      else "low side: the primary law was too pessimistic")
+    sealed = "the corrected prediction" if final.get("probe_correction") else "the primary law"
+    n["miss_side"] = (f"high side: {sealed} was too optimistic" if (check.get("rel_error") or 0) > 0
+                      else f"low side: {sealed} was too pessimistic")
     n.update(_data_words(n, table, hero, check, vp, backtest, data_dir))
     n["stable_pred_to"] = f"{p80['predicted']:.4f}" if p80 else "n/a"
     n["backtest_table"] = _backtest_table(backtest)
