@@ -649,14 +649,15 @@ def stage_gates(study: Study) -> dict:
     # the ladder's gates decide whether to spend their compute, the prediction's wait for the seal.
     pending = [m for m in study.spec.hero.probe_multiples if not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()]
     correct = study.spec.hero.probe_correction and not pending
-    final, fit = hero_prediction(study.fit_path(study.spec.primary_fit), hero, study.results, probe_runs(study),
+    probes = probe_runs(study)
+    final, fit = hero_prediction(study.fit_path(study.spec.primary_fit), hero, study.results, probes,
                                  correct)  # what prereg will seal
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
                           backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
                           rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-                          lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study), probe_correction=correct)
+                          lr_calibration=_lr_calibration(study), probe_runs=probes, probe_correction=correct)
     deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
     deciding = [g for g in gates if g not in deferred]
     report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}

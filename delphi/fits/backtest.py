@@ -305,6 +305,10 @@ class ProbeTrend:
         moved = None if interval is None else [float(v) * factor for v in interval]
         return loss * factor, predictive_interval(loss * factor, moved, self.sd_at(compute, noise_rel) * loss * factor, z)
 
+    def reach(self, compute: float) -> tuple[float, float]:
+        """(how far `compute` lies beyond the furthest probe, the probes' span), both in log10 C."""
+        return self.x_of(compute) - max(self.x), max(self.x) - min(self.x)
+
     def residuals(self) -> dict[str, float]:
         return {n: e - (self.intercept + self.slope * x) for n, x, e in zip(self.names, self.x, self.errors)}
 
@@ -320,7 +324,7 @@ class ProbeTrend:
         problems = [f"{tested[0]} {tested[1]:+.2%} from the trend fitted without it"] if abs(tested[1]) > tolerance else []
         problems += [f"{n} {r:+.2%} from the trend" for n, r in self.residuals().items() if abs(r) > tolerance]
         if compute is not None:
-            beyond, span = self.x_of(compute) - max(self.x), max(self.x) - min(self.x)
+            beyond, span = self.reach(compute)
             if beyond > span * (1 + 1e-9):  # one span out is allowed, whatever the rounding of its logs
                 problems.append(f"{10 ** beyond:.3g}x beyond the furthest probe, more than the probes' span ({10 ** span:.3g}x)")
         return problems

@@ -568,7 +568,7 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
             worst = abs(tested[1])
             parts.append(f"the trend without {tested[0]} predicts it at {tested[1]:+.2%}")
         if trend is not None and hero_compute is not None:
-            beyond, span = trend.x_of(hero_compute) - max(trend.x), max(trend.x) - min(trend.x)
+            beyond, span = trend.reach(hero_compute)
             parts.append(f"the hero {10 ** beyond:.3g}x beyond the furthest probe (probes span {10 ** span:.3g}x)")
         problems += (trend.untested(tolerance_rel, hero_compute) if trend is not None else
                      ["a correction by the probes needs >= 3 finished probes at distinct computes"])
