@@ -150,6 +150,11 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     worst = max(points, key=lambda p: abs(p["rel_error"])) if points else None
     n["traj_worst"] = f"{worst['rel_error']:+.2%} at {worst['tokens']:.3g} tokens" if worst else "n/a"
     n["traj_outside_90"] = f"{check.get('n_outside_90', 0)} of {check.get('n_points', 0)}"
+    # The curve's evals use a smaller eval set than the final loss; on the same weights they differ.
+    final_loss = check.get("actual_final_loss")
+    n["curve_last_vs_final"] = (f"{points[-1]['actual']:.4f} on the curve's set against {final_loss:.4f} on the final set "
+                                f"({final_loss / points[-1]['actual'] - 1:+.2%})"
+                                if points and final_loss and points[-1]["tokens"] >= float(hero["tokens"]) else "n/a")
     # The hero's loss through its stable phase (WSD: before the decay starts), 40% -> 80% of tokens.
     at = lambda frac: min(points, key=lambda p: abs(p["tokens"] - frac * float(hero["tokens"]))) if points else None
     p40, p80 = at(0.4), at(0.8)

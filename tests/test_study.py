@@ -269,7 +269,7 @@ def test_report_sections_come_from_the_files(tmp_path):
     assert "no health columns" in health_table(table.drop(columns=["health_ok"]))
 
 
-@pytest.mark.parametrize("edition, data", [("v1", None), ("v3", "paper/v3/study"), ("v5", "paper/v5/study")])
+@pytest.mark.parametrize("edition, data", [("v1", None), ("v3", "paper/v3/study"), ("v5", "paper/v5/study"), ("", "paper/v6/study")])
 def test_paper_build_regenerates_from_committed_data(tmp_path, monkeypatch, edition, data):
     """Each edition's committed paper.md (paper/ is the current one) is exactly what its template and
     committed data give."""
