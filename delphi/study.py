@@ -991,6 +991,8 @@ def _fmt(x: Any, spec: str = ".4g") -> str:
 
 def render_report(study: Study) -> str:
     """report.md: every number comes from the stage markers and the files they name."""
+    from delphi.prereg.gates import ladder_top_budget
+
     plan = study.done("plan")["result"]
     fits = study.done("fit")["result"]
     fits = fits.get("fits", fits)  # studies before conventions stored the fits at the top level
@@ -1004,7 +1006,8 @@ def render_report(study: Study) -> str:
         "",
         f"Ladder: {plan['rungs']} runs, {plan['flops']:.3g} FLOPs in all, budgets "
         f"{', '.join(f'{b:.3g}' for b in sorted(table['budget'].unique()))}. "
-        f"Hero: {hero['compute']:.3g} FLOPs ({hero['compute'] / top:.3g}x the largest budget), "
+        f"Hero: {hero['compute']:.3g} FLOPs ({hero['compute'] / ladder_top_budget(table):.3g}x the top isoFLOP budget, "
+        f"{hero['compute'] / top:.3g}x the largest run), "
         f"d_model {hero.get('d_model')}, {hero.get('n_layers')} layers, N = {_fmt(hero.get('params'))}, "
         f"D = {_fmt(hero.get('tokens'))} tokens.",
         "",

@@ -186,3 +186,21 @@ def test_the_public_probe_trend_table_regenerates(tmp_path):
     assert module.main(tmp_path / "rows.csv") == 0
     for name in ("probe_trend_public_summary.csv", "probe_trend_public_reach.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / name), pd.read_csv(script.with_name(name)))
+
+
+def test_the_alternative_rules_table_regenerates(tmp_path):
+    """paper/v6/alternative_rules_public.csv (quoted by the sixth edition's notebook) is what
+    `paper/v6/alternative_rules_public.py` computes today; and its own row is the sixth edition's
+    outcome: the sealed linear rule at 0.9752 against 0.9852, i.e. predicted / observed - 1 = -1.01%."""
+    import importlib.util
+
+    script = REPO / "paper" / "v6" / "alternative_rules_public.py"
+    spec = importlib.util.spec_from_file_location("alternative_rules_public", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(tmp_path / "rules.csv") == 0
+    table = pd.read_csv(tmp_path / "rules.csv")
+    pd.testing.assert_frame_equal(table, pd.read_csv(script.with_name("alternative_rules_public.csv")))
+    own = table[table["reach_in_spans"] == module.OWN].iloc[0]
+    assert own["linear_mean"] == pytest.approx(0.9752 / 0.9852 - 1, abs=2e-4)
+

@@ -394,6 +394,7 @@ def probe_holdouts(
             rows.append({
                 "cut": float(budgets[k]), "n_train_budgets": k, "budget": b["budget"], "extrapolation": b["extrapolation"],
                 "beyond_last_probe": b["budget"] / at_probes[-1]["budget"],
+                "probe_budgets": [float(p["budget"]) for p in at_probes],
                 "probe_span": at_probes[-1]["budget"] / at_probes[0]["budget"],
                 "probe_errors": [float(e) for e in trend.errors], "carried_rel": trend.at(b["budget"]),
                 "leave_last_out_rel_error": None if tested is None else tested[1],

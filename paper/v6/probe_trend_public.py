@@ -86,7 +86,7 @@ def main(out: Path = OUT) -> int:
                             for label, s in result["summary"].items() if s["n"]]
     frame = pd.DataFrame(rows)
     frame["probe_errors"] = frame["probe_errors"].map(lambda v: " ".join(f"{e:+.4f}" for e in v))
-    frame = frame.drop(columns="corrected_interval_90")
+    frame = frame.drop(columns=["corrected_interval_90", "probe_budgets"])
     atomic_write_text(out, frame.round(6).to_csv(index=False))
     table = pd.DataFrame(summary)
     pooled = [{"method": m, "experiment": "all", "probes": p, "rows": label, "n": len(part),
