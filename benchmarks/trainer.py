@@ -17,7 +17,10 @@
    ladders train). The dropless model runs twice: with the dropless block dispatch
    (delphi.model.moe.block_slots) and with the capacity groups it replaced (capacity = every
    token), the lever's gain measured in the same run.
-4. `--widths`: dense at d_model 32, 64, 128 at the d256 shape, with the trainer's default
+4. A seed group: 4 seeds of the dense d32 ladder shape trained together as one vmapped program
+   (`delphi.train.trainer.train_group`), each member's tokens/s against the same shape trained
+   alone: `seed_group4_d32_wall_over_one`, the group's wall time over one seed's (target <= 1.6).
+5. `--widths`: dense at d_model 32, 64, 128 at the d256 shape, with the trainer's default
    steps per call and with 1 step per jitted call (what per-call dispatch costs small models).
 
 Every JAX number is the real trainer (`delphi.train.trainer.train`) on the stdlib store:
@@ -62,6 +65,7 @@ HEADS = 4
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native bf16 dot products (x86)
 TARGET_VS_PEER = 1.5  # issue 11
 TARGET_MOE_PER_ACTIVE_FLOP = 0.9  # issue 11
+SEED_GROUP, TARGET_SEED_GROUP_WALL = 4, 1.6  # issue 11: 4 seeds of a d32 rung together in <= 1.6x one seed's wall
 
 
 @dataclass(frozen=True)
@@ -131,16 +135,36 @@ def cpu_info() -> dict:
     }
 
 
+LOG_EVERY = 8  # steps between metrics records: each record is one tokens/s sample
+
+
+def bench_config(model: ModelConfig, shape: Shape, precision: str, steps: int, store: str, seed: int = 0) -> TrainConfig:
+    steps = -(-steps // LOG_EVERY) * LOG_EVERY
+    return TrainConfig(
+        model=model, data=DataConfig(store=store, seq_len=shape.seq_len, batch_size=shape.batch, seed=seed),
+        optim=OptimConfig(lr=1e-3, warmup_frac=0.0, decay_frac=0.0), steps=steps, precision=precision, seed=seed,
+        log_every=LOG_EVERY, eval_every=steps, eval_tokens=shape.seq_len * shape.batch, checkpoint_every=steps,
+    ).validate()
+
+
+def bench_seed_group(model: ModelConfig, shape: Shape, n_seeds: int, steps: int, store: str) -> dict:
+    """`n_seeds` seeds of one shape trained together (`train_group`: one vmapped program), each
+    member's median tokens/s: every member advances by its own tokens per step of the group."""
+    from delphi.train.trainer import train_group
+
+    cfgs = [bench_config(model, shape, "f32", steps, store, seed=s) for s in range(n_seeds)]
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = [Path(tmp) / f"s{s}" for s in range(n_seeds)]
+        summaries = train_group(cfgs, dirs, progress=False)
+        rates = [statistics.median(r["tokens_per_s"] for r in read_metrics(d)) for d in dirs]
+    return {"shape": shape.name, "seeds": n_seeds, "member_tokens_per_s": statistics.median(rates),
+            "compile_s": summaries[0]["compile_s"]}
+
+
 def bench(model: ModelConfig, shape: Shape, precision: str, steps: int, steps_per_call: int | None, store: str) -> dict:
     from delphi.train.trainer import STEPS_PER_CALL_ENV, train
 
-    log_every = 8
-    steps = -(-steps // log_every) * log_every
-    cfg = TrainConfig(
-        model=model, data=DataConfig(store=store, seq_len=shape.seq_len, batch_size=shape.batch),
-        optim=OptimConfig(lr=1e-3, warmup_frac=0.0, decay_frac=0.0), steps=steps, precision=precision,
-        log_every=log_every, eval_every=steps, eval_tokens=shape.seq_len * shape.batch, checkpoint_every=steps,
-    ).validate()
+    cfg = bench_config(model, shape, precision, steps, store)
     if steps_per_call is not None:
         os.environ[STEPS_PER_CALL_ENV] = str(steps_per_call)
     try:
@@ -280,7 +304,7 @@ def main() -> int:
     if peer_skipped:
         say(f"peer skipped: {peer_skipped}")
 
-    rows, peers, checks = [], [], {}
+    rows, peers, group_rows, checks = [], [], [], {}
 
     def run(model: ModelConfig, shape: Shape, precision: str, k: int | None = None, scale: int = 1, label: str = "") -> dict:
         row = bench(model, shape, precision, steps * scale, k, args.store) | {"label": label}
@@ -320,6 +344,12 @@ def main() -> int:
         groups = run(dropless, LADDER_D32, "f32", scale=4, label="dropless, capacity groups")
     checks["moe_dropless_d32_vs_dense_per_active_flop_f32"] = per_flop(blocks) / per_flop(d32)
     checks["moe_dropless_d32_blocks_over_capacity_groups"] = per_flop(blocks) / per_flop(groups)
+    group = bench_seed_group(dense(LADDER_D32), LADDER_D32, SEED_GROUP, steps * 4, args.store)
+    group_rows.append(group)
+    # the wall time of SEED_GROUP seeds trained together over that of one seed trained alone
+    checks[f"seed_group{SEED_GROUP}_d32_wall_over_one"] = d32["tokens_per_s"] / group["member_tokens_per_s"]
+    say(f"seed group of {SEED_GROUP}, dense d32: {group['member_tokens_per_s']:,.0f} tok/s per member against "
+        f"{d32['tokens_per_s']:,.0f} alone (compile {group['compile_s']:.1f} s)")
     with_peer(LADDER_D64, "f32", scale=4)
     for precision in precisions if not args.ladder_only else []:
         d256 = with_peer(NANOGPT_D256, precision, scale=1)
@@ -337,15 +367,18 @@ def main() -> int:
 
     targets = {
         name: TARGET_VS_PEER if name.endswith("_vs_peer") else 1.0 if name.endswith("_over_capacity_groups")
+        else TARGET_SEED_GROUP_WALL if name.endswith("_wall_over_one")
         else TARGET_MOE_PER_ACTIVE_FLOP if name.startswith("moe_") else 0.5
         for name in checks
     }
     for name, value in checks.items():
-        say(f"{name}: {value:.2f} (target >= {targets[name]}) {'ok' if value >= targets[name] else 'MISSED'}")
+        at_most = name.endswith("_wall_over_one")  # a cost: lower is better
+        ok = value <= targets[name] if at_most else value >= targets[name]
+        say(f"{name}: {value:.2f} (target {'<=' if at_most else '>='} {targets[name]}) {'ok' if ok else 'MISSED'}")
     result = {
         "cpu": cpu, "peak_flops": peaks, "rows": rows, "peer": peers, "peer_skipped": peer_skipped,
         "bf16": "measured (native bf16)" if cpu["native_bf16"] else "not measured: no native bf16 on this CPU",
-        "checks": checks, "targets": targets,
+        "seed_groups": group_rows, "checks": checks, "targets": targets,
         "load_average_start": load_start, "load_average_end": os.getloadavg(), "wall_s": time.perf_counter() - started,
     }
     if args.json:
