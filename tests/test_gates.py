@@ -16,6 +16,7 @@ import prereg_synthetic as ps
 from delphi.cli import main
 from delphi.fits import backtest, fit_vpnls, load_results
 from delphi.fits.backtest import probe_trend
+from delphi.errors import DelphiError
 from delphi.fits.results import FitResult
 from delphi.model.flops import count_params
 from delphi.prereg import format as fmt
@@ -279,6 +280,27 @@ def test_probe_trend_and_the_corrected_gate():
     bent = runs | {"hero30x": runs["hero30x"] | {"rel_error": 0.20}}
     gate = gt.gate_probes(bent, 0.03, top_budget=1e13, hero_compute=6e14, corrected=True)
     assert not gate.passed and "from the trend fitted without it" in gate.detail and "from the trend" in gate.detail
+
+
+def test_probe_trend_local_slope_carry():
+    """The local slope (the line through the two furthest probes) on the sixth edition's three
+    probes, carried to its 60x hero: the law's error there was +12.83% (0.9852 against the law's
+    0.8732); the sealed line carried +11.68%, the local slope +12.31%. Its sd: each probe one run of
+    noise, the carried error (1 + u) e_last - u e_before, u = (x - x_last) / (x_last - x_before)."""
+    runs = {"probe3x": {"rel_error": -0.0199, "compute": 3e13}, "probe10x": {"rel_error": 0.0296, "compute": 1e14},
+            "hero30x": {"rel_error": 0.0869, "compute": 3e14}}
+    line, local = probe_trend(runs, 1e13), probe_trend(runs, 1e13, "local_slope")
+    assert line.at(6e14) == pytest.approx(0.1168, abs=3e-4)
+    assert local.at(6e14) == pytest.approx(0.0869 + (0.0869 - 0.0296) * (math.log10(2) / math.log10(3)), abs=1e-9)
+    assert abs(0.8732 * (1 + local.at(6e14)) / 0.9852 - 1) < abs(0.8732 * (1 + line.at(6e14)) / 0.9852 - 1)
+    u = math.log10(2) / math.log10(3)
+    assert local.sd_at(6e14, 0.01) == pytest.approx(0.01 * math.hypot(1 + u, u), rel=1e-9)
+    assert local.residuals()["probe10x"] == pytest.approx(0.0) and local.residuals()["hero30x"] == pytest.approx(0.0)
+    # without the furthest, the local slope of 3x and 10x is their line: the same test as the linear rule's
+    assert local.leave_last_out() == line.leave_last_out()
+    assert local.slope == pytest.approx((0.0869 - 0.0296) / math.log10(3))
+    with pytest.raises(DelphiError, match="probe carry: 'cubic'"):
+        probe_trend(runs, 1e13, "cubic")
 
 
 PAPER_V2 = Path(__file__).resolve().parents[1] / "paper" / "v2"

@@ -51,6 +51,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                              help="--all-holdouts, --probes: smallest number of training budgets (default 3)")
             sub.add_argument("--tolerance", type=positive_float, default=0.03,
                              help="--probes: a correction counts as tested when gate probes' test passes at this tolerance (default 0.03)")
+            sub.add_argument("--probe-carry", choices=["linear", "local_slope"], default="linear",
+                             help="--probes: carry the law's error at the probes by least squares linear in log C through "
+                                  "all of them (default) or along the line through the two furthest")
         _add_method_options(sub, method)
         sub.add_argument("--bootstrap", type=nonnegative_int, default=0, metavar="N", help="bootstrap refits for intervals")
         sub.add_argument("--seed", type=int, default=0)
@@ -199,10 +202,10 @@ def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
     if len(args.method) > 1:
         raise DelphiError("backtest --probes: one --method at a time")
     result = probe_holdouts(table, _fit_function(args, args.method[0]), probes=args.probes,
-                            min_train_budgets=args.min_train_budgets, tolerance=args.tolerance)
+                            min_train_budgets=args.min_train_budgets, tolerance=args.tolerance, carry=args.probe_carry)
     pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     for label, s in result["summary"].items():
-        print(f"{args.method[0]}, {label} ({s['n']} points beyond {args.probes} probes): mean |error| law "
+        print(f"{args.method[0]}, {label} ({s['n']} points beyond {args.probes} probes, {args.probe_carry}): mean |error| law "
               f"{pct(s['law_mean_abs_rel_error'])}, corrected {pct(s['corrected_mean_abs_rel_error'])}; 90% coverage "
               f"law {pct(s['law_coverage_90'])}, corrected {pct(s['corrected_coverage_90'])}", file=sys.stderr)
     if args.out:

@@ -11,8 +11,8 @@ outliers dropped), as `probe_trend_public.py` runs it, with 3 and 4 probes, for 
 x = log10(C / top training budget) and e is the law's relative error at the probes, carried by:
 - `none`: the law alone;
 - `last`: the furthest probe's error, unchanged (no trend);
-- `linear`: least squares linear in x (the sixth edition's sealed rule);
-- `local_slope`: the line through the two furthest probes;
+- `linear`: least squares linear in x (the sixth edition's sealed rule; `ProbeTrend`, carry "linear");
+- `local_slope`: the line through the two furthest probes (`ProbeTrend`, carry "local_slope");
 - `quadratic`: least squares quadratic in x (exact through three probes).
 Targets are grouped by reach: how far beyond the last probe, in the probes' own span in log C
 (gate probes allows up to one). The sixth edition's own case (probes at 3x, 10x, 30x; hero at 60x) is
@@ -40,7 +40,7 @@ import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.fits import fit_approach2, fit_vpnls, load_results
-from delphi.fits.backtest import probe_holdouts
+from delphi.fits.backtest import ProbeTrend, probe_holdouts
 from delphi.io import atomic_write_text
 from delphi.prereg.format import read
 
@@ -57,18 +57,19 @@ REACH_BINS = (0, 1.0, 5.0)
 OWN = "delphi paper v6, 60x hero"  # target beyond the last probe, in probe spans (log C): gate probes allows 1
 
 
-def _polyline(degree: int) -> Callable[[np.ndarray, np.ndarray, float], float]:
-    def carry(x: np.ndarray, e: np.ndarray, at: float) -> float:
-        return float(np.polyval(np.polyfit(x, e, degree), at))
-    return carry
+def _library(carry: str) -> Callable[[np.ndarray, np.ndarray, float], float]:
+    """A carry of `delphi.fits.backtest.ProbeTrend` (x are log10 C, so its top budget is 1)."""
+    def carried(x: np.ndarray, e: np.ndarray, at: float) -> float:
+        return ProbeTrend(1.0, tuple(map(str, range(len(x)))), tuple(x), tuple(e), carry).at(10 ** at)
+    return carried
 
 
 RULES: dict[str, Callable[[np.ndarray, np.ndarray, float], float]] = {
     "none": lambda x, e, at: 0.0,
     "last": lambda x, e, at: float(e[-1]),
-    "linear": _polyline(1),
-    "local_slope": lambda x, e, at: float(e[-1] + (e[-1] - e[-2]) / (x[-1] - x[-2]) * (at - x[-1])),
-    "quadratic": _polyline(2),
+    "linear": _library("linear"),
+    "local_slope": _library("local_slope"),
+    "quadratic": lambda x, e, at: float(np.polyval(np.polyfit(x, e, 2), at)),
 }
 
 
