@@ -232,7 +232,8 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     out.update(_beyond_ladder_numbers(data_dir, pinned["primary_fit"], gates, float(iso["budget"].max()),
                                       float((pinned.get("gates") or {}).get("rehearsal_tolerance")
                                             or prereg_doc["decision"]["tolerance_rel"]),
-                                      corrected="probe_correction" in final))
+                                      carry=(final.get("probe_correction") or {}).get("carry", "linear")
+                                      if "probe_correction" in final else None))
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
@@ -251,11 +252,12 @@ def _probe_dirs(data_dir: Path) -> list[Path]:
 
 
 def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], top_budget: float,
-                           tolerance_rel: float, corrected: bool = False) -> dict[str, Any]:
+                           tolerance_rel: float, carry: str | None = None) -> dict[str, Any]:
     """The runs beyond the ladder (the study's pinned probes, then the hero) against every law the
     study fitted, each at the run's own N, D and exact FLOPs (`predict_hero`, the code the seal runs),
-    and the gate that held the primary law to the probes. With `corrected` (the seal was the primary
-    law x its probe trend) a last column gives that rule at each run from the runs before it only."""
+    and the gate that held the primary law to the probes. With a `carry` (the seal was the primary
+    law x its probe trend, carried so) a last column gives that rule at each run from the runs before
+    it only."""
     from delphi.fits import load_fit
     from delphi.prereg.create import predict_hero
     from delphi.train.config import load_train_config
@@ -276,12 +278,13 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
 
         hero_cfg = load_train_config(data_dir / "hero.yaml")
         now = gate_probes({p.name: run_predicted_vs_actual(fits[primary_fit], p) for p in probes}, tolerance_rel,
-                          top_budget=top_budget, hero_compute=hero_cfg.flops, corrected=corrected)
+                          top_budget=top_budget, hero_compute=hero_cfg.flops, corrected=carry is not None,
+                          carry=carry or "linear")
         out["probes_sentence"] = (f"The sealed file records gate probes as {'passed' if gate['passed'] else 'failed'}: {gate['detail']}. "
                                   f"Gate probes as the code stands today: **{'PASS' if now.passed else 'FAIL'}** ({now.threshold}): "
                                   f"{now.detail}.")
     runs = probes + ([data_dir / "hero"] if (data_dir / "hero" / "summary.json").is_file() else [])
-    rule = [f"{primary_fit} x trend of the runs before"] if corrected else []
+    rule = [f"{primary_fit} x trend of the runs before"] if carry is not None else []
     rows = ["| run | FLOPs | shape | tokens | actual | " + " | ".join([f"{m}{' (primary)' if m == primary_fit else ''}" for m in fits] + rule) + " |",
             "|---|---|---|---|---|" + "---|" * (len(fits) + len(rule))]
     before: dict[str, dict] = {}  # the primary law's error at each run so far, for the rule's column
@@ -292,11 +295,11 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
         for fit in fits.values():
             predicted = float(predict_hero(fit, cfg)[0]["loss"])
             cells.append(f"{predicted:.4f} ({actual / predicted - 1:+.2%})")
-        if corrected:
+        if carry is not None:
             from delphi.fits.backtest import probe_trend
 
             law = float(predict_hero(fits[primary_fit], cfg)[0]["loss"])
-            trend = probe_trend(before, top_budget)
+            trend = probe_trend(before, top_budget, carry)
             ruled = None if trend is None else law * (1 + trend.at(cfg.flops))
             cells.append("n/a (< 2 runs before)" if ruled is None else f"{ruled:.4f} ({actual / ruled - 1:+.2%})")
             before[run.name] = {"compute": cfg.flops, "rel_error": actual / law - 1}

@@ -38,6 +38,7 @@ from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_text, atomic_write_yaml, read_yaml
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
+from delphi.fits.backtest import PROBE_CARRIES
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
@@ -65,6 +66,9 @@ class HeroSpec:
     # Seal the primary law x (1 + its error trend at gates.probes carried to the hero), not the law
     # alone (delphi.prereg.create.correct_by_probes); needs >= 3 probes for gate probes to pass.
     probe_correction: bool = False
+    # How the correction carries the law's error beyond the probes (delphi.fits.backtest.PROBE_CARRIES):
+    # "linear" (least squares through every probe) or "local_slope" (the two furthest).
+    probe_carry: str = "linear"
     # The hero's train config checkpoint_every_s: a checkpoint_every checkpoint is skipped while the
     # last save is less than this many seconds ago (a throttle, not a clock; 0: every checkpoint_every).
     checkpoint_every_s: float = 0.0
@@ -161,6 +165,8 @@ class StudySpec:
         has_probes = bool(self.gates.probes or hero.probe_multiples)
         if hero.probe_correction and not has_probes:
             raise DelphiError(f"{where}: hero.probe_correction: true needs probes (gates.probes or hero.probe_multiples)")
+        if hero.probe_carry not in PROBE_CARRIES:
+            raise DelphiError(f"{where}: hero.probe_carry: {hero.probe_carry!r}, expected one of {list(PROBE_CARRIES)}")
         if hero.trajectory not in TRAJECTORY_SOURCES:
             raise DelphiError(f"{where}: hero.trajectory: {hero.trajectory!r}, expected one of {list(TRAJECTORY_SOURCES)}")
         if hero.trajectory == "probes" and not has_probes:
@@ -651,13 +657,14 @@ def stage_gates(study: Study) -> dict:
     correct = study.spec.hero.probe_correction and not pending
     probes = probe_runs(study)
     final, fit = hero_prediction(study.fit_path(study.spec.primary_fit), hero, study.results, probes,
-                                 correct)  # what prereg will seal
+                                 correct, study.spec.hero.probe_carry)  # what prereg will seal
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
                           backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
                           rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-                          lr_calibration=_lr_calibration(study), probe_runs=probes, probe_correction=correct)
+                          lr_calibration=_lr_calibration(study), probe_runs=probes, probe_correction=correct,
+                          probe_carry=study.spec.hero.probe_carry)
     deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
     deciding = [g for g in gates if g not in deferred]
     report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
@@ -789,7 +796,8 @@ def stage_prereg(study: Study) -> dict:
         force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
         rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
         lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
-        probe_correction=study.spec.hero.probe_correction, trajectory_from_probes=study.spec.hero.trajectory == "probes",
+        probe_correction=study.spec.hero.probe_correction, probe_carry=study.spec.hero.probe_carry,
+        trajectory_from_probes=study.spec.hero.trajectory == "probes",
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}

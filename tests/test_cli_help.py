@@ -71,6 +71,13 @@ def test_the_parsers_copy_of_the_param_conventions_is_the_fitters():
     assert commands.PARAM_CONVENTIONS == PARAM_CONVENTIONS
 
 
+def test_the_parsers_copy_of_the_probe_carries_is_the_backtests():
+    from delphi.fits import commands
+    from delphi.fits.backtest import PROBE_CARRIES
+
+    assert commands.PROBE_CARRIES == tuple(PROBE_CARRIES)
+
+
 def test_an_argument_error_imports_no_heavy_library():
     code = (
         "import sys; from delphi.cli import main\n"

@@ -21,7 +21,7 @@ from delphi.fits.results import FitResult
 from delphi.model.flops import count_params
 from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
-from delphi.prereg.create import cross_check_predictions, load_tables, predict_hero, run_predicted_vs_actual
+from delphi.prereg.create import cross_check_predictions, gates_path, load_tables, predict_hero, run_predicted_vs_actual
 from delphi.train.config import load_train_config
 
 # The law that makes every synthetic ladder here (E, A, alpha, B, beta) and one seed's noise (nats).
@@ -608,6 +608,15 @@ def test_prereg_create_corrects_by_the_probes_and_takes_their_shape(tmp_path, ca
     assert trajectory["points"][-1]["loss"] == pytest.approx(final["loss"] * 1.0236 / 1.0142, rel=1e-3)
     code, _, err = _create([*common, "--out", str(tmp_path / "two.yaml"), "--probe", str(probes[0]), "--probe", str(probes[1])], capsys)
     assert code == 1 and "FAIL probes" in err and ">= 3 finished probes" in err and not (tmp_path / "two.yaml").exists()
+    # The local slope on the same data: closer to the outcome (0.9852), but its carried sd (the two
+    # furthest probes' noise, 1.75x one run's) widens the interval past 1.5x the tolerance: refused.
+    local = tmp_path / "local.yaml"
+    code, _, err = _create([*common, "--out", str(local), "--probe-carry", "local_slope",
+                            *[a for p in probes for a in ("--probe", str(p))]], capsys)
+    assert code == 1 and "FAIL interval_width" in err and "PASS probes" in err and not local.exists()
+    report = json.loads(gates_path(local).read_text())
+    width = next(g for g in report["gates"] if g["name"] == "interval_width")
+    assert width["value"] > 0.045 and "around 0.98" in width["detail"]
 
 
 def test_prereg_create_refuses_a_correction_or_a_shape_without_probes(tmp_path, capsys):

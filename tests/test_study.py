@@ -235,7 +235,8 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     with pytest.raises(DelphiError, match=r"hero.probe_correction: true needs probes \(gates.probes or hero.probe_multiples\)"):
         load_study(tmp_path / "s.yaml")
     for hero, message in (({"trajectory": "probes"}, "hero.trajectory: probes needs probes"),
-                          ({"trajectory": "spline"}, "hero.trajectory: 'spline', expected one of")):
+                          ({"trajectory": "spline"}, "hero.trajectory: 'spline', expected one of"),
+                          ({"probe_carry": "cubic"}, r"hero.probe_carry: 'cubic', expected one of \['linear', 'local_slope'\]")):
         (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {}, "hero": hero}))
         with pytest.raises(DelphiError, match=message):
             load_study(tmp_path / "s.yaml")

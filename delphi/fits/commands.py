@@ -13,6 +13,7 @@ from delphi.errors import DelphiError
 # delphi.fits.allocation.PARAM_CONVENTIONS, spelled out so that building the parser (every
 # `delphi --help`) does not import pandas and scipy; tests/test_cli_help.py checks they agree.
 PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
+PROBE_CARRIES = ("linear", "local_slope")  # delphi.fits.backtest.PROBE_CARRIES, likewise
 COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
 METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "moe")
 HELP = {
@@ -51,7 +52,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                              help="--all-holdouts, --probes: smallest number of training budgets (default 3)")
             sub.add_argument("--tolerance", type=positive_float, default=0.03,
                              help="--probes: a correction counts as tested when gate probes' test passes at this tolerance (default 0.03)")
-            sub.add_argument("--probe-carry", choices=["linear", "local_slope"], default="linear",
+            sub.add_argument("--probe-carry", choices=PROBE_CARRIES, default="linear",
                              help="--probes: carry the law's error at the probes by least squares linear in log C through "
                                   "all of them (default) or along the line through the two furthest")
         _add_method_options(sub, method)

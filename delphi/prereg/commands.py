@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from delphi.errors import CheckFailed, DelphiError
+from delphi.fits.commands import PROBE_CARRIES
 
 
 def add_commands(subparsers) -> None:
@@ -39,8 +40,11 @@ def add_commands(subparsers) -> None:
                    help="a finished run beyond the ladder, sealed before it trained (repeatable): gate probes scores the "
                         "law on it, and gate method_agreement sets aside a cross-check law it rejects")
     p.add_argument("--probe-correction", action="store_true",
-                   help="seal the law x (1 + its error trend at the probes, linear in log C, carried to the hero); "
+                   help="seal the law x (1 + its error trend at the probes, carried to the hero by --probe-carry); "
                         "gate probes then tests the trend on the furthest probe (needs >= 3 --probe)")
+    p.add_argument("--probe-carry", choices=PROBE_CARRIES, default="linear",
+                   help="--probe-correction: carry the error by least squares linear in log C through every probe "
+                        "(default) or along the line through the two furthest")
     p.add_argument("--trajectory-from-probes", action="store_true",
                    help="the trajectory's shape from the longest --probe (its eval curve over its final loss, at the "
                         "same fractions of training) instead of the curve law fitted on the ladder")
@@ -120,7 +124,7 @@ def _create(args: argparse.Namespace):
             assumptions=args.assume, bootstrap=args.bootstrap, seed=args.seed, force=args.force, thresholds=thresholds,
             backtest=backtest, rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
             lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
-            probe_runs=[Path(p) for p in args.probe], probe_correction=args.probe_correction,
+            probe_runs=[Path(p) for p in args.probe], probe_correction=args.probe_correction, probe_carry=args.probe_carry,
             trajectory_from_probes=args.trajectory_from_probes,
         )
     except CheckFailed:

@@ -21,7 +21,7 @@ import numpy as np
 
 import delphi
 from delphi.errors import CheckFailed, DelphiError
-from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90
+from delphi.fits.backtest import PROBE_CARRIES, Z_50 as Z50, Z_90 as Z90
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
 
@@ -201,6 +201,10 @@ def score_probes(fit, probe_runs: Sequence[Path], noise: float | None = None) ->
     return {name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()}
 
 
+# How a sealed assumption says the law's error continues beyond the probes, per carry (PROBE_CARRIES).
+CARRY_ASSUMPTION = {"linear": "linearly in log10 C", "local_slope": "along the line through its two furthest probes"}
+
+
 def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float) -> dict[str, Any]:
     """`final` x (1 + the probes' error trend carried to the hero), its intervals moved with it and
     widened, in quadrature, by z x the carried error's sd when each probe is one run of relative sd
@@ -214,9 +218,11 @@ def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float)
         interval = trend.correct(float(final["loss"]), final.get(key), hero_compute, noise_rel, z)[1]
         out[key] = None if interval is None else list(interval)
     out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
+    rule = ("least squares linear in log10(C / top budget)" if trend.carry == "linear" else
+            "along the line through the two furthest probes in log10(C / top budget)")
     out["probe_correction"] = {
-        "rule": "primary law x (1 + its relative error at the probes, least squares linear in log10(C / top budget), "
-                "carried to the hero's exact FLOPs)",
+        "rule": f"primary law x (1 + its relative error at the probes, {rule}, carried to the hero's exact FLOPs)",
+        "carry": trend.carry,
         "carried_rel": carried, "carried_sd_rel": sd, "noise_rel": noise_rel, "slope_per_decade": trend.slope,
         "intercept": trend.intercept, "top_budget": trend.top_budget,
         "probes": {n: {"log10_multiple": x, "rel_error": e} for n, x, e in zip(trend.names, trend.x, trend.errors)}}
@@ -242,7 +248,7 @@ def correction_text(final: dict, actual: float | None, *, primary_law: str) -> d
     return {"prediction_rule": f"corrected the primary law, {primary_law}, by its error trend at them",
             "correction_sentence": (
                 f"The sealed number is not the law's own: the law predicted {law:.4f} at the hero. Its relative error at the "
-                f"probes ({errors}), fitted linear in log10 C ({correction['slope_per_decade']:+.1%} per decade), carried to "
+                f"probes ({errors}), {PROBE_CARRIES[correction.get('carry', 'linear')]} ({correction['slope_per_decade']:+.1%} per decade), carried to "
                 f"the hero gives {correction['carried_rel']:+.2%} with an sd of {correction['carried_sd_rel']:.2%} (each probe "
                 f"one run of {correction['noise_rel']:.2%} noise), so the preregistration sealed {sealed:.4f} = {law:.4f} x "
                 f"(1 {correction['carried_rel']:+.2%}), its interval widened by that sd in quadrature.{outcome}")}
@@ -260,9 +266,9 @@ def probe_noise_rel(fit, fit_table, probes: dict[str, dict]) -> float:
 
 
 def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_runs: Sequence[Path] = (),
-                    probe_correction: bool = False) -> tuple[dict, Any]:
+                    probe_correction: bool = False, probe_carry: str = "linear") -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
-    prediction corrected by the probes' error trend (`correct_by_probes`)."""
+    prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`)."""
     from delphi.fits.backtest import probe_trend
     from delphi.prereg import gates as gt
 
@@ -273,7 +279,7 @@ def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_run
         raise DelphiError("--probe-correction: needs the results table (--results or --ladder) to score the law on the probes")
     fit_table, gate_table = load_tables(results, fit_convention(fit))
     probes = score_probes(fit, probe_runs)
-    trend = probe_trend(probes, gt.ladder_top_budget(gate_table))
+    trend = probe_trend(probes, gt.ladder_top_budget(gate_table), probe_carry)
     if trend is None:
         raise DelphiError(f"--probe-correction: needs >= 2 finished probes at distinct computes (--probe); got {len(probes)}")
     return correct_by_probes(final, trend, float(hero.flops), probe_noise_rel(fit, fit_table, probes)), fit
@@ -556,7 +562,7 @@ def lr_drift_from(lr_calibration: list[Path] | None, ladder: Path | None) -> lis
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
                   lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = (),
-                  probe_correction: bool = False) -> list:
+                  probe_correction: bool = False, probe_carry: str = "linear") -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
     finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
@@ -588,14 +594,15 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
 
     def hero_loss(f) -> float:
         loss = float(predict_hero(f, hero)[0]["loss"])
-        trend = probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table)) if probe_correction else None
+        trend = (probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table), probe_carry)
+                 if probe_correction else None)
         return loss * (1 + trend.at(float(hero.flops))) if trend is not None else loss
 
     lobo = gt.leave_one_budget_out(fit_table, refit, hero_loss)
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                              backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
                              cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs),
-                             lr_drift=lr_drift, probes=probes, probe_correction=probe_correction)
+                             lr_drift=lr_drift, probes=probes, probe_correction=probe_correction, probe_carry=probe_carry)
 
 
 def create_prereg(
@@ -620,6 +627,7 @@ def create_prereg(
     lr_calibration: list[Path] | None = None,
     probe_runs: Sequence[Path] = (),
     probe_correction: bool = False,
+    probe_carry: str = "linear",
     trajectory_from_probes: bool = False,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
@@ -632,8 +640,8 @@ def create_prereg(
     `lr_calibration` `lr-calibrate` reports (gate lr_transfer, against `ladder`'s rule);
     `probe_runs` finished runs beyond the ladder, sealed before they trained (gate probes, and
     evidence for method_agreement); their summaries are hashed into the provenance;
-    `probe_correction` seals the primary law corrected by its error trend at the probes
-    (`hero_prediction`); `trajectory_from_probes` takes the trajectory's shape from the longest probe
+    `probe_correction` seals the primary law corrected by its error trend at the probes, carried by
+    `probe_carry` (`hero_prediction`); `trajectory_from_probes` takes the trajectory's shape from the longest probe
     (`delphi.fits.curves.trajectory_from_shapes`) instead of the curve law."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
@@ -661,7 +669,7 @@ def create_prereg(
     if results is not None and not Path(results).is_file():
         raise DelphiError(f"{results}: results table not found")
     final, fit_obj = hero_prediction(Path(fit_path), hero, Path(results) if results is not None else None,
-                                     probe_runs, probe_correction)
+                                     probe_runs, probe_correction, probe_carry)
     family, hero_family = fit_family(fit_obj, ladder_families), model_family(hero.model)
     if family is not None and family != hero_family:
         raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
@@ -700,7 +708,7 @@ def create_prereg(
         corr = final["probe_correction"]
         errors = ", ".join(f"{p['rel_error']:+.2%}" for p in corr["probes"].values())
         assumptions.append(f"the {fit_obj.kind} law's relative error at the probes ({errors}) "
-                           f"continues linearly in log10 C to the hero: {corr['carried_rel']:+.2%} (sd {corr['carried_sd_rel']:.2%}); "
+                           f"continues {CARRY_ASSUMPTION[corr['carry']]} to the hero: {corr['carried_rel']:+.2%} (sd {corr['carried_sd_rel']:.2%}); "
                            f"the law alone predicts {final['uncorrected']['loss']:.4f}")
     if "E" in fit_obj.params:
         assumptions.append(f"irreducible loss E = {float(fit_obj.params['E']):.4g} nats (fitted, not pinned)")
@@ -747,7 +755,7 @@ def create_prereg(
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
                               rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs,
-                              probe_correction=probe_correction)
+                              probe_correction=probe_correction, probe_carry=probe_carry)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_90, probe_trend
+from delphi.fits.backtest import PROBE_CARRIES, Z_90, probe_trend
 from delphi.fits.data import isoflop_rows
 from delphi.ladder.collect import relaxed_in_table
 
@@ -526,7 +526,7 @@ def ladder_top_budget(table: pd.DataFrame) -> float:
 
 
 def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: float | None = None,
-                hero_compute: float | None = None, corrected: bool = False) -> Gate:
+                hero_compute: float | None = None, corrected: bool = False, carry: str = "linear") -> Gate:
     """Every finished probe beyond the ladder (sealed before it trained) scored against the primary
     law at its own N and D. `probes`: name -> `run_predicted_vs_actual` (or {"error"}).
 
@@ -536,7 +536,7 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
     hero), `delphi.prereg.create.correct_by_probes`): the correction must have been tested, so at
     least three probes; the trend fitted without the furthest probe predicts it within tolerance;
     every probe lies within tolerance of the trend; and the hero is no farther beyond the furthest
-    probe (in log C) than the probes span."""
+    probe (in log C) than the probes span. `carry`: how the trend carries the errors (PROBE_CARRIES)."""
     threshold = (f"the correction, fitted without the furthest probe, predicts it within {tolerance_rel:.2%}; every "
                  f"probe within {tolerance_rel:.2%} of the trend; the hero beyond the furthest probe by at most the "
                  "probes' span in log C" if corrected else
@@ -555,9 +555,10 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
             worst = max(worst, abs(rel))
             if abs(rel) > tolerance_rel:
                 problems.append(f"{name} {rel:+.2%}")
-    trend = probe_trend(probes, top_budget) if top_budget is not None else None
+    trend = probe_trend(probes, top_budget, carry) if top_budget is not None else None
     if trend is not None and hero_compute is not None:
-        parts.append(f"carried to the hero's {hero_compute:.3g} FLOPs (linear in log C): {trend.at(hero_compute):+.2%}")
+        how = "linear in log C" if carry == "linear" else PROBE_CARRIES[carry]
+        parts.append(f"carried to the hero's {hero_compute:.3g} FLOPs ({how}): {trend.at(hero_compute):+.2%}")
         if not corrected:
             worst = max(worst, abs(trend.at(hero_compute)))
             if abs(trend.at(hero_compute)) > tolerance_rel:
@@ -628,6 +629,7 @@ def evaluate_gates(
     lr_drift: list[dict] | None = None,
     probes: dict[str, dict] | None = None,
     probe_correction: bool = False,
+    probe_carry: str = "linear",
 ) -> list[Gate]:
     """Every gate, in a fixed order. `fit` is the primary FitResult; `table` the results table
     (one row per run and seed); `final` the hero's prediction {loss, loss_90}; `hero` from
@@ -637,7 +639,8 @@ def evaluate_gates(
     `cross_checks` other methods' predictions for the hero (`gate_method_agreement`); `lr_drift`
     the ladder's LR rule against a calibration (`gate_lr_transfer`; no gate without one); `probes`
     the primary law against finished runs beyond the ladder (`gate_probes`; no gate without any);
-    `probe_correction` whether `final` is the primary law corrected by the probes' trend."""
+    `probe_correction` whether `final` is the primary law corrected by the probes' trend, carried by
+    `probe_carry`."""
     from delphi.ladder.plan import HERO_MAX_OFF_OPTIMUM
 
     agreement = gate_method_agreement(float(final["loss"]), cross_checks, thresholds.tol("agreement"))
@@ -654,7 +657,7 @@ def evaluate_gates(
         if rehearsal is not None:
             gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
         if probes:
-            gates.append(gate_probes(probes, thresholds.tol("rehearsal"), corrected=probe_correction))
+            gates.append(gate_probes(probes, thresholds.tol("rehearsal"), corrected=probe_correction, carry=probe_carry))
         if lr_drift is not None:
             gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
         return gates
@@ -677,7 +680,7 @@ def evaluate_gates(
         gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
     if probes:
         gates.append(gate_probes(probes, thresholds.tol("rehearsal"), top_budget=ladder_top_budget(table),
-                                 hero_compute=hero.get("flops"), corrected=probe_correction))
+                                 hero_compute=hero.get("flops"), corrected=probe_correction, carry=probe_carry))
     if lr_drift is not None:
         gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
     return gates
