@@ -277,7 +277,7 @@ def _next_budget(row: dict[str, Any], rows: list[dict[str, Any]]) -> float:
 # probe span, the local slope carried the isoFLOP law's error to 0.42% mean |error| against the
 # line's 0.50%, and with less optimistic bias (paper/v6/alternative_rules_public.csv).
 PROBE_CARRIES = {"linear": "fitted linear in log10 C",
-                 "local_slope": "carried along the line through the two furthest probes"}
+                 "local_slope": "along the line through the two furthest probes"}
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,7 @@ def score_probes(fit, probe_runs: Sequence[Path], noise: float | None = None) ->
 
 
 # How a sealed assumption says the law's error continues beyond the probes, per carry (PROBE_CARRIES).
-CARRY_ASSUMPTION = {"linear": "linearly in log10 C", "local_slope": "along the line through its two furthest probes"}
+CARRY_ASSUMPTION = {"linear": "linearly in log10 C", "local_slope": PROBE_CARRIES["local_slope"]}
 
 
 def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float) -> dict[str, Any]:
@@ -219,7 +219,7 @@ def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float)
         out[key] = None if interval is None else list(interval)
     out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
     rule = ("least squares linear in log10(C / top budget)" if trend.carry == "linear" else
-            "along the line through the two furthest probes in log10(C / top budget)")
+            f"{PROBE_CARRIES[trend.carry]} in log10(C / top budget)")
     out["probe_correction"] = {
         "rule": f"primary law x (1 + its relative error at the probes, {rule}, carried to the hero's exact FLOPs)",
         "carry": trend.carry,
