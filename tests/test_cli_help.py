@@ -71,11 +71,12 @@ def test_the_parsers_copy_of_the_param_conventions_is_the_fitters():
     assert commands.PARAM_CONVENTIONS == PARAM_CONVENTIONS
 
 
-def test_the_parsers_copy_of_the_probe_carries_is_the_backtests():
-    from delphi.fits import commands
+def test_the_parsers_copies_of_the_probe_carries_are_the_backtests():
+    from delphi.fits import commands as fit_commands
     from delphi.fits.backtest import PROBE_CARRIES
+    from delphi.prereg import commands as prereg_commands
 
-    assert commands.PROBE_CARRIES == tuple(PROBE_CARRIES)
+    assert fit_commands.PROBE_CARRIES == prereg_commands.PROBE_CARRIES == tuple(PROBE_CARRIES)
 
 
 def test_an_argument_error_imports_no_heavy_library():
