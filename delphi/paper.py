@@ -161,7 +161,7 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["stable_from"] = f"{p40['actual']:.4f} at {p40['tokens']:.3g} tokens" if p40 else "n/a"
     n["stable_to"] = f"{p80['actual']:.4f} at {p80['tokens']:.3g} tokens" if p80 else "n/a"
     n["ladder_max_tokens"] = f"{table['tokens'].max():.3g}"
-    sealed = "the corrected prediction" if final.get("probe_correction") else "the primary law"
+    sealed = "the corrected prediction" if _sealed_carry(final) else "the primary law"
     n["miss_side"] = (f"high side: {sealed} was too optimistic" if (check.get("rel_error") or 0) > 0
                       else f"low side: {sealed} was too pessimistic")
     n.update(_data_words(n, table, hero, check, vp, backtest, data_dir))
@@ -232,8 +232,7 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     out.update(_beyond_ladder_numbers(data_dir, pinned["primary_fit"], gates, float(iso["budget"].max()),
                                       float((pinned.get("gates") or {}).get("rehearsal_tolerance")
                                             or prereg_doc["decision"]["tolerance_rel"]),
-                                      carry=(final.get("probe_correction") or {}).get("carry", "linear")
-                                      if "probe_correction" in final else None))
+                                      carry=_sealed_carry(final)))
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
@@ -249,6 +248,13 @@ LAW_NAMES = {"isoflop": "the isoFLOP power law (Approach 2)", "vpnls": "VPNLS (t
 def _probe_dirs(data_dir: Path) -> list[Path]:
     """The study's pinned probes (`delphi.study.pin_probes`), by name."""
     return sorted(p for p in (data_dir / "probes").glob("*") if (p / "summary.json").is_file())
+
+
+def _sealed_carry(final: dict) -> str | None:
+    """How a corrected seal carried the probes' error (seals before `carry` was recorded: linear);
+    None for a seal of the law alone."""
+    correction = final.get("probe_correction")
+    return correction.get("carry", "linear") if correction else None
 
 
 def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], top_budget: float,
