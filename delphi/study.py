@@ -38,7 +38,7 @@ from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_text, atomic_write_yaml, read_yaml
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
-from delphi.fits.backtest import PROBE_CARRIES
+from delphi.fits.backtest import NOISE_SCOPES, PROBE_CARRIES
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
@@ -69,6 +69,9 @@ class HeroSpec:
     # How the correction carries the law's error beyond the probes (delphi.fits.backtest.PROBE_CARRIES):
     # "linear" (least squares through every probe) or "local_slope" (the two furthest).
     probe_carry: str = "linear"
+    # Whose seed spread is one run's noise at the hero and the probes (delphi.fits.backtest.NOISE_SCOPES):
+    # "pooled" over every budget, or "top_budget" (the measured scale nearest the runs beyond the ladder).
+    noise_scope: str = "pooled"
     # The hero's train config checkpoint_every_s: a checkpoint_every checkpoint is skipped while the
     # last save is less than this many seconds ago (a throttle, not a clock; 0: every checkpoint_every).
     checkpoint_every_s: float = 0.0
@@ -167,6 +170,8 @@ class StudySpec:
             raise DelphiError(f"{where}: hero.probe_correction: true needs probes (gates.probes or hero.probe_multiples)")
         if hero.probe_carry not in PROBE_CARRIES:
             raise DelphiError(f"{where}: hero.probe_carry: {hero.probe_carry!r}, expected one of {list(PROBE_CARRIES)}")
+        if hero.noise_scope not in NOISE_SCOPES:
+            raise DelphiError(f"{where}: hero.noise_scope: {hero.noise_scope!r}, expected one of {list(NOISE_SCOPES)}")
         if hero.trajectory not in TRAJECTORY_SOURCES:
             raise DelphiError(f"{where}: hero.trajectory: {hero.trajectory!r}, expected one of {list(TRAJECTORY_SOURCES)}")
         if hero.trajectory == "probes" and not has_probes:
@@ -281,33 +286,52 @@ STUDY_FILE = "study.json"  # the pinned study and ladder spec: a directory holds
 COMPACT_SKIP_DIRS = frozenset({"checkpoints", "logs", "locks", "__pycache__", "wandb"})
 
 
-def compact_files(study_dir: str | Path) -> list[Path]:
+def compact_files(study_dir: str | Path, *, resumable: bool = False) -> list[Path]:
     """The files of a study directory worth committing, relative to it: everything but checkpoints,
-    logs, locks and the run directories of runs that have not finished (completed or diverged)."""
+    logs, locks and the run directories of runs that have not finished (completed or diverged).
+    With `resumable` an unfinished run is kept too, with its newest complete checkpoint (one with
+    a manifest), so that a fresh machine resumes it where it stopped rather than from step 0: a
+    hero longer than one working session continues on the next."""
     from delphi.ladder.driver import is_finished
+    from delphi.train.checkpoint import CorruptCheckpoint, list_checkpoints, read_manifest
     from delphi.train.rundir import read_status
 
     study_dir = Path(study_dir)
     unfinished = {p.parent for p in study_dir.rglob(CONFIG_FILE)  # a run dir holds its config.yaml first
                   if not is_finished((read_status(p.parent) or {}).get("status", "pending"))}
+    newest: set[Path] = set()
+    for run in unfinished if resumable else ():
+        for _, path in reversed(list_checkpoints(run)):
+            try:
+                read_manifest(path)
+            except CorruptCheckpoint:
+                continue
+            newest.add(path)
+            break
     files = []
     for path in sorted(study_dir.rglob("*")):
         rel = path.relative_to(study_dir)
-        if path.is_dir() or COMPACT_SKIP_DIRS & set(rel.parts) or any(d in unfinished for d in path.parents):
+        if path.is_dir():
             continue
-        files.append(rel)
+        if any(d in newest for d in path.parents):
+            files.append(rel)
+        elif COMPACT_SKIP_DIRS & set(rel.parts) or (not resumable and any(d in unfinished for d in path.parents)):
+            continue
+        else:
+            files.append(rel)
     return files
 
 
-def export_study(study_dir: str | Path, dest: str | Path) -> list[str]:
+def export_study(study_dir: str | Path, dest: str | Path, *, resumable: bool = False) -> list[str]:
     """Copy a study's compact data (`compact_files`) into `dest`, each file written atomically: a
     stage of a long study, committed as it completes. To continue on another machine, copy `dest`
-    to a study directory and run the same `delphi study` command there."""
+    to a study directory and run the same `delphi study` command there; with `resumable`, an
+    unfinished run (a hero mid-way) continues from its newest checkpoint."""
     study_dir, dest = Path(study_dir), Path(dest)
     if not (study_dir / STUDY_FILE).is_file():
         raise DelphiError(f"--from-study: {study_dir} is not a study directory (no {STUDY_FILE})")
     copied = []
-    for rel in compact_files(study_dir):
+    for rel in compact_files(study_dir, resumable=resumable):
         atomic_write_bytes(dest / rel, (study_dir / rel).read_bytes())
         copied.append(str(rel))
     return copied
@@ -617,7 +641,7 @@ def stage_dress_rehearsal(study: Study) -> dict:
     predicted = predict_hero(fit, cfg)[0]
     _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
     _finished(train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists()), "the dress rehearsal")
-    result = run_predicted_vs_actual(fit, study.rehearsal_run, run_noise_nats(fit, load_table(study))[0])
+    result = run_predicted_vs_actual(fit, study.rehearsal_run, run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0])
     _say(f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
     thresholds = study.spec.thresholds()
     gate = gate_dress_rehearsal(result | {"compute": compute}, thresholds.rehearsal_tolerance_rel or thresholds.tolerance_rel)
@@ -657,14 +681,14 @@ def stage_gates(study: Study) -> dict:
     correct = study.spec.hero.probe_correction and not pending
     probes = probe_runs(study)
     final, fit = hero_prediction(study.fit_path(study.spec.primary_fit), hero, study.results, probes,
-                                 correct, study.spec.hero.probe_carry)  # what prereg will seal
+                                 correct, study.spec.hero.probe_carry, study.spec.hero.noise_scope)  # what prereg will seal
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
                           backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
                           rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
                           lr_calibration=_lr_calibration(study), probe_runs=probes, probe_correction=correct,
-                          probe_carry=study.spec.hero.probe_carry)
+                          probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope)
     deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
     deciding = [g for g in gates if g not in deferred]
     report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
@@ -741,7 +765,7 @@ def stage_probes(study: Study) -> dict:
         return {"skipped": "hero.probe_multiples is empty: no probes of the study's own"}
     check_store_unchanged(study)
     fit = load_fit(study.fit_path(study.spec.primary_fit))
-    noise = run_noise_nats(fit, load_table(study))[0]
+    noise = run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0]
     top = max(_ladder_spec(study).budgets)
     results = []
     for multiple in multiples:
@@ -797,7 +821,7 @@ def stage_prereg(study: Study) -> dict:
         rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
         lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
         probe_correction=study.spec.hero.probe_correction, probe_carry=study.spec.hero.probe_carry,
-        trajectory_from_probes=study.spec.hero.trajectory == "probes",
+        noise_scope=study.spec.hero.noise_scope, trajectory_from_probes=study.spec.hero.trajectory == "probes",
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}

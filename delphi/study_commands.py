@@ -44,6 +44,9 @@ def add_paper_commands(subparsers: argparse._SubParsersAction) -> None:
     snap.add_argument("--from-study", required=True, metavar="STUDY_DIR")
     snap.add_argument("--to", required=True, metavar="DIR",
                       help="where the compact copy goes (to continue elsewhere: copy it to a study dir, rerun the study)")
+    snap.add_argument("--resumable", action="store_true",
+                      help="keep unfinished runs too, each with its newest checkpoint, so that they resume there "
+                           "(a hero longer than one working session)")
     add_json_flag(snap)
     snap.set_defaults(func=_paper_snapshot)
 
@@ -51,7 +54,7 @@ def add_paper_commands(subparsers: argparse._SubParsersAction) -> None:
 def _paper_snapshot(args: argparse.Namespace) -> dict:
     from delphi.study import export_study
 
-    copied = export_study(args.from_study, args.to)
+    copied = export_study(args.from_study, args.to, resumable=args.resumable)
     runs = sorted({p.split("/")[2] for p in copied if p.startswith("ladder/runs/")})
     print(f"snapshot: {len(copied)} files, {len(runs)} finished ladder runs, into {args.to}", file=sys.stderr)
     return {"files": len(copied), "ladder_runs": runs, "to": args.to}

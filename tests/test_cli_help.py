@@ -71,12 +71,13 @@ def test_the_parsers_copy_of_the_param_conventions_is_the_fitters():
     assert commands.PARAM_CONVENTIONS == PARAM_CONVENTIONS
 
 
-def test_the_parsers_copies_of_the_probe_carries_are_the_backtests():
+def test_the_parsers_copies_of_the_probe_carries_and_noise_scopes_are_the_backtests():
     from delphi.fits import commands as fit_commands
-    from delphi.fits.backtest import PROBE_CARRIES
+    from delphi.fits.backtest import NOISE_SCOPES, PROBE_CARRIES
     from delphi.prereg import commands as prereg_commands
 
     assert fit_commands.PROBE_CARRIES == prereg_commands.PROBE_CARRIES == tuple(PROBE_CARRIES)
+    assert prereg_commands.NOISE_SCOPES == tuple(NOISE_SCOPES)
 
 
 def test_an_argument_error_imports_no_heavy_library():

@@ -303,6 +303,24 @@ def test_probe_trend_local_slope_carry():
         probe_trend(runs, 1e13, "cubic")
 
 
+def test_the_local_slope_answers_for_its_own_two_probes():
+    """With the sixth edition's hero as a fourth probe the errors bend (-1.99%, +2.96%, +8.69%,
+    +12.83% at 3x-60x): the 3x probe lies 3% off the line through the two furthest, which is the
+    local slope's premise, not a failure. Its reach is their span (2x), not all four's (20x); the
+    line still answers for every probe."""
+    runs = {"probe3x": {"rel_error": -0.0199, "compute": 3e13}, "probe10x": {"rel_error": 0.0296, "compute": 1e14},
+            "hero30x": {"rel_error": 0.0869, "compute": 3e14}, "hero60x": {"rel_error": 0.1283, "compute": 6e14}}
+    local, line = probe_trend(runs, 1e13, "local_slope"), probe_trend(runs, 1e13)
+    assert local.used() == (2, 3) and line.used() == (0, 1, 2, 3)
+    assert abs(local.residuals()["probe3x"]) > 0.03
+    assert local.reach(9e14)[1] == pytest.approx(math.log10(2)) and line.reach(9e14)[1] == pytest.approx(math.log10(20))
+    assert local.untested(0.03, 9e14) == [] and local.untested(0.03, 1.2e15) == []
+    assert "more than the probes' span" in local.untested(0.03, 1.3e15)[0]
+    gate = gt.gate_probes({n: r | {"predicted": 1.0, "actual": 1 + r["rel_error"]} for n, r in runs.items()}, 0.03,
+                          top_budget=1e13, hero_compute=9e14, corrected=True, carry="local_slope")
+    assert gate.passed, gate.detail
+
+
 PAPER_V2 = Path(__file__).resolve().parents[1] / "paper" / "v2"
 
 
@@ -617,6 +635,17 @@ def test_prereg_create_corrects_by_the_probes_and_takes_their_shape(tmp_path, ca
     report = json.loads(gates_path(local).read_text())
     width = next(g for g in report["gates"] if g["name"] == "interval_width")
     assert width["value"] > 0.045 and "around 0.98" in width["detail"]
+    # With one run's seed noise measured at the top budget (0.0066 nats, not 0.0138 pooled over every
+    # budget, the smallest's 0.027 dominating), the same rule seals 0.9807 with a 3.23% half-width,
+    # and its interval covers the outcome.
+    code, _, err = _create([*common, "--out", str(local), "--probe-carry", "local_slope", "--noise-scope", "top_budget",
+                            *[a for p in probes for a in ("--probe", str(p))]], capsys)
+    assert code == 0, err
+    final = fmt.read(local)["prediction"]["final"]
+    assert final["loss"] == pytest.approx(0.9807, abs=1e-4) and final["noise_scope"] == "top_budget"
+    assert final["seed_noise_nats"] == pytest.approx(0.00664, abs=1e-5)
+    assert (final["loss_90"][1] - final["loss_90"][0]) / 2 / final["loss"] == pytest.approx(0.0323, abs=2e-4)
+    assert final["loss_90"][0] < 0.9852 < final["loss_90"][1]
 
 
 def test_prereg_create_refuses_a_correction_or_a_shape_without_probes(tmp_path, capsys):

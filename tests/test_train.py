@@ -102,6 +102,37 @@ def test_resume_reproduces_uninterrupted_metrics(store, uninterrupted, tmp_path,
     assert train(cfg, run_b, resume=True, progress=False)["val_loss"] == resumed["val_loss"]
 
 
+def test_a_resumable_snapshot_continues_an_unfinished_run_elsewhere(store, uninterrupted, tmp_path, monkeypatch):
+    """`delphi paper snapshot --resumable` (a hero longer than one working session): a run stopped
+    mid-way is kept with its newest checkpoint only; copied to a fresh directory it resumes there
+    and ends as if it had never stopped. A plain snapshot keeps only finished runs."""
+    from delphi.study import compact_files
+
+    run_a, _ = uninterrupted
+    cfg, study, fresh = tiny_config(store), tmp_path / "study", tmp_path / "fresh"
+    train(cfg, study / "hero", progress=False, max_steps=6)
+    assert [s for s, _ in list_checkpoints(study / "hero")] == [4, 6]
+    assert compact_files(study) == []
+    kept = compact_files(study, resumable=True)
+    assert {p.parts[2] for p in kept if "checkpoints" in p.parts} == {"step_00000006"}
+    for rel in kept:
+        (fresh / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fresh / rel).write_bytes((study / rel).read_bytes())
+    from delphi.train import checkpoint as ckpt
+
+    restored_steps, restore = [], ckpt.restore_latest
+
+    def spy(*args, **kwargs):
+        found = restore(*args, **kwargs)
+        restored_steps.append(None if found.restored is None else found.restored.step)
+        return found
+
+    monkeypatch.setattr(ckpt, "restore_latest", spy)
+    resumed = train(cfg, fresh / "hero", resume=True, progress=False)
+    assert restored_steps == [6] and resumed["status"] == "completed"
+    assert_same_metrics(read_metrics(run_a), read_metrics(fresh / "hero"))
+
+
 def largest_file(checkpoint: Path) -> Path:
     return max((p for p in (checkpoint / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 

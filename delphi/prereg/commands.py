@@ -13,9 +13,10 @@ from pathlib import Path
 
 from delphi.errors import CheckFailed, DelphiError
 
-# delphi.fits.backtest.PROBE_CARRIES, spelled out so that building the parser does not import pandas
-# (tests/test_cli_help.py checks they agree).
+# delphi.fits.backtest.PROBE_CARRIES and NOISE_SCOPES, spelled out so that building the parser does
+# not import pandas (tests/test_cli_help.py checks they agree).
 PROBE_CARRIES = ("linear", "local_slope")
+NOISE_SCOPES = ("pooled", "top_budget")
 
 
 def add_commands(subparsers) -> None:
@@ -48,6 +49,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--probe-carry", choices=PROBE_CARRIES, default="linear",
                    help="--probe-correction: carry the error by least squares linear in log C through every probe "
                         "(default) or along the line through the two furthest")
+    p.add_argument("--noise-scope", choices=NOISE_SCOPES, default="pooled",
+                   help="one run's seed noise at the hero and the probes: the within-cell seed sd pooled over every "
+                        "budget (default) or over the top isoFLOP budget's cells only")
     p.add_argument("--trajectory-from-probes", action="store_true",
                    help="the trajectory's shape from the longest --probe (its eval curve over its final loss, at the "
                         "same fractions of training) instead of the curve law fitted on the ladder")
@@ -128,7 +132,7 @@ def _create(args: argparse.Namespace):
             backtest=backtest, rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
             lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
             probe_runs=[Path(p) for p in args.probe], probe_correction=args.probe_correction, probe_carry=args.probe_carry,
-            trajectory_from_probes=args.trajectory_from_probes,
+            noise_scope=args.noise_scope, trajectory_from_probes=args.trajectory_from_probes,
         )
     except CheckFailed:
         for line in gt.gate_lines(gt.Gate.from_json(g) for g in json.loads(gates_path(Path(args.out)).read_text())["gates"]):

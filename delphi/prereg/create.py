@@ -21,7 +21,8 @@ import numpy as np
 
 import delphi
 from delphi.errors import CheckFailed, DelphiError
-from delphi.fits.backtest import PROBE_CARRIES, Z_50 as Z50, Z_90 as Z90
+from delphi.fits.backtest import NOISE_SCOPES, PROBE_CARRIES, Z_50 as Z50, Z_90 as Z90
+from delphi.fits.data import isoflop_rows
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
 
@@ -96,15 +97,29 @@ def law_scatter_nats(fit, fit_table) -> float | None:
     return float(math.sqrt(sum(r * r for r in residuals) / dof)) if dof > 0 else None
 
 
-def run_noise_nats(fit, fit_table) -> tuple[float | None, dict[str, Any]]:
+def seed_noise_nats(fit, fit_table, scope: str = "pooled") -> float | None:
+    """One run's seed sd (nats) under `scope` (NOISE_SCOPES): the fit's pooled per-run seed sd, or
+    the within-cell sd pooled over the top isoFLOP budget's cells. None without replicates."""
+    from delphi.prereg.gates import ladder_top_budget, pooled_seed_noise
+
+    if scope not in NOISE_SCOPES:
+        raise DelphiError(f"noise scope {scope!r}: expected one of {', '.join(NOISE_SCOPES)}")
+    if scope == "pooled":
+        seed = (fit.diagnostics or {}).get("seed_noise_nats")
+    else:
+        rows = isoflop_rows(fit_table)
+        seed = pooled_seed_noise(rows[rows["budget"] == ladder_top_budget(fit_table)])
+    return float(seed) if isinstance(seed, (int, float)) and math.isfinite(seed) else None
+
+
+def run_noise_nats(fit, fit_table, scope: str = "pooled") -> tuple[float | None, dict[str, Any]]:
     """The sd (nats) one run adds around the law: the law's scatter about the ladder's points
-    (law_scatter_nats) and one run's seed noise (the fit's pooled per-run seed sd), in quadrature.
+    (law_scatter_nats) and one run's seed noise (`seed_noise_nats` under `scope`), in quadrature.
     None when neither is known."""
     scatter = law_scatter_nats(fit, fit_table)
-    seed = (fit.diagnostics or {}).get("seed_noise_nats")
-    seed = float(seed) if isinstance(seed, (int, float)) and math.isfinite(seed) else None
+    seed = seed_noise_nats(fit, fit_table, scope)
     parts = [v for v in (scatter, seed) if v is not None]
-    info = {"residual_scatter_nats": scatter, "seed_noise_nats": seed}
+    info = {"residual_scatter_nats": scatter, "seed_noise_nats": seed, "noise_scope": scope}
     return (float(math.hypot(*parts)) if parts else None), info
 
 
@@ -170,9 +185,9 @@ def predict_hero(fit, hero) -> tuple[dict, str]:
     return pred, how
 
 
-def predict_final(fit_path: Path, hero, results: Path | None = None) -> tuple[dict, Any]:
+def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope: str = "pooled") -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero from a fit file written by `delphi fit`; with
-    the ladder's `results`, its intervals are predictive for one run (`run_noise_nats`)."""
+    the ladder's `results`, its intervals are predictive for one run (`run_noise_nats` under `noise_scope`)."""
     from delphi.fits.laws import SURFACES
     from delphi.fits.results import load_fit
 
@@ -183,11 +198,12 @@ def predict_final(fit_path: Path, hero, results: Path | None = None) -> tuple[di
         pred, how = predict_hero(fit, hero)
     except (TypeError, ValueError, KeyError) as e:
         raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {fit.kind!r} fit ({e})") from None
-    noise, parts = run_noise_nats(fit, load_tables(results, fit_convention(fit))[0]) if results is not None else (None, {})
+    noise, parts = (run_noise_nats(fit, load_tables(results, fit_convention(fit))[0], noise_scope)
+                    if results is not None else (None, {}))
     final = final_from_prediction(predictive(pred, noise), how)
     if noise is not None:
         final["interval"] = (f"the fit's bootstrap interval widened in quadrature by z x {noise:.4g} nats: one run's "
-                             "noise around the law (residual scatter and seed noise, in quadrature)")
+                             f"noise around the law (residual scatter and seed noise, {NOISE_SCOPES[noise_scope]}, in quadrature)")
         final |= parts
     if pred.get("allocation"):
         final["allocation"] = pred["allocation"]
@@ -254,11 +270,11 @@ def correction_text(final: dict, actual: float | None, *, primary_law: str) -> d
                 f"(1 {correction['carried_rel']:+.2%}), its interval widened by that sd in quadrature.{outcome}")}
 
 
-def probe_noise_rel(fit, fit_table, probes: dict[str, dict]) -> float:
-    """One probe's relative noise about the probes' error trend: the ladder's seed noise (the law's
-    scatter about the ladder is what the trend corrects), or the whole run noise when no seed
-    noise was measured, relative to the probes' mean loss."""
-    noise, parts = run_noise_nats(fit, fit_table)
+def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = "pooled") -> float:
+    """One probe's relative noise about the probes' error trend: the ladder's seed noise under
+    `noise_scope` (the law's scatter about the ladder is what the trend corrects), or the whole run
+    noise when no seed noise was measured, relative to the probes' mean loss."""
+    noise, parts = run_noise_nats(fit, fit_table, noise_scope)
     nats = parts.get("seed_noise_nats") or noise
     if nats is None:
         raise DelphiError("--probe-correction: the ladder measured no run noise (one seed per cell and no law scatter)")
@@ -266,13 +282,15 @@ def probe_noise_rel(fit, fit_table, probes: dict[str, dict]) -> float:
 
 
 def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_runs: Sequence[Path] = (),
-                    probe_correction: bool = False, probe_carry: str = "linear") -> tuple[dict, Any]:
+                    probe_correction: bool = False, probe_carry: str = "linear",
+                    noise_scope: str = "pooled") -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
-    prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`)."""
+    prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`);
+    one run's noise under `noise_scope` (NOISE_SCOPES)."""
     from delphi.fits.backtest import probe_trend
     from delphi.prereg import gates as gt
 
-    final, fit = predict_final(fit_path, hero, results)
+    final, fit = predict_final(fit_path, hero, results, noise_scope)
     if not probe_correction:
         return final, fit
     if results is None:
@@ -282,7 +300,7 @@ def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_run
     trend = probe_trend(probes, gt.ladder_top_budget(gate_table), probe_carry)
     if trend is None:
         raise DelphiError(f"--probe-correction: needs >= 2 finished probes at distinct computes (--probe); got {len(probes)}")
-    return correct_by_probes(final, trend, float(hero.flops), probe_noise_rel(fit, fit_table, probes)), fit
+    return correct_by_probes(final, trend, float(hero.flops), probe_noise_rel(fit, fit_table, probes, noise_scope)), fit
 
 
 # --------------------------------------------------------------------------- assembly
@@ -445,7 +463,7 @@ def beyond_ladder_runs(rehearsal_run: Path | None = None, probe_runs: Sequence[P
 
 
 def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = None,
-                            probe_runs: Sequence[Path] = ()) -> dict[str, dict[str, Any]]:
+                            probe_runs: Sequence[Path] = (), noise_scope: str = "pooled") -> dict[str, dict[str, Any]]:
     """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss",
     "backtest_rel_error", "probes"}} or {method: {"error"}}.
 
@@ -471,7 +489,7 @@ def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = N
             other = refit(fit_table)
             loss = float(predict_hero(other, hero)[0]["loss"])
             held_out = run_backtest(fit_table, refit, family=family)["budgets"]
-            noise = run_noise_nats(other, fit_table)[0] or 0.0
+            noise = run_noise_nats(other, fit_table, noise_scope)[0] or 0.0
             scored = {run: run_predicted_vs_actual(other, path) for run, path in runs.items()}
         except (DelphiError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
             out[name] = {"error": f"not fitted ({e})"}
@@ -562,13 +580,14 @@ def lr_drift_from(lr_calibration: list[Path] | None, ladder: Path | None) -> lis
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
                   lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = (),
-                  probe_correction: bool = False, probe_carry: str = "linear") -> list:
+                  probe_correction: bool = False, probe_carry: str = "linear", noise_scope: str = "pooled") -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
     finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
     (the primary law at each probe) when probes are given. With `probe_correction`, `final` is the
     corrected prediction (`hero_prediction`) and each leave-one-budget-out law is corrected by its
-    own errors at the probes."""
+    own errors at the probes. `noise_scope` (NOISE_SCOPES) sets one run's noise at the probes and
+    in the cross-checks."""
     from delphi.fits import backtest as run_backtest
     from delphi.fits.backtest import probe_trend
     from delphi.prereg import gates as gt
@@ -580,7 +599,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
         return gt.evaluate_gates(fit=fit, table=None, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                                  backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift)
     fit_table, gate_table = load_tables(results, fit_convention(fit))
-    noise = run_noise_nats(fit, fit_table)[0] if probe_runs else None
+    noise = run_noise_nats(fit, fit_table, noise_scope)[0] if probe_runs else None
     probes = score_probes(fit, probe_runs, noise)
     refit = refit_function(fit)
     if backtest is None:
@@ -601,7 +620,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     lobo = gt.leave_one_budget_out(fit_table, refit, hero_loss)
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                              backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
-                             cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs),
+                             cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs, noise_scope),
                              lr_drift=lr_drift, probes=probes, probe_correction=probe_correction, probe_carry=probe_carry)
 
 
@@ -628,6 +647,7 @@ def create_prereg(
     probe_runs: Sequence[Path] = (),
     probe_correction: bool = False,
     probe_carry: str = "linear",
+    noise_scope: str = "pooled",
     trajectory_from_probes: bool = False,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
@@ -641,7 +661,8 @@ def create_prereg(
     `probe_runs` finished runs beyond the ladder, sealed before they trained (gate probes, and
     evidence for method_agreement); their summaries are hashed into the provenance;
     `probe_correction` seals the primary law corrected by its error trend at the probes, carried by
-    `probe_carry` (`hero_prediction`); `trajectory_from_probes` takes the trajectory's shape from the longest probe
+    `probe_carry` (`hero_prediction`); `noise_scope` (NOISE_SCOPES) whose seed spread is one run's
+    noise at the hero and the probes; `trajectory_from_probes` takes the trajectory's shape from the longest probe
     (`delphi.fits.curves.trajectory_from_shapes`) instead of the curve law."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
@@ -669,7 +690,7 @@ def create_prereg(
     if results is not None and not Path(results).is_file():
         raise DelphiError(f"{results}: results table not found")
     final, fit_obj = hero_prediction(Path(fit_path), hero, Path(results) if results is not None else None,
-                                     probe_runs, probe_correction, probe_carry)
+                                     probe_runs, probe_correction, probe_carry, noise_scope)
     family, hero_family = fit_family(fit_obj, ladder_families), model_family(hero.model)
     if family is not None and family != hero_family:
         raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
@@ -750,12 +771,13 @@ def create_prereg(
         thresholds = dataclasses.replace(thresholds, tolerance_rel=tolerance_rel)
     thresholds.validate("gates")
     if rehearsal is None and rehearsal_run is not None:
-        noise = run_noise_nats(fit_obj, load_tables(Path(results), fit_convention(fit_obj))[0])[0] if results is not None else None
+        noise = (run_noise_nats(fit_obj, load_tables(Path(results), fit_convention(fit_obj))[0], noise_scope)[0]
+                 if results is not None else None)
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run, noise)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
                               rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs,
-                              probe_correction=probe_correction, probe_carry=probe_carry)
+                              probe_correction=probe_correction, probe_carry=probe_carry, noise_scope=noise_scope)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal

@@ -535,11 +535,13 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
     hero within tolerance too. Corrected (the prediction is the law x (1 + the trend carried to the
     hero), `delphi.prereg.create.correct_by_probes`): the correction must have been tested, so at
     least three probes; the trend fitted without the furthest probe predicts it within tolerance;
-    every probe lies within tolerance of the trend; and the hero is no farther beyond the furthest
-    probe (in log C) than the probes span. `carry`: how the trend carries the errors (PROBE_CARRIES)."""
+    every probe the carry rests on (`ProbeTrend.used`: all for the line, the two furthest for the
+    local slope) lies within tolerance of the trend; and the hero is no farther beyond the furthest
+    probe (in log C) than those probes span. `carry`: how the trend carries the errors (PROBE_CARRIES)."""
+    rests_on = "the probes' span" if carry == "linear" else "the span of the two it rests on"
     threshold = (f"the correction, fitted without the furthest probe, predicts it within {tolerance_rel:.2%}; every "
-                 f"probe within {tolerance_rel:.2%} of the trend; the hero beyond the furthest probe by at most the "
-                 "probes' span in log C" if corrected else
+                 f"probe {'' if carry == 'linear' else 'it rests on '}within {tolerance_rel:.2%} of the trend; the hero "
+                 f"beyond the furthest probe by at most {rests_on} in log C" if corrected else
                  f"|error| <= {tolerance_rel:.2%} at every probe and carried to the hero")
     if not probes:
         return Gate("probes", False, None, threshold, "not evaluated: no probe runs")
@@ -570,7 +572,8 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
             parts.append(f"the trend without {tested[0]} predicts it at {tested[1]:+.2%}")
         if trend is not None and hero_compute is not None:
             beyond, span = trend.reach(hero_compute)
-            parts.append(f"the hero {10 ** beyond:.3g}x beyond the furthest probe (probes span {10 ** span:.3g}x)")
+            spanning = "probes span" if carry == "linear" else "the two it rests on span"
+            parts.append(f"the hero {10 ** beyond:.3g}x beyond the furthest probe ({spanning} {10 ** span:.3g}x)")
         problems += (trend.untested(tolerance_rel, hero_compute) if trend is not None else
                      ["a correction by the probes needs >= 3 finished probes at distinct computes"])
     detail = "; ".join(parts) + (f"; outside: {_join(problems)}" if problems else "")

@@ -47,11 +47,19 @@ Z90 = 1.6448536269514722  # the central 90% interval's half-width in sds
 REACH_BINS = (0, 0.5, 1.0, 1.5, 2.5, 5.0)  # target beyond the last probe, in probe spans (log C)
 
 
+# A corrected interval narrower than this (relative half-width) counts as zero-width: the frontier
+# law's bootstrap collapses on some sweeps to ~1e-10, and z = error / sd there is rounding noise
+# (it differed between two CPUs in the 5th digit).
+ZERO_WIDTH_REL = 1e-6
+
+
 def _z_for_90(rows: pd.DataFrame) -> float:
     """The z (in sds of the corrected interval) within which 90% of the corrected errors stay: an
     honest interval needs Z90 = 1.645; less means it was wider than the errors (inf: zero-width)."""
     sd = rows["corrected_half_width_rel"] / Z90
-    return float(np.quantile(np.where(sd > 0, rows["corrected_rel_error"].abs() / sd.where(sd > 0, 1.0), np.inf), 0.9))
+    wide = sd > ZERO_WIDTH_REL / Z90
+    z = np.quantile(np.where(wide, rows["corrected_rel_error"].abs() / sd.where(wide, 1.0), np.inf), 0.9)
+    return float(np.inf if np.isnan(z) else z)  # nan: the quantile falls between two zero-width rows
 
 
 def by_reach(frame: pd.DataFrame) -> pd.DataFrame:
