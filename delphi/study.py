@@ -223,8 +223,11 @@ class Study:
     """Paths of a study directory and its stage markers."""
 
     def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path, prereg: Path | None = None,
-                 lr_calibration_sources: tuple[Path, ...] = (), probe_sources: tuple[Path, ...] = ()) -> None:
+                 lr_calibration_sources: tuple[Path, ...] = (), probe_sources: tuple[Path, ...] = (),
+                 accept_store: str | None = None) -> None:
         self.out = Path(out)
+        self.accept_store = accept_store  # sha256 of a store to go on with though it differs from the pinned one
+        self.store_accepted = self.out / "store_accepted.json"
         self.lr_calibration_sources = lr_calibration_sources
         self.probe_sources = probe_sources
         self.spec = spec
@@ -407,10 +410,19 @@ def check_store_unchanged(study: Study) -> None:
         return
     pinned = prepared["result"].get("sha256")
     now = stage_prepare(study)
-    if pinned is not None and now["sha256"] != pinned:
+    if pinned is None or now["sha256"] == pinned:
+        return
+    if study.accept_store != now["sha256"]:
         raise DelphiError(f"{study.marker('prepare')}: the study's rungs trained on store sha256 {pinned}, but "
                           f"{now['store']} now holds sha256 {now['sha256']} (another machine or other installed "
-                          f"packages); rebuild that corpus or start a new study directory")
+                          f"packages); rebuild that corpus, start a new study directory, or pass --accept-store "
+                          f"{now['sha256']} to go on with it (recorded in {study.store_accepted})")
+    record = {"pinned_sha256": pinned, "pinned_train_tokens": prepared["result"].get("train_tokens"),
+              "accepted_sha256": now["sha256"], "accepted_train_tokens": now.get("train_tokens"), "store": now["store"]}
+    if not study.store_accepted.is_file() or json.loads(study.store_accepted.read_text()) != record:
+        atomic_write_json(study.store_accepted, record)
+    _say(f"store: going on with sha256 {now['sha256'][:12]} ({now.get('train_tokens')} train tokens), not the pinned "
+         f"{pinned[:12]} ({prepared['result'].get('train_tokens')}), as --accept-store asked; recorded in {study.store_accepted}")
 
 
 def stage_collect(study: Study) -> dict:
@@ -977,16 +989,19 @@ STAGES: tuple[tuple[str, Callable[[Study], dict]], ...] = (
 STAGE_NAMES = tuple(name for name, _ in STAGES)
 
 
-def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str | None = None) -> dict:
+def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str | None = None,
+              accept_store: str | None = None) -> dict:
     """Run (or resume) the stages of a study; return the verdict and the report path.
 
     `stop_after` ends the invocation after that stage, e.g. "prereg" so the sealed
     file can be committed before the hero's first step; the next call resumes.
+    `accept_store` (a sha256) goes on with a corpus store that differs from the one pinned at
+    prepare, when it is that store (`check_store_unchanged`; recorded in store_accepted.json).
     """
     if stop_after is not None and stop_after not in STAGE_NAMES:
         raise DelphiError(f"--stop-after: unknown stage {stop_after!r} (expected one of {', '.join(STAGE_NAMES)})")
     spec, ladder_spec_path, prereg, calibrations, probes = load_study(study_path)
-    study = Study(out, spec, ladder_spec_path, prereg, calibrations, probes)
+    study = Study(out, spec, ladder_spec_path, prereg, calibrations, probes, accept_store)
     _pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:
