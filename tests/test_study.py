@@ -159,6 +159,14 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     study.marker("prepare").write_text(json.dumps(marker))
     with pytest.raises(DelphiError, match="trained on store sha256 0{64}, but .* now holds sha256 [0-9a-f]{64}"):
         check_store_unchanged(study)
+    # --accept-store goes on with exactly the store it names, and records both.
+    now = json.loads((tmp_path / "store" / "meta.json").read_text())["sha256"]
+    with pytest.raises(DelphiError, match=f"--accept-store {now}"):
+        check_store_unchanged(Study(tmp_path / "out", spec, ladder, prereg, accept_store="1" * 64))
+    assert not (tmp_path / "out" / "store_accepted.json").exists()
+    check_store_unchanged(Study(tmp_path / "out", spec, ladder, prereg, accept_store=now))
+    record = json.loads((tmp_path / "out" / "store_accepted.json").read_text())
+    assert record["pinned_sha256"] == "0" * 64 and record["accepted_sha256"] == now
 
 
 def test_study_seed_offsets_the_ladder_seeds(tmp_path):
