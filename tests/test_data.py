@@ -192,3 +192,17 @@ def test_resolve_builtin_stdlib_prepared_once_into_cache(tmp_path):
     ids = [line.split("\t")[0] for line in (target / "documents.tsv").read_text().splitlines()[1:]]
     assert ids == sorted(ids) and not any("site-packages" in i or "__pycache__" in i for i in ids)
     assert list_documents("stdlib")[0].id.startswith("stdlib/")
+
+
+def test_environment_source_leaves_out_editable_install_finders(tmp_path, monkeypatch):
+    """`pip install -e .` writes an import finder into site-packages, or not, depending on the
+    setuptools version pip built with; the `environment` corpus must not depend on that."""
+    from delphi.data import sources
+
+    site = tmp_path / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("x = 1\n")
+    (site / "__editable___delphi_0_1_0_finder.py").write_text("MAPPING = {}\n")
+    monkeypatch.setattr(sources, "site_packages_roots", lambda: [site])
+    ids = [d.id for d in list_documents("environment") if d.id.startswith("site-packages/")]
+    assert ids == ["site-packages/pkg/__init__.py"]

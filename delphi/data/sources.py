@@ -34,6 +34,10 @@ STDLIB_TEXT_SUFFIXES = (".py", ".txt", ".rst", ".md")
 SITE_PACKAGES_SUFFIXES = (".py",)
 # Directories never read: byte-code caches, compiled extensions, VCS metadata.
 SKIP_DIR_NAMES = frozenset({"__pycache__", "site-packages", "dist-packages", "lib-dynload", ".git", ".hg", ".svn"})
+# Files an installer writes into site-packages for an editable install (setuptools' import finder
+# for `pip install -e`): install artefacts, not corpus text, and whether one exists depends on the
+# setuptools version pip built with, so the same packages gave two `environment` stores (paper/v7).
+SITE_PACKAGES_SKIP_PREFIXES = ("__editable__",)
 SINGLE_FILE_CHUNK_BYTES = 64 * 1024  # a lone text file is split into documents of about this size
 # A NUL byte separates documents in the stream: text files never contain it.
 DOCUMENT_SEPARATOR = b"\x00"
@@ -138,7 +142,8 @@ def list_documents(source: str) -> list[Document]:
         for root in roots:
             # With purelib != platlib both are named "site-packages"; keep ids unique.
             prefix = "site-packages" if len(roots) == 1 else f"site-packages{roots.index(root)}"
-            docs += _documents_under(root, prefix, SITE_PACKAGES_SUFFIXES)
+            docs += [d for d in _documents_under(root, prefix, SITE_PACKAGES_SUFFIXES)
+                     if not d.path.name.startswith(SITE_PACKAGES_SKIP_PREFIXES)]
     else:
         path = Path(source).expanduser()
         if path.is_dir():
