@@ -349,7 +349,8 @@ def stage_prepare(study: Study) -> dict:
     ladder = _ladder_spec(study)
     store = resolve_store(ladder.run.store)
     meta = json.loads((store / "meta.json").read_text())
-    return {"store": str(store), "sha256": meta.get("sha256"), "train_tokens": meta.get("n_train")}
+    return {"store": str(store), "sha256": meta.get("sha256"), "train_tokens": meta.get("n_train"),
+            "bytes_by_package": meta.get("bytes_by_package")}
 
 
 def stage_plan(study: Study) -> dict:
@@ -413,10 +414,14 @@ def check_store_unchanged(study: Study) -> None:
     if pinned is None or now["sha256"] == pinned:
         return
     if study.accept_store != now["sha256"]:
+        from delphi.data.store import package_differences
+
+        before, after = prepared["result"].get("bytes_by_package"), now.get("bytes_by_package")
+        which = f"; packages that differ: {package_differences(before, after)}" if before and after else ""
         raise DelphiError(f"{study.marker('prepare')}: the study's rungs trained on store sha256 {pinned}, but "
                           f"{now['store']} now holds sha256 {now['sha256']} (another machine or other installed "
-                          f"packages); rebuild that corpus, start a new study directory, or pass --accept-store "
-                          f"{now['sha256']} to go on with it (recorded in {study.store_accepted})")
+                          f"packages{which}); rebuild that corpus, start a new study directory, or pass "
+                          f"--accept-store {now['sha256']} to go on with it (recorded in {study.store_accepted})")
     record = {"pinned_sha256": pinned, "pinned_train_tokens": prepared["result"].get("train_tokens"),
               "accepted_sha256": now["sha256"], "accepted_train_tokens": now.get("train_tokens"), "store": now["store"]}
     if not study.store_accepted.is_file() or json.loads(study.store_accepted.read_text()) != record:

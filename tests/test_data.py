@@ -206,3 +206,22 @@ def test_environment_source_leaves_out_editable_install_finders(tmp_path, monkey
     monkeypatch.setattr(sources, "site_packages_roots", lambda: [site])
     ids = [d.id for d in list_documents("environment") if d.id.startswith("site-packages/")]
     assert ids == ["site-packages/pkg/__init__.py"]
+
+
+def test_a_store_counts_its_bytes_by_package_to_tell_two_builds_apart(tmp_path):
+    from delphi.data.store import package_differences, package_of
+
+    assert package_of("site-packages/numpy/linalg/linalg.py") == "site-packages/numpy"
+    assert package_of("stdlib/os.py") == "stdlib/os.py" and package_of("notes.md") == "notes.md"
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "a.py").write_text("a = 1\n")
+    (src / "pkg" / "b.py").write_text("b = 22\n")
+    (src / "top.py").write_text("t = 3\n")
+    meta = prepare_store(str(src), tmp_path / "store")
+    assert meta["bytes_by_package"] == {"pkg/a.py": 6, "pkg/b.py": 7, "top.py": 6}
+    before = {"site-packages/numpy": 100, "site-packages/old": 5, "stdlib/json": 7}
+    after = {"site-packages/numpy": 173, "stdlib/json": 7, "site-packages/new": 2}
+    assert package_differences(before, after) == "site-packages/numpy +73 bytes, site-packages/old -5 bytes, site-packages/new +2 bytes"
+    assert package_differences(before, before) == "none"
+    assert package_differences(before, after, limit=1).endswith("and 2 more")

@@ -156,8 +156,10 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     check_store_unchanged(study)  # the same store: nothing to say
     marker = json.loads(study.marker("prepare").read_text())
     marker["result"]["sha256"] = "0" * 64
+    marker["result"]["bytes_by_package"]["m00.py"] -= 73  # as if one file had changed on another machine
     study.marker("prepare").write_text(json.dumps(marker))
-    with pytest.raises(DelphiError, match="trained on store sha256 0{64}, but .* now holds sha256 [0-9a-f]{64}"):
+    with pytest.raises(DelphiError, match="trained on store sha256 0{64}, but .* now holds sha256 [0-9a-f]{64} "
+                                          r"\(another machine or other installed packages; packages that differ: m00.py \+73 bytes\)"):
         check_store_unchanged(study)
     # --accept-store goes on with exactly the store it names, and records both.
     now = json.loads((tmp_path / "store" / "meta.json").read_text())["sha256"]

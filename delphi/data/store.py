@@ -86,6 +86,19 @@ def _read_text_documents(docs: list[Document]) -> list[tuple[Document, bytes]]:
     return texts
 
 
+def package_of(document_id: str) -> str:
+    """The package a document belongs to: its id's first two path components."""
+    return "/".join(document_id.split("/")[:2])
+
+
+def package_differences(before: dict[str, int], after: dict[str, int], limit: int = 8) -> str:
+    """The packages whose bytes differ between two stores' `bytes_by_package`, largest first."""
+    changed = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in set(before) | set(after)
+                      if before.get(k) != after.get(k)), key=lambda d: -abs(d[0]))
+    shown = ", ".join(f"{k} {delta:+,d} bytes" for delta, k in changed[:limit])
+    return shown + (f" and {len(changed) - limit} more" if len(changed) > limit else "") if changed else "none"
+
+
 def prepare_store(source: str, out_dir: str | os.PathLike) -> dict:
     """Build a token store from `source` into `out_dir` and return its meta.
 
@@ -107,10 +120,12 @@ def prepare_store(source: str, out_dir: str | os.PathLike) -> dict:
     train_parts: list[bytes] = []
     val_parts: list[bytes] = []
     listing: list[str] = []
+    by_package: dict[str, int] = {}
     for doc, data in docs:
         split = "val" if doc.id in val_ids else "train"
         (val_parts if split == "val" else train_parts).extend((data, DOCUMENT_SEPARATOR))
         listing.append(f"{doc.id}\t{split}\t{len(data)}")
+        by_package[package_of(doc.id)] = by_package.get(package_of(doc.id), 0) + len(data)
     train = b"".join(train_parts)
     val = b"".join(val_parts)
     del train_parts, val_parts
@@ -135,6 +150,9 @@ def prepare_store(source: str, out_dir: str | os.PathLike) -> dict:
         "val_fraction": VAL_FRACTION,
         "document_separator": DOCUMENT_SEPARATOR[0],
         "tokenizer": tokenizer.meta(),
+        # Bytes per package ("site-packages/numpy", "stdlib/json"): two stores of one source built
+        # on two machines can be told apart by package (`package_differences`), not only by hash.
+        "bytes_by_package": by_package,
         "python": platform.python_version(),
         "interpreter": sys.executable,
         "delphi_version": __version__,
