@@ -222,8 +222,10 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
         out["rehearsal_multiple"], out["rehearsal_sentence"] = "n/a", "No dress rehearsal was run."
     final = prereg_doc["prediction"]["final"]
     noise = {k: final.get(k) for k in ("residual_scatter_nats", "seed_noise_nats")}
+    seed_noise = ("the seed noise at the top budget (the within-cell seed sd of its cells)"
+                  if final.get("noise_scope") == "top_budget" else "the pooled seed noise")
     out["noise_sentence"] = (
-        f"The law's residual scatter about the ladder's cells is {noise['residual_scatter_nats']:.4f} nats and the pooled seed noise "
+        f"The law's residual scatter about the ladder's cells is {noise['residual_scatter_nats']:.4f} nats and {seed_noise} "
         f"{noise['seed_noise_nats']:.4f} nats; the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise."
         if None not in noise.values() else "The interval is the fit's bootstrap interval.")
     out["cross_check_sentence"] = _cross_check_sentence(data_dir, pinned["primary_fit"], prereg_doc, float(final["loss"]),
