@@ -282,11 +282,12 @@ PROBE_CARRIES = {"linear": "fitted linear in log10 C",
 # Whose seed spread stands for one run's seed noise at the hero and the probes (`run_noise_nats`).
 # The ladder's within-cell seed sd falls with compute (paper/v6: 0.027 nats at 1e12, 0.010 at
 # 2.2e12, 0.0057 at 4.6e12, 0.0066 at 1e13, 0.0044 for the 4e13 anchors), so the pool over every
-# budget (0.0135) is set by the smallest and overstates the noise of runs beyond the top.
+# budget (0.0138) is set by the smallest and overstates the noise of runs beyond the top.
 NOISE_SCOPES = {
     "pooled": "the within-cell seed sd pooled over every budget",
     "top_budget": "the within-cell seed sd at the top isoFLOP budget, the measured scale nearest the runs beyond the ladder",
 }
+
 
 @dataclass(frozen=True)
 class ProbeTrend:
