@@ -176,6 +176,23 @@ def test_diverged_run_fails(setup, tmp_path, capsys):
     assert code == 1 and result["verdict"] == "failed" and "diverged" in result["why"]
 
 
+def test_a_run_stopped_to_be_resumed_gets_no_verdict_and_no_outcome_file(setup, tmp_path, capsys):
+    """A hero stopped by a signal at the end of a working session (status "failed" for the ladder's
+    bookkeeping, reason "...; continue with --resume") is checked as a run in progress; only a run
+    that ended gets a verdict and an outcome file (paper/v7: its hero spanned two sessions)."""
+    from delphi.train.rundir import RESUME_HINT
+
+    run = tmp_path / "stopped"
+    _hero_run(run, setup["hero_cfg"], upto=0.7)
+    status = json.loads((run / "status.json").read_text())
+    (run / "status.json").write_text(json.dumps(status | {"status": "failed", "reason": f"stopped by signal SIGTERM; {RESUME_HINT}"}))
+    fmt.outcome_path(setup["prereg"]).unlink(missing_ok=True)  # an earlier test's completed run wrote one
+    code, result = _run(["prereg", "check", str(setup["prereg"]), "--run", str(run)], capsys)
+    assert code == 0 and result["verdict"] == "on-track" and result["status"] == "stopped", result
+    assert "to be resumed" in result["why"] and "outcome_file" not in result
+    assert not fmt.outcome_path(setup["prereg"]).exists()
+
+
 def test_watch_follows_a_live_run_to_passed_with_outcome_and_index(setup, tmp_path, capsys):
     import shutil
 

@@ -9,6 +9,9 @@ Verdicts and exit codes (docs/design.md §3.1: 0 ok, 1 the checked thing failed)
     passed       run completed, final val_loss within tolerance      exit 0
     failed       run completed outside tolerance, or diverged/failed exit 1
 
+A run stopped before its end (a signal, to be resumed) gets no final verdict and
+no outcome file: it is checked as a run in progress (status "stopped").
+
 Deviating exits 1 so that a monitor alarms; with --watch only the final verdict
 sets the exit code.
 """
@@ -23,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from delphi.errors import DelphiError
-from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics
+from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics,
+                                 stopped_before_end)
 from delphi.io import atomic_write_json
 from delphi.prereg import format as fmt
 from delphi.prereg.create import parse_utc, utc_now
@@ -37,7 +41,7 @@ class RunState:
     """What a check needs from a run, wherever it came from (run dir or W&B)."""
 
     source: str
-    status: str  # pending | running | completed | diverged | failed | unknown
+    status: str  # pending | running | stopped (resumable) | completed | diverged | failed | unknown
     rows: list[dict]  # metrics rows in step order
     final_loss: float | None = None  # summary's val_loss once completed
     final_bpb: float | None = None
@@ -70,7 +74,7 @@ def read_run_dir(run_dir: str | Path) -> RunState:
     summary = read_json_object(run_dir / SUMMARY_FILE)
     return RunState(
         source=str(run_dir),
-        status=status.get("status", "pending" if not rows else "unknown"),
+        status="stopped" if stopped_before_end(status) else status.get("status", "pending" if not rows else "unknown"),
         rows=rows,
         final_loss=summary.get("val_loss"),
         final_bpb=summary.get("val_bpb"),
@@ -177,6 +181,8 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
             "why": f"at {last['tokens']:.4g} tokens: {last['actual']:.4f} vs {last['predicted']:.4f} ({last['rel_error']:+.2%}), "
                    f"{'inside' if last['in_90'] else 'outside'} the 90% band [{last['lo90']:.4f}, {last['hi90']:.4f}]",
         }
+    if run.status == "stopped":
+        result["why"] += f" (the run is stopped, to be resumed: {run.reason})"
     return result
 
 

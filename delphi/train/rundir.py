@@ -105,6 +105,16 @@ def read_status(run_dir: Path) -> dict | None:
     return read_json_object(Path(run_dir) / STATUS_FILE) or None
 
 
+# How a run stopped before its end (a signal, max_steps) ends its status reason: it is "failed" for
+# the ladder's bookkeeping but resumable, and no verdict on a prediction (`stopped_before_end`).
+RESUME_HINT = "continue with --resume"
+
+
+def stopped_before_end(status: dict) -> bool:
+    """A status.json of a run stopped before its end, which `--resume` continues."""
+    return status.get("status") == "failed" and str(status.get("reason") or "").endswith(RESUME_HINT)
+
+
 def read_summary(run_dir: Path) -> dict:
     return read_json_object(Path(run_dir) / SUMMARY_FILE)
 

@@ -50,6 +50,7 @@ from delphi.train.rundir import (
     CONFIG_FILE,
     LOCK_FILE,
     METRICS_FILE,
+    RESUME_HINT,
     SUMMARY_FILE,
     MetricsLog,
     RunLock,
@@ -749,7 +750,7 @@ def _diverged(ctx: RunContext, loop: LoopState, i: int, record: dict, first_bad:
 
 def _stopped(ctx: RunContext, loop: LoopState) -> list[dict]:
     why = f"signal {loop.stop_signal}" if loop.stop_signal else f"max_steps={ctx.max_steps}"
-    reason = f"stopped by {why} at step {loop.step}; continue with --resume"
+    reason = f"stopped by {why} at step {loop.step}; {RESUME_HINT}"
     for i, member in _active(ctx, loop):
         member.status("failed", loop.step, reason)
         loop.summaries[i].update(status="failed", reason=reason)
