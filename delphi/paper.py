@@ -248,8 +248,15 @@ LAW_NAMES = {"isoflop": "the isoFLOP power law (Approach 2)", "vpnls": "VPNLS (t
 
 
 def _probe_dirs(data_dir: Path) -> list[Path]:
-    """The study's pinned probes (`delphi.study.pin_probes`), by name."""
-    return sorted(p for p in (data_dir / "probes").glob("*") if (p / "summary.json").is_file())
+    """The probes the study names (gates.probes, then its own hero.probe_multiples) that finished, as
+    pinned in its data (`delphi.study.pin_probes`). A copy there that the study does not name, left
+    by an earlier invocation, is not one of its probes (paper/v7/study/probes/hero)."""
+    from delphi.study import own_probe_name
+
+    spec = json.loads((data_dir / "study.json").read_text())["study"]
+    names = ([Path(p).name for p in (spec.get("gates") or {}).get("probes") or []]
+             + [own_probe_name(m) for m in sorted((spec.get("hero") or {}).get("probe_multiples") or [])])
+    return [run for name in names if ((run := data_dir / "probes" / name) / "summary.json").is_file()]
 
 
 def _sealed_carry(final: dict) -> str | None:
@@ -347,7 +354,8 @@ def _cross_check_sentence(data_dir: Path, primary_fit: str, prereg_doc: dict, pr
     fit = load_fit(fit_path)
     fit_table, _ = load_tables(data_dir / "results.csv", fit_convention(fit))
     rehearsal = data_dir / "rehearsal" if (data_dir / "rehearsal" / "summary.json").is_file() else None
-    checks = cross_check_predictions(fit, fit_table, load_train_config(data_dir / "hero.yaml"), rehearsal, _probe_dirs(data_dir))
+    checks = cross_check_predictions(fit, fit_table, load_train_config(data_dir / "hero.yaml"), rehearsal, _probe_dirs(data_dir),
+                                     noise_scope=prereg_doc["prediction"]["final"].get("noise_scope", "pooled"))
     tolerance = float(prereg_doc["decision"]["tolerance_rel"])
     now = gt.gate_method_agreement(predicted, checks, tolerance)
     sealed = next((g for g in prereg_doc.get("gates") or [] if g["name"] == "method_agreement"), None)

@@ -39,7 +39,7 @@ from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_text, 
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
 from delphi.fits.backtest import NOISE_SCOPES, PROBE_CARRIES
-from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_status
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
 # How N is counted (PARAM_CONVENTIONS): the study fits under each and keeps the one its backtest
@@ -297,7 +297,6 @@ def compact_files(study_dir: str | Path, *, resumable: bool = False) -> list[Pat
     hero longer than one working session continues on the next."""
     from delphi.ladder.driver import is_finished
     from delphi.train.checkpoint import CorruptCheckpoint, list_checkpoints, read_manifest
-    from delphi.train.rundir import read_status
 
     study_dir = Path(study_dir)
     unfinished = {p.parent for p in study_dir.rglob(CONFIG_FILE)  # a run dir holds its config.yaml first
@@ -350,7 +349,7 @@ def stage_prepare(study: Study) -> dict:
     store = resolve_store(ladder.run.store)
     meta = json.loads((store / "meta.json").read_text())
     return {"store": str(store), "sha256": meta.get("sha256"), "train_tokens": meta.get("n_train"),
-            "bytes_by_package": meta.get("bytes_by_package")}
+            "val_tokens": meta.get("n_val"), "bytes_by_package": meta.get("bytes_by_package")}
 
 
 def stage_plan(study: Study) -> dict:
@@ -405,7 +404,11 @@ def stage_ladder(study: Study) -> dict:
 def check_store_unchanged(study: Study) -> None:
     """A study continued elsewhere (its committed stages copied to a fresh machine) must train on
     the corpus its first rungs trained on: a built-in store is rebuilt from the machine's files
-    (`environment`: its installed packages), so compare its sha256 with the one pinned at prepare."""
+    (`environment`: its installed packages), so compare its sha256 with the one pinned at prepare.
+
+    Each store accepted instead (`--accept-store`) is appended to store_accepted.json with its
+    bytes per package and the hero's step when it was accepted, so that a later machine can name
+    what differs from the store the study last trained on, and the hero's steps can be traced."""
     prepared = study.done("prepare")
     if prepared is None:
         return
@@ -413,21 +416,39 @@ def check_store_unchanged(study: Study) -> None:
     now = stage_prepare(study)
     if pinned is None or now["sha256"] == pinned:
         return
+    history = read_store_acceptances(study.store_accepted)
+    last = history["accepted"][-1] if history["accepted"] else {"sha256": pinned, **prepared["result"]}
     if study.accept_store != now["sha256"]:
         from delphi.data.store import package_differences
 
-        before, after = prepared["result"].get("bytes_by_package"), now.get("bytes_by_package")
-        which = f"; packages that differ: {package_differences(before, after)}" if before and after else ""
+        before, after = last.get("bytes_by_package"), now.get("bytes_by_package")
+        which = (f"; packages that differ from sha256 {last['sha256'][:12]}: {package_differences(before, after)}"
+                 if before and after else "")
         raise DelphiError(f"{study.marker('prepare')}: the study's rungs trained on store sha256 {pinned}, but "
                           f"{now['store']} now holds sha256 {now['sha256']} (another machine or other installed "
                           f"packages{which}); rebuild that corpus, start a new study directory, or pass "
                           f"--accept-store {now['sha256']} to go on with it (recorded in {study.store_accepted})")
-    record = {"pinned_sha256": pinned, "pinned_train_tokens": prepared["result"].get("train_tokens"),
-              "accepted_sha256": now["sha256"], "accepted_train_tokens": now.get("train_tokens"), "store": now["store"]}
-    if not study.store_accepted.is_file() or json.loads(study.store_accepted.read_text()) != record:
-        atomic_write_json(study.store_accepted, record)
+    if last["sha256"] != now["sha256"]:
+        hero = read_status(study.hero_run) or {}
+        history["accepted"].append({
+            "sha256": now["sha256"], "train_tokens": now.get("train_tokens"), "val_tokens": now.get("val_tokens"),
+            "accepted_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hero_step": hero.get("step"),
+            "bytes_by_package": now.get("bytes_by_package")})
+        atomic_write_json(study.store_accepted, {"pinned_sha256": pinned, "pinned_train_tokens":
+                                                 prepared["result"].get("train_tokens"), "store": now["store"], **history})
     _say(f"store: going on with sha256 {now['sha256'][:12]} ({now.get('train_tokens')} train tokens), not the pinned "
          f"{pinned[:12]} ({prepared['result'].get('train_tokens')}), as --accept-store asked; recorded in {study.store_accepted}")
+
+
+def read_store_acceptances(path: Path) -> dict[str, list[dict]]:
+    """The stores a study went on with instead of its pinned one, oldest first (none if no file).
+    A file from before the history was kept holds one store as accepted_sha256/accepted_train_tokens."""
+    if not path.is_file():
+        return {"accepted": []}
+    record = json.loads(path.read_text())
+    if "accepted_sha256" in record:
+        return {"accepted": [{"sha256": record["accepted_sha256"], "train_tokens": record.get("accepted_train_tokens")}]}
+    return {"accepted": list(record.get("accepted", []))}
 
 
 def stage_collect(study: Study) -> dict:

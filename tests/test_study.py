@@ -159,7 +159,7 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     marker["result"]["bytes_by_package"]["m00.py"] -= 73  # as if one file had changed on another machine
     study.marker("prepare").write_text(json.dumps(marker))
     with pytest.raises(DelphiError, match="trained on store sha256 0{64}, but .* now holds sha256 [0-9a-f]{64} "
-                                          r"\(another machine or other installed packages; packages that differ: m00.py \+73 bytes\)"):
+                                          r"\(another machine or other installed packages; packages that differ from sha256 0{12}: m00.py \+73 bytes\)"):
         check_store_unchanged(study)
     # --accept-store goes on with exactly the store it names, and records both.
     now = json.loads((tmp_path / "store" / "meta.json").read_text())["sha256"]
@@ -168,7 +168,24 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     assert not (tmp_path / "out" / "store_accepted.json").exists()
     check_store_unchanged(Study(tmp_path / "out", spec, ladder, prereg, accept_store=now))
     record = json.loads((tmp_path / "out" / "store_accepted.json").read_text())
-    assert record["pinned_sha256"] == "0" * 64 and record["accepted_sha256"] == now
+    assert record["pinned_sha256"] == "0" * 64 and [a["sha256"] for a in record["accepted"]] == [now]
+    assert record["accepted"][0]["hero_step"] is None and record["accepted"][0]["bytes_by_package"]
+    check_store_unchanged(Study(tmp_path / "out", spec, ladder, prereg, accept_store=now))  # the same store again
+    assert json.loads((tmp_path / "out" / "store_accepted.json").read_text()) == record
+    # A third machine is told what differs from the store the study last went on with, and its
+    # store, once accepted, is appended: the file keeps every store the study trained on.
+    sizes = record["accepted"][0]["bytes_by_package"]
+    record["accepted"][0].update(sha256="2" * 64, bytes_by_package={**sizes, "m01.py": sizes["m01.py"] + 9})
+    (tmp_path / "out" / "store_accepted.json").write_text(json.dumps(record))
+    with pytest.raises(DelphiError, match=r"packages that differ from sha256 2{12}: m01.py -9 bytes"):
+        check_store_unchanged(study)
+    check_store_unchanged(Study(tmp_path / "out", spec, ladder, prereg, accept_store=now))
+    accepted = json.loads((tmp_path / "out" / "store_accepted.json").read_text())["accepted"]
+    assert [a["sha256"] for a in accepted] == ["2" * 64, now]
+    # The one-store file of earlier versions reads as a history of one.
+    from delphi.study import read_store_acceptances
+    (tmp_path / "old.json").write_text(json.dumps({"pinned_sha256": "0" * 64, "accepted_sha256": "3" * 64}))
+    assert read_store_acceptances(tmp_path / "old.json") == {"accepted": [{"sha256": "3" * 64, "train_tokens": None}]}
 
 
 def test_study_seed_offsets_the_ladder_seeds(tmp_path):
@@ -280,7 +297,7 @@ def test_report_sections_come_from_the_files(tmp_path):
     assert "no health columns" in health_table(table.drop(columns=["health_ok"]))
 
 
-@pytest.mark.parametrize("edition, data", [("v1", None), ("v3", "paper/v3/study"), ("v5", "paper/v5/study"), ("", "paper/v6/study")])
+@pytest.mark.parametrize("edition, data", [("v1", None), ("v3", "paper/v3/study"), ("v5", "paper/v5/study"), ("v6", "paper/v6/study"), ("", "paper/v7/study")])
 def test_paper_build_regenerates_from_committed_data(tmp_path, monkeypatch, edition, data):
     """Each edition's committed paper.md (paper/ is the current one) is exactly what its template and
     committed data give."""
