@@ -251,12 +251,11 @@ def _probe_dirs(data_dir: Path) -> list[Path]:
     """The probes the study names (gates.probes, then its own hero.probe_multiples) that finished, as
     pinned in its data (`delphi.study.pin_probes`). A copy there that the study does not name, left
     by an earlier invocation, is not one of its probes (paper/v7/study/probes/hero)."""
-    from delphi.study import own_probe_name
+    from delphi.config_schema import from_dict
+    from delphi.study import StudySpec, probe_names
 
-    spec = json.loads((data_dir / "study.json").read_text())["study"]
-    names = ([Path(p).name for p in (spec.get("gates") or {}).get("probes") or []]
-             + [own_probe_name(m) for m in sorted((spec.get("hero") or {}).get("probe_multiples") or [])])
-    return [run for name in names if ((run := data_dir / "probes" / name) / "summary.json").is_file()]
+    spec = from_dict(StudySpec, json.loads((data_dir / "study.json").read_text())["study"], f"{data_dir}/study.json")
+    return [run for name in probe_names(spec) if ((run := data_dir / "probes" / name) / "summary.json").is_file()]
 
 
 def _sealed_carry(final: dict) -> str | None:

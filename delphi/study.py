@@ -209,7 +209,7 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
     for p in probes:
         if not (p / SUMMARY_FILE).is_file() or not (p / CONFIG_FILE).is_file():
             raise DelphiError(f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and {SUMMARY_FILE})")
-    names = [p.name for p in probes] + [own_probe_name(m) for m in spec.hero.probe_multiples]
+    names = probe_names(spec)
     if len(set(names)) != len(names):
         raise DelphiError(f"{path}: gates.probes, hero.probe_multiples: two probes share a name ({', '.join(names)}); "
                           "each names its run in the gates")
@@ -776,15 +776,20 @@ def own_probe_name(multiple: float) -> str:
     return f"probe{multiple:g}x"
 
 
+def probe_names(spec: StudySpec) -> list[str]:
+    """Each probe's name (its directory under the study's probes/, and in the gates): gates.probes
+    by their directory's name, then the study's own (hero.probe_multiples), nearest first."""
+    return [Path(p).name for p in spec.gates.probes] + [own_probe_name(m) for m in sorted(spec.hero.probe_multiples)]
+
+
 def probe_runs(study: Study) -> list[Path]:
     """The pinned copies of gates.probes (a study continued from a snapshot has them), then the
     study's own probes (hero.probe_multiples) that have finished."""
-    runs = [study.probes_dir / Path(p).name for p in study.spec.gates.probes]
-    missing = [str(r) for r in runs if not (r / SUMMARY_FILE).is_file()]
+    runs = [study.probes_dir / name for name in probe_names(study.spec)]
+    missing = [str(r) for r in runs[:len(study.spec.gates.probes)] if not (r / SUMMARY_FILE).is_file()]
     if missing:
         raise DelphiError(f"{', '.join(missing)}: missing; the gates stage copies them from gates.probes")
-    own = [study.probes_dir / own_probe_name(m) for m in sorted(study.spec.hero.probe_multiples)]
-    return runs + [r for r in own if (r / SUMMARY_FILE).is_file()]
+    return [r for r in runs if (r / SUMMARY_FILE).is_file()]
 
 
 def stage_probes(study: Study) -> dict:
