@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -1031,6 +1032,9 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
     """
     if stop_after is not None and stop_after not in STAGE_NAMES:
         raise DelphiError(f"--stop-after: unknown stage {stop_after!r} (expected one of {', '.join(STAGE_NAMES)})")
+    if accept_store is not None and not re.fullmatch(r"[0-9a-f]{64}", accept_store):
+        raise DelphiError(f"--accept-store: {accept_store!r} is not a store's sha256 (64 lowercase hex digits, "
+                          "as the study's refusal prints it)")
     spec, ladder_spec_path, prereg, calibrations, probes = load_study(study_path)
     study = Study(out, spec, ladder_spec_path, prereg, calibrations, probes, accept_store)
     _pin_study(study)

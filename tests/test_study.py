@@ -188,6 +188,12 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     assert read_store_acceptances(tmp_path / "old.json") == {"accepted": [{"sha256": "3" * 64, "train_tokens": None}]}
 
 
+def test_accept_store_that_is_not_a_sha256_exits_2_before_anything_is_written(tmp_path, capsys):
+    assert cli_main(["study", "--out", str(tmp_path / "out"), "--accept-store", "xyz"]) == 2
+    assert "--accept-store: 'xyz' is not a store's sha256" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_study_seed_offsets_the_ladder_seeds(tmp_path):
     """Study seed k trains run seeds + k * STUDY_SEED_STRIDE: three study seeds, three ladders."""
     from delphi.study import STUDY_SEED_STRIDE, Study, _ladder_spec, load_study
