@@ -12,7 +12,9 @@ from flax import nnx
 
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 import delphi.model.moe as moe_module
-from delphi.model.moe import DROPLESS_BLOCK, MoE, bias_update, block_slots, dispatch_slots, expert_capacity
+from delphi.model.moe import (
+    DROPLESS_BLOCK, MoE, bias_update, block_slots, dispatch_slots, expert_capacity, rank_within_expert,
+)
 
 
 def make_moe(**moe_kwargs) -> MoE:
@@ -92,6 +94,21 @@ def test_block_slots_layout():
     experts = np.asarray(block_expert)[rows // DROPLESS_BLOCK]
     np.testing.assert_array_equal(experts, np.asarray(expert_idx).reshape(-1))  # each row in its expert's block
     assert np.asarray(block_expert)[:5].tolist() == [0, 0, 1, 2, 2]
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_rank_within_expert_is_a_stable_sort_by_expert(counted, monkeypatch):
+    """Counted or sorted, the ranks are the positions a stable argsort by expert gives."""
+    if not counted:
+        monkeypatch.setattr(moe_module, "COUNTED_RANK_MAX_CELLS", 0)
+    flat = np.random.default_rng(0).integers(0, 8, 1024)
+    rank, counts = rank_within_expert(jnp.asarray(flat), 8)
+    order = np.argsort(flat, kind="stable")
+    starts = np.cumsum(np.bincount(flat, minlength=8)) - np.bincount(flat, minlength=8)
+    expected = np.empty_like(flat)
+    expected[order] = np.arange(flat.size) - starts[flat[order]]
+    np.testing.assert_array_equal(np.asarray(rank), expected)
+    np.testing.assert_array_equal(np.asarray(counts), np.bincount(flat, minlength=8))
 
 
 def test_capacity_drops_later_and_second_choices_first():
