@@ -87,10 +87,10 @@ def compiled_chunk(cfg: TrainConfig, seeds: int):
     from delphi.train.step import TrainState, make_train_chunk, split_model
     from delphi.train.trainer import init_model, steps_per_call
 
+    tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
     states = []
     for s in range(seeds):
         graphdef, params, router_bias, other = split_model(init_model(dataclasses.replace(cfg, seed=s)))
-        tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
         states.append(TrainState(params, tx.init(params), router_bias, other))
     state = states[0] if seeds == 1 else jax.tree.map(lambda *xs: jnp.stack(xs), *states)
     k = steps_per_call(cfg)
