@@ -2,8 +2,11 @@
 
     .venv/bin/python benchmarks/default_study/summarize.py [DIR ...] [--out summary.csv]
 
-Reads what `delphi study` wrote (archived here by study seed: results.csv, fits/, hero.yaml,
-preregistration.*, stages/) and prints a table; `--out` writes it as CSV. Besides the sealed
+Reads what `delphi study` wrote (archived here: results.csv, fits/, hero.yaml, preregistration.*,
+stages/) and prints a table; `--out` merges it into the CSV: a run's row is recomputed from its
+directory, and rows whose directory is no longer in the tree are kept as they are (only the latest
+run stays on disk; `archived_in` names the commit that holds each older one). Columns the script
+cannot compute (`archived_in`, `machine`) are kept from the existing row, or left empty to fill in. Besides the sealed
 90% interval it re-scores the interval with the rule `delphi prereg create` uses since this
 edition (`delphi.prereg.create.predict_final`: the fit's bootstrap interval widened in quadrature by
 z x one run's noise); for runs sealed before that rule existed this is a post-hoc re-scoring,
@@ -18,16 +21,44 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from delphi.prereg.create import predict_final
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_DIRS = sorted(HERE.glob("*-v[34]-*"))  # third and fourth editions
+DEFAULT_DIRS = sorted(p for p in HERE.glob("20*-v*-*") if p.is_dir())  # every archived run still on disk
 
 
 def stage_seconds(run: Path, stage: str) -> float | None:
     path = run / "stages" / f"{stage}.json"
     return json.loads(path.read_text()).get("seconds") if path.is_file() else None
+
+
+def study_seconds(run: Path, stages: list[str], ladder_s: float | None) -> float | None:
+    """The stages' seconds summed; None for a run archived without its stage markers."""
+    seconds = [t for t in (stage_seconds(run, s) for s in stages) if t is not None]
+    return sum(seconds) + (ladder_s or 0.0) if seconds or ladder_s is not None else None
+
+
+def code_commit(run: Path) -> str | None:
+    """The commit the study ran, as its sealed preregistration recorded it (short); None when unknown."""
+    path = run / "preregistration.yaml"
+    if not path.is_file():
+        return None
+    commit = (yaml.safe_load(path.read_text()).get("toolkit") or {}).get("git_commit")
+    return commit[:7] if commit else None
+
+
+def merged(rows: list[dict], out: Path) -> tuple[list[dict], list[str]]:
+    """`rows` merged into the table at `out`: existing rows first (updated in place), new ones after."""
+    old = list(csv.DictReader(out.open(newline=""))) if out.is_file() else []
+    fields = list(dict.fromkeys([*(old[0].keys() if old else ()), *(k for row in rows for k in row)]))
+    by_run = {row["run"]: row for row in rows}
+    # What the directory cannot tell (None, e.g. a ladder's seconds noted by hand) keeps the table's value.
+    table = [old_row | {k: v for k, v in by_run.pop(old_row["run"], {}).items() if v is not None}
+             for old_row in old]
+    return table + list(by_run.values()), fields
 
 
 def summarize(run: Path) -> dict:
@@ -39,6 +70,7 @@ def summarize(run: Path) -> dict:
     stages = [p.stem for p in (run / "stages").glob("*.json") if p.stem not in ("ladder", "ladder_first_invocation")]
     row = {
         "run": run.name,
+        "code_commit": code_commit(run),
         "edition": run.name.split("-v")[1].split("-")[0],
         "study_seed": study["seed"],
         "primary_fit": study["primary_fit"],
@@ -52,7 +84,7 @@ def summarize(run: Path) -> dict:
         "predictive_90_hi_post_hoc": final["loss_90"][1],
         "seed_noise_nats": final.get("seed_noise_nats"),
         "ladder_s": ladder_s,
-        "study_s": sum(stage_seconds(run, s) or 0.0 for s in stages) + (ladder_s or 0.0),
+        "study_s": study_seconds(run, stages, ladder_s),
     }
     outcome_path = run / "preregistration.outcome.json"
     if not outcome_path.is_file():  # the gates refused the ladder: no rehearsal, no hero
@@ -83,11 +115,12 @@ def main() -> int:
     for row in rows:
         print("  ".join(f"{k}={fmt(v)}" for k, v in row.items()))
     if args.out:
+        table, fields = merged(rows, args.out)
         tmp = args.out.with_name(args.out.name + ".tmp")
         with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+            writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows(table)
         tmp.replace(args.out)
     return 0
 

@@ -57,7 +57,7 @@ class WandbConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    """The device mesh a run is sharded over (README.md, "Scaling out"; docs/design.md §4.3).
+    """The device mesh a run is sharded over (docs/scaling-out.md; docs/design.md §4.3).
 
     Batches are split over data x expert devices; routed-expert weights [E, ...] are split over
     `expert` (each device holds E / expert experts and tokens reach them by all-to-all); every other

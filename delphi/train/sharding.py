@@ -1,4 +1,4 @@
-"""Placing a training run on a device mesh (README.md, "Scaling out"; docs/design.md §4.3).
+"""Placing a training run on a device mesh (docs/scaling-out.md; docs/design.md §4.3).
 
     mesh axes ("data", "expert"), shape (mesh.data, mesh.expert), over every device of the job
     batches          split over data x expert on the batch axis

@@ -7,6 +7,8 @@ hero only where the ladder identifies E; where they disagree, at most one of the
 and the held-out evidence (top-budget backtest, dress rehearsal) should say which.
 Method: `delphi.prereg.create.cross_check_predictions` on each study's committed results table,
 primary fit, hero config and rehearsal run (no retraining; the same code the gate runs).
+The six default-study directories left the tree in issue 32 (benchmarks/default_study/README.md):
+`git checkout 2c57663 -- benchmarks/default_study` restores them before a rerun.
 Expected: the laws disagree by more than the tolerance on every study; the law that the held-out
 evidence favours is the one closer to the hero (paper/v2/diagnostics.csv has the 10x runs).
 Found (with the 30x hero of paper/v3): the second half is wrong. The held-out evidence favoured
