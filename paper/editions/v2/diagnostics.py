@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from delphi.editions import edition_tree
 from delphi.fits import fit_approach2, fit_vpnls, load_results
 from delphi.ladder.plan import make_rung, shape_for_width
 from delphi.ladder.spec import load_ladder_spec
@@ -36,9 +37,10 @@ from delphi.prereg.create import predict_hero
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
-LADDER = HERE / "study" / "results.csv"
-RUNS = HERE / "diagnostics"
-HEROES = {"hero 10x (sealed)": HERE / "study_10x" / "hero", "rehearsal 3x (sealed)": HERE / "study_10x" / "rehearsal"}
+DATA = edition_tree(HERE)  # the compact edition, unpacked (delphi.editions): run dirs as they were
+LADDER = DATA / "study" / "results.csv"
+RUNS = DATA / "diagnostics"
+HEROES = {"hero 10x (sealed)": DATA / "study_10x" / "hero", "rehearsal 3x (sealed)": DATA / "study_10x" / "rehearsal"}
 CONVENTION = "fpt6"  # the 10x study's choice (paper/editions/v2/study_10x/fits/conventions.json)
 HERO_30X = (96, 3e14)  # the largest L3 width under the spec's depth rule, at 30x the top budget
 BOOTSTRAP = 200
@@ -94,7 +96,7 @@ def main() -> int:
 
     # The 30x L3 hero the gates would now allow (were its steps inside the ladder's range): its
     # VPNLS prediction and 90% interval, with and without the long rungs.
-    spec = load_ladder_spec(HERE / "study" / "ladder" / "ladder.yaml")
+    spec = load_ladder_spec(DATA / "study" / "ladder" / "ladder.yaml")
     width, compute = HERO_30X
     hero = make_rung(spec, shape_for_width(spec, width), compute, 0, batch=8).train
     rows = ["fit,predicted,lo90,hi90,half_width"]

@@ -24,12 +24,13 @@ import json
 import sys
 from pathlib import Path
 
+from delphi.editions import resolve_data
 from delphi.fits import load_fit
 from delphi.io import atomic_write_text
 from delphi.prereg.create import cross_check_predictions, fit_convention, load_tables, predict_hero
 from delphi.train.config import load_train_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(__file__).with_suffix(".csv")
 # Committed studies whose hero trained, with the primary law each one sealed.
 STUDIES = [
@@ -41,7 +42,7 @@ STUDIES = [
 
 
 def row(study: str, primary: str) -> dict[str, object]:
-    d = ROOT / study
+    d = resolve_data(ROOT / study)  # the compact edition, unpacked (delphi.editions)
     fit = load_fit(d / "fits" / f"{primary}.json")
     hero = load_train_config(d / "hero.yaml")
     fit_table, _ = load_tables(d / "results.csv", fit_convention(fit))

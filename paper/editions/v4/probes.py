@@ -21,12 +21,14 @@ import json
 import sys
 from pathlib import Path
 
+from delphi.editions import edition_tree
 from delphi.fits import load_fit
 from delphi.io import atomic_write_text
 from delphi.prereg.create import predict_hero
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
+DATA = edition_tree(HERE)  # the compact edition, unpacked (delphi.editions): run dirs as they were
 OUT = HERE / "probes.csv"
 LAWS = ("vpnls", "parametric", "frontier", "isoflop")  # the study's fits; vpnls is the primary
 PROBES = ("probe3x", "probe10x")
@@ -38,8 +40,8 @@ def rows() -> list[dict[str, object]]:
                      if r.get("role", "isoflop") == "isoflop")
     out = []
     for probe in PROBES:
-        hero = load_train_config(HERE / probe / "hero.yaml")
-        summary = HERE / probe / "summary.json"
+        hero = load_train_config(DATA / probe / "hero.yaml")
+        summary = DATA / probe / "summary.json"
         actual = json.loads(summary.read_text())["val_loss"] if summary.is_file() else None
         for law, fit in fits.items():
             predicted = float(predict_hero(fit, hero)[0]["loss"])

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from delphi.editions import edition_tree
 from delphi.cli import main as cli_main
 from delphi.fits import load_fit
 from delphi.io import atomic_write_text
@@ -30,6 +31,7 @@ from delphi.prereg.create import predict_hero
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
+DATA = edition_tree(HERE)  # the compact edition, unpacked (delphi.editions): run dirs as they were
 OUT = HERE / "surface_variants.csv"
 PROBES = ("probe3x", "probe10x")
 LAWS = ("vpnls", "isoflop")
@@ -44,7 +46,7 @@ def variants(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def main() -> int:
     table = pd.read_csv(HERE / "study" / "results.csv")
     family = HERE / "study" / "results.csv.family.json"
-    probes = {p: (load_train_config(HERE / p / "hero.yaml"), json.loads((HERE / p / "summary.json").read_text())["val_loss"])
+    probes = {p: (load_train_config(DATA / p / "hero.yaml"), json.loads((DATA / p / "summary.json").read_text())["val_loss"])
               for p in PROBES}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

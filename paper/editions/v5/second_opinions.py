@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from delphi.editions import edition_tree
 from delphi.fits import load_fit
 from delphi.fits.frontier import fit_frontier_arrays
 from delphi.fits.parametric import fit_vpnls
@@ -32,7 +33,7 @@ from delphi.prereg.gates import budget_best_losses
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
-STUDY = HERE / "study"
+STUDY = edition_tree(HERE) / "study"  # the compact edition, unpacked (delphi.editions): run dirs as they were
 OUT = HERE / "second_opinions.csv"
 
 

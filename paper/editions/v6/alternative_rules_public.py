@@ -45,7 +45,7 @@ from delphi.io import atomic_write_text
 from delphi.prereg.format import read
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = HERE.parents[2]
 DATA = ROOT / "tests" / "data" / "isoflops.csv"
 SEAL = ROOT / "preregistrations" / "paper-v6-hero-60x.yaml"
 OUTCOME = SEAL.with_suffix(".outcome.json")

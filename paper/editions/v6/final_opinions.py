@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from delphi.editions import edition_tree
 from delphi.fits import load_fit
 from delphi.fits.frontier import fit_frontier_arrays
 from delphi.io import atomic_write_text
@@ -33,8 +34,8 @@ from delphi.prereg.gates import budget_best_losses, ladder_top_budget
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
-STUDY = HERE / "study"
-PREREG = HERE.parents[1] / "preregistrations" / "paper-v6-hero-60x.yaml"
+STUDY = edition_tree(HERE) / "study"  # the compact edition, unpacked (delphi.editions): run dirs as they were
+PREREG = HERE.parents[2] / "preregistrations" / "paper-v6-hero-60x.yaml"
 OUT = HERE / "final_opinions.csv"
 
 

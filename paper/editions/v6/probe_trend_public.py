@@ -38,7 +38,7 @@ from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parents[1] / "tests" / "data" / "isoflops.csv"
+DATA = HERE.parents[2] / "tests" / "data" / "isoflops.csv"
 OUT = HERE / "probe_trend_public.csv"  # and probe_trend_public_summary.csv beside it
 PROBE_COUNTS = (3, 2)  # the sixth edition's, and two (the Marin sweeps have 6 budgets)
 METHODS = {"isoflop": fit_approach2, "vpnls": partial(fit_vpnls, n_bootstrap=0), "frontier": partial(fit_frontier, n_bootstrap=0)}

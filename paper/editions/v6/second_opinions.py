@@ -25,13 +25,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from delphi.editions import edition_tree
 from delphi.io import atomic_write_text
 from delphi.prereg.format import read
 from delphi.train.rundir import read_metrics
 
 HERE = Path(__file__).resolve().parent
-SHAPE_RUN = HERE.parent / "v5" / "study" / "hero"
-PREREG = HERE.parents[1] / "preregistrations" / "paper-v6-hero-60x.yaml"
+SHAPE_RUN = edition_tree(HERE.parent / "v5") / "study" / "hero"  # the compact edition, unpacked (delphi.editions): run dirs as they were
+PREREG = HERE.parents[2] / "preregistrations" / "paper-v6-hero-60x.yaml"
 OUT = HERE / "second_opinions.csv"
 
 
