@@ -163,4 +163,4 @@ def test_trajectory_from_the_probes_shape_on_the_v5_hero():
     with pytest.raises(DelphiError, match="optim.decay_frac is 0.2 but the hero's is 0.5"):
         cv.trajectory_from_shapes(probes, other, {"loss": 1.0})
     with pytest.raises(DelphiError, match="no final val_loss"):
-        cv.normalised_curve(paper / "v4")
+        cv.normalised_curve(edition_tree(editions / "v4"))
