@@ -31,23 +31,29 @@ from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text
 
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:
-    """Copy a finished study's compact data (no checkpoints, no logs) into `data_dir`."""
+    """Write a finished study's compact data (no checkpoints, no logs, no figures) into `data_dir`
+    in the editions' form (`delphi.editions`: curves.csv.gz, files.csv.gz, small plain files)."""
+    import tempfile
+
+    from delphi.editions import pack
+
     if not (study_dir / "stages" / "report.json").is_file():
         raise DelphiError(f"--from-study: {study_dir} is not a finished study (no stages/report.json)")
     from delphi.study import compact_files
 
     copied = []
-    for rel in compact_files(study_dir):
-        if rel.parts[0] == "figures" or rel.name == "report.md":
-            continue
-        path, target = study_dir / rel, data_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
-        copied.append(str(rel))
-    prereg = Path(json.loads((study_dir / "stages" / "prereg.json").read_text())["result"]["prereg"])
-    if prereg.parent != study_dir:  # sealed outside the study dir (the project's own study)
-        shutil.copy2(prereg, data_dir / "preregistration.yaml")
-        copied.append(f"preregistration.yaml (from {prereg})")
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel in compact_files(study_dir):
+            if rel.parts[0] == "figures" or rel.name == "report.md":
+                continue
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(study_dir / rel, Path(tmp) / rel)
+            copied.append(str(rel))
+        prereg = Path(json.loads((study_dir / "stages" / "prereg.json").read_text())["result"]["prereg"])
+        if prereg.parent != study_dir:  # sealed outside the study dir (the project's own study)
+            shutil.copy2(prereg, Path(tmp) / "preregistration.yaml")
+            copied.append(f"preregistration.yaml (from {prereg})")
+        pack(tmp, data_dir)
     return copied
 
 
@@ -257,7 +263,8 @@ LAW_NAMES = {"isoflop": "the isoFLOP power law (Approach 2)", "vpnls": "VPNLS (t
 def _probe_dirs(data_dir: Path) -> list[Path]:
     """The probes the study names (gates.probes, then its own hero.probe_multiples) that finished, as
     pinned in its data (`delphi.study.pin_probes`). A copy there that the study does not name, left
-    by an earlier invocation, is not one of its probes (paper/v7/study/probes/hero)."""
+    by an earlier invocation, is not one of its probes (the seventh edition had one: probes/hero, a
+    stale copy of hero60x, left out of its compact data)."""
     from delphi.config_schema import from_dict
     from delphi.study import StudySpec, probe_names
 
