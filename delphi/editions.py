@@ -230,18 +230,18 @@ def edition_tree(edition: str | Path) -> Path:
     if tree.is_dir():
         return tree
     home.mkdir(parents=True, exist_ok=True)
+    prereg = _preregistrations_above(edition)
+    if prereg is not None and not (home / "preregistrations").exists():  # before the tree appears: a reader finds both
+        try:
+            (home / "preregistrations").symlink_to(prereg)
+        except FileExistsError:
+            pass
     staging = Path(tempfile.mkdtemp(dir=home, prefix=".unpack-"))
     unpack(edition, staging)
     try:
         staging.rename(tree)
     except OSError:  # another process unpacked the same content first
         shutil.rmtree(staging, ignore_errors=True)
-    prereg = _preregistrations_above(edition)
-    if prereg is not None and not (home / "preregistrations").exists():
-        try:
-            (home / "preregistrations").symlink_to(prereg)
-        except FileExistsError:
-            pass
     return tree
 
 
