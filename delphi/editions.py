@@ -124,7 +124,7 @@ def pack(source: str | Path, dest: str | Path, *, skip: tuple[str, ...] = ()) ->
     paths = sorted(p for p in source.rglob("*") if (p.is_file() or p.is_symlink())
                    and not any(s == p.relative_to(source) or s in p.relative_to(source).parents for s in skipped))
     run_dirs = {p.parent.relative_to(source) for p in paths if not p.is_symlink() and _is_run_dir(p.parent)}
-    # A symlinked directory (paper/v5/hero30x -> study/hero) is one entry, not a second copy.
+    # A symlinked directory (the fifth edition's hero30x -> study/hero) is one entry, not a second copy.
     paths = [p for p in paths if not _under_link(source, p.relative_to(source))]
     runs: dict[str, list[dict]] = {}
     files: list[list[str]] = []
