@@ -5,9 +5,14 @@ the text is a `$placeholder` filled from a finished study's compact data (result
 backtests, gates, the rehearsal, the hero's metrics, the preregistration), so nothing in the prose
 is typed by hand and nothing needs training to rebuild.
 
-    delphi paper build --data paper/v5/study        # the current edition, from its committed study
-    delphi paper build --paper-dir paper/v3 --data paper/v3/study   # the third edition
-    delphi paper build --paper-dir paper/v1         # the first edition, from paper/v1/data
+paper/paper.md is the current edition; paper/editions/vN/ holds every edition's data in compact form
+(`delphi.editions`: a curves table and an archive of small files, not a directory per run), and each
+earlier edition's text and figures. The current edition's data is the newest paper/editions/vN/.
+
+    delphi paper build                      # the current edition (paper/paper.md) from the newest edition's data
+    delphi paper build --edition v3         # the third edition, into paper/editions/v3/paper.md
+    delphi paper build --all                # every edition that paper.py renders
+    delphi paper build --paper-dir paper/editions/v3 --data paper/editions/v3/study   # the same, spelled out
     delphi paper build --from-study runs/paper      # import a finished study into PAPER_DIR/data, then build
 """
 
@@ -26,23 +31,29 @@ from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text
 
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:
-    """Copy a finished study's compact data (no checkpoints, no logs) into `data_dir`."""
+    """Write a finished study's compact data (no checkpoints, no logs, no figures) into `data_dir`
+    in the editions' form (`delphi.editions`: curves.csv.gz, files.csv.gz, small plain files)."""
+    import tempfile
+
+    from delphi.editions import pack
+
     if not (study_dir / "stages" / "report.json").is_file():
         raise DelphiError(f"--from-study: {study_dir} is not a finished study (no stages/report.json)")
     from delphi.study import compact_files
 
     copied = []
-    for rel in compact_files(study_dir):
-        if rel.parts[0] == "figures" or rel.name == "report.md":
-            continue
-        path, target = study_dir / rel, data_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
-        copied.append(str(rel))
-    prereg = Path(json.loads((study_dir / "stages" / "prereg.json").read_text())["result"]["prereg"])
-    if prereg.parent != study_dir:  # sealed outside the study dir (the project's own study)
-        shutil.copy2(prereg, data_dir / "preregistration.yaml")
-        copied.append(f"preregistration.yaml (from {prereg})")
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel in compact_files(study_dir):
+            if rel.parts[0] == "figures" or rel.name == "report.md":
+                continue
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(study_dir / rel, Path(tmp) / rel)
+            copied.append(str(rel))
+        prereg = Path(json.loads((study_dir / "stages" / "prereg.json").read_text())["result"]["prereg"])
+        if prereg.parent != study_dir:  # sealed outside the study dir (the project's own study)
+            shutil.copy2(prereg, Path(tmp) / "preregistration.yaml")
+            copied.append(f"preregistration.yaml (from {prereg})")
+        pack(tmp, data_dir)
     return copied
 
 
@@ -82,8 +93,9 @@ def _study_view(data_dir: Path, figures_dir: Path):
     return study
 
 
-def paper_numbers(data_dir: Path) -> dict[str, Any]:
-    """Every number the text quotes, computed from the data files."""
+def paper_numbers(data_dir: Path, shown_as: str | None = None) -> dict[str, Any]:
+    """Every number the text quotes, computed from the data files; `shown_as` is the data's path
+    as the text quotes it (default: `data_dir`)."""
     check, hero, plan = (_stage(data_dir, name) for name in ("check", "hero", "plan"))
     fits = {m: json.loads(p.read_text()) for m in ("isoflop", "parametric", "vpnls", "frontier")
             if (p := data_dir / "fits" / f"{m}.json").is_file()}
@@ -171,6 +183,7 @@ def paper_numbers(data_dir: Path) -> dict[str, Any]:
     n["trajectory_table"] = _trajectory_table(check)
     n["assumptions"] = "\n".join(f"- {a}" for a in prereg_doc.get("assumptions", []))
     n.update(_edition_numbers(data_dir, table, prereg_path, prereg_doc, hero, check))
+    n["data_dir"] = shown_as if shown_as is not None else str(data_dir)
     return n
 
 
@@ -250,7 +263,8 @@ LAW_NAMES = {"isoflop": "the isoFLOP power law (Approach 2)", "vpnls": "VPNLS (t
 def _probe_dirs(data_dir: Path) -> list[Path]:
     """The probes the study names (gates.probes, then its own hero.probe_multiples) that finished, as
     pinned in its data (`delphi.study.pin_probes`). A copy there that the study does not name, left
-    by an earlier invocation, is not one of its probes (paper/v7/study/probes/hero)."""
+    by an earlier invocation, is not one of its probes (the seventh edition had one: probes/hero, a
+    stale copy of hero60x, left out of its compact data)."""
     from delphi.config_schema import from_dict
     from delphi.study import StudySpec, probe_names
 
@@ -556,28 +570,132 @@ def _trajectory_table(check: dict) -> str:
 
 
 def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None = None,
-                data_dir: str | Path | None = None) -> dict:
+                data_dir: str | Path | None = None, *, svg: bool = True) -> dict:
     """Import a study's data if asked, redraw every figure, and render paper.md from template.md.
-    The data are `data_dir` (a finished study's compact copy, e.g. a committed snapshot), else
-    PAPER_DIR/data."""
+    The data are `data_dir` (a finished study's copy: a compact edition's study, e.g.
+    paper/editions/v3/study, or a plain directory), else PAPER_DIR/data, else the newest edition's
+    study. The text quotes the data's path as given."""
+    from delphi.editions import resolve_data
     from delphi.study import stage_figures
 
     paper_dir = Path(paper_dir)
     if from_study is not None and data_dir is not None:
         raise DelphiError("paper build: give --from-study (import into PAPER_DIR/data) or --data, not both")
-    data_dir, figures_dir = Path(data_dir) if data_dir is not None else paper_dir / "data", paper_dir / "figures"
     template = paper_dir / "template.md"
     if not template.is_file():
         raise DelphiError(f"{template}: paper template not found")
-    imported = import_study(Path(from_study), data_dir) if from_study is not None else []
+    if data_dir is None and from_study is None and not (paper_dir / "data").exists() and (current := current_edition(paper_dir)):
+        data_dir = edition_data(current)
+    shown, figures_dir = Path(data_dir) if data_dir is not None else paper_dir / "data", paper_dir / "figures"
+    imported = import_study(Path(from_study), shown) if from_study is not None else []
+    data_dir = resolve_data(shown)
     if not (data_dir / "study.json").is_file():
-        raise DelphiError(f"{data_dir}: no study data (no study.json); give --data STUDY_COPY or --from-study STUDY_DIR")
+        raise DelphiError(f"{shown}: no study data (no study.json); give --data STUDY_COPY or --from-study STUDY_DIR")
     study = _study_view(data_dir, figures_dir)
     figures = stage_figures(study)["files"]
-    numbers = paper_numbers(data_dir)
+    if not svg:
+        for png in figures:
+            Path(png).with_suffix(".svg").unlink(missing_ok=True)
+    numbers = paper_numbers(data_dir, shown_as=str(shown))
     try:
         text = string.Template(template.read_text()).substitute(numbers)
     except KeyError as e:
         raise DelphiError(f"{template}: placeholder ${e.args[0]} has no value (known: {', '.join(sorted(numbers))})") from None
     atomic_write_text(paper_dir / "paper.md", text)
-    return {"paper": str(paper_dir / "paper.md"), "figures": figures, "imported_files": len(imported)}
+    return {"paper": str(paper_dir / "paper.md"), "data": str(shown), "figures": figures, "imported_files": len(imported)}
+
+
+# ---- editions: paper/editions/vN -----------------------------------------------------------------
+
+EDITIONS_DIR = "editions"
+STUDY_DIRS = ("data", "study")  # where an edition keeps the study its text is rendered from (v1: data)
+
+
+def editions(paper_root: str | Path = "paper") -> list[Path]:
+    """Every edition directory, oldest first (v1, v2, ..., v10)."""
+    root = Path(paper_root) / EDITIONS_DIR
+    found = [p for p in root.glob("v*") if p.is_dir() and p.name[1:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[1:]))
+
+
+def current_edition(paper_root: str | Path = "paper") -> Path | None:
+    """The newest edition: its data are the current paper's (PAPER_ROOT/paper.md), its text is not in it."""
+    found = editions(paper_root)
+    return found[-1] if found else None
+
+
+def edition_data(edition: Path) -> Path:
+    """The study an edition's text is rendered from (EDITION/data or EDITION/study)."""
+    for name in STUDY_DIRS:
+        if (edition / name / "study.json").is_file():
+            return edition / name
+    raise DelphiError(f"{edition}: no study data (no data/study.json or study/study.json)")
+
+
+def built_editions(paper_root: str | Path = "paper") -> dict[str, tuple[Path, Path]]:
+    """The editions `paper build` renders, by name: (paper dir, data dir). An earlier edition is
+    rendered when it has a template.md; the current one renders into PAPER_ROOT. Editions written by
+    hand (v2, v4: a README) are kept as text only."""
+    paper_root = Path(paper_root)
+    out = {e.name: (e, edition_data(e)) for e in editions(paper_root) if (e / "template.md").is_file()}
+    if (current := current_edition(paper_root)) is not None and (paper_root / "template.md").is_file():
+        out[current.name] = (paper_root, edition_data(current))
+    return out
+
+
+def build_edition(name: str, paper_root: str | Path = "paper") -> dict:
+    """Render one edition (`--edition vN`) from its compact data."""
+    known = built_editions(paper_root)
+    if name not in known:
+        raise DelphiError(f"--edition {name}: not an edition paper.py renders (known: {', '.join(known) or 'none'}; "
+                          "an edition without a template.md is kept as written)")
+    paper_dir, data = known[name]
+    current = paper_dir == Path(paper_root)
+    return build_paper(paper_dir, data_dir=data, svg=current) | {"edition": name, "current": current}
+
+
+def snapshot(study_dir: str | Path, dest: str | Path, *, resumable: bool = False) -> dict:
+    """Write a study's compact data (`delphi.study.compact_files`) into `dest` in the editions' form:
+    plain small files, curves.csv.gz and files.csv.gz, no directory per run. `delphi paper unpack`
+    gives the study directory back (to continue it elsewhere: unpack, then rerun the same study)."""
+    import tempfile
+
+    from delphi.editions import pack
+    from delphi.study import export_study
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copied = export_study(study_dir, Path(tmp) / "study", resumable=resumable)
+        packed = pack(Path(tmp) / "study", dest)
+    runs = sorted({p.split("/")[2] for p in copied if p.startswith("ladder/runs/")})
+    return {"files": len(copied), "ladder_runs": runs, "to": str(dest), "compact": packed}
+
+
+def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Path = "preregistrations") -> list[dict]:
+    """Each sealed preregistration against the editions: its seal (`prereg verify`), the editions whose
+    compact data hold every file it hashed (fit, hero config, manifest, results table, probe
+    summaries), and `prereg verify --run` on its hero as unpacked from the first such edition."""
+    from delphi.editions import check_provenance, edition_tree
+    from delphi.io import sha256_file
+    from delphi.prereg import format as fmt
+    from delphi.prereg.check import verify
+
+    trees = {e.name: edition_tree(e) for e in editions(paper_root)}
+    out = []
+    for path in sorted(Path(preregistrations).glob("*.yaml")):
+        doc = fmt.read(path)
+        plain = verify(path)
+        holding = {name: check_provenance(doc, tree) for name, tree in trees.items()}
+        complete = [name for name, c in holding.items() if c["checked"] and not c["missing"]]
+        row = {"file": str(path), "seal_ok": plain["seal_ok"], "hashes": next(iter(holding.values()))["checked"] if holding else 0,
+               "editions_holding_all": complete, "run": None, "run_ok": None}
+        hero_sha = (doc.get("provenance") or {}).get("hero_config_sha256")
+        for name in complete:
+            runs = [c.parent for c in sorted(trees[name].rglob("config.yaml"))
+                    if (c.parent / "summary.json").is_file() and sha256_file(c) == hero_sha]
+            if runs:
+                checked = verify(path, run_dir=runs[0])
+                row["run"] = f"{EDITIONS_DIR}/{name}/{runs[0].relative_to(trees[name]).as_posix()}"
+                row["run_ok"] = checked["ok"] and checked.get("created_before_start") is True
+                break
+        out.append(row)
+    return out

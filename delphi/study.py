@@ -192,6 +192,8 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
     its LR calibration reports and its probe run dirs.
 
     With `path` None this is the built-in default study."""
+    from delphi.editions import resolve_data
+
     if path is None:
         base = Path(str(resources.files("delphi") / "defaults"))
         path = base / DEFAULT_STUDY
@@ -206,7 +208,8 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
         if not c.is_file():
             raise DelphiError(f"{path}: gates.lr_calibration: {c} not found (write it with `delphi ladder lr-calibrate`)")
     # Absolute, not resolved: a link keeps its own name (paper/v5/hero30x -> study/hero).
-    probes = tuple(Path(os.path.normpath((path.parent / p).absolute())) for p in spec.gates.probes)
+    # A probe inside a compact edition (paper/editions/v4/probe3x) is read from its unpacked copy.
+    probes = tuple(resolve_data(Path(os.path.normpath((path.parent / p).absolute()))) for p in spec.gates.probes)
     for p in probes:
         if not (p / SUMMARY_FILE).is_file() or not (p / CONFIG_FILE).is_file():
             raise DelphiError(f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and {SUMMARY_FILE})")

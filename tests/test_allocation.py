@@ -15,7 +15,7 @@ from delphi.fits.isoflop import isoflop_exponent_by_convention
 from delphi.fits.laws import chinchilla_loss, chinchilla_optimum
 from delphi.fits.results import FitResult, fit_from_json
 
-PAPER_RESULTS = Path(__file__).resolve().parents[1] / "paper" / "v1" / "data" / "results.csv"
+PAPER_RESULTS = Path(__file__).resolve().parents[1] / "paper" / "editions" / "v1" / "data" / "results.csv"
 TRUTH = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al. 2022, rounded
 
 

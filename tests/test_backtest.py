@@ -17,7 +17,7 @@ from delphi.fits.bootstrap import resample_indices
 from delphi.fits.laws import chinchilla_optimum
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER_RESULTS = REPO / "paper" / "v1" / "data" / "results.csv"
+PAPER_RESULTS = REPO / "paper" / "editions" / "v1" / "data" / "results.csv"
 TRUTH = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al. 2022, rounded
 
 
@@ -158,7 +158,7 @@ def test_predict_run_is_the_one_entry_point_for_a_concrete_run():
 def test_probe_holdouts_correct_the_isoflop_law_on_llama3():
     """Llama 3's isoFLOP sweep: the isoFLOP law fitted on the lowest budgets is optimistic further
     out, more so with distance (its error at the probes grows); the law x (1 + that trend) is
-    within 1% where the law alone misses by 3-4% (paper/v6/probe_trend_public.csv has every source)."""
+    within 1% where the law alone misses by 3-4% (paper/editions/v6/probe_trend_public.csv has every source)."""
     from delphi.fits.backtest import probe_holdouts
 
     raw = pd.read_csv(REPO / "tests" / "data" / "isoflops.csv")
@@ -175,11 +175,11 @@ def test_probe_holdouts_correct_the_isoflop_law_on_llama3():
 
 
 def test_the_public_probe_trend_table_regenerates(tmp_path):
-    """paper/v6/probe_trend_public_{summary,reach}.csv, whose numbers the sixth edition's notebook
-    and the design quote, are what `paper/v6/probe_trend_public.py` computes today."""
+    """paper/editions/v6/probe_trend_public_{summary,reach}.csv, whose numbers the sixth edition's notebook
+    and the design quote, are what `paper/editions/v6/probe_trend_public.py` computes today."""
     import importlib.util
 
-    script = REPO / "paper" / "v6" / "probe_trend_public.py"
+    script = REPO / "paper" / "editions" / "v6" / "probe_trend_public.py"
     spec = importlib.util.spec_from_file_location("probe_trend_public", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -189,12 +189,12 @@ def test_the_public_probe_trend_table_regenerates(tmp_path):
 
 
 def test_the_alternative_rules_table_regenerates(tmp_path):
-    """paper/v6/alternative_rules_public.csv (quoted by the sixth edition's notebook) is what
-    `paper/v6/alternative_rules_public.py` computes today; and its own row is the sixth edition's
+    """paper/editions/v6/alternative_rules_public.csv (quoted by the sixth edition's notebook) is what
+    `paper/editions/v6/alternative_rules_public.py` computes today; and its own row is the sixth edition's
     outcome: the sealed linear rule at 0.9752 against 0.9852, i.e. predicted / observed - 1 = -1.01%."""
     import importlib.util
 
-    script = REPO / "paper" / "v6" / "alternative_rules_public.py"
+    script = REPO / "paper" / "editions" / "v6" / "alternative_rules_public.py"
     spec = importlib.util.spec_from_file_location("alternative_rules_public", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

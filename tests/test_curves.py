@@ -143,11 +143,13 @@ def test_trajectory_from_the_probes_shape_on_the_v5_hero():
     from delphi.train.config import load_train_config
     from delphi.train.rundir import read_metrics
 
-    paper = Path(__file__).resolve().parents[1] / "paper"
-    hero_dir = paper / "v5" / "study" / "hero"
+    from delphi.editions import edition_tree
+
+    editions = Path(__file__).resolve().parents[1] / "paper" / "editions"
+    hero_dir = edition_tree(editions / "v5") / "study" / "hero"
     hero = load_train_config(hero_dir / "config.yaml")
     final = json.loads((hero_dir / "summary.json").read_text())["val_loss"]
-    probes = [paper / "v4" / "probe10x", paper / "v4" / "probe3x"]
+    probes = [edition_tree(editions / "v4") / "probe10x", edition_tree(editions / "v4") / "probe3x"]
     traj = cv.trajectory_from_shapes(probes, hero, {"loss": final, "loss_50": None, "loss_90": None})
     assert traj["model"]["shape_run"].endswith("probe10x") and traj["model"]["spread_run"].endswith("probe3x")
     actual = [r["val_loss"] for r in read_metrics(hero_dir) if r.get("val_loss") is not None]
@@ -161,4 +163,4 @@ def test_trajectory_from_the_probes_shape_on_the_v5_hero():
     with pytest.raises(DelphiError, match="optim.decay_frac is 0.2 but the hero's is 0.5"):
         cv.trajectory_from_shapes(probes, other, {"loss": 1.0})
     with pytest.raises(DelphiError, match="no final val_loss"):
-        cv.normalised_curve(paper / "v4")
+        cv.normalised_curve(edition_tree(editions / "v4"))

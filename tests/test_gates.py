@@ -14,6 +14,7 @@ import yaml
 
 import prereg_synthetic as ps
 from delphi.cli import main
+from delphi.editions import edition_tree
 from delphi.fits import backtest, fit_vpnls, load_results
 from delphi.fits.backtest import probe_trend
 from delphi.errors import DelphiError
@@ -256,7 +257,7 @@ def test_probes_gate():
 
 def test_probe_trend_and_the_corrected_gate():
     """The fifth edition's three runs beyond the ladder: the trend of the first two carried to the
-    third is the +1.13% second opinion of paper/v5/second_opinions.csv."""
+    third is the +1.13% second opinion of paper/editions/v5/second_opinions.csv."""
     runs = {"probe3x": {"predicted": 1.1653, "actual": 1.1421, "rel_error": -0.0199, "compute": 3e13},
             "probe10x": {"predicted": 1.0384, "actual": 1.0691, "rel_error": 0.0296, "compute": 1e14},
             "hero30x": {"predicted": 0.9331, "actual": 1.0142, "rel_error": 0.0869, "compute": 3e14}}
@@ -321,11 +322,11 @@ def test_the_local_slope_answers_for_its_own_two_probes():
     assert gate.passed, gate.detail
 
 
-PAPER_V2 = Path(__file__).resolve().parents[1] / "paper" / "v2"
+PAPER_V2 = edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v2")  # the compact edition, unpacked
 
 
 def test_gates_refuse_the_paper_v2_10x_hero_that_missed():
-    """The committed 10x study (paper/v2/study_10x) passed every gate of its day and missed by -6.99%
+    """The committed 10x study (paper/editions/v2/study_10x) passed every gate of its day and missed by -6.99%
     (sealed 1.2558, actual 1.1680) with a d112 L4 hero. Its own data, on disk before the hero
     trained, fail two gates: hero_depth (every near-optimal cell is L3) and method_agreement (the
     isoFLOP law predicts the hero 7% lower; the actual loss lay between the two laws)."""
@@ -351,13 +352,13 @@ def test_gates_refuse_the_paper_v2_10x_hero_that_missed():
 
 
 def test_gates_refuse_the_paper_v3_30x_hero_that_missed():
-    """The committed 30x study (paper/v3/study) was sealed with every gate green (VPNLS 1.1573, a
+    """The committed 30x study (paper/editions/v3/study) was sealed with every gate green (VPNLS 1.1573, a
     d96 L3 hero at its near-optimal depth) and missed by -7.05% (actual 1.0757). Its pre-hero data
     fail method_agreement as the gate now stands: the isoFLOP law, refitted on the same ladder,
     says 1.0169 (-12%); the outcome lay between the two."""
     from delphi.fits import load_fit
 
-    study = Path(__file__).resolve().parents[1] / "paper" / "v3" / "study"
+    study = edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v3") / "study"
     fit = load_fit(study / "fits" / "vpnls.json")
     hero = load_train_config(study / "hero.yaml")
     fit_table, gate_table = load_tables(study / "results.csv", "fpt6")
@@ -371,12 +372,12 @@ def test_gates_refuse_the_paper_v3_30x_hero_that_missed():
 
 
 def test_gates_refuse_the_paper_v4_30x_hero_and_the_probes_side_with_the_refusal():
-    """The fourth edition (paper/v4/study, calibrated LR rule) was refused by method_agreement: VPNLS
+    """The fourth edition (paper/editions/v4/study, calibrated LR rule) was refused by method_agreement: VPNLS
     1.1571 against the isoFLOP law's 0.9331 for the 30x hero. The two probes past the ladder,
     sealed with --force before they trained, landed far below VPNLS (-7.3% at 3x, -9.7% at 10x)."""
     from delphi.fits import load_fit
 
-    v4 = Path(__file__).resolve().parents[1] / "paper" / "v4"
+    v4 = edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v4")
     fit = load_fit(v4 / "study" / "fits" / "vpnls.json")
     fit_table, _ = load_tables(v4 / "study" / "results.csv", "fpt6")
     hero = load_train_config(v4 / "study" / "hero.yaml")
@@ -394,7 +395,7 @@ def test_the_v4_probes_reject_vpnls_and_keep_the_isoflop_law():
     reject it by more than the tolerance plus 2 sd of one run's noise."""
     from delphi.fits import load_fit
 
-    v4 = Path(__file__).resolve().parents[1] / "paper" / "v4"
+    v4 = edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v4")
     probes = [v4 / "probe3x", v4 / "probe10x"]
     hero = load_train_config(v4 / "study" / "hero.yaml")
     verdicts = {}
@@ -412,14 +413,14 @@ def test_the_v4_probes_reject_vpnls_and_keep_the_isoflop_law():
 
 
 def test_the_v5_hero_sealed_green_on_the_probes_and_missed_high():
-    """The fifth edition (paper/v5) sealed the 30x hero with all 13 gates green on the isoFLOP law
+    """The fifth edition (paper/editions/v5) sealed the 30x hero with all 13 gates green on the isoFLOP law
     the v4 probes confirmed (0.9331); it landed at 1.0142 (+8.69%), between the isoFLOP law and
     VPNLS (1.1571), as 7 of the 8 earlier heroes did. The isoFLOP law's error grew with distance:
     -1.99% at 3x, +2.96% at 10x, +8.69% at 30x."""
     from delphi.fits import load_fit
     from delphi.prereg import format as fmt
 
-    v5 = Path(__file__).resolve().parents[1] / "paper" / "v5" / "study"
+    v5 = edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v5") / "study"
     doc = fmt.read(Path(__file__).resolve().parents[1] / "preregistrations" / "paper-v5-hero-30x.yaml")
     assert not doc["forced"] and len(doc["gates"]) == 13 and all(g["passed"] for g in doc["gates"])
     hero = load_train_config(v5 / "hero" / "config.yaml")
@@ -571,7 +572,8 @@ def test_correct_by_probes_moves_and_widens_the_interval():
     assert out["probe_correction"]["carried_rel"] == pytest.approx(0.1) and "x (1 +10.00%)" in out["source"]
 
 
-PAPER_V6 = Path(__file__).resolve().parents[1] / "paper" / "v6"
+PAPER_V6 = edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v6")  # the compact edition, unpacked
+REPO_PREREGISTRATIONS = Path(__file__).resolve().parents[1] / "preregistrations"
 
 
 def test_paper_v6_seal_regenerates_from_committed_data():
@@ -582,7 +584,7 @@ def test_paper_v6_seal_regenerates_from_committed_data():
     from delphi.train.config import load_train_config
 
     study = PAPER_V6 / "study"
-    sealed = read(PAPER_V6.parents[1] / "preregistrations" / "paper-v6-hero-60x.yaml")
+    sealed = read(REPO_PREREGISTRATIONS / "paper-v6-hero-60x.yaml")
     hero = load_train_config(study / "hero.yaml")
     probes = [study / "probes" / name for name in ("probe3x", "probe10x", "hero30x")]
     final, fit = hero_prediction(study / "fits" / "isoflop.json", hero, study / "results.csv", probes, probe_correction=True)
@@ -606,8 +608,8 @@ def test_prereg_create_corrects_by_the_probes_and_takes_their_shape(tmp_path, ca
     from delphi.prereg import format as fmt
 
     study = PAPER_V6 / "study"
-    sealed = fmt.read(PAPER_V6.parents[1] / "preregistrations" / "paper-v6-hero-60x.yaml")
-    probes = [PAPER_V6.parent / "v4" / "probe3x", PAPER_V6.parent / "v4" / "probe10x", PAPER_V6.parent / "v5" / "hero30x"]
+    sealed = fmt.read(REPO_PREREGISTRATIONS / "paper-v6-hero-60x.yaml")
+    probes = [edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v4") / "probe3x", edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v4") / "probe10x", edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v5") / "hero30x"]
     common = ["--fit", str(study / "fits" / "isoflop.json"), "--hero", str(study / "hero.yaml"), "--results",
               str(study / "results.csv"), "--tolerance", "0.03", "--backtest", str(tmp_path / "backtest.json"),
               "--probe-correction", "--trajectory-from-probes"]

@@ -555,7 +555,7 @@ def test_hero_keeps_a_depth_the_ladder_trained_near_its_optimum():
     seen only in the most under-trained rungs; with the results the planner takes d96 L3 (3.8e5),
     also inside, instead (gate hero_depth would refuse d112 L4)."""
     spec = load_ladder_spec(PAPER)
-    results = pd.read_csv(Path(__file__).resolve().parents[1] / "paper" / "v2" / "study" / "results.csv")
+    results = pd.read_csv(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v2" / "study" / "results.csv")
     assert depths_near_optimum(results) == {3}
     blind = plan_hero(spec, 6.0e5, 6e13, convention="fpt6")
     aware = plan_hero(spec, 6.0e5, 6e13, results=results, convention="fpt6")
@@ -596,7 +596,7 @@ def test_anchor_rungs_extend_the_steps_range_and_join_only_the_nd_laws(tmp_path)
         dataclasses.replace(base, anchors=AnchorSpec(widths=(24,), seeds=0)).validate()
 
     # A results table: the committed paper ladder plus two anchor rows (role "anchor").
-    table = pd.read_csv(Path(__file__).resolve().parents[1] / "paper" / "v2" / "study" / "results.csv")
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v2" / "study" / "results.csv")
     table["role"] = "isoflop"
     extra = table[(table["budget"] == table["budget"].max()) & (table["d_model"] == 24)].head(2).copy()
     extra["run_id"] = ["A4e13_d24_L3_E8k2_s0", "A4e13_d24_L3_E8k2_s1"]
@@ -607,7 +607,7 @@ def test_anchor_rungs_extend_the_steps_range_and_join_only_the_nd_laws(tmp_path)
     path = tmp_path / "results.csv"
     pd.concat([table, extra], ignore_index=True).to_csv(path, index=False)
     with_anchor = load_results(path, params_convention="fpt6")
-    plain = load_results(Path(__file__).resolve().parents[1] / "paper" / "v2" / "study" / "results.csv", params_convention="fpt6")
+    plain = load_results(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v2" / "study" / "results.csv", params_convention="fpt6")
     assert len(with_anchor) == len(plain) and len(with_anchor.attrs["anchor_rows"]) == 2
     assert fit_vpnls(with_anchor).n_points == fit_vpnls(plain).n_points + 1  # one more cell: the anchor's
     assert fit_approach2(with_anchor).params == pytest.approx(fit_approach2(plain).params)

@@ -193,12 +193,12 @@ def test_lr_calibrate_cli_trains_real_runs_and_resumes(tmp_path):
 
 
 def test_the_committed_calibration_refuses_the_third_editions_rule_and_passes_the_fourths():
-    """paper/v4/lr_calibration*: the third edition's rule cost every point > 10% of its loss (its 30x
+    """paper/editions/v4/lr_calibration*: the third edition's rule cost every point > 10% of its loss (its 30x
     hero missed by -7.05%); the fourth edition's rule, fitted to it, costs none more than 1%, up to d160."""
     from delphi.ladder.lr_calibration import merge_reports
 
-    first = ROOT / "paper" / "v4" / "lr_calibration" / "lr_calibration.json"
-    report = merge_reports([first, ROOT / "paper" / "v4" / "lr_calibration_wide" / "lr_calibration.json"])
+    first = ROOT / "paper" / "editions" / "v4" / "lr_calibration" / "lr_calibration.json"
+    report = merge_reports([first, ROOT / "paper" / "editions" / "v4" / "lr_calibration_wide" / "lr_calibration.json"])
     v3 = rule_drift(json.loads(first.read_text()), load_ladder_spec(PAPER_SPEC))
     v4 = rule_drift(report, load_ladder_spec(ROOT / "studies" / "ladder_paper_v4.yaml"))
     assert min(p["loss_lost_frac"] for p in json.loads(first.read_text())["points"]) > 0.10  # measured

@@ -179,7 +179,7 @@ def test_diverged_run_fails(setup, tmp_path, capsys):
 def test_a_run_stopped_to_be_resumed_gets_no_verdict_and_no_outcome_file(setup, tmp_path, capsys):
     """A hero stopped by a signal at the end of a working session (status "failed" for the ladder's
     bookkeeping, reason "...; continue with --resume") is checked as a run in progress; only a run
-    that ended gets a verdict and an outcome file (paper/v7: its hero spanned two sessions)."""
+    that ended gets a verdict and an outcome file (paper/editions/v7: its hero spanned two sessions)."""
     from delphi.train.rundir import RESUME_HINT
 
     run = tmp_path / "stopped"
@@ -256,13 +256,13 @@ def test_check_projects_the_final_on_a_probes_shape(tmp_path, capsys):
     repo = Path(__file__).resolve().parents[1]
     prereg = tmp_path / "paper-v5-hero-30x.yaml"  # a copy: a completed check rewrites NAME.outcome.json beside it
     prereg.write_bytes((repo / "preregistrations" / "paper-v5-hero-30x.yaml").read_bytes())
-    code = main(["prereg", "check", str(prereg), "--run", str(repo / "paper" / "v5" / "study" / "hero"),
-                 "--shape", str(repo / "paper" / "v4" / "probe10x"), "--json"])
+    code = main(["prereg", "check", str(prereg), "--run", str(repo / "paper" / "editions" / "v5" / "study" / "hero"),
+                 "--shape", str(repo / "paper" / "editions" / "v4" / "probe10x"), "--json"])
     result = json.loads(capsys.readouterr().out)
     assert code == 1 and result["verdict"] == "failed"  # the verdict is the seal's, unchanged
     middle = [p for p in result["projection"]["points"] if 0.25 < p["fraction"] < 0.75]
     assert len(middle) == 5 and all(0.08 < p["vs_predicted"] < 0.11 for p in middle)
     assert all(abs(p["projected_final"] / 1.0142 - 1) < 0.015 for p in middle)
-    bad = main(["prereg", "check", str(prereg), "--run", str(repo / "paper" / "v5" / "study" / "hero"),
-                "--shape", str(repo / "paper" / "v4"), "--json"])
+    bad = main(["prereg", "check", str(prereg), "--run", str(repo / "paper" / "editions" / "v5" / "study" / "hero"),
+                "--shape", str(repo / "paper" / "editions" / "v4"), "--json"])
     assert bad == 2 and "config.yaml" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from delphi.cli import main as cli_main
+from delphi.editions import edition_tree
 from delphi.data.store import prepare_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,8 +67,11 @@ def test_study_stages_resume_without_redoing_finished_runs(tmp_path):
     snap = _delphi("paper", "snapshot", "--from-study", str(first_dir), "--to", str(tmp_path / "snap"))
     assert snap.returncode == 0, snap.stderr
     assert len(json.loads(snap.stdout)["ladder_runs"]) == 3
-    assert not list((tmp_path / "snap").rglob("checkpoints")) and not (tmp_path / "snap" / "ladder" / "logs").exists()
-    shutil.copytree(tmp_path / "snap", out)
+    # The compact form from the start: the runs' curves in one table, no directory per run.
+    assert (tmp_path / "snap" / "curves.csv.gz").is_file() and not (tmp_path / "snap" / "ladder" / "runs").exists()
+    unpacked = _delphi("paper", "unpack", str(tmp_path / "snap"), "--to", str(out))
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert not list(out.rglob("checkpoints")) and not (out / "ladder" / "logs").exists()
     carried = {r.name: (r / "summary.json").stat().st_mtime_ns for r in (out / "ladder" / "runs").iterdir()}
 
     first = _study(str(study), "--out", str(out), "--stop-after", "ladder")
@@ -248,7 +252,7 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     with pytest.raises(DelphiError, match=r"gates.probes: .*probe3x is not a finished run dir"):
         load_study(tmp_path / "s.yaml")
     for name in ("config.yaml", "status.json", "summary.json", "metrics.jsonl"):
-        shutil.copy(REPO / "paper" / "v4" / "probe3x" / name, tmp_path / "p" / "probe3x" / name)
+        shutil.copy(edition_tree(REPO / "paper" / "editions" / "v4") / "probe3x" / name, tmp_path / "p" / "probe3x" / name)
     spec, ladder, prereg, calibrations, probes = load_study(tmp_path / "s.yaml")
     assert probes == ((tmp_path / "p" / "probe3x").resolve(),)
     study = Study(tmp_path / "out", spec, ladder, prereg, calibrations, probes)
@@ -256,10 +260,10 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
         probe_runs(study)
     pin_probes(study)
     assert probe_runs(study) == [study.probes_dir / "probe3x"]
-    assert (study.probes_dir / "probe3x" / "summary.json").read_bytes() == (REPO / "paper" / "v4" / "probe3x" / "summary.json").read_bytes()
+    assert (study.probes_dir / "probe3x" / "summary.json").read_bytes() == (edition_tree(REPO / "paper" / "editions" / "v4") / "probe3x" / "summary.json").read_bytes()
     # A snapshot keeps finished runs only: the probe's status comes along, so the evidence is committed.
     assert Path("probes/probe3x/summary.json") in compact_files(study.out)
-    # A link keeps its own name (paper/v5/hero30x -> study/hero).
+    # A link keeps its own name (paper/editions/v5/hero30x -> study/hero).
     (tmp_path / "p" / "hero30x").symlink_to("probe3x")
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {"probes": ["p/hero30x"]}}))
     assert [p.name for p in load_study(tmp_path / "s.yaml")[4]] == ["hero30x"]
@@ -303,25 +307,33 @@ def test_report_sections_come_from_the_files(tmp_path):
     assert "no health columns" in health_table(table.drop(columns=["health_ok"]))
 
 
-@pytest.mark.parametrize("edition, data", [("v1", None), ("v3", "paper/v3/study"), ("v5", "paper/v5/study"), ("v6", "paper/v6/study"), ("", "paper/v7/study")])
-def test_paper_build_regenerates_from_committed_data(tmp_path, monkeypatch, edition, data):
-    """Each edition's committed paper.md (paper/ is the current one) is exactly what its template and
-    committed data give."""
+@pytest.mark.parametrize("edition", ["v1", "v3", "v5", "v6", "v7"])
+def test_paper_build_regenerates_each_edition_from_its_compact_data(tmp_path, monkeypatch, edition):
+    """Each edition paper.py renders (v7 is the current one, paper/paper.md) is exactly what its template
+    and its compact data (paper/editions/vN: curves and files tables, no run dirs) give."""
+    from delphi.paper import built_editions
+
     monkeypatch.chdir(REPO)  # the text quotes the data path as given
-    source = REPO / "paper" / edition
+    source, data = built_editions("paper")[edition]
+    assert (source == Path("paper")) == (edition == "v7") and not list(data.rglob("metrics.jsonl"))
     paper = tmp_path / "paper"
     paper.mkdir()
     shutil.copy(source / "template.md", paper / "template.md")
-    args = ["paper", "build", "--paper-dir", str(paper)]
-    if data is None:
-        shutil.copytree(source / "data", paper / "data")
-    else:
-        args += ["--data", data]
-    assert cli_main(args) == 0
+    assert cli_main(["paper", "build", "--paper-dir", str(paper), "--data", str(data)]) == 0
     text = (paper / "paper.md").read_text()
     assert "$" not in text.replace("$$", "")  # every placeholder filled
     assert text == (source / "paper.md").read_text()  # the committed paper is what the data gives
     assert {p.name for p in (paper / "figures").glob("*.png")} >= {"isoflop.png", "prediction.png", "frontier.png"}
+
+
+def test_paper_build_knows_which_editions_it_renders(capsys):
+    """v2 and v4 were written by hand (a README): kept as text, not rendered; asking for one says so."""
+    from delphi.paper import built_editions, current_edition
+
+    assert list(built_editions(REPO / "paper")) == ["v1", "v3", "v5", "v6", "v7"]
+    assert current_edition(REPO / "paper").name == "v7"
+    assert cli_main(["paper", "build", "--paper-dir", str(REPO / "paper"), "--edition", "v2"]) == 2
+    assert "not an edition paper.py renders" in capsys.readouterr().err
 
 
 def test_paper_build_refuses_two_data_sources_and_missing_data(tmp_path, capsys):

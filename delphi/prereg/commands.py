@@ -154,7 +154,9 @@ def _create(args: argparse.Namespace):
 def _verify(args: argparse.Namespace):
     from delphi.prereg.check import verify
 
-    result = verify(Path(args.file), run_dir=Path(args.run) if args.run else None, wandb_path=args.wandb)
+    from delphi.editions import resolve_data
+
+    result = verify(Path(args.file), run_dir=resolve_data(args.run) if args.run else None, wandb_path=args.wandb)
     _say(f"{args.file}: " + ("seal ok" if result["seal_ok"] else "SEAL BROKEN")
          + ("" if "created_before_start" not in result else
             "; THE RUN'S START CANNOT BE ESTABLISHED" if result["created_before_start"] is None else
@@ -169,7 +171,9 @@ def _verify(args: argparse.Namespace):
 def _check(args: argparse.Namespace):
     from delphi.prereg import check as ck
 
-    run_dir = Path(args.run) if args.run else None
+    from delphi.editions import resolve_data
+
+    run_dir = resolve_data(args.run) if args.run else None  # a run inside a compact edition: its unpacked copy
     if run_dir is not None and not run_dir.is_dir():
         raise DelphiError(f"{run_dir}: run dir not found")
     if args.plot:
@@ -185,7 +189,7 @@ def _check(args: argparse.Namespace):
         result, prereg, run = ck.check(Path(args.file), run_dir=run_dir, wandb_path=args.wandb)
     _say(f"{result['verdict']}: {result['why']}")
     if args.shape:
-        result = ck.with_projection(result, prereg, Path(args.shape))
+        result = ck.with_projection(result, prereg, resolve_data(args.shape))
         for p in result["projection"]["points"]:
             _say(f"  at {p['fraction']:.0%} of training, on {Path(args.shape).name}'s curve: final {p['projected_final']:.4f} "
                  f"({p['vs_predicted']:+.2%} vs the sealed {float(prereg.final['loss']):.4f})")
