@@ -310,3 +310,65 @@ def calibrated_prediction(method: str, predicted_loss: float, interval_90: Seque
     out = cal.predict(predicted_loss, factor, base_sd_rel)
     return {**out, "method": method, "uncalibrated_loss": float(predicted_loss), "base_sd_rel": base_sd_rel,
             **calibration_provenance(calibration)}
+
+
+# The calibration key of a fit (the `delphi fit` method that produced it), by (kind, method).
+FIT_METHOD_KEYS = {("isoflop", "approach2"): "isoflop", ("parametric", "vpnls"): "vpnls",
+                   ("parametric", "approach3"): "parametric", ("frontier", "frontier-free-weighted"): "asymptotic"}
+# The laws that can size a hero (they predict N*(C)); a study's primary law is chosen among them.
+PRIMARY_CAPABLE = ("isoflop", "parametric", "vpnls")
+
+
+def calibration_key(kind: str, method: str) -> str | None:
+    """The calibration entry for a fit of this kind and method (None: not calibrated)."""
+    if (kind, method) in FIT_METHOD_KEYS:
+        return FIT_METHOD_KEYS[(kind, method)]
+    return "frontier" if kind == "frontier" and method.startswith("frontier-free") and "weighted" not in method else None
+
+
+def calibrate_final(fit: Any, final: dict[str, Any], compute: float, table: pd.DataFrame,
+                    calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The calibrated version of a hero's `final` prediction (prereg's {loss, loss_50, loss_90}): the
+    shift and model-error term of the fit's method at the hero's extrapolation factor (compute / the
+    table's largest isoFLOP budget), with the method choice by evidence for this ladder. The fit-only
+    sd is `final`'s 90% half-width / z_0.95 (bootstrap and run noise already in it)."""
+    from delphi.fits.beyond import sweep_features
+    from delphi.fits.data import isoflop_rows
+
+    try:
+        calibration = calibration if calibration is not None else load_calibration()
+    except DelphiError as e:
+        return {"applied": False, "reason": str(e)}
+    rows = isoflop_rows(table)
+    top = float(rows["budget"].max())
+    factor = float(compute) / top
+    key = calibration_key(fit.kind, fit.method)
+    features = sweep_features(rows)
+    choice = choose_method(features, calibration, PRIMARY_CAPABLE)
+    out: dict[str, Any]
+    if key is None:
+        out = {"applied": False, "reason": f"no calibration for a {fit.kind} fit by {fit.method}"}
+    elif factor <= 1:
+        out = {"applied": False, "reason": f"the hero ({compute:.3g} FLOPs) is not beyond the ladder's top budget {top:.3g}"}
+    else:
+        out = calibrated_prediction(key, float(final["loss"]), final.get("loss_90"), factor, calibration)
+    out["top_budget"] = top
+    out["method_choice"] = choice
+    out["method_choice"]["fitted_method"] = key
+    out["method_choice"]["agrees"] = key == choice["method"]
+    return out
+
+
+def interval_for_gate(final: dict[str, Any]) -> tuple[Sequence[float] | None, float, str, str | None]:
+    """(90% interval, its centre, a note saying which, why the hero is beyond the calibration or None)
+    for gate interval_width: the calibrated interval when `final` has an applied calibration and no
+    probe correction (the probes then stand in for the calibration), else the fit's own."""
+    cal = final.get("calibrated") or {}
+    if cal.get("applied") and "probe_correction" not in final:
+        beyond = None
+        if cal.get("beyond_calibrated_range"):
+            beyond = (f"the hero lies {cal['factor']:.3g}x beyond the ladder's top budget, farther out than any calibration "
+                      f"point ({cal['max_calibrated_factor']:.3g}x for {cal['method']}): the calibrated interval is an "
+                      f"extrapolation of the calibration itself; refusing to seal without --force")
+        return cal.get("loss_90"), float(cal["loss"]), f"calibrated ({cal['method']}, {cal['factor']:.3g}x beyond the ladder) ", beyond
+    return final.get("loss_90"), float(final["loss"]), "", None
