@@ -41,6 +41,7 @@ from scipy.optimize import minimize
 
 from delphi.errors import DelphiError
 from delphi.fits.backtest import Z_90
+from delphi.fits.beyond import ENSEMBLES
 
 SCHEMA_VERSION = 1
 KIND = "delphi_beyond_calibration"
@@ -214,6 +215,8 @@ def calibration_document(rows: pd.DataFrame, features: dict[str, dict[str, float
                            "coverage_90": float(g["cal_covered_90"].astype(float).mean())})
     return {
         "kind": KIND, "schema_version": SCHEMA_VERSION, "model": MODEL, "shift_applied": shift,
+        "ensembles": {name: {"members": list(members), "prediction": "geometric mean of the members' predictions",
+                             "selected_on_public_data": True} for name, members in ENSEMBLES.items()},
         "created": created, "delphi_version": __version__, "command": command, "inputs": inputs,
         "sources": features,
         "methods": {m: c.to_json() for m, c in calibrate(rows, shift).items()},
@@ -246,7 +249,9 @@ def load_calibration(path: str | Path | None = None) -> dict[str, Any]:
 
 def calibration_provenance(calibration: dict[str, Any]) -> dict[str, Any]:
     """What a fit or study JSON records about the calibration it applied."""
-    return {"applied": True, "path": calibration["path"], "sha256": calibration["sha256"],
+    path = Path(calibration["path"])
+    shown = "delphi/fits/data/beyond_calibration.json (committed)" if path.resolve() == DEFAULT_PATH else str(path)
+    return {"applied": True, "path": shown, "sha256": calibration["sha256"],
             "schema_version": calibration["schema_version"], "model": calibration["model"],
             "sources": sorted(calibration["sources"]), "command": calibration.get("command")}
 
@@ -372,3 +377,32 @@ def interval_for_gate(final: dict[str, Any]) -> tuple[Sequence[float] | None, fl
                       f"extrapolation of the calibration itself; refusing to seal without --force")
         return cal.get("loss_90"), float(cal["loss"]), f"calibrated ({cal['method']}, {cal['factor']:.3g}x beyond the ladder) ", beyond
     return final.get("loss_90"), float(final["loss"]), "", None
+
+
+def report_lines(final: dict[str, Any]) -> list[str]:
+    """Markdown for a study report: the calibrated prediction and the method choice behind it."""
+    cal = (final or {}).get("calibrated")
+    if not cal:
+        return []
+    lines = ["## Calibrated interval and method choice (issue 30)", ""]
+    if cal.get("applied"):
+        lo, hi = cal["loss_90"]
+        lines.append(f"The {cal['method']} law's prediction {cal['uncalibrated_loss']:.4f}, {cal['factor']:.3g}x beyond the ladder's "
+                     f"top budget, calibrated on the public isoFLOP sweeps: {cal['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}] "
+                     f"(model-error sd {cal['model_sd_rel']:.2%}, total sd {cal['sd_rel']:.2%}; calibration {cal['path']}, "
+                     f"sha256 {cal['sha256'][:12]}).")
+        if cal.get("beyond_calibrated_range"):
+            lines.append(f"**The hero lies farther out than any calibration point** ({cal['factor']:.3g}x against "
+                         f"{cal['max_calibrated_factor']:.3g}x): the interval extrapolates the calibration itself.")
+    else:
+        lines.append(f"Not calibrated: {cal.get('reason')}.")
+    choice = cal.get("method_choice")
+    if choice:
+        lines += ["", f"Method choice ({choice['rule']}): **{choice['method']}**"
+                  + ("" if choice.get("agrees") else f"; the study's primary law is {choice.get('fitted_method')}") + ". "
+                  f"Similar sweeps: {', '.join(s['source'] for s in choice['similar_sources'])}.", "",
+                  "| method | held-out points | mean abs error (calibrated) | uncalibrated | 50% coverage | 90% coverage |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['n']} | {r['mean_abs_rel_error']:.2%} | {r['mean_abs_rel_error_uncalibrated']:.2%} | "
+                  f"{r['coverage_50']:.0%} | {r['coverage_90']:.0%} |" for r in choice["table"]]
+    return lines + [""]
