@@ -61,7 +61,10 @@ PAPER_SOURCE = "delphi_paper_ladder_v4-v7"
 
 
 def fit_functions(methods: list[str]) -> dict:
-    return {m: partial(FITTERS[m], n_bootstrap=0, seed=0, workers=1) for m in methods}
+    """No bootstrap (the fit-only sd is the training residual scatter) and, for the frontier laws, no E
+    profile: the point prediction is all a backtest reads."""
+    lean = {"frontier": {"with_sensitivity": False}, "asymptotic": {"with_sensitivity": False}}
+    return {m: partial(FITTERS[m], n_bootstrap=0, seed=0, workers=1, **lean.get(m, {})) for m in methods}
 
 
 def public_rows(path: Path, methods: list[str]) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:

@@ -216,3 +216,9 @@ def test_beyond_cli_writes_bins_and_says_whether_calibrated(tmp_path: Path, caps
     assert result["calibration"]["applied"] is True and result["calibration"]["schema_version"] == SCHEMA_VERSION
     assert {r["bin"] for r in result["bins"]} >= {"1-3x", "3-10x", "all"}
     assert all(r["cal_lo_90"] <= r["cal_predicted_loss"] <= r["cal_hi_90"] for r in result["rows"])
+
+
+def test_asymptotic_without_the_e_profile_gives_the_same_law() -> None:
+    table = load_results(surface_table(list(np.geomspace(1e18, 1e21, 5)), noise=1e-3))
+    full, lean = fit_asymptotic(table), fit_asymptotic(table, with_sensitivity=False)
+    assert lean.params == full.params and lean.extra["sensitivity"] is None and full.extra["sensitivity"]

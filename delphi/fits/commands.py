@@ -147,6 +147,8 @@ def _fit_function(args: argparse.Namespace, method: str):
         options.update(E=args.e_mode, points=args.points, target_compute=args.target_compute)
     elif method == "asymptotic":
         options["target_compute"] = getattr(args, "target_compute", None)
+    if method in ("frontier", "asymptotic") and getattr(args, "beyond", False):
+        options["with_sensitivity"] = False  # the E profile costs 41 refits per fit; --beyond reads the point only
     elif method == "moe":
         options["term"] = args.term
     return partial(FITTERS[method], **options)

@@ -148,9 +148,11 @@ def fit_frontier(
     seed: int = 0,
     workers: int | None = None,
     weighted: bool = False,
+    with_sensitivity: bool = True,
 ) -> FitResult:
     """`E`: "free", "profile", or a number (fixed asymptote). `weighted`: weigh each point by
-    1/sigma^2 of its vertex (`vertex_sigma`; needs points="vertex")."""
+    1/sigma^2 of its vertex (`vertex_sigma`; needs points="vertex"). `with_sensitivity=False` skips
+    the E profile and the sensitivity table (41 refits; a backtest needs neither)."""
     if weighted and points != "vertex":
         raise DelphiError(f"frontier: weighted fits need points = 'vertex' (the vertices carry an uncertainty), got {points!r}")
     compute, loss, sigma = frontier_points(table, points, with_sigma=True)
@@ -164,7 +166,7 @@ def fit_frontier(
     if not isinstance(E, str) and not 0 <= E < loss.min():
         raise DelphiError(f"frontier: fixed E = {E} must be in [0, lowest loss {loss.min():.4g})")
 
-    profile = e_profile(compute, loss, targets, sigma)
+    profile = e_profile(compute, loss, targets, sigma) if (with_sensitivity or E == "profile") else []
     n = len(compute)
     if E == "profile":
         # Refine the profile minimum between its grid neighbours.
@@ -181,30 +183,33 @@ def fit_frontier(
         mode, fixed_E = "fixed", float(E)
     params = {"E": fit["E"], "A": fit["A"], "gamma": fit["gamma"]}
 
-    # Likelihood-ratio set for E from the profile (Gaussian errors, one parameter).
-    rss_min = min(min(r["rss"] for r in profile), fit["rss"]) if mode != "fixed" else min(r["rss"] for r in profile)
-    cut = chi2.ppf(PROFILE_LEVEL, 1)
-    inside = [r["E"] for r in profile if n * np.log(max(r["rss"], 1e-300) / max(rss_min, 1e-300)) <= cut]
-    if mode != "fixed":
-        inside.append(params["E"])  # the estimate is in its own interval (matters when RSS -> 0)
-    e_interval = (min(inside), max(inside)) if inside else (float("nan"), float("nan"))
-    preds = np.array([r["predicted_loss"] for r in profile])  # (E grid, targets)
-    in_set = np.array([r["E"] in inside for r in profile])
-    point_pred = params["E"] + params["A"] * targets ** -params["gamma"]
-    # dL/dE at the estimate from the profile (finite difference over the nearest grid points)
-    grid_E = np.array([r["E"] for r in profile])
-    j = int(np.clip(np.searchsorted(grid_E, params["E"]), 1, len(grid_E) - 1))
-    slope = (preds[j] - preds[j - 1]) / (grid_E[j] - grid_E[j - 1])
-    sensitivity = {
-        "target_compute": targets.tolist(),
-        "predicted_loss": point_pred.tolist(),
-        "dloss_dE": slope.tolist(),
-        "E_interval_profile_90": list(e_interval),
-        "predicted_loss_range_over_E_interval": [
-            [float(preds[in_set, k].min()), float(preds[in_set, k].max())] if in_set.any() else [None, None]
-            for k in range(len(targets))
-        ],
-    }
+    sensitivity: dict[str, Any] | None = None
+    e_interval = (float("nan"), float("nan"))
+    if profile:  # skipped on request (backtests need only the point and its scatter)
+        # Likelihood-ratio set for E from the profile (Gaussian errors, one parameter).
+        rss_min = min(min(r["rss"] for r in profile), fit["rss"]) if mode != "fixed" else min(r["rss"] for r in profile)
+        cut = chi2.ppf(PROFILE_LEVEL, 1)
+        inside = [r["E"] for r in profile if n * np.log(max(r["rss"], 1e-300) / max(rss_min, 1e-300)) <= cut]
+        if mode != "fixed":
+            inside.append(params["E"])  # the estimate is in its own interval (matters when RSS -> 0)
+        e_interval = (min(inside), max(inside)) if inside else (float("nan"), float("nan"))
+        preds = np.array([r["predicted_loss"] for r in profile])  # (E grid, targets)
+        in_set = np.array([r["E"] in inside for r in profile])
+        point_pred = params["E"] + params["A"] * targets ** -params["gamma"]
+        # dL/dE at the estimate from the profile (finite difference over the nearest grid points)
+        grid_E = np.array([r["E"] for r in profile])
+        j = int(np.clip(np.searchsorted(grid_E, params["E"]), 1, len(grid_E) - 1))
+        slope = (preds[j] - preds[j - 1]) / (grid_E[j] - grid_E[j - 1])
+        sensitivity = {
+            "target_compute": targets.tolist(),
+            "predicted_loss": point_pred.tolist(),
+            "dloss_dE": slope.tolist(),
+            "E_interval_profile_90": list(e_interval),
+            "predicted_loss_range_over_E_interval": [
+                [float(preds[in_set, k].min()), float(preds[in_set, k].max())] if in_set.any() else [None, None]
+                for k in range(len(targets))
+            ],
+        }
     resid = loss - (params["E"] + params["A"] * compute ** -params["gamma"])
     weights_note = ({"weights": "1/sigma^2 of the vertices (delta-method SE + seed noise)",
                      "vertex_sigma_nats": sigma.tolist()} if sigma is not None else {})
@@ -258,10 +263,11 @@ def fit_asymptotic(
     n_bootstrap: int = 0,
     seed: int = 0,
     workers: int | None = None,
+    with_sensitivity: bool = True,
 ) -> FitResult:
     """The asymptotic frontier law L*(C) = E + A C^-alpha through the isoFLOP vertices, E free,
     weighted by the vertices' uncertainty (module docstring). A frontier fit, method
     "frontier-free-weighted"; its bootstrap resamples within budgets (seed noise included when the
     table has replicates: the bootstrap is hierarchical)."""
     return fit_frontier(table, E="free", points="vertex", weighted=True, target_compute=target_compute,
-                        n_bootstrap=n_bootstrap, seed=seed, workers=workers)
+                        n_bootstrap=n_bootstrap, seed=seed, workers=workers, with_sensitivity=with_sensitivity)
