@@ -1107,6 +1107,8 @@ def render_report(study: Study) -> str:
         "",
     ]
     lines += _gates_section(study)
+    from delphi.fits.calibration import report_lines  # issue 30: the calibrated interval and the method choice
+    lines += report_lines(json.loads(study.gates.read_text()).get("prediction", {}) if study.gates.is_file() else {})
     lines += _rehearsal_section(study)
     lines += _probes_section(study)
     lines += _conventions_section(study)

@@ -21,6 +21,7 @@ _LAZY = {
     "isoflop_exponent_by_convention": "delphi.fits.isoflop",
     "load_results": "delphi.fits.data",
     "fit_frontier": "delphi.fits.frontier",
+    "fit_asymptotic": "delphi.fits.frontier",
     "fit_approach1": "delphi.fits.isoflop",
     "fit_approach2": "delphi.fits.isoflop",
     "fit_moe": "delphi.fits.moe",
@@ -38,6 +39,7 @@ _FITTER_NAMES = {
     "parametric": "fit_approach3",
     "vpnls": "fit_vpnls",
     "frontier": "fit_frontier",
+    "asymptotic": "fit_asymptotic",
     "moe": "fit_moe",
 }
 FIT_METHODS = tuple(_FITTER_NAMES)  # the methods `delphi fit` and a study's `fits:` accept
@@ -70,6 +72,6 @@ sys.modules[__name__].__class__ = _FitsPackage
 
 __all__ = [
     "FITTERS", "FitResult", "FlopsFamily", "PARAM_CONVENTIONS", "all_holdouts", "backtest",
-    "isoflop_exponent_by_convention", "optimal_allocation", "fit_approach1", "fit_approach2", "fit_approach3", "fit_frontier",
+    "isoflop_exponent_by_convention", "optimal_allocation", "fit_approach1", "fit_approach2", "fit_approach3", "fit_asymptotic", "fit_frontier",
     "fit_from_json", "fit_moe", "fit_vpnls", "load_fit", "load_results",
 ]

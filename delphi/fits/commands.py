@@ -15,13 +15,16 @@ from delphi.errors import DelphiError
 PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
 PROBE_CARRIES = ("linear", "local_slope")  # delphi.fits.backtest.PROBE_CARRIES, likewise
 COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
-METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "moe")
+BEYOND_DEFAULT_METHODS = ("isoflop", "vpnls", "parametric", "frontier", "asymptotic")  # delphi.fits.beyond.BEYOND_METHODS
+METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "asymptotic", "moe")
 HELP = {
     "isoflop": "Approach 2: per-budget parabolas, N* ~ C^a, D* ~ C^b, L*(C)",
     "envelope": "Approach 1: lower envelope of loss against compute",
     "parametric": "Approach 3: L = E + A/N^alpha + B/D^beta, Huber on log loss, L-BFGS-B from a grid",
     "vpnls": "L = E + A/N^alpha + B/D^beta by variable projection (NNLS inside, Nelder-Mead outside)",
     "frontier": "compute frontier L*(C) = E + A C^-gamma (E free, fixed or profiled)",
+    "asymptotic": "asymptotic frontier law L*(C) = E + A C^-alpha through the isoFLOP vertices, E free, "
+                  "weighted by each vertex's uncertainty (delta-method SE + seed noise)",
     "moe": "MoE law in active params with a granularity or expert-count term (Krajewski et al. 2024)",
 }
 
@@ -37,8 +40,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("results", help="results table (CSV; JSON/JSONL/Parquet by suffix)")
         _add_table_options(sub)
         if method == "backtest":
-            sub.add_argument("--method", choices=METHODS, nargs="+", default=["vpnls"],
-                             help="law(s) to backtest (default vpnls)")
+            sub.add_argument("--method", choices=METHODS, nargs="+", default=None,
+                             help="law(s) to backtest (default vpnls; --beyond: isoflop vpnls parametric frontier asymptotic)")
             group = sub.add_mutually_exclusive_group()
             group.add_argument("--holdout", type=positive_int, default=1, help="hold out the top K budgets (default 1)")
             group.add_argument("--cut", type=positive_float, help="train on budgets below this compute")
@@ -48,6 +51,18 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
             group.add_argument("--probes", type=positive_int, metavar="P",
                                help="backtest the probe-trend correction: at every cut the next P budgets are probes and "
                                     "the law x (1 + its error trend at them) predicts the budgets beyond")
+            group.add_argument("--beyond", action="store_true",
+                               help="for each k >= 3 fit the first k budgets, predict every higher budget's best loss: "
+                                    "error, 50%%/90%% coverage and extrapolation factor, by method and bin (1-3x, 3-10x, "
+                                    "10-30x, >30x), before and after the calibrated model-error term")
+            sub.add_argument("--source-col", nargs="+", metavar="COL",
+                             help="--beyond: one sweep per distinct value of these columns (e.g. source dataset condition)")
+            cal = sub.add_mutually_exclusive_group()
+            cal.add_argument("--calibration", type=Path, metavar="FILE",
+                             help="--beyond: calibration file (default: the committed delphi/fits/data/beyond_calibration.json)")
+            cal.add_argument("--no-calibration", action="store_true", help="--beyond: score the fit-only intervals only")
+            cal.add_argument("--loso", action="store_true",
+                             help="--beyond with >= 3 sources: calibrate on the table's own sources, leave one source out")
             sub.add_argument("--min-train-budgets", type=positive_int, default=3, metavar="K",
                              help="--all-holdouts, --probes: smallest number of training budgets (default 3)")
             sub.add_argument("--tolerance", type=positive_float, default=0.03,
@@ -97,6 +112,8 @@ def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
         sub.add_argument("--robust", action="store_true", help="isoflop: Huber instead of least-squares parabolas")
     if method in ("parametric", "backtest"):
         sub.add_argument("--full-grid", action="store_true", help="parametric: L-BFGS-B from all 4500 grid starts (slow)")
+    if method == "asymptotic":
+        sub.add_argument("--target-compute", type=positive_float, nargs="+", help="compute(s) for the E-sensitivity table")
     if method in ("frontier", "backtest"):
         sub.add_argument("--E", dest="e_mode", default="free", help="frontier asymptote: free, profile, or a number")
         sub.add_argument("--points", choices=("min", "vertex"), default="min", help="frontier: best observed loss or parabola vertex per budget")
@@ -105,12 +122,12 @@ def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
         sub.add_argument("--term", choices=("granularity", "experts"), default="granularity", help="moe: the expert term")
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, source: Any = None, query: Any = "from-args"):
     from delphi.fits.data import load_results
 
     cols = {f"{name}_col": getattr(args, f"{name}_col") for name in COLUMN_OPTIONS}
     return load_results(
-        args.results, query=args.query, drop_invalid=args.drop_invalid, params_convention=args.params_convention,
+        args.results if source is None else source, query=args.query if query == "from-args" else query, drop_invalid=args.drop_invalid, params_convention=args.params_convention,
         family=args.family, warn=lambda line: print(line, file=sys.stderr), **cols,
     )
 
@@ -128,6 +145,10 @@ def _fit_function(args: argparse.Namespace, method: str):
             options["top_starts"] = None
     elif method == "frontier":
         options.update(E=args.e_mode, points=args.points, target_compute=args.target_compute)
+    elif method == "asymptotic":
+        options["target_compute"] = getattr(args, "target_compute", None)
+    if method in ("frontier", "asymptotic") and getattr(args, "beyond", False):
+        options["with_sensitivity"] = False  # the E profile costs 41 refits per fit; --beyond reads the point only
     elif method == "moe":
         options["term"] = args.term
     return partial(FITTERS[method], **options)
@@ -156,6 +177,13 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.out is not None:
         check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)))
+    if args.method is None:
+        args.method = list(BEYOND_DEFAULT_METHODS) if args.beyond else ["vpnls"]
+    if args.beyond:
+        return _beyond(args)
+    for flag in ("source_col", "calibration"):
+        if getattr(args, flag):
+            raise DelphiError(f"backtest: --{flag.replace('_', '-')} goes with --beyond")
     table = _load(args)
     if args.all_holdouts:
         return _all_holdouts(args, table)
@@ -191,6 +219,75 @@ def _all_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
               f"{pct(s['mean_abs_rel_error'])}, 90% coverage {pct(s['coverage_90'])}; one step ahead: "
               f"mean |error| {pct(s['one_step_mean_abs_rel_error'])}, coverage {pct(s['one_step_coverage_90'])}",
               file=sys.stderr)
+    if args.out:
+        atomic_write_json(args.out, result)
+    return result
+
+
+def _beyond(args: argparse.Namespace) -> dict[str, Any]:
+    """`backtest --beyond`: every input is checked (calibration schema, sources, budgets) before any fit,
+    and the result is written only at the end."""
+    import time
+
+    import pandas as pd
+
+    from delphi.fits import calibration as cal
+    from delphi.fits.beyond import beyond_rows, bin_table, check_beyond_table, markdown_table, split_sources, sweep_features
+    from delphi.fits.data import _read, load_results
+    from delphi.io import atomic_write_json
+
+    calibration = None if (args.no_calibration or args.loso) else cal.load_calibration(args.calibration)
+    if args.source_col:
+        where, raw, _ = _read(args.results)
+        if args.query:
+            try:
+                raw = raw.query(args.query)
+            except Exception as e:
+                raise DelphiError(f"{where}: query {args.query!r} failed ({type(e).__name__}: {e})") from None
+        loader = lambda g: _load(args, g, query=None)  # noqa: E731
+        sweeps = split_sources(raw, args.source_col, loader)
+    else:
+        sweeps = [(str(args.results), _load(args))]
+    if args.loso and len(sweeps) < 3:
+        raise DelphiError(f"backtest --beyond --loso: {len(sweeps)} source(s) from --source-col; need >= 3")
+    sweeps = [(name, check_beyond_table(table, f"backtest --beyond: source {name!r}")) for name, table in sweeps]
+    fit_fns = {m: _fit_function(args, m) for m in args.method}
+    start = time.perf_counter()
+    rows, failed = [], []
+    for name, table in sweeps:
+        for r in beyond_rows(table, fit_fns, source=name):
+            (failed if "error" in r else rows).append(r)
+    frame = pd.DataFrame(rows)
+    if args.loso:
+        scored = cal.loso(frame)
+        provenance: dict[str, Any] = {"applied": True, "mode": "leave-one-source-out on this table's sources",
+                                      "model": cal.MODEL}
+    elif calibration is not None:
+        scored = cal.apply_calibration(frame, {m: c for m, c in calibration["methods_parsed"].items() if m in args.method})
+        provenance = cal.calibration_provenance(calibration)
+        overlap = sorted({name for name, _ in sweeps} & set(calibration["sources"]))
+        if overlap:
+            provenance["in_sample_sources"] = overlap
+            print(f"note: {', '.join(overlap)} calibrated the file itself: their calibrated rows are in-sample "
+                  f"(use --loso for out-of-sample)", file=sys.stderr)
+        missing = [m for m in args.method if m not in calibration["methods_parsed"]]
+        if missing:
+            provenance["uncalibrated_methods"] = missing
+    else:
+        scored, provenance = frame, {"applied": False}
+    elapsed = time.perf_counter() - start
+    before = bin_table(scored)
+    after = bin_table(scored, "cal_") if provenance["applied"] else before.iloc[:0]
+    print("before calibration (fit-only intervals):\n" + markdown_table(before), file=sys.stderr)
+    if provenance["applied"]:
+        print("after calibration:\n" + markdown_table(after), file=sys.stderr)
+    for r in failed:
+        print(f"failed fit: {r['source']} {r['method']} below {r['cut']:g}: {r['error']}", file=sys.stderr)
+    print(f"{len(scored)} predictions from {len(sweeps)} sweep(s) in {elapsed:.1f} s", file=sys.stderr)
+    result = {"kind": "backtest_beyond", "methods": list(args.method), "runtime_s": elapsed,
+              "sources": {name: sweep_features(table) for name, table in sweeps},
+              "calibration": provenance, "bins": before.to_dict("records"), "bins_calibrated": after.to_dict("records"),
+              "rows": scored.astype(object).where(scored.notna(), None).to_dict("records"), "failed_fits": failed}
     if args.out:
         atomic_write_json(args.out, result)
     return result

@@ -209,6 +209,9 @@ def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope
         final["allocation"] = pred["allocation"]
     if not math.isfinite(final["loss"]):
         raise DelphiError(f"{fit_path}: the fit predicts a non-finite loss for the hero")
+    if results is not None:  # issue 30: the interval calibrated for how far beyond the ladder the hero lies
+        from delphi.fits.calibration import calibrate_final
+        final["calibrated"] = calibrate_final(fit, final, float(hero.flops), load_tables(results, fit_convention(fit))[1])
     return final, fit
 
 

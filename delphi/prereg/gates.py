@@ -257,11 +257,15 @@ def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gat
     """The 90% interval's half-width (relative to the prediction) is at most `factor` tolerances."""
     limit = factor * tolerance_rel
     threshold = f"90% half-width <= {factor:g} x tolerance = {limit:.2%}"
-    i90 = final.get("loss_90")
+    from delphi.fits.calibration import interval_for_gate  # issue 30: the calibrated interval when there is one
+
+    i90, centre, note, beyond = interval_for_gate(final)
     if not i90 or i90[0] is None:
         return Gate("interval_width", False, None, threshold, "the prediction has no 90% interval (fit without a bootstrap?)")
-    half = (float(i90[1]) - float(i90[0])) / 2 / float(final["loss"])
-    detail = f"90% [{float(i90[0]):.4f}, {float(i90[1]):.4f}] around {float(final['loss']):.4f}: half-width {half:.2%}"
+    half = (float(i90[1]) - float(i90[0])) / 2 / centre
+    detail = f"{note}90% [{float(i90[0]):.4f}, {float(i90[1]):.4f}] around {centre:.4f}: half-width {half:.2%}"
+    if beyond:
+        return Gate("interval_width", False, half, threshold, detail + "; " + beyond)
     scatter = final.get("residual_scatter_nats")
     if half > limit and isinstance(scatter, (int, float)) and math.isfinite(scatter):
         # The law's own misfit to the ladder is a floor no bootstrap or hero seed count removes.
