@@ -409,3 +409,19 @@ def check_output_dir(path: str | os.PathLike | None, *, inputs: tuple = (), flag
             raise DelphiError(f"{flag} {path}: is an input of this command ({p})")
     _check_writable_dir(_nearest_existing(out), flag, out)
     return out
+
+
+def check_owned_dir(path: str | os.PathLike, owner_files: tuple[str, ...], command: str, *, force: bool = False,
+                    flag: str = "--out") -> None:
+    """Refuse (DelphiError, exit 2) to write into an existing non-empty directory that holds none
+    of `owner_files`, the files that mark a directory `command` made (a study's study.json, a run
+    dir's status.json), unless `force`: whatever is there is the user's. Creates nothing."""
+    from delphi.errors import DelphiError
+
+    directory = Path(path)
+    if force or not directory.is_dir() or not any(directory.iterdir()):
+        return
+    if any((directory / name).exists() for name in owner_files):
+        return
+    raise DelphiError(f"{flag} {path}: a non-empty directory that `delphi {command}` did not make (no "
+                      f"{' or '.join(owner_files)}); choose a new or empty directory, or pass --force")

@@ -16,16 +16,19 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--accept-store", metavar="SHA256",
                      help="go on with the corpus store of this sha256 though the study's rungs trained on another "
                           "(a study continued on a machine whose installed packages differ; recorded in the study dir)")
+    sub.add_argument("--force", action="store_true",
+                     help="write into a non-empty --out that is not a study directory (no study.json)")
     add_json_flag(sub)
     sub.set_defaults(func=_study)
     add_paper_commands(subparsers)
 
 
 def _study(args: argparse.Namespace):
-    from delphi.io import check_output_dir
-    from delphi.study import run_study
+    from delphi.io import check_output_dir, check_owned_dir
+    from delphi.study import STUDY_FILE, run_study
 
     check_output_dir(args.out, inputs=(args.study,))
+    check_owned_dir(args.out, (STUDY_FILE,), "study", force=args.force)  # a study resumes in its own dir
     result = run_study(args.study, args.out, stop_after=args.stop_after, accept_store=args.accept_store)
     if result.get("stopped_after"):
         return result, 0
@@ -50,13 +53,18 @@ def add_paper_commands(subparsers: argparse._SubParsersAction) -> None:
     snap.add_argument("--resumable", action="store_true",
                       help="keep unfinished runs too, each with its newest checkpoint, so that they resume there "
                            "(a hero longer than one working session)")
+    snap.add_argument("--force", action="store_true",
+                      help="copy into a non-empty --to that is not a study snapshot (no study.json)")
     add_json_flag(snap)
     snap.set_defaults(func=_paper_snapshot)
 
 
 def _paper_snapshot(args: argparse.Namespace) -> dict:
-    from delphi.study import export_study
+    from delphi.io import check_output_dir, check_owned_dir
+    from delphi.study import STUDY_FILE, export_study
 
+    check_output_dir(args.to, inputs=(args.from_study,), flag="--to")
+    check_owned_dir(args.to, (STUDY_FILE,), "paper snapshot", force=args.force, flag="--to")
     copied = export_study(args.from_study, args.to, resumable=args.resumable)
     runs = sorted({p.split("/")[2] for p in copied if p.startswith("ladder/runs/")})
     print(f"snapshot: {len(copied)} files, {len(runs)} finished ladder runs, into {args.to}", file=sys.stderr)
