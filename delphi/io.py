@@ -53,6 +53,7 @@ def current_umask() -> int:
 
 # What open(path, "w") creates before the umask: mkstemp's 0600 would make every output private.
 NEW_FILE_MODE = 0o666
+NEW_DIR_MODE = 0o777  # what mkdir() creates before the umask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, written_by: str | None = None) -> None:
@@ -204,30 +205,28 @@ def _png_marker(path: Path) -> str | None:
 
 def written_by(path: str | os.PathLike) -> str | None:
     """The Delphi command that wrote `path`, as the file says (module docstring); None when it
-    says nothing, is unreadable, or (sidecar formats) its content changed since."""
+    says nothing, is unreadable, or its sidecar's hash no longer matches its content.
+
+    Read from the content, not the name: a sidecar if there is one, else a PNG's text chunk, a
+    JSON object's key, or a marker line among the first lines of a text file (YAML, markdown,
+    SVG), so a JSON written under another suffix still says who wrote it."""
     path = Path(path)
     try:
-        kind = _marker_format(path)
-        if kind == "json":
+        sidecar = sidecar_path(path)
+        if sidecar.is_file():
+            doc = json.loads(sidecar.read_bytes())
+            marker = doc.get(WRITTEN_BY_KEY) if isinstance(doc, dict) else None
+            if isinstance(marker, dict) and doc.get("sha256") == sha256_file(path):
+                return marker.get("command")
+        with open(path, "rb") as f:
+            head = f.read(MARKER_SVG_BYTES)
+        if head.startswith(PNG_SIGNATURE):
+            return _png_marker(path)
+        if head.lstrip().startswith(b"{"):
             doc = json.loads(path.read_bytes())
             marker = doc.get(WRITTEN_BY_KEY) if isinstance(doc, dict) else None
             return marker.get("command") if isinstance(marker, dict) else None
-        if kind in ("yaml", "markdown"):
-            with open(path, "rb") as f:
-                head = b"".join(f.readline() for _ in range(MARKER_LINES))
-            return _command_in_text(head.decode("utf-8", "replace"))
-        if kind == "svg":
-            with open(path, "rb") as f:
-                head = f.read(MARKER_SVG_BYTES).decode("utf-8", "replace")
-            match = _MARKER_RE.search(head)
-            return match.group(1) if match else None
-        if kind == "png":
-            return _png_marker(path)
-        sidecar = json.loads(sidecar_path(path).read_bytes())
-        marker = sidecar.get(WRITTEN_BY_KEY) if isinstance(sidecar, dict) else None
-        if not isinstance(marker, dict) or sidecar.get("sha256") != sha256_file(path):
-            return None
-        return marker.get("command")
+        return _command_in_text(head.decode("utf-8", "replace"))
     except (OSError, ValueError, AttributeError):
         return None
 

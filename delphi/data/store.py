@@ -238,6 +238,9 @@ def resolve_store(store: str) -> Path:
             if is_store(target):  # another process built it while we waited
                 return target
             tmp = Path(tempfile.mkdtemp(prefix=f".{store}.", suffix=".tmp", dir=stores))
+            from delphi.io import NEW_DIR_MODE, current_umask
+
+            tmp.chmod(NEW_DIR_MODE & ~current_umask())  # mkdtemp's 0700 would hide the store from other accounts
             try:
                 prepare_store(store, tmp)
                 if target.exists():  # a broken leftover (no meta.json)
