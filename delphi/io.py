@@ -1,26 +1,75 @@
-"""Small file helpers shared by every part: atomic writes and content hashes."""
+"""Small file helpers shared by every part: atomic writes, content hashes, and the output policy.
+
+The output policy (one place, every command that writes):
+
+- A command replaces an existing file only if Delphi wrote it and the file says which command
+  did (`written_by`); anything else is exit 2 naming the file unless the command's `--force`.
+- A command never writes over one of its own inputs (`--force` or not).
+- Files get the user's umask, as a plain `open()` would give them.
+
+How a file says which command wrote it, per format (`written_by` reads it back):
+
+    .json           a top-level key "written_by": {"command", "delphi"} (JSON objects only)
+    .yaml .yml      a first-line comment "# written by delphi COMMAND (delphi VERSION)"
+    .md             a first-line HTML comment, or the generated header `prereg index` has always written
+    .png            a tEXt chunk "delphi:written-by" (invisible to viewers, kept by copies)
+    .svg            an XML comment after the XML declaration
+    anything else   a sidecar FILE.delphi.json naming the command and the sha256 of FILE
+                    (a CSV has no comment syntax every reader skips); a file whose content no
+                    longer matches its sidecar's hash counts as the user's.
+
+In-band markers travel with the file (a copy of a Delphi output is still one) and are invisible
+to every reader of the format; the sidecar is the fallback where a format has no such place.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
+import struct
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc), else by setting
+    and restoring it (a window another thread could see; only on systems without /proc)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# What open(path, "w") creates before the umask: mkstemp's 0600 would make every output private.
+NEW_FILE_MODE = 0o666
+NEW_DIR_MODE = 0o777  # what mkdir() creates before the umask
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, written_by: str | None = None) -> None:
     """Write `data` to a temporary file beside `path`, then rename it into place.
 
-    A reader (or a crash) never sees a half-written file.
+    A reader (or a crash) never sees a half-written file. The file gets the user's umask.
+    With `written_by` (a command, e.g. "plot isoflop") the file carries that command's marker
+    (module docstring): embedded in a PNG or SVG, else in a sidecar written after the file.
     """
     path = Path(path)
+    if written_by is not None:
+        data = _embed_marker(path, data, written_by)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, NEW_FILE_MODE & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -29,18 +78,25 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if written_by is not None and _marker_format(path) == "sidecar":
+        sidecar = {WRITTEN_BY_KEY: _marker_value(written_by), "file": path.name, "sha256": sha256_bytes(data)}
+        atomic_write_bytes(sidecar_path(path), (json.dumps(sidecar, indent=2, sort_keys=True) + "\n").encode())
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | os.PathLike, text: str, *, written_by: str | None = None) -> None:
+    atomic_write_bytes(path, text.encode(), written_by=written_by)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, written_by: str | None = None) -> None:
+    if written_by is not None:
+        if not isinstance(obj, dict):
+            raise TypeError(f"{path}: only a JSON object can say which command wrote it")
+        obj = {**obj, WRITTEN_BY_KEY: _marker_value(written_by)}
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
-def atomic_write_yaml(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, yaml.safe_dump(obj, sort_keys=False))
+def atomic_write_yaml(path: str | os.PathLike, obj: Any, *, written_by: str | None = None) -> None:
+    atomic_write_text(path, yaml.safe_dump(obj, sort_keys=False), written_by=written_by)
 
 
 def _json_default(obj: Any) -> Any:
@@ -50,6 +106,146 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+# ---- which command wrote a file (the output policy's marker; module docstring) -----------------
+
+WRITTEN_BY_KEY = "written_by"
+SIDECAR_SUFFIX = ".delphi.json"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_MARKER_KEYWORD = b"delphi:written-by"
+# How many leading lines (text formats) or bytes (SVG) may hold the marker.
+MARKER_LINES = 5
+MARKER_SVG_BYTES = 4096
+# "written by delphi fit isoflop (delphi 0.1)", "Generated by `delphi prereg index DIR`": a
+# command is one word or a group and a subcommand.
+_MARKER_RE = re.compile(r"(?:written|generated) by `?delphi ([a-z][a-z-]*(?: [a-z][a-z-]*)?)", re.IGNORECASE)
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """FILE -> FILE.delphi.json: where a file with no place for a marker says who wrote it."""
+    return Path(str(path) + SIDECAR_SUFFIX)
+
+
+def _marker_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return "json"
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    if suffix == ".md":
+        return "markdown"
+    if suffix in (".png", ".svg"):
+        return suffix[1:]
+    return "sidecar"
+
+
+def _marker_value(command: str) -> dict[str, str]:
+    from delphi import __version__
+
+    return {"command": command, "delphi": __version__}
+
+
+def _marker_line(command: str) -> str:
+    from delphi import __version__
+
+    return f"written by delphi {command} (delphi {__version__})"
+
+
+def _embed_marker(path: Path, data: bytes, command: str) -> bytes:
+    """`data` with `command`'s marker in it, for the formats that carry it in-band."""
+    kind = _marker_format(path)
+    if kind == "yaml":
+        return f"# {_marker_line(command)}; replaced by that command, else only with --force\n".encode() + data
+    if kind == "markdown":
+        if _command_in_text(data.decode("utf-8", "replace")) == command:
+            return data  # a generated header that already says so (`prereg index`)
+        return f"<!-- {_marker_line(command)} -->\n".encode() + data
+    if kind == "svg":
+        comment = f"<!-- {_marker_line(command)} -->\n".encode()
+        if data.startswith(b"<?xml"):
+            end = data.index(b"?>") + 2
+            return data[:end] + b"\n" + comment.rstrip(b"\n") + data[end:]
+        return comment + data
+    if kind == "png":
+        if not data.startswith(PNG_SIGNATURE):
+            raise ValueError(f"{path}: not PNG data")
+        ihdr_end = len(PNG_SIGNATURE) + 12 + struct.unpack(">I", data[8:12])[0]
+        body = PNG_MARKER_KEYWORD + b"\x00" + command.encode("latin-1")
+        chunk = struct.pack(">I", len(body)) + b"tEXt" + body + struct.pack(">I", zlib.crc32(b"tEXt" + body))
+        return data[:ihdr_end] + chunk + data[ihdr_end:]
+    if kind == "json":
+        raise TypeError(f"{path}: write JSON with atomic_write_json(..., written_by=) to mark it")
+    return data  # sidecar: written after the file
+
+
+def _command_in_text(text: str) -> str | None:
+    for line in text.splitlines()[:MARKER_LINES]:
+        if match := _MARKER_RE.search(line):
+            return match.group(1)
+    return None
+
+
+def _png_marker(path: Path) -> str | None:
+    with open(path, "rb") as f:
+        if f.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:
+            return None
+        while header := f.read(8):
+            if len(header) < 8:
+                return None
+            length, kind = struct.unpack(">I", header[:4])[0], header[4:]
+            if kind in (b"IDAT", b"IEND"):
+                return None  # text chunks that matter come before the image data
+            body = f.read(length)
+            f.seek(4, os.SEEK_CUR)  # CRC
+            if kind == b"tEXt" and body.startswith(PNG_MARKER_KEYWORD + b"\x00"):
+                return body[len(PNG_MARKER_KEYWORD) + 1:].decode("latin-1")
+    return None
+
+
+def written_by(path: str | os.PathLike) -> str | None:
+    """The Delphi command that wrote `path`, as the file says (module docstring); None when it
+    says nothing, is unreadable, or its sidecar's hash no longer matches its content.
+
+    Read from the content, not the name: a sidecar if there is one, else a PNG's text chunk, a
+    JSON object's key, or a marker line among the first lines of a text file (YAML, markdown,
+    SVG), so a JSON written under another suffix still says who wrote it."""
+    path = Path(path)
+    try:
+        sidecar = sidecar_path(path)
+        if sidecar.is_file():
+            doc = json.loads(sidecar.read_bytes())
+            marker = doc.get(WRITTEN_BY_KEY) if isinstance(doc, dict) else None
+            if isinstance(marker, dict) and doc.get("sha256") == sha256_file(path):
+                return marker.get("command")
+        with open(path, "rb") as f:
+            head = f.read(MARKER_SVG_BYTES)
+        if head.startswith(PNG_SIGNATURE):
+            return _png_marker(path)
+        if head.lstrip().startswith(b"{"):
+            doc = json.loads(path.read_bytes())
+            marker = doc.get(WRITTEN_BY_KEY) if isinstance(doc, dict) else None
+            return marker.get("command") if isinstance(marker, dict) else None
+        return _command_in_text(head.decode("utf-8", "replace"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_replaceable(path: str | os.PathLike, command: str, *, force: bool = False, flag: str = "--out") -> None:
+    """Refuse (DelphiError, exit 2) to replace an existing `path` that `command` did not write,
+    unless `force`. Creates nothing."""
+    from delphi.errors import DelphiError
+
+    path = Path(path)
+    if force or not path.exists() or path.is_dir():
+        return
+    writer = written_by(path)
+    if writer == command:
+        return
+    said = (f"it was written by `delphi {writer}`" if writer is not None
+            else "it does not say that delphi wrote it")
+    raise DelphiError(f"{flag} {path}: exists and {said}; `delphi {command}` replaces only its own files: "
+                      "choose another name, or pass --force to replace it")
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
@@ -148,14 +344,16 @@ def _inside(path: Path, directory: Path) -> bool:
 
 
 def check_output_file(
-    path: str | os.PathLike | None, *, inputs: tuple = (), protected: tuple = (), flag: str = "--out"
+    path: str | os.PathLike | None, *, inputs: tuple = (), protected: tuple = (), flag: str = "--out",
+    command: str | None = None, force: bool = False,
 ) -> Path:
     """Refuse, before any work, an output file that cannot be written or must not be.
 
     Errors (DelphiError, exit 2): the empty path; an existing directory; a path whose
     directory cannot be created or written; one of the command's own `inputs` (the input
     would be lost); or one of the `protected` files, or a file inside a `protected`
-    directory (a ladder's manifest, its configs/ and runs/).
+    directory (a ladder's manifest, its configs/ and runs/); with `command`, an existing file
+    that command did not write, unless `force` (`check_replaceable`).
     Creates nothing.
     """
     from delphi.errors import DelphiError
@@ -172,7 +370,23 @@ def check_output_file(
         if p is not None and (_same_file(out, Path(p)) or (Path(p).is_dir() and _inside(out, Path(p)))):
             raise DelphiError(f"{flag} {path}: would overwrite {p}, which delphi maintains; choose another file")
     _check_writable_dir(_nearest_existing(out.parent), flag, out)
+    if command is not None:
+        check_replaceable(out, command, force=force, flag=flag)
     return out
+
+
+def check_not_an_input(paths: Any, inputs: tuple = (), *, flag: str = "--out") -> None:
+    """Refuse (DelphiError, exit 2) when any of the files a command will write (`paths`, e.g.
+    those inside its --out directory) is one of its `inputs` or lies inside an input directory."""
+    from delphi.errors import DelphiError
+
+    for written in paths:
+        for p in inputs:
+            if p is None or str(p) == "":
+                continue
+            if _same_file(Path(written), Path(p)) or (Path(written).is_dir() and _inside(Path(p), Path(written))):
+                raise DelphiError(f"{flag}: would write {written}, which is an input of this command ({p}); "
+                                  "choose another directory")
 
 
 def check_output_dir(path: str | os.PathLike | None, *, inputs: tuple = (), flag: str = "--out") -> Path:
@@ -194,3 +408,19 @@ def check_output_dir(path: str | os.PathLike | None, *, inputs: tuple = (), flag
             raise DelphiError(f"{flag} {path}: is an input of this command ({p})")
     _check_writable_dir(_nearest_existing(out), flag, out)
     return out
+
+
+def check_owned_dir(path: str | os.PathLike, owner_files: tuple[str, ...], command: str, *, force: bool = False,
+                    flag: str = "--out") -> None:
+    """Refuse (DelphiError, exit 2) to write into an existing non-empty directory that holds none
+    of `owner_files`, the files that mark a directory `command` made (a study's study.json, a run
+    dir's status.json), unless `force`: whatever is there is the user's. Creates nothing."""
+    from delphi.errors import DelphiError
+
+    directory = Path(path)
+    if force or not directory.is_dir() or not any(directory.iterdir()):
+        return
+    if any((directory / name).exists() for name in owner_files):
+        return
+    raise DelphiError(f"{flag} {path}: a non-empty directory that `delphi {command}` did not make (no "
+                      f"{' or '.join(owner_files)}); choose a new or empty directory, or pass --force")

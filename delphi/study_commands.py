@@ -16,6 +16,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--accept-store", metavar="SHA256",
                      help="go on with the corpus store of this sha256 though the study's rungs trained on another "
                           "(a study continued on a machine whose installed packages differ; recorded in the study dir)")
+    sub.add_argument("--force", action="store_true",
+                     help="write into a non-empty --out that is not a study directory (no study.json)")
     add_json_flag(sub)
     sub.set_defaults(func=_study)
     from delphi.paper_commands import add_paper_commands
@@ -24,10 +26,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _study(args: argparse.Namespace):
-    from delphi.io import check_output_dir
-    from delphi.study import run_study
+    from delphi.io import check_output_dir, check_owned_dir
+    from delphi.study import STUDY_FILE, run_study
 
     check_output_dir(args.out, inputs=(args.study,))
+    check_owned_dir(args.out, (STUDY_FILE,), "study", force=args.force)  # a study resumes in its own dir
     result = run_study(args.study, args.out, stop_after=args.stop_after, accept_store=args.accept_store)
     if result.get("stopped_after"):
         return result, 0

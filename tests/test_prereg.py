@@ -125,7 +125,7 @@ def test_changing_one_digit_breaks_the_seal(setup, tmp_path, capsys):
     assert _run(["prereg", "verify", str(setup["prereg"])], capsys)[0] == 0
     code, result = _run(["prereg", "verify", str(tampered)], capsys)
     assert code == 1 and not result["seal_ok"]
-    assert _run(["prereg", "check", str(tampered), "--run", str(tmp_path)], capsys)[0] == 2  # check refuses a broken seal
+    assert _run(["prereg", "check", str(tampered), "--run", str(tmp_path)], capsys)[0] == 1  # check refuses a broken seal: exit 1, as verify (README)
 
 
 def test_created_after_the_run_started_is_flagged(setup, tmp_path, capsys):

@@ -19,6 +19,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     prepare.add_argument("--source", default="stdlib", metavar="SRC", help="stdlib | environment | DIR | GLOB | FILE")
     prepare.add_argument("--out", required=True, metavar="DATA_DIR")
+    prepare.add_argument("--force", action="store_true",
+                         help="replace a token store in DATA_DIR that was built from another source")
     add_json_flag(prepare)
     prepare.set_defaults(func=_prepare)
     data.set_defaults(func=lambda args: (data.print_help(sys.stderr), ({}, 2))[1])
@@ -29,7 +31,7 @@ def _prepare(args: argparse.Namespace) -> dict:
     from delphi.io import check_output_dir
 
     check_output_dir(args.out, inputs=(args.source,))
-    meta = prepare_store(args.source, args.out)
+    meta = prepare_store(args.source, args.out, force=args.force)
     print(
         f"prepared {args.out}: {meta['files']} files ({meta['documents_train']} train / {meta['documents_val']} val), "
         f"{meta['n_train']:,} train + {meta['n_val']:,} val byte tokens, sha256 {meta['sha256'][:12]}, "

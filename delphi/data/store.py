@@ -99,18 +99,49 @@ def package_differences(before: dict[str, int], after: dict[str, int], limit: in
     return shown + (f" and {len(changed) - limit} more" if len(changed) > limit else "") if changed else "none"
 
 
-def prepare_store(source: str, out_dir: str | os.PathLike) -> dict:
-    """Build a token store from `source` into `out_dir` and return its meta.
+def same_source(a: object, b: str) -> bool:
+    """Whether two `--source` values name the same corpus: the same built-in name, or the same
+    path however spelled."""
+    if not isinstance(a, str):
+        return False
+    if a == b:
+        return True
+    if a in BUILTIN_SOURCES or b in BUILTIN_SOURCES:
+        return False
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except OSError:
+        return False
 
-    Every check (source exists, has text, splits into two non-empty parts, the
-    output is not some unrelated directory) happens before anything is written.
-    """
-    started = time.perf_counter()
-    out = Path(out_dir).expanduser()
+
+def check_store_replaceable(out: Path, source: str, *, force: bool = False) -> None:
+    """A directory `prepare_store` may write into: new, empty, or a token store of the same
+    source (or any store with `force`); never a non-empty directory that is not a store."""
     if out.exists() and not out.is_dir():
         raise DelphiError(f"--out: {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / META_FILE).exists():
         raise DelphiError(f"--out: {out} is a non-empty directory that is not a token store")
+    if not (out / META_FILE).exists() or force:
+        return
+    from delphi.io import read_json
+
+    meta = read_json(out / META_FILE, what="token store meta")
+    built_from = meta.get("source") if isinstance(meta, dict) else None
+    if not same_source(built_from, source):
+        raise DelphiError(f"--out {out}: holds a token store built from {str(built_from)[:200]!r}, not {source!r}; "
+                          "runs trained on it would silently change corpus: choose another directory, or pass --force")
+
+
+def prepare_store(source: str, out_dir: str | os.PathLike, *, force: bool = False) -> dict:
+    """Build a token store from `source` into `out_dir` and return its meta.
+
+    Every check (source exists, has text, splits into two non-empty parts, the
+    output is not some unrelated directory, a store there was built from the same
+    source unless `force`) happens before anything is written.
+    """
+    started = time.perf_counter()
+    out = Path(out_dir).expanduser()
+    check_store_replaceable(out, source, force=force)
     docs = _read_text_documents(list_documents(source))
     if not docs:
         raise DelphiError(f"source: {source!r} holds no text files (binary or non-UTF-8 files are skipped)")
@@ -207,6 +238,9 @@ def resolve_store(store: str) -> Path:
             if is_store(target):  # another process built it while we waited
                 return target
             tmp = Path(tempfile.mkdtemp(prefix=f".{store}.", suffix=".tmp", dir=stores))
+            from delphi.io import NEW_DIR_MODE, current_umask
+
+            tmp.chmod(NEW_DIR_MODE & ~current_umask())  # mkdtemp's 0700 would hide the store from other accounts
             try:
                 prepare_store(store, tmp)
                 if target.exists():  # a broken leftover (no meta.json)

@@ -28,6 +28,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     cc.add_argument("--layers", type=positive_int, default=1)
     cc.add_argument("--seq-len", type=positive_int, default=16)
     cc.add_argument("--batch-size", type=positive_int, default=8)
+    cc.add_argument("--force", action="store_true", help="replace coordcheck.json/.png in --out even if this command did not write them")
     add_json_flag(cc)
     cc.set_defaults(func=cmd_coord_check)
 
@@ -43,6 +44,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--eval-tokens", type=int, default=LRSweepSpec.eval_tokens)
     sub.add_argument("--store", default=LRSweepSpec.store, help="token store: a built-in name or a prepared directory")
     sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--force", action="store_true", help="replace sweep.csv/.json/.png/.svg in --out even if this command did not write them")
     add_json_flag(sub)
     sub.set_defaults(func=cmd_lr_sweep)
 
@@ -52,6 +54,15 @@ def _parse_list(text: str, kind: type, flag: str) -> tuple:
         return tuple(kind(v) for v in text.split(","))
     except ValueError:
         raise DelphiError(f"{flag}: expected comma-separated {'integers' if kind is int else 'numbers'}, got {text!r}") from None
+
+
+def _check_replaceable_in(out: str, names: tuple[str, ...], command: str, force: bool) -> None:
+    from pathlib import Path
+
+    from delphi.io import check_replaceable
+
+    for name in names:
+        check_replaceable(Path(out) / name, command, force=force)
 
 
 def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
@@ -68,6 +79,7 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     from delphi.io import check_output_dir
 
     check_output_dir(args.out)
+    _check_replaceable_in(args.out, ("coordcheck.json", "coordcheck.png"), "mup coord-check", args.force)
 
     params = {"mup": [True], "sp": [False], "both": [True, False]}[args.param]
     ffns = {"dense": [False], "moe": [True], "both": [False, True]}[args.ffn]
@@ -90,7 +102,7 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
         print(result.summary(), file=sys.stderr)
         results.append(result)
     passed = all(expected_outcome(r) for r in results)
-    report = save_report(results, args.out, passed=passed)
+    report = save_report(results, args.out, passed=passed, written_by="mup coord-check")
     verdict = "muP passes and SP fails as expected" if report["passed"] else "unexpected outcome (see above)"
     print(f"coord-check: {verdict}; wrote {report['json']} and {report['plot']}", file=sys.stderr)
     return report, 0 if report["passed"] else 1
@@ -101,6 +113,7 @@ def cmd_lr_sweep(args: argparse.Namespace) -> dict[str, Any]:
     from delphi.io import check_output_dir
 
     check_output_dir(args.out)
+    _check_replaceable_in(args.out, ("sweep.csv", "sweep.json", "sweep.png", "sweep.svg"), "mup lr-sweep", args.force)
     spec = LRSweepSpec(
         widths=_parse_list(args.widths, int, "--widths"),
         lrs=tuple(sorted(_parse_list(args.lrs, float, "--lrs"))),
@@ -108,7 +121,7 @@ def cmd_lr_sweep(args: argparse.Namespace) -> dict[str, Any]:
         seq_len=args.seq_len, eval_tokens=args.eval_tokens, store=args.store, seed=args.seed,
     ).validate()
     result = run_sweep(spec, args.out)
-    report = save_report(result, args.out)
+    report = save_report(result, args.out, written_by="mup lr-sweep")
     print(result.summary(), file=sys.stderr)
     print(f"lr-sweep: wrote {report['csv']}, {report['json']} and {report['plots'][0]}", file=sys.stderr)
     return report

@@ -195,7 +195,8 @@ def coord_check(spec: CoordCheckSpec) -> CoordCheckResult:
     return CoordCheckResult(spec=spec, magnitude=magnitude, per_step=per_step)
 
 
-def save_report(results: list[CoordCheckResult], out_dir: str | Path, *, passed: bool) -> dict[str, Any]:
+def save_report(results: list[CoordCheckResult], out_dir: str | Path, *, passed: bool,
+                written_by: str | None = None) -> dict[str, Any]:
     """Write coordcheck.json and coordcheck.png into out_dir; return the JSON dict."""
     from delphi.io import atomic_write_json
     from delphi.plot.figures import coordcheck_figure
@@ -208,8 +209,9 @@ def save_report(results: list[CoordCheckResult], out_dir: str | Path, *, passed:
         "json": str(out_dir / "coordcheck.json"),
         "plot": str(out_dir / "coordcheck.png"),
     }
-    write_png(coordcheck_figure(report["results"]), out_dir / "coordcheck.png", dpi=COORDCHECK_PNG_DPI)
-    atomic_write_json(out_dir / "coordcheck.json", report)
+    write_png(coordcheck_figure(report["results"]), out_dir / "coordcheck.png", dpi=COORDCHECK_PNG_DPI,
+              written_by=written_by)
+    atomic_write_json(out_dir / "coordcheck.json", report, written_by=written_by)
     return report
 
 

@@ -234,7 +234,7 @@ def run_sweep(spec: LRSweepSpec, out_dir: str | Path, *, log: bool = True) -> LR
     return LRSweepResult(spec=spec, records=records)
 
 
-def save_report(result: LRSweepResult, out_dir: str | Path) -> dict[str, Any]:
+def save_report(result: LRSweepResult, out_dir: str | Path, written_by: str | None = None) -> dict[str, Any]:
     """sweep.csv, sweep.json and sweep.png/.svg (lrsweep_figure plus the fitted quadratics)."""
     import numpy as np
     import pandas as pd
@@ -245,7 +245,7 @@ def save_report(result: LRSweepResult, out_dir: str | Path) -> dict[str, Any]:
 
     out_dir = Path(out_dir)
     table = pd.DataFrame(result.records)
-    atomic_write_text(out_dir / "sweep.csv", table.to_csv(index=False))
+    atomic_write_text(out_dir / "sweep.csv", table.to_csv(index=False), written_by=written_by)
     fig = lrsweep_figure(table[np.isfinite(table["loss"])])
     ax = fig.axes[0]
     for color, w in zip(st.budget_colors(len(result.spec.widths)), sorted(result.spec.widths)):
@@ -260,7 +260,7 @@ def save_report(result: LRSweepResult, out_dir: str | Path) -> dict[str, Any]:
     m = result.movement
     ax.set_title(f"muP LR sweep: optimum moved {m['lr_opt_ratio_max_over_min']:.2f}x over {m['width_ratio']:g}x width "
                  "(dashed: quadratic fits)", fontsize=9)
-    files = st.save_figure(fig, out_dir / "sweep.png")
+    files = st.save_figure(fig, out_dir / "sweep.png", written_by=written_by)
     report = {**result.to_json(), "csv": str(out_dir / "sweep.csv"), "json": str(out_dir / "sweep.json"), "plots": files}
-    atomic_write_json(out_dir / "sweep.json", report)
+    atomic_write_json(out_dir / "sweep.json", report, written_by=written_by)
     return report

@@ -17,6 +17,9 @@ PROBE_CARRIES = ("linear", "local_slope")  # delphi.fits.backtest.PROBE_CARRIES,
 COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
 BEYOND_DEFAULT_METHODS = ("isoflop", "vpnls", "parametric", "frontier", "asymptotic")  # delphi.fits.beyond.BEYOND_METHODS
 METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "asymptotic", "moe")
+# `predict` warns beyond this many times the largest fitted compute budget (issue 31: the
+# published laws were backtested at most ~100x beyond their fits; 1,000x is past any evidence).
+EXTRAPOLATION_WARN_FACTOR = 1_000.0
 HELP = {
     "isoflop": "Approach 2: per-budget parabolas, N* ~ C^a, D* ~ C^b, L*(C)",
     "envelope": "Approach 1: lower envelope of loss against compute",
@@ -75,6 +78,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--seed", type=int, default=0)
         sub.add_argument("--workers", type=positive_int, default=None, help="bootstrap processes (default: all cores)")
         sub.add_argument("--out", type=output_path, help="write the fit JSON here (atomically)")
+        sub.add_argument("--force", action="store_true",
+                         help="replace --out even if it is not a file this command wrote (never one of its inputs)")
         add_json_flag(sub)
         sub.set_defaults(func=run_fit if method != "backtest" else run_backtest, fit_method=method)
 
@@ -154,17 +159,29 @@ def _fit_function(args: argparse.Namespace, method: str):
     return partial(FITTERS[method], **options)
 
 
-def run_fit(args: argparse.Namespace) -> dict[str, Any]:
-    from delphi.io import atomic_write_json, check_output_file
+def _command(args: argparse.Namespace) -> str:
+    """The command that writes --out, as its file says (delphi.io's output policy)."""
+    return f"fit {args.fit_method}"
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    from delphi.io import check_output_file
 
     if args.out is not None:  # before any work: a bad --out must not cost a bootstrap
-        check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)))
+        check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)), command=_command(args),
+                          force=args.force)
+
+
+def run_fit(args: argparse.Namespace) -> dict[str, Any]:
+    from delphi.io import atomic_write_json
+
+    _check_out(args)
     table = _load(args)
     fit = _fit_function(args, args.fit_method)(table)
     data = fit.to_json()
     print(fit.summary(), file=sys.stderr)
     if args.out:
-        atomic_write_json(args.out, data)
+        atomic_write_json(args.out, data, written_by=_command(args))
         print(f"wrote {args.out}", file=sys.stderr)
     if data.get("bootstrap"):  # keep stdout small: the draws are in the file
         data = dict(data, bootstrap={"n": data["bootstrap"]["n"]})
@@ -173,10 +190,9 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
     from delphi.fits.backtest import backtest
-    from delphi.io import atomic_write_json, check_output_file
+    from delphi.io import atomic_write_json
 
-    if args.out is not None:
-        check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)))
+    _check_out(args)
     if args.method is None:
         args.method = list(BEYOND_DEFAULT_METHODS) if args.beyond else ["vpnls"]
     if args.beyond:
@@ -203,7 +219,7 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
     print(f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}% (allocation {result['allocation']})",
           file=sys.stderr)
     if args.out:
-        atomic_write_json(args.out, result)
+        atomic_write_json(args.out, result, written_by=_command(args))
     return result
 
 
@@ -220,7 +236,7 @@ def _all_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
               f"mean |error| {pct(s['one_step_mean_abs_rel_error'])}, coverage {pct(s['one_step_coverage_90'])}",
               file=sys.stderr)
     if args.out:
-        atomic_write_json(args.out, result)
+        atomic_write_json(args.out, result, written_by=_command(args))
     return result
 
 
@@ -289,7 +305,7 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
               "calibration": provenance, "bins": before.to_dict("records"), "bins_calibrated": after.to_dict("records"),
               "rows": scored.astype(object).where(scored.notna(), None).to_dict("records"), "failed_fits": failed}
     if args.out:
-        atomic_write_json(args.out, result)
+        atomic_write_json(args.out, result, written_by=_command(args))
     return result
 
 
@@ -307,7 +323,7 @@ def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
               f"{pct(s['law_mean_abs_rel_error'])}, corrected {pct(s['corrected_mean_abs_rel_error'])}; 90% coverage "
               f"law {pct(s['law_coverage_90'])}, corrected {pct(s['corrected_coverage_90'])}", file=sys.stderr)
     if args.out:
-        atomic_write_json(args.out, result)
+        atomic_write_json(args.out, result, written_by=_command(args))
     return result
 
 
@@ -330,11 +346,49 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     if not queries:
         raise DelphiError("predict: give --compute C, --params N --tokens D, or --config HERO.yaml")
     predictions = [_plain({**q, **fit.predict(**q, **terms)}) for q in queries]
+    warnings = []
     for p in predictions:
-        shown = {k: v for k, v in p.items() if not isinstance(v, (list, dict))}
+        p["extrapolation"] = extrapolation(fit, p)
+        shown = {k: v for k, v in p.items() if not isinstance(v, (list, dict)) and k != "extrapolation"}
         print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr)
+        print(f"  {extrapolation_text(p['extrapolation'])}", file=sys.stderr)
+        if p["extrapolation"] and p["extrapolation"]["warning"]:
+            warnings.append(p["extrapolation"]["warning"])
+            print(f"warning: {p['extrapolation']['warning']}", file=sys.stderr)
     result = predictions[0] if len(predictions) == 1 else {"predictions": predictions}
-    return {"fit": str(args.fit), "kind": fit.kind, "method": fit.method, **result}
+    return {"fit": str(args.fit), "kind": fit.kind, "method": fit.method, **result, "warnings": warnings}
+
+
+def extrapolation(fit, prediction: dict[str, Any]) -> dict[str, Any] | None:
+    """How far beyond the fitted budgets a prediction lies: its compute over the largest fitted
+    compute budget, and a warning past EXTRAPOLATION_WARN_FACTOR. None when the fit does not
+    record its budgets (a fit JSON from before they were recorded, and no optima in it)."""
+    if fit.fitted_compute is None:
+        return None
+    compute = prediction.get("compute")
+    if compute is None and prediction.get("params") is not None and prediction.get("tokens") is not None:
+        from delphi.fits.allocation import flops_of
+
+        compute = float(flops_of(fit.family, float(prediction["params"]), float(prediction["tokens"])))
+    if compute is None:
+        return None
+    low, high = fit.fitted_compute
+    factor = float(compute) / high
+    out: dict[str, Any] = {"compute": float(compute), "fitted_compute": [low, high], "factor_over_largest": factor,
+                           "warn_above_factor": EXTRAPOLATION_WARN_FACTOR, "warning": None}
+    if factor > EXTRAPOLATION_WARN_FACTOR:
+        out["warning"] = (f"C={float(compute):.3g} FLOPs is {factor:.3g}x the largest fitted budget ({high:.3g}); "
+                          f"beyond {EXTRAPOLATION_WARN_FACTOR:,.0f}x the law is untested and this is not a forecast")
+    return out
+
+
+def extrapolation_text(ex: dict[str, Any] | None) -> str:
+    if ex is None:
+        return "extrapolation: unknown (the fit does not record the budgets it was fitted on)"
+    factor = ex["factor_over_largest"]
+    where = "inside the fitted budgets" if ex["compute"] <= ex["fitted_compute"][1] else "beyond the fitted budgets"
+    return (f"extrapolation: C={ex['compute']:.3g} FLOPs is {factor:.3g}x the largest fitted budget "
+            f"({ex['fitted_compute'][1]:.3g}; fitted {ex['fitted_compute'][0]:.3g} .. {ex['fitted_compute'][1]:.3g}), {where}")
 
 
 def _config_query(path: Path, kind: str, convention: str = "nonembedding") -> dict[str, Any]:

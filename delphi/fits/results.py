@@ -92,6 +92,8 @@ class FitResult:
     family: FlopsFamily | None = None  # exact FLOPs per token of the fitted models; None: C = 6 N D
     status: FitStatus = FitStatus.OK  # names of parameters on a bound in diagnostics["at_bound"]
     model_family: str | None = None  # "dense" | "moe" from the table's expert counts; None: not said
+    # (smallest, largest) compute budget of the fitted rows, FLOPs: how far a prediction extrapolates
+    fitted_compute: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in FIT_STATUSES:
@@ -266,6 +268,7 @@ class FitResult:
                 "seed": self.seed,
                 "version": self.version,
                 "bootstrap": None if self.samples is None else {"n": len(next(iter(self.samples.values()))), "samples": self.samples},
+                "fitted_compute": None if self.fitted_compute is None else list(self.fitted_compute),
             }
         )
 
@@ -297,12 +300,33 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
         family=None if not data.get("flops_family") else FlopsFamily.from_json(data["flops_family"], f"{where}: flops_family"),
         status=data.get("status") or FitStatus.OK,
         model_family=data.get("family") if data.get("family") in MODEL_FAMILIES else None,
+        fitted_compute=_fitted_compute(data),
     )
 
 
+def _fitted_compute(data: dict[str, Any]) -> tuple[float, float] | None:
+    """The fit's compute range: its own record, else (older files) the per-budget optima's or
+    frontier points' FLOPs; None when the file says neither (or says it wrongly)."""
+    recorded = data.get("fitted_compute")
+    if recorded is None:
+        points = data.get("optima") or data.get("frontier_points") or []
+        recorded = [p.get("flops") for p in points if isinstance(p, dict)] if isinstance(points, list) else []
+        recorded = [min(recorded), max(recorded)] if recorded and all(isinstance(c, (int, float)) for c in recorded) else None
+    try:
+        low, high = (float(c) for c in recorded)
+    except (TypeError, ValueError):
+        return None
+    return (low, high) if 0 < low <= high < float("inf") else None
+
+
 def table_context(table: Any) -> dict[str, Any]:
-    """FitResult fields that come from the table: the FLOPs family and the model family."""
-    return {"family": table.attrs.get("flops_family"), "model_family": table.attrs.get("model_family")}
+    """FitResult fields that come from the table: the FLOPs family, the model family and the
+    compute range fitted (nominal budgets where the table has them, else exact FLOPs)."""
+    column = "budget" if "budget" in table else "flops" if "flops" in table else None
+    compute = np.asarray(table[column], float) if column is not None and len(table) else np.empty(0)
+    compute = compute[np.isfinite(compute) & (compute > 0)]
+    return {"family": table.attrs.get("flops_family"), "model_family": table.attrs.get("model_family"),
+            "fitted_compute": (float(compute.min()), float(compute.max())) if compute.size else None}
 
 
 def load_fit(path: str | os.PathLike) -> FitResult:

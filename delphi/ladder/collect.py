@@ -234,23 +234,26 @@ def family_path(results: str | Path) -> Path:
     return Path(str(results) + FAMILY_SUFFIX)
 
 
-def write_family(spec: LadderSpec, out: str | Path, source: str | None = None) -> dict:
-    """Write the spec's FLOPs family (non-embedding N, the canonical `params`) as JSON; return it."""
+def write_family(spec: LadderSpec, out: str | Path, source: str | None = None, written_by: str | None = None) -> dict:
+    """Write the spec's FLOPs family (non-embedding N, the canonical `params`) as JSON; return it.
+    `written_by`: the command, which the file then names (delphi.io's output policy)."""
     import dataclasses
 
     family = flops_family(spec)
     if source is not None:
         family = dataclasses.replace(family, source=source)
     data = family.to_json()
-    atomic_write_json(out, data)
+    atomic_write_json(out, data, written_by=written_by)
     return data
 
 
-def write_results(frame: pd.DataFrame, out: str | Path) -> None:
-    """Write the table, and `<out>.family.json` when the table came from a ladder with a pinned spec."""
+def write_results(frame: pd.DataFrame, out: str | Path, written_by: str | None = None) -> None:
+    """Write the table, and `<out>.family.json` when the table came from a ladder with a pinned spec.
+    `written_by`: the command, which both files then name (the CSV in its `.delphi.json` sidecar)."""
     buf = io.StringIO()
     frame.to_csv(buf, index=False, float_format="%.10g")
     spec_path = frame.attrs.get("ladder_spec_path")
     if spec_path:
-        write_family(load_ladder_spec(spec_path), family_path(out), source=f"ladder spec {spec_path}")
-    atomic_write_text(out, buf.getvalue())
+        write_family(load_ladder_spec(spec_path), family_path(out), source=f"ladder spec {spec_path}",
+                     written_by=written_by)
+    atomic_write_text(out, buf.getvalue(), written_by=written_by)

@@ -16,6 +16,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     plan = sub.add_parser("plan", help="one train config per rung + manifest.csv")
     plan.add_argument("spec", metavar="SPEC.yaml")
     plan.add_argument("--out", required=True, metavar="LADDER_DIR")
+    plan.add_argument("--force", action="store_true",
+                      help="replace a ladder.yaml or configs/*.yaml in a directory with no manifest.csv (never SPEC itself)")
     add_json_flag(plan)
     plan.set_defaults(func=_plan)
 
@@ -47,6 +49,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     collect.add_argument("ladder_dir", metavar="LADDER_DIR")
     collect.add_argument("--out", required=True, metavar="RESULTS.csv")
     collect.add_argument("--all", action="store_true", help="include rungs that did not complete (empty loss)")
+    collect.add_argument("--force", action="store_true",
+                      help="replace --out even if it is not a table this command wrote")
     add_json_flag(collect)
     collect.set_defaults(func=_collect)
 
@@ -56,6 +60,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     family.add_argument("--convention", choices=("nonembedding", "active", "fpt6"), default="nonembedding",
                         help="how N is counted (default nonembedding, the results table's params)")
     family.add_argument("--max-width", type=int, default=None, help="widest shape (default 64x the ladder's widest)")
+    family.add_argument("--force", action="store_true",
+                      help="replace --out even if it is not a file this command wrote (never SPEC)")
     add_json_flag(family)
     family.set_defaults(func=_family)
 
@@ -65,6 +71,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     hero.add_argument("--spec", required=True, metavar="SPEC.yaml")
     hero.add_argument("--out", required=True, metavar="HERO.yaml")
     hero.add_argument("--seed", type=int, default=0)
+    hero.add_argument("--force", action="store_true",
+                      help="replace --out even if it is not a config this command wrote (never --fit or --spec)")
     add_json_flag(hero)
     hero.set_defaults(func=_hero)
 
@@ -84,6 +92,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--out", required=True, metavar="DIR",
                      help="a ladder directory; a rerun resumes it, new points or multipliers extend it")
     cal.add_argument("--workers", type=positive_int, default=None, help="parallel runs (default: as `ladder run`)")
+    cal.add_argument("--force", action="store_true",
+                     help="plan into a directory with no manifest.csv even if it holds a ladder.yaml or configs/*.yaml")
     add_json_flag(cal)
     cal.set_defaults(func=_lr_calibrate)
 
@@ -97,6 +107,7 @@ def _plan(args: argparse.Namespace) -> dict:
     from delphi.ladder.spec import load_ladder_spec
 
     check_output_dir(args.out, inputs=(args.spec,))
+    check_ladder_dir_writes(args.out, args.spec, force=args.force)
     spec = load_ladder_spec(args.spec)
     rungs = plan_ladder(spec)
     # The store must feed every rung (batch and eval set) before anything is written.
@@ -121,6 +132,27 @@ def _plan(args: argparse.Namespace) -> dict:
     )
     return {"out": str(args.out), "rungs": rows, "flops_total": total, "max_flops_error": worst,
             "health_warnings": warnings}
+
+
+def check_ladder_dir_writes(out: str, spec_path: str, *, force: bool) -> None:
+    """Before planning into `out`: the spec must not be one of the files the plan writes there
+    (its manifest, ladder.yaml, configs/), and in a directory without a manifest.csv (not a
+    ladder Delphi planned) an existing ladder.yaml or configs/*.yaml is the user's: exit 2
+    unless `force`. A directory with a manifest is Delphi's: `write_ladder` replans the same
+    ladder there, or refuses a different one."""
+    from delphi.errors import DelphiError
+    from delphi.io import check_not_an_input
+    from delphi.ladder.plan import CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, ladder_own_paths
+
+    out_dir = Path(out)
+    check_not_an_input(ladder_own_paths(out_dir), (spec_path,))
+    if force or (out_dir / MANIFEST_FILE).is_file():
+        return
+    theirs = [p for p in (out_dir / SPEC_FILE, *sorted((out_dir / CONFIG_DIR).glob("*.yaml"))) if p.is_file()]
+    if theirs:
+        more = f" and {len(theirs) - 1} more" if len(theirs) > 1 else ""
+        raise DelphiError(f"--out {out}: holds {theirs[0]}{more} but no {MANIFEST_FILE}, so not a ladder delphi planned; "
+                          "`ladder plan` would replace them: choose another directory, or pass --force")
 
 
 def _run(args: argparse.Namespace):
@@ -149,10 +181,14 @@ def _collect(args: argparse.Namespace) -> dict:
     from delphi.io import check_output_file
     from delphi.ladder.plan import ladder_own_paths, read_manifest
 
-    check_output_file(args.out, protected=ladder_own_paths(args.ladder_dir))
+    from delphi.ladder.collect import family_path
+
+    check_output_file(args.out, protected=ladder_own_paths(args.ladder_dir), command="ladder collect", force=args.force)
+    check_output_file(family_path(args.out), protected=ladder_own_paths(args.ladder_dir), command="ladder collect",
+                      force=args.force)
     total = len(read_manifest(args.ladder_dir))
     frame = collect_ladder(args.ladder_dir, include_all=args.all)
-    write_results(frame, args.out)  # and <out>.family.json from the ladder's pinned spec
+    write_results(frame, args.out, written_by="ladder collect")  # and <out>.family.json from the pinned spec
     from delphi.ladder.collect import family_path, format_health_table, rung_health_table
 
     health = rung_health_table(frame)
@@ -174,11 +210,11 @@ def _family(args: argparse.Namespace) -> dict:
     from delphi.ladder.plan import flops_family
     from delphi.ladder.spec import load_ladder_spec
 
-    check_output_file(args.out, inputs=(args.spec,))
+    check_output_file(args.out, inputs=(args.spec,), command="ladder family", force=args.force)
     spec = load_ladder_spec(args.spec)
     family = flops_family(spec, args.convention, args.max_width)
     family = dataclasses.replace(family, source=f"ladder spec {args.spec}")
-    atomic_write_json(args.out, family.to_json())
+    atomic_write_json(args.out, family.to_json(), written_by="ladder family")
     print(f"wrote {args.out}: {len(family.params)} shapes, N ({args.convention}) {family.params[0]:.3g} .. "
           f"{family.params[-1]:.3g}, FLOPs/token {family.flops_per_token[0]:.3g} .. {family.flops_per_token[-1]:.3g}",
           file=sys.stderr)
@@ -192,14 +228,14 @@ def _hero(args: argparse.Namespace) -> dict:
     from delphi.ladder.spec import load_ladder_spec
     from delphi.train.config import train_config_to_dict
 
-    check_output_file(args.out, inputs=(args.fit, args.spec))
+    check_output_file(args.out, inputs=(args.fit, args.spec), command="ladder hero", force=args.force)
     spec = load_ladder_spec(args.spec)
     if not Path(args.fit).is_file():
         from delphi.errors import DelphiError
 
         raise DelphiError(f"--fit: {args.fit}: file not found")
     rung, details = hero_from_fit(args.fit, args.compute, spec, seed=args.seed)
-    atomic_write_yaml(args.out, train_config_to_dict(rung.train))
+    atomic_write_yaml(args.out, train_config_to_dict(rung.train), written_by="ladder hero")
     print(format_table([details]), file=sys.stderr)
     print(
         f"hero at C={args.compute:.3g}: predicted N*={details['predicted_params']:.4g} ({details['params_convention']} params), "
@@ -215,6 +251,10 @@ def _lr_calibrate(args: argparse.Namespace) -> dict:
     from delphi.ladder.runner import run_ladder
     from delphi.ladder.spec import load_ladder_spec
 
+    from delphi.io import check_output_dir
+
+    check_output_dir(args.out, inputs=(args.spec,))
+    check_ladder_dir_writes(args.out, args.spec, force=args.force)
     spec = load_ladder_spec(args.spec)
     points = [Point.parse(text) for text in args.points]
     multipliers = tuple(args.multipliers) if args.multipliers else DEFAULT_MULTIPLIERS

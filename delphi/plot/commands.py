@@ -23,6 +23,8 @@ def add_commands(subparsers) -> None:
         for flag, kw in inputs:
             p.add_argument(flag, **kw)
         p.add_argument("--out", required=True, help="OUT.png (an .svg is written beside it)")
+        p.add_argument("--force", action="store_true",
+                       help="replace OUT.png/.svg even if they are not figures this command wrote (never an input)")
         add_json_flag(p)
         p.set_defaults(func=handler)
 
@@ -50,7 +52,7 @@ def add_commands(subparsers) -> None:
 def _done(fig, args) -> dict:
     from delphi.plot.style import save_figure
 
-    files = save_figure(fig, args.out)
+    files = save_figure(fig, args.out, written_by=_command(args))
     print(f"wrote {', '.join(files)}", file=sys.stderr)
     return {"files": files}
 
@@ -59,17 +61,22 @@ def _done(fig, args) -> dict:
 INPUT_ARGS = ("results", "fit", "hero", "prereg", "run", "report", "sweep", "ladder")
 
 
+def _command(args) -> str:
+    """The command that writes the figure, as its files say (delphi.io's output policy)."""
+    return f"plot {args.plot_command}"
+
+
 def _check_out(args) -> None:
     """Refuse (exit 2, before any work) an --out whose .png/.svg cannot be written or is an input."""
     from delphi.io import check_output_file
 
     inputs = tuple(getattr(args, name) for name in INPUT_ARGS if getattr(args, name, None))
-    check_output_file(args.out, inputs=inputs)
+    check_output_file(args.out, inputs=inputs, command=_command(args), force=args.force)
     if not Path(args.out).resolve().parent.is_dir():  # a figure goes beside existing files, never in a new tree
         raise DelphiError(f"--out {args.out}: directory does not exist")
     stem = Path(args.out).with_suffix("") if Path(args.out).suffix.lower() in (".png", ".svg") else Path(args.out)
     for ext in (".png", ".svg"):
-        check_output_file(stem.with_suffix(ext), inputs=inputs, flag="--out")
+        check_output_file(stem.with_suffix(ext), inputs=inputs, flag="--out", command=_command(args), force=args.force)
 
 
 def _table(path: str):

@@ -69,8 +69,9 @@ def budget_colors(n: int):
     return [cmap(0.1 + 0.8 * i / max(n - 1, 1)) for i in range(n)]
 
 
-def save_figure(fig, out: str | Path) -> list[str]:
-    """Write OUT as given (.png or .svg) and its sibling in the other format; return both paths."""
+def save_figure(fig, out: str | Path, written_by: str | None = None) -> list[str]:
+    """Write OUT as given (.png or .svg) and its sibling in the other format; return both paths.
+    `written_by`: the command, which both files then name (delphi.io's output policy)."""
     out = Path(out)
     stem = out.with_suffix("") if out.suffix.lower() in (".png", ".svg") else out
     written = []
@@ -80,16 +81,16 @@ def save_figure(fig, out: str | Path) -> list[str]:
         # ids salted with the style's fixed salt (RC applies only inside style(), not at save time).
         with plt.rc_context({"svg.hashsalt": RC["svg.hashsalt"]}):
             fig.savefig(buf, format=ext[1:], metadata=REPRODUCIBLE_METADATA[ext])
-        atomic_write_bytes(stem.with_suffix(ext), buf.getvalue())
+        atomic_write_bytes(stem.with_suffix(ext), buf.getvalue(), written_by=written_by)
         written.append(str(stem.with_suffix(ext)))
     plt.close(fig)
     return written
 
 
-def write_png(fig, out: str | Path, *, dpi: int) -> str:
+def write_png(fig, out: str | Path, *, dpi: int, written_by: str | None = None) -> str:
     """Write `fig` as one PNG at `dpi` (a report's own figure, no SVG sibling); return the path."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
-    atomic_write_bytes(out, buf.getvalue())
+    atomic_write_bytes(out, buf.getvalue(), written_by=written_by)
     return str(out)

@@ -8,6 +8,15 @@ Verdicts and exit codes (docs/design.md §3.1: 0 ok, 1 the checked thing failed)
     deviating    latest eval point outside both                      exit 1
     passed       run completed, final val_loss within tolerance      exit 0
     failed       run completed outside tolerance, or diverged/failed exit 1
+    invalid: the run predates the preregistration                    exit 1
+                 its first step was logged before the seal was made
+    invalid: the run's start cannot be established                  exit 1
+                 it ran, but metrics.jsonl no longer says when
+    (a broken seal is CheckFailed: exit 1, nothing compared)
+
+Only a final verdict (passed or failed) writes NAME.outcome.json, and only for the run it scored:
+an outcome is bound to that run (its first step's time and its config's sha256), and checking
+another run reports that run's verdict without replacing it. An invalid verdict writes nothing.
 
 A run stopped before its end (a signal, to be resumed) gets no final verdict and
 no outcome file: it is checked as a run in progress (status "stopped").
@@ -25,15 +34,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delphi.errors import DelphiError
+from delphi.errors import CheckFailed, DelphiError
 from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics,
                                  stopped_before_end)
-from delphi.io import atomic_write_json
+from delphi.io import atomic_write_json, sha256_file
 from delphi.prereg import format as fmt
 from delphi.prereg.create import parse_utc, utc_now
 
 TERMINAL = ("completed", "diverged", "failed")
-EXIT = {"not-started": 0, "on-track": 0, "passed": 0, "deviating": 1, "failed": 1}
+PREDATES = "invalid: the run predates the preregistration"
+START_UNKNOWN = "invalid: the run's start cannot be established"
+SEAL_BROKEN = "invalid: the seal is broken"
+EXIT = {"not-started": 0, "on-track": 0, "passed": 0, "deviating": 1, "failed": 1, PREDATES: 1, START_UNKNOWN: 1,
+        SEAL_BROKEN: 1}
+FINAL_VERDICTS = ("passed", "failed")  # the verdicts an outcome file records
+OUTCOME_COMMAND = "prereg check"  # the outcome file's output-policy marker (delphi.io)
+
+
+def exit_code(verdict: str) -> int:
+    return EXIT[verdict]
 
 
 @dataclass
@@ -204,11 +223,54 @@ def _last_val(rows: list[dict]) -> float | None:
     return float(vals[-1]) if vals else None
 
 
-def record_outcome(prereg_path: Path, result: dict) -> Path:
-    """Write NAME.outcome.json beside the preregistration (outside the sealed file)."""
+def run_identity(run: RunState, run_dir: Path | None) -> dict[str, Any]:
+    """What binds an outcome to the run it scored: where it was, when its first step was logged
+    and the sha256 of its config.yaml (the last two survive a move of the run dir)."""
+    identity: dict[str, Any] = {"run": run.source, "run_first_step_time": run.first_step_time}
+    if run_dir is not None:
+        identity["run_dir"] = str(Path(run_dir).resolve())
+        config = Path(run_dir) / CONFIG_FILE
+        identity["run_config_sha256"] = sha256_file(config) if config.is_file() else None
+    return identity
+
+
+def same_run(outcome: dict, identity: dict[str, Any]) -> bool:
+    """Whether an existing outcome scored the run `identity` describes. An outcome from before runs
+    were bound (no first-step time recorded) names its run by path only."""
+    if outcome.get("run_first_step_time") is not None:
+        return (outcome.get("run_first_step_time") == identity.get("run_first_step_time")
+                and outcome.get("run_config_sha256") == identity.get("run_config_sha256"))
+    recorded = outcome.get("run")
+    if not isinstance(recorded, str):
+        return False
+    if recorded == identity["run"]:
+        return True
+    here = identity.get("run_dir")
+    try:
+        return here is not None and Path(recorded).resolve() == Path(here)
+    except OSError:
+        return False
+
+
+def read_outcome(prereg_path: Path) -> dict | None:
+    """NAME.outcome.json as a dict; None when there is none; {} when it is not an outcome (a file
+    someone else put there, which nothing replaces)."""
+    path = fmt.outcome_path(prereg_path)
+    if not path.exists():
+        return None
+    return read_json_object(path)
+
+
+def record_outcome(prereg_path: Path, result: dict, identity: dict[str, Any] | None = None) -> Path | None:
+    """Write NAME.outcome.json beside the preregistration (outside the sealed file), bound to the
+    run it scored; None (and nothing written) when an outcome of another run is already there."""
     out = fmt.outcome_path(prereg_path)
+    identity = identity or {"run": result.get("run")}
+    existing = read_outcome(prereg_path)
+    if existing is not None and not same_run(existing, identity):
+        return None
     keep = {k: v for k, v in result.items() if k != "points"}
-    atomic_write_json(out, keep | {"checked": utc_now(), "points": result["points"]})
+    atomic_write_json(out, keep | identity | {"checked": utc_now(), "points": result["points"]}, written_by=OUTCOME_COMMAND)
     return out
 
 
@@ -286,19 +348,48 @@ def _differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     return [] if a == b else [(path, a, b)]
 
 
+def start_order(doc: dict, run: RunState, run_dir: Path | None) -> tuple[bool | None, str | None]:
+    """Whether the preregistration was created before the run's first logged step: (True, None),
+    (False, why) or (None, why) when the run ran but when it started is gone. A run with nothing
+    logged yet has not started: the prediction precedes it."""
+    evidence = ran_evidence(run_dir, run.rows) if run_dir is not None and run.first_step_time is None else None
+    if evidence:
+        return None, (f"{run_dir}: cannot establish when the run started: {evidence}; "
+                      "the preregistration cannot be shown to precede it")
+    if run.first_step_time is None:
+        return True, None
+    if parse_utc(doc["created"]) <= run.first_step_time:
+        return True, None
+    return False, (f"created {doc['created']} after the run's first logged step "
+                   f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(run.first_step_time))})")
+
+
 def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None) -> tuple[dict, fmt.Prereg, RunState]:
+    """Compare the run with the preregistration; a final verdict is recorded as NAME.outcome.json
+    for the run it scored (module docstring). A broken seal is CheckFailed (exit 1)."""
     prereg = fmt.load_prereg(prereg_path)
     seal = fmt.seal_status(prereg.doc)
     if not seal["ok"]:
-        raise DelphiError(f"{prereg_path}: seal does not match its content (edited after sealing); run `delphi prereg verify`")
+        raise CheckFailed(f"{prereg_path}: {SEAL_BROKEN}: the seal does not match the content (edited after "
+                          "sealing); nothing compared, no outcome written (`delphi prereg verify` shows the digests)")
     if run_dir is not None and (mismatch := hero_mismatch(prereg.doc, prereg_path, run_dir)):
         raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
     run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
     result = compare(prereg, run)
     result["seal_ok"] = seal["ok"]
+    order, problem = start_order(prereg.doc, run, run_dir)
+    result["created_before_start"] = order
+    if order is not True:
+        result |= {"verdict": PREDATES if order is False else START_UNKNOWN, "why": problem}
     _mark_forced(result, prereg.doc)
-    if result["verdict"] in ("passed", "failed"):
-        result["outcome_file"] = str(record_outcome(prereg_path, result))
+    if result["verdict"] in FINAL_VERDICTS:
+        identity = run_identity(run, run_dir)
+        written = record_outcome(prereg_path, result, identity)
+        result["outcome_file"] = None if written is None else str(written)
+        if written is None:
+            other = (read_outcome(prereg_path) or {}).get("run")
+            result["outcome_kept"] = (f"{fmt.outcome_path(prereg_path)} scores another run ({other or 'not an outcome'}); "
+                                      "an outcome is bound to the run it scored and is not replaced")
     return result, prereg, run
 
 
@@ -311,7 +402,7 @@ def watch(prereg_path: Path, *, run_dir: Path | None, wandb_path: str | None, in
         if on_update and result["n_points"] != last_n:
             on_update(result)
             last_n = result["n_points"]
-        if run.status in TERMINAL:
+        if run.status in TERMINAL or result["verdict"] in (PREDATES, START_UNKNOWN):
             return result, prereg, run
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             result["watch"] = f"stopped after {timeout_s:g} s without a terminal status"
@@ -331,21 +422,12 @@ def verify(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | 
         raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
     if run_dir is not None or wandb_path is not None:
         run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
-        created = parse_utc(doc["created"])
         result["run"] = run.source
         result["run_first_step_time"] = run.first_step_time
-        evidence = ran_evidence(run_dir, run.rows) if run_dir is not None and run.first_step_time is None else None
-        if evidence:  # it ran, but when is gone: the order cannot be shown, so the check cannot pass
-            result["created_before_start"] = None
-            result["problems"].append(f"{run_dir}: cannot establish when the run started: {evidence}; "
-                                      "the preregistration cannot be shown to precede it")
-        elif run.first_step_time is None:
-            result["created_before_start"] = True  # nothing logged yet: the prediction precedes the run
-        else:
-            result["created_before_start"] = created <= run.first_step_time
-            if not result["created_before_start"]:
-                result["problems"].append(f"created {doc['created']} after the run's first logged step "
-                                          f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(run.first_step_time))})")
+        # it ran but when is gone (None), or it started first (False): the check cannot pass
+        result["created_before_start"], problem = start_order(doc, run, run_dir)
+        if problem:
+            result["problems"].append(problem)
     result["forced"] = bool(doc.get("forced", False))
     if result["forced"]:
         result["warnings"] = ["sealed with --force although gates failed: "

@@ -84,11 +84,15 @@ def add_commands(subparsers) -> None:
     p.add_argument("--watch", action="store_true", help="poll until the run's status is terminal")
     p.add_argument("--interval", type=positive_float, default=10.0, help="seconds between polls with --watch")
     p.add_argument("--timeout", type=positive_float, default=None, help="stop watching after this many seconds")
+    p.add_argument("--force", action="store_true",
+                   help="replace --plot's files even if this command did not write them (not the outcome file: "
+                        "that is bound to the run it scored)")
     add_json_flag(p)
     p.set_defaults(func=_check)
 
     p = sub.add_parser("index", help="regenerate DIR/README.md: every preregistration and its outcome")
     p.add_argument("dir", nargs="?", default="preregistrations")
+    p.add_argument("--force", action="store_true", help="replace DIR/README.md even if `prereg index` did not write it")
     add_json_flag(p)
     p.set_defaults(func=_index)
 
@@ -99,6 +103,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--bootstrap", type=nonnegative_int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-backtest", action="store_true")
+    p.add_argument("--force", action="store_true", help="replace --out/--plot even if this command did not write them")
     add_json_flag(p)
     p.set_defaults(func=_curves)
 
@@ -179,15 +184,19 @@ def _check(args: argparse.Namespace):
     if args.plot:
         from delphi.io import check_output_file
 
-        check_output_file(args.plot, inputs=(args.file,), flag="--plot")
         if not Path(args.plot).parent.exists():
             raise DelphiError(f"--plot {args.plot}: directory does not exist")
+        for path in _figure_files(args.plot):
+            check_output_file(path, inputs=(args.file, run_dir, args.shape), flag="--plot", command="prereg check",
+                              force=args.force)
     if args.watch:
         result, prereg, run = ck.watch(Path(args.file), run_dir=run_dir, wandb_path=args.wandb, interval_s=args.interval,
                                        timeout_s=args.timeout, on_update=lambda r: _say(f"[{r['status']}] {r['verdict']}: {r['why']}"))
     else:
         result, prereg, run = ck.check(Path(args.file), run_dir=run_dir, wandb_path=args.wandb)
     _say(f"{result['verdict']}: {result['why']}")
+    if result.get("outcome_kept"):
+        _say(f"  outcome not recorded: {result['outcome_kept']}")
     if args.shape:
         result = ck.with_projection(result, prereg, resolve_data(args.shape))
         for p in result["projection"]["points"]:
@@ -198,14 +207,20 @@ def _check(args: argparse.Namespace):
         from delphi.plot.style import save_figure
 
         fig = prediction_figure(prereg.doc, run, verdict=result["verdict"])
-        result["plot"] = save_figure(fig, args.plot)
-    return result, ck.EXIT[result["verdict"]]
+        result["plot"] = save_figure(fig, args.plot, written_by="prereg check")
+    return result, ck.exit_code(result["verdict"])
+
+
+def _figure_files(out: str) -> list[Path]:
+    """OUT.png and OUT.svg: the two files `save_figure` writes for OUT."""
+    stem = Path(out).with_suffix("") if Path(out).suffix.lower() in (".png", ".svg") else Path(out)
+    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]
 
 
 def _index(args: argparse.Namespace):
     from delphi.prereg.index import write_index
 
-    result = write_index(args.dir)
+    result = write_index(args.dir, force=args.force)
     _say(f"wrote {result['index']} ({result['n']} preregistrations)")
     return result
 
@@ -217,7 +232,9 @@ def _curves(args: argparse.Namespace):
 
     for flag, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None:
-            check_output_file(path, protected=ladder_own_paths(args.ladder), flag=flag)
+            for file in [Path(path)] if flag == "--out" else _figure_files(path):
+                check_output_file(file, protected=ladder_own_paths(args.ladder), flag=flag, command="prereg curves",
+                                  force=args.force)
     curves = cv.load_ladder_curves(args.ladder)
     fit = cv.fit_curve_law(curves, bootstrap=args.bootstrap, seed=args.seed, lr_ref=cv.ladder_lr_ref(args.ladder))
     _say(fit.summary())
@@ -229,10 +246,10 @@ def _curves(args: argparse.Namespace):
         for p in backtest["points"]:
             _say(f"  backtest {p['fraction']:.0%} of tokens: predicted {p['predicted']:.4f} actual {p['actual']:.4f} ({p['rel_error']:+.2%})")
     if args.out:
-        atomic_write_json(args.out, fit.to_json())
+        atomic_write_json(args.out, fit.to_json(), written_by="prereg curves")
     if args.plot:
         from delphi.plot.figures import curves_figure
         from delphi.plot.style import save_figure
 
-        result["plot"] = save_figure(curves_figure(curves, fit, backtest), args.plot)
+        result["plot"] = save_figure(curves_figure(curves, fit, backtest), args.plot, written_by="prereg curves")
     return result

@@ -34,6 +34,8 @@ def add_commands(subparsers) -> None:
     )
     sub.add_argument("--prereg", help="preregistration file: show the predicted loss beside the actual one")
     sub.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sub.add_argument("--force", action="store_true",
+                     help="train into a non-empty --out that is not a run dir (its config.yaml etc. are replaced)")
     add_json_flag(sub)
     sub.set_defaults(func=run_train)
 
@@ -46,6 +48,7 @@ def run_train(args: argparse.Namespace):
 
     config_path = Path(args.config) if args.config else default_config_path()
     check_output_dir(args.out, inputs=(config_path, args.prereg))
+    _check_run_dir(Path(args.out), (config_path, args.prereg), args.seeds, args.force)
     cfg = load_train_config(config_path)
     predicted_loss = predicted_loss_curve(Path(args.prereg)) if args.prereg else None
     progress = not args.no_progress and sys.stderr.isatty()
@@ -54,6 +57,26 @@ def run_train(args: argparse.Namespace):
     summary = train(cfg, Path(args.out), resume=args.resume, predicted_loss=predicted_loss, progress=progress)
     _report(summary, args.out)
     return summary, _exit_code(summary)
+
+
+def _check_run_dir(out: Path, inputs: tuple, seeds: str | None, force: bool) -> None:
+    """The files a run writes (config.yaml, status.json, metrics.jsonl, summary.json) are never an
+    input, and replace only a run dir's own (one with status.json), unless --force."""
+    from delphi.io import check_not_an_input
+    from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
+
+    run_dirs = [out / f"seed{s}" for s in parse_seeds(seeds)] if seeds is not None else [out]
+    names = (CONFIG_FILE, STATUS_FILE, METRICS_FILE, SUMMARY_FILE)
+    for run_dir in run_dirs:
+        check_not_an_input([run_dir / name for name in names], inputs)
+        if force or (run_dir / STATUS_FILE).is_file():
+            continue
+        theirs = [run_dir / name for name in names if (run_dir / name).exists()]
+        if theirs:
+            from delphi.errors import DelphiError
+
+            raise DelphiError(f"--out {out}: {theirs[0]} exists but {run_dir} is not a run dir (no {STATUS_FILE}); "
+                              "training would replace it: choose another directory, or pass --force")
 
 
 def parse_seeds(text: str) -> list[int]:
