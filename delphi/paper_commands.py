@@ -31,6 +31,8 @@ def add_paper_commands(subparsers: argparse._SubParsersAction) -> None:
     snap.add_argument("--resumable", action="store_true",
                       help="keep unfinished runs too, each with its newest checkpoint, so that they resume there "
                            "(a hero longer than one working session)")
+    snap.add_argument("--force", action="store_true",
+                      help="copy into a non-empty --to that is not a study snapshot (no study.json)")
     add_json_flag(snap)
     snap.set_defaults(func=_snapshot)
     unpack = sub.add_parser("unpack", help="write a compact edition or snapshot back as directories (run dirs with metrics.jsonl)")
@@ -65,8 +67,12 @@ def _build(args: argparse.Namespace):
 
 
 def _snapshot(args: argparse.Namespace) -> dict:
+    from delphi.io import check_output_dir, check_owned_dir
     from delphi.paper import snapshot
+    from delphi.study import STUDY_FILE
 
+    check_output_dir(args.to, inputs=(args.from_study,), flag="--to")
+    check_owned_dir(args.to, (STUDY_FILE,), "paper snapshot", force=args.force, flag="--to")
     result = snapshot(args.from_study, args.to, resumable=args.resumable)
     _say(f"snapshot: {result['files']} files, {len(result['ladder_runs'])} finished ladder runs, into {args.to} "
          f"({result['compact']['runs']} runs' curves in curves.csv.gz)")
