@@ -225,12 +225,15 @@ def edition_tree(edition: str | Path) -> Path:
     sealed file is found above its data as in the repository."""
     edition = Path(edition)
     root = Path(os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / "delphi-editions")
-    home = root / f"{edition.resolve().name}-{content_key(edition)}"
+    prereg = _preregistrations_above(edition)
+    # The link beside the tree names one checkout's preregistrations: two clones (a CI clone, a
+    # worktree) with the same edition must not share a copy that points into the other.
+    checkout = hashlib.sha256(str(prereg).encode()).hexdigest()[:8]
+    home = root / f"{edition.resolve().name}-{content_key(edition)}-{checkout}"
     tree = home / edition.resolve().name
     if tree.is_dir():
         return tree
     home.mkdir(parents=True, exist_ok=True)
-    prereg = _preregistrations_above(edition)
     if prereg is not None and not (home / "preregistrations").exists():  # before the tree appears: a reader finds both
         try:
             (home / "preregistrations").symlink_to(prereg)
