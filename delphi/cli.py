@@ -36,7 +36,8 @@ COMMAND_MODULES = (
     "delphi.fits.commands",
     "delphi.prereg.commands",
     "delphi.plot.commands",
-    "delphi.study_commands",
+    "delphi.study.commands",
+    "delphi.paper_commands",
 )
 
 

@@ -5,7 +5,7 @@ they are dependencies all the same) and each import of a `delphi` module is chec
 
 - it goes down the layers, or stays inside its own part (a subpackage, or the base modules);
 - parts that share a layer (ladder, prereg, plot) do not import each other;
-- command modules (`*/commands.py`, `study_commands.py`, `cli.py`) form the top layer: they may
+- command modules (`*/commands.py`, `paper_commands.py`, `cli.py`) form the top layer: they may
   import any library module and the CLI helpers in `delphi.cli`, never another part's commands;
 - no two modules import each other, directly or through others (no cycle).
 
@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("delphi.experiments",),  # muP experiments: train models, draw with plot
     ("delphi.study",),
     ("delphi.paper",),
-    ("<cli>",),  # delphi.cli, delphi.study_commands, delphi.*.commands
+    ("<cli>",),  # delphi.cli, delphi.paper_commands, delphi.*.commands
 ]
 CLI_HUB = "delphi.cli"  # argparse helpers every command module uses
 
@@ -93,7 +93,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def is_command_module(module: str) -> bool:
-    return module in (CLI_HUB, "delphi.study_commands") or module.rsplit(".", 1)[-1] == "commands"
+    return module in (CLI_HUB, "delphi.paper_commands") or module.rsplit(".", 1)[-1] == "commands"
 
 
 def layer_of(module: str) -> tuple[int, str]:
