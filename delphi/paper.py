@@ -178,7 +178,7 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
                      check: dict) -> dict[str, Any]:
     """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
     rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
-    from delphi.prereg.create import correction_text
+    from delphi.fits.probes import correction_text
 
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
     out: dict[str, Any] = {"data_dir": str(data_dir), "study_name": pinned.get("name"), "ladder_file": pinned.get("ladder"),
@@ -310,7 +310,7 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
             predicted = float(predict_hero(fit, cfg)[0]["loss"])
             cells.append(f"{predicted:.4f} ({actual / predicted - 1:+.2%})")
         if carry is not None:
-            from delphi.fits.backtest import probe_trend
+            from delphi.fits.probes import probe_trend
 
             law = float(predict_hero(fits[primary_fit], cfg)[0]["loss"])
             trend = probe_trend(before, top_budget, carry)

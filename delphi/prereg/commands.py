@@ -13,7 +13,7 @@ from pathlib import Path
 
 from delphi.errors import CheckFailed, DelphiError
 
-# delphi.fits.backtest.PROBE_CARRIES and NOISE_SCOPES, spelled out so that building the parser does
+# delphi.fits.probes.PROBE_CARRIES and NOISE_SCOPES, spelled out so that building the parser does
 # not import pandas (tests/test_cli_help.py checks they agree).
 PROBE_CARRIES = ("linear", "local_slope")
 NOISE_SCOPES = ("pooled", "top_budget")

@@ -21,7 +21,8 @@ import numpy as np
 
 import delphi
 from delphi.errors import CheckFailed, DelphiError
-from delphi.fits.backtest import NOISE_SCOPES, PROBE_CARRIES, Z_50 as Z50, Z_90 as Z90
+from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90
+from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.fits.data import isoflop_rows
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
@@ -217,59 +218,6 @@ def score_probes(fit, probe_runs: Sequence[Path], noise: float | None = None) ->
     return {name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()}
 
 
-# How a sealed assumption says the law's error continues beyond the probes, per carry (PROBE_CARRIES).
-CARRY_ASSUMPTION = {"linear": "linearly in log10 C", "local_slope": PROBE_CARRIES["local_slope"]}
-
-
-def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float) -> dict[str, Any]:
-    """`final` x (1 + the probes' error trend carried to the hero), its intervals moved with it and
-    widened, in quadrature, by z x the carried error's sd when each probe is one run of relative sd
-    `noise_rel` (`delphi.fits.backtest.ProbeTrend.correct`). Why: the isoFLOP law's error grew with
-    distance in the fifth edition (-1.99%, +2.96%, +8.69% at 3x, 10x, 30x); the trend of its first
-    two probes, carried to 30x, put the hero at 1.0029 against an actual 1.0142 (+1.13%;
-    paper/v5/second_opinions.csv)."""
-    carried, sd = trend.at(hero_compute), trend.sd_at(hero_compute, noise_rel)
-    out = dict(final) | {"loss": float(final["loss"]) * (1 + carried)}
-    for key, z in (("loss_50", Z50), ("loss_90", Z90)):
-        interval = trend.correct(float(final["loss"]), final.get(key), hero_compute, noise_rel, z)[1]
-        out[key] = None if interval is None else list(interval)
-    out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
-    rule = ("least squares linear in log10(C / top budget)" if trend.carry == "linear" else
-            f"{PROBE_CARRIES[trend.carry]} in log10(C / top budget)")
-    out["probe_correction"] = {
-        "rule": f"primary law x (1 + its relative error at the probes, {rule}, carried to the hero's exact FLOPs)",
-        "carry": trend.carry,
-        "carried_rel": carried, "carried_sd_rel": sd, "noise_rel": noise_rel, "slope_per_decade": trend.slope,
-        "intercept": trend.intercept, "top_budget": trend.top_budget,
-        "probes": {n: {"log10_multiple": x, "rel_error": e} for n, x, e in zip(trend.names, trend.x, trend.errors)}}
-    out["source"] = f"{final['source']}; x (1 {carried:+.2%}), the probes' error trend carried to the hero"
-    out["interval"] = (f"{final.get('interval') or 'the fit interval'}; moved by the correction and widened in quadrature "
-                       f"by z x {sd:.2%} of the loss: the carried error's sd for probes of {noise_rel:.2%} noise each")
-    return out
-
-
-def correction_text(final: dict, actual: float | None, *, primary_law: str) -> dict[str, str]:
-    """How the sealed number came from the primary law: as it is, or corrected by the law's error
-    trend at the probes (`delphi.prereg.create.correct_by_probes`), and what the law alone would
-    have scored."""
-    correction = final.get("probe_correction")
-    if correction is None:
-        return {"prediction_rule": f"made the law they confirmed, {primary_law}, the primary one",
-                "correction_sentence": f"The sealed number is {primary_law}'s own prediction."}
-    law, sealed = float(final["uncorrected"]["loss"]), float(final["loss"])
-    errors = ", ".join(f"{p['rel_error']:+.2%} at {10 ** p['log10_multiple']:.0f}x"
-                       for p in sorted(correction["probes"].values(), key=lambda p: p["log10_multiple"]))
-    outcome = "" if actual is None else (f" Against the law alone the hero's error would have been {float(actual) / law - 1:+.2%}; "
-                                         f"against the sealed number it is {float(actual) / sealed - 1:+.2%}.")
-    return {"prediction_rule": f"corrected the primary law, {primary_law}, by its error trend at them",
-            "correction_sentence": (
-                f"The sealed number is not the law's own: the law predicted {law:.4f} at the hero. Its relative error at the "
-                f"probes ({errors}), {PROBE_CARRIES[correction.get('carry', 'linear')]} ({correction['slope_per_decade']:+.1%} per decade), carried to "
-                f"the hero gives {correction['carried_rel']:+.2%} with an sd of {correction['carried_sd_rel']:.2%} (each probe "
-                f"one run of {correction['noise_rel']:.2%} noise), so the preregistration sealed {sealed:.4f} = {law:.4f} x "
-                f"(1 {correction['carried_rel']:+.2%}), its interval widened by that sd in quadrature.{outcome}")}
-
-
 def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = "pooled") -> float:
     """One probe's relative noise about the probes' error trend: the ladder's seed noise under
     `noise_scope` (the law's scatter about the ladder is what the trend corrects), or the whole run
@@ -287,7 +235,7 @@ def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_run
     """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
     prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`);
     one run's noise under `noise_scope` (NOISE_SCOPES)."""
-    from delphi.fits.backtest import probe_trend
+    from delphi.fits.probes import probe_trend
     from delphi.prereg import gates as gt
 
     final, fit = predict_final(fit_path, hero, results, noise_scope)
@@ -589,7 +537,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     own errors at the probes. `noise_scope` (NOISE_SCOPES) sets one run's noise at the probes and
     in the cross-checks."""
     from delphi.fits import backtest as run_backtest
-    from delphi.fits.backtest import probe_trend
+    from delphi.fits.probes import probe_trend
     from delphi.prereg import gates as gt
 
     lr_drift = lr_drift_from(lr_calibration, ladder)

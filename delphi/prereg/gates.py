@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import PROBE_CARRIES, Z_90, probe_trend
+from delphi.fits.backtest import Z_90
+from delphi.fits.probes import PROBE_CARRIES, probe_trend
 from delphi.fits.data import isoflop_rows
 from delphi.ladder.collect import relaxed_in_table
 
@@ -533,7 +534,7 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
     Uncorrected (the prediction is the primary law's): every probe within tolerance, as a dress
     rehearsal must be, and with two or more probes their error trend (`ProbeTrend`) carried to the
     hero within tolerance too. Corrected (the prediction is the law x (1 + the trend carried to the
-    hero), `delphi.prereg.create.correct_by_probes`): the correction must have been tested, so at
+    hero), `delphi.fits.probes.correct_by_probes`): the correction must have been tested, so at
     least three probes; the trend fitted without the furthest probe predicts it within tolerance;
     every probe the carry rests on (`ProbeTrend.used`: all for the line, the two furthest for the
     local slope) lies within tolerance of the trend; and the hero is no farther beyond the furthest

@@ -198,7 +198,8 @@ def _probes_section(study: Study) -> list[str]:
     if not runs:
         return []
     from delphi.fits import load_fit
-    from delphi.prereg.create import correction_text, score_probes
+    from delphi.fits.probes import correction_text
+    from delphi.prereg.create import score_probes
     from delphi.prereg.format import read
 
     lines = ["## Probes beyond the ladder", "", f"The {study.spec.primary_fit} law at each probe's own N and D "

@@ -12,7 +12,7 @@ from delphi.errors import DelphiError
 from delphi.io import read_yaml
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
-from delphi.fits.backtest import NOISE_SCOPES, PROBE_CARRIES
+from delphi.fits.probes import NOISE_SCOPES, PROBE_CARRIES
 from delphi.train.rundir import CONFIG_FILE, SUMMARY_FILE
 
 
@@ -39,12 +39,12 @@ class HeroSpec:
     # The dress rehearsal's compute as a multiple of the top ladder budget; None: no rehearsal.
     rehearsal_multiple: float | None = DEFAULT_REHEARSAL_MULTIPLE
     # Seal the primary law x (1 + its error trend at gates.probes carried to the hero), not the law
-    # alone (delphi.prereg.create.correct_by_probes); needs >= 3 probes for gate probes to pass.
+    # alone (delphi.fits.probes.correct_by_probes); needs >= 3 probes for gate probes to pass.
     probe_correction: bool = False
-    # How the correction carries the law's error beyond the probes (delphi.fits.backtest.PROBE_CARRIES):
+    # How the correction carries the law's error beyond the probes (delphi.fits.probes.PROBE_CARRIES):
     # "linear" (least squares through every probe) or "local_slope" (the two furthest).
     probe_carry: str = "linear"
-    # Whose seed spread is one run's noise at the hero and the probes (delphi.fits.backtest.NOISE_SCOPES):
+    # Whose seed spread is one run's noise at the hero and the probes (delphi.fits.probes.NOISE_SCOPES):
     # "pooled" over every budget, or "top_budget" (the measured scale nearest the runs beyond the ladder).
     noise_scope: str = "pooled"
     # The hero's train config checkpoint_every_s: a checkpoint_every checkpoint is skipped while the
