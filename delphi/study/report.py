@@ -199,7 +199,7 @@ def _probes_section(study: Study) -> list[str]:
         return []
     from delphi.fits import load_fit
     from delphi.fits.probes import correction_text
-    from delphi.prereg.create import score_probes
+    from delphi.prereg.predict import score_probes
     from delphi.prereg.format import read
 
     lines = ["## Probes beyond the ladder", "", f"The {study.spec.primary_fit} law at each probe's own N and D "

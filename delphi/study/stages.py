@@ -302,7 +302,7 @@ def stage_dress_rehearsal(study: Study) -> dict:
     already refuse) and stops the study before the hero when it misses, unless `force: true`."""
     from delphi.fits import load_fit
     from delphi.prereg.gates import gate_dress_rehearsal
-    from delphi.prereg.create import run_predicted_vs_actual
+    from delphi.prereg.predict import run_predicted_vs_actual
     from delphi.train.config import load_train_config
     from delphi.train.trainer import train
 
@@ -315,7 +315,7 @@ def stage_dress_rehearsal(study: Study) -> dict:
         _sized_run(study, compute, "rehearsal", study.rehearsal_config)
     fit = load_fit(study.fit_path(study.spec.primary_fit))
     cfg = load_train_config(study.rehearsal_config)
-    from delphi.prereg.create import predict_hero, run_noise_nats
+    from delphi.prereg.predict import predict_hero, run_noise_nats
 
     predicted = predict_hero(fit, cfg)[0]
     _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
@@ -334,7 +334,8 @@ def stage_dress_rehearsal(study: Study) -> dict:
 def stage_gates(study: Study) -> dict:
     """Every gate, PASS/FAIL, before the hero trains; a failure stops the study here unless `force: true`."""
     from delphi.prereg import gates as gt
-    from delphi.prereg.create import compute_gates, hero_prediction
+    from delphi.prereg.create import compute_gates
+    from delphi.prereg.predict import hero_prediction
     from delphi.train.config import load_train_config
 
     hero = load_train_config(study.hero_config)
@@ -405,7 +406,8 @@ def stage_probes(study: Study) -> dict:
     gates judge the hero, not a probe), then trained against the seal. A probe that started before
     its seal existed is refused; an interrupted one resumes."""
     from delphi.fits import load_fit
-    from delphi.prereg.create import create_prereg, run_noise_nats, run_predicted_vs_actual
+    from delphi.prereg.create import create_prereg
+    from delphi.prereg.predict import run_noise_nats, run_predicted_vs_actual
     from delphi.prereg.format import predicted_loss_curve
     from delphi.train.config import load_train_config
     from delphi.train.trainer import train
