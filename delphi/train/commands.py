@@ -39,7 +39,7 @@ def add_commands(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace):
-    from delphi.prereg.format import predicted_loss_curve
+    from delphi.prereg_format import predicted_loss_curve
     from delphi.train.trainer import train
 
     from delphi.io import check_output_dir
