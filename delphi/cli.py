@@ -30,7 +30,6 @@ from delphi.errors import CheckFailed, DelphiError
 COMMAND_MODULES = (
     "delphi.data.commands",
     "delphi.train.commands",
-    "delphi.model.commands",
     "delphi.experiments.commands",
     "delphi.ladder.commands",
     "delphi.fits.commands",
