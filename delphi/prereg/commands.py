@@ -209,7 +209,7 @@ def _index(args: argparse.Namespace):
 def _curves(args: argparse.Namespace):
     from delphi.fits import curves as cv
     from delphi.io import atomic_write_json, check_output_file
-    from delphi.ladder.plan import ladder_own_paths
+    from delphi.ladder.manifest import ladder_own_paths
 
     for flag, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None:

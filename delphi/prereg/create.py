@@ -250,7 +250,7 @@ def ladder_spec_ranges(ladder: Path | None, gate_table) -> dict | None:
     if ladder is None or not (Path(ladder) / "ladder.yaml").is_file():
         return None
     try:
-        from delphi.ladder.plan import ladder_ranges
+        from delphi.ladder.hero import ladder_ranges
         from delphi.ladder.spec import load_ladder_spec
 
         return ladder_ranges(load_ladder_spec(Path(ladder) / "ladder.yaml"), gate_table)

@@ -645,7 +645,7 @@ def evaluate_gates(
     the primary law against finished runs beyond the ladder (`gate_probes`; no gate without any);
     `probe_correction` whether `final` is the primary law corrected by the probes' trend, carried by
     `probe_carry`."""
-    from delphi.ladder.plan import HERO_MAX_OFF_OPTIMUM
+    from delphi.ladder.hero import HERO_MAX_OFF_OPTIMUM
 
     agreement = gate_method_agreement(float(final["loss"]), cross_checks, thresholds.tol("agreement"))
     if exact_required is None:  # laws in C are fitted on each budget's real cost; only (N, D) laws allocate

@@ -36,7 +36,8 @@ def stage_prepare(study: Study) -> dict:
 
 
 def stage_plan(study: Study) -> dict:
-    from delphi.ladder.plan import format_table, plan_ladder, write_ladder
+    from delphi.ladder.manifest import format_table, write_ladder
+    from delphi.ladder.plan import plan_ladder
 
     ladder = _ladder_spec(study)
     preflight = _hero_preflight(study, ladder)
@@ -49,7 +50,7 @@ def _hero_preflight(study: Study, ladder) -> dict:
     """Before the ladder trains: would the rehearsal and the hero fit the ladder's ranges if the
     optimum came out where the spec expects it? If not at the expected optimum itself, the gates
     would refuse after hours of ladder; stop now unless `force: true`."""
-    from delphi.ladder.plan import hero_preflight
+    from delphi.ladder.hero import hero_preflight
 
     if ladder.isoflop is None:
         return {"skipped": "a tokens_per_param ladder has no expected optimum"}
