@@ -8,7 +8,7 @@ of it; a study uses it when its spec names probes or `hero.probe_correction`).
   paper and the report say so.
 - `probe_holdouts`: the correction backtested on a table's own budgets (`delphi backtest --probes`).
 
-Where the probes' errors come from (`delphi.prereg.create.score_probes`), and their gate
+Where the probes' errors come from (`delphi.prereg.predict.score_probes`), and their gate
 (`delphi.prereg.gates.gate_probes`), stay with the preregistration that reads run directories.
 """
 

@@ -357,7 +357,7 @@ def create_prereg(
     `probe_correction` seals the primary law corrected by its error trend at the probes, carried by
     `probe_carry` (`hero_prediction`); `noise_scope` (NOISE_SCOPES) whose seed spread is one run's
     noise at the hero and the probes; `trajectory_from_probes` takes the trajectory's shape from the longest probe
-    (`delphi.fits.curves.trajectory_from_shapes`) instead of the curve law."""
+    (`delphi.fits.shape_trajectory.trajectory_from_shapes`) instead of the curve law."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params
