@@ -30,13 +30,13 @@ from delphi.errors import CheckFailed, DelphiError
 COMMAND_MODULES = (
     "delphi.data.commands",
     "delphi.train.commands",
-    "delphi.model.commands",
     "delphi.experiments.commands",
     "delphi.ladder.commands",
     "delphi.fits.commands",
     "delphi.prereg.commands",
     "delphi.plot.commands",
-    "delphi.study_commands",
+    "delphi.study.commands",
+    "delphi.paper_commands",
 )
 
 

@@ -191,7 +191,7 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
                      check: dict) -> dict[str, Any]:
     """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
     rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
-    from delphi.prereg.create import correction_text
+    from delphi.fits.probes import correction_text
 
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
     out: dict[str, Any] = {"data_dir": str(data_dir), "study_name": pinned.get("name"), "ladder_file": pinned.get("ladder"),
@@ -287,7 +287,7 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
     law x its probe trend, carried so) a last column gives that rule at each run from the runs before
     it only."""
     from delphi.fits import load_fit
-    from delphi.prereg.create import predict_hero
+    from delphi.prereg.predict import predict_hero
     from delphi.train.config import load_train_config
 
     probes = _probe_dirs(data_dir)
@@ -301,7 +301,7 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
     if gate is None:
         out["probes_sentence"] = "No probes beyond the ladder were given."
     else:  # the sealed record, beside the gate as the code stands today (a gate changed after an outcome shows as such)
-        from delphi.prereg.create import run_predicted_vs_actual
+        from delphi.prereg.predict import run_predicted_vs_actual
         from delphi.prereg.gates import gate_probes
 
         hero_cfg = load_train_config(data_dir / "hero.yaml")
@@ -324,7 +324,7 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
             predicted = float(predict_hero(fit, cfg)[0]["loss"])
             cells.append(f"{predicted:.4f} ({actual / predicted - 1:+.2%})")
         if carry is not None:
-            from delphi.fits.backtest import probe_trend
+            from delphi.fits.probes import probe_trend
 
             law = float(predict_hero(fits[primary_fit], cfg)[0]["loss"])
             trend = probe_trend(before, top_budget, carry)
@@ -358,7 +358,8 @@ def _cross_check_sentence(data_dir: Path, primary_fit: str, prereg_doc: dict, pr
     today, beside the sealed record: a gate changed after an outcome is shown as such."""
     from delphi.fits import load_fit
     from delphi.prereg import gates as gt
-    from delphi.prereg.create import cross_check_predictions, fit_convention, load_tables
+    from delphi.prereg.create import cross_check_predictions
+    from delphi.prereg.predict import fit_convention, load_tables
     from delphi.train.config import load_train_config
 
     fit_path = data_dir / "fits" / f"{primary_fit}.json"

@@ -8,7 +8,7 @@ import sys
 from delphi.errors import DelphiError
 
 
-def add_paper_commands(subparsers: argparse._SubParsersAction) -> None:
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     from delphi.cli import add_json_flag
 
     paper = subparsers.add_parser("paper", help="the project's own write-up (paper/)")

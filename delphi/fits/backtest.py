@@ -17,16 +17,15 @@ cell, not the law's mean: without it a point with no bootstrap, or a tight
 bootstrap, gets an interval that cannot cover. `covered_90` says whether it did;
 `all_holdouts` measures coverage over many held-out budgets.
 
-`probe_holdouts` backtests a correction: the law's error at the first budgets
+`delphi.fits.probes.probe_holdouts` backtests a correction: the law's error at the first budgets
 above the cut (the probes), linear in log C (`ProbeTrend`), carried to the
 budgets beyond them.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+import importlib
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -268,220 +267,12 @@ def _next_budget(row: dict[str, Any], rows: list[dict[str, Any]]) -> float:
     return min(r["budget"] for r in rows if r["method"] == row["method"] and r["cut"] == row["cut"])
 
 
-# --------------------------------------------------------------------------- the error trend beyond the fit
+# Moved to delphi.fits.probes (the probe diagnostics); still importable from here. Resolved lazily:
+# delphi.fits.probes imports this module, and an import back would be a cycle.
+_MOVED_TO_PROBES = ("PROBE_CARRIES", "NOISE_SCOPES", "ProbeTrend", "probe_trend", "probe_holdouts", "_half_width_rel", "_trend_summary")
 
 
-# How a law's error at the probes is carried beyond them (`ProbeTrend.carry`), and how the text says it.
-# "linear": least squares linear in log C through every probe (the sixth edition's sealed rule);
-# "local_slope": the line through the two furthest probes. On the public isoFLOP sweeps, within one
-# probe span, the local slope carried the isoFLOP law's error to 0.42% mean |error| against the
-# line's 0.50%, and with less optimistic bias (paper/v6/alternative_rules_public.csv).
-PROBE_CARRIES = {"linear": "fitted linear in log10 C",
-                 "local_slope": "along the line through the two furthest probes"}
-
-# Whose seed spread stands for one run's seed noise at the hero and the probes (`run_noise_nats`).
-# The ladder's within-cell seed sd falls with compute (paper/v6: 0.027 nats at 1e12, 0.010 at
-# 2.2e12, 0.0057 at 4.6e12, 0.0066 at 1e13, 0.0044 for the 4e13 anchors), so the pool over every
-# budget (0.0138) is set by the smallest and overstates the noise of runs beyond the top.
-NOISE_SCOPES = {
-    "pooled": "the within-cell seed sd pooled over every budget",
-    "top_budget": "the within-cell seed sd at the top isoFLOP budget, the measured scale nearest the runs beyond the ladder",
-}
-
-
-@dataclass(frozen=True)
-class ProbeTrend:
-    """A law's relative error (actual / predicted - 1) at runs beyond its fit (probes), carried to
-    another compute linearly in x = log10(C / top budget), by `carry` (PROBE_CARRIES). Why: a law
-    whose error grows with distance passes every probe and still misses further out (paper v5: the
-    isoFLOP law at -1.99%, +2.96% at 3x, 10x carried +7.48% to 30x; the hero missed by +8.69%)."""
-
-    top_budget: float
-    names: tuple[str, ...]  # sorted by x
-    x: tuple[float, ...]
-    errors: tuple[float, ...]
-    carry: str = "linear"
-
-    def x_of(self, compute: float) -> float:
-        return math.log10(compute / self.top_budget)
-
-    def used(self) -> tuple[int, ...]:
-        """The probes the carry rests on: every probe for the line; for the local slope the furthest
-        and the furthest at a smaller compute."""
-        if self.carry == "local_slope":
-            last = len(self.x) - 1
-            return int(np.flatnonzero(np.array(self.x) < self.x[last])[-1]), last
-        return tuple(range(len(self.x)))
-
-    def weights(self, compute: float) -> np.ndarray:
-        """The carried error at `compute` is this weighted sum of the probes' errors (both rules are
-        linear in the errors, so one run's noise in each probe gives the carried error's sd too)."""
-        x, at = np.array(self.x), self.x_of(compute)
-        if self.carry == "local_slope":
-            before, last = self.used()
-            u = (at - x[last]) / (x[last] - x[before])
-            w = np.zeros(len(x))
-            w[last], w[before] = 1 + u, -u
-            return w
-        design = np.stack([np.ones_like(x), x], axis=1)
-        return np.array([1.0, at]) @ np.linalg.pinv(design)
-
-    def at(self, compute: float) -> float:
-        """The trend's error carried to `compute`."""
-        return float(self.weights(compute) @ np.array(self.errors))
-
-    @property
-    def intercept(self) -> float:
-        """The carried error at the top budget (x = 0)."""
-        return self.at(self.top_budget)
-
-    @property
-    def slope(self) -> float:
-        """The carried error's change per decade of compute."""
-        return self.at(10 * self.top_budget) - self.intercept
-
-    def sd_at(self, compute: float, noise_rel: float) -> float:
-        """The sd of the carried error when each probe's error has sd `noise_rel` (one run's noise)."""
-        return float(noise_rel * np.linalg.norm(self.weights(compute)))
-
-    def correct(self, loss: float, interval: Sequence[float] | None, compute: float, noise_rel: float,
-                z: float = Z_90) -> tuple[float, tuple[float, float] | None]:
-        """(loss x (1 + the carried error), `interval` moved with it and widened in quadrature by
-        z x the carried error's sd): a law's prediction at `compute`, corrected."""
-        factor = 1 + self.at(compute)
-        moved = None if interval is None else [float(v) * factor for v in interval]
-        return loss * factor, predictive_interval(loss * factor, moved, self.sd_at(compute, noise_rel) * loss * factor, z)
-
-    def reach(self, compute: float) -> tuple[float, float]:
-        """(how far `compute` lies beyond the furthest probe, the span of the probes the carry rests
-        on), both in log10 C."""
-        used = [self.x[i] for i in self.used()]
-        return self.x_of(compute) - max(self.x), max(used) - min(used)
-
-    def residuals(self) -> dict[str, float]:
-        """Each probe's error minus the trend's at its compute (zero for the local slope's two)."""
-        return {n: e - self.at(self.top_budget * 10 ** x) for n, x, e in zip(self.names, self.x, self.errors)}
-
-    def untested(self, tolerance: float, compute: float | None = None) -> list[str]:
-        """Why a correction carried to `compute` is not backed by the probes (empty: it is): it needs
-        three probes; the trend fitted without the furthest must predict it within `tolerance`;
-        every probe the carry rests on (`used`) must lie within `tolerance` of the trend; and
-        `compute` may lie beyond the furthest probe (in log C) by at most their span. The local
-        slope answers for its own two probes only: it is chosen where the errors bend, so earlier
-        probes off its line are its premise, not a failure; the leave-last-out test checks it."""
-        tested = self.leave_last_out()
-        if tested is None:
-            return ["a correction by the probes needs >= 3 finished probes at distinct computes (two to fit "
-                    "the trend, one to test it)"]
-        problems = [f"{tested[0]} {tested[1]:+.2%} from the trend fitted without it"] if abs(tested[1]) > tolerance else []
-        residuals = self.residuals()
-        problems += [f"{self.names[i]} {residuals[self.names[i]]:+.2%} from the trend" for i in self.used()
-                     if abs(residuals[self.names[i]]) > tolerance]
-        if compute is not None:
-            beyond, span = self.reach(compute)
-            if beyond > span * (1 + 1e-9):  # one span out is allowed, whatever the rounding of its logs
-                problems.append(f"{10 ** beyond:.3g}x beyond the furthest probe, more than the probes' span ({10 ** span:.3g}x)")
-        return problems
-
-    def leave_last_out(self) -> tuple[str, float] | None:
-        """(the furthest probe, the error of its corrected prediction when the trend is fitted on the
-        other probes, by the same carry); None with fewer than two others at distinct computes."""
-        last = int(np.argmax(self.x))
-        rest = {n: {"compute": self.top_budget * 10 ** x, "rel_error": e}
-                for i, (n, x, e) in enumerate(zip(self.names, self.x, self.errors)) if i != last}
-        trend = probe_trend(rest, self.top_budget, self.carry)
-        if trend is None:
-            return None
-        return self.names[last], (1 + self.errors[last]) / (1 + trend.at(self.top_budget * 10 ** self.x[last])) - 1
-
-
-def probe_trend(probes: dict[str, dict], top_budget: float, carry: str = "linear") -> ProbeTrend | None:
-    """`ProbeTrend` of the finished probes (name -> {"compute", "rel_error"}); None with fewer than
-    two at distinct computes."""
-    if carry not in PROBE_CARRIES:
-        raise DelphiError(f"probe carry: {carry!r}, expected one of {list(PROBE_CARRIES)}")
-    points = sorted((math.log10(float(r["compute"]) / top_budget), float(r["rel_error"]), name)
-                    for name, r in probes.items() if not r.get("error") and r.get("compute"))
-    if len({x for x, _, _ in points}) < 2:
-        return None
-    return ProbeTrend(float(top_budget), tuple(p[2] for p in points), tuple(p[0] for p in points),
-                      tuple(p[1] for p in points), carry)
-
-
-def probe_holdouts(
-    table: pd.DataFrame,
-    fit_fn: Callable[[pd.DataFrame], FitResult],
-    *,
-    probes: int = 3,
-    min_train_budgets: int = MIN_TRAIN_BUDGETS,
-    tolerance: float = 0.03,
-    family: FlopsFamily | None = None,
-    carry: str = "linear",
-) -> dict[str, Any]:
-    """Backtest the probe-trend correction: for each cut with `probes` budgets above it and at least
-    one more, fit below the cut, score the law at the first `probes` budgets above it (their best
-    observed loss, as `backtest` scores a budget) and predict every budget beyond them, by the law
-    alone and by the law corrected by its trend at the probes (`ProbeTrend.correct`; each probe's
-    noise is the training residual scatter). Errors are predicted / observed - 1, as in `backtest`.
-    "tested": `ProbeTrend.untested` finds nothing at that budget (gate probes' test of a corrected
-    prediction); the summary scores all rows and the tested ones."""
-    budgets = np.sort(table["budget"].unique())
-    if probes < 2 or len(budgets) < min_train_budgets + probes + 1:
-        raise DelphiError(f"backtest --probes {probes}: {len(budgets)} budget(s); need >= 2 probes and "
-                          f"{min_train_budgets} training budgets + the probes + 1")
-    rows: list[dict[str, Any]] = []
-    for k in range(min_train_budgets, len(budgets) - probes):
-        try:
-            result = backtest(table, fit_fn, cut=float(budgets[k]), family=family)
-        except (DelphiError, ValueError, ArithmeticError, np.linalg.LinAlgError) as e:
-            rows.append({"cut": float(budgets[k]), "error": f"{type(e).__name__}: {e}"})
-            continue
-        scored = sorted(result["budgets"], key=lambda b: b["budget"])
-        at_probes, targets = scored[:probes], scored[probes:]
-        top = float(budgets[k - 1])
-        trend = probe_trend({f"{b['budget']:.4g}": {"compute": b["budget"], "rel_error": b["observed_best_loss"] / b["predicted_loss"] - 1}
-                             for b in at_probes}, top, carry)
-        noise_rel = (result["residual_scatter_nats"] or 0.0) / float(np.mean([b["observed_best_loss"] for b in at_probes]))
-        tested = trend.leave_last_out()
-        for b in targets:
-            truth = b["observed_best_loss"]
-            loss, interval = trend.correct(b["predicted_loss"], b["loss_interval_90"], b["budget"], noise_rel)
-            rows.append({
-                "cut": float(budgets[k]), "n_train_budgets": k, "budget": b["budget"], "extrapolation": b["extrapolation"],
-                "beyond_last_probe": b["budget"] / at_probes[-1]["budget"],
-                "probe_budgets": [float(p["budget"]) for p in at_probes],
-                "probe_span": at_probes[-1]["budget"] / at_probes[0]["budget"],
-                "probe_errors": [float(e) for e in trend.errors], "carried_rel": trend.at(b["budget"]),
-                "leave_last_out_rel_error": None if tested is None else tested[1],
-                "tested": not trend.untested(tolerance, b["budget"]),
-                "observed_best_loss": truth, "law_loss": b["predicted_loss"], "law_rel_error": b["rel_error"],
-                "law_covered_90": b["covered_90"], "law_half_width_rel": _half_width_rel(b["loss_interval_90"], b["predicted_loss"]),
-                "corrected_loss": loss, "corrected_rel_error": loss / truth - 1,
-                "corrected_half_width_rel": _half_width_rel(interval, loss),
-                "corrected_interval_90": None if interval is None else list(interval),
-                "corrected_covered_90": _covered(interval, truth),
-            })
-    scored_rows = [r for r in rows if "error" not in r]
-    summary = {label: _trend_summary(part) for label, part in
-               (("all", scored_rows), ("tested", [r for r in scored_rows if r["tested"]]))}
-    return {"kind": "backtest_probe_trend", "probes": probes, "carry": carry, "tolerance": tolerance, "rows": rows,
-            "summary": summary, "failed_fits": len(rows) - len(scored_rows), "input_sha256": table.attrs.get("sha256")}
-
-
-def _half_width_rel(interval: Sequence[float] | None, loss: float) -> float | None:
-    return None if interval is None else (float(interval[1]) - float(interval[0])) / 2 / loss
-
-
-def _trend_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    def mean(key: str) -> float | None:
-        values = [r[key] for r in rows if r[key] is not None]
-        return float(np.mean(values)) if values else None
-
-    out: dict[str, Any] = {"n": len(rows)}
-    for which in ("law", "corrected"):
-        out[f"{which}_mean_abs_rel_error"] = float(np.mean([abs(r[f"{which}_rel_error"]) for r in rows])) if rows else None
-        out[f"{which}_coverage_90"] = mean(f"{which}_covered_90")
-        out[f"{which}_mean_half_width_rel"] = mean(f"{which}_half_width_rel")
-    out["corrected_better"] = (float(np.mean([abs(r["corrected_rel_error"]) < abs(r["law_rel_error"]) for r in rows]))
-                               if rows else None)
-    return out
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_PROBES:
+        return getattr(importlib.import_module("delphi.fits.probes"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

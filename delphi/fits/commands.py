@@ -13,7 +13,7 @@ from delphi.errors import DelphiError
 # delphi.fits.allocation.PARAM_CONVENTIONS, spelled out so that building the parser (every
 # `delphi --help`) does not import pandas and scipy; tests/test_cli_help.py checks they agree.
 PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
-PROBE_CARRIES = ("linear", "local_slope")  # delphi.fits.backtest.PROBE_CARRIES, likewise
+PROBE_CARRIES = ("linear", "local_slope")  # delphi.fits.probes.PROBE_CARRIES, likewise
 COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
 BEYOND_DEFAULT_METHODS = ("isoflop", "vpnls", "parametric", "frontier", "asymptotic")  # delphi.fits.beyond.BEYOND_METHODS
 METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "asymptotic", "moe")
@@ -310,7 +310,7 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
-    from delphi.fits.backtest import probe_holdouts
+    from delphi.fits.probes import probe_holdouts
     from delphi.io import atomic_write_json
 
     if len(args.method) > 1:

@@ -31,7 +31,8 @@ import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_json, atomic_write_text
-from delphi.ladder.plan import RUNS_DIR, SPEC_FILE, cell_id_of, flops_family, read_manifest, rung_role
+from delphi.ladder.manifest import RUNS_DIR, SPEC_FILE, read_manifest
+from delphi.ladder.plan import cell_id_of, flops_family, rung_role
 from delphi.ladder.runner import rung_status
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
 from delphi.fits.data import CANONICAL_COLUMNS

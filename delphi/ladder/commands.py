@@ -102,7 +102,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _plan(args: argparse.Namespace) -> dict:
     from delphi.data.loader import TokenStore
-    from delphi.ladder.plan import format_table, plan_ladder, write_ladder
+    from delphi.ladder.manifest import format_table, write_ladder
+    from delphi.ladder.plan import plan_ladder
     from delphi.io import check_output_dir
     from delphi.ladder.spec import load_ladder_spec
 
@@ -179,7 +180,7 @@ def _run(args: argparse.Namespace):
 def _collect(args: argparse.Namespace) -> dict:
     from delphi.ladder.collect import collect_ladder, write_results
     from delphi.io import check_output_file
-    from delphi.ladder.plan import ladder_own_paths, read_manifest
+    from delphi.ladder.manifest import ladder_own_paths, read_manifest
 
     from delphi.ladder.collect import family_path
 
@@ -224,7 +225,7 @@ def _family(args: argparse.Namespace) -> dict:
 def _hero(args: argparse.Namespace) -> dict:
     from delphi.io import atomic_write_yaml, check_output_file
     from delphi.ladder.hero import hero_from_fit
-    from delphi.ladder.plan import format_table
+    from delphi.ladder.manifest import format_table
     from delphi.ladder.spec import load_ladder_spec
     from delphi.train.config import train_config_to_dict
 

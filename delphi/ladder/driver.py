@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Protocol
 
 from delphi.errors import DelphiError
-from delphi.ladder.plan import RUNS_DIR, read_manifest
+from delphi.ladder.manifest import RUNS_DIR, read_manifest
 from delphi.train.rundir import METRICS_FILE, read_status
 
 LOCKS_DIR = "locks"

@@ -30,8 +30,9 @@ from typing import Any
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text, atomic_write_yaml
-from delphi.ladder.plan import (CONFIG_DIR, MANIFEST_FILE, RUNS_DIR, SPEC_FILE, Rung, make_rung, manifest_csv, manifest_row,
-                                plan_ladder, read_manifest, shape_for_width, write_ladder)
+from delphi.ladder.manifest import (CONFIG_DIR, MANIFEST_FILE, RUNS_DIR, SPEC_FILE, manifest_csv, manifest_row, read_manifest,
+                                    write_ladder)
+from delphi.ladder.plan import Rung, make_rung, plan_ladder, shape_for_width
 from delphi.ladder.spec import LadderSpec, load_ladder_spec
 from delphi.model.flops import flops_per_token
 from delphi.train.config import train_config_to_dict

@@ -5,9 +5,9 @@
     transfer(spec, d, batch_tokens, tokens) -> Hyperparams
     make_rung(spec, model, budget, seed)    -> Rung    (tokens from the exact FLOPs/token)
     plan_ladder(spec)               -> list[Rung]
-    write_ladder(spec, rungs, out)  -> manifest rows (configs/*.yaml + manifest.csv + ladder.yaml)
-    plan_hero(spec, params, compute, seed) -> Rung   (inside the ladder's ranges when it can be)
-    hero_ranges(spec, hero, results) -> dict       (the hero against the ladder's ranges)
+    write_ladder(spec, rungs, out)  -> manifest rows (delphi.ladder.manifest: configs/*.yaml + manifest.csv + ladder.yaml)
+    plan_hero(spec, params, compute, seed) -> Rung   (delphi.ladder.hero: inside the ladder's ranges when it can be)
+    hero_ranges(spec, hero, results) -> dict       (delphi.ladder.hero: the hero against the ladder's ranges)
     flops_family(spec, convention, max_width) -> FlopsFamily  (exact FLOPs per token against N)
     plan_health_warnings(spec, rungs) -> list[str] (health bounds visible before training)
     check_ladder_store(spec, rungs, store) -> epochs per rung (the store can feed every rung)
@@ -21,21 +21,18 @@ tolerance anyway.
 
 from __future__ import annotations
 
-import csv
-import io
+import importlib
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from delphi.errors import DelphiError
-from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
-from delphi.io import atomic_write_text, atomic_write_yaml
-from delphi.ladder.spec import LadderSpec, ladder_spec_to_dict
+from delphi.fits.data import ANCHOR_ROLE
+from delphi.ladder.spec import LadderSpec
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 from delphi.model.flops import count_params, flops_per_token
-from delphi.train.config import DataConfig, OptimConfig, TrainConfig, train_config_to_dict
+from delphi.train.config import DataConfig, OptimConfig, TrainConfig
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,10 +40,6 @@ if TYPE_CHECKING:
     from delphi.data.loader import TokenStore
     from delphi.fits.allocation import FlopsFamily
 
-MANIFEST_FILE = "manifest.csv"
-SPEC_FILE = "ladder.yaml"
-CONFIG_DIR = "configs"
-RUNS_DIR = "runs"
 
 
 # ---- shape family -------------------------------------------------------------------------------
@@ -483,208 +476,6 @@ def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: 
     )
 
 
-# ---- hero ---------------------------------------------------------------------------------------
-
-# What the hero is compared against: its training length and data per parameter against every rung
-# the ladder trained; its batch and beta2 against the top budget's (no discontinuity where the
-# extrapolation starts: issue 10).
-RANGE_SCOPES = {"tokens_per_param": "ladder", "steps": "ladder", "batch_tokens": "top budget", "beta2": "top budget"}
-
-
-def _ladder_rows(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> list[dict[str, float | str]]:
-    """(budget, tokens_per_param, steps, batch_size, batch_tokens, beta2, role) of the ladder's rungs:
-    from the results table's completed rows when given, else from the plan."""
-    keys = ("budget", "tokens_per_param", "steps", "batch_size", "batch_tokens", "beta2")
-    if results is None:
-        return [{**{k: float(manifest_row(r)[k]) for k in keys}, "role": rung_role(r.run_id)} for r in plan_ladder(spec)]
-    frame = results
-    if "status" in frame.columns:
-        frame = frame[frame["status"] == "completed"]
-    missing = [k for k in keys if k not in frame.columns]
-    if missing:
-        raise DelphiError(f"results: a ladder table needs columns {', '.join(missing)} to compare the hero with")
-    if len(frame) == 0:
-        raise DelphiError("results: no completed rung to compare the hero with")
-    return [{**{k: float(row[k]) for k in keys}, "role": str(row.get("role", "isoflop"))} for _, row in frame.iterrows()]
-
-
-def _top_budget(rows: list[dict[str, float | str]]) -> float:
-    """The top budget of the isoFLOP sets (anchor rungs train on more, outside them)."""
-    return max(float(r["budget"]) for r in rows if r["role"] != ANCHOR_ROLE)
-
-
-def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> dict[str, tuple[float, float]]:
-    """[min, max] of each quantity of RANGE_SCOPES over its scope (anchor rungs count for the ladder's
-    steps and tokens per parameter; the top budget is the isoFLOP sets')."""
-    rows = _ladder_rows(spec, results)
-    top = _top_budget(rows)
-    out = {}
-    for key, scope in RANGE_SCOPES.items():
-        values = [r[key] for r in rows if scope == "ladder" or r["budget"] == top]
-        out[key] = (min(values), max(values))
-    return out
-
-
-def _hero_values(hero: "Rung | TrainConfig") -> dict[str, float]:
-    """The compared quantities of a hero given as a Rung or a TrainConfig."""
-    cfg = hero.train if isinstance(hero, Rung) else hero
-    if not isinstance(cfg, TrainConfig):
-        raise DelphiError(f"hero: expected a planned Rung or a TrainConfig, got {type(hero).__name__}")
-    batch_tokens = cfg.data.batch_size * cfg.data.seq_len
-    return {
-        "tokens_per_param": cfg.steps * batch_tokens / count_params(cfg.model).nonembedding,
-        "steps": float(cfg.steps),
-        "batch_tokens": float(batch_tokens),
-        "beta2": float(cfg.optim.beta2),
-    }
-
-
-def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataFrame | None" = None) -> dict:
-    """The hero's tokens per parameter, steps, batch tokens and beta2 against the ladder's ranges.
-
-    {quantity: {"hero", "ladder": [min, max], "inside", "scope"}, ..., "inside": all of them,
-    "outside": [quantities outside]}. Ranges come from `results` (a results DataFrame, its completed
-    rows) or, when None, from the spec's plan. A relative slack of 1e-9 absorbs float rounding.
-    """
-    ranges = ladder_ranges(spec, results)
-    values = _hero_values(hero)
-    out: dict = {}
-    for key, (lo, hi) in ranges.items():
-        v = values[key]
-        inside = lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)
-        out[key] = {"hero": v, "ladder": [lo, hi], "inside": bool(inside), "scope": RANGE_SCOPES[key]}
-    out["outside"] = [k for k in ranges if not out[k]["inside"]]
-    out["inside"] = not out["outside"]
-    return out
-
-
-# How far from N* the hero may be sized (a factor either way) when neither shape bracketing N*
-# keeps its steps and tokens per parameter inside the ladder's ranges. The isoFLOP curves are
-# flat near their vertex (within 2x of N*, Hoffmann et al. 2022 Fig. 3 and this project's ladders:
-# a few hundredths of a nat), and the law predicts the loss of whatever (N, D) is trained, so an
-# off-optimal hero inside the ranges is a fairer test than an optimal one outside them.
-# The same factor defines "near the optimum" for the depths a hero may have (gate hero_depth): at
-# 10x the allowance once chose d112 L4 (1.88x N*), a depth the ladder held only as under-trained
-# rungs, and that hero came in 7% below its prediction (paper/v2/README.md).
-HERO_MAX_OFF_OPTIMUM = 2.0
-# Where the fitted N* may land relative to the spec's expected optimum, for `hero_preflight`: the
-# default ladder's fitted optima sat at 0.8-0.9x its centre (benchmarks/default_study/).
-PREFLIGHT_FACTORS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0)
-
-
-def _family_shapes_around(spec: LadderSpec, params: float, convention: str = "nonembedding") -> list[ModelConfig]:
-    """The family's shapes just below and above `params` (N counted as `convention`), then the others
-    within HERO_MAX_OFF_OPTIMUM of it; nearest (in log N) first."""
-    multiple = spec.shape.hero_width_multiple
-    n_of = lambda m: params_in_convention(m, spec.seq_len, convention)  # noqa: E731
-    widths = set(spec.shape.widths)
-    # Grow the grid past the farthest allowed shape, so any N* has a neighbour on both sides.
-    w = multiple
-    while True:
-        widths.add(w)
-        if n_of(shape_for_width(spec, w)) > 2 * HERO_MAX_OFF_OPTIMUM * params or w > 1 << 16:
-            break
-        w += multiple
-    shapes = sorted((shape_for_width(spec, w) for w in widths), key=n_of)
-    n = [n_of(m) for m in shapes]
-    above = next((i for i, v in enumerate(n) if v >= params), len(n) - 1)
-    around = shapes[max(0, above - 1) : above + 1]
-    distance = lambda m: abs(math.log(n_of(m) / params))  # noqa: E731
-    near = [m for m in shapes if distance(m) <= math.log(HERO_MAX_OFF_OPTIMUM) and m not in around]
-    return sorted(around, key=distance) + sorted(near, key=distance)
-
-
-def plan_hero(
-    spec: LadderSpec,
-    params: float,
-    compute: float,
-    seed: int = 0,
-    results: "pd.DataFrame | None" = None,
-    convention: str = "nonembedding",
-    depths: set[int] | None = None,
-) -> Rung:
-    """The hero: a family shape next to `params` (N*, counted as `convention`) trained on exactly `compute` FLOPs.
-
-    Its batch is its own batch rule's, clipped to the top budget's (so batch and beta2 continue the
-    ladder's, with no switch where the extrapolation starts). Of the two shapes bracketing N*, the
-    nearest whose tokens per parameter and steps fall inside the ladder's ranges (`hero_ranges`, from
-    `results` or the plan) is chosen; when neither does, the nearest such shape within
-    HERO_MAX_OFF_OPTIMUM of N*; when none does, the nearest, and `hero_ranges` says which range it leaves.
-    With `results`, a shape whose depth the ladder trained near its optimum (`depths_near_optimum`)
-    is preferred among those inside the ranges; when none is, gate hero_depth refuses the hero.
-    Without results, `depths` (e.g. `expected_depths`, the preflight's) plays that part.
-    """
-    if not (params > 0 and compute > 0 and math.isfinite(params) and math.isfinite(compute)):
-        raise DelphiError(f"hero: params and compute must be positive and finite, got {params:g}, {compute:g}")
-    rows = _ladder_rows(spec, results)
-    top = _top_budget(rows)
-    top_batch = int(max(r["batch_size"] for r in rows if r["budget"] == top))
-    candidates = []
-    for model in _family_shapes_around(spec, params, convention):
-        _, tokens = rung_tokens(model, spec.seq_len, compute)
-        own = batch_for_tokens(spec, tokens)
-        if own is None:
-            continue
-        run_id = f"hero_C{format_budget(compute)}_d{model.d_model}_L{model.n_layers}_s{seed}"
-        rung = make_rung(spec, model, compute, seed, run_id=run_id, batch=min(own, top_batch))
-        if rung is not None:
-            candidates.append(rung)
-    if not candidates:
-        raise DelphiError(f"--compute: {compute:g} FLOPs gives the hero fewer than batch.min_steps steps")
-    inside = [rung for rung in candidates if hero_ranges(spec, rung, results)["inside"]]
-    if results is not None:
-        depths = depths_near_optimum(results)
-    seen = [rung for rung in inside if depths is None or rung.model.n_layers in depths]
-    return (seen or inside or candidates)[0]
-
-
-def depths_near_optimum(results: "pd.DataFrame | None") -> set[int] | None:
-    """The n_layers of the ladder's cells within HERO_MAX_OFF_OPTIMUM of their budget's optimal N
-    (`delphi.fits.isoflop.near_optimum_cells`, which gate hero_depth reads too); None before any rung
-    has a loss (the plan's preflight), when every depth is allowed."""
-    if results is None or not {"loss", "params", "budget", "n_layers"} <= set(results.columns):
-        return None
-    from delphi.fits.isoflop import near_optimum_cells
-
-    frame = isoflop_rows(results[results["status"] == "completed"] if "status" in results.columns else results)
-    if len(frame) == 0:
-        return None
-    return {int(v) for v in near_optimum_cells(frame, HERO_MAX_OFF_OPTIMUM)["n_layers"]}
-
-
-def expected_depths(spec: LadderSpec) -> set[int] | None:
-    """The depths of the planned isoFLOP shapes within HERO_MAX_OFF_OPTIMUM of their budget's expected
-    optimum (isoflop.center_*): before any rung trains, the depths gate hero_depth should allow."""
-    if spec.isoflop is None:
-        return None
-    return {r.model.n_layers for r in plan_ladder(spec) if rung_role(r.run_id) == "isoflop"
-            and abs(math.log(r.params / expected_optimum(spec, r.budget))) <= math.log(HERO_MAX_OFF_OPTIMUM)}
-
-
-def hero_preflight(spec: LadderSpec, compute: float, factors: tuple[float, ...] = PREFLIGHT_FACTORS) -> dict:
-    """Before any rung trains: would a hero at `compute` fit the ladder's ranges, at a depth the
-    ladder should train near its optimum (`expected_depths`), if the fitted N* came out at `factor`
-    x the spec's expected optimum (isoflop.center_*)? The fitted optimum is only known after the
-    ladder, and such a hero is refused then (gates hero_ranges, hero_depth).
-
-    {"compute", "expected_params", "expected_depths", "expected": the hero at factor 1 (run_id,
-    steps, inside, outside), "inside_factors": [lowest, highest] factor whose hero fits (None if
-    none), "factors"}; "depth" in `outside` when only the depth does not fit."""
-    center = expected_optimum(spec, compute)
-    depths = expected_depths(spec)
-    rows = []
-    for f in factors:
-        hero = plan_hero(spec, f * center, compute, depths=depths)
-        outside = hero_ranges(spec, hero)["outside"]
-        if depths is not None and hero.model.n_layers not in depths:
-            outside = [*outside, "depth"]
-        rows.append({"factor": f, "run_id": hero.run_id, "steps": hero.steps, "inside": not outside, "outside": outside})
-    fits = [r["factor"] for r in rows if r["inside"]]
-    expected = next(r for r in rows if r["factor"] == 1.0)
-    return {"compute": compute, "expected_params": center, "expected_depths": sorted(depths) if depths else None,
-            "expected": expected, "inside_factors": [min(fits), max(fits)] if fits else None, "factors": rows}
-
-
 # ---- health and the store, before training --------------------------------------------------------
 
 
@@ -731,127 +522,13 @@ def check_ladder_store(spec: LadderSpec, rungs: list[Rung], store: "TokenStore",
     return epochs
 
 
-# ---- manifest -----------------------------------------------------------------------------------
-
-MANIFEST_COLUMNS = (
-    "run_id", "budget", "seed", "flops", "flops_error", "flops_6nd", "params", "params_active", "params_total",
-    "params_nonembedding", "tokens", "tokens_per_param", "steps", "batch_size", "batch_tokens", "seq_len",
-    "d_model", "n_layers", "n_heads", "d_head", "d_ff", "experts", "top_k", "d_expert", "granularity",
-    "shared_experts", "flops_per_token", "lr", "lr_batch_factor", "lr_horizon_factor", "lr_width_factor",
-    "beta1", "beta2", "eps", "weight_decay", "grad_clip", "schedule", "warmup_frac", "decay_frac",
-    "mup_base_d_model", "mup_base_n_layers", "config",
-)
+# Moved, still importable from here: the hero sized against the ladder (delphi.ladder.hero) and the
+# ladder directory on disk (delphi.ladder.manifest). Resolved lazily: both import this module.
+_MOVED = {**dict.fromkeys(("RANGE_SCOPES", "_ladder_rows", "_top_budget", "ladder_ranges", "_hero_values", "hero_ranges", "HERO_MAX_OFF_OPTIMUM", "PREFLIGHT_FACTORS", "_family_shapes_around", "plan_hero", "depths_near_optimum", "expected_depths", "hero_preflight"), "delphi.ladder.hero"),
+          **dict.fromkeys(("MANIFEST_FILE", "SPEC_FILE", "CONFIG_DIR", "RUNS_DIR", "MANIFEST_COLUMNS", "manifest_row", "_fmt", "manifest_csv", "ladder_own_paths", "read_manifest", "write_ladder", "format_table"), "delphi.ladder.manifest")}
 
 
-def manifest_row(rung: Rung) -> dict[str, object]:
-    m, counts, o = rung.model, count_params(rung.model), rung.train.optim
-    moe = m.moe
-    return {
-        "run_id": rung.run_id,
-        "budget": rung.budget,
-        "seed": rung.seed,
-        "flops": rung.flops,
-        "flops_error": rung.flops / rung.budget - 1,
-        "flops_6nd": 6.0 * counts.nonembedding * rung.tokens,
-        "params": counts.nonembedding,
-        "params_active": counts.active,
-        "params_total": counts.total,
-        "params_nonembedding": counts.nonembedding,
-        "tokens": rung.tokens,
-        "tokens_per_param": rung.tokens / counts.nonembedding,
-        "steps": rung.steps,
-        "batch_size": rung.batch_size,
-        "batch_tokens": rung.batch_size * rung.train.data.seq_len,
-        "seq_len": rung.train.data.seq_len,
-        "d_model": m.d_model,
-        "n_layers": m.n_layers,
-        "n_heads": m.n_heads,
-        "d_head": m.d_head,
-        "d_ff": m.d_ff if moe is None else moe.d_active_ffn,
-        "experts": moe.experts if moe else 0,
-        "top_k": moe.top_k if moe else 0,
-        "d_expert": moe.d_expert if moe else 0,
-        "granularity": (m.d_ff / moe.d_expert) if moe else 0,
-        "shared_experts": moe.shared_experts if moe else 0,
-        "flops_per_token": rung.flops_per_token,
-        "lr": o.lr,
-        "lr_batch_factor": rung.hp.lr_batch_factor,
-        "lr_horizon_factor": rung.hp.lr_horizon_factor,
-        "lr_width_factor": rung.hp.lr_width_factor,
-        "beta1": o.beta1,
-        "beta2": o.beta2,
-        "eps": o.eps,
-        "weight_decay": o.weight_decay,
-        "grad_clip": o.grad_clip,
-        "schedule": o.schedule,
-        "warmup_frac": o.warmup_frac,
-        "decay_frac": o.decay_frac,
-        "mup_base_d_model": m.mup.base_d_model if m.mup.enabled else 0,
-        "mup_base_n_layers": m.mup.base_n_layers if m.mup.enabled else 0,
-        "config": f"{CONFIG_DIR}/{rung.run_id}.yaml",
-    }
-
-
-def _fmt(value: object) -> str:
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def manifest_csv(rows: list[dict[str, object]]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=MANIFEST_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _fmt(v) for k, v in row.items()})
-    return buf.getvalue()
-
-
-def ladder_own_paths(ladder_dir: str | Path) -> tuple[Path, ...]:
-    """What `ladder plan` and `ladder run` write and read back: an --out must never land there."""
-    return tuple(Path(ladder_dir) / name for name in (MANIFEST_FILE, SPEC_FILE, CONFIG_DIR, RUNS_DIR))
-
-
-def read_manifest(ladder_dir: str | Path) -> list[dict[str, str]]:
-    path = Path(ladder_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise DelphiError(f"{ladder_dir}: no {MANIFEST_FILE}; plan a ladder there with `delphi ladder plan SPEC --out DIR`")
-    from delphi.io import read_text
-
-    rows = list(csv.DictReader(io.StringIO(read_text(path, what="manifest"), newline="")))
-    missing = [c for c in ("run_id", "config", "flops") if rows and c not in rows[0]] if rows else []
-    if not rows or missing:
-        raise DelphiError(f"{path}: not a ladder manifest (no rows, or no column {missing[0] if missing else 'run_id'!r}); "
-                          f"re-plan with `delphi ladder plan SPEC --out {ladder_dir}`")
-    return rows
-
-
-def write_ladder(spec: LadderSpec, rungs: list[Rung], out: str | Path) -> list[dict[str, object]]:
-    """Write configs/<run_id>.yaml, manifest.csv and ladder.yaml into `out`.
-
-    Re-planning into a directory that already holds the same ladder is a no-op;
-    a different ladder there is an error (its runs would be orphaned).
-    """
-    out = Path(out)
-    rows = [manifest_row(r) for r in rungs]
-    text = manifest_csv(rows)
-    existing = out / MANIFEST_FILE
-    if existing.is_file() and existing.read_text() != text:
-        raise DelphiError(f"--out: {out} already holds a different ladder (manifest.csv differs); choose a new directory")
-    if out.exists() and not out.is_dir():
-        raise DelphiError(f"--out: {out} exists and is not a directory")
-    for rung in rungs:
-        atomic_write_yaml(out / CONFIG_DIR / f"{rung.run_id}.yaml", train_config_to_dict(rung.train))
-    atomic_write_yaml(out / SPEC_FILE, ladder_spec_to_dict(spec))
-    atomic_write_text(existing, text)  # last: its presence marks a complete plan
-    return rows
-
-
-def format_table(rows: list[dict[str, object]]) -> str:
-    head = f"{'run_id':<28} {'budget':>7} {'d':>4} {'L':>2} {'H':>2} {'N':>9} {'tokens':>10} {'D/N':>6} {'steps':>5} {'batch':>5} {'lr':>8} {'beta2':>6} {'dFLOPs':>7}"
-    lines = [head]
-    for r in rows:
-        lines.append(
-            f"{r['run_id']:<28} {r['budget']:>7.1e} {r['d_model']:>4} {r['n_layers']:>2} {r['n_heads']:>2} "
-            f"{r['params']:>9,} {r['tokens']:>10,} {r['tokens_per_param']:>6.0f} {r['steps']:>5} {r['batch_size']:>5} "
-            f"{r['lr']:>8.2e} {r['beta2']:>6.4f} {r['flops_error']:>+7.2%}"
-        )
-    return "\n".join(lines)
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -144,7 +144,7 @@ def _frontier(args):
     fit = _fit(args.fit) if args.fit else None
     hero_c = interval = actual = None
     if args.prereg:
-        from delphi.prereg.format import load_prereg
+        from delphi.prereg_format import load_prereg
 
         doc = load_prereg(args.prereg).doc
         final = doc["prediction"]["final"]
@@ -166,7 +166,7 @@ def _frontier(args):
 
 def _prediction(args):
     from delphi.plot.figures import prediction_figure
-    from delphi.prereg.format import load_prereg
+    from delphi.prereg_format import load_prereg
 
     _check_out(args)
     prereg = load_prereg(args.prereg)

@@ -207,8 +207,8 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
 
 def with_projection(result: dict[str, Any], prereg: fmt.Prereg, shape_run: Path) -> dict[str, Any]:
     """`result` plus, at every eval point, the final loss the run is heading for on `shape_run`'s
-    curve (`delphi.fits.curves.project_finals`) against the sealed final: an early warning, not a verdict."""
-    from delphi.fits.curves import project_finals
+    curve (`delphi.fits.shape_trajectory.project_finals`) against the sealed final: an early warning, not a verdict."""
+    from delphi.fits.shape_trajectory import project_finals
     from delphi.train.config import train_config_from_dict
 
     hero = train_config_from_dict(prereg.doc["hero"]["config"])

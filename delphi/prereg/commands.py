@@ -13,7 +13,7 @@ from pathlib import Path
 
 from delphi.errors import CheckFailed, DelphiError
 
-# delphi.fits.backtest.PROBE_CARRIES and NOISE_SCOPES, spelled out so that building the parser does
+# delphi.fits.probes.PROBE_CARRIES and NOISE_SCOPES, spelled out so that building the parser does
 # not import pandas (tests/test_cli_help.py checks they agree).
 PROBE_CARRIES = ("linear", "local_slope")
 NOISE_SCOPES = ("pooled", "top_budget")
@@ -228,7 +228,7 @@ def _index(args: argparse.Namespace):
 def _curves(args: argparse.Namespace):
     from delphi.fits import curves as cv
     from delphi.io import atomic_write_json, check_output_file
-    from delphi.ladder.plan import ladder_own_paths
+    from delphi.ladder.manifest import ladder_own_paths
 
     for flag, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None:

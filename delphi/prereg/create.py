@@ -21,10 +21,15 @@ import numpy as np
 
 import delphi
 from delphi.errors import CheckFailed, DelphiError
-from delphi.fits.backtest import NOISE_SCOPES, PROBE_CARRIES, Z_50 as Z50, Z_90 as Z90
-from delphi.fits.data import isoflop_rows
+from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90  # noqa: F401 (importable from here)
+from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
+from delphi.prereg.predict import (  # noqa: F401 (moved there; importable from here)
+    _interval, beyond_ladder_runs, final_from_prediction, fit_convention, fit_family, hero_params, hero_prediction,
+    law_scatter_nats, load_tables, model_family, predict_final, predict_hero, predictive, probe_noise_rel,
+    run_noise_nats, run_predicted_vs_actual, score_probes, seed_noise_nats,
+)
 
 # docs/design.md §9: the project's goal is a hero within 1% of its prediction.
 DEFAULT_TOLERANCE_REL = 0.01
@@ -50,260 +55,6 @@ def git_state(repo: Path | None = None) -> dict[str, Any]:
         return {"git_commit": commit.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.TimeoutExpired):
         return {"git_commit": None, "git_dirty": None}
-
-
-# --------------------------------------------------------------------------- final prediction
-
-
-def _interval(pred: dict, key: str) -> list[float] | None:
-    v = pred.get(key)
-    return None if v is None else [float(v[0]), float(v[1])]
-
-
-def final_from_prediction(pred: dict, source: str) -> dict[str, Any]:
-    """Normalise a fit's predict() dict to {loss, loss_50, loss_90, source}."""
-    if "loss" not in pred:
-        raise DelphiError(f"{source}: its prediction has no 'loss'; a fit of a loss law is needed")
-    loss = float(pred["loss"])
-    i90 = _interval(pred, "loss_interval_90")
-    i50 = _interval(pred, "loss_interval_50")
-    note = None
-    if i90 is not None and i50 is None:
-        # Only a 90% interval: derive the 50% one as if the spread were normal.
-        lo, hi = i90
-        i50 = [loss - (loss - lo) * Z50 / Z90, loss + (hi - loss) * Z50 / Z90]
-        note = "50% interval derived from the fit's 90% interval assuming a normal spread"
-    out = {"loss": loss, "loss_50": i50, "loss_90": i90, "source": source}
-    if note:
-        out["note"] = note
-    return out
-
-
-def law_scatter_nats(fit, fit_table) -> float | None:
-    """RMS (nats) of the ladder's seed-averaged points about the law, per residual dof: each cell at
-    its own N and D for a law in (N, D); for a law in C (isoFLOP, frontier) each budget's best cell
-    against L*(C) (delphi.fits.backtest.residual_scatter)."""
-    from delphi.fits.backtest import residual_scatter
-    from delphi.fits.data import cell_points, with_anchors
-
-    if fit_table is None or "budget" not in fit_table:
-        return None
-    if not fit.law_in_nd:
-        return residual_scatter(fit, fit_table)
-    points, _ = cell_points(with_anchors(fit_table))  # the points the law was fitted to
-    residuals = [row["loss"] - fit.predict(params=row["params"], tokens=row["tokens"], **{t: row[t] for t in fit.law_terms})["loss"]
-                 for _, row in points.iterrows()]
-    dof = len(residuals) - len(fit.params)
-    return float(math.sqrt(sum(r * r for r in residuals) / dof)) if dof > 0 else None
-
-
-def seed_noise_nats(fit, fit_table, scope: str = "pooled") -> float | None:
-    """One run's seed sd (nats) under `scope` (NOISE_SCOPES): the fit's pooled per-run seed sd, or
-    the within-cell sd pooled over the top isoFLOP budget's cells. None without replicates."""
-    from delphi.prereg.gates import ladder_top_budget, pooled_seed_noise
-
-    if scope not in NOISE_SCOPES:
-        raise DelphiError(f"noise scope {scope!r}: expected one of {', '.join(NOISE_SCOPES)}")
-    if scope == "pooled":
-        seed = (fit.diagnostics or {}).get("seed_noise_nats")
-    else:
-        rows = isoflop_rows(fit_table)
-        seed = pooled_seed_noise(rows[rows["budget"] == ladder_top_budget(fit_table)])
-    return float(seed) if isinstance(seed, (int, float)) and math.isfinite(seed) else None
-
-
-def run_noise_nats(fit, fit_table, scope: str = "pooled") -> tuple[float | None, dict[str, Any]]:
-    """The sd (nats) one run adds around the law: the law's scatter about the ladder's points
-    (law_scatter_nats) and one run's seed noise (`seed_noise_nats` under `scope`), in quadrature.
-    None when neither is known."""
-    scatter = law_scatter_nats(fit, fit_table)
-    seed = seed_noise_nats(fit, fit_table, scope)
-    parts = [v for v in (scatter, seed) if v is not None]
-    info = {"residual_scatter_nats": scatter, "seed_noise_nats": seed, "noise_scope": scope}
-    return (float(math.hypot(*parts)) if parts else None), info
-
-
-def predictive(pred: dict, noise: float | None) -> dict:
-    """`pred` with its 50% and 90% intervals widened, side by side in quadrature, by z x `noise`: an
-    interval for one run's outcome rather than for the law's mean (the backtests' rule)."""
-    from delphi.fits.backtest import predictive_interval
-
-    if noise is None:
-        return pred
-    out = dict(pred)
-    for key, z in (("loss_interval_50", Z50), ("loss_interval_90", Z90)):
-        out[key] = list(predictive_interval(float(pred["loss"]), pred.get(key), noise, z))
-    return out
-
-
-def model_family(model_cfg) -> str:
-    return "moe" if model_cfg.moe is not None and model_cfg.moe.experts > 1 else "dense"
-
-
-def fit_family(fit, ladder_families: set[str]) -> str | None:
-    """The model family a fit describes: recorded in the fit (from its table's expert counts), else
-    the single family of the ladder's runs; None when neither says."""
-    if fit.model_family is not None:
-        return fit.model_family
-    if len(ladder_families) == 1:
-        return next(iter(ladder_families))
-    return None
-
-
-def hero_params(model, seq_len: int, convention: str = "nonembedding") -> float:
-    """The hero's N counted as the fit counted its ladder's N (fits/allocation.PARAM_CONVENTIONS)."""
-    from delphi.model.flops import count_params, flops_per_token
-
-    counts = count_params(model)
-    if convention == "active":
-        return float(counts.active)
-    if convention == "fpt6":  # Porian et al. 2024 / Pearce & Song 2024: N = FLOPs per token / 6
-        return float(flops_per_token(model, seq_len) / 6)
-    return float(counts.nonembedding)
-
-
-def fit_convention(fit) -> str:
-    family = getattr(fit, "family", None)
-    return getattr(family, "convention", None) or "nonembedding"
-
-
-def predict_hero(fit, hero) -> tuple[dict, str]:
-    """(the fit's prediction, how) for the hero: `FitResult.predict_run` decides whether the law is
-    evaluated at the hero's own N and D or at its exact compute."""
-    convention = fit_convention(fit)
-    n = hero_params(hero.model, hero.data.seq_len, convention)
-    terms = {}
-    if hero.model.moe is not None:
-        terms = {"experts": hero.model.moe.experts, "granularity": hero.model.d_ff / hero.model.moe.d_expert}
-    flops = hero.flops
-    pred = dict(fit.predict_run(params=n, tokens=hero.tokens, flops=flops, **terms))
-    how = pred.pop("how")
-    if fit.law_in_nd:
-        how += f" (N = {n:.4g}, {convention}; D = {hero.tokens:.4g})"
-    else:
-        how += f" (C = {flops:.4g} FLOPs, exact count, Chinchilla appendix F)"
-    return pred, how
-
-
-def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope: str = "pooled") -> tuple[dict, Any]:
-    """(final prediction, the loaded fit) for the hero from a fit file written by `delphi fit`; with
-    the ladder's `results`, its intervals are predictive for one run (`run_noise_nats` under `noise_scope`)."""
-    from delphi.fits.laws import SURFACES
-    from delphi.fits.results import load_fit
-
-    fit = load_fit(fit_path)
-    if fit.kind not in SURFACES:
-        raise DelphiError(f"{fit_path}: a fit of kind {fit.kind!r} cannot predict a final loss (expected one of {', '.join(SURFACES)})")
-    try:
-        pred, how = predict_hero(fit, hero)
-    except (TypeError, ValueError, KeyError) as e:
-        raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {fit.kind!r} fit ({e})") from None
-    noise, parts = (run_noise_nats(fit, load_tables(results, fit_convention(fit))[0], noise_scope)
-                    if results is not None else (None, {}))
-    final = final_from_prediction(predictive(pred, noise), how)
-    if noise is not None:
-        final["interval"] = (f"the fit's bootstrap interval widened in quadrature by z x {noise:.4g} nats: one run's "
-                             f"noise around the law (residual scatter and seed noise, {NOISE_SCOPES[noise_scope]}, in quadrature)")
-        final |= parts
-    if pred.get("allocation"):
-        final["allocation"] = pred["allocation"]
-    if not math.isfinite(final["loss"]):
-        raise DelphiError(f"{fit_path}: the fit predicts a non-finite loss for the hero")
-    if results is not None:  # issue 30: the interval calibrated for how far beyond the ladder the hero lies
-        from delphi.fits.calibration import calibrate_final
-        final["calibrated"] = calibrate_final(fit, final, float(hero.flops), load_tables(results, fit_convention(fit))[1])
-    return final, fit
-
-
-def score_probes(fit, probe_runs: Sequence[Path], noise: float | None = None) -> dict[str, dict[str, Any]]:
-    """Each finished probe (`beyond_ladder_runs`) predicted by `fit` at its own N and D, against its final loss."""
-    return {name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()}
-
-
-# How a sealed assumption says the law's error continues beyond the probes, per carry (PROBE_CARRIES).
-CARRY_ASSUMPTION = {"linear": "linearly in log10 C", "local_slope": PROBE_CARRIES["local_slope"]}
-
-
-def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float) -> dict[str, Any]:
-    """`final` x (1 + the probes' error trend carried to the hero), its intervals moved with it and
-    widened, in quadrature, by z x the carried error's sd when each probe is one run of relative sd
-    `noise_rel` (`delphi.fits.backtest.ProbeTrend.correct`). Why: the isoFLOP law's error grew with
-    distance in the fifth edition (-1.99%, +2.96%, +8.69% at 3x, 10x, 30x); the trend of its first
-    two probes, carried to 30x, put the hero at 1.0029 against an actual 1.0142 (+1.13%;
-    paper/v5/second_opinions.csv)."""
-    carried, sd = trend.at(hero_compute), trend.sd_at(hero_compute, noise_rel)
-    out = dict(final) | {"loss": float(final["loss"]) * (1 + carried)}
-    for key, z in (("loss_50", Z50), ("loss_90", Z90)):
-        interval = trend.correct(float(final["loss"]), final.get(key), hero_compute, noise_rel, z)[1]
-        out[key] = None if interval is None else list(interval)
-    out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
-    rule = ("least squares linear in log10(C / top budget)" if trend.carry == "linear" else
-            f"{PROBE_CARRIES[trend.carry]} in log10(C / top budget)")
-    out["probe_correction"] = {
-        "rule": f"primary law x (1 + its relative error at the probes, {rule}, carried to the hero's exact FLOPs)",
-        "carry": trend.carry,
-        "carried_rel": carried, "carried_sd_rel": sd, "noise_rel": noise_rel, "slope_per_decade": trend.slope,
-        "intercept": trend.intercept, "top_budget": trend.top_budget,
-        "probes": {n: {"log10_multiple": x, "rel_error": e} for n, x, e in zip(trend.names, trend.x, trend.errors)}}
-    out["source"] = f"{final['source']}; x (1 {carried:+.2%}), the probes' error trend carried to the hero"
-    out["interval"] = (f"{final.get('interval') or 'the fit interval'}; moved by the correction and widened in quadrature "
-                       f"by z x {sd:.2%} of the loss: the carried error's sd for probes of {noise_rel:.2%} noise each")
-    return out
-
-
-def correction_text(final: dict, actual: float | None, *, primary_law: str) -> dict[str, str]:
-    """How the sealed number came from the primary law: as it is, or corrected by the law's error
-    trend at the probes (`delphi.prereg.create.correct_by_probes`), and what the law alone would
-    have scored."""
-    correction = final.get("probe_correction")
-    if correction is None:
-        return {"prediction_rule": f"made the law they confirmed, {primary_law}, the primary one",
-                "correction_sentence": f"The sealed number is {primary_law}'s own prediction."}
-    law, sealed = float(final["uncorrected"]["loss"]), float(final["loss"])
-    errors = ", ".join(f"{p['rel_error']:+.2%} at {10 ** p['log10_multiple']:.0f}x"
-                       for p in sorted(correction["probes"].values(), key=lambda p: p["log10_multiple"]))
-    outcome = "" if actual is None else (f" Against the law alone the hero's error would have been {float(actual) / law - 1:+.2%}; "
-                                         f"against the sealed number it is {float(actual) / sealed - 1:+.2%}.")
-    return {"prediction_rule": f"corrected the primary law, {primary_law}, by its error trend at them",
-            "correction_sentence": (
-                f"The sealed number is not the law's own: the law predicted {law:.4f} at the hero. Its relative error at the "
-                f"probes ({errors}), {PROBE_CARRIES[correction.get('carry', 'linear')]} ({correction['slope_per_decade']:+.1%} per decade), carried to "
-                f"the hero gives {correction['carried_rel']:+.2%} with an sd of {correction['carried_sd_rel']:.2%} (each probe "
-                f"one run of {correction['noise_rel']:.2%} noise), so the preregistration sealed {sealed:.4f} = {law:.4f} x "
-                f"(1 {correction['carried_rel']:+.2%}), its interval widened by that sd in quadrature.{outcome}")}
-
-
-def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = "pooled") -> float:
-    """One probe's relative noise about the probes' error trend: the ladder's seed noise under
-    `noise_scope` (the law's scatter about the ladder is what the trend corrects), or the whole run
-    noise when no seed noise was measured, relative to the probes' mean loss."""
-    noise, parts = run_noise_nats(fit, fit_table, noise_scope)
-    nats = parts.get("seed_noise_nats") or noise
-    if nats is None:
-        raise DelphiError("--probe-correction: the ladder measured no run noise (one seed per cell and no law scatter)")
-    return float(nats) / float(np.mean([r["actual"] for r in probes.values()]))
-
-
-def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_runs: Sequence[Path] = (),
-                    probe_correction: bool = False, probe_carry: str = "linear",
-                    noise_scope: str = "pooled") -> tuple[dict, Any]:
-    """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
-    prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`);
-    one run's noise under `noise_scope` (NOISE_SCOPES)."""
-    from delphi.fits.backtest import probe_trend
-    from delphi.prereg import gates as gt
-
-    final, fit = predict_final(fit_path, hero, results, noise_scope)
-    if not probe_correction:
-        return final, fit
-    if results is None:
-        raise DelphiError("--probe-correction: needs the results table (--results or --ladder) to score the law on the probes")
-    fit_table, gate_table = load_tables(results, fit_convention(fit))
-    probes = score_probes(fit, probe_runs)
-    trend = probe_trend(probes, gt.ladder_top_budget(gate_table), probe_carry)
-    if trend is None:
-        raise DelphiError(f"--probe-correction: needs >= 2 finished probes at distinct computes (--probe); got {len(probes)}")
-    return correct_by_probes(final, trend, float(hero.flops), probe_noise_rel(fit, fit_table, probes, noise_scope)), fit
 
 
 # --------------------------------------------------------------------------- assembly
@@ -454,17 +205,6 @@ def refit_with(name: str, family, seed: int = 0, what: str | None = None) -> Cal
 CROSS_CHECK_METHODS = ("isoflop", "vpnls")
 
 
-def beyond_ladder_runs(rehearsal_run: Path | None = None, probe_runs: Sequence[Path] = ()) -> dict[str, Path]:
-    """The finished runs beyond the ladder, by name: the dress rehearsal and each probe (its dir name)."""
-    runs = {"rehearsal": Path(rehearsal_run)} if rehearsal_run is not None else {}
-    for run in probe_runs:
-        name = Path(run).name
-        if name in runs:
-            raise DelphiError(f"--probe {run}: two runs beyond the ladder are named {name!r}; give each probe its own dir name")
-        runs[name] = Path(run)
-    return runs
-
-
 def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = None,
                             probe_runs: Sequence[Path] = (), noise_scope: str = "pooled") -> dict[str, dict[str, Any]]:
     """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss",
@@ -504,62 +244,13 @@ def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = N
     return out
 
 
-def load_tables(results: Path, convention: str = "nonembedding"):
-    """(fit table, gate table): the canonical table the fits read (N in `convention`; anchor rungs
-    in its attrs), and every completed row, anchors included, with every other column of the
-    results CSV (seeds, cells, health, steps, batch, role), matched by run_id where it is unique."""
-    import pandas as pd
-
-    from delphi.fits import load_results
-    from delphi.fits.data import with_anchors
-
-    fit_table = load_results(results, params_convention=convention)
-    try:
-        raw = pd.read_csv(results)
-    except (UnicodeDecodeError, pd.errors.ParserError) as e:
-        raise DelphiError(f"{results}: not a readable CSV ({e})") from None
-    rows = with_anchors(fit_table)
-    extra = [c for c in raw.columns if c not in rows.columns]
-    if "run_id" in rows.columns and "run_id" in raw.columns and raw["run_id"].is_unique:
-        gate_table = rows.merge(raw[["run_id", *extra]].astype({"run_id": str}), on="run_id", how="left")
-    else:  # an external table without unique run ids: its rows in order (load_results keeps them)
-        gate_table = rows.join(raw.loc[raw.index.isin(rows.index), extra], how="left")
-    gate_table.attrs = dict(rows.attrs)
-    return fit_table, gate_table
-
-
-def run_predicted_vs_actual(fit, run_dir: Path, noise: float | None = None) -> dict[str, Any]:
-    """A finished run (the dress rehearsal) predicted by `fit` at its own N and D, against its final
-    loss; `noise` (run_noise_nats) makes the interval predictive for one run, as the hero's is."""
-    from delphi.train.config import load_train_config
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise DelphiError(f"{run_dir}: no config.yaml; not a run dir")
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        raise DelphiError(f"{run_dir}: no readable summary.json; has the run finished?") from None
-    if summary.get("status", "completed") != "completed" or summary.get("val_loss") is None:
-        raise DelphiError(f"{run_dir}: status {summary.get('status')!r}, no final val_loss")
-    cfg = load_train_config(run_dir / "config.yaml")
-    pred, how = predict_hero(fit, cfg)
-    pred = predictive(pred, noise)
-    actual, predicted = float(summary["val_loss"]), float(pred["loss"])
-    i90 = pred.get("loss_interval_90")
-    return {"run": str(run_dir), "compute": float(cfg.flops),
-            "predicted": predicted, "actual": actual, "rel_error": actual / predicted - 1,
-            "loss_interval_90": None if i90 is None else [float(i90[0]), float(i90[1])],
-            "covered_90": None if i90 is None else bool(i90[0] <= actual <= i90[1]), "how": how}
-
-
 def ladder_spec_ranges(ladder: Path | None, gate_table) -> dict | None:
     """The hero's ranges from the ladder's own spec (delphi.ladder.plan.ladder_ranges) when the ladder dir
     holds it; None (ranges from the results table) otherwise."""
     if ladder is None or not (Path(ladder) / "ladder.yaml").is_file():
         return None
     try:
-        from delphi.ladder.plan import ladder_ranges
+        from delphi.ladder.hero import ladder_ranges
         from delphi.ladder.spec import load_ladder_spec
 
         return ladder_ranges(load_ladder_spec(Path(ladder) / "ladder.yaml"), gate_table)
@@ -592,7 +283,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     own errors at the probes. `noise_scope` (NOISE_SCOPES) sets one run's noise at the probes and
     in the cross-checks."""
     from delphi.fits import backtest as run_backtest
-    from delphi.fits.backtest import probe_trend
+    from delphi.fits.probes import probe_trend
     from delphi.prereg import gates as gt
 
     lr_drift = lr_drift_from(lr_calibration, ladder)
@@ -666,7 +357,7 @@ def create_prereg(
     `probe_correction` seals the primary law corrected by its error trend at the probes, carried by
     `probe_carry` (`hero_prediction`); `noise_scope` (NOISE_SCOPES) whose seed spread is one run's
     noise at the hero and the probes; `trajectory_from_probes` takes the trajectory's shape from the longest probe
-    (`delphi.fits.curves.trajectory_from_shapes`) instead of the curve law."""
+    (`delphi.fits.shape_trajectory.trajectory_from_shapes`) instead of the curve law."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params

@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import PROBE_CARRIES, Z_90, probe_trend
+from delphi.fits.backtest import Z_90
+from delphi.fits.probes import PROBE_CARRIES, probe_trend
 from delphi.fits.data import isoflop_rows
 from delphi.ladder.collect import relaxed_in_table
 
@@ -537,7 +538,7 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
     Uncorrected (the prediction is the primary law's): every probe within tolerance, as a dress
     rehearsal must be, and with two or more probes their error trend (`ProbeTrend`) carried to the
     hero within tolerance too. Corrected (the prediction is the law x (1 + the trend carried to the
-    hero), `delphi.prereg.create.correct_by_probes`): the correction must have been tested, so at
+    hero), `delphi.fits.probes.correct_by_probes`): the correction must have been tested, so at
     least three probes; the trend fitted without the furthest probe predicts it within tolerance;
     every probe the carry rests on (`ProbeTrend.used`: all for the line, the two furthest for the
     local slope) lies within tolerance of the trend; and the hero is no farther beyond the furthest
@@ -648,7 +649,7 @@ def evaluate_gates(
     the primary law against finished runs beyond the ladder (`gate_probes`; no gate without any);
     `probe_correction` whether `final` is the primary law corrected by the probes' trend, carried by
     `probe_carry`."""
-    from delphi.ladder.plan import HERO_MAX_OFF_OPTIMUM
+    from delphi.ladder.hero import HERO_MAX_OFF_OPTIMUM
 
     agreement = gate_method_agreement(float(final["loss"]), cross_checks, thresholds.tol("agreement"))
     if exact_required is None:  # laws in C are fitted on each budget's real cost; only (N, D) laws allocate

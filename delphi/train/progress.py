@@ -9,7 +9,7 @@ import math
 from typing import Any, Callable
 
 # tokens -> predicted eval loss: a number, or a band with .median/.lo90/.hi90. The caller builds it
-# (e.g. delphi.prereg.format.predicted_loss_curve from a preregistration), so training never
+# (e.g. delphi.prereg_format.predicted_loss_curve from a preregistration), so training never
 # depends on how predictions are stored.
 PredictedLoss = Callable[[float], Any]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -20,9 +19,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                      help="write into a non-empty --out that is not a study directory (no study.json)")
     add_json_flag(sub)
     sub.set_defaults(func=_study)
-    from delphi.paper_commands import add_paper_commands
-
-    add_paper_commands(subparsers)
 
 
 def _study(args: argparse.Namespace):

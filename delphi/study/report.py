@@ -1,0 +1,254 @@
+"""What a study shows: its figures (`stage_figures`) and report.md (`render_report`), every number
+read from the stage markers and the files they name."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import pandas as pd
+
+from delphi.errors import DelphiError
+from delphi.io import atomic_write_text
+from delphi.study.state import Study, _fmt, _rehearsal, _say, load_table, probe_runs
+
+
+def _hero_point(study: Study) -> dict:
+    from delphi.model.flops import count_params
+    from delphi.train.config import load_train_config
+
+    if not study.hero_config.is_file():
+        return {}
+    cfg = load_train_config(study.hero_config)
+    return {"compute": cfg.flops,
+            "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
+
+
+def _residual_prediction(fit: Any, table: pd.DataFrame):
+    import numpy as np
+
+    terms = {t: table[t].to_numpy(float) for t in fit.law_terms if t in table}
+    pred = fit.predict_run(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float),
+                           flops=table["flops"].to_numpy(float), **terms)
+    return np.asarray(pred["loss"], float)
+
+
+def stage_figures(study: Study) -> dict:
+    """Every figure of the study, drawn by the library functions behind `delphi plot ...`."""
+    from delphi.fits import curves as cv
+    from delphi.fits import load_fit
+    from delphi.fits.isoflop import per_budget_optima
+    from delphi.plot import figures as pf
+    from delphi.plot.style import save_figure
+    from delphi.prereg.check import compare, read_run_dir
+    from delphi.prereg.format import load_prereg
+
+    study.figures.mkdir(parents=True, exist_ok=True)
+    fig = lambda name: str(study.figures / f"{name}.png")  # noqa: E731
+    table = load_table(study)
+    primary = load_fit(study.fit_path(study.spec.primary_fit))
+    fits = {m: load_fit(study.fit_path(m)) for m in study.spec.fits if study.fit_path(m).is_file()}
+    files: list[str] = []
+    failed: list[str] = []
+
+    def draw(name: str, make: Callable[[], Any]) -> None:
+        try:
+            files.extend(save_figure(make(), fig(name)))
+        except (DelphiError, ValueError, KeyError) as e:  # one figure's missing input does not lose the others
+            failed.append(f"{name} ({e})")
+
+    draw("isoflop", lambda: pf.isoflop_figure(table, fits["isoflop"].extra.get("optima") if "isoflop" in fits else None))
+
+    def allocation():
+        optima = (fits["isoflop"].extra.get("optima") if "isoflop" in fits else None) or per_budget_optima(table)[0]
+        frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
+                              "tokens": [o["tokens_opt"] for o in optima]})
+        hero = _hero_point(study)
+        return pf.allocation_figure(frame, primary, hero.get("compute"), hero.get("params"), hero.get("tokens"))
+
+    draw("allocation", allocation)
+    prereg = load_prereg(study.prereg) if study.prereg.is_file() else None
+    run = read_run_dir(study.hero_run) if study.hero_run.is_dir() else None
+
+    def frontier():
+        hero_c = interval = None
+        if prereg is not None:
+            final = prereg.doc["prediction"]["final"]
+            hero_c = prereg.doc["hero"]["flops"]
+            lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
+            interval = (final["loss"], lo, hi)
+        return pf.frontier_figure(table, primary, hero_c, interval, run.final_loss if run else None)
+
+    draw("frontier", frontier)
+    if prereg is not None:
+        def prediction():
+            verdict = compare(prereg, run)["verdict"] if run else None
+            return pf.prediction_figure(prereg.doc, run, verdict)
+
+        draw("prediction", prediction)
+
+    def ladder_curves():
+        curves = cv.load_ladder_curves(study.ladder_dir)
+        law = cv.fit_curve_law(curves, bootstrap=0, seed=study.spec.seed, lr_ref=cv.ladder_lr_ref(study.ladder_dir))
+        return pf.curves_figure(curves, law, None)
+
+    draw("ladder_curves", ladder_curves)
+    for method, f in fits.items():
+        if method != "frontier":
+            draw(f"residuals_{method}", lambda f=f: pf.residuals_figure(table, _residual_prediction(f, table),
+                                                                         title=f"{f.kind} fit ({f.method}) residuals"))
+    for problem in failed:
+        _say(f"figure not drawn: {problem}")
+    return {"files": sorted(p for p in files if p.endswith(".png")), "not_drawn": failed}
+
+
+def stage_report(study: Study) -> dict:
+    atomic_write_text(study.report, render_report(study))
+    return {"report": str(study.report)}
+
+
+def render_report(study: Study) -> str:
+    """report.md: every number comes from the stage markers and the files they name."""
+    from delphi.prereg.gates import ladder_top_budget
+
+    plan = study.done("plan")["result"]
+    fits = study.done("fit")["result"]
+    fits = fits.get("fits", fits)  # studies before conventions stored the fits at the top level
+    hero = study.done("hero")["result"]
+    check = study.done("check")["result"]
+    backtest = json.loads((study.fits_dir / "backtest.json").read_text())
+    table = pd.read_csv(study.results)
+    top = table["budget"].max()
+    lines = [
+        f"# Study `{study.spec.name}`",
+        "",
+        f"Ladder: {plan['rungs']} runs, {plan['flops']:.3g} FLOPs in all, budgets "
+        f"{', '.join(f'{b:.3g}' for b in sorted(table['budget'].unique()))}. "
+        f"Hero: {hero['compute']:.3g} FLOPs ({hero['compute'] / ladder_top_budget(table):.3g}x the top isoFLOP budget, "
+        f"{hero['compute'] / top:.3g}x the largest run), "
+        f"d_model {hero.get('d_model')}, {hero.get('n_layers')} layers, N = {_fmt(hero.get('params'))}, "
+        f"D = {_fmt(hero.get('tokens'))} tokens.",
+        "",
+        "## Preregistered prediction against the outcome",
+        "",
+        "| quantity | predicted | actual | relative error | inside 90% interval | verdict |",
+        "|---|---|---|---|---|---|",
+        f"| hero final val loss (nats/byte) | {_fmt(check.get('predicted_final_loss'))} | {_fmt(check.get('actual_final_loss'))} "
+        f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |",
+        "",
+        f"{check.get('why', '')}",
+        "",
+    ]
+    lines += _gates_section(study)
+    from delphi.fits.calibration import report_lines  # issue 30: the calibrated interval and the method choice
+    lines += report_lines(json.loads(study.gates.read_text()).get("prediction", {}) if study.gates.is_file() else {})
+    lines += _rehearsal_section(study)
+    lines += _probes_section(study)
+    lines += _conventions_section(study)
+    lines += ["## Fits", "", "| method | status | allocation | parameters |", "|---|---|---|---|"]
+    for method, info in fits.items():
+        if "error" in info:
+            lines.append(f"| {method} | failed | - | {info['error']} |")
+            continue
+        params = ", ".join(f"{k} = {_fmt(v)}" for k, v in info["params"].items() if isinstance(v, (int, float)))
+        lines.append(f"| {method} | {_fmt(info.get('status'))} | {_fmt(info.get('allocation'))} | {params} |")
+    lines += ["", "## Backtests (fit below the top budget, predict it)", "",
+              "| method | budget | predicted best loss | 90% interval | observed best loss | relative error | 90% covered |",
+              "|---|---|---|---|---|---|---|"]
+    for method, result in backtest.items():
+        for b in result.get("budgets", []):
+            lines.append(f"| {method} | {b['budget']:.3g} | {_fmt(b['predicted_loss'])} | {_fmt(b.get('loss_interval_90'))} "
+                         f"| {_fmt(b['observed_best_loss'])} | {_fmt(b['rel_error'], '+.2%')} | {_fmt(b.get('covered_90'))} |")
+        if "error" in result:
+            lines.append(f"| {method} | - | - | - | - | {result['error']} | - |")
+    summary = (study.done("backtest") or {}).get("result", {}).get("summary")
+    if summary:
+        lines += ["", "Every budget above the third held out in turn:", "",
+                  "| method | points | mean abs error | 90% coverage |", "|---|---|---|---|"]
+        for method, s in summary.items():
+            lines.append(f"| {method} | {s.get('n')} | {_fmt(s.get('mean_abs_rel_error'), '.2%')} | {_fmt(s.get('coverage_90'), '.0%')} |")
+    lines += ["", "## Figures", ""]
+    for png in sorted(study.figures.glob("*.png")):
+        lines.append(f"![{png.stem}](figures/{png.name})")
+    lines += ["", "## Rung health", "", health_table(table), "", "## Ladder", "", _markdown_table(table), ""]
+    return "\n".join(lines)
+
+
+def _gates_section(study: Study) -> list[str]:
+    from delphi.prereg.gates import gate_table
+
+    if not study.gates.is_file():
+        return []
+    report = json.loads(study.gates.read_text())
+    verdict = "all passed" if report["passed"] else (
+        f"FAILED ({', '.join(report['failed'])})" + ("; the study went on with force: true" if report.get("forced") else ""))
+    return ["## Gates (evaluated before the hero trained)", "", f"Gates: {verdict}.", "", gate_table(report["gates"]), ""]
+
+
+def _rehearsal_section(study: Study) -> list[str]:
+    r = _rehearsal(study)
+    if r is None:
+        return []
+    return ["## Dress rehearsal", "",
+            f"At {r['compute']:.3g} FLOPs ({r.get('multiple', float('nan')):g}x the top budget): predicted {r['predicted']:.4f}"
+            f" (90% {_fmt(r.get('loss_interval_90'))}), actual {r['actual']:.4f}, error {r['rel_error']:+.2%}.", ""]
+
+
+def _probes_section(study: Study) -> list[str]:
+    """The probes beyond the ladder against the primary law, and how the seal used them."""
+    runs = probe_runs(study)
+    if not runs:
+        return []
+    from delphi.fits import load_fit
+    from delphi.fits.probes import correction_text
+    from delphi.prereg.predict import score_probes
+    from delphi.prereg.format import read
+
+    lines = ["## Probes beyond the ladder", "", f"The {study.spec.primary_fit} law at each probe's own N and D "
+             "(error = actual / predicted - 1):", "", "| probe | FLOPs | predicted | actual | error |", "|---|---|---|---|---|"]
+    for name, r in score_probes(load_fit(study.fit_path(study.spec.primary_fit)), runs).items():
+        lines.append(f"| {name} | {r['compute']:.3g} | {r['predicted']:.4f} | {r['actual']:.4f} | {r['rel_error']:+.2%} |")
+    check = (study.done("check") or {}).get("result", {})
+    final = read(study.prereg)["prediction"]["final"] if study.prereg.is_file() else {}
+    if final:
+        lines += ["", correction_text(final, check.get("actual_final_loss"), primary_law=f"the {study.spec.primary_fit} law")["correction_sentence"]]
+    return lines + [""]
+
+
+def _conventions_section(study: Study) -> list[str]:
+    if not study.conventions.is_file():
+        return []
+    data = json.loads(study.conventions.read_text())
+    lines = ["## How N is counted", "",
+             f"Chosen: **{data['chosen']}** ({data['why']}).", "",
+             f"| convention | isoFLOP exponent a [90%] | {data.get('primary_fit', 'primary')} exponent a | backtest mean abs error | note |",
+             "|---|---|---|---|---|"]
+    for name, row in data["conventions"].items():
+        lines.append(f"| {name} | {_fmt(row.get('isoflop_a'), '.3f')} {_fmt(row.get('isoflop_a_interval_90'), '.3f')} "
+                     f"| {_fmt(row.get('law_a'), '.3f')} | {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')} | {row.get('error', '')} |")
+    return lines + [""]
+
+
+def health_table(table: pd.DataFrame) -> str:
+    """One row per rung: what its health bounds check, and whether it met them (the columns of
+    delphi.ladder.collect's rung health view that the table has), after a line naming any bound the
+    ladder spec set looser than the defaults."""
+    from delphi.ladder.collect import HEALTH_TABLE_COLUMNS, relaxed_in_table
+
+    if "health_ok" not in table:
+        return "(the results table has no health columns)"
+    cols = [c for c in HEALTH_TABLE_COLUMNS if c in table and c != "health_relaxed"]
+    relaxed = relaxed_in_table(table)
+    rows = [f"The ladder spec's health bounds are looser than the defaults (issue 10): {', '.join(relaxed)}.", ""] if relaxed else []
+    rows += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in table.sort_values(["budget", "run_id"] if "run_id" in table else ["budget"])[cols].iterrows():
+        rows.append("| " + " | ".join(str(r[c]) if c in ("run_id", "cell_id") else _fmt(r[c], ".3g") for c in cols) + " |")
+    return "\n".join(rows)
+
+
+def _markdown_table(table: pd.DataFrame) -> str:
+    cols = [c for c in ("run_id", "budget", "d_model", "n_layers", "params", "tokens", "steps", "lr", "loss", "status") if c in table]
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in table[cols].iterrows():
+        rows.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
+    return "\n".join(rows)

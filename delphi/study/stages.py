@@ -1,0 +1,564 @@
+"""The stages of a study, in order (`STAGES`), and `run_study`, which runs or resumes them.
+
+Each stage is a function of the `Study` that returns a JSON-able result; `run_study` writes it to
+`stages/<name>.json` when the stage completes and skips the completed ones on a rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from delphi.errors import CheckFailed, DelphiError
+from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
+from delphi.study.report import stage_figures, stage_report
+from delphi.study.spec import PREDICTION_GATES, load_study, own_probe_name
+from delphi.study.state import (Study, _fmt, _ladder_spec, _lr_calibration, _pin_study, _primary_backtest, _rehearsal, _say,
+                                chosen_convention, hero_compute, load_table, probe_runs)
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_status
+
+
+def stage_prepare(study: Study) -> dict:
+    from delphi.data.store import resolve_store
+
+    ladder = _ladder_spec(study)
+    store = resolve_store(ladder.run.store)
+    meta = json.loads((store / "meta.json").read_text())
+    return {"store": str(store), "sha256": meta.get("sha256"), "train_tokens": meta.get("n_train"),
+            "val_tokens": meta.get("n_val"), "bytes_by_package": meta.get("bytes_by_package")}
+
+
+def stage_plan(study: Study) -> dict:
+    from delphi.ladder.manifest import format_table, write_ladder
+    from delphi.ladder.plan import plan_ladder
+
+    ladder = _ladder_spec(study)
+    preflight = _hero_preflight(study, ladder)
+    rows = write_ladder(ladder, plan_ladder(ladder), study.ladder_dir)
+    print(format_table(rows), file=sys.stderr)
+    return {"rungs": len(rows), "flops": sum(float(r["flops"]) for r in rows), "hero_preflight": preflight}
+
+
+def _hero_preflight(study: Study, ladder) -> dict:
+    """Before the ladder trains: would the rehearsal and the hero fit the ladder's ranges if the
+    optimum came out where the spec expects it? If not at the expected optimum itself, the gates
+    would refuse after hours of ladder; stop now unless `force: true`."""
+    from delphi.ladder.hero import hero_preflight
+
+    if ladder.isoflop is None:
+        return {"skipped": "a tokens_per_param ladder has no expected optimum"}
+    runs = {"hero": hero_compute(study)}
+    if study.spec.hero.rehearsal_multiple is not None:
+        runs["rehearsal"] = study.spec.hero.rehearsal_multiple * max(ladder.budgets)
+    out = {}
+    for name, compute in runs.items():
+        check = out[name] = hero_preflight(ladder, compute)
+        band = check["inside_factors"]
+        expected = check["expected"]
+        _say(f"preflight {name} at {compute:.3g} FLOPs: at the expected N* ({check['expected_params']:.3g}) it would be "
+             f"{expected['run_id']} ({expected['steps']:,} steps), " + (
+                 f"inside the ladder's ranges and depths for a fitted N* {band[0]:g}-{band[1]:g}x the expected" if band else
+                 "outside the ladder's ranges or depths at every N* from 0.5x to 2x the expected"))
+        if not expected["inside"] and not study.spec.force:
+            raise CheckFailed(f"preflight: the {name} at {compute:.3g} FLOPs would leave the ladder's ranges or depths "
+                              f"({', '.join(expected['outside'])}) even if the fit found the optimum the ladder spec expects; "
+                              f"the gates hero_ranges / hero_depth would refuse it after the ladder trained. Nothing was "
+                              f"trained. Lower hero.compute_multiple, add anchors (long rungs of small shapes), widen "
+                              f"isoflop.span, or choose a depth rule that keeps the hero at a depth trained near the optimum.")
+    return out
+
+
+def stage_ladder(study: Study) -> dict:
+    from delphi.ladder.runner import run_ladder
+
+    check_store_unchanged(study)
+    summary = run_ladder(study.ladder_dir, workers=study.spec.workers)
+    if summary.get("failed"):
+        raise DelphiError(f"ladder: rungs failed: {summary['failed']}; see {study.ladder_dir}/logs and rerun the study")
+    return summary
+
+
+def check_store_unchanged(study: Study) -> None:
+    """A study continued elsewhere (its committed stages copied to a fresh machine) must train on
+    the corpus its first rungs trained on: a built-in store is rebuilt from the machine's files
+    (`environment`: its installed packages), so compare its sha256 with the one pinned at prepare.
+
+    Each store accepted instead (`--accept-store`) is appended to store_accepted.json with its
+    bytes per package and the hero's step when it was accepted, so that a later machine can name
+    what differs from the store the study last trained on, and the hero's steps can be traced."""
+    prepared = study.done("prepare")
+    if prepared is None:
+        return
+    pinned = prepared["result"].get("sha256")
+    now = stage_prepare(study)
+    if pinned is None or now["sha256"] == pinned:
+        return
+    history = read_store_acceptances(study.store_accepted)
+    last = history["accepted"][-1] if history["accepted"] else {"sha256": pinned, **prepared["result"]}
+    if study.accept_store != now["sha256"]:
+        from delphi.data.store import package_differences
+
+        before, after = last.get("bytes_by_package"), now.get("bytes_by_package")
+        which = (f"; packages that differ from sha256 {last['sha256'][:12]}: {package_differences(before, after)}"
+                 if before and after else "")
+        raise DelphiError(f"{study.marker('prepare')}: the study's rungs trained on store sha256 {pinned}, but "
+                          f"{now['store']} now holds sha256 {now['sha256']} (another machine or other installed "
+                          f"packages{which}); rebuild that corpus, start a new study directory, or pass "
+                          f"--accept-store {now['sha256']} to go on with it (recorded in {study.store_accepted})")
+    if last["sha256"] != now["sha256"]:
+        hero = read_status(study.hero_run) or {}
+        history["accepted"].append({
+            "sha256": now["sha256"], "train_tokens": now.get("train_tokens"), "val_tokens": now.get("val_tokens"),
+            "accepted_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hero_step": hero.get("step"),
+            "bytes_by_package": now.get("bytes_by_package")})
+        atomic_write_json(study.store_accepted, {"pinned_sha256": pinned, "pinned_train_tokens":
+                                                 prepared["result"].get("train_tokens"), "store": now["store"], **history})
+    _say(f"store: going on with sha256 {now['sha256'][:12]} ({now.get('train_tokens')} train tokens), not the pinned "
+         f"{pinned[:12]} ({prepared['result'].get('train_tokens')}), as --accept-store asked; recorded in {study.store_accepted}")
+
+
+def read_store_acceptances(path: Path) -> dict[str, list[dict]]:
+    """The stores a study went on with instead of its pinned one, oldest first (none if no file).
+    A file from before the history was kept holds one store as accepted_sha256/accepted_train_tokens."""
+    if not path.is_file():
+        return {"accepted": []}
+    record = json.loads(path.read_text())
+    if "accepted_sha256" in record:
+        return {"accepted": [{"sha256": record["accepted_sha256"], "train_tokens": record.get("accepted_train_tokens")}]}
+    return {"accepted": list(record.get("accepted", []))}
+
+
+def stage_collect(study: Study) -> dict:
+    from delphi.ladder.collect import collect_ladder, write_results
+
+    table = collect_ladder(study.ladder_dir)
+    write_results(table, study.results)
+    return {"rows": len(table), "results": str(study.results)}
+
+
+def _fit_one(study: Study, method: str, table: pd.DataFrame, n_bootstrap: int) -> Any:
+    from delphi.fits import FITTERS
+
+    kwargs: dict[str, Any] = {"n_bootstrap": n_bootstrap, "seed": study.spec.seed}
+    if method == "frontier":
+        kwargs["target_compute"] = [hero_compute(study)]
+    fit = FITTERS[method](table, **kwargs)
+    family = table.attrs.get("flops_family")
+    return fit.with_family(family) if family is not None and hasattr(fit, "with_family") else fit
+
+
+def optimal_exponent(fit: Any, compute_lo: float, compute_hi: float) -> float | None:
+    """d ln N* / d ln C of the fit between two computes (under its own allocation, exact or 6ND)."""
+    lo, hi = fit.predict(compute=compute_lo).get("params"), fit.predict(compute=compute_hi).get("params")
+    if lo is None or hi is None or not (lo > 0 and hi > 0):
+        return None
+    return math.log(float(hi) / float(lo)) / math.log(compute_hi / compute_lo)
+
+
+def compare_conventions(study: Study) -> dict:
+    """For each parameter-count convention: the isoFLOP exponent, the primary law's compute-optimal
+    exponent, and its held-out-budget backtest; the convention with the lowest backtest error wins."""
+    from delphi.fits import backtest
+    from delphi.fits.isoflop import isoflop_exponent_by_convention
+
+    raw = pd.read_csv(study.results)
+    iso = isoflop_exponent_by_convention(raw, tuple(study.spec.conventions))
+    budgets = sorted(float(b) for b in raw["budget"].unique())
+    rows = {}
+    for convention in study.spec.conventions:
+        row: dict[str, Any] = {"isoflop_a": iso.get(convention, {}).get("a"),
+                               "isoflop_a_interval_90": iso.get(convention, {}).get("a_interval_90")}
+        try:
+            table = load_table(study, convention)
+            fit = _fit_one(study, study.spec.primary_fit, table, 0)
+            row["law_a"] = optimal_exponent(fit, budgets[-1], hero_compute(study))
+            row["fit_status"] = getattr(fit, "status", None)
+            bt = backtest(table, lambda t: _fit_one(study, study.spec.primary_fit, t, 0))
+            row["backtest_mean_abs_rel_error"] = bt["mean_abs_rel_error"]
+            row["backtest"] = [{"budget": b["budget"], "rel_error": b["rel_error"]} for b in bt["budgets"]]
+        except DelphiError as e:
+            row["error"] = str(e)
+        rows[convention] = row
+    scored = {c: r["backtest_mean_abs_rel_error"] for c, r in rows.items() if r.get("backtest_mean_abs_rel_error") is not None}
+    if study.spec.params_convention is not None:
+        chosen, why = study.spec.params_convention, "set by the study spec"
+    elif scored:
+        chosen = min(scored, key=scored.get)
+        why = f"lowest held-out-budget backtest |error| ({scored[chosen]:.2%}) of {len(scored)} conventions"
+    else:
+        chosen, why = "nonembedding", "no convention could be backtested; non-embedding N by default"
+    return {"conventions": rows, "chosen": chosen, "why": why, "primary_fit": study.spec.primary_fit}
+
+
+def stage_fit(study: Study) -> dict:
+    conventions = compare_conventions(study)
+    atomic_write_json(study.conventions, conventions)
+    convention = conventions["chosen"]
+    _say(f"parameter convention: {convention} ({conventions['why']})")
+    for name, row in conventions["conventions"].items():
+        _say(f"  {name}: isoFLOP a = {_fmt(row.get('isoflop_a'), '.3f')}, {study.spec.primary_fit} a = "
+             f"{_fmt(row.get('law_a'), '.3f')}, backtest |error| {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')}"
+             + (f" ({row['error']})" if row.get("error") else ""))
+    table = load_table(study, convention)
+    out: dict[str, Any] = {}
+    for method in study.spec.fits:
+        start = time.perf_counter()
+        try:
+            fit = _fit_one(study, method, table, study.spec.bootstrap)
+        except DelphiError as e:
+            if method == study.spec.primary_fit:
+                raise
+            out[method] = {"error": str(e)}  # a secondary law that cannot be fitted here is reported, not fatal
+            _say(f"fit {method}: failed ({e})")
+            continue
+        atomic_write_json(study.fit_path(method), fit.to_json())
+        out[method] = {"params": fit.params, "seconds": round(time.perf_counter() - start, 2),
+                       "status": getattr(fit, "status", None), "allocation": getattr(fit, "allocation", None),
+                       "seed_noise_nats": fit.diagnostics.get("seed_noise_nats")}
+        _say(f"fit {method}: {', '.join(f'{k}={v:.4g}' for k, v in fit.params.items() if isinstance(v, (int, float)))}"
+             + (f" [{fit.status}]" if getattr(fit, "status", "ok") != "ok" else ""))
+    return {"params_convention": convention, "fits": out}
+
+
+# The backtest's own bootstrap: enough draws for a 90% interval, fewer than the final fits'.
+BACKTEST_BOOTSTRAP_MAX = 100
+
+
+def stage_backtest(study: Study) -> dict:
+    """Hold out the top budget (every method, with 90% intervals and coverage), then every budget above
+    the third in turn (mean |error| and coverage per method)."""
+    from delphi.fits import backtest
+    from delphi.fits.backtest import all_holdouts
+
+    table = load_table(study)
+    n_boot = min(study.spec.bootstrap, BACKTEST_BOOTSTRAP_MAX)
+    methods = [m for m in study.spec.fits if m != "envelope"]
+    out: dict[str, Any] = {}
+    for method in methods:
+        try:
+            result = backtest(table, lambda t, m=method: _fit_one(study, m, t, n_boot))
+        except DelphiError as e:  # too few budgets below the cut for this method
+            out[method] = {"error": str(e)}
+            continue
+        out[method] = result
+        for b in result["budgets"]:
+            i90 = b.get("loss_interval_90")
+            _say(f"backtest {method}: budget {b['budget']:.3g}: predicted {b['predicted_loss']:.4f}"
+                 + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "")
+                 + f", observed {b['observed_best_loss']:.4f} ({b['rel_error']:+.2%})")
+    atomic_write_json(study.fits_dir / "backtest.json", out)
+    summary = None
+    try:
+        many = all_holdouts(table, {m: (lambda t, m=m: _fit_one(study, m, t, n_boot)) for m in methods})
+        atomic_write_json(study.fits_dir / "backtest_all.json", many)
+        summary = many["summary"]
+    except DelphiError as e:  # too few budgets for more than one cut
+        _say(f"backtest over every held-out budget: skipped ({e})")
+    return {"methods": sorted(out), "summary": summary}
+
+
+def _sized_run(study: Study, compute: float, name: str, out: Path) -> dict:
+    """Size a run at `compute` from the primary fit (exact-FLOP allocation, inside the ladder's ranges)
+    and write its train config to `out`."""
+    from delphi.ladder.hero import hero_from_fit
+    from delphi.train.config import train_config_from_dict, train_config_to_dict
+
+    rung, details = hero_from_fit(study.fit_path(study.spec.primary_fit), compute, _ladder_spec(study),
+                                  seed=study.spec.seed, results=pd.read_csv(study.results))
+    config = train_config_to_dict(rung.train) | {"name": name}
+    # The rung's own events (the ladder's evals_per_run, on multiples of its step quantum) let the
+    # trainer fuse several steps per call; an override of eval_every may cost that.
+    if study.spec.hero.eval_every:
+        config.update(eval_every=study.spec.hero.eval_every, checkpoint_every=study.spec.hero.eval_every)
+    if name == "hero" and study.spec.hero.checkpoint_every_s:
+        config["checkpoint_every_s"] = study.spec.hero.checkpoint_every_s
+    atomic_write_yaml(out, train_config_to_dict(train_config_from_dict(config)))
+    return details
+
+
+def stage_hero(study: Study) -> dict:
+    from delphi.fits import load_fit
+
+    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    n_star = fit.predict(compute=hero_compute(study)).get("params")
+    if n_star is None or not float(n_star) > 0:
+        bound = ", ".join(fit.diagnostics.get("at_bound") or []) or "none"
+        raise CheckFailed(f"the {study.spec.primary_fit} fit has no compute-optimal point (status {getattr(fit, 'status', '?')}, "
+                          f"on a bound: {bound}; parameters {fit.params}): gate fit_status fails and the hero cannot be "
+                          f"sized; nothing was trained or sealed. The ladder does not determine the law: add budgets or seeds.")
+    return _sized_run(study, hero_compute(study), "hero", study.hero_config)
+
+
+def stage_dress_rehearsal(study: Study) -> dict:
+    """Predict and train one run at ~3x the top budget, sized like the hero; its error is a gate.
+
+    It runs after the other gates passed (no compute is spent on a rehearsal of a ladder the gates
+    already refuse) and stops the study before the hero when it misses, unless `force: true`."""
+    from delphi.fits import load_fit
+    from delphi.prereg.gates import gate_dress_rehearsal
+    from delphi.prereg.predict import run_predicted_vs_actual
+    from delphi.train.config import load_train_config
+    from delphi.train.trainer import train
+
+    multiple = study.spec.hero.rehearsal_multiple
+    if multiple is None:
+        return {"skipped": "hero.rehearsal_multiple is null: no dress rehearsal"}
+    compute = multiple * max(_ladder_spec(study).budgets)
+    check_store_unchanged(study)
+    if not study.rehearsal_config.is_file():
+        _sized_run(study, compute, "rehearsal", study.rehearsal_config)
+    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    cfg = load_train_config(study.rehearsal_config)
+    from delphi.prereg.predict import predict_hero, run_noise_nats
+
+    predicted = predict_hero(fit, cfg)[0]
+    _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
+    _finished(train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists()), "the dress rehearsal")
+    result = run_predicted_vs_actual(fit, study.rehearsal_run, run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0])
+    _say(f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
+    thresholds = study.spec.thresholds()
+    gate = gate_dress_rehearsal(result | {"compute": compute}, thresholds.rehearsal_tolerance_rel or thresholds.tolerance_rel)
+    _say(f"gate {'PASS' if gate.passed else 'FAIL'} {gate.name}: {gate.detail}")
+    if not gate.passed and not study.spec.force:
+        raise CheckFailed(f"gates failed before the hero trained: dress_rehearsal ({gate.detail}; {gate.threshold}); "
+                          "the hero was NOT trained and nothing was sealed. Set `force: true` in the study file to go on anyway.")
+    return result | {"multiple": multiple, "gate_passed": gate.passed}
+
+
+def stage_gates(study: Study) -> dict:
+    """Every gate, PASS/FAIL, before the hero trains; a failure stops the study here unless `force: true`."""
+    from delphi.prereg import gates as gt
+    from delphi.prereg.create import compute_gates
+    from delphi.prereg.predict import hero_prediction
+    from delphi.train.config import load_train_config
+
+    hero = load_train_config(study.hero_config)
+    pin_lr_calibration(study)
+    pin_probes(study)
+    # While the study's own probes are untrained, the prediction they will correct is not known yet:
+    # the ladder's gates decide whether to spend their compute, the prediction's wait for the seal.
+    pending = [m for m in study.spec.hero.probe_multiples if not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()]
+    correct = study.spec.hero.probe_correction and not pending
+    probes = probe_runs(study)
+    final, fit = hero_prediction(study.fit_path(study.spec.primary_fit), hero, study.results, probes,
+                                 correct, study.spec.hero.probe_carry, study.spec.hero.noise_scope)  # what prereg will seal
+    thresholds = study.spec.thresholds()
+    rehearsal = _rehearsal(study)
+    gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
+                          backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
+                          rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
+                          lr_calibration=_lr_calibration(study), probe_runs=probes, probe_correction=correct,
+                          probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope)
+    deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
+    deciding = [g for g in gates if g not in deferred]
+    report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
+    if deferred:
+        report["deferred"] = {"gates": [g.to_json() for g in deferred],
+                              "why": f"the study's probes at {', '.join(f'{m:g}x' for m in pending)} have not trained: "
+                                     "these gates are evaluated at the seal, after them"}
+    atomic_write_json(study.gates, report)
+    for line in gt.gate_lines(deciding):
+        _say(f"gate {line}")
+    for g in deferred:
+        _say(f"gate DEFERRED {g.name}: evaluated at the seal, after the study's probes")
+    if not report["passed"]:
+        if not study.spec.force:
+            raise CheckFailed(f"gates failed before the hero trained: {', '.join(report['failed'])}; the hero was NOT "
+                              f"trained and nothing was sealed (report {study.gates}). Fix the ladder (more seeds, "
+                              f"budgets, healthier rungs) or set `force: true` in the study file to go on anyway.")
+        _say(f"GATES FAILED ({', '.join(report['failed'])}); going on because the study says force: true "
+             "(the preregistration records it)")
+    return {"passed": report["passed"], "failed": report["failed"], "forced": bool(study.spec.force and not report["passed"]),
+            "gates": report["gates"]}
+
+
+def pin_lr_calibration(study: Study) -> Path | None:
+    """Merge gates.lr_calibration into one report in the study dir, where the gates and the seal read
+    it: the study's data then hold the evidence. Written afresh by the gates stage (a calibration may
+    be extended while the ladder trains); the seal reads the copy the gates saw."""
+    from delphi.ladder.lr_calibration import merge_reports
+
+    if not study.lr_calibration_sources:
+        return None
+    atomic_write_json(study.lr_calibration, merge_reports(list(study.lr_calibration_sources)))
+    return study.lr_calibration
+
+
+def pin_probes(study: Study) -> None:
+    """Copy each of gates.probes' config, status, summary and metrics into the study dir, where the
+    gates, the seal and the paper read them: the study's data then hold the evidence (and a
+    snapshot, which keeps finished runs only, keeps them)."""
+    for source in study.probe_sources:
+        for name in (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE, METRICS_FILE):
+            if (source / name).is_file():
+                atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())
+
+
+def stage_probes(study: Study) -> dict:
+    """Each of hero.probe_multiples, smallest first: sized from the primary fit like the hero,
+    its prediction sealed into STUDY/probes/NAME.prereg.yaml before its first step (with force: the
+    gates judge the hero, not a probe), then trained against the seal. A probe that started before
+    its seal existed is refused; an interrupted one resumes."""
+    from delphi.fits import load_fit
+    from delphi.prereg.create import create_prereg
+    from delphi.prereg.predict import run_noise_nats, run_predicted_vs_actual
+    from delphi.prereg.format import predicted_loss_curve
+    from delphi.train.config import load_train_config
+    from delphi.train.trainer import train
+
+    multiples = sorted(study.spec.hero.probe_multiples)
+    if not multiples:
+        return {"skipped": "hero.probe_multiples is empty: no probes of the study's own"}
+    check_store_unchanged(study)
+    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    noise = run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0]
+    top = max(_ladder_spec(study).budgets)
+    results = []
+    for multiple in multiples:
+        name = own_probe_name(multiple)
+        run, config, seal = study.probes_dir / name, study.probes_dir / f"{name}.yaml", study.probes_dir / f"{name}.prereg.yaml"
+        if not config.is_file():
+            _sized_run(study, multiple * top, name, config)
+        if not seal.exists():
+            if (run / METRICS_FILE).exists():
+                raise DelphiError(f"{run}: the probe started before its preregistration existed; remove it to start over")
+            create_prereg(study.fit_path(study.spec.primary_fit), config, seal, ladder=study.ladder_dir, results=study.results,
+                          tolerance_rel=study.spec.hero.tolerance, author=study.spec.author, force=True,
+                          rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
+                                    "(sealed with force: the gates judge the hero, not a probe).",
+                          bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed, thresholds=study.spec.thresholds(),
+                          backtest=_primary_backtest(study))
+        cfg = load_train_config(config)
+        _say(f"probe {name}: {cfg.flops:.3g} FLOPs, sealed in {seal}")
+        _finished(train(cfg, run, resume=(run / CONFIG_FILE).exists(), predicted_loss=predicted_loss_curve(seal)), f"probe {name}")
+        result = run_predicted_vs_actual(fit, run, noise)
+        _say(f"probe {name}: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
+        results.append(result | {"name": name, "multiple": multiple})
+    return {"probes": results}
+
+
+def stage_prereg(study: Study) -> dict:
+    from delphi.prereg.create import create_prereg
+
+    if study.prereg.exists():  # sealed on an earlier, interrupted attempt: never rewrite it
+        from delphi.prereg.format import read, seal_status
+
+        if not seal_status(read(study.prereg))["ok"]:
+            raise DelphiError(f"{study.prereg}: exists but its seal is broken; it was edited after sealing")
+        return {"prereg": str(study.prereg), "note": "sealed earlier"}
+    if (study.hero_run / METRICS_FILE).exists():
+        raise DelphiError(f"{study.hero_run}: the hero started before a preregistration existed; remove it to start over")
+    rehearsal = _rehearsal(study)
+    doc = create_prereg(
+        study.fit_path(study.spec.primary_fit), study.hero_config, study.prereg,
+        ladder=study.ladder_dir, results=study.results, tolerance_rel=study.spec.hero.tolerance,
+        author=study.spec.author, rationale=study.spec.rationale or _default_rationale(study),
+        bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
+        force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
+        rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
+        lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
+        probe_correction=study.spec.hero.probe_correction, probe_carry=study.spec.hero.probe_carry,
+        noise_scope=study.spec.hero.noise_scope, trajectory_from_probes=study.spec.hero.trajectory == "probes",
+    )
+    final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
+    return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}
+
+
+def _default_rationale(study: Study) -> str:
+    return (f"Study {study.spec.name}: the {study.spec.primary_fit} law fitted on the ladder (N counted as "
+            f"{chosen_convention(study)}, compute allocated under the family's exact FLOPs) sizes the hero "
+            f"and predicts its final loss; the trajectory comes from the LR-annealing curve law fitted on the ladder's curves.")
+
+
+def stage_train_hero(study: Study) -> dict:
+    from delphi.prereg.format import predicted_loss_curve
+    from delphi.train.config import load_train_config
+    from delphi.train.trainer import train
+
+    check_store_unchanged(study)
+    cfg = load_train_config(study.hero_config)
+    resume = (study.hero_run / CONFIG_FILE).exists()
+    return _finished(train(cfg, study.hero_run, resume=resume, predicted_loss=predicted_loss_curve(study.prereg)), "the hero")
+
+
+def _finished(summary: dict, what: str) -> dict:
+    """A run that ended (completed, or diverged: a diverged hero is a failed prediction, checked as
+    such); one stopped before its end (a signal) is not a stage done: nothing after it may run."""
+    if summary.get("status") not in ("completed", "diverged"):
+        raise CheckFailed(f"{what} stopped before its end ({summary.get('reason') or summary.get('status')}); nothing "
+                          "after it ran or was checked. Run the same `delphi study` command to resume it.")
+    return summary
+
+
+def stage_check(study: Study) -> dict:
+    from delphi.prereg.check import check
+
+    result, _, _ = check(study.prereg, run_dir=study.hero_run)
+    _say(f"verdict: {result['verdict']}")
+    return result
+
+
+STAGES: tuple[tuple[str, Callable[[Study], dict]], ...] = (
+    ("prepare", stage_prepare),
+    ("plan", stage_plan),
+    ("ladder", stage_ladder),
+    ("collect", stage_collect),
+    ("fit", stage_fit),
+    ("backtest", stage_backtest),
+    ("hero", stage_hero),
+    ("gates", stage_gates),
+    ("dress_rehearsal", stage_dress_rehearsal),
+    ("probes", stage_probes),
+    ("prereg", stage_prereg),
+    ("train_hero", stage_train_hero),
+    ("check", stage_check),
+    ("figures", stage_figures),
+    ("report", stage_report),
+)
+
+
+STAGE_NAMES = tuple(name for name, _ in STAGES)
+
+
+def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str | None = None,
+              accept_store: str | None = None) -> dict:
+    """Run (or resume) the stages of a study; return the verdict and the report path.
+
+    `stop_after` ends the invocation after that stage, e.g. "prereg" so the sealed
+    file can be committed before the hero's first step; the next call resumes.
+    `accept_store` (a sha256) goes on with a corpus store that differs from the one pinned at
+    prepare, when it is that store (`check_store_unchanged`; recorded in store_accepted.json).
+    """
+    if stop_after is not None and stop_after not in STAGE_NAMES:
+        raise DelphiError(f"--stop-after: unknown stage {stop_after!r} (expected one of {', '.join(STAGE_NAMES)})")
+    if accept_store is not None and not re.fullmatch(r"[0-9a-f]{64}", accept_store):
+        raise DelphiError(f"--accept-store: {accept_store!r} is not a store's sha256 (64 lowercase hex digits, "
+                          "as the study's refusal prints it)")
+    spec, ladder_spec_path, prereg, calibrations, probes = load_study(study_path)
+    study = Study(out, spec, ladder_spec_path, prereg, calibrations, probes, accept_store)
+    _pin_study(study)
+    started = time.perf_counter()
+    for name, stage in STAGES:
+        if study.done(name) is not None:
+            _say(f"{name}: done earlier, skipped")
+        else:
+            _say(f"{name}: running")
+            t0 = time.perf_counter()
+            result = stage(study)
+            atomic_write_json(study.marker(name), {"stage": name, "seconds": round(time.perf_counter() - t0, 2), "result": result})
+            _say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
+        if name == stop_after:  # also when it was done earlier: the invocation goes no further
+            _say(f"stopped after {name}, as asked; run the same command without --stop-after to continue")
+            return {"out": str(study.out), "stopped_after": name, "verdict": None}
+    verdict = study.done("check")["result"]
+    _say(f"report: {study.report} ({time.perf_counter() - started:.0f} s this invocation)")
+    return {"out": str(study.out), "report": str(study.report), "verdict": verdict.get("verdict"),
+            "predicted_loss": verdict.get("predicted_final_loss"), "actual_loss": verdict.get("actual_final_loss"),
+            "rel_error": verdict.get("rel_error"), "covered_90": verdict.get("covered_90")}

@@ -1,0 +1,172 @@
+"""A study directory: its paths and stage markers (`Study`), its pinned spec, and what the stages
+and the report read back from it (the study's ladder, its results table, earlier stages' results)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from delphi.config_schema import from_dict, to_dict
+from delphi.errors import DelphiError
+from delphi.io import atomic_write_json
+from delphi.study.spec import STUDY_SEED_STRIDE, StudySpec, probe_names
+from delphi.train.rundir import SUMMARY_FILE
+
+
+# ---- stage bookkeeping ---------------------------------------------------------------------------
+
+
+class Study:
+    """Paths of a study directory and its stage markers."""
+
+    def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path, prereg: Path | None = None,
+                 lr_calibration_sources: tuple[Path, ...] = (), probe_sources: tuple[Path, ...] = (),
+                 accept_store: str | None = None) -> None:
+        self.out = Path(out)
+        self.accept_store = accept_store  # sha256 of a store to go on with though it differs from the pinned one
+        self.store_accepted = self.out / "store_accepted.json"
+        self.lr_calibration_sources = lr_calibration_sources
+        self.probe_sources = probe_sources
+        self.spec = spec
+        self.ladder_spec_path = ladder_spec_path
+        self.ladder_dir = self.out / "ladder"
+        self.results = self.out / "results.csv"
+        self.fits_dir = self.out / "fits"
+        self.hero_config = self.out / "hero.yaml"
+        self.rehearsal_config = self.out / "rehearsal.yaml"
+        self.rehearsal_run = self.out / "rehearsal"
+        self.gates = self.out / "gates.json"
+        self.lr_calibration = self.out / "lr_calibration.json"  # the gates stage's merged copy of gates.lr_calibration
+        self.probes_dir = self.out / "probes"  # the gates stage's copy of gates.probes (config and summary)
+        self.conventions = self.out / "fits" / "conventions.json"
+        self.prereg = prereg or self.out / "preregistration.yaml"
+        self.hero_run = self.out / "hero"
+        self.figures = self.out / "figures"
+        self.report = self.out / "report.md"
+
+    def fit_path(self, method: str) -> Path:
+        return self.fits_dir / f"{method}.json"
+
+    def marker(self, stage: str) -> Path:
+        return self.out / "stages" / f"{stage}.json"
+
+    def done(self, stage: str) -> dict | None:
+        path = self.marker(stage)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _say(text: str) -> None:
+    print(f"[study] {text}", file=sys.stderr, flush=True)
+
+
+def _pin_study(study: Study) -> None:
+    """Record the resolved study and ladder spec; refuse to continue a different study in the same dir."""
+    from delphi.ladder.spec import ladder_spec_from_dict, ladder_spec_to_dict
+
+    pinned = {"study": to_dict(study.spec), "ladder": ladder_spec_to_dict(_ladder_spec(study))}
+    path = study.out / STUDY_FILE
+    if path.is_file():
+        recorded = json.loads(path.read_text())
+        try:  # keys added to StudySpec or LadderSpec since the directory was pinned take their defaults
+            recorded["study"] = to_dict(from_dict(StudySpec, recorded.get("study"), str(path)))
+            recorded["ladder"] = ladder_spec_to_dict(ladder_spec_from_dict(recorded.get("ladder")))
+        except DelphiError:
+            pass
+        if recorded != json.loads(json.dumps(pinned)):
+            raise DelphiError(f"--out: {study.out} holds a different study (study.json differs); choose a new directory")
+        return
+    atomic_write_json(path, pinned)
+
+
+STUDY_FILE = "study.json"  # the pinned study and ladder spec: a directory holds one study
+
+
+def _ladder_spec(study: Study):
+    """The study's ladder: the ladder spec with its run seeds offset by the study seed (seed_offset)."""
+    from delphi.ladder.spec import load_ladder_spec
+
+    spec = load_ladder_spec(study.ladder_spec_path)
+    offset = seed_offset(study.spec.seed)
+    if offset == 0:
+        return spec
+    run = replace(spec.run, seeds=tuple(s + offset for s in spec.run.seeds),
+                  top_seeds=tuple(s + offset for s in spec.run.top_seeds))
+    return replace(spec, run=run)
+
+
+def seed_offset(study_seed: int) -> int:
+    """What the study seed adds to every ladder run seed: studies with different seeds train
+    different inits and data orders (the robustness check of issue 10), seed 0 the spec's own."""
+    return STUDY_SEED_STRIDE * study_seed
+
+
+def chosen_convention(study: Study) -> str:
+    """The parameter-count convention the fits use: the study's, or the one the fit stage chose."""
+    done = study.done("fit")
+    if done is not None and done["result"].get("params_convention"):
+        return done["result"]["params_convention"]
+    return study.spec.params_convention or "nonembedding"
+
+
+def load_table(study: Study, convention: str | None = None) -> pd.DataFrame:
+    """The results table with N counted as `convention` and the ladder family's exact FLOPs attached."""
+    from delphi.fits import load_results
+    from delphi.ladder.plan import flops_family
+
+    convention = convention or chosen_convention(study)
+    return load_results(study.results, params_convention=convention, family=flops_family(_ladder_spec(study), convention))
+
+
+def hero_compute(study: Study) -> float:
+    if study.spec.hero.compute is not None:
+        return float(study.spec.hero.compute)
+    return study.spec.hero.compute_multiple * max(_ladder_spec(study).budgets)
+
+
+def _rehearsal(study: Study) -> dict | None:
+    done = study.done("dress_rehearsal")
+    if done is None or done["result"].get("skipped"):
+        return None
+    return done["result"]
+
+
+def _primary_backtest(study: Study) -> dict | None:
+    path = study.fits_dir / "backtest.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get(study.spec.primary_fit)
+
+
+def probe_runs(study: Study) -> list[Path]:
+    """The pinned copies of gates.probes (a study continued from a snapshot has them), then the
+    study's own probes (hero.probe_multiples) that have finished."""
+    runs = [study.probes_dir / name for name in probe_names(study.spec)]
+    missing = [str(r) for r in runs[:len(study.spec.gates.probes)] if not (r / SUMMARY_FILE).is_file()]
+    if missing:
+        raise DelphiError(f"{', '.join(missing)}: missing; the gates stage copies them from gates.probes")
+    return [r for r in runs if (r / SUMMARY_FILE).is_file()]
+
+
+def _lr_calibration(study: Study) -> list[Path] | None:
+    """The merged copy, when the study names calibrations (a study continued from a snapshot has it)."""
+    if not study.spec.gates.lr_calibration:
+        return None
+    if not study.lr_calibration.is_file():
+        raise DelphiError(f"{study.lr_calibration}: missing; the gates stage writes it from gates.lr_calibration")
+    return [study.lr_calibration]
+
+
+def _fmt(x: Any, spec: str = ".4g") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, (list, tuple)) and len(x) == 2:
+        return f"[{_fmt(x[0], spec)}, {_fmt(x[1], spec)}]"
+    return format(x, spec) if isinstance(x, (int, float)) else str(x)

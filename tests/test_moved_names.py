@@ -1,0 +1,55 @@
+"""Names moved to their concept's module (issue 32) stay importable from where they were, as the same
+objects: other branches, scripts under paper/ and benchmarks/, and old notebooks import them there."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+# (old module, new module, names moved from the one to the other)
+MOVED: list[tuple[str, str, tuple[str, ...]]] = [
+    ("delphi.fits.backtest", "delphi.fits.probes",
+     ("PROBE_CARRIES", "NOISE_SCOPES", "ProbeTrend", "probe_trend", "probe_holdouts")),
+    ("delphi.prereg.create", "delphi.fits.probes", ("CARRY_ASSUMPTION", "correct_by_probes", "correction_text")),
+    ("delphi.prereg.create", "delphi.prereg.predict",
+     ("final_from_prediction", "law_scatter_nats", "seed_noise_nats", "run_noise_nats", "predictive", "model_family",
+      "fit_family", "hero_params", "fit_convention", "predict_hero", "predict_final", "score_probes", "probe_noise_rel",
+      "hero_prediction", "beyond_ladder_runs", "load_tables", "run_predicted_vs_actual")),
+    ("delphi.prereg.format", "delphi.prereg_format",
+     ("seal", "read", "write_new", "seal_status", "outcome_path", "Band", "Prereg", "predicted_loss_curve", "load_prereg")),
+    ("delphi.fits.curves", "delphi.fits.shape_trajectory",
+     ("SCHEDULE_SHAPE_KEYS", "normalised_curve", "same_schedule_shape", "project_finals", "trajectory_from_shapes")),
+    ("delphi.ladder.plan", "delphi.ladder.hero",
+     ("ladder_ranges", "hero_ranges", "HERO_MAX_OFF_OPTIMUM", "PREFLIGHT_FACTORS", "plan_hero", "depths_near_optimum",
+      "expected_depths", "hero_preflight")),
+    ("delphi.ladder.plan", "delphi.ladder.manifest",
+     ("MANIFEST_FILE", "SPEC_FILE", "CONFIG_DIR", "RUNS_DIR", "MANIFEST_COLUMNS", "manifest_row", "manifest_csv",
+      "ladder_own_paths", "read_manifest", "write_ladder", "format_table")),
+    ("delphi.study", "delphi.study.spec", ("StudySpec", "HeroSpec", "GatesSpec", "load_study", "probe_names")),
+    ("delphi.study", "delphi.study.state", ("Study", "_ladder_spec", "_lr_calibration", "probe_runs", "STUDY_FILE")),
+    ("delphi.study", "delphi.study.snapshot", ("compact_files", "export_study")),
+    ("delphi.study", "delphi.study.stages", ("run_study", "STAGES", "stage_gates", "check_store_unchanged", "_finished")),
+    ("delphi.study", "delphi.study.report", ("render_report", "health_table", "stage_figures", "_gates_section")),
+]
+
+
+@pytest.mark.parametrize("old, new, names", MOVED, ids=lambda x: x if isinstance(x, str) else "")
+def test_moved_names_import_from_their_old_module(old: str, new: str, names: tuple[str, ...]) -> None:
+    old_module, new_module = importlib.import_module(old), importlib.import_module(new)
+    for name in names:
+        assert getattr(old_module, name) is getattr(new_module, name), f"{old}.{name}"
+        exec(f"from {old} import {name}", {})  # the form other code uses
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    for old in ("delphi.study", "delphi.fits.backtest", "delphi.fits.curves", "delphi.ladder.plan"):
+        with pytest.raises(AttributeError):
+            getattr(importlib.import_module(old), "no_such_name")
+
+
+def test_the_study_package_lists_every_name_of_the_former_module() -> None:
+    study = importlib.import_module("delphi.study")
+    assert len(study.__all__) == len(set(study.__all__)) > 60
+    for name in study.__all__:
+        getattr(study, name)
