@@ -11,8 +11,8 @@ fits on the first k >= 3 budgets and predicts every higher budget's best loss (n
 fit-only sd is the training residual scatter). "before": that prediction and interval. "after":
 the calibration (`delphi.fits.calibration`) fitted leave-one-source-out on the other seven
 sources, applied to the eighth, rotated; `assert_out_of_sample` checks every row. Tabled by method
-and extrapolation bin (1-3x, 3-10x, 10-30x, >30x). The paper ladder (paper/v4..v7 share one ladder,
-paper/v7/study/results.csv; its five runs beyond it at 3x-90x: probe3x, probe10x, hero30x, hero60x,
+and extrapolation bin (1-3x, 3-10x, 10-30x, >30x). The paper ladder (paper/editions/v4..v7 share one ladder,
+paper/editions/v7/study/results.csv; its five runs beyond it at 3x-90x: probe3x, probe10x, hero30x, hero60x,
 hero90x) is a ninth source scored with the calibration fitted on all eight public sources, never
 calibrated on. `--write-calibration` writes the committed calibration file.
 

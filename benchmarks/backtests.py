@@ -2,7 +2,7 @@
 
 For each source x dataset x condition group of the public isoFLOP data (Open-Athena's
 isoflops.csv, see tests/data or ../shared/reference-data) with at least MIN_BUDGETS
-budgets, and for the old paper ladder (paper/v1/data/results.csv, scored at its exact FLOPs
+budgets, and for the old paper ladder (paper/editions/v1/data/results.csv, scored at its exact FLOPs
 with the family of its own shapes), run `delphi.fits.backtest.all_holdouts`: for each cut
 k >= 3 fit on budgets[:k] and predict every higher budget's best loss. Reports the mean
 |relative error| and the share of held-out points inside their 90% predictive interval

@@ -268,8 +268,11 @@ def test_adamh_yaml_round_trip_and_omitted_weight_decay(store, tmp_path):
 
 def committed_run_dirs() -> list[Path]:
     """One committed run dir per directory of runs under paper/ (every edition, ladder, hero, probe)."""
+    from delphi.editions import edition_tree
+
     seen: dict[Path, Path] = {}
-    for summary in sorted((REPO / "paper").rglob("summary.json")):
+    trees = [edition_tree(e) for e in sorted((REPO / "paper" / "editions").glob("v*"))]
+    for summary in sorted(s for tree in trees for s in tree.rglob("summary.json")):
         if (summary.parent / "config.yaml").is_file():
             seen.setdefault(summary.parent.parent, summary.parent)
     return list(seen.values())
@@ -290,7 +293,9 @@ def test_adamw_configs_keep_their_config_sha256(tmp_path):
         assert "optimizer" not in text and "adam_lr" not in text
         assert sha256_bytes(identity_yaml(text).encode()) == recorded, run
     # pinned: computed from this file before the optimizer key existed
-    v7 = REPO / "paper/v7/lr_calibration/runs/LR_T4.2e+06_d192_L3_x1_s0"
+    from delphi.editions import edition_tree
+
+    v7 = edition_tree(REPO / "paper/editions/v7") / "lr_calibration/runs/LR_T4.2e+06_d192_L3_x1_s0"
     pinned = "8cfb58f21f984c438d7cdf319eacc5dddbe1ea510dddec59cd2f4093f9c48ca6"
     explicit = write_config(tmp_path / "explicit.yaml", load_train_config(v7 / "config.yaml"), **{"optim.optimizer": "adamw"})
     assert "optimizer: adamw" in explicit.read_text()

@@ -31,12 +31,12 @@ from delphi.fits.results import FitResult
 # "linear": least squares linear in log C through every probe (the sixth edition's sealed rule);
 # "local_slope": the line through the two furthest probes. On the public isoFLOP sweeps, within one
 # probe span, the local slope carried the isoFLOP law's error to 0.42% mean |error| against the
-# line's 0.50%, and with less optimistic bias (paper/v6/alternative_rules_public.csv).
+# line's 0.50%, and with less optimistic bias (paper/editions/v6/alternative_rules_public.csv).
 PROBE_CARRIES = {"linear": "fitted linear in log10 C",
                  "local_slope": "along the line through the two furthest probes"}
 
 # Whose seed spread stands for one run's seed noise at the hero and the probes (`run_noise_nats`).
-# The ladder's within-cell seed sd falls with compute (paper/v6: 0.027 nats at 1e12, 0.010 at
+# The ladder's within-cell seed sd falls with compute (paper/editions/v6: 0.027 nats at 1e12, 0.010 at
 # 2.2e12, 0.0057 at 4.6e12, 0.0066 at 1e13, 0.0044 for the 4e13 anchors), so the pool over every
 # budget (0.0138) is set by the smallest and overstates the noise of runs beyond the top.
 NOISE_SCOPES = {
@@ -256,7 +256,7 @@ def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float)
     `noise_rel` (`delphi.fits.probes.ProbeTrend.correct`). Why: the isoFLOP law's error grew with
     distance in the fifth edition (-1.99%, +2.96%, +8.69% at 3x, 10x, 30x); the trend of its first
     two probes, carried to 30x, put the hero at 1.0029 against an actual 1.0142 (+1.13%;
-    paper/v5/second_opinions.csv)."""
+    paper/editions/v5/second_opinions.csv)."""
     carried, sd = trend.at(hero_compute), trend.sd_at(hero_compute, noise_rel)
     out = dict(final) | {"loss": float(final["loss"]) * (1 + carried)}
     for key, z in (("loss_50", Z50), ("loss_90", Z90)):

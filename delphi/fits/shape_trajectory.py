@@ -73,7 +73,7 @@ def trajectory_from_shapes(shape_runs: Sequence[str | Path], hero: Any, final: d
     runs' normalised curves before their end (the shape's own uncertainty; one run gives none).
     Why: on the fifth edition's 30x hero the curve law fitted on the ladder's short runs put the
     constant-LR phase 6-9% too high, while the 10x probe's normalised curve was within 3.3% of it
-    after warmup (paper/v6/second_opinions.py)."""
+    after warmup (paper/editions/v6/second_opinions.py)."""
     from delphi.fits.backtest import Z_50, Z_90
 
     if not shape_runs:

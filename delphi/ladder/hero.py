@@ -114,7 +114,7 @@ def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataF
 # off-optimal hero inside the ranges is a fairer test than an optimal one outside them.
 # The same factor defines "near the optimum" for the depths a hero may have (gate hero_depth): at
 # 10x the allowance once chose d112 L4 (1.88x N*), a depth the ladder held only as under-trained
-# rungs, and that hero came in 7% below its prediction (paper/v2/README.md).
+# rungs, and that hero came in 7% below its prediction (paper/editions/v2/README.md).
 HERO_MAX_OFF_OPTIMUM = 2.0
 # Where the fitted N* may land relative to the spec's expected optimum, for `hero_preflight`: the
 # default ladder's fitted optima sat at 0.8-0.9x its centre (benchmarks/default_study/).

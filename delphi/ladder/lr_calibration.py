@@ -1,5 +1,5 @@
 """Is the ladder's LR transfer rule near the optimum at the shapes and horizons it trains?
-`delphi ladder lr-calibrate` (issue 10; paper/v3/README.md, the 30x hero's miss).
+`delphi ladder lr-calibrate` (issue 10; paper/editions/v3/README.md, the 30x hero's miss).
 
 A scaling law fitted to a ladder predicts the hero's loss under the ladder's recipe. When the
 recipe's learning rate drifts away from the optimum with width or token horizon, the ladder's

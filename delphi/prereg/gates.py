@@ -51,7 +51,7 @@ TREND_Z = 1.6448536269514722
 RANGE_SLACK_REL = 0.01
 # Gate lr_transfer: the transfer rule may cost a calibrated point at most this share of the
 # prediction's tolerance in loss; the law's own error takes the rest. (Paper v3's 30x hero: a d96
-# run lost 9% of its loss to an LR 1.39x a better one, and the law carried it; paper/v3/README.md.)
+# run lost 9% of its loss to an LR 1.39x a better one, and the law carried it; paper/editions/v3/README.md.)
 LR_LOSS_SHARE_OF_TOLERANCE = 0.5
 # ... and the hero may train at most this many times longer than the longest calibrated horizon:
 # the optimum's drift with tokens is extrapolated over at most 0.6 decade.
@@ -459,12 +459,12 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
     the tolerance, or a run beyond the ladder misses it by more than the tolerance plus
     PROBE_NOISE_Z x that run's noise: the data already contradict it, so it is no competing
     explanation. Why the gate: two laws that both survive the evidence and still disagree at the
-    hero mean the ladder cannot tell which extrapolation is right. The paper's 30x hero (paper/v3)
+    hero mean the ladder cannot tell which extrapolation is right. The paper's 30x hero (paper/editions/v3)
     was sealed under an earlier rule that set a law aside for a +3.2% rehearsal with no noise
     allowance: VPNLS 1.1573, isoFLOP 1.0169 (-12%), actual 1.0757 (-7.05% from VPNLS). On the 8
-    committed heroes (paper/v2/method_agreement.csv) the two paper heroes, where the laws disagreed
+    committed heroes (paper/editions/v2/method_agreement.csv) the two paper heroes, where the laws disagreed
     by 7% and 12%, missed by 7%; 7 of the 8 outcomes lay between the two laws. The fourth edition's
-    probes (paper/v4) missed VPNLS by -7.3% at 3x and -9.7% at 10x, the isoFLOP law by -2.0% and +3.0%."""
+    probes (paper/editions/v4) missed VPNLS by -7.3% at 3x and -9.7% at 10x, the isoFLOP law by -2.0% and +3.0%."""
     threshold = (f"each cross-check within +-{tolerance_rel:.2%} of the primary prediction (a cross-check counts "
                  f"when its held-out-budget backtest is within +-{tolerance_rel:.2%} and no run beyond the ladder misses "
                  f"it by more than that plus {PROBE_NOISE_Z:g} sd of one run's noise)")

@@ -55,7 +55,7 @@ class HeroSpec:
     trajectory: str = "curve_law"
     # Probes of the study's own, as multiples of the top ladder budget (e.g. [3, 10, 30]): after the
     # ladder's gates pass, each is sized like the hero, sealed (with --force: the gates judge the
-    # hero) and trained, then counts as evidence like gates.probes (paper/v6: three probes let
+    # hero) and trained, then counts as evidence like gates.probes (paper/editions/v6: three probes let
     # probe_correction seal a hero up to their span beyond the last).
     probe_multiples: tuple[float, ...] = ()
 
