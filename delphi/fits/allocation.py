@@ -18,6 +18,8 @@ must be counted the way the fitted law's N was.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -102,6 +104,8 @@ class FlopsFamily:
             fpt = tuple(float(v) for v in d["flops_per_token"])
         except (TypeError, ValueError):
             raise DelphiError(f"{where}: params and flops_per_token must be lists of numbers") from None
+        if len(params) != len(fpt) or not all(math.isfinite(v) and v > 0 for v in params + fpt):
+            raise DelphiError(f"{where}: params and flops_per_token must be lists of equal length of positive finite numbers")
         return cls(params, fpt, str(d["convention"]), str(d.get("source", where)))
 
     @classmethod

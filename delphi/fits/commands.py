@@ -82,6 +82,9 @@ def _add_table_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--query", help="pandas query selecting rows, e.g. \"source == 'llama_3' and not outlier\"")
     sub.add_argument("--drop-invalid", action="store_true",
                      help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
+    sub.add_argument("--drop-duplicates", action="store_true",
+                     help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
+                          "a run_id on two different rows stays an error")
     sub.add_argument("--params-convention", choices=PARAM_CONVENTIONS, default="nonembedding",
                      help="how N is counted in a ladder table: active non-embedding (default), active incl. "
                           "embeddings, or flops_per_token/6 (external tables keep their params column)")
@@ -110,7 +113,8 @@ def _load(args: argparse.Namespace):
 
     cols = {f"{name}_col": getattr(args, f"{name}_col") for name in COLUMN_OPTIONS}
     return load_results(
-        args.results, query=args.query, drop_invalid=args.drop_invalid, params_convention=args.params_convention,
+        args.results, query=args.query, drop_invalid=args.drop_invalid, drop_duplicates=args.drop_duplicates,
+        params_convention=args.params_convention,
         family=args.family, warn=lambda line: print(line, file=sys.stderr), **cols,
     )
 

@@ -39,10 +39,21 @@ def add_commands(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace):
+    from delphi.train.interrupt import deferred_signals
+
+    # From here on Ctrl-C only sets a flag, also while JAX is imported (delphi.train.interrupt).
+    with deferred_signals():
+        return _run_train(args)
+
+
+def _run_train(args: argparse.Namespace):
     from delphi.prereg.format import predicted_loss_curve
+    from delphi.train.interrupt import check
     from delphi.train.trainer import train
 
     from delphi.io import check_output_dir
+
+    check("start-up (nothing was written)")
 
     config_path = Path(args.config) if args.config else default_config_path()
     check_output_dir(args.out, inputs=(config_path, args.prereg))

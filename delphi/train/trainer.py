@@ -24,8 +24,6 @@ import functools
 import json
 import math
 import os
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +39,7 @@ from delphi.io import atomic_write_json, atomic_write_text, sha256_bytes
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
 from delphi.train import checkpoint as ckpt
-from delphi.train import sharding
+from delphi.train import interrupt, sharding
 from delphi.train.config import TrainConfig, train_config_to_dict
 from delphi.train.optim import make_optimizer
 from delphi.train.peak import peak_flops
@@ -370,25 +368,6 @@ class LoopState:
         return self.wall_before[i] + time.perf_counter() - self.run_start
 
 
-@contextlib.contextmanager
-def _stop_on_signals(loop: LoopState) -> Iterator[None]:
-    """SIGINT/SIGTERM set loop.stop_signal; the loop checkpoints and stops at the next call boundary
-    (multi-host: at the next sync point, once the processes agree)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, _frame):
-        loop.stop_signal = signal.Signals(signum).name
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 # ---- train(), train_group(): validate, set up, run
 
 
@@ -435,6 +414,14 @@ def train_group(
     at its LR, as any rounding change would. The same group (same members) repeats its numbers
     exactly, also across a resume.
     """
+    with interrupt.deferred_signals():
+        return _train_group(cfgs, run_dirs, resume, predicted_loss, progress, max_steps)
+
+
+def _train_group(
+    cfgs: list[TrainConfig], run_dirs: list[Path], resume: bool, predicted_loss: PredictedLoss | None,
+    progress: bool, max_steps: int | None,
+) -> list[dict]:
     from delphi.data.loader import TokenStore
 
     # ---- validate everything before writing anything
@@ -458,6 +445,7 @@ def train_group(
     if resume and all(done):
         return [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
 
+    interrupt.check("start-up (nothing was written)")
     primary = jax.process_index() == 0
     ckpt.barrier("delphi_train_validated")  # every process has read the run dir before process 0 writes it
     with contextlib.ExitStack() as locks:
@@ -496,40 +484,44 @@ def _train_locked(
     resume: bool, predicted_loss: PredictedLoss | None, progress: bool, max_steps: int | None, primary: bool,
 ) -> list[dict]:
     cfg, stacked = cfgs[0], len(cfgs) > 1
-    # ---- the run directories (process 0)
-    if primary:
-        for run_dir, text in zip(run_dirs, texts):
-            atomic_write_text(run_dir / CONFIG_FILE, text)
-            write_status(run_dir, "pending", 0)
-
-    # ---- the state: fresh, or restored straight into this mesh's shardings
-    tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
-    fresh = []
-    for c in cfgs:
-        graphdef, params, router_bias, other = split_model(init_model(c, mesh))
-        fresh.append(TrainState(params, tx.init(params), router_bias, other))
-    member_sh = sharding.state_shardings(fresh[0], mesh)
-    restored = _restore_group(run_dirs, fresh, member_sh, primary) if resume else None
-    if restored is not None:
-        states, start_step = [r.state for r in restored], restored[0].step
-        wall_before = [float(r.extra.get("wall_s", 0.0)) for r in restored]
-    else:
-        states, start_step = [sharding.place_state(s, member_sh) for s in fresh], 0
-        wall_before = [0.0] * len(cfgs)
-    del fresh
-    state = _stack(states) if stacked else states[0]
-    del states
-    state_sh = sharding.state_shardings(state, mesh)
-    batch_sh = sharding.batch_sharding(mesh, 2 if stacked else 1)  # ([seeds,] steps, batch, seq+1)
-    eval_sh = sharding.batch_sharding(mesh, 1)  # (eval batches, batch, seq+1), shared by the seeds
-    shardings = (state_sh, batch_sh, eval_sh, sharding.replicated(mesh))
-
-    summaries = [
-        _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall)
-        for c, text, wall in zip(cfgs, texts, wall_before)
-    ]
-    members = []
+    summaries: list[dict] = []
+    members: list[Member] = []
+    start_step = 0
     try:
+        # ---- the run directories (process 0)
+        if primary:
+            for run_dir, text in zip(run_dirs, texts):
+                atomic_write_text(run_dir / CONFIG_FILE, text)
+                write_status(run_dir, "pending", 0)
+        interrupt.check("start-up")
+
+        # ---- the state: fresh, or restored straight into this mesh's shardings
+        tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
+        fresh = []
+        for c in cfgs:
+            graphdef, params, router_bias, other = split_model(init_model(c, mesh))
+            fresh.append(TrainState(params, tx.init(params), router_bias, other))
+        member_sh = sharding.state_shardings(fresh[0], mesh)
+        restored = _restore_group(run_dirs, fresh, member_sh, primary) if resume else None
+        if restored is not None:
+            states, start_step = [r.state for r in restored], restored[0].step
+            wall_before = [float(r.extra.get("wall_s", 0.0)) for r in restored]
+        else:
+            states, start_step = [sharding.place_state(s, member_sh) for s in fresh], 0
+            wall_before = [0.0] * len(cfgs)
+        del fresh
+        state = _stack(states) if stacked else states[0]
+        del states
+        state_sh = sharding.state_shardings(state, mesh)
+        batch_sh = sharding.batch_sharding(mesh, 2 if stacked else 1)  # ([seeds,] steps, batch, seq+1)
+        eval_sh = sharding.batch_sharding(mesh, 1)  # (eval batches, batch, seq+1), shared by the seeds
+        shardings = (state_sh, batch_sh, eval_sh, sharding.replicated(mesh))
+        interrupt.check("initialisation")
+
+        summaries = [
+            _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall)
+            for c, text, wall in zip(cfgs, texts, wall_before)
+        ]
         for i, (c, run_dir) in enumerate(zip(cfgs, run_dirs)):
             members.append(Member(
                 cfg=c, run_dir=run_dir, primary=primary,
@@ -550,6 +542,7 @@ def _train_locked(
             cfg, k, graphdef, tx, state, first_tokens, eval_data.chunks[0], mesh, shardings,
             seeds=len(cfgs) if stacked else 0,
         )
+        interrupt.check("compilation")
         peak = peak_flops(cfg.precision)
         for summary in summaries:
             summary["compile_s"] = round(time.perf_counter() - compile_start, 3)
@@ -564,14 +557,26 @@ def _train_locked(
         return _run(ctx, LoopState(state=state, step=start_step, summaries=summaries, wall_before=wall_before))
     except BaseException as e:
         if primary:
-            for run_dir, summary in zip(run_dirs, summaries):
-                write_status(run_dir, "failed", summary["steps"], f"{type(e).__name__}: {e}")
+            reason = str(e) if isinstance(e, interrupt.Interrupted) else failure_reason(e)
+            for i, run_dir in enumerate(run_dirs):
+                write_status(run_dir, "failed", summaries[i]["steps"] if summaries else start_step, reason)
         raise
     finally:
         for i, member in enumerate(members):
             member.bar.close()
             member.metrics.close()
             member.wandb.close(summaries[i])
+
+
+# The status reason quotes an exception's message up to this many characters (XLA's run to pages).
+FAILURE_REASON_MAX_CHARS = 500
+
+
+def failure_reason(error: BaseException) -> str:
+    """`Type: message` on one line, cut to FAILURE_REASON_MAX_CHARS: the status.json reason of a
+    run that raised."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= FAILURE_REASON_MAX_CHARS else text[:FAILURE_REASON_MAX_CHARS] + "..."
 
 
 def _summary_header(cfg: TrainConfig, store: Any, config_sha: str, start_step: int, wall_before: float) -> dict:
@@ -611,41 +616,41 @@ def _run(ctx: RunContext, loop: LoopState) -> list[dict]:
     for _, member in _active(ctx, loop):
         member.status("running", loop.step)
     loop.run_start = loop.last_sync_time = loop.last_checkpoint_time = time.perf_counter()
-    with _stop_on_signals(loop):
-        while loop.step < cfg.steps:
-            tokens = ctx.batches(loop.step)  # host work overlaps the previous call still running
-            loop.state, out = ctx.train_chunk(loop.state, tokens)
-            loop.pending.append(out)
-            loop.step += ctx.k
-            ctx.members[0].bar.advance(ctx.k)
+    # Stop signals only set a flag (delphi.train.interrupt, for all of train_group): looked at in _stop_requested.
+    while loop.step < cfg.steps:
+        tokens = ctx.batches(loop.step)  # host work overlaps the previous call still running
+        loop.state, out = ctx.train_chunk(loop.state, tokens)
+        loop.pending.append(out)
+        loop.step += ctx.k
+        ctx.members[0].bar.advance(ctx.k)
 
-            step = loop.step
-            is_log = step % cfg.log_every == 0 or step == cfg.steps
-            is_eval = step % cfg.eval_every == 0 or step == cfg.steps
-            is_ckpt = step < cfg.steps and ((step % cfg.checkpoint_every == 0 and _checkpoint_due(cfg, loop))
-                                            or (is_log and _clock_checkpoint_due(loop)))
-            stopping = _stop_requested(ctx, loop, at_sync_point=is_log or is_eval or is_ckpt)
-            if not (is_log or is_eval or is_ckpt or stopping):
-                continue
+        step = loop.step
+        is_log = step % cfg.log_every == 0 or step == cfg.steps
+        is_eval = step % cfg.eval_every == 0 or step == cfg.steps
+        is_ckpt = step < cfg.steps and ((step % cfg.checkpoint_every == 0 and _checkpoint_due(cfg, loop))
+                                        or (is_log and _clock_checkpoint_due(loop)))
+        stopping = _stop_requested(ctx, loop, at_sync_point=is_log or is_eval or is_ckpt)
+        if not (is_log or is_eval or is_ckpt or stopping):
+            continue
 
-            records = _sync(ctx, loop)  # blocks until the device is done
-            for i, (record, first_bad) in records.items():
-                if first_bad is not None:
-                    _diverged(ctx, loop, i, record, first_bad)
-            if not any(loop.active):
-                return loop.summaries
-            if is_eval:
-                _evaluate_into(ctx, loop, records)
-            if is_log or is_eval:
-                for i, member in _active(ctx, loop):
-                    member.log(records[i][0], show=i == 0)
-            if is_ckpt or stopping:
-                _checkpoint(ctx, loop)
-                for _, member in _active(ctx, loop):
-                    member.status("running", step)
-            if stopping:
-                return _stopped(ctx, loop)
-            loop.last_sync_step, loop.last_sync_time = step, time.perf_counter()
+        records = _sync(ctx, loop)  # blocks until the device is done
+        for i, (record, first_bad) in records.items():
+            if first_bad is not None:
+                _diverged(ctx, loop, i, record, first_bad)
+        if not any(loop.active):
+            return loop.summaries
+        if is_eval:
+            _evaluate_into(ctx, loop, records)
+        if is_log or is_eval:
+            for i, member in _active(ctx, loop):
+                member.log(records[i][0], show=i == 0)
+        if is_ckpt or stopping:
+            _checkpoint(ctx, loop)
+            for _, member in _active(ctx, loop):
+                member.status("running", step)
+        if stopping:
+            return _stopped(ctx, loop)
+        loop.last_sync_step, loop.last_sync_time = step, time.perf_counter()
 
     _checkpoint(ctx, loop)
     return _completed(ctx, loop)
@@ -665,6 +670,7 @@ def _clock_checkpoint_due(loop: LoopState) -> bool:
 def _stop_requested(ctx: RunContext, loop: LoopState, *, at_sync_point: bool) -> bool:
     """max_steps reached, or a signal. One process stops at its next call boundary; a multi-host
     job only at a sync point its processes agree on (one collective per sync point)."""
+    loop.stop_signal = loop.stop_signal or interrupt.requested()
     if ctx.max_steps is not None and loop.step >= ctx.max_steps:
         return True
     if jax.process_count() == 1:
