@@ -11,6 +11,9 @@ from typing import Any
 # be anything (a 39 MB string from a 675-byte YAML alias bomb): the message names it, it does not
 # reproduce it.
 QUOTED_VALUE_MAX_CHARS = 200
+# The most an error line printed by the CLI may run to: a message quotes a few values, each cut by
+# `quoted`; this bounds a message that quoted something without it.
+MESSAGE_MAX_CHARS = 2_000
 
 
 class DelphiError(Exception):
@@ -35,3 +38,13 @@ def quoted(value: Any, limit: int = QUOTED_VALUE_MAX_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}..."
+
+
+def message_line(error: BaseException, limit: int = MESSAGE_MAX_CHARS) -> str:
+    """An error's message as the CLI prints it: at most `limit` characters (the middle cut, so the
+    file named at the start and the advice at the end survive)."""
+    text = str(error)
+    if len(text) <= limit:
+        return text
+    half = (limit - 20) // 2
+    return f"{text[:half]} ...[{len(text) - 2 * half:,} characters cut]... {text[-half:]}"

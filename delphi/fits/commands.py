@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from delphi.errors import DelphiError
 
@@ -108,6 +109,19 @@ def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
         sub.add_argument("--term", choices=("granularity", "experts"), default="granularity", help="moe: the expert term")
 
 
+@contextlib.contextmanager
+def _naming_table(table) -> Iterator[None]:
+    """A fit's DelphiError about the table ("1 compute budget", a cut leaving no rows) with the
+    table's file in front, as every input error names its file."""
+    source = table.attrs.get("source") or "table"
+    try:
+        yield
+    except DelphiError as e:
+        if str(e).startswith(str(source)):
+            raise
+        raise DelphiError(f"{source}: {e}") from None
+
+
 def _load(args: argparse.Namespace):
     from delphi.fits.data import load_results
 
@@ -143,7 +157,8 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     if args.out is not None:  # before any work: a bad --out must not cost a bootstrap
         check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)))
     table = _load(args)
-    fit = _fit_function(args, args.fit_method)(table)
+    with _naming_table(table):
+        fit = _fit_function(args, args.fit_method)(table)
     data = fit.to_json()
     print(fit.summary(), file=sys.stderr)
     if args.out:
@@ -155,12 +170,19 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
-    from delphi.fits.backtest import backtest
-    from delphi.io import atomic_write_json, check_output_file
+    from delphi.io import check_output_file
 
     if args.out is not None:
         check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)))
     table = _load(args)
+    with _naming_table(table):
+        return _backtest(args, table)
+
+
+def _backtest(args: argparse.Namespace, table) -> dict[str, Any]:
+    from delphi.fits.backtest import backtest
+    from delphi.io import atomic_write_json
+
     if args.all_holdouts:
         return _all_holdouts(args, table)
     if args.probes:

@@ -7,7 +7,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from delphi.train.config import load_train_config
+from delphi.errors import DelphiError
+from delphi.train.config import load_train_config, naming_config
 
 DEFAULT_CONFIG = "tiny.yaml"  # package data: delphi/defaults/tiny.yaml
 
@@ -39,30 +40,45 @@ def add_commands(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace):
+    from delphi.io import check_output_dir
+    from delphi.train import supervise
     from delphi.train.interrupt import deferred_signals
 
     # From here on Ctrl-C only sets a flag, also while JAX is imported (delphi.train.interrupt).
     with deferred_signals():
-        return _run_train(args)
+        config_path = Path(args.config) if args.config else default_config_path()
+        check_output_dir(args.out, inputs=(config_path, args.prereg))
+        cfg = load_train_config(config_path)
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+        if not supervise.can_supervise():
+            return _train(args, cfg, config_path, seeds)
+        run_dirs = [Path(args.out)] if seeds is None else [Path(args.out) / f"seed{s}" for s in seeds]
+
+        def work() -> int:
+            from delphi.cli import emit
+
+            result, code = _train(args, cfg, config_path, seeds)
+            if result is not None:
+                emit(args, result)
+            return code
+
+        return None, supervise.supervised(work, run_dirs)
 
 
-def _run_train(args: argparse.Namespace):
+def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | None) -> tuple[dict, int]:
     from delphi.prereg.format import predicted_loss_curve
     from delphi.train.interrupt import check
     from delphi.train.trainer import train
 
-    from delphi.io import check_output_dir
-
     check("start-up (nothing was written)")
-
-    config_path = Path(args.config) if args.config else default_config_path()
-    check_output_dir(args.out, inputs=(config_path, args.prereg))
-    cfg = load_train_config(config_path)
     predicted_loss = predicted_loss_curve(Path(args.prereg)) if args.prereg else None
     progress = not args.no_progress and sys.stderr.isatty()
-    if args.seeds is not None:
-        return _run_seed_group(args, cfg, predicted_loss, progress)
-    summary = train(cfg, Path(args.out), resume=args.resume, predicted_loss=predicted_loss, progress=progress)
+    try:
+        if seeds is not None:
+            return _run_seed_group(args, cfg, seeds, predicted_loss, progress)
+        summary = train(cfg, Path(args.out), resume=args.resume, predicted_loss=predicted_loss, progress=progress)
+    except DelphiError as e:
+        raise naming_config(e, config_path) from None
     _report(summary, args.out)
     return summary, _exit_code(summary)
 
@@ -81,12 +97,11 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _run_seed_group(args: argparse.Namespace, cfg, predicted_loss, progress: bool):
+def _run_seed_group(args: argparse.Namespace, cfg, seeds: list[int], predicted_loss, progress: bool):
     import dataclasses
 
     from delphi.train.trainer import train_group
 
-    seeds = parse_seeds(args.seeds)
     cfgs = [
         dataclasses.replace(
             cfg, seed=s, data=dataclasses.replace(cfg.data, seed=s), name=f"{cfg.name}_seed{s}" if cfg.name else None

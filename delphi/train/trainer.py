@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_json, atomic_write_text, sha256_bytes
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
@@ -104,13 +104,12 @@ def _existing_identity(path: Path) -> str:
     """The identity of a run dir's config.yaml; a file that is not a YAML mapping is a clear error."""
     import yaml
 
+    from delphi.io import read_yaml
+
     try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as e:
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise DelphiError(
-            f"{path}: the run's config.yaml is not valid YAML ({problem}); restore it or use another --out"
-        ) from None
+        data = read_yaml(path)
+    except DelphiError as e:
+        raise DelphiError(f"{e}; the run's config.yaml: restore it or use another --out") from None
     if not isinstance(data, dict):
         raise DelphiError(
             f"{path}: the run's config.yaml holds {type(data).__name__}, expected a mapping; restore it or use another --out"
@@ -431,7 +430,7 @@ def _train_group(
     cfg = cfgs[0]
     sharding.initialize_distributed(cfg.mesh)  # multi-host: before any other JAX call
     mesh = sharding.make_mesh(cfg.mesh)
-    sharding.check_fits_in_memory(cfg)
+    sharding.check_fits_in_memory(cfg, seeds=len(cfgs))
     texts = [config_yaml(c) for c in cfgs]
     for run_dir, text in zip(run_dirs, texts):
         _check_run_dir(run_dir, text, resume)
@@ -439,7 +438,8 @@ def _train_group(
     store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens, final_eval_tokens=cfg.final_eval_tokens)
     if store.vocab_size > cfg.model.vocab_size:
         raise DelphiError(
-            f"model.vocab_size: {cfg.model.vocab_size} is smaller than the store's vocabulary ({store.vocab_size})"
+            f"model.vocab_size: {cfg.model.vocab_size} is smaller than the vocabulary ({store.vocab_size}) of the "
+            f"token store {store.path} (data.store: {quoted(cfg.data.store)})"
         )
     done = [(read_status(d) or {}).get("status") == "completed" and (d / SUMMARY_FILE).is_file() for d in run_dirs]
     if resume and all(done):
