@@ -446,7 +446,6 @@ class LocalPlacer:
     def in_flight_note(self, rungs: list[Rung]) -> tuple[int, str]:
         return len(rungs), ""
 
-
     def stop(self) -> None:
         """Interrupt every rung (the trainer checkpoints on SIGTERM) and wait for the workers."""
         procs = [s.job.proc for s in self.slots if s.job is not None] + [

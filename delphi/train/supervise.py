@@ -72,20 +72,33 @@ def supervised(work: Callable[[], int], run_dirs: list[Path]) -> int:
     exit code; a child killed by a signal is recorded in `run_dirs` (delphi.train.rundir.record_death)."""
     from delphi.train.rundir import record_death, signal_death_reason
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _child(work)
+    child = [0]
+    early: list[int] = []  # stop signals received before the child's pid was known
 
     def forward(signum: int, _frame: object) -> None:
+        if not child[0]:
+            early.append(signum)
+            return
         try:
-            os.kill(pid, signum)
+            os.kill(child[0], signum)
         except ProcessLookupError:
             pass
 
-    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}  # before the fork: no window
     try:
+        pid = os.fork()
+        if pid == 0:
+            for s, handler in previous.items():  # the child defers stop signals itself
+                signal.signal(s, handler)
+            for signum in early:
+                if callable(previous[signum]):
+                    previous[signum](signum, None)
+            _child(work)
+        child[0] = pid
+        for signum in early:
+            forward(signum, None)
         _, status = os.waitpid(pid, 0)  # retried by Python after a forwarded signal (PEP 475)
     finally:
         for s, handler in previous.items():
