@@ -304,7 +304,7 @@ def test_ctrl_c_during_start_up_exits_130_and_writes_nothing(store, tmp_path):
 def test_ctrl_c_at_any_moment_exits_130_and_the_run_resumes(moment, store, tmp_path):
     """Used to end in a segmentation fault (exit 139) in 4 of 5 tries during start-up or compilation,
     or to leave `status: pending`. Each moment, then `--resume` finishes the run."""
-    cfg = tiny_config(store, steps=400, log_every=4, eval_every=200, checkpoint_every=200)
+    cfg = tiny_config(store, steps=160, log_every=4, eval_every=80, checkpoint_every=80)
     config = write_config(tmp_path / "cfg.yaml", cfg)
     run = tmp_path / "run"
     proc = _train_process(config, run)
@@ -330,7 +330,7 @@ def test_ctrl_c_at_any_moment_exits_130_and_the_run_resumes(moment, store, tmp_p
 def test_a_trainer_killed_by_an_uncatchable_signal_is_recorded_failed_without_a_stale_lock(store, tmp_path):
     """An abort inside XLA (SIGABRT) used to leave `status: pending` and train.lock behind: the
     `delphi train` supervisor records the death; `--resume` then finishes the run."""
-    config = write_config(tmp_path / "cfg.yaml", tiny_config(store, steps=400, log_every=4, eval_every=200, checkpoint_every=200))
+    config = write_config(tmp_path / "cfg.yaml", tiny_config(store, steps=160, log_every=4, eval_every=80, checkpoint_every=80))
     run = tmp_path / "run"
     proc = _train_process(config, run)
     try:

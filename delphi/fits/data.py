@@ -87,7 +87,7 @@ def load_results(
     print to stderr) is told which family was used.
     """
     if params_convention not in PARAM_CONVENTIONS:
-        raise DelphiError(f"params convention {params_convention!r}: expected one of {', '.join(PARAM_CONVENTIONS)}")
+        raise DelphiError(f"params convention {quoted(params_convention)}: expected one of {', '.join(PARAM_CONVENTIONS)}")
     where, raw, sha = _read(source)
     if query:
         try:
@@ -106,7 +106,7 @@ def load_results(
         elif CONVENTION_COLUMNS[params_convention] in raw.columns:
             raw["params"] = raw[CONVENTION_COLUMNS[params_convention]]
         else:
-            raise DelphiError(f"{where}: no {CONVENTION_COLUMNS[params_convention]!r} column for params convention {params_convention!r}")
+            raise DelphiError(f"{where}: no {quoted(CONVENTION_COLUMNS[params_convention])} column for params convention {quoted(params_convention)}")
         params_mapped = True
     model_family = _model_family(raw, experts_col)
 
@@ -120,7 +120,7 @@ def load_results(
         if col is not None:
             if col not in raw.columns:
                 raise DelphiError(
-                    f"{where}: column {col!r} (for {name}) not found; columns are {list(raw.columns)}"
+                    f"{where}: column {quoted(col)} (for {name}) not found; columns are {list(raw.columns)}"
                 )
             table[name] = raw[col]
         elif name in raw.columns:
@@ -128,7 +128,7 @@ def load_results(
     for name in ("params", "loss"):
         if name not in table:
             raise DelphiError(
-                f"{where}: no {name!r} column; map one with --{name}-col (columns are {list(raw.columns)})"
+                f"{where}: no {quoted(name)} column; map one with --{name}-col (columns are {list(raw.columns)})"
             )
     if "tokens" not in table and "flops" not in table:
         raise DelphiError(
@@ -185,7 +185,7 @@ def load_results(
             row = int(np.flatnonzero(~positive)[0])
             bad = [c for c in needed if not table[c].iloc[row] > 0][0]
             raise DelphiError(
-                f"{where}: row {table.index[row]}: {bad} = {float(table[bad].iloc[row])!r}, expected > 0 "
+                f"{where}: row {table.index[row]}: {bad} = {quoted(float(table[bad].iloc[row]))}, expected > 0 "
                 f"({int((~positive).sum())} such rows; --drop-invalid drops them)"
             )
         dropped["non_positive"] = int((~positive).sum())
@@ -222,7 +222,7 @@ def load_results(
     if anchor is not None and anchor.any():
         table = table[~anchor]
         if table.empty:
-            raise DelphiError(f"{where}: only anchor rungs (role = {ANCHOR_ROLE!r}); no isoFLOP points to fit")
+            raise DelphiError(f"{where}: only anchor rungs (role = {quoted(ANCHOR_ROLE)}); no isoFLOP points to fit")
     table = table[[c for c in CANONICAL if c in table]].reset_index(drop=True)
     flops_family, family_origin = _resolve_family(family, source, raw, params_convention, params_mapped, where)
     if warn is not None and flops_family is not None:
@@ -303,7 +303,7 @@ def _resolve_family(
             return None, None
     if family.convention != convention:
         raise DelphiError(
-            f"{origin}: the FLOPs family counts N as {family.convention!r} but the fit uses {convention!r} "
+            f"{origin}: the FLOPs family counts N as {quoted(family.convention)} but the fit uses {quoted(convention)} "
             f"(--params-convention {family.convention}, or a family written for {convention})"
         )
     return family, origin

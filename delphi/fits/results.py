@@ -150,7 +150,7 @@ class FitResult:
         if compute is not None:
             c = np.asarray(compute, float)
             if not (np.all(np.isfinite(c)) and np.all(c > 0)):
-                raise DelphiError(f"predict: compute must be a positive finite number of FLOPs, got {compute!r}")
+                raise DelphiError(f"predict: compute must be a positive finite number of FLOPs, got {quoted(compute)}")
         if compute is None and (params is None or tokens is None):
             raise DelphiError("predict: give compute=C, or params=N and tokens=D")
         law = surface_class(self.kind)
@@ -318,7 +318,7 @@ def _fit_params(data: dict[str, Any], kind: Any, where: str) -> dict[str, float]
     for name, sign in PARAM_SIGNS.get(kind, {}).items():
         value = params[name]
         if not (value >= 0 if sign == NONNEGATIVE else value > 0):
-            raise DelphiError(f"{where}: params.{name} = {value!r}, expected {sign} for a {kind} fit")
+            raise DelphiError(f"{where}: params.{name} = {quoted(value)}, expected {sign} for a {kind} fit")
     return params
 
 
@@ -326,7 +326,7 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
     """A FitResult from its JSON; every field it reads is checked first (DelphiError naming the key)."""
     for key in ("kind", "method", "params"):
         if key not in data:
-            raise DelphiError(f"{where}: missing key {key!r}; not a delphi fit file")
+            raise DelphiError(f"{where}: missing key {quoted(key)}; not a delphi fit file")
     for key in ("kind", "method"):
         if not isinstance(data[key], str):
             raise DelphiError(f"{where}: {key} = {quoted(data[key])}, expected a string")

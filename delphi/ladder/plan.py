@@ -457,7 +457,7 @@ def params_in_convention(model: ModelConfig, seq_len: int, convention: str) -> f
         return float(count_params(model).active)
     if convention == "fpt6":
         return flops_per_token(model, seq_len) / FLOPS_PER_PARAM_TOKEN
-    raise DelphiError(f"--convention: {convention!r}, expected one of {', '.join(PARAM_CONVENTIONS)}")
+    raise DelphiError(f"--convention: {quoted(convention)}, expected one of {', '.join(PARAM_CONVENTIONS)}")
 
 
 def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: int | None = None) -> "FlopsFamily":
@@ -826,7 +826,7 @@ def read_manifest(ladder_dir: str | Path) -> list[dict[str, str]]:
         raise DelphiError(f"{path}: line {reader.line_num}: not valid CSV ({e}); {_replan(ladder_dir)}") from None
     missing = [c for c in ("run_id", "config", "flops") if rows and c not in rows[0]] if rows else []
     if not rows or missing:
-        raise DelphiError(f"{path}: not a ladder manifest (no rows, or no column {missing[0] if missing else 'run_id'!r}); "
+        raise DelphiError(f"{path}: not a ladder manifest (no rows, or no column {quoted(missing[0] if missing else 'run_id')}); "
                           f"{_replan(ladder_dir)}")
     seen: dict[str, int] = {}
     for i, row in enumerate(rows):
@@ -852,7 +852,7 @@ def _check_manifest_row(row: dict[str | None, Any], path: Path, line: int, ladde
         raise DelphiError(f"{path}: line {line}: more cells than the header's {len(row) - 1} columns; {_replan(ladder_dir)}")
     short = [k for k, v in row.items() if v is None]
     if short:
-        raise DelphiError(f"{path}: line {line}: the row ends before column {short[0]!r} (a truncated file?); "
+        raise DelphiError(f"{path}: line {line}: the row ends before column {quoted(short[0])} (a truncated file?); "
                           f"{_replan(ladder_dir)}")
     for column in ("run_id", "config", "flops"):
         if column in row and not row[column].strip():

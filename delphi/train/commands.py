@@ -7,7 +7,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.train.config import load_train_config, naming_config
 
 DEFAULT_CONFIG = "tiny.yaml"  # package data: delphi/defaults/tiny.yaml
@@ -42,7 +42,7 @@ def add_commands(subparsers) -> None:
 def run_train(args: argparse.Namespace):
     from delphi.io import check_output_dir
     from delphi.train import supervise
-    from delphi.train.interrupt import deferred_signals
+    from delphi.train.interrupt import check, deferred_signals
 
     # From here on Ctrl-C only sets a flag, also while JAX is imported (delphi.train.interrupt).
     with deferred_signals():
@@ -50,6 +50,7 @@ def run_train(args: argparse.Namespace):
         check_output_dir(args.out, inputs=(config_path, args.prereg))
         cfg = load_train_config(config_path)
         seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+        check("start-up (nothing was written)")
         if not supervise.can_supervise():
             return _train(args, cfg, config_path, seeds)
         run_dirs = [Path(args.out)] if seeds is None else [Path(args.out) / f"seed{s}" for s in seeds]
@@ -66,9 +67,11 @@ def run_train(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | None) -> tuple[dict, int]:
-    from delphi.prereg.format import predicted_loss_curve
     from delphi.train.interrupt import check
-    from delphi.train.trainer import train
+
+    check("start-up (nothing was written)")
+    from delphi.prereg.format import predicted_loss_curve
+    from delphi.train.trainer import train  # imports JAX: seconds
 
     check("start-up (nothing was written)")
     predicted_loss = predicted_loss_curve(Path(args.prereg)) if args.prereg else None
@@ -84,16 +87,15 @@ def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | 
 
 
 def parse_seeds(text: str) -> list[int]:
-    from delphi.errors import DelphiError
 
     try:
         seeds = [int(part) for part in text.split(",")]
     except ValueError:
-        raise DelphiError(f"--seeds: expected comma-separated integers like 0,1,2, got {text!r}") from None
+        raise DelphiError(f"--seeds: expected comma-separated integers like 0,1,2, got {quoted(text)}") from None
     if any(s < 0 for s in seeds):
-        raise DelphiError(f"--seeds: seeds must be >= 0, got {text!r}")
+        raise DelphiError(f"--seeds: seeds must be >= 0, got {quoted(text)}")
     if len(set(seeds)) != len(seeds):
-        raise DelphiError(f"--seeds: seeds must be unique, got {text!r}")
+        raise DelphiError(f"--seeds: seeds must be unique, got {quoted(text)}")
     return seeds
 
 
