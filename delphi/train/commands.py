@@ -87,7 +87,6 @@ def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | 
 
 
 def parse_seeds(text: str) -> list[int]:
-
     try:
         seeds = [int(part) for part in text.split(",")]
     except ValueError:
