@@ -7,6 +7,9 @@
          at log/eval/checkpoint steps: sync, check the loss is finite, write metrics
     -> final checkpoint -> summary.json
 
+Ctrl-C and SIGTERM only set a flag for the whole run; the trainer stops at its next safe point
+(between start-up stages, at a call boundary of the loop): delphi.train.interrupt.
+
 Determinism: the batch at step s depends only on (data.seed, s) and the
 training state lives entirely in the checkpoint, so a resumed run repeats the
 uninterrupted run's numbers. Nothing is pulled to the host between sync points,
@@ -54,6 +57,7 @@ from delphi.train.rundir import (
     RunLock,
     WandbLog,
     read_status,
+    summary_problem,
     wandb_mode,
     warn,
     write_status,
@@ -441,7 +445,11 @@ def _train_group(
             f"model.vocab_size: {cfg.model.vocab_size} is smaller than the vocabulary ({store.vocab_size}) of the "
             f"token store {store.path} (data.store: {quoted(cfg.data.store)})"
         )
-    done = [(read_status(d) or {}).get("status") == "completed" and (d / SUMMARY_FILE).is_file() for d in run_dirs]
+    done = [(read_status(d) or {}).get("status") == "completed" for d in run_dirs]
+    for run_dir, finished in zip(run_dirs, done):
+        if resume and finished and (problem := summary_problem(run_dir, "completed")):
+            # its final evaluation cannot be redone from the last checkpoint: say so, do not guess
+            raise DelphiError(f"{problem}; restore it, or train into a new directory")
     if resume and all(done):
         return [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
 
