@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from delphi import __version__
-from delphi.errors import CheckFailed, DelphiError
+from delphi.errors import CheckFailed, DelphiError, message_line
 
 # Subpackages that contribute subcommands, in the order they appear in --help.
 COMMAND_MODULES = (
@@ -134,6 +134,14 @@ def _plain(obj: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command started (building the parser): still 130
+        print("delphi: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], Any] | None = getattr(args, "func", None)
@@ -143,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcome = handler(args)
     except DelphiError as e:
-        print(f"delphi: error: {e}", file=sys.stderr)
+        print(f"delphi: error: {message_line(e)}", file=sys.stderr)
         return 2
     except CheckFailed as e:
-        print(f"delphi: failed: {e}", file=sys.stderr)
+        print(f"delphi: failed: {message_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("delphi: interrupted", file=sys.stderr)

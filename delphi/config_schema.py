@@ -8,11 +8,12 @@ typo in a study file is a one-line error, not a silent default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Callable, TypeVar
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 
 T = TypeVar("T")
 
@@ -23,7 +24,7 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise DelphiError(f"{where}: expected a mapping, got {type(data).__name__} {data!r}")
+        raise DelphiError(f"{where}: expected a mapping, got {type(data).__name__} {quoted(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -76,21 +77,21 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
                 return _coerce(option, value, path)
             except DelphiError as e:
                 errors.append(str(e))
-        raise DelphiError(errors[0] if len(errors) == 1 else f"{path}: {value!r} does not fit {hint}")
+        raise DelphiError(errors[0] if len(errors) == 1 else f"{path}: {quoted(value)} does not fit {hint}")
     if origin is typing.Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            raise DelphiError(f"{path}: {value!r} is not one of {', '.join(map(repr, allowed))}")
+            raise DelphiError(f"{path}: {quoted(value)} is not one of {', '.join(map(repr, allowed))}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise DelphiError(f"{path}: expected a list, got {value!r}")
+            raise DelphiError(f"{path}: expected a list, got {quoted(value)}")
         (item,) = typing.get_args(hint)[:1] or (Any,)
         items = [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
-            raise DelphiError(f"{path}: expected a mapping, got {value!r}")
+            raise DelphiError(f"{path}: expected a mapping, got {quoted(value)}")
         return dict(value)
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, path)
@@ -98,22 +99,26 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise DelphiError(f"{path}: expected true or false, got {value!r}")
+            raise DelphiError(f"{path}: expected true or false, got {quoted(value)}")
         return value
     if hint is int:
         if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
-            raise DelphiError(f"{path}: expected an integer, got {value!r}")
+            raise DelphiError(f"{path}: expected an integer, got {quoted(value)}")
         return int(value)
     if hint is float:
         # YAML reads 1e-3 as a string; accept numeric strings.
         if isinstance(value, bool):
-            raise DelphiError(f"{path}: expected a number, got {value!r}")
+            raise DelphiError(f"{path}: expected a number, got {quoted(value)}")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
-            raise DelphiError(f"{path}: expected a number, got {value!r}") from None
+            raise DelphiError(f"{path}: expected a number, got {quoted(value)}") from None
+        # .nan and .inf are numbers to YAML; no setting of Delphi means "infinitely large".
+        if not math.isfinite(number):
+            raise DelphiError(f"{path}: expected a finite number, got {quoted(value)}")
+        return number
     if hint is str:
         if not isinstance(value, str):
-            raise DelphiError(f"{path}: expected a string, got {value!r}")
+            raise DelphiError(f"{path}: expected a string, got {quoted(value)}")
         return value
     return value

@@ -273,22 +273,102 @@ def read_text(path: str | os.PathLike, *, what: str = "file") -> str:
     if not path.is_file():
         raise DelphiError(f"{path}: {what} not found")
     try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DelphiError(f"{path}: not a {what}: byte 0x{e.object[e.start]:02x} at offset {e.start} is not UTF-8 text") from None
+        data = path.read_bytes()
     except OSError as e:
         raise DelphiError(f"{path}: cannot read ({e.strerror})") from None
+    return decode_utf8(data, path, what)
+
+
+def decode_utf8(data: bytes, path: str | os.PathLike, what: str = "file") -> str:
+    """`data` as UTF-8 text; a byte that is not is a DelphiError naming its line and column."""
+    from delphi.errors import DelphiError
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DelphiError(
+            f"{path}: not a {what}: byte 0x{data[e.start]:02x} at line {line}, column {column} "
+            f"(offset {e.start}) is not UTF-8 text"
+        ) from None
 
 
 def read_yaml(path: str | os.PathLike) -> Any:
     """Read a YAML file, turning a missing or unreadable file or a syntax error into a DelphiError."""
     from delphi.errors import DelphiError
 
-    text = read_text(path, what="YAML file")
+    return load_yaml_text(read_text(path, what="YAML file"), path)
+
+
+# A YAML document may expand to at most this many characters plus YAML_MAX_EXPANSION times its own
+# length once its aliases are followed. Without aliases a document expands to its own length; a
+# 675-byte "billion laughs" document expands to 39 MB, and each further level multiplies that.
+YAML_MAX_EXPANDED_CHARS = 1_000_000
+YAML_MAX_EXPANSION = 10
+
+
+def load_yaml_text(text: str, where: str | os.PathLike = "YAML") -> Any:
+    """The one YAML loader for what a user hands Delphi (train, flops, study, ladder specs, run
+    configs, preregistrations): yaml.safe_load, but a document whose aliases expand it beyond
+    YAML_MAX_EXPANDED_CHARS + YAML_MAX_EXPANSION x its length (an alias bomb), that refers to
+    itself, or that nests too deeply is a DelphiError naming `where`, before anything is built."""
+    from delphi.errors import DelphiError
+
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        limit = YAML_MAX_EXPANDED_CHARS + YAML_MAX_EXPANSION * len(text)
+        size = _expanded_chars(node, limit)
+        if size is None:
+            raise DelphiError(f"{where}: the YAML document refers to itself (a recursive alias); expected plain data")
+        if size > limit:
+            raise DelphiError(
+                f"{where}: the YAML document's aliases expand its {len(text):,} characters to more than {limit:,} "
+                "(an alias bomb?); expected plain data"
+            )
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
-        raise DelphiError(f"{path}: not valid YAML ({_one_line(e)})") from None
+        raise DelphiError(f"{where}: not valid YAML ({_one_line(e)[:QUOTED_ERROR_MAX_CHARS]})") from None
+    except RecursionError:
+        raise DelphiError(f"{where}: the YAML document nests too deeply") from None
+    finally:
+        loader.dispose()
+
+
+QUOTED_ERROR_MAX_CHARS = 300  # of a parser's message, which quotes the offending text
+
+
+def _expanded_chars(root: yaml.Node, limit: int) -> int | None:
+    """Characters of `root` with every alias followed (each node counts 1 plus its scalar's length),
+    counted without expanding anything; stops once past `limit`; None for a recursive document."""
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        if not children_done:
+            if key in in_progress:
+                return None
+            in_progress.add(key)
+            stack.append((node, True))
+            for child in children:
+                if id(child) in in_progress and id(child) not in sizes:
+                    return None
+                if id(child) not in sizes:
+                    stack.append((child, False))
+            continue
+        total = 1 + (len(node.value) if isinstance(node, yaml.ScalarNode) else sum(sizes[id(c)] for c in children))
+        sizes[key] = min(total, limit + 1)
+        in_progress.discard(key)
+    return sizes[id(root)]
 
 
 def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:

@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple
 
 import yaml
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_text
 
 SCHEMA_VERSION = 1
@@ -86,9 +86,9 @@ def read(path: str | Path) -> dict:
         raise DelphiError(f"{path}: expected a mapping at the top level")
     missing = [k for k in REQUIRED_KEYS if k not in doc]
     if missing:
-        raise DelphiError(f"{path}: missing key {missing[0]!r}; not a Delphi preregistration")
+        raise DelphiError(f"{path}: missing key {quoted(missing[0])}; not a Delphi preregistration")
     if doc["schema_version"] != SCHEMA_VERSION:
-        raise DelphiError(f"{path}: schema_version {doc['schema_version']!r}, this toolkit reads {SCHEMA_VERSION}")
+        raise DelphiError(f"{path}: schema_version {quoted(doc['schema_version'])}, this toolkit reads {SCHEMA_VERSION}")
     return doc
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from jaxtyping import Int
 
 from delphi.data.store import META_FILE, resolve_store
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 
 
 @functools.lru_cache(maxsize=4)
@@ -43,7 +43,7 @@ class TokenStore:
         meta = read_json(self.path / META_FILE, what="token store meta.json")
         missing = [k for k in ("n_train", "n_val") if not isinstance(meta, dict) or k not in meta]
         if missing:
-            raise DelphiError(f"{self.path / META_FILE}: no {missing[0]!r}; not a token store (rebuild it with `delphi data prepare`)")
+            raise DelphiError(f"{self.path / META_FILE}: no {quoted(missing[0])}; not a token store (rebuild it with `delphi data prepare`)")
         self.meta: dict = meta
         dtype = np.dtype(self.meta.get("tokenizer", {}).get("dtype", "uint8"))
         self.train = self._map("train.bin", dtype, self.meta["n_train"])

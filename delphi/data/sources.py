@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 
 BUILTIN_SOURCES = ("stdlib", "environment")
 STDLIB_TEXT_SUFFIXES = (".py", ".txt", ".rst", ".md")
@@ -160,9 +160,9 @@ def list_documents(source: str) -> list[Document]:
                 docs = []
         else:
             raise DelphiError(
-                f"source: {source!r} does not exist (expected 'stdlib', 'environment', a directory, a glob or a text file)"
+                f"source: {quoted(source)} does not exist (expected 'stdlib', 'environment', a directory, a glob or a text file)"
             )
     docs.sort(key=lambda d: d.id)
     if not docs:
-        raise DelphiError(f"source: {source!r} holds no files")
+        raise DelphiError(f"source: {quoted(source)} holds no files")
     return docs

@@ -42,7 +42,7 @@ from delphi.data.sources import (
     list_documents,
 )
 from delphi.data.tokenizer import ByteTokenizer
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 VAL_FRACTION = 0.02  # ~2% of documents: ~40 stdlib files, enough variety for a stable val loss
@@ -144,7 +144,7 @@ def prepare_store(source: str, out_dir: str | os.PathLike, *, force: bool = Fals
     check_store_replaceable(out, source, force=force)
     docs = _read_text_documents(list_documents(source))
     if not docs:
-        raise DelphiError(f"source: {source!r} holds no text files (binary or non-UTF-8 files are skipped)")
+        raise DelphiError(f"source: {quoted(source)} holds no text files (binary or non-UTF-8 files are skipped)")
     val_ids = split_documents([d.id for d, _ in docs])
     tokenizer = ByteTokenizer()
 
@@ -253,7 +253,7 @@ def resolve_store(store: str) -> Path:
     path = Path(store).expanduser()
     if not path.exists():
         raise DelphiError(
-            f"data.store: {store!r} is neither a built-in source ({', '.join(BUILTIN_SOURCES)}) nor an existing directory"
+            f"data.store: {quoted(store)} is neither a built-in source ({', '.join(BUILTIN_SOURCES)}) nor an existing directory"
         )
     if not is_store(path):
         raise DelphiError(

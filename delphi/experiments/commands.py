@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +53,7 @@ def _parse_list(text: str, kind: type, flag: str) -> tuple:
     try:
         return tuple(kind(v) for v in text.split(","))
     except ValueError:
-        raise DelphiError(f"{flag}: expected comma-separated {'integers' if kind is int else 'numbers'}, got {text!r}") from None
+        raise DelphiError(f"{flag}: expected comma-separated {'integers' if kind is int else 'numbers'}, got {quoted(text)}") from None
 
 
 def _check_replaceable_in(out: str, names: tuple[str, ...], command: str, force: bool) -> None:
@@ -70,7 +70,7 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
 
     widths = _parse_list(args.widths, int, "--widths")
     if len(widths) < 2 or any(w <= 0 for w in widths) or list(widths) != sorted(set(widths)):
-        raise DelphiError(f"--widths: need at least two increasing positive widths, got {args.widths!r}")
+        raise DelphiError(f"--widths: need at least two increasing positive widths, got {quoted(args.widths)}")
     for name in ("seeds", "steps", "layers", "seq_len", "batch_size"):
         if getattr(args, name) <= 0:
             raise DelphiError(f"--{name.replace('_', '-')}: must be a positive integer, got {getattr(args, name)}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.experiments.shapes import WidthFamily
 from delphi.fits.lr_optimum import QuadraticFit, fit_quadratic
 from delphi.model.config import ModelConfig, MoEConfig
@@ -77,7 +77,7 @@ class LRSweepSpec:
             if value <= 0:
                 raise DelphiError(f"--{flag}: must be a positive integer, got {value}")
         if self.ffn not in ("dense", "moe"):
-            raise DelphiError(f"--ffn: expected dense or moe, got {self.ffn!r}")
+            raise DelphiError(f"--ffn: expected dense or moe, got {quoted(self.ffn)}")
         for w in self.widths:
             self.model_config(w)
         return self

@@ -18,12 +18,14 @@ must be counted the way the fitted law's N was.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 
 if TYPE_CHECKING:  # pandas is imported where used: the CLI imports this module to build --help
     import pandas as pd
@@ -59,7 +61,7 @@ class FlopsFamily:
         n = np.asarray(self.params, float)
         f = np.asarray(self.flops_per_token, float)
         if self.convention not in PARAM_CONVENTIONS:
-            raise DelphiError(f"flops family ({self.source}): convention {self.convention!r}, expected one of {PARAM_CONVENTIONS}")
+            raise DelphiError(f"flops family ({self.source}): convention {quoted(self.convention)}, expected one of {PARAM_CONVENTIONS}")
         if n.ndim != 1 or n.shape != f.shape or len(n) < 2:
             raise DelphiError(
                 f"flops family ({self.source}): need >= 2 (params, flops_per_token) pairs of equal length, "
@@ -96,12 +98,14 @@ class FlopsFamily:
             raise DelphiError(f"{where}: expected a JSON object with params, flops_per_token, convention, source")
         for key in ("params", "flops_per_token", "convention"):
             if key not in d:
-                raise DelphiError(f"{where}: missing key {key!r}; expected params, flops_per_token, convention, source")
+                raise DelphiError(f"{where}: missing key {quoted(key)}; expected params, flops_per_token, convention, source")
         try:
             params = tuple(float(v) for v in d["params"])
             fpt = tuple(float(v) for v in d["flops_per_token"])
         except (TypeError, ValueError):
             raise DelphiError(f"{where}: params and flops_per_token must be lists of numbers") from None
+        if len(params) != len(fpt) or not all(math.isfinite(v) and v > 0 for v in params + fpt):
+            raise DelphiError(f"{where}: params and flops_per_token must be lists of equal length of positive finite numbers")
         return cls(params, fpt, str(d["convention"]), str(d.get("source", where)))
 
     @classmethod
@@ -114,7 +118,7 @@ class FlopsFamily:
         import pandas as pd
 
         if convention not in PARAM_CONVENTIONS:
-            raise DelphiError(f"{source}: params convention {convention!r}, expected one of {PARAM_CONVENTIONS}")
+            raise DelphiError(f"{source}: params convention {quoted(convention)}, expected one of {PARAM_CONVENTIONS}")
         if "flops_per_token" in table:
             fpt = pd.to_numeric(table["flops_per_token"], errors="coerce").to_numpy(float)
         elif "flops" in table and "tokens" in table:
@@ -126,7 +130,7 @@ class FlopsFamily:
         else:
             col = CONVENTION_COLUMNS[convention]
             if col not in table:
-                raise DelphiError(f"{source}: no {col!r} column for params convention {convention!r}")
+                raise DelphiError(f"{source}: no {quoted(col)} column for params convention {quoted(convention)}")
             n = pd.to_numeric(table[col], errors="coerce").to_numpy(float)
         ok = np.isfinite(n) & np.isfinite(fpt) & (n > 0) & (fpt > 0)
         points = pd.DataFrame({"n": n[ok], "fpt": fpt[ok]}).groupby("n", sort=True)["fpt"].median()

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.allocation import FlopsFamily, flops_of
 from delphi.fits.data import cell_points
 from delphi.fits.results import FitResult

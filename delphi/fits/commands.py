@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from delphi.errors import DelphiError
 
@@ -102,6 +103,9 @@ def _add_table_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--query", help="pandas query selecting rows, e.g. \"source == 'llama_3' and not outlier\"")
     sub.add_argument("--drop-invalid", action="store_true",
                      help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
+    sub.add_argument("--drop-duplicates", action="store_true",
+                     help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
+                          "a run_id on two different rows stays an error")
     sub.add_argument("--params-convention", choices=PARAM_CONVENTIONS, default="nonembedding",
                      help="how N is counted in a ladder table: active non-embedding (default), active incl. "
                           "embeddings, or flops_per_token/6 (external tables keep their params column)")
@@ -127,12 +131,26 @@ def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
         sub.add_argument("--term", choices=("granularity", "experts"), default="granularity", help="moe: the expert term")
 
 
+@contextlib.contextmanager
+def _naming_table(table) -> Iterator[None]:
+    """A fit's DelphiError about the table ("1 compute budget", a cut leaving no rows) with the
+    table's file in front, as every input error names its file."""
+    source = table.attrs.get("source") or "table"
+    try:
+        yield
+    except DelphiError as e:
+        if str(e).startswith(str(source)):
+            raise
+        raise DelphiError(f"{source}: {e}") from None
+
+
 def _load(args: argparse.Namespace, source: Any = None, query: Any = "from-args"):
     from delphi.fits.data import load_results
 
     cols = {f"{name}_col": getattr(args, f"{name}_col") for name in COLUMN_OPTIONS}
     return load_results(
-        args.results if source is None else source, query=args.query if query == "from-args" else query, drop_invalid=args.drop_invalid, params_convention=args.params_convention,
+        args.results if source is None else source, query=args.query if query == "from-args" else query,
+        drop_invalid=args.drop_invalid, drop_duplicates=args.drop_duplicates, params_convention=args.params_convention,
         family=args.family, warn=lambda line: print(line, file=sys.stderr), **cols,
     )
 
@@ -177,7 +195,8 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     _check_out(args)
     table = _load(args)
-    fit = _fit_function(args, args.fit_method)(table)
+    with _naming_table(table):
+        fit = _fit_function(args, args.fit_method)(table)
     data = fit.to_json()
     print(fit.summary(), file=sys.stderr)
     if args.out:
@@ -189,9 +208,6 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
-    from delphi.fits.backtest import backtest
-    from delphi.io import atomic_write_json
-
     _check_out(args)
     if args.method is None:
         args.method = list(BEYOND_DEFAULT_METHODS) if args.beyond else ["vpnls"]
@@ -201,6 +217,14 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, flag):
             raise DelphiError(f"backtest: --{flag.replace('_', '-')} goes with --beyond")
     table = _load(args)
+    with _naming_table(table):
+        return _backtest(args, table)
+
+
+def _backtest(args: argparse.Namespace, table) -> dict[str, Any]:
+    from delphi.fits.backtest import backtest
+    from delphi.io import atomic_write_json
+
     if args.all_holdouts:
         return _all_holdouts(args, table)
     if args.probes:

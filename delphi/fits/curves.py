@@ -51,7 +51,7 @@ from jaxtyping import Float
 from scipy.optimize import least_squares, nnls
 from scipy.signal import lfilter
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.results import FitStatus, fit_status
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, read_metrics, read_status
 from delphi.train.schedules import lr_factor_schedule, warmup_steps
@@ -410,7 +410,7 @@ class CurveLawFit:
     def from_json(cls, d: dict) -> "CurveLawFit":
         if not isinstance(d, dict) or d.get("kind") != "curve_law":
             kind = d.get("kind") if isinstance(d, dict) else type(d).__name__
-            raise DelphiError(f"curve fit: kind is {kind!r}, expected 'curve_law'")
+            raise DelphiError(f"curve fit: kind is {quoted(kind)}, expected 'curve_law'")
         return cls(
             params={k: float(d["params"][k]) for k in PARAM_NAMES},
             samples=np.asarray(d.get("samples") or np.zeros((0, 6)), dtype=np.float64).reshape(-1, 6),

@@ -11,7 +11,10 @@ not a finite number (NaN, inf, text) in a completed row is an error naming the
 rows: dropping it quietly can remove a budget's optimum and move the exponent.
 Non-positive values are an error too: a negative loss or a zero parameter count
 means a wrong column mapping, not a run to skip. Pass `drop_invalid=True` to drop
-such rows with a count (and, given `warn`, a line naming them). All losses equal
+such rows with a count (and, given `warn`, a line naming them). A row repeating an
+earlier row exactly, or a run_id given to several rows, is an error too: it would count as
+another seed and shrink every interval; `drop_duplicates=True` drops exact copies (a run_id
+with two different rows stays an error). All losses equal
 is a degenerate table, an error. NaN in other columns drops the row, counted.
 
 N is counted under one of PARAM_CONVENTIONS (ladder tables carry every count);
@@ -24,6 +27,7 @@ travels in `DataFrame.attrs` so a fit can record its provenance.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from delphi.errors import DelphiError
+from delphi.errors import QUOTED_VALUE_MAX_CHARS, DelphiError, quoted
 from delphi.fits.allocation import CONVENTION_COLUMNS, FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS, FlopsFamily
 # Budgets are derived from `flops` when a table has no budget column: sorted log10 C values
 # further apart than this start a new budget. 0.05 decades = 12%; isoFLOP grids are spaced
@@ -60,6 +64,7 @@ def load_results(
     granularity_col: str | None = None,
     query: str | None = None,
     drop_invalid: bool = False,
+    drop_duplicates: bool = False,
     derive_budgets: bool = True,
     params_convention: str = "nonembedding",
     family: FlopsFamily | str | os.PathLike | None = None,
@@ -82,15 +87,16 @@ def load_results(
     print to stderr) is told which family was used.
     """
     if params_convention not in PARAM_CONVENTIONS:
-        raise DelphiError(f"params convention {params_convention!r}: expected one of {', '.join(PARAM_CONVENTIONS)}")
+        raise DelphiError(f"params convention {quoted(params_convention)}: expected one of {', '.join(PARAM_CONVENTIONS)}")
     where, raw, sha = _read(source)
     if query:
         try:
             raw = raw.query(query)
         except Exception as e:  # pandas raises many types for a bad expression
-            raise DelphiError(f"{where}: query {query!r} failed ({type(e).__name__}: {e})") from None
+            raise DelphiError(f"{where}: query {quoted(query)} failed ({type(e).__name__}: {quoted_message(e)})") from None
     if raw.empty:
-        raise DelphiError(f"{where}: no rows" + (f" after query {query!r}" if query else ""))
+        raise DelphiError(f"{where}: no rows" + (f" after query {quoted(query)}" if query else ""))
+    raw, duplicates_dropped = check_duplicates(raw, where, run_id_col, drop_duplicates=drop_duplicates, warn=warn)
 
     params_mapped = False
     if params_col is None and _is_ladder_table(raw):
@@ -100,7 +106,7 @@ def load_results(
         elif CONVENTION_COLUMNS[params_convention] in raw.columns:
             raw["params"] = raw[CONVENTION_COLUMNS[params_convention]]
         else:
-            raise DelphiError(f"{where}: no {CONVENTION_COLUMNS[params_convention]!r} column for params convention {params_convention!r}")
+            raise DelphiError(f"{where}: no {quoted(CONVENTION_COLUMNS[params_convention])} column for params convention {quoted(params_convention)}")
         params_mapped = True
     model_family = _model_family(raw, experts_col)
 
@@ -114,7 +120,7 @@ def load_results(
         if col is not None:
             if col not in raw.columns:
                 raise DelphiError(
-                    f"{where}: column {col!r} (for {name}) not found; columns are {list(raw.columns)}"
+                    f"{where}: column {quoted(col)} (for {name}) not found; columns are {list(raw.columns)}"
                 )
             table[name] = raw[col]
         elif name in raw.columns:
@@ -122,7 +128,7 @@ def load_results(
     for name in ("params", "loss"):
         if name not in table:
             raise DelphiError(
-                f"{where}: no {name!r} column; map one with --{name}-col (columns are {list(raw.columns)})"
+                f"{where}: no {quoted(name)} column; map one with --{name}-col (columns are {list(raw.columns)})"
             )
     if "tokens" not in table and "flops" not in table:
         raise DelphiError(
@@ -137,7 +143,7 @@ def load_results(
         bad_loss &= (raw["status"].astype(str) == "completed").to_numpy()
     invalid_rows: list[str] = []
     if bad_loss.any():
-        shown = [f"row {i} (loss = {str(table['loss'].iloc[k])!r})" for k, i in enumerate(table.index) if bad_loss[k]]
+        shown = [f"row {i} (loss = {quoted(str(table['loss'].iloc[k]), 40)})" for k, i in enumerate(table.index) if bad_loss[k]]
         if not drop_invalid:
             raise DelphiError(
                 f"{where}: {int(bad_loss.sum())} row(s) with a loss that is not a finite number: "
@@ -155,7 +161,7 @@ def load_results(
     if "cell_id" in table:
         table["cell_id"] = table["cell_id"].astype(str)
 
-    dropped: dict[str, int] = {}
+    dropped: dict[str, int] = {"duplicates": duplicates_dropped} if duplicates_dropped else {}
     if "status" in raw.columns:
         done = raw["status"].astype(str) == "completed"
         if (~done).any():
@@ -179,7 +185,7 @@ def load_results(
             row = int(np.flatnonzero(~positive)[0])
             bad = [c for c in needed if not table[c].iloc[row] > 0][0]
             raise DelphiError(
-                f"{where}: row {table.index[row]}: {bad} = {float(table[bad].iloc[row])!r}, expected > 0 "
+                f"{where}: row {table.index[row]}: {bad} = {quoted(float(table[bad].iloc[row]))}, expected > 0 "
                 f"({int((~positive).sum())} such rows; --drop-invalid drops them)"
             )
         dropped["non_positive"] = int((~positive).sum())
@@ -216,7 +222,7 @@ def load_results(
     if anchor is not None and anchor.any():
         table = table[~anchor]
         if table.empty:
-            raise DelphiError(f"{where}: only anchor rungs (role = {ANCHOR_ROLE!r}); no isoFLOP points to fit")
+            raise DelphiError(f"{where}: only anchor rungs (role = {quoted(ANCHOR_ROLE)}); no isoFLOP points to fit")
     table = table[[c for c in CANONICAL if c in table]].reset_index(drop=True)
     flops_family, family_origin = _resolve_family(family, source, raw, params_convention, params_mapped, where)
     if warn is not None and flops_family is not None:
@@ -297,7 +303,7 @@ def _resolve_family(
             return None, None
     if family.convention != convention:
         raise DelphiError(
-            f"{origin}: the FLOPs family counts N as {family.convention!r} but the fit uses {convention!r} "
+            f"{origin}: the FLOPs family counts N as {quoted(family.convention)} but the fit uses {quoted(convention)} "
             f"(--params-convention {family.convention}, or a family written for {convention})"
         )
     return family, origin
@@ -321,24 +327,88 @@ def _read(source: str | os.PathLike | pd.DataFrame) -> tuple[str, pd.DataFrame, 
     if isinstance(source, pd.DataFrame):
         sha = hashlib.sha256(source.to_csv(index=False).encode()).hexdigest()
         return "table", source.copy(), sha
+    from delphi.io import decode_utf8
+
     path = Path(source)
+    if path.is_dir():
+        raise DelphiError(f"{path}: is a directory, expected a results table file (CSV, JSON, JSONL or Parquet)")
     if not path.is_file():
         raise DelphiError(f"{path}: file not found")
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DelphiError(f"{path}: cannot read ({e.strerror})") from None
+    # Text formats are decoded here, not by pandas, whose error gives the position in its read
+    # buffer ("position 0") rather than the line of the bad byte.
+    text = None if path.suffix == ".parquet" else decode_utf8(data, path, "results table")
     try:
         if path.suffix in (".jsonl", ".ndjson"):
-            frame = pd.read_json(path, lines=True)
+            frame = pd.read_json(io.StringIO(text), lines=True)
         elif path.suffix == ".json":
-            frame = pd.read_json(path)
+            frame = pd.read_json(io.StringIO(text))
         elif path.suffix == ".parquet":
             frame = pd.read_parquet(path)
         else:
-            frame = pd.read_csv(path)
+            frame = pd.read_csv(io.StringIO(text))
     except pd.errors.EmptyDataError:
         raise DelphiError(f"{path}: empty file, expected a results table with a header row") from None
     except Exception as e:
-        raise DelphiError(f"{path}: cannot read as a table ({type(e).__name__}: {e})") from None
+        raise DelphiError(f"{path}: cannot read as a table ({type(e).__name__}: {quoted_message(e)})") from None
     return str(path), frame, hashlib.sha256(data).hexdigest()
+
+
+def quoted_message(error: Exception) -> str:
+    """An exception's message on one line, at most QUOTED_VALUE_MAX_CHARS (it may quote the input)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= QUOTED_VALUE_MAX_CHARS else text[:QUOTED_VALUE_MAX_CHARS] + "..."
+
+
+def _rows_named(index: list, limit: int = 10) -> str:
+    shown = ", ".join(str(i) for i in index[:limit])
+    return shown + (f" ... ({len(index)} in all)" if len(index) > limit else "")
+
+
+def check_duplicates(
+    raw: pd.DataFrame, where: str, run_id_col: str | None, *, drop_duplicates: bool = False, warn: Any = None
+) -> tuple[pd.DataFrame, int]:
+    """The table without duplicates, and how many rows were dropped.
+
+    A row equal to an earlier one in every column, or a run_id given to more than one row, would be
+    counted as another seed of its cell: the seed noise and every interval would shrink. Both are a
+    DelphiError naming the rows, unless `drop_duplicates`, which drops exact copies (keeping the
+    first, named to `warn`). Rows sharing a run_id with different values stay an error even then:
+    which of them is the run cannot be told from the table.
+    """
+    # Rows compared as text: a JSON table's cells may be lists (unhashable); NaN equals NaN as "nan".
+    row_keys = pd.Series(["\x1f".join(map(repr, row)) for row in raw.astype(object).itertuples(index=False)],
+                         index=raw.index, dtype=object)
+    exact = row_keys.duplicated(keep="first")
+    column = run_id_col if run_id_col is not None else ("run_id" if "run_id" in raw.columns else None)
+    if column is not None and column in raw.columns:
+        ids = raw[column].astype(str)
+        conflicting = ids.duplicated(keep=False) & ~row_keys.duplicated(keep=False)
+        if conflicting.any():
+            first = ids[conflicting].iloc[0]
+            rows = list(raw.index[(ids == first).to_numpy()])
+            n_ids = ids[conflicting].nunique()
+            raise DelphiError(
+                f"{where}: run_id {quoted(first)} is given to {len(rows)} rows with different values (rows "
+                f"{_rows_named(rows)}){f'; {n_ids} run_ids in all' if n_ids > 1 else ''}; one run, one row: "
+                "remove the wrong rows"
+            )
+    if not exact.any():
+        return raw, 0
+    rows = list(raw.index[exact.to_numpy()])
+    if not drop_duplicates:
+        original = raw.index[(row_keys == row_keys.loc[rows[0]]).to_numpy()][0]
+        raise DelphiError(
+            f"{where}: {len(rows)} row(s) repeat an earlier row exactly (rows {_rows_named(rows)}; row {rows[0]} "
+            f"repeats row {original}); a repeated run would count as another seed and shrink the intervals: "
+            "remove them, or pass --drop-duplicates to drop them"
+        )
+    if warn is not None:
+        warn(f"WARNING: {where}: dropped {len(rows)} row(s) repeating an earlier row exactly: rows {_rows_named(rows)}")
+    return raw[~exact.to_numpy()], len(rows)
 
 
 def derive_budget(flops: np.ndarray, gap_log10: float = BUDGET_GAP_LOG10) -> np.ndarray:

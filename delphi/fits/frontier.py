@@ -37,7 +37,7 @@ import pandas as pd
 from scipy.optimize import minimize_scalar, nnls
 from scipy.stats import chi2
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.bootstrap import bootstrap
 from delphi.fits.data import cell_points, provenance
 from delphi.fits.isoflop import per_budget_optima
@@ -78,7 +78,7 @@ def frontier_points(table: pd.DataFrame, points: str = "min", with_sigma: bool =
         best = cell_points(table)[0].groupby("budget", sort=True)["loss"].min()  # best seed-averaged cell
         compute, loss = best.index.to_numpy(float), best.to_numpy(float)
     else:
-        raise DelphiError(f"frontier: points = {points!r}, expected 'min' or 'vertex'")
+        raise DelphiError(f"frontier: points = {quoted(points)}, expected 'min' or 'vertex'")
     if len(compute) < MIN_BUDGETS:
         raise DelphiError(f"frontier: {len(compute)} budget(s), need at least {MIN_BUDGETS} for E + A C^-gamma")
     if with_sigma:
@@ -162,7 +162,7 @@ def fit_frontier(
         try:
             E = float(E)
         except ValueError:
-            raise DelphiError(f"frontier: E = {E!r}, expected 'free', 'profile' or a number") from None
+            raise DelphiError(f"frontier: E = {quoted(E)}, expected 'free', 'profile' or a number") from None
     if not isinstance(E, str) and not 0 <= E < loss.min():
         raise DelphiError(f"frontier: fixed E = {E} must be in [0, lowest loss {loss.min():.4g})")
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Self
 
 import numpy as np
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.allocation import FLOPS_PER_PARAM_TOKEN, FlopsFamily, optimal_allocation
 
 if TYPE_CHECKING:
@@ -352,7 +352,7 @@ def surface_class(kind: str) -> type[Surface]:
     try:
         return SURFACES[kind]
     except (KeyError, TypeError):
-        raise DelphiError(f"predict: unknown fit kind {kind!r}") from None
+        raise DelphiError(f"predict: unknown fit kind {quoted(kind)}") from None
 
 
 def point_prediction(

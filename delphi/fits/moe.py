@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize, nnls
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.bootstrap import bootstrap
 from delphi.fits.data import cell_points, check_points, provenance, with_anchors
 from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
@@ -91,9 +91,9 @@ def fit_moe(
     table: pd.DataFrame, *, term: str = "granularity", n_bootstrap: int = 0, seed: int = 0, workers: int | None = None
 ) -> FitResult:
     if term not in TERMS:
-        raise DelphiError(f"moe: term = {term!r}, expected one of {TERMS}")
+        raise DelphiError(f"moe: term = {quoted(term)}, expected one of {TERMS}")
     if term not in table:
-        raise DelphiError(f"moe: the table has no {term!r} column (map one with --{term}-col)")
+        raise DelphiError(f"moe: the table has no {quoted(term)} column (map one with --{term}-col)")
     points, seeds = cell_points(with_anchors(table))
     check_points(points, 8, "moe")
     if table[term].nunique() < 2:

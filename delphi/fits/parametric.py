@@ -35,7 +35,7 @@ import pandas as pd
 from jaxtyping import Float
 from scipy.optimize import minimize, nnls
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.bootstrap import bootstrap
 from delphi.fits.data import cell_points, check_points, provenance, with_anchors
 from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
@@ -396,7 +396,7 @@ def fit_approach3(
     """Approach 3 (see module docstring). `top_starts=None` runs L-BFGS-B from the full grid.
     `bootstrap_starts`: "warm" (default, fast) or "grid" (each resample fitted like the full data)."""
     if bootstrap_starts not in BOOTSTRAP_START_MODES:
-        raise DelphiError(f"fit_approach3: bootstrap_starts = {bootstrap_starts!r}, expected one of {BOOTSTRAP_START_MODES}")
+        raise DelphiError(f"fit_approach3: bootstrap_starts = {quoted(bootstrap_starts)}, expected one of {BOOTSTRAP_START_MODES}")
     points, seeds = cell_points(with_anchors(table))
     check_points(points, 6, "approach3")
     log_n, log_d, log_loss = _log_arrays(points)

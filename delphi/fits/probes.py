@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.allocation import FlopsFamily
 from delphi.fits.backtest import MIN_TRAIN_BUDGETS, Z_50 as Z50, Z_90, Z_90 as Z90, _covered, backtest, predictive_interval
 from delphi.fits.results import FitResult
@@ -155,7 +155,7 @@ def probe_trend(probes: dict[str, dict], top_budget: float, carry: str = "linear
     """`ProbeTrend` of the finished probes (name -> {"compute", "rel_error"}); None with fewer than
     two at distinct computes."""
     if carry not in PROBE_CARRIES:
-        raise DelphiError(f"probe carry: {carry!r}, expected one of {list(PROBE_CARRIES)}")
+        raise DelphiError(f"probe carry: {quoted(carry)}, expected one of {list(PROBE_CARRIES)}")
     points = sorted((math.log10(float(r["compute"]) / top_budget), float(r["rel_error"]), name)
                     for name, r in probes.items() if not r.get("error") and r.get("compute"))
     if len({x for x, _, _ in points}) < 2:

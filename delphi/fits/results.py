@@ -22,7 +22,7 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 import delphi
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.allocation import FlopsFamily
 from delphi.fits.laws import (
     DEFAULT_TERM, ND_KINDS, SURFACES, LawKind, Surface, derived_quantities, off_optimum_penalty, surface_class,
@@ -97,12 +97,12 @@ class FitResult:
 
     def __post_init__(self) -> None:
         if self.status not in FIT_STATUSES:
-            raise DelphiError(f"fit status {self.status!r}: expected one of {FIT_STATUSES}")
+            raise DelphiError(f"fit status {quoted(self.status)}: expected one of {FIT_STATUSES}")
         self.status = FitStatus(self.status)
         if self.kind in SURFACES:
             self.kind = LawKind(self.kind)
         if self.model_family is not None and self.model_family not in MODEL_FAMILIES:
-            raise DelphiError(f"model family {self.model_family!r}: expected one of {MODEL_FAMILIES}")
+            raise DelphiError(f"model family {quoted(self.model_family)}: expected one of {MODEL_FAMILIES}")
 
     @property
     def derived(self) -> dict[str, float]:
@@ -152,7 +152,7 @@ class FitResult:
         if compute is not None:
             c = np.asarray(compute, float)
             if not (np.all(np.isfinite(c)) and np.all(c > 0)):
-                raise DelphiError(f"predict: compute must be a positive finite number of FLOPs, got {compute!r}")
+                raise DelphiError(f"predict: compute must be a positive finite number of FLOPs, got {quoted(compute)}")
         if compute is None and (params is None or tokens is None):
             raise DelphiError("predict: give compute=C, or params=N and tokens=D")
         law = surface_class(self.kind)
@@ -277,26 +277,112 @@ EXTRA_KEYS = ("optima", "term", "E_profile", "sensitivity", "frontier_points", "
               "curvature_law")
 
 
+# What each law's parameters may be, as its fitters bound them: coefficients and the asymptote are
+# >= 0 (NNLS / bounded searches), exponents > 0 (EXPONENT_BOUNDS, GAMMA_GRID). The isoFLOP laws'
+# exponents and log10 prefactors may take either sign. A fit file breaking these was not written by
+# a fit (or was edited): it would predict nonsense (loss=None) instead of failing.
+NONNEGATIVE, POSITIVE = ">= 0", "> 0"
+PARAM_SIGNS: dict[str, dict[str, str]] = {
+    LawKind.PARAMETRIC: {"E": NONNEGATIVE, "A": NONNEGATIVE, "B": NONNEGATIVE, "alpha": POSITIVE, "beta": POSITIVE},
+    LawKind.MOE: {"E": NONNEGATIVE, "G": NONNEGATIVE, "A": NONNEGATIVE, "B": NONNEGATIVE,
+                  "alpha": POSITIVE, "beta": POSITIVE, "gamma": POSITIVE},
+    LawKind.FRONTIER: {"E": NONNEGATIVE, "A": NONNEGATIVE, "gamma": POSITIVE},
+}
+
+
+def _real(value: Any, key: str, where: str, *, missing_ok: bool = False) -> float:
+    """A JSON number (not a bool, not text): finite, or NaN where `missing_ok` and it is null."""
+    if value is None and missing_ok:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DelphiError(f"{where}: {key} = {quoted(value)}, expected a number")
+    if not math.isfinite(value):
+        if missing_ok:
+            return math.nan
+        raise DelphiError(f"{where}: {key} = {quoted(value)}, expected a finite number")
+    return float(value)
+
+
+def _mapping(value: Any, key: str, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise DelphiError(f"{where}: {key} = {quoted(value)}, expected a JSON object")
+    return value
+
+
+def _fit_params(data: dict[str, Any], kind: Any, where: str) -> dict[str, float]:
+    """The fit's parameters: numbers, finite, every one the law needs, of the sign its fitter allows."""
+    raw = _mapping(data["params"], "params", where)
+    params = {str(k): _real(v, f"params.{k}", where) for k, v in raw.items()}
+    surface = SURFACES.get(kind)
+    if surface is not None:
+        missing = [name for name in surface.param_names if name not in params]
+        if missing:
+            raise DelphiError(f"{where}: params.{missing[0]} is missing; a {kind} fit has {', '.join(surface.param_names)}")
+    for name, sign in PARAM_SIGNS.get(kind, {}).items():
+        value = params[name]
+        if not (value >= 0 if sign == NONNEGATIVE else value > 0):
+            raise DelphiError(f"{where}: params.{name} = {quoted(value)}, expected {sign} for a {kind} fit")
+    return params
+
+
 def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
+    """A FitResult from its JSON; every field it reads is checked first (DelphiError naming the key)."""
     for key in ("kind", "method", "params"):
         if key not in data:
-            raise DelphiError(f"{where}: missing key {key!r}; not a delphi fit file")
+            raise DelphiError(f"{where}: missing key {quoted(key)}; not a delphi fit file")
+    for key in ("kind", "method"):
+        if not isinstance(data[key], str):
+            raise DelphiError(f"{where}: {key} = {quoted(data[key])}, expected a string")
+    params = _fit_params(data, data["kind"], where)
+    intervals = {}
+    for name, pair in _mapping(data.get("intervals") or {}, "intervals", where).items():
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise DelphiError(f"{where}: intervals.{name} = {quoted(pair)}, expected [low, high]")
+        intervals[str(name)] = tuple(_real(v, f"intervals.{name}", where, missing_ok=True) for v in pair)
     boot = data.get("bootstrap")
     if boot and not (isinstance(boot, dict) and isinstance(boot.get("samples"), dict)):
         raise DelphiError(f"{where}: 'bootstrap' is not a fit's bootstrap (expected {{n, samples}}); "
-                          f"a {data.get('kind')!r} file is not a fit written by `delphi fit`")
+                          f"a {quoted(data.get('kind'))} file is not a fit written by `delphi fit`")
+    samples = None
+    if boot:
+        samples = {}
+        for name, draws in boot["samples"].items():
+            if not isinstance(draws, list):
+                raise DelphiError(f"{where}: bootstrap.samples.{name} = {quoted(draws)}, expected a list of numbers")
+            # a refit that failed left null (NaN) draws: they are skipped by the intervals
+            samples[str(name)] = [_real(v, f"bootstrap.samples.{name}", where, missing_ok=True) for v in draws]
+        if len({len(v) for v in samples.values()}) > 1:
+            raise DelphiError(f"{where}: bootstrap.samples: the parameters have different numbers of draws")
+    curvature = data.get("curvature_law")
+    if curvature is not None:
+        for key in ("log10_K0", "exponent"):
+            _real(_mapping(curvature, "curvature_law", where).get(key), f"curvature_law.{key}", where)
+    n_points = data.get("n_points", 0)
+    if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 0:
+        raise DelphiError(f"{where}: n_points = {quoted(n_points)}, expected an integer >= 0")
+    seed = data.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise DelphiError(f"{where}: seed = {quoted(seed)}, expected an integer or null")
+    try:
+        return _fit_result(data, where, params, intervals, samples, n_points, seed)
+    except DelphiError as e:
+        raise DelphiError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
+
+
+def _fit_result(data: dict[str, Any], where: str, params: dict[str, float], intervals: dict, samples: dict | None,
+                n_points: int, seed: int | None) -> FitResult:
     return FitResult(
         kind=data["kind"],
         method=data["method"],
-        params={k: float(v) for k, v in data["params"].items()},
-        intervals={k: tuple(v) for k, v in data.get("intervals", {}).items()},
-        diagnostics=data.get("diagnostics", {}),
+        params=params,
+        intervals=intervals,
+        diagnostics=_mapping(data.get("diagnostics") or {}, "diagnostics", where),
         extra={k: data[k] for k in EXTRA_KEYS if k in data},
         input_sha256=data.get("input_sha256"),
-        n_points=int(data.get("n_points", 0)),
-        seed=data.get("seed"),
+        n_points=n_points,
+        seed=seed,
         version=data.get("version", "unknown"),
-        samples=None if not boot else {k: list(v) for k, v in boot["samples"].items()},
+        samples=samples,
         family=None if not data.get("flops_family") else FlopsFamily.from_json(data["flops_family"], f"{where}: flops_family"),
         status=data.get("status") or FitStatus.OK,
         model_family=data.get("family") if data.get("family") in MODEL_FAMILIES else None,

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 from jaxtyping import Float
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.curves import eval_points, eval_steps
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, read_metrics
 
@@ -46,8 +46,8 @@ def same_schedule_shape(run_dir: str | Path, hero: Any) -> Any:
     cfg = load_train_config(Path(run_dir) / CONFIG_FILE)
     for key in SCHEDULE_SHAPE_KEYS:
         if getattr(cfg.optim, key) != getattr(hero.optim, key):
-            raise DelphiError(f"{run_dir}: optim.{key} is {getattr(cfg.optim, key)!r} but the hero's is "
-                              f"{getattr(hero.optim, key)!r}; a curve's shape transfers only between runs on one schedule")
+            raise DelphiError(f"{run_dir}: optim.{key} is {quoted(getattr(cfg.optim, key))} but the hero's is "
+                              f"{quoted(getattr(hero.optim, key))}; a curve's shape transfers only between runs on one schedule")
     return cfg
 
 

@@ -36,7 +36,7 @@ from delphi.ladder.plan import cell_id_of, flops_family, rung_role
 from delphi.ladder.runner import rung_status
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
 from delphi.fits.data import CANONICAL_COLUMNS
-from delphi.train.rundir import CONFIG_FILE, read_metrics, read_summary
+from delphi.train.rundir import CONFIG_FILE, read_metrics, read_summary, summary_problem
 
 EXTRA_COLUMNS = (
     "status", "bpb", "seed", "flops_6nd", "flops_planned", "params_active", "params_total", "params_nonembedding",
@@ -153,6 +153,9 @@ def collect_ladder(ladder_dir: str | Path, *, include_all: bool = False) -> pd.D
     for m in read_manifest(ladder_dir):
         run_dir = ladder_dir / RUNS_DIR / m["run_id"]
         status = rung_status(run_dir)
+        if status in ("completed", "diverged") and (problem := summary_problem(run_dir, status)):
+            raise DelphiError(f"{problem}; the rung's result is lost: restore the file, or delete {run_dir} "
+                              "and run the ladder again to retrain it")
         summary = read_summary(run_dir) if status in ("completed", "diverged") else {}
         loss = summary.get("val_loss")
         complete = status == "completed" and loss is not None and math.isfinite(float(loss))

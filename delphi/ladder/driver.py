@@ -38,7 +38,7 @@ from typing import Protocol
 
 from delphi.errors import DelphiError
 from delphi.ladder.manifest import RUNS_DIR, read_manifest
-from delphi.train.rundir import METRICS_FILE, read_status
+from delphi.train.rundir import METRICS_FILE, read_status, summary_problem
 
 LOCKS_DIR = "locks"
 LOGS_DIR = "logs"
@@ -86,11 +86,11 @@ def cell_key(config: Path) -> str | None:
     """The rung's config without its seeds (SEED_CONFIG_PATHS), as canonical JSON: rungs with equal
     keys can train as one seed group. None when it cannot be grouped (a multi-device mesh, or a
     config that does not read as a mapping; the trainer reports that one)."""
-    import yaml
+    from delphi.io import read_yaml
 
     try:
-        raw = yaml.safe_load(config.read_text())
-    except (OSError, yaml.YAMLError):
+        raw = read_yaml(config)
+    except DelphiError:
         return None
     if not isinstance(raw, dict):
         return None
@@ -237,8 +237,16 @@ class LadderDriver:
             raise DelphiError(f"--retries: must be >= 0, got {self.retries}")
         self.rungs = select_budgets(load_rungs(self.ladder_dir), self.budgets)
         statuses = {r.run_id: rung_status(r.run_dir) for r in self.rungs}
+        # A finished rung whose summary.json is damaged is no result (`ladder collect` refuses it):
+        # failed, named, and not trained again (its status says it finished; a person decides).
+        for r in self.rungs:
+            if is_finished(statuses[r.run_id]) and (problem := summary_problem(r.run_dir, statuses[r.run_id])):
+                self.failed[r.run_id] = f"{problem}; restore it, or delete {r.run_dir} to train the rung again"
+                statuses[r.run_id] = "failed"
+                if self.progress:
+                    _say(f"[ladder] {r.run_id}: failed: {self.failed[r.run_id]}")
         self.done = {run_id: s for run_id, s in statuses.items() if is_finished(s)}
-        self.waiting = placement_order([r for r in self.rungs if r.run_id not in self.done])
+        self.waiting = placement_order([r for r in self.rungs if r.run_id not in self.done and r.run_id not in self.failed])
         self._started = time.perf_counter()
         self._last_report = 0.0
         self._flops_at_start = 0.0

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.ladder.manifest import manifest_row
 from delphi.ladder.plan import (Rung, batch_for_tokens, expected_optimum, format_budget, make_rung, params_in_convention,
@@ -245,7 +245,7 @@ def hero_from_fit(
     from delphi.fits import load_fit
 
     if not (compute > 0 and math.isfinite(compute)):
-        raise DelphiError(f"--compute: must be a positive number of FLOPs, got {compute!r}")
+        raise DelphiError(f"--compute: must be a positive number of FLOPs, got {quoted(compute)}")
     fit = load_fit(fit_path)
     prediction = fit.predict(compute=compute)
     n_star, d_star = prediction.get("params"), prediction.get("tokens")

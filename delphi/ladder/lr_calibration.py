@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_text, atomic_write_yaml
 from delphi.ladder.manifest import (CONFIG_DIR, MANIFEST_FILE, RUNS_DIR, SPEC_FILE, manifest_csv, manifest_row, read_manifest,
                                     write_ladder)
@@ -57,9 +57,9 @@ class Point:
             d, t = text.split("@")
             point = cls(int(d), float(t))
         except ValueError:
-            raise DelphiError(f"--points: expected D_MODEL@TOKENS (e.g. 48@8.4e6), got {text!r}") from None
+            raise DelphiError(f"--points: expected D_MODEL@TOKENS (e.g. 48@8.4e6), got {quoted(text)}") from None
         if point.d_model <= 0 or not (point.tokens > 0 and math.isfinite(point.tokens)):
-            raise DelphiError(f"--points: d_model and tokens must be positive, got {text!r}")
+            raise DelphiError(f"--points: d_model and tokens must be positive, got {quoted(text)}")
         return point
 
 

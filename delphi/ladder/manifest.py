@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
+from typing import Any
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_text, atomic_write_yaml
 from delphi.ladder.plan import Rung
 from delphi.ladder.spec import LadderSpec, ladder_spec_to_dict
@@ -105,12 +107,58 @@ def read_manifest(ladder_dir: str | Path) -> list[dict[str, str]]:
         raise DelphiError(f"{ladder_dir}: no {MANIFEST_FILE}; plan a ladder there with `delphi ladder plan SPEC --out DIR`")
     from delphi.io import read_text
 
-    rows = list(csv.DictReader(io.StringIO(read_text(path, what="manifest"), newline="")))
+    reader = csv.DictReader(io.StringIO(read_text(path, what="manifest"), newline=""))
+    rows = []
+    try:
+        for row in reader:
+            rows.append(row)
+            _check_manifest_row(row, path, reader.line_num, ladder_dir)
+    except csv.Error as e:
+        raise DelphiError(f"{path}: line {reader.line_num}: not valid CSV ({e}); {_replan(ladder_dir)}") from None
     missing = [c for c in ("run_id", "config", "flops") if rows and c not in rows[0]] if rows else []
     if not rows or missing:
-        raise DelphiError(f"{path}: not a ladder manifest (no rows, or no column {missing[0] if missing else 'run_id'!r}); "
-                          f"re-plan with `delphi ladder plan SPEC --out {ladder_dir}`")
+        raise DelphiError(f"{path}: not a ladder manifest (no rows, or no column {quoted(missing[0] if missing else 'run_id')}); "
+                          f"{_replan(ladder_dir)}")
+    seen: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if row["run_id"] in seen:
+            raise DelphiError(f"{path}: run_id {quoted(row['run_id'])} is listed twice (rows {seen[row['run_id']] + 1} "
+                              f"and {i + 1}); {_replan(ladder_dir)}")
+        seen[row["run_id"]] = i
     return rows
+
+
+# Manifest columns read as numbers (by `ladder run` and `ladder collect`), where present.
+MANIFEST_NUMBER_COLUMNS = ("flops", "budget", "seed", "params", "tokens", "experts", "granularity")
+
+
+def _replan(ladder_dir: str | Path) -> str:
+    return f"restore it or re-plan with `delphi ladder plan SPEC --out {ladder_dir}`"
+
+
+def _check_manifest_row(row: dict[str | None, Any], path: Path, line: int, ladder_dir: str | Path) -> None:
+    """A row cut short (a truncated file), with cells beyond the header, or with a required cell
+    empty or not a number, is a DelphiError naming the line and the column."""
+    if None in row:
+        raise DelphiError(f"{path}: line {line}: more cells than the header's {len(row) - 1} columns; {_replan(ladder_dir)}")
+    short = [k for k, v in row.items() if v is None]
+    if short:
+        raise DelphiError(f"{path}: line {line}: the row ends before column {quoted(short[0])} (a truncated file?); "
+                          f"{_replan(ladder_dir)}")
+    for column in ("run_id", "config", "flops"):
+        if column in row and not row[column].strip():
+            raise DelphiError(f"{path}: line {line}: {column} is empty; {_replan(ladder_dir)}")
+    for column in MANIFEST_NUMBER_COLUMNS:
+        text = row.get(column)
+        if text is None or (text == "" and column != "flops"):
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise DelphiError(f"{path}: line {line}: {column} = {quoted(text)}, expected a number >= 0; {_replan(ladder_dir)}")
+
 
 
 def write_ladder(spec: LadderSpec, rungs: list[Rung], out: str | Path) -> list[dict[str, object]]:

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.fits.data import ANCHOR_ROLE
 from delphi.ladder.spec import LadderSpec
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
@@ -450,7 +450,7 @@ def params_in_convention(model: ModelConfig, seq_len: int, convention: str) -> f
         return float(count_params(model).active)
     if convention == "fpt6":
         return flops_per_token(model, seq_len) / FLOPS_PER_PARAM_TOKEN
-    raise DelphiError(f"--convention: {convention!r}, expected one of {', '.join(PARAM_CONVENTIONS)}")
+    raise DelphiError(f"--convention: {quoted(convention)}, expected one of {', '.join(PARAM_CONVENTIONS)}")
 
 
 def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: int | None = None) -> "FlopsFamily":

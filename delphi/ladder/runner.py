@@ -304,6 +304,21 @@ class _Slot:
     buffer: bytes = b""
 
 
+def _record_worker_death(rungs: list[Rung], code: int) -> str | None:
+    """A worker killed by a signal (an abort inside XLA, the OOM killer) wrote nothing about it:
+    record it in each of its rungs' status.json (failed, with the reason) and remove their stale
+    train.lock (delphi.train.rundir.record_death); the reason, or None for an ordinary exit."""
+    if code >= 0:
+        return None
+    from delphi.train.rundir import record_death, signal_death_reason
+
+    reason = "worker " + signal_death_reason(-code).removeprefix("the trainer process ")
+    for rung in rungs:
+        if rung.run_dir.is_dir():
+            record_death(rung.run_dir, reason)
+    return reason
+
+
 class LocalPlacer:
     """Rungs on local worker processes, one slot of cores per worker.
 
@@ -397,7 +412,8 @@ class LocalPlacer:
                 if job is not None and (code := job.proc.poll()) is not None:
                     job.log.close()
                     slot.job = None
-                    outcomes.append(Outcome(job.rungs[0], code, f"exit {code}"))
+                    why = _record_worker_death(job.rungs, code) or f"exit {code}"
+                    outcomes.append(Outcome(job.rungs[0], code, why))
             return outcomes
         if not self.selector.get_map():
             time.sleep(timeout_s)
@@ -422,7 +438,7 @@ class LocalPlacer:
             code = slot.proc.wait()
             self._retire(slot)
             if slot.job is not None:
-                why = f"worker killed by {signal.Signals(-code).name}" if code < 0 else f"worker exit {code}"
+                why = _record_worker_death(slot.job.rungs, code) or f"worker exit {code}"
                 outcomes.extend(Outcome(rung, None if code <= 0 else EXIT_FAILED, why) for rung in slot.job.rungs)
                 slot.job = None
         return outcomes

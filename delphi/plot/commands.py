@@ -9,7 +9,7 @@ import io
 import sys
 from pathlib import Path
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 
 
 def add_commands(subparsers) -> None:
@@ -230,7 +230,7 @@ def _lrsweep(args):
             raise DelphiError(f"{path}: not a CSV table ({' '.join(str(e).split())})") from None
     missing = [c for c in ("width", "lr", "loss") if c not in records]
     if missing:
-        raise DelphiError(f"{path}: missing column {missing[0]!r} (expected width, lr, loss)")
+        raise DelphiError(f"{path}: missing column {quoted(missing[0])} (expected width, lr, loss)")
     return _done(lrsweep_figure(records), args)
 
 

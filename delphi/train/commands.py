@@ -10,8 +10,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from delphi.errors import DelphiError
-from delphi.train.config import load_train_config
+from delphi.errors import DelphiError, quoted
+from delphi.train.config import load_train_config, naming_config
 
 DEFAULT_CONFIG = "tiny.yaml"  # package data: delphi/defaults/tiny.yaml
 
@@ -46,20 +46,49 @@ def add_commands(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace):
-    from delphi.prereg_format import predicted_loss_curve
-    from delphi.train.trainer import train
-
     from delphi.io import check_output_dir
+    from delphi.train import supervise
+    from delphi.train.interrupt import check, deferred_signals
 
-    config_path = Path(args.config) if args.config else default_config_path()
-    check_output_dir(args.out, inputs=(config_path, args.prereg))
-    _check_run_dir(Path(args.out), (config_path, args.prereg), args.seeds, args.force)
-    cfg = load_train_config(config_path)
+    # From here on Ctrl-C only sets a flag, also while JAX is imported (delphi.train.interrupt).
+    with deferred_signals():
+        config_path = Path(args.config) if args.config else default_config_path()
+        check_output_dir(args.out, inputs=(config_path, args.prereg))
+        _check_run_dir(Path(args.out), (config_path, args.prereg), args.seeds, args.force)
+        cfg = load_train_config(config_path)
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+        check("start-up (nothing was written)")
+        if not supervise.can_supervise():
+            return _train(args, cfg, config_path, seeds)
+        run_dirs = [Path(args.out)] if seeds is None else [Path(args.out) / f"seed{s}" for s in seeds]
+
+        def work() -> int:
+            from delphi.cli import emit
+
+            result, code = _train(args, cfg, config_path, seeds)
+            if result is not None:
+                emit(args, result)
+            return code
+
+        return None, supervise.supervised(work, run_dirs)
+
+
+def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | None) -> tuple[dict, int]:
+    from delphi.train.interrupt import check
+
+    check("start-up (nothing was written)")
+    from delphi.prereg_format import predicted_loss_curve
+    from delphi.train.trainer import train  # imports JAX: seconds
+
+    check("start-up (nothing was written)")
     predicted_loss = predicted_loss_curve(Path(args.prereg)) if args.prereg else None
     progress = not args.no_progress and sys.stderr.isatty()
-    if args.seeds is not None:
-        return _run_seed_group(args, cfg, predicted_loss, progress)
-    summary = train(cfg, Path(args.out), resume=args.resume, predicted_loss=predicted_loss, progress=progress)
+    try:
+        if seeds is not None:
+            return _run_seed_group(args, cfg, seeds, predicted_loss, progress)
+        summary = train(cfg, Path(args.out), resume=args.resume, predicted_loss=predicted_loss, progress=progress)
+    except DelphiError as e:
+        raise naming_config(e, config_path) from None
     _report(summary, args.out)
     return summary, _exit_code(summary)
 
@@ -85,25 +114,22 @@ def _check_run_dir(out: Path, inputs: tuple, seeds: str | None, force: bool) -> 
 
 
 def parse_seeds(text: str) -> list[int]:
-    from delphi.errors import DelphiError
-
     try:
         seeds = [int(part) for part in text.split(",")]
     except ValueError:
-        raise DelphiError(f"--seeds: expected comma-separated integers like 0,1,2, got {text!r}") from None
+        raise DelphiError(f"--seeds: expected comma-separated integers like 0,1,2, got {quoted(text)}") from None
     if any(s < 0 for s in seeds):
-        raise DelphiError(f"--seeds: seeds must be >= 0, got {text!r}")
+        raise DelphiError(f"--seeds: seeds must be >= 0, got {quoted(text)}")
     if len(set(seeds)) != len(seeds):
-        raise DelphiError(f"--seeds: seeds must be unique, got {text!r}")
+        raise DelphiError(f"--seeds: seeds must be unique, got {quoted(text)}")
     return seeds
 
 
-def _run_seed_group(args: argparse.Namespace, cfg, predicted_loss, progress: bool):
+def _run_seed_group(args: argparse.Namespace, cfg, seeds: list[int], predicted_loss, progress: bool):
     import dataclasses
 
     from delphi.train.trainer import train_group
 
-    seeds = parse_seeds(args.seeds)
     cfgs = [
         dataclasses.replace(
             cfg, seed=s, data=dataclasses.replace(cfg.data, seed=s), name=f"{cfg.name}_seed{s}" if cfg.name else None

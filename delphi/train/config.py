@@ -253,6 +253,16 @@ def load_train_config(path: str | Path) -> TrainConfig:
     return load_config(path, train_config_from_dict)
 
 
+def naming_config(error: DelphiError, path: str | Path) -> DelphiError:
+    """`error` with the config file's name in front when it names one of the config's keys (a check
+    made after loading, e.g. the vocabulary against the token store) and not yet the file."""
+    message = str(error)
+    key = message.split(":", 1)[0].split(".", 1)[0].split("[", 1)[0]
+    if message.startswith(str(path)) or key not in TrainConfig.__dataclass_fields__:
+        return error
+    return DelphiError(f"{path}: {message}")
+
+
 def train_config_to_dict(cfg: TrainConfig) -> dict:
     """The config as plain data, for YAML and hashing; optim keys at their OPTIM_KEYS_ADDED value
     are left out, so an AdamW config is written byte for byte as before AdamH existed."""

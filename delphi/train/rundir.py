@@ -85,6 +85,55 @@ class RunLock:
         self.release()
 
 
+def clear_stale_lock(run_dir: Path) -> bool:
+    """Remove run_dir/train.lock if no live process holds it (its holder was killed: the kernel
+    dropped the flock but the file stays); True if removed."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        f = open(path, "r+")
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held: a live trainer
+        try:
+            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+        if same:
+            path.unlink(missing_ok=True)  # under the flock, as RunLock.release does
+        return same
+
+
+def signal_death_reason(signum: int) -> str:
+    """Why a trainer process died of signal `signum`, for a status reason (with the resume hint)."""
+    import signal
+
+    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else f"signal {signum}"
+    why = {
+        "SIGABRT": "an abort inside the runtime (XLA), e.g. out of memory; its message is in the process's stderr",
+        "SIGKILL": "killed outright: the kernel's out-of-memory killer, or kill -9",
+        "SIGSEGV": "a crash inside native code",
+        "SIGBUS": "a crash inside native code",
+    }.get(name, "")
+    return f"the trainer process died of {name} (exit {128 + signum}{'; ' + why if why else ''}); {RESUME_HINT}"
+
+
+def record_death(run_dir: Path, reason: str) -> bool:
+    """After the trainer of `run_dir` died without writing its end (a signal no handler can catch,
+    e.g. SIGABRT from C++ or SIGKILL): status `failed` with `reason` if the status still says
+    pending or running, and no stale train.lock. Done by the process that waited for it (the
+    `delphi train` supervisor, the ladder runner). True if the status was changed."""
+    status = read_status(run_dir) or {}
+    changed = status.get("status") in ("pending", "running")
+    if changed:
+        write_status(run_dir, "failed", int(status.get("step") or 0), reason)
+    clear_stale_lock(run_dir)
+    return changed
+
+
 def write_status(run_dir: Path, status: Status, step: int, reason: str = "") -> None:
     atomic_write_json(
         Path(run_dir) / STATUS_FILE,
@@ -117,6 +166,29 @@ def stopped_before_end(status: dict) -> bool:
 
 def read_summary(run_dir: Path) -> dict:
     return read_json_object(Path(run_dir) / SUMMARY_FILE)
+
+
+def summary_problem(run_dir: Path, status: str) -> str | None:
+    """Why the summary.json of a run whose status.json says `status` ("completed", "diverged")
+    cannot be used, or None when it can. The trainer writes the summary before the status, so a
+    finished run without a readable summary (or a completed one without a finite val_loss) was
+    damaged afterwards: its result is lost, and must not be counted or silently dropped."""
+    path = Path(run_dir) / SUMMARY_FILE
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return f"{path} is missing although status.json says {status}"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else ("not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "not valid JSON")
+        return f"{path} is corrupt ({why}) although status.json says {status}"
+    if not isinstance(data, dict):
+        return f"{path} holds {type(data).__name__}, expected a JSON object"
+    loss = data.get("val_loss")
+    if status == "completed" and (isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)):
+        from delphi.errors import quoted
+
+        return f"{path}: val_loss = {quoted(loss)}, expected a finite number for a completed run"
+    return None
 
 
 def _finite_or_none(value: Any) -> Any:

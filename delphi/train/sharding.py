@@ -70,25 +70,33 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_fits_in_memory(cfg: TrainConfig) -> None:
-    """Refuse, before anything is written or allocated, a model whose training state cannot fit:
-    16 bytes per parameter on each device (experts split over mesh.expert), against the device's
-    memory limit, or for CPU devices (which share the host's memory) against this machine's RAM."""
-    from delphi.model.flops import TRAIN_STATE_BYTES_PER_PARAM, check_plausible_size, train_state_bytes_per_device
+def check_fits_in_memory(cfg: TrainConfig, seeds: int = 1) -> None:
+    """Refuse, before anything is written or allocated, a run that cannot fit: the estimate of
+    delphi.train.memory (parameters, gradients, optimizer state, activations, runtime) on one
+    device against what that device has free (its memory stats), or for CPU devices (which share
+    the host's memory) against what this machine has available now (MemAvailable)."""
+    from delphi.model.flops import check_plausible_size
+    from delphi.train.memory import estimate_train_memory, host_available_bytes
 
     check_plausible_size(cfg.model)
-    per_device = train_state_bytes_per_device(cfg.model, cfg.mesh.expert)
+    estimate = estimate_train_memory(cfg, seeds)
     local = jax.local_devices()
     stats = local[0].memory_stats() if local[0].platform != "cpu" else None
     if stats and stats.get("bytes_limit"):
-        need, have, what = per_device, int(stats["bytes_limit"]), f"one {local[0].platform} device's"
+        need = estimate.total - estimate.runtime  # the runtime lives in host memory
+        have = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+        what = f"one {local[0].platform} device's free"
     else:
-        need, have, what = per_device * len(local), host_memory_bytes(), f"this machine's ({len(local)} CPU devices)"
+        need, have = estimate.total + (len(local) - 1) * (estimate.total - estimate.runtime), host_available_bytes()
+        what = f"this machine's available ({len(local)} CPU device{'s' if len(local) > 1 else ''}; MemAvailable)"
+        if have is None:
+            have, what = host_memory_bytes(), f"this machine's ({len(local)} CPU devices)"
     if need > have:
         raise DelphiError(
-            f"model: d_model={cfg.model.d_model}, n_layers={cfg.model.n_layers} needs at least {need:.3g} bytes of "
-            f"training state ({TRAIN_STATE_BYTES_PER_PARAM} bytes per parameter), more than {what} {have:.3g} bytes "
-            "of memory; expected a smaller model or more devices"
+            f"model: d_model={cfg.model.d_model}, n_layers={cfg.model.n_layers} at data.batch_size="
+            f"{cfg.data.batch_size} x data.seq_len={cfg.data.seq_len}{f' x {seeds} seeds' if seeds > 1 else ''} "
+            f"needs about {need / 1e9:.3g} GB per step, more than {what} {have / 1e9:.3g} GB of memory; estimate: "
+            f"{estimate.describe()}; expected a smaller model or batch, or more devices"
         )
 
 

@@ -7,6 +7,9 @@
          at log/eval/checkpoint steps: sync, check the loss is finite, write metrics
     -> final checkpoint -> summary.json
 
+Ctrl-C and SIGTERM only set a flag for the whole run; the trainer stops at its next safe point
+(between start-up stages, at a call boundary of the loop): delphi.train.interrupt.
+
 Determinism: the batch at step s depends only on (data.seed, s) and the
 training state lives entirely in the checkpoint, so a resumed run repeats the
 uninterrupted run's numbers. Nothing is pulled to the host between sync points,
@@ -24,8 +27,6 @@ import functools
 import json
 import math
 import os
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +37,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from delphi.errors import DelphiError
+from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_json, atomic_write_text, sha256_bytes
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
 from delphi.train import checkpoint as ckpt
-from delphi.train import sharding
+from delphi.train import interrupt, sharding
 from delphi.train.config import OPTIM_KEYS_ADDED, TrainConfig, train_config_to_dict
 from delphi.train.optim import make_optimizer
 from delphi.train.peak import peak_flops
@@ -56,6 +57,7 @@ from delphi.train.rundir import (
     RunLock,
     WandbLog,
     read_status,
+    summary_problem,
     wandb_mode,
     warn,
     write_status,
@@ -111,13 +113,12 @@ def _existing_identity(path: Path) -> str:
     """The identity of a run dir's config.yaml; a file that is not a YAML mapping is a clear error."""
     import yaml
 
+    from delphi.io import read_yaml
+
     try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as e:
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise DelphiError(
-            f"{path}: the run's config.yaml is not valid YAML ({problem}); restore it or use another --out"
-        ) from None
+        data = read_yaml(path)
+    except DelphiError as e:
+        raise DelphiError(f"{e}; the run's config.yaml: restore it or use another --out") from None
     if not isinstance(data, dict):
         raise DelphiError(
             f"{path}: the run's config.yaml holds {type(data).__name__}, expected a mapping; restore it or use another --out"
@@ -375,25 +376,6 @@ class LoopState:
         return self.wall_before[i] + time.perf_counter() - self.run_start
 
 
-@contextlib.contextmanager
-def _stop_on_signals(loop: LoopState) -> Iterator[None]:
-    """SIGINT/SIGTERM set loop.stop_signal; the loop checkpoints and stops at the next call boundary
-    (multi-host: at the next sync point, once the processes agree)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, _frame):
-        loop.stop_signal = signal.Signals(signum).name
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 # ---- train(), train_group(): validate, set up, run
 
 
@@ -440,6 +422,14 @@ def train_group(
     at its LR, as any rounding change would. The same group (same members) repeats its numbers
     exactly, also across a resume.
     """
+    with interrupt.deferred_signals():
+        return _train_group(cfgs, run_dirs, resume, predicted_loss, progress, max_steps)
+
+
+def _train_group(
+    cfgs: list[TrainConfig], run_dirs: list[Path], resume: bool, predicted_loss: PredictedLoss | None,
+    progress: bool, max_steps: int | None,
+) -> list[dict]:
     from delphi.data.loader import TokenStore
 
     # ---- validate everything before writing anything
@@ -449,7 +439,7 @@ def train_group(
     cfg = cfgs[0]
     sharding.initialize_distributed(cfg.mesh)  # multi-host: before any other JAX call
     mesh = sharding.make_mesh(cfg.mesh)
-    sharding.check_fits_in_memory(cfg)
+    sharding.check_fits_in_memory(cfg, seeds=len(cfgs))
     texts = [config_yaml(c) for c in cfgs]
     for run_dir, text in zip(run_dirs, texts):
         _check_run_dir(run_dir, text, resume)
@@ -457,12 +447,18 @@ def train_group(
     store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens, final_eval_tokens=cfg.final_eval_tokens)
     if store.vocab_size > cfg.model.vocab_size:
         raise DelphiError(
-            f"model.vocab_size: {cfg.model.vocab_size} is smaller than the store's vocabulary ({store.vocab_size})"
+            f"model.vocab_size: {cfg.model.vocab_size} is smaller than the vocabulary ({store.vocab_size}) of the "
+            f"token store {store.path} (data.store: {quoted(cfg.data.store)})"
         )
-    done = [(read_status(d) or {}).get("status") == "completed" and (d / SUMMARY_FILE).is_file() for d in run_dirs]
+    done = [(read_status(d) or {}).get("status") == "completed" for d in run_dirs]
+    for run_dir, finished in zip(run_dirs, done):
+        if resume and finished and (problem := summary_problem(run_dir, "completed")):
+            # its final evaluation cannot be redone from the last checkpoint: say so, do not guess
+            raise DelphiError(f"{problem}; restore it, or train into a new directory")
     if resume and all(done):
         return [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
 
+    interrupt.check("start-up (nothing was written)")
     primary = jax.process_index() == 0
     ckpt.barrier("delphi_train_validated")  # every process has read the run dir before process 0 writes it
     with contextlib.ExitStack() as locks:
@@ -501,40 +497,44 @@ def _train_locked(
     resume: bool, predicted_loss: PredictedLoss | None, progress: bool, max_steps: int | None, primary: bool,
 ) -> list[dict]:
     cfg, stacked = cfgs[0], len(cfgs) > 1
-    # ---- the run directories (process 0)
-    if primary:
-        for run_dir, text in zip(run_dirs, texts):
-            atomic_write_text(run_dir / CONFIG_FILE, text)
-            write_status(run_dir, "pending", 0)
-
-    # ---- the state: fresh, or restored straight into this mesh's shardings
-    tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
-    fresh = []
-    for c in cfgs:
-        graphdef, params, router_bias, other = split_model(init_model(c, mesh))
-        fresh.append(TrainState(params, tx.init(params), router_bias, other))
-    member_sh = sharding.state_shardings(fresh[0], mesh)
-    restored = _restore_group(run_dirs, fresh, member_sh, primary) if resume else None
-    if restored is not None:
-        states, start_step = [r.state for r in restored], restored[0].step
-        wall_before = [float(r.extra.get("wall_s", 0.0)) for r in restored]
-    else:
-        states, start_step = [sharding.place_state(s, member_sh) for s in fresh], 0
-        wall_before = [0.0] * len(cfgs)
-    del fresh
-    state = _stack(states) if stacked else states[0]
-    del states
-    state_sh = sharding.state_shardings(state, mesh)
-    batch_sh = sharding.batch_sharding(mesh, 2 if stacked else 1)  # ([seeds,] steps, batch, seq+1)
-    eval_sh = sharding.batch_sharding(mesh, 1)  # (eval batches, batch, seq+1), shared by the seeds
-    shardings = (state_sh, batch_sh, eval_sh, sharding.replicated(mesh))
-
-    summaries = [
-        _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall)
-        for c, text, wall in zip(cfgs, texts, wall_before)
-    ]
-    members = []
+    summaries: list[dict] = []
+    members: list[Member] = []
+    start_step = 0
     try:
+        # ---- the run directories (process 0)
+        if primary:
+            for run_dir, text in zip(run_dirs, texts):
+                atomic_write_text(run_dir / CONFIG_FILE, text)
+                write_status(run_dir, "pending", 0)
+        interrupt.check("start-up")
+
+        # ---- the state: fresh, or restored straight into this mesh's shardings
+        tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
+        fresh = []
+        for c in cfgs:
+            graphdef, params, router_bias, other = split_model(init_model(c, mesh))
+            fresh.append(TrainState(params, tx.init(params), router_bias, other))
+        member_sh = sharding.state_shardings(fresh[0], mesh)
+        restored = _restore_group(run_dirs, fresh, member_sh, primary) if resume else None
+        if restored is not None:
+            states, start_step = [r.state for r in restored], restored[0].step
+            wall_before = [float(r.extra.get("wall_s", 0.0)) for r in restored]
+        else:
+            states, start_step = [sharding.place_state(s, member_sh) for s in fresh], 0
+            wall_before = [0.0] * len(cfgs)
+        del fresh
+        state = _stack(states) if stacked else states[0]
+        del states
+        state_sh = sharding.state_shardings(state, mesh)
+        batch_sh = sharding.batch_sharding(mesh, 2 if stacked else 1)  # ([seeds,] steps, batch, seq+1)
+        eval_sh = sharding.batch_sharding(mesh, 1)  # (eval batches, batch, seq+1), shared by the seeds
+        shardings = (state_sh, batch_sh, eval_sh, sharding.replicated(mesh))
+        interrupt.check("initialisation")
+
+        summaries = [
+            _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall)
+            for c, text, wall in zip(cfgs, texts, wall_before)
+        ]
         for i, (c, run_dir) in enumerate(zip(cfgs, run_dirs)):
             members.append(Member(
                 cfg=c, run_dir=run_dir, primary=primary,
@@ -555,6 +555,7 @@ def _train_locked(
             cfg, k, graphdef, tx, state, first_tokens, eval_data.chunks[0], mesh, shardings,
             seeds=len(cfgs) if stacked else 0,
         )
+        interrupt.check("compilation")
         peak = peak_flops(cfg.precision)
         for summary in summaries:
             summary["compile_s"] = round(time.perf_counter() - compile_start, 3)
@@ -569,14 +570,26 @@ def _train_locked(
         return _run(ctx, LoopState(state=state, step=start_step, summaries=summaries, wall_before=wall_before))
     except BaseException as e:
         if primary:
-            for run_dir, summary in zip(run_dirs, summaries):
-                write_status(run_dir, "failed", summary["steps"], f"{type(e).__name__}: {e}")
+            reason = str(e) if isinstance(e, interrupt.Interrupted) else failure_reason(e)
+            for i, run_dir in enumerate(run_dirs):
+                write_status(run_dir, "failed", summaries[i]["steps"] if summaries else start_step, reason)
         raise
     finally:
         for i, member in enumerate(members):
             member.bar.close()
             member.metrics.close()
             member.wandb.close(summaries[i])
+
+
+# The status reason quotes an exception's message up to this many characters (XLA's run to pages).
+FAILURE_REASON_MAX_CHARS = 500
+
+
+def failure_reason(error: BaseException) -> str:
+    """`Type: message` on one line, cut to FAILURE_REASON_MAX_CHARS: the status.json reason of a
+    run that raised."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= FAILURE_REASON_MAX_CHARS else text[:FAILURE_REASON_MAX_CHARS] + "..."
 
 
 def _summary_header(cfg: TrainConfig, store: Any, config_sha: str, start_step: int, wall_before: float) -> dict:
@@ -616,41 +629,41 @@ def _run(ctx: RunContext, loop: LoopState) -> list[dict]:
     for _, member in _active(ctx, loop):
         member.status("running", loop.step)
     loop.run_start = loop.last_sync_time = loop.last_checkpoint_time = time.perf_counter()
-    with _stop_on_signals(loop):
-        while loop.step < cfg.steps:
-            tokens = ctx.batches(loop.step)  # host work overlaps the previous call still running
-            loop.state, out = ctx.train_chunk(loop.state, tokens)
-            loop.pending.append(out)
-            loop.step += ctx.k
-            ctx.members[0].bar.advance(ctx.k)
+    # Stop signals only set a flag (delphi.train.interrupt, for all of train_group): looked at in _stop_requested.
+    while loop.step < cfg.steps:
+        tokens = ctx.batches(loop.step)  # host work overlaps the previous call still running
+        loop.state, out = ctx.train_chunk(loop.state, tokens)
+        loop.pending.append(out)
+        loop.step += ctx.k
+        ctx.members[0].bar.advance(ctx.k)
 
-            step = loop.step
-            is_log = step % cfg.log_every == 0 or step == cfg.steps
-            is_eval = step % cfg.eval_every == 0 or step == cfg.steps
-            is_ckpt = step < cfg.steps and ((step % cfg.checkpoint_every == 0 and _checkpoint_due(cfg, loop))
-                                            or (is_log and _clock_checkpoint_due(loop)))
-            stopping = _stop_requested(ctx, loop, at_sync_point=is_log or is_eval or is_ckpt)
-            if not (is_log or is_eval or is_ckpt or stopping):
-                continue
+        step = loop.step
+        is_log = step % cfg.log_every == 0 or step == cfg.steps
+        is_eval = step % cfg.eval_every == 0 or step == cfg.steps
+        is_ckpt = step < cfg.steps and ((step % cfg.checkpoint_every == 0 and _checkpoint_due(cfg, loop))
+                                        or (is_log and _clock_checkpoint_due(loop)))
+        stopping = _stop_requested(ctx, loop, at_sync_point=is_log or is_eval or is_ckpt)
+        if not (is_log or is_eval or is_ckpt or stopping):
+            continue
 
-            records = _sync(ctx, loop)  # blocks until the device is done
-            for i, (record, first_bad) in records.items():
-                if first_bad is not None:
-                    _diverged(ctx, loop, i, record, first_bad)
-            if not any(loop.active):
-                return loop.summaries
-            if is_eval:
-                _evaluate_into(ctx, loop, records)
-            if is_log or is_eval:
-                for i, member in _active(ctx, loop):
-                    member.log(records[i][0], show=i == 0)
-            if is_ckpt or stopping:
-                _checkpoint(ctx, loop)
-                for _, member in _active(ctx, loop):
-                    member.status("running", step)
-            if stopping:
-                return _stopped(ctx, loop)
-            loop.last_sync_step, loop.last_sync_time = step, time.perf_counter()
+        records = _sync(ctx, loop)  # blocks until the device is done
+        for i, (record, first_bad) in records.items():
+            if first_bad is not None:
+                _diverged(ctx, loop, i, record, first_bad)
+        if not any(loop.active):
+            return loop.summaries
+        if is_eval:
+            _evaluate_into(ctx, loop, records)
+        if is_log or is_eval:
+            for i, member in _active(ctx, loop):
+                member.log(records[i][0], show=i == 0)
+        if is_ckpt or stopping:
+            _checkpoint(ctx, loop)
+            for _, member in _active(ctx, loop):
+                member.status("running", step)
+        if stopping:
+            return _stopped(ctx, loop)
+        loop.last_sync_step, loop.last_sync_time = step, time.perf_counter()
 
     _checkpoint(ctx, loop)
     return _completed(ctx, loop)
@@ -670,6 +683,7 @@ def _clock_checkpoint_due(loop: LoopState) -> bool:
 def _stop_requested(ctx: RunContext, loop: LoopState, *, at_sync_point: bool) -> bool:
     """max_steps reached, or a signal. One process stops at its next call boundary; a multi-host
     job only at a sync point its processes agree on (one collective per sync point)."""
+    loop.stop_signal = loop.stop_signal or interrupt.requested()
     if ctx.max_steps is not None and loop.step >= ctx.max_steps:
         return True
     if jax.process_count() == 1:
