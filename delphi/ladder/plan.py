@@ -22,6 +22,7 @@ tolerance anyway.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import re
@@ -39,6 +40,8 @@ from delphi.train.config import DataConfig, OptimConfig, TrainConfig, train_conf
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from delphi.ladder.recipe import RecipeHyperparams
 
     from delphi.data.loader import TokenStore
     from delphi.fits.allocation import FlopsFamily
@@ -142,6 +145,8 @@ class Hyperparams:
     lr_batch_factor: float  # the corrections applied to base.lr, for the manifest
     lr_horizon_factor: float
     lr_width_factor: float
+    # Set under a spec's `recipe:` (delphi.ladder.recipe), which adds them to the manifest.
+    recipe: "RecipeHyperparams | None" = None
 
 
 def transfer(spec: LadderSpec, d_model: int, batch_tokens: int, tokens: float) -> Hyperparams:
@@ -261,9 +266,19 @@ def make_rung(
     """The rung training `model` on exactly `budget` FLOPs, or None when it cannot get min_steps steps.
 
     `batch` (sequences per step) overrides the rung's own batch rule (used for one batch per budget).
+    Under a spec's `recipe:` the batch is the recipe's for these tokens (`batch` overrides it only for
+    the recipe check's batch sweep) and every hyperparameter is the recipe's (delphi.ladder.recipe).
     """
     fpt, tokens = rung_tokens(model, spec.seq_len, budget)
-    batch = batch if batch is not None else batch_for_tokens(spec, tokens)
+    halvings = 0
+    if spec.recipe is not None:
+        from delphi.ladder.recipe import recipe_batch_seqs
+
+        rule_batch, rule_halvings = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len)
+        batch = batch if batch is not None else rule_batch
+        halvings = rule_halvings if batch == rule_batch else 0
+    else:
+        batch = batch if batch is not None else batch_for_tokens(spec, tokens)
     if batch is None:
         return None
     steps_raw = tokens / (batch * spec.seq_len)
@@ -275,16 +290,22 @@ def make_rung(
     q = step_quantum(steps_raw, spec.tolerance)
     steps = max(q, q * round(steps_raw / q))
     batch_tokens = batch * spec.seq_len
-    hp = transfer(spec, model.d_model, batch_tokens, steps * batch_tokens)
     run = spec.run
     t = spec.transfer
     run_id = run_id or run_id_for(budget, model, seed)
-    # Evenly spaced events on multiples of q, so the trainer can fuse q steps per call.
-    every = lambda n: q * max(1, math.ceil(steps / (n * q)))  # noqa: E731
-    train = TrainConfig(
-        model=model,
-        data=DataConfig(store=run.store, seq_len=spec.seq_len, batch_size=batch, seed=seed),
-        optim=OptimConfig(
+    if spec.recipe is not None:
+        from delphi.ladder.recipe import optim_config, recipe_for_tokens
+
+        # Hyperparameters for the horizon the run trains (steps x batch), as the transfer rule's.
+        rhp = recipe_for_tokens(spec.recipe, steps * batch_tokens, spec.seq_len, batch_seqs=batch)
+        rhp = dataclasses.replace(rhp, halvings=halvings)
+        hp = Hyperparams(lr=rhp.lr, beta1=rhp.beta1, beta2=rhp.beta2, eps=rhp.eps, weight_decay=rhp.weight_decay,
+                         grad_clip=rhp.grad_clip, lr_batch_factor=rhp.lr_batch_factor,
+                         lr_horizon_factor=rhp.lr_horizon_factor, lr_width_factor=1.0, recipe=rhp)
+        optim = optim_config(rhp)
+    else:
+        hp = transfer(spec, model.d_model, batch_tokens, steps * batch_tokens)
+        optim = OptimConfig(
             lr=hp.lr,
             weight_decay=hp.weight_decay,
             beta1=hp.beta1,
@@ -296,7 +317,13 @@ def make_rung(
             decay_frac=t.decay_frac,
             decay_shape=t.decay_shape,
             min_lr_frac=t.min_lr_frac,
-        ),
+        )
+    # Evenly spaced events on multiples of q, so the trainer can fuse q steps per call.
+    every = lambda n: q * max(1, math.ceil(steps / (n * q)))  # noqa: E731
+    train = TrainConfig(
+        model=model,
+        data=DataConfig(store=run.store, seq_len=spec.seq_len, batch_size=batch, seed=seed),
+        optim=optim,
         steps=steps,
         seed=seed,
         precision=run.precision,
@@ -390,7 +417,7 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
         else:
             models = _pick_tokens_per_param(spec, i, budget, shapes)
         batch = None
-        if spec.batch.rule == "budget":
+        if spec.batch.rule == "budget" and spec.recipe is None:  # a recipe sizes every run's batch itself
             # The rung with the fewest tokens sets the batch: every rung then gets >= min_steps.
             fewest = min(rung_tokens(m, spec.seq_len, budget)[1] for m in models)
             batch = batch_for_tokens(spec, fewest)
@@ -418,7 +445,8 @@ def plan_anchors(spec: LadderSpec, rungs: list[Rung]) -> list[Rung]:
     if spec.anchors is None:
         return []
     top = max(spec.budgets)
-    top_batch = max(r.batch_size for r in rungs if r.budget == top)
+    # Under a recipe every run takes the recipe's batch for its own tokens (one batch rule throughout).
+    top_batch = max(r.batch_size for r in rungs if r.budget == top) if spec.recipe is None else None
     budget = spec.anchors.multiple * top
     out = []
     for width in spec.anchors.widths:
@@ -522,6 +550,12 @@ def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> di
     for key, scope in RANGE_SCOPES.items():
         values = [r[key] for r in rows if scope == "ladder" or r["budget"] == top]
         out[key] = (min(values), max(values))
+    if spec.recipe is not None:
+        # Under a recipe batch and beta2 follow the run's tokens by the one rule, which the hero
+        # continues; what bounds them is the rule's caps (the recipe check sweeps the batch there).
+        r = spec.recipe
+        out["batch_tokens"] = (min(float(row["batch_tokens"]) for row in rows), float(r.max_seqs * spec.seq_len))
+        out["beta2"] = (r.beta2_min.value, r.beta2_max.value)
     return out
 
 
@@ -552,7 +586,8 @@ def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataF
     for key, (lo, hi) in ranges.items():
         v = values[key]
         inside = lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)
-        out[key] = {"hero": v, "ladder": [lo, hi], "inside": bool(inside), "scope": RANGE_SCOPES[key]}
+        scope = "recipe caps" if spec.recipe is not None and key in ("batch_tokens", "beta2") else RANGE_SCOPES[key]
+        out[key] = {"hero": v, "ladder": [lo, hi], "inside": bool(inside), "scope": scope}
     out["outside"] = [k for k in ranges if not out[k]["inside"]]
     out["inside"] = not out["outside"]
     return out
@@ -622,10 +657,15 @@ def plan_hero(
     candidates = []
     for model in _family_shapes_around(spec, params, convention):
         _, tokens = rung_tokens(model, spec.seq_len, compute)
+        run_id = f"hero_C{format_budget(compute)}_d{model.d_model}_L{model.n_layers}_s{seed}"
+        if spec.recipe is not None:  # the recipe's batch, as every rung's: no switch at the hero
+            rung = make_rung(spec, model, compute, seed, run_id=run_id)
+            if rung is not None:
+                candidates.append(rung)
+            continue
         own = batch_for_tokens(spec, tokens)
         if own is None:
             continue
-        run_id = f"hero_C{format_budget(compute)}_d{model.d_model}_L{model.n_layers}_s{seed}"
         rung = make_rung(spec, model, compute, seed, run_id=run_id, batch=min(own, top_batch))
         if rung is not None:
             candidates.append(rung)
@@ -741,6 +781,8 @@ MANIFEST_COLUMNS = (
     "beta1", "beta2", "eps", "weight_decay", "grad_clip", "schedule", "warmup_frac", "decay_frac",
     "mup_base_d_model", "mup_base_n_layers", "config",
 )
+# Appended to a recipe ladder's manifest only (an old ladder's manifest stays byte-identical).
+RECIPE_MANIFEST_COLUMNS = ("optimizer", "adam_lr", "batch_halvings", "recipe_caps")
 
 
 def manifest_row(rung: Rung) -> dict[str, object]:
@@ -789,6 +831,12 @@ def manifest_row(rung: Rung) -> dict[str, object]:
         "mup_base_d_model": m.mup.base_d_model if m.mup.enabled else 0,
         "mup_base_n_layers": m.mup.base_n_layers if m.mup.enabled else 0,
         "config": f"{CONFIG_DIR}/{rung.run_id}.yaml",
+        **({} if rung.hp.recipe is None else {
+            "optimizer": rung.hp.recipe.optimizer,
+            "adam_lr": rung.hp.recipe.adam_lr,
+            "batch_halvings": rung.hp.recipe.halvings,
+            "recipe_caps": "+".join(rung.hp.recipe.caps),
+        }),
     }
 
 
@@ -798,7 +846,8 @@ def _fmt(value: object) -> str:
 
 def manifest_csv(rows: list[dict[str, object]]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=MANIFEST_COLUMNS, lineterminator="\n")
+    recipe = any("adam_lr" in row for row in rows)
+    writer = csv.DictWriter(buf, fieldnames=MANIFEST_COLUMNS + (RECIPE_MANIFEST_COLUMNS if recipe else ()), lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _fmt(v) for k, v in row.items()})
