@@ -199,7 +199,7 @@ def write_check(spec: LadderSpec, out: str | Path) -> tuple[list[Rung], list[Che
     rungs, runs = plan_check(spec)
     summary = check_summary(spec, rungs)
     write_ladder(spec, rungs, out)
-    atomic_write_text(Path(out) / PLAN_FILE, json.dumps({"runs": [dataclasses.asdict(r) for r in runs], **summary},
+    atomic_write_text(Path(out) / PLAN_FILE, json.dumps({**summary, "check_runs": [dataclasses.asdict(r) for r in runs]},
                                                         indent=2) + "\n")
     return rungs, runs, summary
 
@@ -269,7 +269,7 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
 
     out = Path(out)
     plan = read_json(out / PLAN_FILE, what="recipe-check plan")
-    runs = [CheckRun(**r) for r in plan["runs"]]
+    runs = [CheckRun(**r) for r in plan["check_runs"]]
     loss = {r.run_id: _final_loss(out / RUNS_DIR / r.run_id) for r in runs}
     c = _check(spec)
     assert spec.recipe is not None
