@@ -481,6 +481,19 @@ def _create(args, capsys):
     return code, (json.loads(captured.out) if captured.out.strip() else None), captured.err
 
 
+def test_prereg_create_refuses_a_recipe_that_loses_more_than_half_a_percent(good, tmp_path, capsys):
+    report = tmp_path / "recipe_check.json"
+    report.write_text(json.dumps(_recipe_report([0.001, 0.007], reach=(1024, 1e12))))
+    out = tmp_path / "recipe.yaml"
+    code, _, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]),
+                            "--results", str(good["root"] / "results.csv"), "--out", str(out), "--bootstrap", "5",
+                            "--recipe-check", str(report)], capsys)
+    assert code == 1 and not out.exists()
+    gates = {g["name"]: g for g in json.loads((tmp_path / "recipe.gates.json").read_text())["gates"]}
+    assert not gates["recipe"]["passed"] and "0.70%" in gates["recipe"]["detail"]
+    assert all(g["passed"] for name, g in gates.items() if name != "recipe")
+
+
 def test_prereg_create_seals_when_every_gate_passes(good, tmp_path, capsys):
     out = tmp_path / "good.yaml"
     code, result, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]),

@@ -422,3 +422,27 @@ def gate_problems(report: dict[str, Any], hero: dict[str, float] | None = None,
     lost = [p["lost_frac"] for p in points if p.get("lost_frac") is not None]
     worst = max([*lost, *([carried] if carried is not None else [])], default=None)
     return problems, parts, worst
+
+
+def read_report(path: "Path | None") -> dict[str, Any] | None:
+    """A recipe-check report (gate recipe's evidence); None for no path."""
+    if path is None:
+        return None
+    from delphi.io import read_json
+
+    report = read_json(path, what="recipe-check JSON")
+    if not isinstance(report, dict) or not isinstance(report.get("points"), list):
+        raise DelphiError(f"{path}: not a `delphi ladder recipe-check` report (expected a 'points' list)")
+    return report
+
+
+def study_report_path(study_path: "str | Path | None", value: str | None) -> Path | None:
+    """gates.recipe_check of a study file, resolved against it; DelphiError when it is missing."""
+    if value is None:
+        return None
+    if study_path is None:
+        raise DelphiError("gates.recipe_check: needs a study file to resolve the report against")
+    path = (Path(study_path).parent / value).resolve()
+    if not path.is_file():
+        raise DelphiError(f"{study_path}: gates.recipe_check: {path} not found (write it with `delphi ladder recipe-check`)")
+    return path
