@@ -282,3 +282,21 @@ def test_recipe_check_analysis_finds_the_optimum_and_the_loss_lost(tmp_path):
     assert report["drift"]["c"] > 0 and report["recipe_suggested"]["horizon_exponent"] < spec.recipe.horizon_exponent.value
     problems, _, worst = gate_problems(report, report["hero"])
     assert worst == pytest.approx(0.02 / 1.5, rel=1e-6) and any("loses 1.33%" in p for p in problems)
+
+
+def test_paper_v8_spans_and_sizes():
+    """Issue 29's ladder span and held-out runs, one batch rule throughout, on the 2-core budget."""
+    from delphi.ladder.recipe_check import estimate_wall_s
+    from delphi.study import load_study
+
+    spec, _ = _v8()
+    assert len(spec.budgets) >= 5 and math.log10(max(spec.budgets) / min(spec.budgets)) >= 1.5
+    assert spec.recipe.optimizer == ("adamh" if trainer_has_optimizer_choice() else "adamw")
+    assert spec.anchors is None and spec.transfer.mup is False
+    data = yaml.safe_load((ROOT / "studies" / "paper_v8.yaml").read_text())
+    multiples = sorted([*data["hero"]["probe_multiples"], data["hero"]["compute_multiple"]])
+    assert multiples[:2] == [3, 10] and multiples[-1] >= 30 and data["hero"]["probe_correction"] is False
+    assert sorted(spec.recipe.check.hero_computes) == [m * max(spec.budgets) for m in multiples]
+    study, ladder_path, *_ = load_study(ROOT / "studies" / "paper_v8.yaml")
+    assert ladder_path == V8.resolve() and study.gates.recipe_check
+    assert estimate_wall_s(plan_ladder(spec)) < 3 * 3600  # a few CPU-hours on 2 cores
