@@ -17,6 +17,11 @@ batch the largest power of two of sequences that still leaves >= min_steps
 steps, and its steps round(tokens / batch tokens): the achieved FLOPs are then
 within 1 / (2 * min_steps) of the budget, and the plan checks the spec's
 tolerance anyway.
+
+Under a spec's `recipe:` every run -- rung, anchor, calibration or recipe-check point,
+rehearsal, probe, hero -- takes its batch and hyperparameters from delphi.ladder.recipe
+(inside `make_rung`), each from its own tokens: no one-batch-per-budget rule and no clip to
+the top budget's batch, so nothing switches between the ladder and the hero.
 """
 
 from __future__ import annotations

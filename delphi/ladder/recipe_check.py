@@ -368,7 +368,10 @@ def format_report(report: dict[str, Any]) -> str:
              f"against each sweep's fitted optimum (limit {report['max_lost_frac']:.1%})",
              f"{'kind':<8} {'point':<14} {'swept':<6} {'optimum':>8} {'loss@recipe':>11} {'loss@opt':>9} {'lost':>8} {'seed sd':>8} {'runs':>5}"]
     for p in report["points"]:
-        opt = "-" if p["x_opt"] is None else (f"{p['x_opt']:.2f}x" if p["interior"] else f"edge {p['best_x']:g}x")
+        if p["x_opt"] is not None and p["interior"]:
+            opt = f"{p['x_opt']:.2f}x"
+        else:  # no interior optimum: the best point tried (at the grid's edge, the loss lost is a lower bound)
+            opt = f"best {p['best_x']:g}x" if p["best_x"] is not None else "-"
         sd = f"{p['seed_sd']:.4f}" if p["seed_sd"] is not None else "-"
         at = f"{p['loss_at_recipe']:.4f}" if p["loss_at_recipe"] is not None else "-"
         lo = f"{p['loss_opt']:.4f}" if p["loss_opt"] is not None else "-"
