@@ -34,8 +34,18 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 3e-3  # Adam LR at the base width; muP scales hidden matrices by 1/m
-    weight_decay: float = 0.1  # independent of LR: see docs/design.md §4.4
+    """`optimizer: adamw` (default): lr is the Adam LR at the base width (muP scales the hidden
+    matrices' by 1/m) and weight_decay is decoupled, multiplied by the LR (optax.adamw).
+
+    `optimizer: adamh` (delphi.train.adamh): lr is eta, the relative step size of the AdamH
+    matrices (no width term), adam_lr the LR of the plain-Adam groups (embeddings, unembedding,
+    router, norm gains); adam_lr is required, and there is no weight decay (an omitted
+    weight_decay reads as 0 under adamh; any other value is refused). beta1, beta2, eps,
+    grad_clip and the schedule apply to both; the schedule multiplies both LRs.
+    """
+
+    lr: float = 3e-3
+    weight_decay: float = 0.1  # adamw only; multiplied by the LR (optax.adamw), see docs/design.md §4.4
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8  # at the base shape; CompleteP scales it by 1/(m * m_L)
@@ -45,6 +55,16 @@ class OptimConfig:
     decay_frac: float = 0.2  # WSD: fraction of steps in the final decay
     decay_shape: Literal["linear", "sqrt"] = "linear"  # "sqrt" is 1-sqrt (Hagele et al. 2024)
     min_lr_frac: float = 0.0  # floor as a fraction of the peak LR
+    # Added with AdamH. At these defaults both are left out of the config's dict (OPTIM_KEYS_ADDED
+    # below), so every config written before keeps its bytes and its config_sha256.
+    optimizer: Literal["adamw", "adamh"] = "adamw"
+    adam_lr: float | None = None  # adamh: LR of the plain-Adam groups; must be unset under adamw
+
+
+# optim keys added after runs were on disk, with the value that reproduces those runs: a config
+# at that value is written without the key (train_config_to_dict), so its YAML and its
+# config_sha256 are those of the same config before the key existed.
+OPTIM_KEYS_ADDED: dict[str, object] = {"optimizer": "adamw", "adam_lr": None}
 
 
 @dataclass(frozen=True)
@@ -181,6 +201,15 @@ class TrainConfig:
         need(0 <= o.decay_frac <= 1, "optim.decay_frac", f"must be in [0, 1], got {o.decay_frac}")
         need(o.warmup_frac + o.decay_frac <= 1, "optim.decay_frac", "warmup_frac + decay_frac must be <= 1")
         need(0 <= o.min_lr_frac <= 1, "optim.min_lr_frac", f"must be in [0, 1], got {o.min_lr_frac}")
+        if o.optimizer == "adamh":
+            need(o.adam_lr is not None, "optim.adam_lr",
+                 "required with optim.optimizer adamh: the LR of the plain-Adam groups (embeddings, norm gains, router)")
+            need(o.adam_lr > 0, "optim.adam_lr", f"must be positive, got {o.adam_lr}")
+            need(o.weight_decay == 0, "optim.weight_decay",
+                 f"AdamH has no weight decay (the norm constraint replaces it); must be 0 or omitted, got {o.weight_decay}")
+        else:
+            need(o.adam_lr is None, "optim.adam_lr",
+                 f"only for optim.optimizer adamh (optim.lr is the one LR of adamw); leave it unset, got {o.adam_lr}")
         m = self.mesh
         for key in ("data", "expert", "model"):
             need(getattr(m, key) >= 1, f"mesh.{key}", f"must be a positive integer, got {getattr(m, key)}")
@@ -213,6 +242,9 @@ def train_config_from_dict(data: dict, where: str = "") -> TrainConfig:
     if not isinstance(data, dict):  # an empty file is None: not a request for every default
         shown = "an empty document" if data is None else f"{type(data).__name__} {data!r:.60}"
         raise DelphiError(f"{where + ': ' if where else ''}expected a mapping (a train config), got {shown}")
+    optim = data.get("optim")
+    if isinstance(optim, dict) and optim.get("optimizer") == "adamh" and "weight_decay" not in optim:
+        data = data | {"optim": optim | {"weight_decay": 0.0}}  # AdamH has none: omitted means 0, not adamw's default
     cfg = from_dict(TrainConfig, data, where)
     return cfg.validate()
 
@@ -222,4 +254,8 @@ def load_train_config(path: str | Path) -> TrainConfig:
 
 
 def train_config_to_dict(cfg: TrainConfig) -> dict:
-    return to_dict(cfg)
+    """The config as plain data, for YAML and hashing; optim keys at their OPTIM_KEYS_ADDED value
+    are left out, so an AdamW config is written byte for byte as before AdamH existed."""
+    data = to_dict(cfg)
+    data["optim"] = {k: v for k, v in data["optim"].items() if k not in OPTIM_KEYS_ADDED or v != OPTIM_KEYS_ADDED[k]}
+    return data

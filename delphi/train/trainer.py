@@ -42,7 +42,7 @@ from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
 from delphi.train import checkpoint as ckpt
 from delphi.train import sharding
-from delphi.train.config import TrainConfig, train_config_to_dict
+from delphi.train.config import OPTIM_KEYS_ADDED, TrainConfig, train_config_to_dict
 from delphi.train.optim import make_optimizer
 from delphi.train.peak import peak_flops
 from delphi.train.progress import PredictedLoss, Progress
@@ -91,6 +91,11 @@ def identity_yaml(text: str) -> str:
     for key in UNSET_SINCE_ADDED_KEYS:
         if data.get(key, 0) is None:
             data.pop(key)
+    optim = data.get("optim")
+    if isinstance(optim, dict):  # `optimizer: adamw` written out by hand is the config it always was
+        for key, value in OPTIM_KEYS_ADDED.items():
+            if key in optim and optim[key] == value:
+                optim.pop(key)
     return yaml.safe_dump(data, sort_keys=False)
 
 
