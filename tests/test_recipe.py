@@ -280,6 +280,11 @@ def test_recipe_check_analysis_finds_the_optimum_and_the_loss_lost(tmp_path):
     assert all(abs(p["lost_frac"]) < 1e-9 for p in others)
     assert all(abs(p["lost_frac"]) < 1e-9 for p in report["points"] if p["kind"] == "batch")
     assert report["drift"]["c"] > 0 and report["recipe_suggested"]["horizon_exponent"] < spec.recipe.horizon_exponent.value
+    from delphi.ladder.recipe_check import RUNS_CSV, save_report
+
+    save_report(report, tmp_path)
+    rows = (tmp_path / RUNS_CSV).read_text().splitlines()
+    assert len(rows) == 1 + len(plan["check_runs"]) and rows[0].startswith("run_id,kind,point")
     problems, _, worst = gate_problems(report, report["hero"])
     assert worst == pytest.approx(0.02 / 1.5, rel=1e-6) and any("loses 1.33%" in p for p in problems)
 

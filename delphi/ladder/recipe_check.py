@@ -353,9 +353,42 @@ def _drift(points: list[dict], d_ref: int, t_ref: float) -> dict[str, float | No
     return coef
 
 
+RUNS_CSV = "recipe_check_runs.csv"
+RUNS_CSV_COLUMNS = ("run_id", "kind", "point", "d_model", "n_layers", "tokens", "steps", "batch_size", "lr_multiplier",
+                    "batch_multiplier", "seed", "optimizer", "lr", "adam_lr", "beta2", "eps", "val_loss")
+
+
+def runs_csv(out: str | Path) -> str:
+    """One row per (run, role) of the check in `out`: what it trained with and its final loss (the
+    compact record a check commits; `analyse` recomputes the report from it and the plan)."""
+    import csv
+    import io
+
+    from delphi.io import read_json
+    from delphi.ladder.plan import read_manifest
+
+    out = Path(out)
+    plan = read_json(out / PLAN_FILE, what="recipe-check plan")
+    manifest = {row["run_id"]: row for row in read_manifest(out)}
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=RUNS_CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for r in plan["check_runs"]:
+        m = manifest[r["run_id"]]
+        loss = _final_loss(out / RUNS_DIR / r["run_id"])
+        writer.writerow({**{k: r[k] for k in ("run_id", "kind", "point", "d_model", "tokens", "lr_multiplier",
+                                               "batch_multiplier", "seed")},
+                         **{k: m.get(k, "") for k in ("n_layers", "steps", "batch_size", "optimizer", "lr", "adam_lr",
+                                                      "beta2", "eps")},
+                         "val_loss": repr(loss) if math.isfinite(loss) else ""})
+    return buf.getvalue()
+
+
 def save_report(report: dict[str, Any], out: str | Path) -> Path:
+    """Write the report (JSON) and the runs' table (CSV) into `out`; the JSON's path."""
     path = Path(out) / REPORT_FILE
     atomic_write_text(path, json.dumps(report, indent=2) + "\n")
+    atomic_write_text(Path(out) / RUNS_CSV, runs_csv(out))
     return path
 
 
