@@ -111,6 +111,14 @@ def test_lr_adam_lr_and_eps_scale_with_batch_and_horizon():
     assert (at_ref.lr, at_ref.adam_lr, at_ref.eps) == pytest.approx((r.lr.value, r.adam_lr.value, r.eps.value))
 
 
+def test_lr_calibrate_refuses_a_recipe_spec():
+    from delphi.ladder.lr_calibration import Point, plan_calibration
+
+    spec, _ = _v8()
+    with pytest.raises(DelphiError, match=r"^recipe: .*recipe-check"):
+        plan_calibration(spec, [Point(16, 1e6)])
+
+
 def test_no_width_term():
     spec, _ = _v8()
     narrow, wide = recipe_run(spec, 16, 2e7), recipe_run(spec, 192, 2e7)
