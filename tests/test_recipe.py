@@ -261,6 +261,10 @@ def test_recipe_check_plan_only_cli(tmp_path, capsys):
     assert cli_main(["ladder", "recipe-check", str(path), "--out", str(out), "--plan-only", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["compute_ratio"] <= 0.2 and (out / PLAN_FILE).is_file() and (out / "manifest.csv").is_file()
+    # the written ladder.yaml holds no key the recipe owns, and reads back as the same spec
+    written = yaml.safe_load((out / "ladder.yaml").read_text())
+    assert "lr" not in written["base"] and "rule" not in written["batch"] and "horizon_exponent" not in written["transfer"]
+    assert load_ladder_spec(out / "ladder.yaml") == load_ladder_spec(path)
     # a rerun of the same check is a no-op (resumable)
     assert cli_main(["ladder", "recipe-check", str(path), "--out", str(out), "--plan-only"]) == 0
 
@@ -313,3 +317,14 @@ def test_paper_v8_spans_and_sizes():
     study, ladder_path, *_ = load_study(ROOT / "studies" / "paper_v8.yaml")
     assert ladder_path == V8.resolve() and study.gates.recipe_check
     assert estimate_wall_s(plan_ladder(spec)) < 3 * 3600  # a few CPU-hours on 2 cores
+
+
+def test_study_recipe_check_path_is_resolved_against_the_study_file(tmp_path):
+    from delphi.ladder.recipe_check import study_report_path
+
+    assert study_report_path(tmp_path / "study.yaml", None) is None
+    with pytest.raises(DelphiError, match=r"gates\.recipe_check: .* not found .*recipe-check"):
+        study_report_path(tmp_path / "study.yaml", "check/recipe_check.json")
+    (tmp_path / "check").mkdir()
+    (tmp_path / "check" / "recipe_check.json").write_text("{}")
+    assert study_report_path(tmp_path / "study.yaml", "check/recipe_check.json") == (tmp_path / "check" / "recipe_check.json").resolve()
