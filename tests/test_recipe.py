@@ -266,7 +266,22 @@ def test_recipe_check_plan_only_cli(tmp_path, capsys):
     assert "lr" not in written["base"] and "rule" not in written["batch"] and "horizon_exponent" not in written["transfer"]
     assert load_ladder_spec(out / "ladder.yaml") == load_ladder_spec(path)
     # a rerun of the same check is a no-op (resumable)
+    manifest = (out / "manifest.csv").read_text()
     assert cli_main(["ladder", "recipe-check", str(path), "--out", str(out), "--plan-only"]) == 0
+    assert (out / "manifest.csv").read_text() == manifest
+    # a longer horizon extends the check in place: its runs stay, the new point's join
+    data = yaml.safe_load(path.read_text())
+    data["recipe"]["check"]["horizons"] = [*data["recipe"]["check"]["horizons"], 1.2e8]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert cli_main(["ladder", "recipe-check", str(path), "--out", str(out), "--plan-only"]) == 0
+    old_rows, new_rows = manifest.splitlines(), (out / "manifest.csv").read_text().splitlines()
+    assert new_rows[: len(old_rows)] == old_rows and len(new_rows) > len(old_rows)
+    plan = json.loads((out / PLAN_FILE).read_text())
+    assert max(r["tokens"] for r in plan["check_runs"]) == 1.2e8
+    # another recipe in the same directory is refused
+    data["recipe"]["lr"]["value"] = 1e-3
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert cli_main(["ladder", "recipe-check", str(path), "--out", str(out), "--plan-only"]) == 2
 
 
 def test_recipe_check_analysis_finds_the_optimum_and_the_loss_lost(tmp_path):

@@ -22,7 +22,8 @@ the recipe itself):
 The check must reach the planned hero (the plan's preflight hero at the largest of
 check.hero_computes): a check narrower than its width or shorter than its tokens is refused
 (exit 2, naming recipe.check.widths or recipe.check.horizons). Its runs form a ladder directory,
-so `ladder run`'s workers, resume and progress apply, and a rerun trains only what is missing.
+so `ladder run`'s workers, resume and progress apply: a rerun trains only what is missing, and a rerun
+with more points (e.g. a longer horizon for the fitted hero) extends the same directory.
 """
 
 from __future__ import annotations
@@ -192,13 +193,38 @@ def check_summary(spec: LadderSpec, rungs: list[Rung]) -> dict[str, Any]:
     }
 
 
+def _without_check(spec: LadderSpec) -> LadderSpec | None:
+    if spec.recipe is None:
+        return None
+    return dataclasses.replace(spec, recipe=dataclasses.replace(spec.recipe, check=None))
+
+
 def write_check(spec: LadderSpec, out: str | Path) -> tuple[list[Rung], list[CheckRun], dict[str, Any]]:
-    """Plan the check into `out` (a ladder directory; the same check there is a no-op, so a rerun resumes)."""
-    from delphi.ladder.plan import write_ladder
+    """Plan the check into `out` (a ladder directory). A rerun resumes it; a directory holding a check
+    of the same spec and recipe with other points is extended (its runs stay, new points join), so a
+    check short of the fitted hero grows where it stands."""
+    from delphi.io import atomic_write_yaml
+    from delphi.ladder.plan import (CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, manifest_csv, manifest_row, read_manifest,
+                                    write_ladder)
+    from delphi.ladder.spec import ladder_spec_to_dict, load_ladder_spec
+    from delphi.train.config import train_config_to_dict
 
     rungs, runs = plan_check(spec)
     summary = check_summary(spec, rungs)
-    write_ladder(spec, rungs, out)
+    out = Path(out)
+    if not (out / MANIFEST_FILE).is_file():
+        write_ladder(spec, rungs, out)
+    else:
+        if _without_check(load_ladder_spec(out / SPEC_FILE)) != _without_check(spec):
+            raise DelphiError(f"--out: {out} holds a recipe check of another ladder spec or recipe ({SPEC_FILE} differs "
+                              "outside recipe.check); choose a new directory")
+        rows = {row["run_id"]: row for row in read_manifest(out)}
+        for rung in rungs:
+            if rung.run_id not in rows:
+                atomic_write_yaml(out / CONFIG_DIR / f"{rung.run_id}.yaml", train_config_to_dict(rung.train))
+                rows[rung.run_id] = manifest_row(rung)
+        atomic_write_yaml(out / SPEC_FILE, ladder_spec_to_dict(spec))
+        atomic_write_text(out / MANIFEST_FILE, manifest_csv(list(rows.values())))
     atomic_write_text(Path(out) / PLAN_FILE, json.dumps({**summary, "check_runs": [dataclasses.asdict(r) for r in runs]},
                                                         indent=2) + "\n")
     return rungs, runs, summary
