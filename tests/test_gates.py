@@ -86,6 +86,27 @@ def _gate(gates, name):
     return next(g for g in gates if g.name == name)
 
 
+def _recipe_report(lost: list[float], carried: float | None = 0.0, reach: tuple[int, float] = (192, 6e7)) -> dict:
+    """A `delphi ladder recipe-check` report with one LR point per loss lost."""
+    points = [{"kind": "width", "point": f"d{16 * (i + 1)}@1e+06", "lost_frac": x, "runs": 6, "completed": 6}
+              for i, x in enumerate(lost)]
+    return {"points": points, "trend": {"carried_lost_frac": carried}, "reach": {"widest": reach[0], "longest": reach[1]}}
+
+
+def test_gate_recipe_refuses_a_point_or_a_trend_losing_more_than_half_a_percent():
+    ok = gt.gate_recipe(_recipe_report([0.001, 0.0049], carried=0.003))
+    assert ok.passed and ok.value == pytest.approx(0.0049)
+    bad = gt.gate_recipe(_recipe_report([0.001, 0.006]))
+    assert not bad.passed and "0.60%" in bad.detail
+    assert not gt.gate_recipe(_recipe_report([0.001, 0.002], carried=0.0051)).passed  # the trend carried to the hero
+    assert not gt.gate_recipe(_recipe_report([0.001, None])).passed  # a point without a result
+    assert not gt.gate_recipe({"points": []}).passed
+    # a hero wider or longer than the check reached
+    assert not gt.gate_recipe(_recipe_report([0.001]), {"d_model": 224.0, "tokens": 1e7}).passed
+    assert not gt.gate_recipe(_recipe_report([0.001]), {"d_model": 160.0, "tokens": 7e7}).passed
+    assert gt.gate_recipe(_recipe_report([0.001]), {"d_model": 160.0, "tokens": 5e7}).passed
+
+
 def test_every_gate_passes_on_a_good_ladder(good):
     table, fit, cfg = good["table"], good["fit"], good["cfg"]
     raw = pd.read_csv(good["root"] / "results.csv")
@@ -100,7 +121,8 @@ def test_every_gate_passes_on_a_good_ladder(good):
     gates = gt.evaluate_gates(fit=fit, table=raw, final=good["final"], hero=gt.hero_facts(cfg),
                               thresholds=gt.GateThresholds(tolerance_rel=0.01), backtest=bt, lobo=lobo, rehearsal=rehearsal,
                               cross_checks=cross_checks, lr_drift=lr_drift,
-                              probes={"probe10x": {"compute": 3e14, "predicted": 1.4, "actual": 1.404, "rel_error": 0.003}})
+                              probes={"probe10x": {"compute": 3e14, "predicted": 1.4, "actual": 1.404, "rel_error": 0.003}},
+                              recipe_check=_recipe_report([0.001, 0.002], reach=(cfg.model.d_model, float(cfg.tokens))))
     assert [g.name for g in gates] == list(gt.GATE_NAMES)
     assert all(g.passed for g in gates), gt.gate_lines(g for g in gates if not g.passed)
     assert all(g.threshold and g.detail for g in gates)
@@ -460,13 +482,26 @@ def _create(args, capsys):
     return code, (json.loads(captured.out) if captured.out.strip() else None), captured.err
 
 
+def test_prereg_create_refuses_a_recipe_that_loses_more_than_half_a_percent(good, tmp_path, capsys):
+    report = tmp_path / "recipe_check.json"
+    report.write_text(json.dumps(_recipe_report([0.001, 0.007], reach=(1024, 1e12))))
+    out = tmp_path / "recipe.yaml"
+    code, _, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]),
+                            "--results", str(good["root"] / "results.csv"), "--out", str(out), "--bootstrap", "5",
+                            "--recipe-check", str(report)], capsys)
+    assert code == 1 and not out.exists()
+    gates = {g["name"]: g for g in json.loads((tmp_path / "recipe.gates.json").read_text())["gates"]}
+    assert not gates["recipe"]["passed"] and "0.70%" in gates["recipe"]["detail"]
+    assert all(g["passed"] for name, g in gates.items() if name != "recipe")
+
+
 def test_prereg_create_seals_when_every_gate_passes(good, tmp_path, capsys):
     out = tmp_path / "good.yaml"
     code, result, err = _create(["--fit", str(good["root"] / "fit.json"), "--hero", str(good["hero"]),
                                  "--results", str(good["root"] / "results.csv"), "--out", str(out), "--bootstrap", "5"], capsys)
     assert code == 0, err
     doc = fmt.read(out)
-    assert doc["forced"] is False and [g["name"] for g in doc["gates"]] == list(gt.GATE_NAMES[:-3])
+    assert doc["forced"] is False and [g["name"] for g in doc["gates"]] == list(gt.GATE_NAMES[:-4])
     assert all(g["passed"] for g in doc["gates"]) and fmt.seal_status(doc)["ok"]
     assert json.loads((tmp_path / "good.gates.json").read_text())["sealed"] is True
     assert "PASS lobo_spread" in err

@@ -97,6 +97,17 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     add_json_flag(cal)
     cal.set_defaults(func=_lr_calibrate)
 
+    check = sub.add_parser(
+        "recipe-check",
+        help="train the recipe's LR and batch sweeps from the smallest rung to the planned hero; the loss it leaves on the table",
+    )
+    check.add_argument("spec", metavar="SPEC.yaml", help="a ladder spec with a recipe: section and its recipe.check")
+    check.add_argument("--out", required=True, metavar="DIR", help="a ladder directory; a rerun resumes it")
+    check.add_argument("--plan-only", action="store_true", help="plan the sweep and report its cost; train nothing")
+    check.add_argument("--workers", type=positive_int, default=None, help="parallel runs (default: as `ladder run`)")
+    add_json_flag(check)
+    check.set_defaults(func=_recipe_check)
+
     ladder.set_defaults(func=lambda args: (ladder.print_help(sys.stderr), ({}, 2))[1])
 
 
@@ -121,6 +132,10 @@ def _plan(args: argparse.Namespace) -> dict:
         row["epochs"] = e
     print(format_table(rows), file=sys.stderr)
     warnings = plan_health_warnings(spec, rungs)
+    if spec.recipe is not None:
+        from delphi.ladder.recipe import unsourced_constants
+
+        warnings += [f"{key}: no source (a citation or the measurement file it came from)" for key in unsourced_constants(spec.recipe)]
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     total = sum(float(r["flops"]) for r in rows)
@@ -266,3 +281,32 @@ def _lr_calibrate(args: argparse.Namespace) -> dict:
     print(result.summary(), file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return (result.to_json(), 1) if run["failed"] else result.to_json()
+
+
+def _recipe_check(args: argparse.Namespace):
+    from delphi.io import check_output_dir
+    from delphi.ladder.recipe_check import analyse, format_report, save_report, write_check
+    from delphi.ladder.spec import load_ladder_spec
+
+    check_output_dir(args.out, inputs=(args.spec,))
+    spec = load_ladder_spec(args.spec)
+    rungs, _, summary = write_check(spec, args.out)  # refuses a check that does not reach the hero, before writing
+    h = summary["hero"]
+    print(f"recipe check: {summary['runs']} runs, {summary['check_flops']:.3g} FLOPs = {summary['compute_ratio']:.1%} of the "
+          f"study's {summary['study_flops']:.3g} (ladder {summary['ladder_flops']:.3g} + runs beyond it; limit "
+          f"{summary['max_compute_ratio']:.0%}); expected wall {summary['check_wall_s_estimate'] / 3600:.2f} h on 2 cores "
+          f"(ladder: {summary['ladder_wall_s_estimate'] / 3600:.2f} h); planned hero {h['run_id']} "
+          f"(d{h['d_model']}, {h['tokens']:.3g} tokens)", file=sys.stderr)
+    if summary["compute_ratio"] > summary["max_compute_ratio"]:
+        print(f"warning: the check costs {summary['compute_ratio']:.1%} of the study, above "
+              f"{summary['max_compute_ratio']:.0%} (issue 29)", file=sys.stderr)
+    if args.plan_only:
+        return {"out": str(args.out), **summary}
+    from delphi.ladder.runner import run_ladder
+
+    run = run_ladder(args.out, workers=args.workers)
+    report = analyse(spec, args.out)
+    path = save_report(report, args.out)
+    print(format_report(report), file=sys.stderr)
+    print(f"wrote {path}", file=sys.stderr)
+    return (report, 1) if run["failed"] else report

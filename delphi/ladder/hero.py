@@ -71,6 +71,12 @@ def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> di
     for key, scope in RANGE_SCOPES.items():
         values = [r[key] for r in rows if scope == "ladder" or r["budget"] == top]
         out[key] = (min(values), max(values))
+    if spec.recipe is not None:
+        # Under a recipe batch and beta2 follow the run's tokens by the one rule, which the hero
+        # continues; what bounds them is the rule's caps (the recipe check sweeps the batch there).
+        r = spec.recipe
+        out["batch_tokens"] = (min(float(row["batch_tokens"]) for row in rows), float(r.max_seqs * spec.seq_len))
+        out["beta2"] = (r.beta2_min.value, r.beta2_max.value)
     return out
 
 
@@ -101,7 +107,8 @@ def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataF
     for key, (lo, hi) in ranges.items():
         v = values[key]
         inside = lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)
-        out[key] = {"hero": v, "ladder": [lo, hi], "inside": bool(inside), "scope": RANGE_SCOPES[key]}
+        scope = "recipe caps" if spec.recipe is not None and key in ("batch_tokens", "beta2") else RANGE_SCOPES[key]
+        out[key] = {"hero": v, "ladder": [lo, hi], "inside": bool(inside), "scope": scope}
     out["outside"] = [k for k in ranges if not out[k]["inside"]]
     out["inside"] = not out["outside"]
     return out
@@ -171,10 +178,15 @@ def plan_hero(
     candidates = []
     for model in _family_shapes_around(spec, params, convention):
         _, tokens = rung_tokens(model, spec.seq_len, compute)
+        run_id = f"hero_C{format_budget(compute)}_d{model.d_model}_L{model.n_layers}_s{seed}"
+        if spec.recipe is not None:  # the recipe's batch, as every rung's: no switch at the hero
+            rung = make_rung(spec, model, compute, seed, run_id=run_id)
+            if rung is not None:
+                candidates.append(rung)
+            continue
         own = batch_for_tokens(spec, tokens)
         if own is None:
             continue
-        run_id = f"hero_C{format_budget(compute)}_d{model.d_model}_L{model.n_layers}_s{seed}"
         rung = make_rung(spec, model, compute, seed, run_id=run_id, batch=min(own, top_batch))
         if rung is not None:
             candidates.append(rung)

@@ -79,6 +79,8 @@ def plan_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[f
                      batch: int | None = None) -> list[Rung]:
     """One rung per (point, multiplier): the ladder's own rung at that shape and horizon, LR scaled.
     Every rung trains `batch` sequences per step (None: the top budget's, which the hero continues)."""
+    if spec.recipe is not None:  # its rule is the recipe's, not transfer's: rule_drift would judge another rule
+        raise DelphiError("recipe: this ladder spec has a recipe; measure it with `delphi ladder recipe-check`")
     if not multipliers or len(set(multipliers)) != len(multipliers) or min(multipliers) <= 0:
         raise DelphiError(f"--multipliers: need distinct positive values, got {list(multipliers)}")
     if not points or len(set(points)) != len(points):

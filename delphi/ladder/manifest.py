@@ -32,6 +32,8 @@ MANIFEST_COLUMNS = (
     "beta1", "beta2", "eps", "weight_decay", "grad_clip", "schedule", "warmup_frac", "decay_frac",
     "mup_base_d_model", "mup_base_n_layers", "config",
 )
+# Appended to a recipe ladder's manifest only (an old ladder's manifest stays byte-identical).
+RECIPE_MANIFEST_COLUMNS = ("optimizer", "adam_lr", "batch_halvings", "recipe_caps")
 
 
 def manifest_row(rung: Rung) -> dict[str, object]:
@@ -80,6 +82,12 @@ def manifest_row(rung: Rung) -> dict[str, object]:
         "mup_base_d_model": m.mup.base_d_model if m.mup.enabled else 0,
         "mup_base_n_layers": m.mup.base_n_layers if m.mup.enabled else 0,
         "config": f"{CONFIG_DIR}/{rung.run_id}.yaml",
+        **({} if rung.hp.recipe is None else {
+            "optimizer": rung.hp.recipe.optimizer,
+            "adam_lr": rung.hp.recipe.adam_lr,
+            "batch_halvings": rung.hp.recipe.halvings,
+            "recipe_caps": "+".join(rung.hp.recipe.caps),
+        }),
     }
 
 
@@ -89,7 +97,8 @@ def _fmt(value: object) -> str:
 
 def manifest_csv(rows: list[dict[str, object]]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=MANIFEST_COLUMNS, lineterminator="\n")
+    recipe = any("adam_lr" in row for row in rows)
+    writer = csv.DictWriter(buf, fieldnames=MANIFEST_COLUMNS + (RECIPE_MANIFEST_COLUMNS if recipe else ()), lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _fmt(v) for k, v in row.items()})

@@ -17,10 +17,16 @@ batch the largest power of two of sequences that still leaves >= min_steps
 steps, and its steps round(tokens / batch tokens): the achieved FLOPs are then
 within 1 / (2 * min_steps) of the budget, and the plan checks the spec's
 tolerance anyway.
+
+Under a spec's `recipe:` every run -- rung, anchor, calibration or recipe-check point,
+rehearsal, probe, hero -- takes its batch and hyperparameters from delphi.ladder.recipe
+(inside `make_rung`), each from its own tokens: no one-batch-per-budget rule and no clip to
+the top budget's batch, so nothing switches between the ladder and the hero.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import re
@@ -36,6 +42,8 @@ from delphi.train.config import DataConfig, OptimConfig, TrainConfig
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from delphi.ladder.recipe import RecipeHyperparams
 
     from delphi.data.loader import TokenStore
     from delphi.fits.allocation import FlopsFamily
@@ -135,6 +143,8 @@ class Hyperparams:
     lr_batch_factor: float  # the corrections applied to base.lr, for the manifest
     lr_horizon_factor: float
     lr_width_factor: float
+    # Set under a spec's `recipe:` (delphi.ladder.recipe), which adds them to the manifest.
+    recipe: "RecipeHyperparams | None" = None
 
 
 def transfer(spec: LadderSpec, d_model: int, batch_tokens: int, tokens: float) -> Hyperparams:
@@ -254,9 +264,19 @@ def make_rung(
     """The rung training `model` on exactly `budget` FLOPs, or None when it cannot get min_steps steps.
 
     `batch` (sequences per step) overrides the rung's own batch rule (used for one batch per budget).
+    Under a spec's `recipe:` the batch is the recipe's for these tokens (`batch` overrides it only for
+    the recipe check's batch sweep) and every hyperparameter is the recipe's (delphi.ladder.recipe).
     """
     fpt, tokens = rung_tokens(model, spec.seq_len, budget)
-    batch = batch if batch is not None else batch_for_tokens(spec, tokens)
+    halvings = 0
+    if spec.recipe is not None:
+        from delphi.ladder.recipe import recipe_batch_seqs
+
+        rule_batch, rule_halvings = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len)
+        batch = batch if batch is not None else rule_batch
+        halvings = rule_halvings if batch == rule_batch else 0
+    else:
+        batch = batch if batch is not None else batch_for_tokens(spec, tokens)
     if batch is None:
         return None
     steps_raw = tokens / (batch * spec.seq_len)
@@ -268,16 +288,22 @@ def make_rung(
     q = step_quantum(steps_raw, spec.tolerance)
     steps = max(q, q * round(steps_raw / q))
     batch_tokens = batch * spec.seq_len
-    hp = transfer(spec, model.d_model, batch_tokens, steps * batch_tokens)
     run = spec.run
     t = spec.transfer
     run_id = run_id or run_id_for(budget, model, seed)
-    # Evenly spaced events on multiples of q, so the trainer can fuse q steps per call.
-    every = lambda n: q * max(1, math.ceil(steps / (n * q)))  # noqa: E731
-    train = TrainConfig(
-        model=model,
-        data=DataConfig(store=run.store, seq_len=spec.seq_len, batch_size=batch, seed=seed),
-        optim=OptimConfig(
+    if spec.recipe is not None:
+        from delphi.ladder.recipe import optim_config, recipe_for_tokens
+
+        # Hyperparameters for the horizon the run trains (steps x batch), as the transfer rule's.
+        rhp = recipe_for_tokens(spec.recipe, steps * batch_tokens, spec.seq_len, batch_seqs=batch)
+        rhp = dataclasses.replace(rhp, halvings=halvings)
+        hp = Hyperparams(lr=rhp.lr, beta1=rhp.beta1, beta2=rhp.beta2, eps=rhp.eps, weight_decay=rhp.weight_decay,
+                         grad_clip=rhp.grad_clip, lr_batch_factor=rhp.lr_batch_factor,
+                         lr_horizon_factor=rhp.lr_horizon_factor, lr_width_factor=1.0, recipe=rhp)
+        optim = optim_config(rhp)
+    else:
+        hp = transfer(spec, model.d_model, batch_tokens, steps * batch_tokens)
+        optim = OptimConfig(
             lr=hp.lr,
             weight_decay=hp.weight_decay,
             beta1=hp.beta1,
@@ -289,7 +315,13 @@ def make_rung(
             decay_frac=t.decay_frac,
             decay_shape=t.decay_shape,
             min_lr_frac=t.min_lr_frac,
-        ),
+        )
+    # Evenly spaced events on multiples of q, so the trainer can fuse q steps per call.
+    every = lambda n: q * max(1, math.ceil(steps / (n * q)))  # noqa: E731
+    train = TrainConfig(
+        model=model,
+        data=DataConfig(store=run.store, seq_len=spec.seq_len, batch_size=batch, seed=seed),
+        optim=optim,
         steps=steps,
         seed=seed,
         precision=run.precision,
@@ -383,7 +415,7 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
         else:
             models = _pick_tokens_per_param(spec, i, budget, shapes)
         batch = None
-        if spec.batch.rule == "budget":
+        if spec.batch.rule == "budget" and spec.recipe is None:  # a recipe sizes every run's batch itself
             # The rung with the fewest tokens sets the batch: every rung then gets >= min_steps.
             fewest = min(rung_tokens(m, spec.seq_len, budget)[1] for m in models)
             batch = batch_for_tokens(spec, fewest)
@@ -411,7 +443,8 @@ def plan_anchors(spec: LadderSpec, rungs: list[Rung]) -> list[Rung]:
     if spec.anchors is None:
         return []
     top = max(spec.budgets)
-    top_batch = max(r.batch_size for r in rungs if r.budget == top)
+    # Under a recipe every run takes the recipe's batch for its own tokens (one batch rule throughout).
+    top_batch = max(r.batch_size for r in rungs if r.budget == top) if spec.recipe is None else None
     budget = spec.anchors.multiple * top
     out = []
     for width in spec.anchors.widths:

@@ -18,6 +18,7 @@ from typing import Literal
 
 from delphi.config_schema import from_dict, load_config, to_dict
 from delphi.errors import DelphiError
+from delphi.ladder.recipe import RecipeSpec, check_owned_keys, drop_owned_keys
 from delphi.model.config import (
     DEEPSEEK_V3_BIAS_UPDATE_RATE,
     ST_MOE_Z_LOSS_WEIGHT,
@@ -220,6 +221,9 @@ class LadderSpec:
     run: RunSpec = field(default_factory=RunSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
     anchors: AnchorSpec | None = None
+    # Batch, optimizer, LR per group, eps, beta2 and schedule of every run (delphi.ladder.recipe);
+    # None: the batch rule of `batch:` and the transfer rule of `transfer:` and `base:` (old specs).
+    recipe: RecipeSpec | None = None
 
     def seeds_for(self, budget: float) -> tuple[int, ...]:
         """The seeds of the rungs at `budget`: run.top_seeds at the top budget when given."""
@@ -331,6 +335,8 @@ class LadderSpec:
             need(len(set(a.widths)) == len(a.widths), "anchors.widths", f"widths must be distinct, got {list(a.widths)}")
             need(a.multiple > 1, "anchors.multiple", f"must be > 1 (x the top budget), got {a.multiple}")
             need(a.seeds is None or a.seeds >= 1, "anchors.seeds", f"must be >= 1 (or null: the top budget's seeds), got {a.seeds}")
+        if self.recipe is not None:
+            self.recipe.validate("recipe")
         h = self.health
         need(0 <= h.max_drop_frac <= 1, "health.max_drop_frac", f"must be in [0, 1], got {h.max_drop_frac}")
         for key in ("min_layers", "min_d_model", "min_evals", "min_eval_tokens"):
@@ -339,6 +345,7 @@ class LadderSpec:
 
 
 def ladder_spec_from_dict(data: dict) -> LadderSpec:
+    check_owned_keys(data)
     return from_dict(LadderSpec, data).validate()
 
 
@@ -347,4 +354,4 @@ def load_ladder_spec(path: str | Path) -> LadderSpec:
 
 
 def ladder_spec_to_dict(spec: LadderSpec) -> dict:
-    return to_dict(spec)
+    return drop_owned_keys(to_dict(spec))

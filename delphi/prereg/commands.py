@@ -57,6 +57,8 @@ def add_commands(subparsers) -> None:
                         "same fractions of training) instead of the curve law fitted on the ladder")
     p.add_argument("--lr-calibration", metavar="LR_CALIBRATION.json", nargs="+",
                    help="`delphi ladder lr-calibrate` reports: gate lr_transfer checks --ladder's LR rule against their points")
+    p.add_argument("--recipe-check", metavar="RECIPE_CHECK.json", default=None,
+                   help="a `delphi ladder recipe-check` report: gate recipe refuses a recipe that loses > 0.5%% anywhere")
     p.add_argument("--backtest", help="BACKTEST.json of the same law (default: refitted here)")
     p.add_argument("--min-seeds", type=int, default=None, help="gate: seeds needed in every ladder cell (default 2)")
     p.add_argument("--interval-factor", type=float, default=None, help="gate: 90%% half-width <= this x tolerance (default 1.5)")
@@ -124,7 +126,7 @@ def _create(args: argparse.Namespace):
 
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
     check_output_file(args.out, inputs=(args.fit, args.hero, args.results, args.curve_fit, args.backtest, args.rehearsal,
-                                        *(args.lr_calibration or ()), *args.probe))
+                                        *(args.lr_calibration or ()), *args.probe, args.recipe_check))
     backtest = read_json(args.backtest, what="backtest JSON") if args.backtest else None
     try:
         doc = create_prereg(
@@ -138,6 +140,7 @@ def _create(args: argparse.Namespace):
             lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
             probe_runs=[Path(p) for p in args.probe], probe_correction=args.probe_correction, probe_carry=args.probe_carry,
             noise_scope=args.noise_scope, trajectory_from_probes=args.trajectory_from_probes,
+            recipe_check=Path(args.recipe_check) if args.recipe_check else None,
         )
     except CheckFailed:
         for line in gt.gate_lines(gt.Gate.from_json(g) for g in json.loads(gates_path(Path(args.out)).read_text())["gates"]):

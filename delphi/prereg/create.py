@@ -274,7 +274,8 @@ def lr_drift_from(lr_calibration: list[Path] | None, ladder: Path | None) -> lis
 def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
                   lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = (),
-                  probe_correction: bool = False, probe_carry: str = "linear", noise_scope: str = "pooled") -> list:
+                  probe_correction: bool = False, probe_carry: str = "linear", noise_scope: str = "pooled",
+                  recipe_check: Path | None = None) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
     finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
@@ -287,11 +288,14 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     from delphi.prereg import gates as gt
 
     lr_drift = lr_drift_from(lr_calibration, ladder)
+    from delphi.ladder.recipe_check import read_report
+
+    recipe = read_report(recipe_check)  # gate recipe (issue 29)
     if results is None:
         if probe_runs:
             raise DelphiError("--probe: needs the results table (--results or --ladder) to score the laws on the probes")
         return gt.evaluate_gates(fit=fit, table=None, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
-                                 backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift)
+                                 backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift, recipe_check=recipe)
     fit_table, gate_table = load_tables(results, fit_convention(fit))
     noise = run_noise_nats(fit, fit_table, noise_scope)[0] if probe_runs else None
     probes = score_probes(fit, probe_runs, noise)
@@ -315,7 +319,8 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                              backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
                              cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs, noise_scope),
-                             lr_drift=lr_drift, probes=probes, probe_correction=probe_correction, probe_carry=probe_carry)
+                             lr_drift=lr_drift, probes=probes, probe_correction=probe_correction, probe_carry=probe_carry,
+                             recipe_check=recipe)
 
 
 def create_prereg(
@@ -343,6 +348,7 @@ def create_prereg(
     probe_carry: str = "linear",
     noise_scope: str = "pooled",
     trajectory_from_probes: bool = False,
+    recipe_check: Path | None = None,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -471,7 +477,8 @@ def create_prereg(
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
                               rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs,
-                              probe_correction=probe_correction, probe_carry=probe_carry, noise_scope=noise_scope)
+                              probe_correction=probe_correction, probe_carry=probe_carry, noise_scope=noise_scope,
+                              recipe_check=recipe_check)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal

@@ -64,7 +64,7 @@ PROBE_NOISE_Z = 2.0
 
 GATE_NAMES = ("isoflop_vertices", "backtest", "lobo_spread", "interval_width", "frontier_slopes",
               "rung_health", "seeds", "hero_ranges", "hero_depth", "method_agreement", "fit_status",
-              "dress_rehearsal", "probes", "lr_transfer")
+              "dress_rehearsal", "probes", "lr_transfer", "recipe")
 
 
 @dataclass(frozen=True)
@@ -618,6 +618,17 @@ def gate_lr_transfer(drift: list[dict], hero: dict[str, float], tolerance_rel: f
     return Gate("lr_transfer", not problems, worst, threshold, detail)
 
 
+def gate_recipe(report: dict, hero: dict[str, float] | None = None) -> Gate:
+    """The recipe loses <= 0.5% at every point of its check, and its trend carries <= 0.5% to the
+    hero, whose width and tokens the check reached (issue 29; delphi.ladder.recipe_check)."""
+    from delphi.ladder.recipe_check import MAX_LOST_FRAC, gate_problems
+
+    threshold = (f"every recipe-check point and the trend carried to the hero lose <= {MAX_LOST_FRAC:.1%} against the "
+                 "sweep's optimum; the check reaches the hero's width and tokens")
+    problems, parts, worst = gate_problems(report, hero)
+    return Gate("recipe", not problems, worst, threshold, _join(problems) if problems else _join(parts, limit=8))
+
+
 # --------------------------------------------------------------------------- all together
 
 
@@ -638,6 +649,7 @@ def evaluate_gates(
     probes: dict[str, dict] | None = None,
     probe_correction: bool = False,
     probe_carry: str = "linear",
+    recipe_check: dict | None = None,
 ) -> list[Gate]:
     """Every gate, in a fixed order. `fit` is the primary FitResult; `table` the results table
     (one row per run and seed); `final` the hero's prediction {loss, loss_90}; `hero` from
@@ -648,7 +660,7 @@ def evaluate_gates(
     the ladder's LR rule against a calibration (`gate_lr_transfer`; no gate without one); `probes`
     the primary law against finished runs beyond the ladder (`gate_probes`; no gate without any);
     `probe_correction` whether `final` is the primary law corrected by the probes' trend, carried by
-    `probe_carry`."""
+    `probe_carry`; `recipe_check` a `delphi ladder recipe-check` report (`gate_recipe`; no gate without one)."""
     from delphi.ladder.hero import HERO_MAX_OFF_OPTIMUM
 
     agreement = gate_method_agreement(float(final["loss"]), cross_checks, thresholds.tol("agreement"))
@@ -668,6 +680,8 @@ def evaluate_gates(
             gates.append(gate_probes(probes, thresholds.tol("rehearsal"), corrected=probe_correction, carry=probe_carry))
         if lr_drift is not None:
             gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
+        if recipe_check is not None:
+            gates.append(gate_recipe(recipe_check, hero))
         return gates
     noise = (getattr(fit, "diagnostics", None) or {}).get("seed_noise_nats")
     noise = float(noise) if isinstance(noise, (int, float)) and math.isfinite(noise) else pooled_seed_noise(table)
@@ -691,6 +705,8 @@ def evaluate_gates(
                                  hero_compute=hero.get("flops"), corrected=probe_correction, carry=probe_carry))
     if lr_drift is not None:
         gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
+    if recipe_check is not None:
+        gates.append(gate_recipe(recipe_check, hero))
     return gates
 
 

@@ -75,6 +75,8 @@ class GatesSpec:
     # gate probes scores the primary law on them and method_agreement sets aside a cross-check law
     # they reject. Empty: the dress rehearsal is the only such run.
     probes: tuple[str, ...] = ()
+    # A `delphi ladder recipe-check` report (relative to the study file): gate recipe (issue 29).
+    recipe_check: str | None = None
     interval_width_factor: float = 1.5  # issue 10: 90% half-width <= 1.5 x tolerance
     min_seeds: int = 2  # issue 10: >= 2 seeds per rung
 

@@ -355,7 +355,8 @@ def stage_gates(study: Study) -> dict:
                           backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
                           rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
                           lr_calibration=_lr_calibration(study), probe_runs=probes, probe_correction=correct,
-                          probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope)
+                          probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope,
+                          recipe_check=getattr(study, "recipe_check", None))
     deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
     deciding = [g for g in gates if g not in deferred]
     report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
@@ -466,6 +467,7 @@ def stage_prereg(study: Study) -> dict:
         lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
         probe_correction=study.spec.hero.probe_correction, probe_carry=study.spec.hero.probe_carry,
         noise_scope=study.spec.hero.noise_scope, trajectory_from_probes=study.spec.hero.trajectory == "probes",
+        recipe_check=getattr(study, "recipe_check", None),
     )
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}
@@ -543,6 +545,9 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
                           "as the study's refusal prints it)")
     spec, ladder_spec_path, prereg, calibrations, probes = load_study(study_path)
     study = Study(out, spec, ladder_spec_path, prereg, calibrations, probes, accept_store)
+    from delphi.ladder.recipe_check import study_report_path
+
+    study.recipe_check = study_report_path(study_path, spec.gates.recipe_check)
     _pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:

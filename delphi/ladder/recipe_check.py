@@ -1,0 +1,510 @@
+"""How much loss does the recipe leave on the table, from the smallest rung to the planned hero?
+`delphi ladder recipe-check SPEC --out DIR` (issue 29; Marin's recipe checks: the recipe's values
+must sit in the low-loss region at the extremes, not only at the centre).
+
+The sweep (the spec's `recipe.check`, every run planned by `delphi.ladder.plan.make_rung`, so by
+the recipe itself):
+
+    width points    each of check.widths at check.width_tokens tokens (a short horizon)
+    horizon points  each of check.horizons (tokens) at check.horizon_width
+    at every point  the projection LR x each of check.lr_multipliers (first seed), and
+                    check.seeds at multiplier 1
+    batch sweep     at the widest and the longest point: the recipe's batch x check.batch_multipliers,
+                    every other hyperparameter the recipe's at that batch
+
+    per point       quadratic in log2 LR around the best multiplier -> the fitted optimum;
+                    lost = loss at the recipe's LR (seed mean) / optimum - 1
+    trend           lost against log width (width points) and log tokens (horizon points), each a
+                    least-squares line evaluated at the planned hero; the larger is "carried"
+    drift           log m* = a + b log(d / horizon_width) + c log(T / T0): the LR optimum in units
+                    of the recipe's; the recipe's eta0 x e^a and horizon exponent p - c fit the sweep
+
+The check must reach the planned hero (the plan's preflight hero at the largest of
+check.hero_computes): a check narrower than its width or shorter than its tokens is refused
+(exit 2, naming recipe.check.widths or recipe.check.horizons). Its runs form a ladder directory,
+so `ladder run`'s workers, resume and progress apply: a rerun trains only what is missing, and a rerun
+with more points (e.g. a longer horizon for the fitted hero) extends the same directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from delphi.errors import DelphiError
+from delphi.io import atomic_write_text
+from delphi.ladder.plan import (RUNS_DIR, Rung, expected_depths, expected_optimum, make_rung, plan_hero, plan_ladder,
+                                shape_for_width)
+from delphi.ladder.recipe import RecipeCheckSpec, recipe_batch_seqs
+from delphi.ladder.spec import LadderSpec
+from delphi.model.flops import flops_per_token
+
+REPORT_FILE = "recipe_check.json"
+PLAN_FILE = "recipe_check_plan.json"
+# Issue 29: the check may cost at most a fifth of the study it checks (ladder + runs beyond it).
+MAX_COMPUTE_RATIO = 0.2
+# Gate `recipe` (issue 29): no point may lose more than this share of its loss to the recipe's LR or
+# batch, and the trend in width or horizon carried to the hero may not either.
+MAX_LOST_FRAC = 0.005
+# The quadratic in log2 LR uses the best multiplier and two on each side (five points on the
+# default grid); in log2 batch, the best and one on each side.
+LR_FIT_NEIGHBOURS = 2
+BATCH_FIT_NEIGHBOURS = 1
+# The hero may train this share more tokens than the longest horizon (or be this share wider than the
+# widest point) and still count as reached: the plan rounds steps to its step quantum (spec.tolerance).
+REACH_SLACK_REL = 0.01
+# Wall estimate on the project's 2-core CPUs, fitted on the completed runs of paper/v2-v7 (456 run
+# summaries, MoE family, f32): train time per step = 4.2 ms + FLOPs per step / 46.2 GFLOP/s per worker
+# (two workers at once), plus 22 s per run outside training (compile, evaluations, checkpoints; mean).
+STEP_OVERHEAD_S = 4.2e-3
+WORKER_FLOPS_PER_S = 46.2e9
+RUN_FIXED_S = 22.0
+CPU_WORKERS = 2
+
+
+def estimate_wall_s(rungs: list[Rung], workers: int = CPU_WORKERS) -> float:
+    """Expected wall seconds to train `rungs` on `workers` workers of the project's 2-core CPU."""
+    core_s = sum(r.steps * (STEP_OVERHEAD_S + r.flops / r.steps / WORKER_FLOPS_PER_S) + RUN_FIXED_S for r in rungs)
+    return core_s / workers
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    run_id: str
+    kind: str  # "width", "horizon" or "batch"
+    point: str  # "d{d}@{tokens:.3g}"
+    d_model: int
+    tokens: float
+    lr_multiplier: float
+    batch_multiplier: float
+    seed: int
+
+
+def planned_hero(spec: LadderSpec) -> Rung:
+    """The plan's preflight hero at the largest of recipe.check.hero_computes: the family shape at
+    the spec's expected N*, at a depth the ladder trains near its optimum (`plan_hero`)."""
+    check = _check(spec)
+    compute = max(check.hero_computes)
+    return plan_hero(spec, expected_optimum(spec, compute), compute, depths=expected_depths(spec))
+
+
+def _check(spec: LadderSpec) -> RecipeCheckSpec:
+    if spec.recipe is None:
+        raise DelphiError("recipe: the ladder spec has no recipe section; a recipe check checks a recipe")
+    if spec.recipe.check is None:
+        raise DelphiError("recipe.check: missing; give widths, width_tokens, horizons, horizon_width and hero_computes")
+    return spec.recipe.check
+
+
+def check_reach(spec: LadderSpec, rungs: list[Rung], hero: Rung) -> None:
+    """DelphiError naming the key when the check's points do not span the smallest rung to the hero."""
+    c = _check(spec)
+    smallest = min(rungs, key=lambda r: (r.model.d_model, r.tokens))
+    if max(c.widths) < hero.model.d_model:
+        raise DelphiError(f"recipe.check.widths: the widest point (d{max(c.widths)}) does not reach the planned hero's "
+                          f"width d{hero.model.d_model} ({hero.run_id}); add d{hero.model.d_model} or wider")
+    if max(c.horizons) * (1 + REACH_SLACK_REL) < hero.tokens:
+        raise DelphiError(f"recipe.check.horizons: the longest horizon ({max(c.horizons):.3g} tokens) does not reach the "
+                          f"planned hero's {hero.tokens:.3g} tokens ({hero.run_id}); add a horizon >= {hero.tokens:.3g}")
+    if min(c.widths) > smallest.model.d_model:
+        raise DelphiError(f"recipe.check.widths: the narrowest point (d{min(c.widths)}) is wider than the smallest rung "
+                          f"(d{smallest.model.d_model}, {smallest.run_id})")
+    shortest = min(r.tokens for r in rungs)
+    if min(c.horizons) > shortest * (1 + REACH_SLACK_REL) and c.width_tokens > shortest * (1 + REACH_SLACK_REL):
+        raise DelphiError(f"recipe.check.width_tokens: neither it ({c.width_tokens:.3g}) nor the shortest horizon "
+                          f"({min(c.horizons):.3g}) reaches down to the ladder's shortest rung ({shortest:.3g} tokens)")
+
+
+def _point_rung(spec: LadderSpec, d_model: int, tokens: float, seed: int, run_id: str, batch: int | None = None) -> Rung:
+    model = shape_for_width(spec, d_model)
+    rung = make_rung(spec, model, tokens * flops_per_token(model, spec.seq_len), seed, run_id=run_id, batch=batch)
+    if rung is None:  # pragma: no cover - the recipe always finds a batch
+        raise DelphiError(f"recipe.check: no run at d{d_model}@{tokens:.3g}")
+    return rung
+
+
+def _with_lr(rung: Rung, multiplier: float) -> Rung:
+    """The rung with its projection LR (AdamH) or its LR (AdamW) times `multiplier`."""
+    if multiplier == 1.0:
+        return rung
+    lr = rung.train.optim.lr * multiplier
+    train = dataclasses.replace(rung.train, optim=dataclasses.replace(rung.train.optim, lr=lr))
+    return dataclasses.replace(rung, hp=dataclasses.replace(rung.hp, lr=lr), train=train)
+
+
+def _renamed(rung: Rung, run_id: str) -> Rung:
+    return dataclasses.replace(rung, run_id=run_id, train=dataclasses.replace(rung.train, name=run_id))
+
+
+def plan_check(spec: LadderSpec) -> tuple[list[Rung], list[CheckRun]]:
+    """Every run of the recipe check (deduplicated by run id) and what each measures."""
+    c = _check(spec)
+    points = [("width", d, c.width_tokens) for d in sorted(set(c.widths))]
+    points += [("horizon", c.horizon_width, t) for t in sorted(set(c.horizons))]
+    rungs: dict[str, Rung] = {}
+    runs: list[CheckRun] = []
+
+    def add(kind: str, d: int, tokens: float, m: float, b: float, seed: int, batch: int | None) -> None:
+        base = _point_rung(spec, d, tokens, seed, "tmp", batch)
+        run_id = f"RC_d{d}_L{base.model.n_layers}_T{tokens:.3g}_B{base.batch_size}_x{m:g}_s{seed}"
+        rungs.setdefault(run_id, _renamed(_with_lr(base, m), run_id))
+        runs.append(CheckRun(run_id, kind, f"d{d}@{tokens:.3g}", d, float(tokens), float(m), float(b), seed))
+
+    for kind, d, tokens in points:
+        for m in sorted(set(c.lr_multipliers)):
+            for seed in (c.seeds if m == 1.0 else c.seeds[:1]):
+                add(kind, d, tokens, m, 1.0, seed, None)
+    widest = max(c.widths)
+    longest = max(c.horizons)
+    assert spec.recipe is not None
+    for d, tokens in ((widest, c.width_tokens), (c.horizon_width, longest)):
+        rule, _ = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len)
+        for b in sorted(set(c.batch_multipliers)):
+            seqs = max(1, round(rule * b))
+            if seqs == rule:
+                continue
+            add("batch", d, tokens, 1.0, seqs / rule, c.seeds[0], seqs)
+    return list(rungs.values()), runs
+
+
+def check_summary(spec: LadderSpec, rungs: list[Rung]) -> dict[str, Any]:
+    """Compute and wall of the check against the study's (ladder + the runs beyond it), and the hero."""
+    c = _check(spec)
+    ladder = plan_ladder(spec)
+    hero = planned_hero(spec)
+    check_reach(spec, ladder, hero)
+    check_flops = sum(r.flops for r in rungs)
+    study_flops = sum(r.flops for r in ladder) + sum(c.hero_computes)
+    return {
+        "hero": {"run_id": hero.run_id, "d_model": hero.model.d_model, "n_layers": hero.model.n_layers,
+                 "tokens": float(hero.tokens), "flops": hero.flops, "batch_size": hero.batch_size, "steps": hero.steps},
+        "runs": len(rungs),
+        "check_flops": check_flops,
+        "ladder_flops": sum(r.flops for r in ladder),
+        "study_flops": study_flops,
+        "compute_ratio": check_flops / study_flops,
+        "max_compute_ratio": MAX_COMPUTE_RATIO,
+        "check_wall_s_estimate": estimate_wall_s(rungs),
+        "ladder_wall_s_estimate": estimate_wall_s(ladder),
+    }
+
+
+def _without_check(spec: LadderSpec) -> LadderSpec | None:
+    if spec.recipe is None:
+        return None
+    return dataclasses.replace(spec, recipe=dataclasses.replace(spec.recipe, check=None))
+
+
+def write_check(spec: LadderSpec, out: str | Path) -> tuple[list[Rung], list[CheckRun], dict[str, Any]]:
+    """Plan the check into `out` (a ladder directory). A rerun resumes it; a directory holding a check
+    of the same spec and recipe with other points is extended (its runs stay, new points join), so a
+    check short of the fitted hero grows where it stands."""
+    from delphi.io import atomic_write_yaml
+    from delphi.ladder.plan import (CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, manifest_csv, manifest_row, read_manifest,
+                                    write_ladder)
+    from delphi.ladder.spec import ladder_spec_to_dict, load_ladder_spec
+    from delphi.train.config import train_config_to_dict
+
+    rungs, runs = plan_check(spec)
+    summary = check_summary(spec, rungs)
+    out = Path(out)
+    if not (out / MANIFEST_FILE).is_file():
+        write_ladder(spec, rungs, out)
+    else:
+        if _without_check(load_ladder_spec(out / SPEC_FILE)) != _without_check(spec):
+            raise DelphiError(f"--out: {out} holds a recipe check of another ladder spec or recipe ({SPEC_FILE} differs "
+                              "outside recipe.check); choose a new directory")
+        rows = {row["run_id"]: row for row in read_manifest(out)}
+        for rung in rungs:
+            if rung.run_id not in rows:
+                atomic_write_yaml(out / CONFIG_DIR / f"{rung.run_id}.yaml", train_config_to_dict(rung.train))
+                rows[rung.run_id] = manifest_row(rung)
+        atomic_write_yaml(out / SPEC_FILE, ladder_spec_to_dict(spec))
+        atomic_write_text(out / MANIFEST_FILE, manifest_csv(list(rows.values())))
+    atomic_write_text(Path(out) / PLAN_FILE, json.dumps({**summary, "check_runs": [dataclasses.asdict(r) for r in runs]},
+                                                        indent=2) + "\n")
+    return rungs, runs, summary
+
+
+# ---- analysis ------------------------------------------------------------------------------------
+
+
+def _final_loss(run_dir: Path) -> float:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return math.nan
+    loss = summary.get("val_loss")
+    return float(loss) if summary.get("status") == "completed" and loss is not None else math.nan
+
+
+def _sweep(xs: list[float], losses: list[float], at: float, neighbours: int) -> dict[str, Any]:
+    """Quadratic in log2 x around the best finite point: the optimum, and the loss at `at` above it."""
+    import numpy as np
+
+    from delphi.fits.lr_optimum import fit_quadratic
+
+    finite = [(x, y) for x, y in zip(xs, losses) if math.isfinite(y)]
+    out: dict[str, Any] = {"x": xs, "losses": losses, "x_opt": None, "interior": False, "loss_opt": None,
+                           "loss_at_recipe": None, "lost_frac": None, "curvature": None, "best_x": None}
+    at_loss = [y for x, y in zip(xs, losses) if x == at and math.isfinite(y)]
+    if at_loss:
+        out["loss_at_recipe"] = float(np.mean(at_loss))
+    if not finite:
+        return out
+    best_x, best_y = min(finite, key=lambda xy: xy[1])
+    out["best_x"] = best_x
+    loss_opt = best_y
+    if len({x for x, _ in finite}) >= 3:
+        # one loss per x (the seed mean) for the fit
+        grouped: dict[float, list[float]] = {}
+        for x, y in finite:
+            grouped.setdefault(x, []).append(y)
+        gx = sorted(grouped)
+        fit = fit_quadratic(np.array(gx), np.array([float(np.mean(grouped[x])) for x in gx]), neighbours)
+        if fit.lr_opt is not None and fit.loss_opt is not None:
+            out.update(x_opt=fit.lr_opt, interior=bool(fit.interior), curvature=fit.coef[2] if fit.coef else None)
+            if fit.interior:
+                loss_opt = min(loss_opt, fit.loss_opt)
+    out["loss_opt"] = float(loss_opt)
+    if out["loss_at_recipe"] is not None:
+        out["lost_frac"] = out["loss_at_recipe"] / loss_opt - 1
+    return out
+
+
+def _trend(xs: list[float], ys: list[float | None], at: float) -> float | None:
+    """Least-squares line of ys on log xs, evaluated at log `at` (None with < 2 distinct points)."""
+    import numpy as np
+
+    pairs = [(math.log(x), y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+    if len({p[0] for p in pairs}) < 2:
+        return None
+    slope, intercept = np.polyfit([p[0] for p in pairs], [p[1] for p in pairs], 1)
+    return float(intercept + slope * math.log(at))
+
+
+def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
+    """The report of the check planned in `out` (its plan file and the runs' summaries)."""
+    import numpy as np
+
+    from delphi.io import read_json
+
+    out = Path(out)
+    plan = read_json(out / PLAN_FILE, what="recipe-check plan")
+    runs = [CheckRun(**r) for r in plan["check_runs"]]
+    loss = {r.run_id: _final_loss(out / RUNS_DIR / r.run_id) for r in runs}
+    c = _check(spec)
+    assert spec.recipe is not None
+    points = []
+    for kind in ("width", "horizon"):
+        by_point: dict[str, list[CheckRun]] = {}
+        for r in runs:
+            if r.kind == kind:
+                by_point.setdefault(r.point, []).append(r)
+        for name, rs in sorted(by_point.items(), key=lambda kv: (kv[1][0].d_model, kv[1][0].tokens)):
+            xs = [r.lr_multiplier for r in rs]
+            sweep = _sweep(xs, [loss[r.run_id] for r in rs], 1.0, LR_FIT_NEIGHBOURS)
+            seeds = [loss[r.run_id] for r in rs if r.lr_multiplier == 1.0]
+            finite_seeds = [s for s in seeds if math.isfinite(s)]
+            points.append({"kind": kind, "point": name, "d_model": rs[0].d_model, "tokens": rs[0].tokens,
+                           "swept": "lr", "m_opt": sweep["x_opt"], **sweep,
+                           "seed_sd": float(np.std(finite_seeds, ddof=1)) if len(finite_seeds) >= 2 else None,
+                           "runs": len(rs), "completed": sum(math.isfinite(loss[r.run_id]) for r in rs)})
+    # batch sweeps: the batch runs plus the point's own seed-0 run at the recipe's batch and LR
+    batch_points = sorted({r.point for r in runs if r.kind == "batch"})
+    for name in batch_points:
+        rs = [r for r in runs if r.point == name and (r.kind == "batch" or (r.lr_multiplier == 1.0 and r.seed == c.seeds[0]))]
+        seen: dict[str, CheckRun] = {r.run_id: r for r in rs}
+        rs = list(seen.values())
+        sweep = _sweep([r.batch_multiplier for r in rs], [loss[r.run_id] for r in rs], 1.0, BATCH_FIT_NEIGHBOURS)
+        points.append({"kind": "batch", "point": name, "d_model": rs[0].d_model, "tokens": rs[0].tokens, "swept": "batch",
+                       "m_opt": None, **sweep, "seed_sd": None, "runs": len(rs),
+                       "completed": sum(math.isfinite(loss[r.run_id]) for r in rs)})
+    hero = plan["hero"]
+    width_pts = [p for p in points if p["kind"] == "width"]
+    horizon_pts = [p for p in points if p["kind"] == "horizon"]
+    trend_width = _trend([p["d_model"] for p in width_pts], [p["lost_frac"] for p in width_pts], hero["d_model"])
+    trend_horizon = _trend([p["tokens"] for p in horizon_pts], [p["lost_frac"] for p in horizon_pts], hero["tokens"])
+    carried = max([t for t in (trend_width, trend_horizon) if t is not None], default=None)
+    drift = _drift([p for p in points if p["swept"] == "lr"], c.horizon_width, spec.recipe.ref_tokens.value)
+    r = spec.recipe
+    suggested = None
+    if drift["a"] is not None:
+        suggested = {"lr": r.lr.value * math.exp(drift["a"]),
+                     "horizon_exponent": r.horizon_exponent.value - (drift["c"] or 0.0),
+                     "width_exponent_measured": drift["b"]}
+    lost = [p["lost_frac"] for p in points if p["lost_frac"] is not None]
+    return {
+        "spec": spec.name,
+        "optimizer": r.optimizer,
+        "recipe_now": {"lr": r.lr.value, "horizon_exponent": r.horizon_exponent.value, "adam_lr": r.adam_lr.value,
+                       "ref_batch_tokens": r.ref_batch_tokens.value, "ref_tokens": r.ref_tokens.value},
+        "hero": hero,
+        "reach": {"widest": max(c.widths), "longest": max(c.horizons)},
+        "points": points,
+        "worst_lost_frac": max(lost) if lost else None,
+        "trend": {"width_at_hero": trend_width, "horizon_at_hero": trend_horizon, "carried_lost_frac": carried},
+        "drift": drift,
+        "recipe_suggested": suggested,
+        "max_lost_frac": MAX_LOST_FRAC,
+        "compute": {k: plan[k] for k in ("check_flops", "ladder_flops", "study_flops", "compute_ratio", "max_compute_ratio")},
+        "complete": all(p["completed"] == p["runs"] for p in points),
+    }
+
+
+def _drift(points: list[dict], d_ref: int, t_ref: float) -> dict[str, float | None]:
+    """log m* = a + b log(d / d_ref) + c log(T / t_ref) over the interior optima; a term only where
+    the points vary in it."""
+    import numpy as np
+
+    ok = [p for p in points if p["m_opt"] is not None and p["interior"]]
+    coef: dict[str, float | None] = {"a": None, "b": None, "c": None, "points": float(len(ok))}
+    if not ok:
+        return coef
+    y = np.log([p["m_opt"] for p in ok])
+    columns, names = [np.ones(len(ok))], ["a"]
+    for name, values in (("b", np.log([p["d_model"] / d_ref for p in ok])), ("c", np.log([p["tokens"] / t_ref for p in ok]))):
+        if np.ptp(values) > 0:
+            columns.append(values)
+            names.append(name)
+    design = np.stack(columns, axis=1)
+    if len(ok) < design.shape[1]:
+        return coef
+    fitted, *_ = np.linalg.lstsq(design, y, rcond=None)
+    coef.update({n: float(v) for n, v in zip(names, fitted)})
+    return coef
+
+
+RUNS_CSV = "recipe_check_runs.csv"
+RUNS_CSV_COLUMNS = ("run_id", "kind", "point", "d_model", "n_layers", "tokens", "steps", "batch_size", "lr_multiplier",
+                    "batch_multiplier", "seed", "optimizer", "lr", "adam_lr", "beta2", "eps", "val_loss")
+
+
+def runs_csv(out: str | Path) -> str:
+    """One row per (run, role) of the check in `out`: what it trained with and its final loss (the
+    compact record a check commits; `analyse` recomputes the report from it and the plan)."""
+    import csv
+    import io
+
+    from delphi.io import read_json
+    from delphi.ladder.plan import read_manifest
+
+    out = Path(out)
+    plan = read_json(out / PLAN_FILE, what="recipe-check plan")
+    manifest = {row["run_id"]: row for row in read_manifest(out)}
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=RUNS_CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for r in plan["check_runs"]:
+        m = manifest[r["run_id"]]
+        loss = _final_loss(out / RUNS_DIR / r["run_id"])
+        writer.writerow({**{k: r[k] for k in ("run_id", "kind", "point", "d_model", "tokens", "lr_multiplier",
+                                               "batch_multiplier", "seed")},
+                         **{k: m.get(k, "") for k in ("n_layers", "steps", "batch_size", "optimizer", "lr", "adam_lr",
+                                                      "beta2", "eps")},
+                         "val_loss": repr(loss) if math.isfinite(loss) else ""})
+    return buf.getvalue()
+
+
+def save_report(report: dict[str, Any], out: str | Path) -> Path:
+    """Write the report (JSON) and the runs' table (CSV) into `out`; the JSON's path."""
+    path = Path(out) / REPORT_FILE
+    atomic_write_text(path, json.dumps(report, indent=2) + "\n")
+    atomic_write_text(Path(out) / RUNS_CSV, runs_csv(out))
+    return path
+
+
+def _pct(x: float | None) -> str:
+    return f"{x:+.2%}" if x is not None else "-"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"recipe check of {report['spec']} ({report['optimizer']}): loss lost to the recipe's LR / batch "
+             f"against each sweep's fitted optimum (limit {report['max_lost_frac']:.1%})",
+             f"{'kind':<8} {'point':<14} {'swept':<6} {'optimum':>8} {'loss@recipe':>11} {'loss@opt':>9} {'lost':>8} {'seed sd':>8} {'runs':>5}"]
+    for p in report["points"]:
+        if p["x_opt"] is not None and p["interior"]:
+            opt = f"{p['x_opt']:.2f}x"
+        else:  # no interior optimum: the best point tried (at the grid's edge, the loss lost is a lower bound)
+            opt = f"best {p['best_x']:g}x" if p["best_x"] is not None else "-"
+        sd = f"{p['seed_sd']:.4f}" if p["seed_sd"] is not None else "-"
+        at = f"{p['loss_at_recipe']:.4f}" if p["loss_at_recipe"] is not None else "-"
+        lo = f"{p['loss_opt']:.4f}" if p["loss_opt"] is not None else "-"
+        lines.append(f"{p['kind']:<8} {p['point']:<14} {p['swept']:<6} {opt:>8} {at:>11} {lo:>9} {_pct(p['lost_frac']):>8} "
+                     f"{sd:>8} {p['completed']:>2}/{p['runs']:<2}")
+    t, h = report["trend"], report["hero"]
+    lines.append(f"trend carried to the hero {h['run_id']} (d{h['d_model']}, {h['tokens']:.3g} tokens): width "
+                 f"{_pct(t['width_at_hero'])}, horizon {_pct(t['horizon_at_hero'])}")
+    d = report["drift"]
+    if d["a"] is not None:
+        lines.append(f"LR optimum drift: log m* = {d['a']:+.3f}" + (f" {d['b']:+.3f} log(d/d0)" if d["b"] is not None else "")
+                     + (f" {d['c']:+.3f} log(T/T0)" if d["c"] is not None else ""))
+    if report.get("recipe_suggested"):
+        s = report["recipe_suggested"]
+        lines.append(f"recipe now: lr {report['recipe_now']['lr']:.4g}, horizon_exponent {report['recipe_now']['horizon_exponent']:.3f};"
+                     f" fitted: lr {s['lr']:.4g}, horizon_exponent {s['horizon_exponent']:.3f}")
+    cm = report["compute"]
+    lines.append(f"compute: check {cm['check_flops']:.3g} FLOPs = {cm['compute_ratio']:.1%} of the study's {cm['study_flops']:.3g} "
+                 f"(limit {cm['max_compute_ratio']:.0%})")
+    return "\n".join(lines)
+
+
+# ---- gate `recipe` -------------------------------------------------------------------------------
+
+
+def gate_problems(report: dict[str, Any], hero: dict[str, float] | None = None,
+                  limit: float = MAX_LOST_FRAC) -> tuple[list[str], list[str], float | None]:
+    """(problems, parts, worst) of a recipe-check report: a point losing more than `limit`, a carried
+    trend above it, a point without a result, or a hero (hero_facts) wider or longer than the check reached."""
+    problems, parts = [], []
+    points = report.get("points") or []
+    if not points:
+        return ["the recipe check has no points"], [], None
+    for p in points:
+        where = f"{p['kind']} {p['point']}"
+        if p.get("lost_frac") is None:
+            problems.append(f"{where}: no loss at the recipe's value or no optimum ({p.get('completed', 0)}/{p.get('runs', 0)} runs)")
+            continue
+        parts.append(f"{where} {p['lost_frac']:+.2%}")
+        if p["lost_frac"] > limit:
+            problems.append(f"{where}: the recipe loses {p['lost_frac']:.2%} against the sweep's optimum (> {limit:.2%})")
+    carried = (report.get("trend") or {}).get("carried_lost_frac")
+    if carried is not None and carried > limit:
+        problems.append(f"the trend with width or horizon carries {carried:.2%} to the hero (> {limit:.2%})")
+    reach = report.get("reach") or {}
+    if hero and reach:
+        if "d_model" in hero and hero["d_model"] > reach["widest"]:
+            problems.append(f"hero d_model {hero['d_model']:.0f} wider than the check's widest point d{reach['widest']}")
+        if "tokens" in hero and hero["tokens"] > reach["longest"] * (1 + REACH_SLACK_REL):
+            problems.append(f"hero trains {hero['tokens']:.3g} tokens, past the check's longest horizon {reach['longest']:.3g}")
+    lost = [p["lost_frac"] for p in points if p.get("lost_frac") is not None]
+    worst = max([*lost, *([carried] if carried is not None else [])], default=None)
+    return problems, parts, worst
+
+
+def read_report(path: "Path | None") -> dict[str, Any] | None:
+    """A recipe-check report (gate recipe's evidence); None for no path."""
+    if path is None:
+        return None
+    from delphi.io import read_json
+
+    report = read_json(path, what="recipe-check JSON")
+    if not isinstance(report, dict) or not isinstance(report.get("points"), list):
+        raise DelphiError(f"{path}: not a `delphi ladder recipe-check` report (expected a 'points' list)")
+    return report
+
+
+def study_report_path(study_path: "str | Path | None", value: str | None) -> Path | None:
+    """gates.recipe_check of a study file, resolved against it; DelphiError when it is missing."""
+    if value is None:
+        return None
+    if study_path is None:
+        raise DelphiError("gates.recipe_check: needs a study file to resolve the report against")
+    path = (Path(study_path).parent / value).resolve()
+    if not path.is_file():
+        raise DelphiError(f"{study_path}: gates.recipe_check: {path} not found (write it with `delphi ladder recipe-check`)")
+    return path
