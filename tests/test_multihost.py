@@ -151,6 +151,7 @@ def test_two_processes_match_one_and_restore_onto_one(store, tmp_path):
     shutil.copytree(run, restored)
     shutil.rmtree(restored / last[1].relative_to(run))
     (restored / "summary.json").unlink()
+    (restored / "status.json").unlink()  # as if stopped before its end: a completed run without its summary is refused
     summary = train(single_config(store, FAST_STEPS), restored, resume=True, progress=False)
     assert summary["status"] == "completed" and summary["steps"] == FAST_STEPS
     assert losses(restored) == pytest.approx(one, rel=REL_TOL)

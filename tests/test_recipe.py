@@ -14,9 +14,9 @@ import yaml
 from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
 from delphi.ladder.plan import (expected_depths, expected_optimum, hero_ranges, make_rung, plan_hero, plan_ladder,
-                                rung_tokens, shape_for_width, write_ladder)
+                                recipe_run, rung_tokens, shape_for_width, write_ladder)
 from delphi.ladder.recipe import (RecipeConstant, RecipeSpec, caps_hit, hyperparams_at, recipe_batch_seqs,
-                                  recipe_for_tokens, recipe_run, rule_batch_seqs, trainer_has_optimizer_choice,
+                                  recipe_for_tokens, rule_batch_seqs, trainer_has_optimizer_choice,
                                   unsourced_constants)
 from delphi.ladder.recipe_check import (PLAN_FILE, RUNS_DIR, analyse, check_summary, gate_problems, plan_check,
                                         planned_hero, write_check)
@@ -25,7 +25,7 @@ from delphi.ladder.spec import ladder_spec_from_dict, load_ladder_spec
 ROOT = Path(__file__).resolve().parents[1]
 V8 = ROOT / "studies" / "ladder_paper_v8.yaml"
 V4 = ROOT / "studies" / "ladder_paper_v4.yaml"
-V4_LADDER = ROOT / "paper" / "v4" / "study" / "ladder"
+V4_EDITION = ROOT / "paper" / "editions" / "v4"  # compact: its ladder dir is read from the unpacked copy
 SEQ = 128
 
 
@@ -202,7 +202,10 @@ def test_one_recipe_sizes_every_rung_anchor_and_hero():
 
 
 def test_an_old_spec_plans_byte_identically(tmp_path):
-    """The fourth edition's ladder, as committed in paper/v4/study/ladder (and so every old edition)."""
+    """The fourth edition's ladder, as committed in paper/editions/v4 (and so every old edition)."""
+    from delphi.editions import edition_tree
+
+    V4_LADDER = edition_tree(V4_EDITION) / "study" / "ladder"
     spec = load_ladder_spec(V4)
     assert spec.recipe is None
     write_ladder(spec, plan_ladder(spec), tmp_path)

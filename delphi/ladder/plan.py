@@ -119,6 +119,27 @@ def shape_for_width(spec: LadderSpec, d_model: int) -> ModelConfig:
 # ---- batch and hyperparameter transfer ----------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RecipeRun:
+    model: ModelConfig
+    tokens: float
+    steps: int
+    hp: "RecipeHyperparams"
+
+
+def recipe_run(spec: LadderSpec, width_or_model: int | ModelConfig, tokens: float) -> RecipeRun:
+    """Shape (the spec's family at this width), batch, steps and hyperparameters of a run of
+    `tokens` tokens: the whole mapping in one call (steps before the plan's step quantum)."""
+    from delphi.ladder.recipe import recipe_for_tokens
+
+    if spec.recipe is None:
+        raise DelphiError("recipe: the ladder spec has no recipe section")
+    model = shape_for_width(spec, width_or_model) if isinstance(width_or_model, int) else width_or_model
+    hp = recipe_for_tokens(spec.recipe, tokens, spec.seq_len)
+    steps = max(1, round(tokens / hp.batch_tokens))
+    return RecipeRun(model, tokens, steps, hp)
+
+
 def batch_for_tokens(spec: LadderSpec, tokens: float) -> int | None:
     """Sequences per step: the largest power of two leaving >= min_steps steps, clipped.
 

@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING, Literal
 from delphi.errors import DelphiError
 
 if TYPE_CHECKING:
-    from delphi.ladder.spec import LadderSpec
-    from delphi.model.config import ModelConfig
     from delphi.train.config import OptimConfig
 
 
@@ -311,27 +309,6 @@ def recipe_for_tokens(recipe: RecipeSpec, tokens: float, seq_len: int, batch_seq
         return hyperparams_at(recipe, batch_seqs, seq_len, tokens)
     seqs, halvings = recipe_batch_seqs(recipe, tokens, seq_len)
     return hyperparams_at(recipe, seqs, seq_len, tokens, halvings)
-
-
-@dataclass(frozen=True)
-class RecipeRun:
-    model: "ModelConfig"
-    tokens: float
-    steps: int
-    hp: RecipeHyperparams
-
-
-def recipe_run(spec: "LadderSpec", width_or_model: "int | ModelConfig", tokens: float) -> RecipeRun:
-    """Shape (the spec's family at this width), batch, steps and hyperparameters of a run of
-    `tokens` tokens: the whole mapping in one call (steps before the plan's step quantum)."""
-    from delphi.ladder.plan import shape_for_width
-
-    if spec.recipe is None:
-        raise DelphiError("recipe: the ladder spec has no recipe section")
-    model = shape_for_width(spec, width_or_model) if isinstance(width_or_model, int) else width_or_model
-    hp = recipe_for_tokens(spec.recipe, tokens, spec.seq_len)
-    steps = max(1, round(tokens / hp.batch_tokens))
-    return RecipeRun(model, tokens, steps, hp)
 
 
 def trainer_has_optimizer_choice() -> bool:
