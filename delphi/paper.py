@@ -194,6 +194,8 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     from delphi.fits.probes import correction_text
 
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
+    # primary_fit: auto is resolved by the study's fit stage (delphi.study.state.Study.primary_fit).
+    primary = _stage(data_dir, "fit")["primary_fit"] if pinned["primary_fit"] == "auto" else pinned["primary_fit"]
     out: dict[str, Any] = {"data_dir": str(data_dir), "study_name": pinned.get("name"), "ladder_file": pinned.get("ladder"),
                            "prereg_file": f"preregistrations/{prereg_path.name}"}
     iso = isoflop_rows(table)
@@ -241,10 +243,10 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
         f"The law's residual scatter about the ladder's cells is {noise['residual_scatter_nats']:.4f} nats and {seed_noise} "
         f"{noise['seed_noise_nats']:.4f} nats; the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise."
         if None not in noise.values() else "The interval is the fit's bootstrap interval.")
-    out["cross_check_sentence"] = _cross_check_sentence(data_dir, pinned["primary_fit"], prereg_doc, float(final["loss"]),
+    out["cross_check_sentence"] = _cross_check_sentence(data_dir, primary, prereg_doc, float(final["loss"]),
                                                        check.get("actual_final_loss"))
     out["lr_sentence"] = _lr_sentence(data_dir / "lr_calibration.json", gates)
-    out.update(_beyond_ladder_numbers(data_dir, pinned["primary_fit"], gates, float(iso["budget"].max()),
+    out.update(_beyond_ladder_numbers(data_dir, primary, gates, float(iso["budget"].max()),
                                       float((pinned.get("gates") or {}).get("rehearsal_tolerance")
                                             or prereg_doc["decision"]["tolerance_rel"]),
                                       carry=_sealed_carry(final)))
@@ -252,7 +254,7 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
     out.update(correction_text(final, check.get("actual_final_loss"),
-                               primary_law=LAW_NAMES.get(pinned["primary_fit"], pinned["primary_fit"])))
+                               primary_law=LAW_NAMES.get(primary, primary)))
     return out
 
 

@@ -359,22 +359,40 @@ def calibration_key(kind: str, method: str) -> str | None:
     return "frontier" if kind == "frontier" and method.startswith("frontier-free") and "weighted" not in method else None
 
 
+def table_features(table: pd.DataFrame) -> dict[str, float]:
+    """The sweep features method choice compares (`beyond.sweep_features`) of a results table's
+    isoFLOP rows (anchor rungs are not part of any budget's sweep)."""
+    from delphi.fits.beyond import sweep_features
+    from delphi.fits.data import isoflop_rows
+
+    return sweep_features(isoflop_rows(table))
+
+
+def choose_primary(table: pd.DataFrame, fits: Sequence[str], calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A study's `primary_fit: auto`: `choose_method` on the table's sweep features (as `calibrate_final`
+    computes them), among the laws that can size a hero (PRIMARY_CAPABLE) that the study fits. The
+    choice, its table and the calibration's provenance, to be recorded once and never re-chosen."""
+    candidates = [m for m in PRIMARY_CAPABLE if m in fits]
+    if not candidates:
+        raise DelphiError(f"primary_fit: auto chooses among {list(PRIMARY_CAPABLE)}, and fits {list(fits)} has none of them")
+    calibration = calibration if calibration is not None else load_calibration()
+    choice = choose_method(table_features(table), calibration, candidates)
+    return {**choice, "candidates": candidates, "calibration": calibration_provenance(calibration)}
+
+
 def calibrate_final(fit: Any, final: dict[str, Any], compute: float, table: pd.DataFrame,
                     calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The calibrated version of a hero's `final` prediction (prereg's {loss, loss_50, loss_90}): the
     shift and model-error term of the fit's method at the hero's extrapolation factor (compute / the
     table's largest isoFLOP budget), with the method choice by evidence for this ladder. The fit-only
     sd is `final`'s 90% half-width / z_0.95 (bootstrap and run noise already in it)."""
-    from delphi.fits.beyond import sweep_features
     from delphi.fits.data import isoflop_rows
 
     calibration = calibration if calibration is not None else load_calibration()  # a broken file is loud (exit 2)
-    rows = isoflop_rows(table)
-    top = float(rows["budget"].max())
+    top = float(isoflop_rows(table)["budget"].max())
     factor = float(compute) / top
     key = calibration_key(fit.kind, fit.method)
-    features = sweep_features(rows)
-    choice = choose_method(features, calibration, PRIMARY_CAPABLE)
+    choice = choose_method(table_features(table), calibration, PRIMARY_CAPABLE)
     out: dict[str, Any]
     if key is None:
         out = {"applied": False, "reason": f"no calibration for a {fit.kind} fit by {fit.method}"}
@@ -423,11 +441,16 @@ def report_lines(final: dict[str, Any]) -> list[str]:
         lines.append(f"Not calibrated: {cal.get('reason')}.")
     choice = cal.get("method_choice")
     if choice:
-        lines += ["", f"Method choice ({choice['rule']}): **{choice['method']}**"
-                  + ("" if choice.get("agrees") else f"; the study's primary law is {choice.get('fitted_method')}") + ". "
-                  f"Similar sweeps: {', '.join(s['source'] for s in choice['similar_sources'])}.", "",
-                  "| method | held-out points | mean abs error (calibrated) | uncalibrated | 50% coverage | 90% coverage |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {r['method']} | {r['n']} | {r['mean_abs_rel_error']:.2%} | {r['mean_abs_rel_error_uncalibrated']:.2%} | "
-                  f"{r['coverage_50']:.0%} | {r['coverage_90']:.0%} |" for r in choice["table"]]
+        lines += [""] + method_choice_lines(choice, "" if choice.get("agrees") else
+                                            f"; the study's primary law is {choice.get('fitted_method')}")
     return lines + [""]
+
+
+def method_choice_lines(choice: dict[str, Any], note: str = "") -> list[str]:
+    """Markdown: a `choose_method` answer (its rule, the choice, `note` after it) and the table behind it."""
+    lines = [f"Method choice ({choice['rule']}): **{choice['method']}**{note}. "
+             f"Similar sweeps: {', '.join(s['source'] for s in choice['similar_sources'])}.", "",
+             "| method | held-out points | mean abs error (calibrated) | uncalibrated | 50% coverage | 90% coverage |",
+             "|---|---|---|---|---|---|"]
+    return lines + [f"| {r['method']} | {r['n']} | {r['mean_abs_rel_error']:.2%} | {r['mean_abs_rel_error_uncalibrated']:.2%} | "
+                    f"{r['coverage_50']:.0%} | {r['coverage_90']:.0%} |" for r in choice["table"]]

@@ -46,7 +46,7 @@ def stage_figures(study: Study) -> dict:
     study.figures.mkdir(parents=True, exist_ok=True)
     fig = lambda name: str(study.figures / f"{name}.png")  # noqa: E731
     table = load_table(study)
-    primary = load_fit(study.fit_path(study.spec.primary_fit))
+    primary = load_fit(study.fit_path(study.primary_fit))
     fits = {m: load_fit(study.fit_path(m)) for m in study.spec.fits if study.fit_path(m).is_file()}
     files: list[str] = []
     failed: list[str] = []
@@ -142,6 +142,7 @@ def render_report(study: Study) -> str:
     lines += _gates_section(study)
     from delphi.fits.calibration import report_lines  # issue 30: the calibrated interval and the method choice
     lines += report_lines(json.loads(study.gates.read_text()).get("prediction", {}) if study.gates.is_file() else {})
+    lines += _primary_choice_section(study)
     lines += _rehearsal_section(study)
     lines += _probes_section(study)
     lines += _conventions_section(study)
@@ -204,15 +205,29 @@ def _probes_section(study: Study) -> list[str]:
     from delphi.prereg.predict import score_probes
     from delphi.prereg.format import read
 
-    lines = ["## Probes beyond the ladder", "", f"The {study.spec.primary_fit} law at each probe's own N and D "
+    lines = ["## Probes beyond the ladder", "", f"The {study.primary_fit} law at each probe's own N and D "
              "(error = actual / predicted - 1):", "", "| probe | FLOPs | predicted | actual | error |", "|---|---|---|---|---|"]
-    for name, r in score_probes(load_fit(study.fit_path(study.spec.primary_fit)), runs).items():
+    for name, r in score_probes(load_fit(study.fit_path(study.primary_fit)), runs).items():
         lines.append(f"| {name} | {r['compute']:.3g} | {r['predicted']:.4f} | {r['actual']:.4f} | {r['rel_error']:+.2%} |")
     check = (study.done("check") or {}).get("result", {})
     final = read(study.prereg)["prediction"]["final"] if study.prereg.is_file() else {}
     if final:
-        lines += ["", correction_text(final, check.get("actual_final_loss"), primary_law=f"the {study.spec.primary_fit} law")["correction_sentence"]]
+        lines += ["", correction_text(final, check.get("actual_final_loss"), primary_law=f"the {study.primary_fit} law")["correction_sentence"]]
     return lines + [""]
+
+
+def _primary_choice_section(study: Study) -> list[str]:
+    """With `primary_fit: auto`: the law the fit stage chose and the table behind it (stages/fit.json)."""
+    from delphi.fits.calibration import method_choice_lines
+
+    choice = (study.done("fit") or {}).get("result", {}).get("primary_choice")
+    if not choice:
+        return []
+    return ["## Primary law chosen by evidence (primary_fit: auto)", "",
+            f"The fit stage chose the primary law once, among {', '.join(choice['candidates'])} (the laws that can size "
+            f"a hero and that the study fits), on this ladder's sweep features ({choice['features']['n_budgets']} budgets, "
+            f"median N 10^{choice['features']['log10_median_params']:.2f}); calibration {choice['calibration']['path']}, "
+            f"sha256 {choice['calibration']['sha256'][:12]}.", ""] + method_choice_lines(choice) + [""]
 
 
 def _conventions_section(study: Study) -> list[str]:
@@ -225,8 +240,16 @@ def _conventions_section(study: Study) -> list[str]:
              "|---|---|---|---|---|"]
     for name, row in data["conventions"].items():
         lines.append(f"| {name} | {_fmt(row.get('isoflop_a'), '.3f')} {_fmt(row.get('isoflop_a_interval_90'), '.3f')} "
-                     f"| {_fmt(row.get('law_a'), '.3f')} | {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')} | {row.get('error', '')} |")
+                     f"| {_fmt(row.get('law_a'), '.3f')} | {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')} | {_convention_note(row, data)} |")
     return lines + [""]
+
+
+def _convention_note(row: dict, data: dict) -> str:
+    """A convention's error, or (primary_fit: auto) the law its own table's evidence picked where it is not the header's."""
+    if row.get("error"):
+        return row["error"]
+    law = row.get("primary_fit")
+    return f"law: {law} (chosen on this convention's table)" if law and law != data.get("primary_fit") else ""
 
 
 def health_table(table: pd.DataFrame) -> str:

@@ -28,6 +28,11 @@ TRAJECTORY_SOURCES = ("curve_law", "probes")
 # Gates on the hero's prediction, which the study's own probes (hero.probe_multiples) correct: while
 # those are untrained the gates stage shows them and the seal decides them.
 PREDICTION_GATES = ("lobo_spread", "interval_width", "method_agreement", "probes")
+# The laws that can size a hero (they predict N*(C); delphi.fits.calibration.PRIMARY_CAPABLE, not
+# imported: reading a study file must not import scipy), and `primary_fit: auto`, which the fit stage
+# resolves once among them by the public-sweep evidence (delphi.fits.calibration.choose_primary).
+PRIMARY_LAWS = ("isoflop", "parametric", "vpnls")
+AUTO_PRIMARY = "auto"
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,8 @@ class StudySpec:
     name: str = "study"
     ladder: str = "ladder_default.yaml"  # ladder spec, relative to the study file
     fits: tuple[str, ...] = ("isoflop", "parametric", "vpnls", "frontier")
-    primary_fit: str = "vpnls"  # the law that sizes the hero and makes the prediction
+    # The law that sizes the hero and makes the prediction; "auto": chosen by the fit stage (Study.primary_fit).
+    primary_fit: str = "vpnls"
     bootstrap: int = 200
     seed: int = 0  # bootstrap, hero and rehearsal seed; offsets the ladder's run seeds (seed_offset)
     workers: int | None = None  # ladder processes; None: one per core
@@ -114,10 +120,16 @@ class StudySpec:
         for method in self.fits:
             if method not in FIT_METHODS:
                 raise DelphiError(f"{where}: fits: unknown method {method!r} (expected one of {', '.join(FIT_METHODS)})")
-        if self.primary_fit not in self.fits:
-            raise DelphiError(f"{where}: primary_fit: {self.primary_fit!r} is not among fits {list(self.fits)}")
-        if self.primary_fit not in ("isoflop", "parametric", "vpnls"):
-            raise DelphiError(f"{where}: primary_fit: {self.primary_fit!r} must predict N*(C): isoflop, parametric or vpnls")
+        if self.primary_fit == AUTO_PRIMARY:
+            if not set(PRIMARY_LAWS) & set(self.fits):
+                raise DelphiError(f"{where}: primary_fit: auto chooses among {', '.join(PRIMARY_LAWS)}, and fits "
+                                  f"{list(self.fits)} has none of them")
+        else:
+            if self.primary_fit not in self.fits:
+                raise DelphiError(f"{where}: primary_fit: {self.primary_fit!r} is not among fits {list(self.fits)}")
+            if self.primary_fit not in PRIMARY_LAWS:
+                raise DelphiError(f"{where}: primary_fit: {self.primary_fit!r} must predict N*(C): isoflop, parametric or vpnls, "
+                                  f"or be auto")
         if self.bootstrap < 0:
             raise DelphiError(f"{where}: bootstrap: must be >= 0, got {self.bootstrap}")
         if not 0 <= self.seed < 2**31 // STUDY_SEED_STRIDE:

@@ -19,7 +19,7 @@ import pandas as pd
 from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from delphi.study.report import stage_figures, stage_report
-from delphi.study.spec import PREDICTION_GATES, load_study, own_probe_name
+from delphi.study.spec import AUTO_PRIMARY, PREDICTION_GATES, load_study, own_probe_name
 from delphi.study.state import (Study, _fmt, _ladder_spec, _lr_calibration, _pin_study, _primary_backtest, _rehearsal, _say,
                                 chosen_convention, hero_compute, load_table, probe_runs)
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_status
@@ -162,9 +162,21 @@ def optimal_exponent(fit: Any, compute_lo: float, compute_hi: float) -> float | 
     return math.log(float(hi) / float(lo)) / math.log(compute_hi / compute_lo)
 
 
+def _primary_for(study: Study, table: pd.DataFrame) -> tuple[str, dict | None]:
+    """The primary law on this table and, with `primary_fit: auto`, the evidence that chose it
+    (delphi.fits.calibration.choose_primary); a spec's explicit law comes with no choice."""
+    if study.spec.primary_fit != AUTO_PRIMARY:
+        return study.spec.primary_fit, None
+    from delphi.fits.calibration import choose_primary
+
+    choice = choose_primary(table, study.spec.fits)
+    return choice["method"], choice
+
+
 def compare_conventions(study: Study) -> dict:
     """For each parameter-count convention: the isoFLOP exponent, the primary law's compute-optimal
-    exponent, and its held-out-budget backtest; the convention with the lowest backtest error wins."""
+    exponent, and its held-out-budget backtest; the convention with the lowest backtest error wins.
+    With `primary_fit: auto` the primary law under each convention is the one its table's evidence picks."""
     from delphi.fits import backtest
     from delphi.fits.isoflop import isoflop_exponent_by_convention
 
@@ -177,10 +189,13 @@ def compare_conventions(study: Study) -> dict:
                                "isoflop_a_interval_90": iso.get(convention, {}).get("a_interval_90")}
         try:
             table = load_table(study, convention)
-            fit = _fit_one(study, study.spec.primary_fit, table, 0)
+            law, choice = _primary_for(study, table)
+            if choice is not None:
+                row["primary_fit"] = law
+            fit = _fit_one(study, law, table, 0)
             row["law_a"] = optimal_exponent(fit, budgets[-1], hero_compute(study))
             row["fit_status"] = getattr(fit, "status", None)
-            bt = backtest(table, lambda t: _fit_one(study, study.spec.primary_fit, t, 0))
+            bt = backtest(table, lambda t: _fit_one(study, law, t, 0))
             row["backtest_mean_abs_rel_error"] = bt["mean_abs_rel_error"]
             row["backtest"] = [{"budget": b["budget"], "rel_error": b["rel_error"]} for b in bt["budgets"]]
         except DelphiError as e:
@@ -201,19 +216,28 @@ def stage_fit(study: Study) -> dict:
     conventions = compare_conventions(study)
     atomic_write_json(study.conventions, conventions)
     convention = conventions["chosen"]
+    table = load_table(study, convention)
+    # primary_fit: auto is resolved here, once, on the chosen convention's table (the features the
+    # seal's calibration compares), and recorded in this stage's result: Study.primary_fit reads it.
+    primary, choice = _primary_for(study, table)
+    if choice is not None:
+        atomic_write_json(study.conventions, conventions | {"primary_fit": primary})
     _say(f"parameter convention: {convention} ({conventions['why']})")
     for name, row in conventions["conventions"].items():
-        _say(f"  {name}: isoFLOP a = {_fmt(row.get('isoflop_a'), '.3f')}, {study.spec.primary_fit} a = "
+        _say(f"  {name}: isoFLOP a = {_fmt(row.get('isoflop_a'), '.3f')}, {row.get('primary_fit', primary)} a = "
              f"{_fmt(row.get('law_a'), '.3f')}, backtest |error| {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')}"
              + (f" ({row['error']})" if row.get("error") else ""))
-    table = load_table(study, convention)
+    if choice is not None:
+        _say(f"primary law: {primary}, chosen by evidence (primary_fit: auto) among {', '.join(choice['candidates'])}: "
+             + ", ".join(f"{r['method']} {r['mean_abs_rel_error']:.2%}" for r in choice["table"])
+             + f" out-of-sample |error| on {', '.join(s['source'] for s in choice['similar_sources'])}")
     out: dict[str, Any] = {}
     for method in study.spec.fits:
         start = time.perf_counter()
         try:
             fit = _fit_one(study, method, table, study.spec.bootstrap)
         except DelphiError as e:
-            if method == study.spec.primary_fit:
+            if method == primary:
                 raise
             out[method] = {"error": str(e)}  # a secondary law that cannot be fitted here is reported, not fatal
             _say(f"fit {method}: failed ({e})")
@@ -224,7 +248,10 @@ def stage_fit(study: Study) -> dict:
                        "seed_noise_nats": fit.diagnostics.get("seed_noise_nats")}
         _say(f"fit {method}: {', '.join(f'{k}={v:.4g}' for k, v in fit.params.items() if isinstance(v, (int, float)))}"
              + (f" [{fit.status}]" if getattr(fit, "status", "ok") != "ok" else ""))
-    return {"params_convention": convention, "fits": out}
+    result: dict[str, Any] = {"params_convention": convention, "fits": out}
+    if choice is not None:
+        result |= {"primary_fit": primary, "primary_choice": choice}
+    return result
 
 
 # The backtest's own bootstrap: enough draws for a 90% interval, fewer than the final fits'.
@@ -270,7 +297,7 @@ def _sized_run(study: Study, compute: float, name: str, out: Path) -> dict:
     from delphi.ladder.hero import hero_from_fit
     from delphi.train.config import train_config_from_dict, train_config_to_dict
 
-    rung, details = hero_from_fit(study.fit_path(study.spec.primary_fit), compute, _ladder_spec(study),
+    rung, details = hero_from_fit(study.fit_path(study.primary_fit), compute, _ladder_spec(study),
                                   seed=study.spec.seed, results=pd.read_csv(study.results))
     config = train_config_to_dict(rung.train) | {"name": name}
     # The rung's own events (the ladder's evals_per_run, on multiples of its step quantum) let the
@@ -286,11 +313,11 @@ def _sized_run(study: Study, compute: float, name: str, out: Path) -> dict:
 def stage_hero(study: Study) -> dict:
     from delphi.fits import load_fit
 
-    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    fit = load_fit(study.fit_path(study.primary_fit))
     n_star = fit.predict(compute=hero_compute(study)).get("params")
     if n_star is None or not float(n_star) > 0:
         bound = ", ".join(fit.diagnostics.get("at_bound") or []) or "none"
-        raise CheckFailed(f"the {study.spec.primary_fit} fit has no compute-optimal point (status {getattr(fit, 'status', '?')}, "
+        raise CheckFailed(f"the {study.primary_fit} fit has no compute-optimal point (status {getattr(fit, 'status', '?')}, "
                           f"on a bound: {bound}; parameters {fit.params}): gate fit_status fails and the hero cannot be "
                           f"sized; nothing was trained or sealed. The ladder does not determine the law: add budgets or seeds.")
     return _sized_run(study, hero_compute(study), "hero", study.hero_config)
@@ -314,7 +341,7 @@ def stage_dress_rehearsal(study: Study) -> dict:
     check_store_unchanged(study)
     if not study.rehearsal_config.is_file():
         _sized_run(study, compute, "rehearsal", study.rehearsal_config)
-    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    fit = load_fit(study.fit_path(study.primary_fit))
     cfg = load_train_config(study.rehearsal_config)
     from delphi.prereg.predict import predict_hero, run_noise_nats
 
@@ -347,7 +374,7 @@ def stage_gates(study: Study) -> dict:
     pending = [m for m in study.spec.hero.probe_multiples if not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()]
     correct = study.spec.hero.probe_correction and not pending
     probes = probe_runs(study)
-    final, fit = hero_prediction(study.fit_path(study.spec.primary_fit), hero, study.results, probes,
+    final, fit = hero_prediction(study.fit_path(study.primary_fit), hero, study.results, probes,
                                  correct, study.spec.hero.probe_carry, study.spec.hero.noise_scope)  # what prereg will seal
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
@@ -418,7 +445,7 @@ def stage_probes(study: Study) -> dict:
     if not multiples:
         return {"skipped": "hero.probe_multiples is empty: no probes of the study's own"}
     check_store_unchanged(study)
-    fit = load_fit(study.fit_path(study.spec.primary_fit))
+    fit = load_fit(study.fit_path(study.primary_fit))
     noise = run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0]
     top = max(_ladder_spec(study).budgets)
     results = []
@@ -430,7 +457,7 @@ def stage_probes(study: Study) -> dict:
         if not seal.exists():
             if (run / METRICS_FILE).exists():
                 raise DelphiError(f"{run}: the probe started before its preregistration existed; remove it to start over")
-            create_prereg(study.fit_path(study.spec.primary_fit), config, seal, ladder=study.ladder_dir, results=study.results,
+            create_prereg(study.fit_path(study.primary_fit), config, seal, ladder=study.ladder_dir, results=study.results,
                           tolerance_rel=study.spec.hero.tolerance, author=study.spec.author, force=True,
                           rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
                                     "(sealed with force: the gates judge the hero, not a probe).",
@@ -458,9 +485,9 @@ def stage_prereg(study: Study) -> dict:
         raise DelphiError(f"{study.hero_run}: the hero started before a preregistration existed; remove it to start over")
     rehearsal = _rehearsal(study)
     doc = create_prereg(
-        study.fit_path(study.spec.primary_fit), study.hero_config, study.prereg,
+        study.fit_path(study.primary_fit), study.hero_config, study.prereg,
         ladder=study.ladder_dir, results=study.results, tolerance_rel=study.spec.hero.tolerance,
-        author=study.spec.author, rationale=study.spec.rationale or _default_rationale(study),
+        author=study.spec.author, rationale=(study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
         bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
         force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
         rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
@@ -473,8 +500,22 @@ def stage_prereg(study: Study) -> dict:
     return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}
 
 
+def primary_choice_sentence(study: Study) -> str:
+    """With `primary_fit: auto`, how the fit stage chose the primary law (the full table is in the
+    study's stages/fit.json and report, and the seal's prediction.final.calibrated.method_choice);
+    nothing for a spec's explicit law."""
+    if study.spec.primary_fit != AUTO_PRIMARY:
+        return ""
+    choice = study.done("fit")["result"]["primary_choice"]
+    table = "; ".join(f"{r['method']} {r['mean_abs_rel_error']:.2%} |error|, {r['coverage_90']:.0%} 90% coverage"
+                      for r in choice["table"])
+    return (f" The primary law {choice['method']} was chosen by evidence (primary_fit: auto) among "
+            f"{', '.join(choice['candidates'])}: {choice['rule']} ({', '.join(s['source'] for s in choice['similar_sources'])}): "
+            f"{table}.")
+
+
 def _default_rationale(study: Study) -> str:
-    return (f"Study {study.spec.name}: the {study.spec.primary_fit} law fitted on the ladder (N counted as "
+    return (f"Study {study.spec.name}: the {study.primary_fit} law fitted on the ladder (N counted as "
             f"{chosen_convention(study)}, compute allocated under the family's exact FLOPs) sizes the hero "
             f"and predicts its final loss; the trajectory comes from the LR-annealing curve law fitted on the ladder's curves.")
 

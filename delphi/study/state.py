@@ -15,7 +15,7 @@ import pandas as pd
 from delphi.config_schema import from_dict, to_dict
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_json
-from delphi.study.spec import STUDY_SEED_STRIDE, StudySpec, probe_names
+from delphi.study.spec import AUTO_PRIMARY, STUDY_SEED_STRIDE, StudySpec, probe_names
 from delphi.train.rundir import SUMMARY_FILE
 
 
@@ -49,6 +49,19 @@ class Study:
         self.hero_run = self.out / "hero"
         self.figures = self.out / "figures"
         self.report = self.out / "report.md"
+
+    @property
+    def primary_fit(self) -> str:
+        """The law that sizes the hero and makes the prediction: the spec's, or with `primary_fit: auto`
+        the one the fit stage chose and recorded in stages/fit.json (a resumed study never re-chooses)."""
+        if self.spec.primary_fit != AUTO_PRIMARY:
+            return self.spec.primary_fit
+        done = self.done("fit")
+        resolved = done["result"].get("primary_fit") if done is not None else None
+        if resolved is None:
+            raise DelphiError(f"{self.marker('fit')}: primary_fit: auto is resolved by the fit stage, which has not "
+                              "completed; rerun the study to run it")
+        return resolved
 
     def fit_path(self, method: str) -> Path:
         return self.fits_dir / f"{method}.json"
@@ -140,7 +153,7 @@ def _primary_backtest(study: Study) -> dict | None:
     path = study.fits_dir / "backtest.json"
     if not path.is_file():
         return None
-    return json.loads(path.read_text()).get(study.spec.primary_fit)
+    return json.loads(path.read_text()).get(study.primary_fit)
 
 
 def probe_runs(study: Study) -> list[Path]:
