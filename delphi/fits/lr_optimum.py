@@ -69,3 +69,28 @@ def fit_quadratic(lrs: Float[np.ndarray, " n"], losses: Float[np.ndarray, " n"],
         sd = math.sqrt(max(float(grad @ cov @ grad), 0.0))
         fit.lr_opt_interval_90 = (float(2.0 ** (x_opt - Z90 * sd)), float(2.0 ** (x_opt + Z90 * sd)))
     return fit
+
+
+def fit_lr_drift(m_opt: "Float[np.ndarray, ' n']", width_ratio: "Float[np.ndarray, ' n']",
+                 tokens_ratio: "Float[np.ndarray, ' n']") -> tuple[float, float | None, float | None] | None:
+    """Least squares of log m* = intercept + width_exp log(width ratio) + horizon_exp log(tokens ratio):
+    how far a rule's LR drifts from the measured optimum (m* = optimum / rule) with width and horizon.
+    A term is fitted only where the points vary in it (None otherwise); None when there are fewer
+    points than terms. Used by `ladder lr-calibrate` and `ladder recipe-check`."""
+    import numpy as np
+
+    y = np.log(np.asarray(m_opt, float))
+    columns, fitted_terms = [np.ones(len(y))], [0]
+    for term, ratio in ((1, width_ratio), (2, tokens_ratio)):
+        values = np.log(np.asarray(ratio, float))
+        if len(values) and np.ptp(values) > 0:
+            columns.append(values)
+            fitted_terms.append(term)
+    design = np.stack(columns, axis=1)
+    if len(y) < design.shape[1]:
+        return None
+    solution, *_ = np.linalg.lstsq(design, y, rcond=None)
+    out: list[float | None] = [None, None, None]
+    for term, value in zip(fitted_terms, solution):
+        out[term] = float(value)
+    return out[0], out[1], out[2]

@@ -269,14 +269,13 @@ def _multiplier(run_id: str) -> float:
 
 
 def _fit_drift(points: list[PointOptimum], d0: int, t0: float) -> dict[str, float | None]:
-    """Least squares of log m* on log width and log horizon, over the interior optima; a term is
-    fitted only when the points vary in it."""
-    import numpy as np
+    """log m* = c + a log(d / d0) + b log(T / t0) over the interior optima (`fit_lr_drift`)."""
+    from delphi.fits.lr_optimum import fit_lr_drift
 
     ok = [p for p in points if p.m_opt is not None and p.interior]
-    coef: dict[str, float | None] = {"c": None, "a": None, "b": None}
-    if not ok:
-        return coef
+    fitted = fit_lr_drift([p.m_opt for p in ok], [p.d_model / d0 for p in ok], [p.tokens / t0 for p in ok]) if ok else None
+    c, a, b = fitted if fitted is not None else (None, None, None)
+    return {"c": c, "a": a, "b": b}
     y = np.log([p.m_opt for p in ok])
     columns, names = [np.ones(len(ok))], ["c"]
     for name, values in (("a", np.log([p.d_model / d0 for p in ok])), ("b", np.log([p.tokens / t0 for p in ok]))):

@@ -357,14 +357,14 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
 
 
 def _drift(points: list[dict], d_ref: int, t_ref: float) -> dict[str, float | None]:
-    """log m* = a + b log(d / d_ref) + c log(T / t_ref) over the interior optima; a term only where
-    the points vary in it."""
-    import numpy as np
+    """log m* = a + b log(d / d_ref) + c log(T / t_ref) over the interior optima (`fit_lr_drift`)."""
+    from delphi.fits.lr_optimum import fit_lr_drift
 
     ok = [p for p in points if p["m_opt"] is not None and p["interior"]]
-    coef: dict[str, float | None] = {"a": None, "b": None, "c": None, "points": float(len(ok))}
-    if not ok:
-        return coef
+    fitted = fit_lr_drift([p["m_opt"] for p in ok], [p["d_model"] / d_ref for p in ok],
+                          [p["tokens"] / t_ref for p in ok]) if ok else None
+    a, b, c = fitted if fitted is not None else (None, None, None)
+    return {"a": a, "b": b, "c": c, "points": float(len(ok))}
     y = np.log([p["m_opt"] for p in ok])
     columns, names = [np.ones(len(ok))], ["a"]
     for name, values in (("b", np.log([p["d_model"] / d_ref for p in ok])), ("c", np.log([p["tokens"] / t_ref for p in ok]))):
