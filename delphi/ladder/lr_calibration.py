@@ -276,18 +276,6 @@ def _fit_drift(points: list[PointOptimum], d0: int, t0: float) -> dict[str, floa
     fitted = fit_lr_drift([p.m_opt for p in ok], [p.d_model / d0 for p in ok], [p.tokens / t0 for p in ok]) if ok else None
     c, a, b = fitted if fitted is not None else (None, None, None)
     return {"c": c, "a": a, "b": b}
-    y = np.log([p.m_opt for p in ok])
-    columns, names = [np.ones(len(ok))], ["c"]
-    for name, values in (("a", np.log([p.d_model / d0 for p in ok])), ("b", np.log([p.tokens / t0 for p in ok]))):
-        if np.ptp(values) > 0:
-            columns.append(values)
-            names.append(name)
-    design = np.stack(columns, axis=1)
-    if len(ok) < design.shape[1]:
-        return coef
-    fitted, *_ = np.linalg.lstsq(design, y, rcond=None)
-    coef.update({n: float(v) for n, v in zip(names, fitted)})
-    return coef
 
 
 def save_report(result: CalibrationResult, out: str | Path) -> Path:

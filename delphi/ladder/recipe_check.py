@@ -365,18 +365,6 @@ def _drift(points: list[dict], d_ref: int, t_ref: float) -> dict[str, float | No
                           [p["tokens"] / t_ref for p in ok]) if ok else None
     a, b, c = fitted if fitted is not None else (None, None, None)
     return {"a": a, "b": b, "c": c, "points": float(len(ok))}
-    y = np.log([p["m_opt"] for p in ok])
-    columns, names = [np.ones(len(ok))], ["a"]
-    for name, values in (("b", np.log([p["d_model"] / d_ref for p in ok])), ("c", np.log([p["tokens"] / t_ref for p in ok]))):
-        if np.ptp(values) > 0:
-            columns.append(values)
-            names.append(name)
-    design = np.stack(columns, axis=1)
-    if len(ok) < design.shape[1]:
-        return coef
-    fitted, *_ = np.linalg.lstsq(design, y, rcond=None)
-    coef.update({n: float(v) for n, v in zip(names, fitted)})
-    return coef
 
 
 RUNS_CSV = "recipe_check_runs.csv"
