@@ -210,7 +210,8 @@ def _f(x: float | None) -> str:
     return f"{x:.4f}" if x is not None else "-"
 
 
-def _final_loss(run_dir: Path) -> float:
+def completed_val_loss(run_dir: Path) -> float:
+    """A run's final val_loss if it completed, else NaN (lr-calibrate and recipe-check score runs so)."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
@@ -234,7 +235,7 @@ def analyse(spec: LadderSpec, ladder_dir: str | Path) -> CalibrationResult:
         rows = sorted(rows, key=lambda row: _multiplier(row["run_id"]))
         mults = [_multiplier(row["run_id"]) for row in rows]
         lr_rule = float(rows[0]["lr"]) / mults[0]
-        losses = [_final_loss(ladder_dir / RUNS_DIR / row["run_id"]) for row in rows]
+        losses = [completed_val_loss(ladder_dir / RUNS_DIR / row["run_id"]) for row in rows]
         finite = [(m, loss) for m, loss in zip(mults, losses) if math.isfinite(loss)]
         fit = (fit_quadratic(np.array([m for m, _ in finite]), np.array([loss for _, loss in finite]), FIT_NEIGHBOURS)
                if len(finite) >= 3 else None)

@@ -39,6 +39,7 @@ from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
 from delphi.ladder.plan import (RUNS_DIR, Rung, expected_depths, expected_optimum, make_rung, plan_hero, plan_ladder,
                                 shape_for_width)
+from delphi.ladder.lr_calibration import completed_val_loss
 from delphi.ladder.recipe import RecipeCheckSpec, recipe_batch_seqs
 from delphi.ladder.spec import LadderSpec
 from delphi.model.flops import flops_per_token
@@ -233,15 +234,6 @@ def write_check(spec: LadderSpec, out: str | Path) -> tuple[list[Rung], list[Che
 # ---- analysis ------------------------------------------------------------------------------------
 
 
-def _final_loss(run_dir: Path) -> float:
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return math.nan
-    loss = summary.get("val_loss")
-    return float(loss) if summary.get("status") == "completed" and loss is not None else math.nan
-
-
 def _sweep(xs: list[float], losses: list[float], at: float, neighbours: int) -> dict[str, Any]:
     """Quadratic in log2 x around the best finite point: the optimum, and the loss at `at` above it."""
     import numpy as np
@@ -296,7 +288,7 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
     out = Path(out)
     plan = read_json(out / PLAN_FILE, what="recipe-check plan")
     runs = [CheckRun(**r) for r in plan["check_runs"]]
-    loss = {r.run_id: _final_loss(out / RUNS_DIR / r.run_id) for r in runs}
+    loss = {r.run_id: completed_val_loss(out / RUNS_DIR / r.run_id) for r in runs}
     c = _check(spec)
     assert spec.recipe is not None
     points = []
@@ -389,7 +381,7 @@ def runs_csv(out: str | Path) -> str:
     writer.writeheader()
     for r in plan["check_runs"]:
         m = manifest[r["run_id"]]
-        loss = _final_loss(out / RUNS_DIR / r["run_id"])
+        loss = completed_val_loss(out / RUNS_DIR / r["run_id"])
         writer.writerow({**{k: r[k] for k in ("run_id", "kind", "point", "d_model", "tokens", "lr_multiplier",
                                                "batch_multiplier", "seed")},
                          **{k: m.get(k, "") for k in ("n_layers", "steps", "batch_size", "optimizer", "lr", "adam_lr",
