@@ -56,7 +56,10 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from delphi.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = Path(__file__).resolve().parent
@@ -67,7 +70,8 @@ V8_SPEC = ROOT / "studies" / "ladder_paper_v8.yaml"
 LADDERS = ("v4", "v8")
 TARGET_FRACTION_OF_PEAK = 0.25  # issue 29: the new ladder's aggregate model FLOP/s >= 25% of the f32 peak
 # A 2048^2 f32 matmul (17 GFLOP) is well past the size where XLA:CPU's dot reaches its peak on one
-# core (delphi.train.peak: 1024 reaches ~90%); 4 chained, best of 5: ~2-4 s a measurement here.
+# core (delphi.train.peak: 1024 reaches ~90%); 4 chained, best of 5: a few seconds per measurement on a
+# quiet core (~12 s on the busy 2-core AMD EPYC of the development runs).
 PEAK_MATMUL_SIZE = 2048
 PEAK_REPEATS = 5
 DEFAULT_STEPS = 32  # optimizer steps timed per shape (at least MIN_TIMED_CALLS calls of the rung's chunk)
@@ -93,15 +97,15 @@ class LadderRung:
     shape: str  # the (model, batch) it trains: what is measured
 
 
-def shape_label(cfg: Any) -> str:
+def shape_label(cfg: "TrainConfig") -> str:
     """A readable name of the (model, batch) a train config compiles to; unique within a ladder
-    (checked by `shape_jobs`)."""
+    (checked by `add_shape`)."""
     m = cfg.model
     moe = f"_E{m.moe.experts}k{m.moe.top_k}x{m.moe.d_expert}" if m.moe is not None else ""
     return f"d{m.d_model}_L{m.n_layers}_H{m.n_heads}_ff{m.d_ff}{moe}_b{cfg.data.batch_size}x{cfg.data.seq_len}"
 
 
-def v4_rungs() -> tuple[list[LadderRung], dict[str, Any]]:
+def v4_rungs() -> tuple[list[LadderRung], dict[str, "TrainConfig"]]:
     """The fourth edition's committed ladder: its rungs and one train config per shape."""
     from delphi.editions import edition_tree
     from delphi.ladder.manifest import read_manifest
@@ -117,7 +121,7 @@ def v4_rungs() -> tuple[list[LadderRung], dict[str, Any]]:
     return rungs, configs
 
 
-def v8_rungs() -> tuple[list[LadderRung], dict[str, Any]]:
+def v8_rungs() -> tuple[list[LadderRung], dict[str, "TrainConfig"]]:
     """The eighth edition's ladder as `delphi ladder plan studies/ladder_paper_v8.yaml` plans it."""
     from delphi.ladder.manifest import manifest_row
     from delphi.ladder.plan import plan_ladder, rung_role
@@ -132,7 +136,7 @@ def v8_rungs() -> tuple[list[LadderRung], dict[str, Any]]:
     return rungs, configs
 
 
-def add_shape(configs: dict[str, Any], cfg: Any) -> str:
+def add_shape(configs: dict[str, "TrainConfig"], cfg: "TrainConfig") -> str:
     """`cfg`'s shape label, its config kept as the shape's (the first rung's: the optimizer's
     hyperparameters differ between rungs of a shape, its cost does not); a label already naming
     another model or batch is an error (one label would time one program for two)."""
@@ -220,7 +224,7 @@ def measure_peak() -> float:
     return measure_matmul_flops("f32", size=PEAK_MATMUL_SIZE, repeats=PEAK_REPEATS)
 
 
-def measure_shape(cfg: Any, steps: int) -> dict:
+def measure_shape(cfg: "TrainConfig", steps: int) -> dict:
     """Median seconds per optimizer step of the trainer's compiled train chunk for `cfg`'s model,
     optimizer and batch, on random tokens (the trainer's own functions: init_model, make_optimizer,
     split_model, make_train_chunk, steps_per_call)."""
@@ -282,7 +286,7 @@ def worker(core: int, jobs: Any, results: Any, steps: int) -> None:
     results.put(("done", core, None))
 
 
-def run_workers(jobs: list[tuple[str, str, Any]], workers: int, steps: int) -> tuple[list[dict], list[dict]]:
+def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps: int) -> tuple[list[dict], list[dict]]:
     """(peaks, shape timings) from `workers` pinned single-thread processes sharing `jobs`."""
     from delphi.ladder.runner import SINGLE_THREAD_XLA_FLAGS
 
@@ -398,7 +402,7 @@ def percent(fraction: float | None) -> str:
 def markdown(result: dict) -> str:
     m, dev = result["machine"], result["max_shapes"] is not None
     peaks = ", ".join(f"{p['flops_per_s'] / 1e9:.1f}" for p in result["peaks"])
-    lines = [f"# Ladder throughput: v8 against v4 ({result['date']}{', DEVELOPMENT RUN: sampled shapes' if dev else ''})", ""]
+    lines = [f"# Ladder throughput: {' against '.join(reversed(result['ladders']))} ({result['date']}{', DEVELOPMENT RUN: sampled shapes' if dev else ''})", ""]
     if dev:
         lines += [f"**A development run**: {result['max_shapes']} shape(s) per ladder, {result['steps']} steps each, "
                   "on a shared machine; the aggregates cover only the sampled shapes' rungs (`coverage`). "
@@ -500,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr, flush=True)
     planned = {"v4": v4_rungs, "v8": v8_rungs}
     rungs: dict[str, list[LadderRung]] = {}
-    jobs: list[tuple[str, str, Any]] = []
+    jobs: list[tuple[str, str, TrainConfig]] = []
     for name in ladders:
         ladder_rungs, configs = planned[name]()
         rungs[name] = ladder_rungs
