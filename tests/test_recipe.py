@@ -111,6 +111,21 @@ def test_lr_adam_lr_and_eps_scale_with_batch_and_horizon():
     assert (at_ref.lr, at_ref.adam_lr, at_ref.eps) == pytest.approx((r.lr.value, r.adam_lr.value, r.eps.value))
 
 
+
+def test_width_term_scales_the_projection_lr_only_and_needs_the_width():
+    flat = _recipe(lr_max=1.0, adam_lr_max=1.0)
+    assert hyperparams_at(flat, 8, SEQ, 4e6).lr_width_factor == 1.0  # Marin's forms: no width needed
+    r = dataclasses.replace(flat, width_exponent=RecipeConstant(-0.5, "test"), ref_d_model=RecipeConstant(64, "test"))
+    narrow = hyperparams_at(r, 8, SEQ, 4e6, d_model=64)
+    wide = hyperparams_at(r, 8, SEQ, 4e6, d_model=256)
+    assert wide.lr / narrow.lr == pytest.approx(0.5) and wide.lr_width_factor == pytest.approx(0.5)
+    assert (wide.adam_lr, wide.eps, wide.beta2) == (narrow.adam_lr, narrow.eps, narrow.beta2)
+    assert recipe_for_tokens(r, 4e6, SEQ, d_model=256).lr == pytest.approx(
+        recipe_for_tokens(flat, 4e6, SEQ).lr * 0.5)
+    with pytest.raises(DelphiError, match="width_exponent"):
+        hyperparams_at(r, 8, SEQ, 4e6)
+
+
 def test_lr_calibrate_refuses_a_recipe_spec():
     from delphi.ladder.lr_calibration import Point, plan_calibration
 

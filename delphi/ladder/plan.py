@@ -135,7 +135,7 @@ def recipe_run(spec: LadderSpec, width_or_model: int | ModelConfig, tokens: floa
     if spec.recipe is None:
         raise DelphiError("recipe: the ladder spec has no recipe section")
     model = shape_for_width(spec, width_or_model) if isinstance(width_or_model, int) else width_or_model
-    hp = recipe_for_tokens(spec.recipe, tokens, spec.seq_len)
+    hp = recipe_for_tokens(spec.recipe, tokens, spec.seq_len, d_model=model.d_model)
     steps = max(1, round(tokens / hp.batch_tokens))
     return RecipeRun(model, tokens, steps, hp)
 
@@ -293,7 +293,7 @@ def make_rung(
     if spec.recipe is not None:
         from delphi.ladder.recipe import recipe_batch_seqs
 
-        rule_batch, rule_halvings = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len)
+        rule_batch, rule_halvings = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len, model.d_model)
         batch = batch if batch is not None else rule_batch
         halvings = rule_halvings if batch == rule_batch else 0
     else:
@@ -316,11 +316,11 @@ def make_rung(
         from delphi.ladder.recipe import optim_config, recipe_for_tokens
 
         # Hyperparameters for the horizon the run trains (steps x batch), as the transfer rule's.
-        rhp = recipe_for_tokens(spec.recipe, steps * batch_tokens, spec.seq_len, batch_seqs=batch)
+        rhp = recipe_for_tokens(spec.recipe, steps * batch_tokens, spec.seq_len, batch_seqs=batch, d_model=model.d_model)
         rhp = dataclasses.replace(rhp, halvings=halvings)
         hp = Hyperparams(lr=rhp.lr, beta1=rhp.beta1, beta2=rhp.beta2, eps=rhp.eps, weight_decay=rhp.weight_decay,
                          grad_clip=rhp.grad_clip, lr_batch_factor=rhp.lr_batch_factor,
-                         lr_horizon_factor=rhp.lr_horizon_factor, lr_width_factor=1.0, recipe=rhp)
+                         lr_horizon_factor=rhp.lr_horizon_factor, lr_width_factor=rhp.lr_width_factor, recipe=rhp)
         optim = optim_config(rhp)
     else:
         hp = transfer(spec, model.d_model, batch_tokens, steps * batch_tokens)

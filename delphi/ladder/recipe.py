@@ -13,13 +13,16 @@ The forms (Marin, experiments/scaling_law_sweeps/completed_adamh.py; constants a
     batch (tokens per step)  B = seq_len x next power of two of T / (seq_len x target_steps),
                              halved while a cap is hit (lr > lr_max, adam_lr > adam_lr_max,
                              beta2 below beta2_min before clipping), not below min_seqs
-    projection LR (AdamH)    eta   = lr x (B/B0)^batch_exponent x (T0/T)^horizon_exponent, <= lr_max
+    projection LR (AdamH)    eta   = lr x (B/B0)^batch_exponent x (T0/T)^horizon_exponent
+                                     x (d/d0)^width_exponent, <= lr_max
     Adam-group LR            adam  = adam_lr x sqrt(B T0 / (B0 T)), <= adam_lr_max
     eps                      eps   = eps x sqrt(B0 T / (B T0))
     beta2                    beta2 = clip(beta2^(B/B0), beta2_min, beta2_max)
     beta1, grad_clip, schedule, warmup_frac, decay_frac: constants
 
-There is no width term: AdamH steps each matrix by a fraction of its own norm, which is width-stable.
+Marin's forms have no width term (AdamH steps each matrix by a fraction of its own norm, which is
+close to width-stable); `width_exponent` (0 by default) adds one where our own recipe check measures
+a drift of the optimum with width.
 Every constant is a {value, source} pair; `unsourced_constants` lists those without a source
 (`delphi ladder plan` warns about each).
 """
@@ -81,6 +84,8 @@ class RecipeSpec:
     lr: RecipeConstant = _c(3.3e-3)  # eta0: AdamH projection relative step at (B0, T0); AdamW: its LR
     batch_exponent: RecipeConstant = _c(0.5)
     horizon_exponent: RecipeConstant = _c(0.3)  # p
+    width_exponent: RecipeConstant = _c(0.0)  # the projection LR's (d/d0) exponent; 0: Marin's forms
+    ref_d_model: RecipeConstant = _c(64)  # d0
     lr_max: RecipeConstant = _c(0.01)
     adam_lr: RecipeConstant = _c(1.4e-3)  # LR of the plain-Adam groups (embeddings, gains) at (B0, T0)
     adam_lr_max: RecipeConstant = _c(0.01)
@@ -113,7 +118,7 @@ class RecipeSpec:
         need(v["target_steps"] >= 1 and float(v["target_steps"]).is_integer(), "target_steps.value",
              f"must be a whole number of steps >= 1, got {v['target_steps']}")
         need(1 <= self.min_seqs <= self.max_seqs, "min_seqs", f"need 1 <= min_seqs <= max_seqs, got {self.min_seqs}, {self.max_seqs}")
-        for key in ("ref_batch_tokens", "ref_tokens", "lr", "lr_max", "adam_lr", "adam_lr_max", "eps"):
+        for key in ("ref_batch_tokens", "ref_tokens", "ref_d_model", "lr", "lr_max", "adam_lr", "adam_lr_max", "eps"):
             need(v[key] > 0, f"{key}.value", f"must be positive, got {v[key]}")
         need(0 <= v["beta1"] < 1, "beta1.value", f"must be in [0, 1), got {v['beta1']}")
         need(0 < v["beta2"] < 1, "beta2.value", f"must be in (0, 1), got {v['beta2']}")
@@ -220,6 +225,7 @@ class RecipeHyperparams:
     min_lr_frac: float
     lr_batch_factor: float
     lr_horizon_factor: float
+    lr_width_factor: float
     halvings: int  # times the fixed-step batch was halved for a cap
     caps: tuple[str, ...]  # caps still hit at the chosen batch (at min_seqs), clipped
 
@@ -234,24 +240,34 @@ def rule_batch_seqs(recipe: RecipeSpec, tokens: float, seq_len: int) -> int:
     return int(min(max(seqs, recipe.min_seqs), recipe.max_seqs))
 
 
-def _raw(recipe: RecipeSpec, batch_tokens: float, tokens: float) -> dict[str, float]:
+def _width_factor(recipe: RecipeSpec, d_model: int | None) -> float:
+    if recipe.width_exponent.value == 0:
+        return 1.0
+    if d_model is None:
+        raise DelphiError("recipe.width_exponent: the recipe has a width term, so its hyperparameters need the run's d_model")
+    return (d_model / recipe.ref_d_model.value) ** recipe.width_exponent.value
+
+
+def _raw(recipe: RecipeSpec, batch_tokens: float, tokens: float, d_model: int | None) -> dict[str, float]:
     b0, t0 = recipe.ref_batch_tokens.value, recipe.ref_tokens.value
     batch_factor = (batch_tokens / b0) ** recipe.batch_exponent.value
     horizon_factor = (t0 / tokens) ** recipe.horizon_exponent.value
+    width_factor = _width_factor(recipe, d_model)
     ratio = batch_tokens * t0 / (b0 * tokens)  # Marin's r / r0
     return {
-        "lr": recipe.lr.value * batch_factor * horizon_factor,
+        "lr": recipe.lr.value * batch_factor * horizon_factor * width_factor,
         "adam_lr": recipe.adam_lr.value * math.sqrt(ratio),
         "eps": recipe.eps.value / math.sqrt(ratio),
         "beta2": recipe.beta2.value ** (batch_tokens / b0),
         "lr_batch_factor": batch_factor,
         "lr_horizon_factor": horizon_factor,
+        "lr_width_factor": width_factor,
     }
 
 
-def caps_hit(recipe: RecipeSpec, batch_tokens: float, tokens: float) -> tuple[str, ...]:
-    """The caps the forms exceed at this batch and horizon (each halves the batch)."""
-    raw = _raw(recipe, batch_tokens, tokens)
+def caps_hit(recipe: RecipeSpec, batch_tokens: float, tokens: float, d_model: int | None = None) -> tuple[str, ...]:
+    """The caps the forms exceed at this batch, horizon and width (each halves the batch)."""
+    raw = _raw(recipe, batch_tokens, tokens, d_model)
     hit = []
     if raw["lr"] > recipe.lr_max.value:
         hit.append("lr_max")
@@ -262,13 +278,14 @@ def caps_hit(recipe: RecipeSpec, batch_tokens: float, tokens: float) -> tuple[st
     return tuple(hit)
 
 
-def hyperparams_at(recipe: RecipeSpec, batch_seqs: int, seq_len: int, tokens: float, halvings: int = 0) -> RecipeHyperparams:
+def hyperparams_at(recipe: RecipeSpec, batch_seqs: int, seq_len: int, tokens: float, halvings: int = 0,
+                   d_model: int | None = None) -> RecipeHyperparams:
     """The recipe's hyperparameters at a given batch and horizon (caps clipped, not halved): the
     batch sweep of the recipe check trains at batches the rule did not choose."""
     if batch_seqs < 1:
         raise DelphiError(f"batch: sequences per step must be >= 1, got {batch_seqs}")
     batch_tokens = batch_seqs * seq_len
-    raw = _raw(recipe, batch_tokens, tokens)
+    raw = _raw(recipe, batch_tokens, tokens, d_model)
     return RecipeHyperparams(
         optimizer=recipe.optimizer,
         batch_seqs=int(batch_seqs),
@@ -288,27 +305,30 @@ def hyperparams_at(recipe: RecipeSpec, batch_seqs: int, seq_len: int, tokens: fl
         min_lr_frac=recipe.min_lr_frac.value,
         lr_batch_factor=raw["lr_batch_factor"],
         lr_horizon_factor=raw["lr_horizon_factor"],
+        lr_width_factor=raw["lr_width_factor"],
         halvings=halvings,
-        caps=caps_hit(recipe, batch_tokens, tokens),
+        caps=caps_hit(recipe, batch_tokens, tokens, d_model),
     )
 
 
-def recipe_batch_seqs(recipe: RecipeSpec, tokens: float, seq_len: int) -> tuple[int, int]:
+def recipe_batch_seqs(recipe: RecipeSpec, tokens: float, seq_len: int, d_model: int | None = None) -> tuple[int, int]:
     """(sequences per step, halvings): the fixed-step batch, halved while a cap is hit."""
     seqs, halvings = rule_batch_seqs(recipe, tokens, seq_len), 0
-    while seqs > recipe.min_seqs and caps_hit(recipe, seqs * seq_len, tokens):
+    while seqs > recipe.min_seqs and caps_hit(recipe, seqs * seq_len, tokens, d_model):
         seqs //= 2
         halvings += 1
     return max(seqs, recipe.min_seqs), halvings
 
 
-def recipe_for_tokens(recipe: RecipeSpec, tokens: float, seq_len: int, batch_seqs: int | None = None) -> RecipeHyperparams:
-    """THE recipe: everything a run of `tokens` tokens trains with. `batch_seqs` overrides the batch
-    rule (the recipe check's batch sweep only); the hyperparameters follow the batch either way."""
+def recipe_for_tokens(recipe: RecipeSpec, tokens: float, seq_len: int, batch_seqs: int | None = None,
+                      d_model: int | None = None) -> RecipeHyperparams:
+    """THE recipe: everything a run of `tokens` tokens at width `d_model` trains with (the width is
+    needed only with a width term). `batch_seqs` overrides the batch rule (the recipe check's batch
+    sweep only); the hyperparameters follow the batch either way."""
     if batch_seqs is not None:
-        return hyperparams_at(recipe, batch_seqs, seq_len, tokens)
-    seqs, halvings = recipe_batch_seqs(recipe, tokens, seq_len)
-    return hyperparams_at(recipe, seqs, seq_len, tokens, halvings)
+        return hyperparams_at(recipe, batch_seqs, seq_len, tokens, d_model=d_model)
+    seqs, halvings = recipe_batch_seqs(recipe, tokens, seq_len, d_model)
+    return hyperparams_at(recipe, seqs, seq_len, tokens, halvings, d_model)
 
 
 def trainer_has_optimizer_choice() -> bool:

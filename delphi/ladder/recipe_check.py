@@ -163,7 +163,7 @@ def plan_check(spec: LadderSpec) -> tuple[list[Rung], list[CheckRun]]:
     longest = max(c.horizons)
     assert spec.recipe is not None
     for d, tokens in ((widest, c.width_tokens), (c.horizon_width, longest)):
-        rule, _ = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len)
+        rule, _ = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len, d)
         for b in sorted(set(c.batch_multipliers)):
             seqs = max(1, round(rule * b))
             if seqs == rule:
@@ -326,14 +326,19 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
     r = spec.recipe
     suggested = None
     if drift["a"] is not None:
-        suggested = {"lr": r.lr.value * math.exp(drift["a"]),
+        # m* is the optimum in units of the recipe's LR, so each fitted slope adds to its exponent
+        # (the horizon's with a minus sign: the recipe's horizon factor is (T0/T)^p).
+        # The drift's width slope is about d_ref = horizon_width; moved to the recipe's own d0.
+        width_slope = drift["b"] or 0.0
+        suggested = {"lr": r.lr.value * math.exp(drift["a"]) * (r.ref_d_model.value / c.horizon_width) ** width_slope,
                      "horizon_exponent": r.horizon_exponent.value - (drift["c"] or 0.0),
-                     "width_exponent_measured": drift["b"]}
+                     "width_exponent": r.width_exponent.value + width_slope}
     lost = [p["lost_frac"] for p in points if p["lost_frac"] is not None]
     return {
         "spec": spec.name,
         "optimizer": r.optimizer,
-        "recipe_now": {"lr": r.lr.value, "horizon_exponent": r.horizon_exponent.value, "adam_lr": r.adam_lr.value,
+        "recipe_now": {"lr": r.lr.value, "horizon_exponent": r.horizon_exponent.value,
+                       "width_exponent": r.width_exponent.value, "ref_d_model": r.ref_d_model.value, "adam_lr": r.adam_lr.value,
                        "ref_batch_tokens": r.ref_batch_tokens.value, "ref_tokens": r.ref_tokens.value},
         "hero": hero,
         "reach": {"widest": max(c.widths), "longest": max(c.horizons)},
@@ -421,12 +426,14 @@ def format_report(report: dict[str, Any]) -> str:
                  f"{_pct(t['width_at_hero'])}, horizon {_pct(t['horizon_at_hero'])}")
     d = report["drift"]
     if d["a"] is not None:
-        lines.append(f"LR optimum drift: log m* = {d['a']:+.3f}" + (f" {d['b']:+.3f} log(d/d0)" if d["b"] is not None else "")
+        lines.append(f"LR optimum drift: log m* = {d['a']:+.3f}" + (f" {d['b']:+.3f} log(d/d_ref)" if d["b"] is not None else "")
                      + (f" {d['c']:+.3f} log(T/T0)" if d["c"] is not None else ""))
     if report.get("recipe_suggested"):
         s = report["recipe_suggested"]
-        lines.append(f"recipe now: lr {report['recipe_now']['lr']:.4g}, horizon_exponent {report['recipe_now']['horizon_exponent']:.3f};"
-                     f" fitted: lr {s['lr']:.4g}, horizon_exponent {s['horizon_exponent']:.3f}")
+        now = report["recipe_now"]
+        lines.append(f"recipe now: lr {now['lr']:.4g}, horizon_exponent {now['horizon_exponent']:.3f}, width_exponent "
+                     f"{now.get('width_exponent', 0.0):.3f}; fitted: lr {s['lr']:.4g}, horizon_exponent "
+                     f"{s['horizon_exponent']:.3f}, width_exponent {s.get('width_exponent', 0.0):.3f}")
     cm = report["compute"]
     lines.append(f"compute: check {cm['check_flops']:.3g} FLOPs = {cm['compute_ratio']:.1%} of the study's {cm['study_flops']:.3g} "
                  f"(limit {cm['max_compute_ratio']:.0%})")
