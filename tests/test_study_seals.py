@@ -81,6 +81,8 @@ def test_the_law_alone_seals_every_prediction_before_any_trains(tmp_path, monkey
         assert not doc["provenance"].get("probe_summaries_sha256")  # no run beyond the ladder is evidence
     marker = json.loads((out / "stages" / "seals.json").read_text())["result"]
     assert [p["name"] for p in marker["probes"]] == list(PROBES) and marker["hero"]["prereg"] == str(out / "preregistration.yaml")
+    assert [p["flops"] for p in marker["probes"]] == pytest.approx([m * 8e9 for m in PROBE_MULTIPLES], rel=0.05)
+    assert marker["hero"]["final"]["loss"] == fmt.read(out / "preregistration.yaml")["prediction"]["final"]["loss"]
 
     # Resumed: the probes train against their seals and the hero's seal is found, none rewritten.
     assert run_study(study_file, out, stop_after="prereg")["stopped_after"] == "prereg"

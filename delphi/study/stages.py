@@ -450,22 +450,27 @@ def stage_seals(study: Study) -> dict:
     probes = []
     for multiple in sorted(study.spec.hero.probe_multiples):
         name = own_probe_name(multiple)
-        probes.append(_refusing_before_training(name, study.probes_dir / f"{name}.prereg.yaml",
+        probes.append(_seal_or_stop(name, study.probes_dir / f"{name}.prereg.yaml",
                                                 lambda m=multiple: seal_probe(study, m)))
-    hero = _refusing_before_training("the hero", study.prereg, lambda: seal_hero(study))
-    _say(f"hero: sealed in {study.prereg}" + (" (earlier)" if hero.get("note") else ""))
+    hero = _seal_or_stop("the hero", study.prereg, lambda: seal_hero(study))
+    for name, sealed in [*((p["name"], p) for p in probes), ("hero", hero)]:
+        final, i90 = sealed.get("final") or {}, (sealed.get("final") or {}).get("loss_90")
+        _say(f"seal {name}: {_fmt(sealed.get('flops'), '.3g')} FLOPs, predicted {_fmt(final.get('loss'))}"
+             + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "") + (" FORCED" if sealed.get("forced") else "")
+             + f", {'sealed earlier, kept' if sealed.get('note') else 'sealed'} in {sealed['prereg']}")
     return {"probes": probes, "hero": hero}
 
 
-def _refusing_before_training(what: str, prereg: Path, seal: Callable[[], dict]) -> dict:
+def _seal_or_stop(what: str, prereg: Path, seal: Callable[[], dict]) -> dict:
     """One seal of stage seals; a gate that refuses it stops the study before any run beyond the
     ladder trains, as the gates stage would (the seals written before it stay: never rewritten)."""
     from delphi.prereg import gates as gt
+    from delphi.prereg.create import gates_path
 
     try:
         return seal()
     except CheckFailed as refused:
-        report_path = _gate_report_path(prereg)
+        report_path = gates_path(prereg)
         report = json.loads(report_path.read_text()) if report_path.is_file() else {}
         for g in report.get("gates", []):
             if not g.get("passed"):
@@ -475,12 +480,6 @@ def _refusing_before_training(what: str, prereg: Path, seal: Callable[[], dict])
                           f"{what} was NOT sealed and no probe or hero was trained (report {report_path}). Fix the "
                           f"ladder (more seeds, budgets, healthier rungs) or set `force: true` in the study file to go "
                           f"on anyway.") from refused
-
-
-def _gate_report_path(prereg: Path) -> Path:
-    from delphi.prereg.create import gates_path
-
-    return gates_path(prereg)
 
 
 def _seal_evidence(study: Study) -> dict[str, Any]:
@@ -504,8 +503,13 @@ def _sealed_earlier(path: Path) -> dict:
     doc = read(path)
     if not seal_status(doc)["ok"]:
         raise DelphiError(f"{path}: exists but its seal is broken; it was edited after sealing")
+    return {"prereg": str(path), "note": "sealed earlier"} | _sealed_summary(doc)
+
+
+def _sealed_summary(doc: dict) -> dict:
+    """What a stage records of a seal: the run's FLOPs, the final prediction, whether it was forced."""
     final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
-    return {"prereg": str(path), "note": "sealed earlier", "final": final, "forced": doc.get("forced", False)}
+    return {"flops": (doc.get("hero") or {}).get("flops"), "final": final, "forced": doc.get("forced", False)}
 
 
 def seal_probe(study: Study, multiple: float) -> dict:
@@ -538,10 +542,7 @@ def seal_probe(study: Study, multiple: float) -> dict:
                                       f"{study.primary_fit} law fitted on the ladder alone, sealed with every other "
                                       "prediction beyond the ladder before any of them trained." + primary_choice_sentence(study),
                             **_seal_evidence(study))
-    final = doc.get("prediction", {}).get("final", {})
-    _say(f"seal {name}: {doc['hero']['flops']:.3g} FLOPs, predicted {final.get('loss', float('nan')):.4f}"
-         + (" (FORCED)" if doc.get("forced") else "") + f", sealed in {seal}")
-    return out | {"prereg": str(seal), "final": final, "forced": doc.get("forced", False)}
+    return out | {"prereg": str(seal)} | _sealed_summary(doc)
 
 
 def seal_hero(study: Study) -> dict:
@@ -560,8 +561,7 @@ def seal_hero(study: Study) -> dict:
         force=study.spec.force, probe_correction=study.spec.hero.probe_correction,
         trajectory_from_probes=study.spec.hero.trajectory == "probes", **_seal_evidence(study),
     )
-    final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
-    return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}
+    return {"prereg": str(study.prereg)} | _sealed_summary(doc)
 
 
 def stage_probes(study: Study) -> dict:
