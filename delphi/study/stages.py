@@ -450,8 +450,7 @@ def stage_seals(study: Study) -> dict:
     probes = []
     for multiple in sorted(study.spec.hero.probe_multiples):
         name = own_probe_name(multiple)
-        probes.append(_seal_or_stop(name, study.probes_dir / f"{name}.prereg.yaml",
-                                                lambda m=multiple: seal_probe(study, m)))
+        probes.append(_seal_or_stop(name, study.probes_dir / f"{name}.prereg.yaml", lambda m=multiple: seal_probe(study, m)))
     hero = _seal_or_stop("the hero", study.prereg, lambda: seal_hero(study))
     for name, sealed in [*((p["name"], p) for p in probes), ("hero", hero)]:
         final, i90 = sealed.get("final") or {}, (sealed.get("final") or {}).get("loss_90")
@@ -675,8 +674,9 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
               accept_store: str | None = None) -> dict:
     """Run (or resume) the stages of a study; return the verdict and the report path.
 
-    `stop_after` ends the invocation after that stage, e.g. "prereg" so the sealed
-    file can be committed before the hero's first step; the next call resumes.
+    `stop_after` ends the invocation after that stage, e.g. "seals" (under the law alone) or
+    "prereg" so the sealed files can be committed before any of their runs' first step; the next
+    call resumes.
     `accept_store` (a sha256) goes on with a corpus store that differs from the one pinned at
     prepare, when it is that store (`check_store_unchanged`; recorded in store_accepted.json).
     """
