@@ -1,7 +1,8 @@
 """`delphi study`: the whole loop from one study file, resumably.
 
     prepare -> plan -> ladder -> collect -> fit -> backtest -> hero -> gates
-            -> dress_rehearsal (its own gate) -> prereg -> train_hero (checked live) -> check -> figures -> report
+            -> dress_rehearsal (its own gate) -> seals -> probes -> prereg -> train_hero (checked live)
+            -> check -> figures -> report
 
 The fit stage fits the primary law under each parameter-count convention
 (non-embedding, active, FLOPs per token / 6), reports the compute-optimal
@@ -10,7 +11,10 @@ favours; every law allocates compute under the ladder family's exact FLOPs per
 token. The gates stage says PASS/FAIL for every gate before anything larger than
 the ladder trains and stops the study (exit 1) when one fails, unless the study
 says `force: true`; then the dress rehearsal predicts and trains one run at ~3x
-the top budget, and its error is one more gate before the hero.
+the top budget, and its error is one more gate before the hero. Under the law alone
+(`hero.probe_correction: false`) the seals stage then seals every prediction beyond the ladder
+(the study's own probes and the hero) before any of them trains; `--stop-after seals` stops there
+so the seals can be committed first.
 
 Each stage writes `stages/<name>.json` when it completes; re-running the study
 skips completed stages, and the two training stages resume their runs (the
@@ -85,6 +89,9 @@ _MODULE_OF: dict[str, str] = {
     "stage_prepare": "stages",
     "stage_prereg": "stages",
     "stage_probes": "stages",
+    "stage_seals": "stages",
+    "seal_hero": "stages",
+    "seal_probe": "stages",
     "stage_train_hero": "stages",
     "STAGES": "stages",
     "_conventions_section": "report",

@@ -58,9 +58,11 @@ class HeroSpec:
     # Where the sealed trajectory's shape comes from: "curve_law" (the LR-annealing law fitted on the
     # ladder's curves) or "probes" (the longest probe, normalised to its final loss).
     trajectory: str = "curve_law"
-    # Probes of the study's own, as multiples of the top ladder budget (e.g. [3, 10, 30]): after the
-    # ladder's gates pass, each is sized like the hero, sealed (with --force: the gates judge the
-    # hero) and trained, then counts as evidence like gates.probes (paper/editions/v6: three probes let
+    # Probes of the study's own, as multiples of the top ladder budget (e.g. [3, 10, 30]), each sized
+    # like the hero. Under the law alone (probe_correction: false) they are predictions like the
+    # hero's: stage seals seals them all and the hero, under the same gates, before any trains (issue
+    # 29). With probe_correction each is sealed (with --force: the gates judge the hero) and trained in
+    # turn, then counts as evidence like gates.probes (paper/editions/v6: three probes let
     # probe_correction seal a hero up to their span beyond the last).
     probe_multiples: tuple[float, ...] = ()
 
@@ -165,6 +167,9 @@ class StudySpec:
             raise DelphiError(f"{where}: hero.trajectory: {hero.trajectory!r}, expected one of {list(TRAJECTORY_SOURCES)}")
         if hero.trajectory == "probes" and not has_probes:
             raise DelphiError(f"{where}: hero.trajectory: probes needs probes (gates.probes or hero.probe_multiples)")
+        if hero.trajectory == "probes" and not hero.probe_correction and not self.gates.probes:
+            raise DelphiError(f"{where}: hero.trajectory: probes with hero.probe_correction: false needs gates.probes: "
+                              "under the law alone the hero is sealed before the study's own probes train (stage seals)")
         if not hero.checkpoint_every_s >= 0:
             raise DelphiError(f"{where}: hero.checkpoint_every_s: must be >= 0 seconds, got {hero.checkpoint_every_s}")
         if not self.conventions or any(c not in PARAM_CONVENTIONS for c in self.conventions):

@@ -371,7 +371,9 @@ def stage_gates(study: Study) -> dict:
     pin_probes(study)
     # While the study's own probes are untrained, the prediction they will correct is not known yet:
     # the ladder's gates decide whether to spend their compute, the prediction's wait for the seal.
-    pending = [m for m in study.spec.hero.probe_multiples if not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()]
+    # Under the law alone nothing waits for them: the seals stage seals every prediction before any trains.
+    pending = [m for m in study.spec.hero.probe_multiples if study.spec.hero.probe_correction
+               and not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()]
     correct = study.spec.hero.probe_correction and not pending
     probes = probe_runs(study)
     final, fit = hero_prediction(study.fit_path(study.primary_fit), hero, study.results, probes,
@@ -429,13 +431,145 @@ def pin_probes(study: Study) -> None:
                 atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())
 
 
-def stage_probes(study: Study) -> dict:
-    """Each of hero.probe_multiples, smallest first: sized from the primary fit like the hero,
-    its prediction sealed into STUDY/probes/NAME.prereg.yaml before its first step (with force: the
-    gates judge the hero, not a probe), then trained against the seal. A probe that started before
-    its seal existed is refused; an interrupted one resumes."""
-    from delphi.fits import load_fit
+def stage_seals(study: Study) -> dict:
+    """Under the law alone (`hero.probe_correction: false`), seal every prediction beyond the ladder
+    before any of them has a step (issue 29): each of hero.probe_multiples, smallest first, sized
+    like the hero and sealed into STUDY/probes/NAME.prereg.yaml, then the hero into its
+    preregistration. No prediction depends on another run, so nothing waits for a probe; each seal
+    evaluates the gates (the ladder's, as for the hero) and is refused unless they all pass or the
+    study says `force: true`: a probe is a prediction of the paper, not evidence for the hero.
+
+    `delphi study SPEC --out DIR --stop-after seals` ends there, so the seals can be committed
+    before any run beyond the ladder trains; the probes and hero stages then train against them.
+    A seal already present (an earlier attempt, or a study dir from before this stage) is kept,
+    never rewritten. With `hero.probe_correction: true` the hero's seal needs the trained probes:
+    this stage is skipped, and the probes and prereg stages seal and train in turn."""
+    if study.spec.hero.probe_correction:
+        return {"skipped": "hero.probe_correction: true: each probe is sealed and trained in turn (stage probes), "
+                           "the hero sealed after them, corrected by them (stage prereg)"}
+    probes = []
+    for multiple in sorted(study.spec.hero.probe_multiples):
+        name = own_probe_name(multiple)
+        probes.append(_seal_or_stop(name, study.probes_dir / f"{name}.prereg.yaml", lambda m=multiple: seal_probe(study, m)))
+    hero = _seal_or_stop("the hero", study.prereg, lambda: seal_hero(study))
+    for name, sealed in [*((p["name"], p) for p in probes), ("hero", hero)]:
+        final, i90 = sealed.get("final") or {}, (sealed.get("final") or {}).get("loss_90")
+        _say(f"seal {name}: {_fmt(sealed.get('flops'), '.3g')} FLOPs, predicted {_fmt(final.get('loss'))}"
+             + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "") + (" FORCED" if sealed.get("forced") else "")
+             + f", {'sealed earlier, kept' if sealed.get('note') else 'sealed'} in {sealed['prereg']}")
+    return {"probes": probes, "hero": hero}
+
+
+def _seal_or_stop(what: str, prereg: Path, seal: Callable[[], dict]) -> dict:
+    """One seal of stage seals; a gate that refuses it stops the study before any run beyond the
+    ladder trains, as the gates stage would (the seals written before it stay: never rewritten)."""
+    from delphi.prereg import gates as gt
+    from delphi.prereg.create import gates_path
+
+    try:
+        return seal()
+    except CheckFailed as refused:
+        report_path = gates_path(prereg)
+        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        for g in report.get("gates", []):
+            if not g.get("passed"):
+                _say(f"gate {gt.gate_lines([gt.Gate.from_json(g)])[0]} ({what})")
+        failed = ", ".join(report.get("failed", [])) or str(refused)
+        raise CheckFailed(f"gates failed before any run beyond the ladder trained: {failed} at the seal of {what}; "
+                          f"{what} was NOT sealed and no probe or hero was trained (report {report_path}). Fix the "
+                          f"ladder (more seeds, budgets, healthier rungs) or set `force: true` in the study file to go "
+                          f"on anyway.") from refused
+
+
+def _seal_evidence(study: Study) -> dict[str, Any]:
+    """What every seal of the ladder's law alone is judged on (create_prereg's keyword arguments):
+    the ladder, its fits' backtest, the rehearsal, calibrations, the pinned gates.probes and the
+    recipe check; the hero's and (under the law alone) each probe's seal see the same gates."""
+    rehearsal = _rehearsal(study)
+    return dict(ladder=study.ladder_dir, results=study.results, tolerance_rel=study.spec.hero.tolerance,
+                author=study.spec.author, bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
+                thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
+                rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
+                lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
+                probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope,
+                recipe_check=getattr(study, "recipe_check", None))
+
+
+def _sealed_earlier(path: Path) -> dict:
+    """A seal written on an earlier attempt (or stage): checked intact, never rewritten."""
+    from delphi.prereg.format import read, seal_status
+
+    doc = read(path)
+    if not seal_status(doc)["ok"]:
+        raise DelphiError(f"{path}: exists but its seal is broken; it was edited after sealing")
+    return {"prereg": str(path), "note": "sealed earlier"} | _sealed_summary(doc)
+
+
+def _sealed_summary(doc: dict) -> dict:
+    """What a stage records of a seal: the run's FLOPs, the final prediction, whether it was forced."""
+    final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
+    return {"flops": (doc.get("hero") or {}).get("flops"), "final": final, "forced": doc.get("forced", False)}
+
+
+def seal_probe(study: Study, multiple: float) -> dict:
+    """Size one of hero.probe_multiples like the hero (STUDY/probes/NAME.yaml) and seal its prediction
+    (NAME.prereg.yaml) before its first step. Under the law alone it is a prediction like the hero's,
+    judged by the same gates (force only if the study says so); with probe_correction it is evidence
+    for the hero's correction, sealed with force (the gates judge the hero, not a probe). A present
+    seal is kept; a probe that started before its seal existed is refused."""
     from delphi.prereg.create import create_prereg
+
+    name = own_probe_name(multiple)
+    run, config, seal = study.probes_dir / name, study.probes_dir / f"{name}.yaml", study.probes_dir / f"{name}.prereg.yaml"
+    if not config.is_file():
+        _sized_run(study, multiple * max(_ladder_spec(study).budgets), name, config)
+    out = {"name": name, "multiple": multiple, "config": str(config)}
+    if seal.exists():
+        return out | _sealed_earlier(seal)
+    if (run / METRICS_FILE).exists():
+        raise DelphiError(f"{run}: the probe started before its preregistration existed; remove it to start over")
+    if study.spec.hero.probe_correction:  # the behaviour of the corrected path, unchanged
+        doc = create_prereg(study.fit_path(study.primary_fit), config, seal, ladder=study.ladder_dir, results=study.results,
+                            tolerance_rel=study.spec.hero.tolerance, author=study.spec.author, force=True,
+                            rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
+                                      "(sealed with force: the gates judge the hero, not a probe).",
+                            bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed, thresholds=study.spec.thresholds(),
+                            backtest=_primary_backtest(study))
+    else:
+        doc = create_prereg(study.fit_path(study.primary_fit), config, seal, force=study.spec.force,
+                            rationale=f"Study {study.spec.name}: a prediction at {multiple:g}x the top budget, the "
+                                      f"{study.primary_fit} law fitted on the ladder alone, sealed with every other "
+                                      "prediction beyond the ladder before any of them trained." + primary_choice_sentence(study),
+                            **_seal_evidence(study))
+    return out | {"prereg": str(seal)} | _sealed_summary(doc)
+
+
+def seal_hero(study: Study) -> dict:
+    """The hero's preregistration (study.prereg), sealed before its first step: by stage seals under
+    the law alone, by stage prereg (after the probes that correct it) otherwise. One sealed earlier
+    is kept, never rewritten; a hero that started before its seal existed is refused."""
+    from delphi.prereg.create import create_prereg
+
+    if study.prereg.exists():  # sealed on an earlier, interrupted attempt or by stage seals: never rewrite it
+        return _sealed_earlier(study.prereg)
+    if (study.hero_run / METRICS_FILE).exists():
+        raise DelphiError(f"{study.hero_run}: the hero started before a preregistration existed; remove it to start over")
+    doc = create_prereg(
+        study.fit_path(study.primary_fit), study.hero_config, study.prereg,
+        rationale=(study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
+        force=study.spec.force, probe_correction=study.spec.hero.probe_correction,
+        trajectory_from_probes=study.spec.hero.trajectory == "probes", **_seal_evidence(study),
+    )
+    return {"prereg": str(study.prereg)} | _sealed_summary(doc)
+
+
+def stage_probes(study: Study) -> dict:
+    """Each of hero.probe_multiples, smallest first, trained against its seal: under the law alone
+    the seals stage sealed them all (with the hero) before this stage; with probe_correction each is
+    sized and sealed here (`seal_probe`, with force: the gates judge the hero, not a probe) just
+    before it trains. A probe that started before its seal existed is refused; an interrupted one
+    resumes."""
+    from delphi.fits import load_fit
     from delphi.prereg.predict import run_noise_nats, run_predicted_vs_actual
     from delphi.prereg.format import predicted_loss_curve
     from delphi.train.config import load_train_config
@@ -447,23 +581,11 @@ def stage_probes(study: Study) -> dict:
     check_store_unchanged(study)
     fit = load_fit(study.fit_path(study.primary_fit))
     noise = run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0]
-    top = max(_ladder_spec(study).budgets)
     results = []
     for multiple in multiples:
-        name = own_probe_name(multiple)
-        run, config, seal = study.probes_dir / name, study.probes_dir / f"{name}.yaml", study.probes_dir / f"{name}.prereg.yaml"
-        if not config.is_file():
-            _sized_run(study, multiple * top, name, config)
-        if not seal.exists():
-            if (run / METRICS_FILE).exists():
-                raise DelphiError(f"{run}: the probe started before its preregistration existed; remove it to start over")
-            create_prereg(study.fit_path(study.primary_fit), config, seal, ladder=study.ladder_dir, results=study.results,
-                          tolerance_rel=study.spec.hero.tolerance, author=study.spec.author, force=True,
-                          rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
-                                    "(sealed with force: the gates judge the hero, not a probe).",
-                          bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed, thresholds=study.spec.thresholds(),
-                          backtest=_primary_backtest(study))
-        cfg = load_train_config(config)
+        sealed = seal_probe(study, multiple)
+        name, run, seal = sealed["name"], study.probes_dir / sealed["name"], Path(sealed["prereg"])
+        cfg = load_train_config(Path(sealed["config"]))
         _say(f"probe {name}: {cfg.flops:.3g} FLOPs, sealed in {seal}")
         _finished(train(cfg, run, resume=(run / CONFIG_FILE).exists(), predicted_loss=predicted_loss_curve(seal)), f"probe {name}")
         result = run_predicted_vs_actual(fit, run, noise)
@@ -473,31 +595,8 @@ def stage_probes(study: Study) -> dict:
 
 
 def stage_prereg(study: Study) -> dict:
-    from delphi.prereg.create import create_prereg
-
-    if study.prereg.exists():  # sealed on an earlier, interrupted attempt: never rewrite it
-        from delphi.prereg.format import read, seal_status
-
-        if not seal_status(read(study.prereg))["ok"]:
-            raise DelphiError(f"{study.prereg}: exists but its seal is broken; it was edited after sealing")
-        return {"prereg": str(study.prereg), "note": "sealed earlier"}
-    if (study.hero_run / METRICS_FILE).exists():
-        raise DelphiError(f"{study.hero_run}: the hero started before a preregistration existed; remove it to start over")
-    rehearsal = _rehearsal(study)
-    doc = create_prereg(
-        study.fit_path(study.primary_fit), study.hero_config, study.prereg,
-        ladder=study.ladder_dir, results=study.results, tolerance_rel=study.spec.hero.tolerance,
-        author=study.spec.author, rationale=(study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
-        bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
-        force=study.spec.force, thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
-        rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-        lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
-        probe_correction=study.spec.hero.probe_correction, probe_carry=study.spec.hero.probe_carry,
-        noise_scope=study.spec.hero.noise_scope, trajectory_from_probes=study.spec.hero.trajectory == "probes",
-        recipe_check=getattr(study, "recipe_check", None),
-    )
-    final = doc.get("prediction", {}).get("final", {}) if isinstance(doc.get("prediction"), dict) else {}
-    return {"prereg": str(study.prereg), "final": final, "forced": doc.get("forced", False)}
+    """The hero's seal (`seal_hero`); under the law alone the seals stage wrote it already ("sealed earlier")."""
+    return seal_hero(study)
 
 
 def primary_choice_sentence(study: Study) -> str:
@@ -558,6 +657,7 @@ STAGES: tuple[tuple[str, Callable[[Study], dict]], ...] = (
     ("hero", stage_hero),
     ("gates", stage_gates),
     ("dress_rehearsal", stage_dress_rehearsal),
+    ("seals", stage_seals),
     ("probes", stage_probes),
     ("prereg", stage_prereg),
     ("train_hero", stage_train_hero),
@@ -574,8 +674,9 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
               accept_store: str | None = None) -> dict:
     """Run (or resume) the stages of a study; return the verdict and the report path.
 
-    `stop_after` ends the invocation after that stage, e.g. "prereg" so the sealed
-    file can be committed before the hero's first step; the next call resumes.
+    `stop_after` ends the invocation after that stage, e.g. "seals" (under the law alone) or
+    "prereg" so the sealed files can be committed before any of their runs' first step; the next
+    call resumes.
     `accept_store` (a sha256) goes on with a corpus store that differs from the one pinned at
     prepare, when it is that store (`check_store_unchanged`; recorded in store_accepted.json).
     """
