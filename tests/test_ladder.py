@@ -300,7 +300,7 @@ def test_plan_refuses_a_store_too_small_and_collect_filters_incomplete(tmp_path,
 # ---- issue 10: seeds, rung health, FLOPs family, hero ranges, absurd plans -------------------------
 
 
-@pytest.mark.parametrize("path, hero_multiple", [(DEFAULT, 4), (PAPER, 30), (PAPER_V4, 30)])
+@pytest.mark.parametrize("path, hero_multiple", [(DEFAULT, 3), (PAPER, 30), (PAPER_V4, 30)])
 def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, hero_multiple):
     spec = load_ladder_spec(path)
     rungs = plan_ladder(spec)
@@ -316,14 +316,19 @@ def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, h
         cells = {cell_id_of(r.run_id) for r in curve}
         assert len(cells) == spec.isoflop.sizes and len(curve) == len(cells) * len(seeds)
         n = sorted({r.params for r in curve})
-        assert n[-1] / n[0] >= spec.isoflop.min_span and len({r.batch_size for r in curve}) == 1
+        assert n[-1] / n[0] >= spec.isoflop.min_span
+        assert spec.recipe is not None or len({r.batch_size for r in curve}) == 1  # one batch per budget
         assert all(abs(r.flops / budget - 1) <= spec.tolerance for r in curve)
     top = max(spec.budgets)
     hero = plan_hero(spec, expected_optimum(spec, hero_multiple * top), hero_multiple * top)
     ranges = hero_ranges(spec, hero)
     assert ranges["inside"], ranges
-    top_rung = next(r for r in rungs if r.budget == top)
-    assert hero.batch_size == top_rung.batch_size and hero.hp.beta2 == top_rung.hp.beta2  # no switch at the hero
+    if spec.recipe is None:
+        top_rung = next(r for r in rungs if r.budget == top)
+        assert hero.batch_size == top_rung.batch_size and hero.hp.beta2 == top_rung.hp.beta2  # no switch at the hero
+    else:  # one rule for every run: the fixed-step batch puts rungs and hero in the same steps
+        target = spec.recipe.target_steps.value
+        assert all(target / 2 < r.train.steps <= target for r in [*rungs, hero]), sorted(r.train.steps for r in rungs)
     if path in (PAPER, PAPER_V4):
         assert len(spec.budgets) >= 4 and min(spec.budgets) >= 1e12 and len(spec.seeds_for(top)) >= 3
         assert spec.run.store == "environment" and spec.run.max_epochs <= 1.0 and spec.run.final_eval_tokens >= 1_000_000
@@ -486,7 +491,7 @@ def test_family_cli_writes_what_fit_reads(tmp_path, capsys):
 
 
 def test_hero_ranges_report_which_range_the_hero_leaves():
-    spec = load_ladder_spec(DEFAULT)
+    spec = load_ladder_spec(PAPER_V4)  # one batch per budget (no recipe): the hero's batch is the top budget's
     top = max(spec.budgets)
     rungs = plan_ladder(spec)
     results = pd.DataFrame([{**manifest_row(r), "status": "completed"} for r in rungs])
@@ -499,17 +504,26 @@ def test_hero_ranges_report_which_range_the_hero_leaves():
         assert lo <= ranges[key]["hero"] <= hi and ranges[key]["inside"]
     assert ranges["batch_tokens"]["ladder"] == [hero.batch_size * spec.seq_len] * 2  # the top budget's batch
     # A ladder whose rungs all trained few steps: the same hero now leaves the steps range.
-    short = results[results["steps"] <= 3000]
+    short = results[results["steps"] <= 0.5 * ranges["steps"]["hero"]]
     assert "steps" in hero_ranges(spec, hero, short)["outside"]
     # 100x the top budget at the same N: far more steps than any rung, at the top budget's batch.
     far = hero_ranges(spec, plan_hero(spec, n_star, 100 * top, results=results), results)
     assert "steps" in far["outside"] and far["batch_tokens"]["inside"] and far["beta2"]["inside"]
-    assert far["steps"]["hero"] > 10 * far["steps"]["ladder"][1]
+    assert far["steps"]["hero"] > far["steps"]["ladder"][1]
     # 1e4x: past batch.max_steps, a planning error rather than a hero.
     with pytest.raises(DelphiError, match="batch.max_steps"):
         plan_hero(spec, n_star, 1e4 * top, results=results)
     # A hero config (TrainConfig) is compared the same way as a planned rung.
     assert hero_ranges(spec, hero.train, results) == ranges
+
+
+def test_recipe_hero_ranges_hold_the_steps_and_leave_the_batch_to_the_recipe():
+    spec = load_ladder_spec(DEFAULT)  # a recipe spec: the fixed-step batch grows with the horizon
+    top = max(spec.budgets)
+    results = pd.DataFrame([{**manifest_row(r), "status": "completed"} for r in plan_ladder(spec)])
+    ranges = hero_ranges(spec, plan_hero(spec, expected_optimum(spec, 3 * top), 3 * top, results=results), results)
+    assert ranges["inside"], ranges
+    assert ranges["batch_tokens"]["scope"] == "recipe caps" and ranges["steps"]["scope"] == "ladder"
 
 
 def test_fixed_head_count_holds_at_every_width(tmp_path):
