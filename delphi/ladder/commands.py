@@ -103,6 +103,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     check.add_argument("spec", metavar="SPEC.yaml", help="a ladder spec with a recipe: section and its recipe.check")
     check.add_argument("--out", required=True, metavar="DIR", help="a ladder directory; a rerun resumes it")
+    check.add_argument("--prior", action="append", default=[], metavar="DIR",
+                       help="an earlier recipe check of this spec under other recipe constants (repeatable): its runs "
+                            "join the sweep at their LR, and the multipliers they cover are not trained again")
     check.add_argument("--plan-only", action="store_true", help="plan the sweep and report its cost; train nothing")
     check.add_argument("--workers", type=positive_int, default=None, help="parallel runs (default: as `ladder run`)")
     add_json_flag(check)
@@ -290,13 +293,18 @@ def _recipe_check(args: argparse.Namespace):
 
     check_output_dir(args.out, inputs=(args.spec,))
     spec = load_ladder_spec(args.spec)
-    rungs, _, summary = write_check(spec, args.out)  # refuses a check that does not reach the hero, before writing
+    # refuses a check that does not reach the hero, or a --prior that is no check of this spec, before writing
+    rungs, _, summary = write_check(spec, args.out, args.prior)
     h = summary["hero"]
     print(f"recipe check: {summary['runs']} runs, {summary['check_flops']:.3g} FLOPs = {summary['compute_ratio']:.1%} of the "
           f"study's {summary['study_flops']:.3g} (ladder {summary['ladder_flops']:.3g} + runs beyond it; limit "
           f"{summary['max_compute_ratio']:.0%}); expected wall {summary['check_wall_s_estimate'] / 3600:.2f} h on 2 cores "
           f"(ladder: {summary['ladder_wall_s_estimate'] / 3600:.2f} h); planned hero {h['run_id']} "
           f"(d{h['d_model']}, {h['tokens']:.3g} tokens)", file=sys.stderr)
+    for prior in summary["priors"]:
+        print(f"reused from --prior {prior['dir']}: {prior['runs']} runs ({prior['flops']:.3g} FLOPs)"
+              + (f"; {prior['not_ended']} not ended there yet: finish that check for their losses" if prior["not_ended"] else ""),
+              file=sys.stderr)
     if summary["compute_ratio"] > summary["max_compute_ratio"]:
         print(f"warning: the check costs {summary['compute_ratio']:.1%} of the study, above "
               f"{summary['max_compute_ratio']:.0%} (issue 29)", file=sys.stderr)

@@ -19,6 +19,22 @@ the recipe itself):
     drift           log m* = a + b log(d / horizon_width) + c log(T / T0): the LR optimum in units
                     of the recipe's; the recipe's eta0 x e^a and horizon exponent p - c fit the sweep
 
+Priors (`--prior DIR`, repeatable): a retune moves only the projection LR of every run (shape,
+tokens, batch, Adam-group LR, eps, beta2 and schedule follow from (d, T, B), not from eta), so an
+earlier check of the same ladder spec under other recipe constants is an LR sweep of the new
+recipe too. A prior run is reused at a point when its trainer config (its run dir's config.yaml,
+else the one its check planned) equals the new plan's at that point in everything but optim.lr and
+what names or places a run (`reuse_identity`: name, seed, data.seed, wandb and the trainer's
+maths-free keys); it enters the point's sweep at x = its LR / the new recipe's LR there. Seeds are
+samples: a prior of any seed counts, each x's losses are averaged. At every point the check still
+trains the recipe's value (x 1) at every seed -- what the gate judges, from this check's own runs
+only -- plus each lr multiplier no prior lies within PRIOR_MATCH of; a batch-sweep run is reused
+when a prior at that batch lies within PRIOR_MATCH of the recipe's LR. Reused runs stay where they
+are: the plan, the report and the runs CSV name each one's `source` (the --prior directory as
+given, resolved against the working directory when analysed; "" = trained here). A prior must be a
+recipe-check directory (its plan file) of the same ladder spec outside the recipe's constants and
+its check points (exit 2 otherwise); its own priors are not followed (pass them too).
+
 The check must reach the planned hero (the plan's preflight hero at the largest of
 check.hero_computes): a check narrower than its width or shorter than its tokens is refused
 (exit 2, naming recipe.check.widths or recipe.check.horizons). Its runs form a ladder directory,
@@ -33,7 +49,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
@@ -43,6 +59,7 @@ from delphi.ladder.lr_calibration import completed_val_loss
 from delphi.ladder.recipe import RecipeCheckSpec, recipe_batch_seqs
 from delphi.ladder.spec import LadderSpec
 from delphi.model.flops import flops_per_token
+from delphi.train.config import TrainConfig
 
 REPORT_FILE = "recipe_check.json"
 PLAN_FILE = "recipe_check_plan.json"
@@ -53,8 +70,26 @@ MAX_COMPUTE_RATIO = 0.2
 MAX_LOST_FRAC = 0.005
 # The quadratic in log2 LR uses the best multiplier and two on each side (five points on the
 # default grid); in log2 batch, the best and one on each side.
+# The fit takes every x within that many grid steps (the check's own multipliers' median step in
+# log2) of the best: on the check's grid exactly the neighbours above, and with priors, whose LRs
+# fall between and beyond the grid, every sample in the same span of LR.
 LR_FIT_NEIGHBOURS = 2
 BATCH_FIT_NEIGHBOURS = 1
+# A prior run (--prior) stands in for an lr multiplier of the new check when its LR is within this
+# factor of it: 2^(1/3), a third of the default grid's factor-2 step. Every grid multiplier then keeps
+# a sample within a third of an octave (nearer it than the midpoint to the next, 2^(1/2)), and no two
+# neighbouring LRs of the union lie more than 2^(4/3) = 2.5x apart, against the grid's 2x; a retune
+# by a whole octave (2x, 4x) reuses the prior sweep entirely.
+PRIOR_MATCH = 2.0 ** (1.0 / 3.0)
+# A prior's LR ratio this close (relative) to a grid multiplier is that multiplier: the recipe's LR is
+# a product of factors, so the same LR computed two ways differs in the last bits.
+SAME_LR_REL = 1e-9
+# Trainer-config keys that name or place a run rather than set its maths (the trainer's own
+# MATHS_FREE_KEYS, delphi.train.trainer, and the bookkeeping name and wandb), plus the seeds: a prior
+# run equal to a planned one outside these and optim.lr trains the same experiment at another LR.
+RUN_IDENTITY_KEYS = ("name", "wandb", "seed", "mesh", "eval_batch_size", "checkpoint_every_s")
+# A prior run in one of these states has its result (diverged: the LR is too high, NaN loss).
+PRIOR_ENDED = ("completed", "diverged")
 # The hero may train this share more tokens than the longest horizon (or be this share wider than the
 # widest point) and still count as reached: the plan rounds steps to its step quantum (spec.tolerance).
 REACH_SLACK_REL = 0.01
@@ -80,9 +115,20 @@ class CheckRun:
     point: str  # "d{d}@{tokens:.3g}"
     d_model: int
     tokens: float
-    lr_multiplier: float
+    lr_multiplier: float  # a prior's: its LR / the recipe's at this point
     batch_multiplier: float
     seed: int
+    source: str = ""  # "" = trained in this check; else the --prior directory it lives in (as given)
+
+
+@dataclass(frozen=True)
+class PriorRun:
+    """A run of an earlier recipe check (--prior), with the trainer config it trained."""
+
+    source: str  # the --prior directory as given
+    run_id: str
+    train: TrainConfig
+    ended: bool  # completed or diverged: its result is on disk
 
 
 def planned_hero(spec: LadderSpec) -> Rung:
@@ -141,13 +187,109 @@ def _renamed(rung: Rung, run_id: str) -> Rung:
     return dataclasses.replace(rung, run_id=run_id, train=dataclasses.replace(rung.train, name=run_id))
 
 
-def plan_check(spec: LadderSpec) -> tuple[list[Rung], list[CheckRun]]:
-    """Every run of the recipe check (deduplicated by run id) and what each measures."""
+def reuse_identity(train: TrainConfig) -> str:
+    """The trainer config as canonical JSON without optim.lr and RUN_IDENTITY_KEYS (data.seed too):
+    two runs with the same identity train the same experiment, at their own LR and seed."""
+    from delphi.train.config import train_config_to_dict
+
+    data = train_config_to_dict(train)
+    for key in RUN_IDENTITY_KEYS:
+        data.pop(key, None)
+    data["data"] = {k: v for k, v in data["data"].items() if k != "seed"}
+    data["optim"] = {k: v for k, v in data["optim"].items() if k != "lr"}
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def _lr_ratio(prior_lr: float, recipe_lr: float, grid: Sequence[float]) -> float:
+    """prior_lr / recipe_lr, snapped to a grid multiplier it equals up to float rounding."""
+    x = prior_lr / recipe_lr
+    return next((float(m) for m in grid if abs(x / m - 1) <= SAME_LR_REL), x)
+
+
+def _within(x: float, m: float, factor: float) -> bool:
+    return abs(math.log(x / m)) <= math.log(factor) + SAME_LR_REL
+
+
+def _first_difference(a: Any, b: Any, where: str = "") -> str | None:
+    """The dotted key of the first place two plain-data trees differ (None when equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            found = _first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else str(key))
+            if found is not None:
+                return found
+        return None
+    return None if a == b else (where or "(root)")
+
+
+def _outside_constants(spec: LadderSpec) -> dict:
+    """The spec as data without its name, the recipe's constants and its check: what a prior check
+    must share with this one (its runs' configs decide the rest, run by run)."""
+    from delphi.ladder.spec import ladder_spec_to_dict
+
+    data = ladder_spec_to_dict(spec)
+    data.pop("name", None)
+    if spec.recipe is not None:
+        constants = spec.recipe.constants()
+        data["recipe"] = {k: v for k, v in data["recipe"].items() if k not in constants and k != "check"}
+    return data
+
+
+def load_priors(spec: LadderSpec, dirs: Sequence[str | Path], out: str | Path | None = None) -> list[PriorRun]:
+    """Every run planned in the recipe-check directories `dirs` (--prior), with its trainer config;
+    DelphiError (exit 2) naming --prior and the directory for one that is not a recipe check of
+    `spec` outside the recipe's constants, or is `out`. A run identical to an earlier one (same
+    config but the name) is counted once."""
+    from delphi.ladder.plan import SPEC_FILE, read_manifest
+    from delphi.ladder.spec import load_ladder_spec
+    from delphi.train.config import load_train_config, train_config_to_dict
+    from delphi.train.rundir import read_status
+
+    priors: list[PriorRun] = []
+    seen_dirs: set[Path] = set()
+    seen_runs: set[str] = set()
+    for given in dirs:
+        d = Path(given)
+        if not (d / PLAN_FILE).is_file():
+            raise DelphiError(f"--prior {given}: not a recipe-check directory (no {PLAN_FILE}); give the --out of an "
+                              "earlier `delphi ladder recipe-check`")
+        if out is not None and d.resolve() == Path(out).resolve():
+            raise DelphiError(f"--prior {given}: is the --out directory; a prior is an earlier check of other recipe constants")
+        if d.resolve() in seen_dirs:
+            continue
+        seen_dirs.add(d.resolve())
+        differs = _first_difference(_outside_constants(load_ladder_spec(d / SPEC_FILE)), _outside_constants(spec))
+        if differs is not None:
+            raise DelphiError(f"--prior {given}: a recipe check of another ladder spec ({SPEC_FILE} differs at {differs}, "
+                              "outside the recipe's constants and check); its runs cannot be reused")
+        for row in read_manifest(d):
+            run_dir = d / RUNS_DIR / row["run_id"]
+            path = run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else d / row["config"]
+            train = load_train_config(path)
+            whole = json.dumps({**train_config_to_dict(train), "name": None}, sort_keys=True, default=str)
+            if whole in seen_runs:
+                continue
+            seen_runs.add(whole)
+            status = (read_status(run_dir) or {}).get("status") if run_dir.is_dir() else None
+            priors.append(PriorRun(str(given), row["run_id"], train, status in PRIOR_ENDED))
+    return priors
+
+
+def plan_check(spec: LadderSpec, priors: Sequence[PriorRun] = ()) -> tuple[list[Rung], list[CheckRun]]:
+    """Every run the recipe check trains (deduplicated by run id) and what each run it uses measures:
+    its own, and the prior runs (`load_priors`) it reuses in place of multipliers they cover."""
     c = _check(spec)
     points = [("width", d, c.width_tokens) for d in sorted(set(c.widths))]
     points += [("horizon", c.horizon_width, t) for t in sorted(set(c.horizons))]
     rungs: dict[str, Rung] = {}
     runs: list[CheckRun] = []
+    by_identity: dict[str, list[PriorRun]] = {}
+    for prior in priors:
+        by_identity.setdefault(reuse_identity(prior.train), []).append(prior)
+
+    def reusable(base: Rung, grid: Sequence[float]) -> list[tuple[PriorRun, float]]:
+        """The priors equal to `base` but for LR and seed, with their LR in units of base's."""
+        return [(p, _lr_ratio(p.train.optim.lr, base.train.optim.lr, grid))
+                for p in by_identity.get(reuse_identity(base.train), [])]
 
     def add(kind: str, d: int, tokens: float, m: float, b: float, seed: int, batch: int | None) -> None:
         base = _point_rung(spec, d, tokens, seed, "tmp", batch)
@@ -155,10 +297,20 @@ def plan_check(spec: LadderSpec) -> tuple[list[Rung], list[CheckRun]]:
         rungs.setdefault(run_id, _renamed(_with_lr(base, m), run_id))
         runs.append(CheckRun(run_id, kind, f"d{d}@{tokens:.3g}", d, float(tokens), float(m), float(b), seed))
 
+    def add_prior(kind: str, d: int, tokens: float, prior: PriorRun, x: float, b: float) -> None:
+        runs.append(CheckRun(prior.run_id, kind, f"d{d}@{tokens:.3g}", d, float(tokens), x, float(b),
+                             prior.train.seed, prior.source))
+
+    multipliers = sorted(set(c.lr_multipliers))
     for kind, d, tokens in points:
-        for m in sorted(set(c.lr_multipliers)):
+        reused = reusable(_point_rung(spec, d, tokens, c.seeds[0], "tmp"), multipliers) if by_identity else []
+        for m in multipliers:
+            if m != 1.0 and any(_within(x, m, PRIOR_MATCH) for _, x in reused):
+                continue  # a prior covers it; the recipe's own value is always trained
             for seed in (c.seeds if m == 1.0 else c.seeds[:1]):
                 add(kind, d, tokens, m, 1.0, seed, None)
+        for prior, x in sorted(reused, key=lambda px: (px[1], px[0].train.seed)):
+            add_prior(kind, d, tokens, prior, x, 1.0)
     widest = max(c.widths)
     longest = max(c.horizons)
     assert spec.recipe is not None
@@ -168,12 +320,19 @@ def plan_check(spec: LadderSpec) -> tuple[list[Rung], list[CheckRun]]:
             seqs = max(1, round(rule * b))
             if seqs == rule:
                 continue
-            add("batch", d, tokens, 1.0, seqs / rule, c.seeds[0], seqs)
+            near = [(p, x) for p, x in (reusable(_point_rung(spec, d, tokens, c.seeds[0], "tmp", seqs), (1.0,))
+                                        if by_identity else []) if _within(x, 1.0, PRIOR_MATCH)]
+            if not near:
+                add("batch", d, tokens, 1.0, seqs / rule, c.seeds[0], seqs)
+            for prior, x in near:
+                add_prior("batch", d, tokens, prior, x, seqs / rule)
     return list(rungs.values()), runs
 
 
-def check_summary(spec: LadderSpec, rungs: list[Rung]) -> dict[str, Any]:
-    """Compute and wall of the check against the study's (ladder + the runs beyond it), and the hero."""
+def check_summary(spec: LadderSpec, rungs: list[Rung], runs: Sequence[CheckRun] = (),
+                  priors: Sequence[PriorRun] = ()) -> dict[str, Any]:
+    """Compute and wall of the check against the study's (ladder + the runs beyond it), and the hero;
+    with priors, the runs and FLOPs it reuses from each (`runs`: the plan's, naming their source)."""
     c = _check(spec)
     ladder = plan_ladder(spec)
     hero = planned_hero(spec)
@@ -191,7 +350,21 @@ def check_summary(spec: LadderSpec, rungs: list[Rung]) -> dict[str, Any]:
         "max_compute_ratio": MAX_COMPUTE_RATIO,
         "check_wall_s_estimate": estimate_wall_s(rungs),
         "ladder_wall_s_estimate": estimate_wall_s(ladder),
+        **prior_summary(runs, priors),
     }
+
+
+def prior_summary(runs: Sequence[CheckRun], priors: Sequence[PriorRun]) -> dict[str, Any]:
+    """Per --prior directory (as given, in order): runs reused, their FLOPs, and how many have not
+    ended yet (the check's report lacks their losses until that directory's check finishes them)."""
+    by_key = {(p.source, p.run_id): p for p in priors}
+    used = {(r.source, r.run_id) for r in runs if r.source}
+    out: list[dict[str, Any]] = []
+    for source in dict.fromkeys(p.source for p in priors):
+        mine = [by_key[k] for k in sorted(used) if k[0] == source]
+        out.append({"dir": source, "runs": len(mine), "flops": sum(p.train.flops for p in mine),
+                    "not_ended": sum(not p.ended for p in mine)})
+    return {"priors": out, "reused_runs": sum(p["runs"] for p in out), "reused_flops": sum(p["flops"] for p in out)}
 
 
 def _without_check(spec: LadderSpec) -> LadderSpec | None:
@@ -200,18 +373,22 @@ def _without_check(spec: LadderSpec) -> LadderSpec | None:
     return dataclasses.replace(spec, recipe=dataclasses.replace(spec.recipe, check=None))
 
 
-def write_check(spec: LadderSpec, out: str | Path) -> tuple[list[Rung], list[CheckRun], dict[str, Any]]:
+def write_check(spec: LadderSpec, out: str | Path, priors: Sequence[str | Path] = ()
+                ) -> tuple[list[Rung], list[CheckRun], dict[str, Any]]:
     """Plan the check into `out` (a ladder directory). A rerun resumes it; a directory holding a check
     of the same spec and recipe with other points is extended (its runs stay, new points join), so a
-    check short of the fitted hero grows where it stands."""
+    check short of the fitted hero grows where it stands. `priors`: earlier checks' directories
+    (--prior) whose runs stand in for multipliers they cover (`plan_check`); the plan depends on what
+    they planned, not on how far they trained, so a rerun with the same priors plans the same."""
     from delphi.io import atomic_write_yaml
     from delphi.ladder.plan import (CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, manifest_csv, manifest_row, read_manifest,
                                     write_ladder)
     from delphi.ladder.spec import ladder_spec_to_dict, load_ladder_spec
     from delphi.train.config import train_config_to_dict
 
-    rungs, runs = plan_check(spec)
-    summary = check_summary(spec, rungs)
+    prior_runs = load_priors(spec, priors, out)
+    rungs, runs = plan_check(spec, prior_runs)
+    summary = check_summary(spec, rungs, runs, prior_runs)
     out = Path(out)
     if not (out / MANIFEST_FILE).is_file():
         write_ladder(spec, rungs, out)
@@ -234,16 +411,27 @@ def write_check(spec: LadderSpec, out: str | Path) -> tuple[list[Rung], list[Che
 # ---- analysis ------------------------------------------------------------------------------------
 
 
-def _sweep(xs: list[float], losses: list[float], at: float, neighbours: int) -> dict[str, Any]:
-    """Quadratic in log2 x around the best finite point: the optimum, and the loss at `at` above it."""
+def _grid_step_log2(grid: Sequence[float]) -> float:
+    """The median step of a multiplier grid in log2 (1 on the default factor-2 grids)."""
+    import numpy as np
+
+    logs = sorted({math.log2(m) for m in grid})
+    return float(np.median(np.diff(logs))) if len(logs) >= 2 else 1.0
+
+
+def _sweep(xs: list[float], losses: list[float], at: float, window_log2: float,
+           own: list[bool] | None = None) -> dict[str, Any]:
+    """Quadratic in log2 x through every x within `window_log2` of the best finite x (seed means):
+    the optimum, and the loss at `at` above it, from the runs flagged `own` (default: all)."""
     import numpy as np
 
     from delphi.fits.lr_optimum import fit_quadratic
 
+    own = own if own is not None else [True] * len(xs)
     finite = [(x, y) for x, y in zip(xs, losses) if math.isfinite(y)]
     out: dict[str, Any] = {"x": xs, "losses": losses, "x_opt": None, "interior": False, "loss_opt": None,
                            "loss_at_recipe": None, "lost_frac": None, "curvature": None, "best_x": None}
-    at_loss = [y for x, y in zip(xs, losses) if x == at and math.isfinite(y)]
+    at_loss = [y for x, y, mine in zip(xs, losses, own) if mine and x == at and math.isfinite(y)]
     if at_loss:
         out["loss_at_recipe"] = float(np.mean(at_loss))
     if not finite:
@@ -256,8 +444,10 @@ def _sweep(xs: list[float], losses: list[float], at: float, neighbours: int) -> 
         grouped: dict[float, list[float]] = {}
         for x, y in finite:
             grouped.setdefault(x, []).append(y)
-        gx = sorted(grouped)
-        fit = fit_quadratic(np.array(gx), np.array([float(np.mean(grouped[x])) for x in gx]), neighbours)
+        means = {x: float(np.mean(ys)) for x, ys in grouped.items()}
+        centre = min(means, key=lambda x: means[x])
+        gx = sorted(x for x in means if abs(math.log2(x / centre)) <= window_log2 + SAME_LR_REL)
+        fit = fit_quadratic(np.array(gx), np.array([means[x] for x in gx]), len(gx))
         if fit.lr_opt is not None and fit.loss_opt is not None:
             out.update(x_opt=fit.lr_opt, interior=bool(fit.interior), curvature=fit.coef[2] if fit.coef else None)
             if fit.interior:
@@ -288,9 +478,17 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
     out = Path(out)
     plan = read_json(out / PLAN_FILE, what="recipe-check plan")
     runs = [CheckRun(**r) for r in plan["check_runs"]]
-    loss = {r.run_id: completed_val_loss(out / RUNS_DIR / r.run_id) for r in runs}
+    # a prior's run lives in its --prior directory (as given: relative to the working directory)
+    loss = {(r.source, r.run_id): completed_val_loss((Path(r.source) if r.source else out) / RUNS_DIR / r.run_id)
+            for r in runs}
     c = _check(spec)
     assert spec.recipe is not None
+    lr_window = LR_FIT_NEIGHBOURS * _grid_step_log2(c.lr_multipliers)
+    batch_window = BATCH_FIT_NEIGHBOURS * _grid_step_log2([1.0, *c.batch_multipliers])
+
+    def key(r: CheckRun) -> tuple[str, str]:
+        return r.source, r.run_id
+
     points = []
     for kind in ("width", "horizon"):
         by_point: dict[str, list[CheckRun]] = {}
@@ -299,23 +497,27 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
                 by_point.setdefault(r.point, []).append(r)
         for name, rs in sorted(by_point.items(), key=lambda kv: (kv[1][0].d_model, kv[1][0].tokens)):
             xs = [r.lr_multiplier for r in rs]
-            sweep = _sweep(xs, [loss[r.run_id] for r in rs], 1.0, LR_FIT_NEIGHBOURS)
-            seeds = [loss[r.run_id] for r in rs if r.lr_multiplier == 1.0]
+            # the recipe's value (the gate's) is judged on this check's own seeds only
+            sweep = _sweep(xs, [loss[key(r)] for r in rs], 1.0, lr_window, [not r.source for r in rs])
+            seeds = [loss[key(r)] for r in rs if r.lr_multiplier == 1.0 and not r.source]
             finite_seeds = [s for s in seeds if math.isfinite(s)]
             points.append({"kind": kind, "point": name, "d_model": rs[0].d_model, "tokens": rs[0].tokens,
                            "swept": "lr", "m_opt": sweep["x_opt"], **sweep,
                            "seed_sd": float(np.std(finite_seeds, ddof=1)) if len(finite_seeds) >= 2 else None,
-                           "runs": len(rs), "completed": sum(math.isfinite(loss[r.run_id]) for r in rs)})
+                           "runs": len(rs), "prior_runs": sum(bool(r.source) for r in rs),
+                           "completed": sum(math.isfinite(loss[key(r)]) for r in rs)})
     # batch sweeps: the batch runs plus the point's own seed-0 run at the recipe's batch and LR
     batch_points = sorted({r.point for r in runs if r.kind == "batch"})
     for name in batch_points:
-        rs = [r for r in runs if r.point == name and (r.kind == "batch" or (r.lr_multiplier == 1.0 and r.seed == c.seeds[0]))]
-        seen: dict[str, CheckRun] = {r.run_id: r for r in rs}
-        rs = list(seen.values())
-        sweep = _sweep([r.batch_multiplier for r in rs], [loss[r.run_id] for r in rs], 1.0, BATCH_FIT_NEIGHBOURS)
+        rs = [r for r in runs if r.point == name and (r.kind == "batch" or (
+            not r.source and r.lr_multiplier == 1.0 and r.seed == c.seeds[0]))]
+        rs = list({key(r): r for r in rs}.values())
+        sweep = _sweep([r.batch_multiplier for r in rs], [loss[key(r)] for r in rs], 1.0, batch_window,
+                       [not r.source for r in rs])
         points.append({"kind": "batch", "point": name, "d_model": rs[0].d_model, "tokens": rs[0].tokens, "swept": "batch",
                        "m_opt": None, **sweep, "seed_sd": None, "runs": len(rs),
-                       "completed": sum(math.isfinite(loss[r.run_id]) for r in rs)})
+                       "prior_runs": sum(bool(r.source) for r in rs),
+                       "completed": sum(math.isfinite(loss[key(r)]) for r in rs)})
     hero = plan["hero"]
     width_pts = [p for p in points if p["kind"] == "width"]
     horizon_pts = [p for p in points if p["kind"] == "horizon"]
@@ -349,6 +551,7 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
         "recipe_suggested": suggested,
         "max_lost_frac": MAX_LOST_FRAC,
         "compute": {k: plan[k] for k in ("check_flops", "ladder_flops", "study_flops", "compute_ratio", "max_compute_ratio")},
+        "priors": plan.get("priors", []),  # per --prior directory: runs reused, their FLOPs
         "complete": all(p["completed"] == p["runs"] for p in points),
     }
 
@@ -366,7 +569,7 @@ def _drift(points: list[dict], d_ref: int, t_ref: float) -> dict[str, float | No
 
 RUNS_CSV = "recipe_check_runs.csv"
 RUNS_CSV_COLUMNS = ("run_id", "kind", "point", "d_model", "n_layers", "tokens", "steps", "batch_size", "lr_multiplier",
-                    "batch_multiplier", "seed", "optimizer", "lr", "adam_lr", "beta2", "eps", "val_loss")
+                    "batch_multiplier", "seed", "optimizer", "lr", "adam_lr", "beta2", "eps", "val_loss", "source")
 
 
 def runs_csv(out: str | Path) -> str:
@@ -380,18 +583,22 @@ def runs_csv(out: str | Path) -> str:
 
     out = Path(out)
     plan = read_json(out / PLAN_FILE, what="recipe-check plan")
-    manifest = {row["run_id"]: row for row in read_manifest(out)}
+    manifests: dict[str, dict[str, dict[str, str]]] = {}
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=RUNS_CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for r in plan["check_runs"]:
-        m = manifest[r["run_id"]]
-        loss = completed_val_loss(out / RUNS_DIR / r["run_id"])
+        source = r.get("source", "")
+        home = Path(source) if source else out
+        if source not in manifests:
+            manifests[source] = {row["run_id"]: row for row in read_manifest(home)}
+        m = manifests[source][r["run_id"]]
+        loss = completed_val_loss(home / RUNS_DIR / r["run_id"])
         writer.writerow({**{k: r[k] for k in ("run_id", "kind", "point", "d_model", "tokens", "lr_multiplier",
                                                "batch_multiplier", "seed")},
                          **{k: m.get(k, "") for k in ("n_layers", "steps", "batch_size", "optimizer", "lr", "adam_lr",
                                                       "beta2", "eps")},
-                         "val_loss": repr(loss) if math.isfinite(loss) else ""})
+                         "val_loss": repr(loss) if math.isfinite(loss) else "", "source": source})
     return buf.getvalue()
 
 
@@ -419,8 +626,9 @@ def format_report(report: dict[str, Any]) -> str:
         sd = f"{p['seed_sd']:.4f}" if p["seed_sd"] is not None else "-"
         at = f"{p['loss_at_recipe']:.4f}" if p["loss_at_recipe"] is not None else "-"
         lo = f"{p['loss_opt']:.4f}" if p["loss_opt"] is not None else "-"
+        prior = f" ({p['prior_runs']} prior)" if p.get("prior_runs") else ""
         lines.append(f"{p['kind']:<8} {p['point']:<14} {p['swept']:<6} {opt:>8} {at:>11} {lo:>9} {_pct(p['lost_frac']):>8} "
-                     f"{sd:>8} {p['completed']:>2}/{p['runs']:<2}")
+                     f"{sd:>8} {p['completed']:>2}/{p['runs']:<2}{prior}")
     t, h = report["trend"], report["hero"]
     lines.append(f"trend carried to the hero {h['run_id']} (d{h['d_model']}, {h['tokens']:.3g} tokens): width "
                  f"{_pct(t['width_at_hero'])}, horizon {_pct(t['horizon_at_hero'])}")
@@ -434,6 +642,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"recipe now: lr {now['lr']:.4g}, horizon_exponent {now['horizon_exponent']:.3f}, width_exponent "
                      f"{now.get('width_exponent', 0.0):.3f}; fitted: lr {s['lr']:.4g}, horizon_exponent "
                      f"{s['horizon_exponent']:.3f}, width_exponent {s.get('width_exponent', 0.0):.3f}")
+    for prior in report.get("priors") or []:
+        lines.append(f"reused from --prior {prior['dir']}: {prior['runs']} runs, {prior['flops']:.3g} FLOPs")
     cm = report["compute"]
     lines.append(f"compute: check {cm['check_flops']:.3g} FLOPs = {cm['compute_ratio']:.1%} of the study's {cm['study_flops']:.3g} "
                  f"(limit {cm['max_compute_ratio']:.0%})")
