@@ -12,17 +12,18 @@ the recipe itself):
     batch sweep     at the widest and the longest point: the recipe's batch x check.batch_multipliers,
                     every other hyperparameter the recipe's at that batch
 
-    per point       quadratic in log2 LR around the best multiplier -> the fitted optimum;
+    per point       quadratic in log2 LR through every LR within LR_FIT_NEIGHBOURS grid steps of
+                    the best (seed means) -> the fitted optimum;
                     lost = loss at the recipe's LR (seed mean) / optimum - 1
     trend           lost against log width (width points) and log tokens (horizon points), each a
                     least-squares line evaluated at the planned hero; the larger is "carried"
     drift           log m* = a + b log(d / horizon_width) + c log(T / T0): the LR optimum in units
                     of the recipe's; the recipe's eta0 x e^a and horizon exponent p - c fit the sweep
 
-Priors (`--prior DIR`, repeatable): a retune moves only the projection LR of every run (shape,
-tokens, batch, Adam-group LR, eps, beta2 and schedule follow from (d, T, B), not from eta), so an
-earlier check of the same ladder spec under other recipe constants is an LR sweep of the new
-recipe too. A prior run is reused at a point when its trainer config (its run dir's config.yaml,
+Priors (`--prior DIR`, repeatable): a retune of lr, horizon_exponent or width_exponent moves only
+the projection LR of every run (shape, tokens, Adam-group LR, eps, beta2 and schedule follow from
+(d, T, B), not from eta; the batch too, unless the lr_max cap now halves it), so an earlier check
+of the same ladder spec under other recipe constants is an LR sweep of the new recipe too. A prior run is reused at a point when its trainer config (its run dir's config.yaml,
 else the one its check planned) equals the new plan's at that point in everything but optim.lr and
 what names or places a run (`reuse_identity`: name, seed, data.seed, wandb and the trainer's
 maths-free keys); it enters the point's sweep at x = its LR / the new recipe's LR there. Seeds are
@@ -33,7 +34,10 @@ when a prior at that batch lies within PRIOR_MATCH of the recipe's LR. Reused ru
 are: the plan, the report and the runs CSV name each one's `source` (the --prior directory as
 given, resolved against the working directory when analysed; "" = trained here). A prior must be a
 recipe-check directory (its plan file) of the same ladder spec outside the recipe's constants and
-its check points (exit 2 otherwise); its own priors are not followed (pass them too).
+its check points (exit 2 otherwise); its own priors are not followed (pass them too). What a
+prior covers depends on what it planned, not on how far it trained (a rerun with the same priors
+plans the same); reused runs not yet ended there are counted (`not_ended`) and lack a loss here
+until that directory's check finishes them.
 
 The check must reach the planned hero (the plan's preflight hero at the largest of
 check.hero_computes): a check narrower than its width or shorter than its tokens is refused
