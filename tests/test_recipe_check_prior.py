@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from delphi.cli import main as cli_main
-from delphi.ladder.recipe_check import (PLAN_FILE, PRIOR_MATCH, RUN_IDENTITY_KEYS, RUNS_CSV, RUNS_DIR, analyse,
+from delphi.ladder.recipe_check import (BATCH_PRIOR_MATCH, PLAN_FILE, RUN_IDENTITY_KEYS, RUNS_CSV, RUNS_DIR, analyse,
                                         load_priors, plan_check, reuse_identity, save_report, write_check)
 from delphi.ladder.spec import ladder_spec_from_dict
 
@@ -99,8 +99,8 @@ def test_retuned_by_2x_trains_the_recipes_seeds_and_the_new_4x_only(prior_check,
         reused = sorted(r.lr_multiplier for r in runs if r.point == point and r.source and r.kind != "batch")
         # the old 0.25 .. 4 at half the new LR; the old recipe's two seeds both land at 0.5
         assert reused == [0.125, 0.25, 0.5, 0.5, 1.0, 2.0], point
-    # the prior's batch runs sit at half the new recipe's LR (> PRIOR_MATCH away): trained again
-    assert 2.0 > PRIOR_MATCH and sum(r.kind == "batch" for r in own) == 4 and not any(r.kind == "batch" for r in runs if r.source)
+    # the prior's batch runs sit at half the new recipe's LR (> BATCH_PRIOR_MATCH away): trained again
+    assert 2.0 > BATCH_PRIOR_MATCH and sum(r.kind == "batch" for r in own) == 4 and not any(r.kind == "batch" for r in runs if r.source)
     assert len(rungs) == 7 * 3 + 4
     assert summary["reused_runs"] == 42 and summary["priors"][0]["dir"] == str(prior_check)
     assert summary["priors"][0]["not_ended"] == 0 and summary["reused_flops"] > summary["check_flops"] * 0.5
@@ -137,6 +137,18 @@ def test_retuned_by_2x_trains_the_recipes_seeds_and_the_new_4x_only(prior_check,
     rows = (out / RUNS_CSV).read_text().splitlines()
     assert rows[0].endswith(",source") and len(rows) == 1 + len(runs)
     assert sum(row.endswith("," + str(prior_check)) for row in rows) == 42
+
+
+def test_a_retune_off_the_octaves_reuses_the_nearest_priors(prior_check, tmp_path):
+    """Retuned by 1.5x, the old grid lands at 1/6 .. 8/3 of the new LR: each of 0.25, 0.5 and 2 keeps a
+    prior within PRIOR_MATCH (4/3 away), 4 does not (8/3 is 1.5 away): only it and the seeds train."""
+    spec, _ = _spec_file(tmp_path, "new", lr_factor=1.5)
+    _, runs = plan_check(spec, load_priors(spec, [str(prior_check)]))
+    for point in {r.point for r in runs if r.kind != "batch"}:
+        trained = sorted((r.lr_multiplier, r.seed) for r in runs if r.point == point and not r.source and r.kind != "batch")
+        assert trained == [(1.0, 0), (1.0, 1), (4.0, 0)], point
+        reused = sorted(r.lr_multiplier for r in runs if r.point == point and r.source)
+        assert reused == pytest.approx([1 / 6, 1 / 3, 2 / 3, 2 / 3, 4 / 3, 8 / 3], rel=1e-9)
 
 
 def test_a_prior_of_another_shape_or_horizon_is_not_reused(prior_check, tmp_path):

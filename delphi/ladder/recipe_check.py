@@ -29,10 +29,11 @@ what names or places a run (`reuse_identity`: name, seed, data.seed, wandb and t
 maths-free keys); it enters the point's sweep at x = its LR / the new recipe's LR there. Seeds are
 samples: a prior of any seed counts, each x's losses are averaged. At every point the check still
 trains the recipe's value (x 1) at every seed -- what the gate judges, from this check's own runs
-only -- plus each lr multiplier no prior lies within PRIOR_MATCH of; a batch-sweep run is reused
-when a prior at that batch lies within PRIOR_MATCH of the recipe's LR. Reused runs stay where they
-are: the plan, the report and the runs CSV name each one's `source` (the --prior directory as
-given, resolved against the working directory when analysed; "" = trained here). A prior must be a
+only -- plus each lr multiplier no prior lies within PRIOR_MATCH (sqrt 2) of; a batch-sweep run
+is reused when a prior at that batch lies within BATCH_PRIOR_MATCH (2^(1/6)) of the recipe's LR.
+Reused runs stay where they are: the plan, the report and the runs CSV name each one's `source`
+(the --prior directory as given, resolved against the working directory when analysed; "" =
+trained here). A prior must be a
 recipe-check directory (its plan file) of the same ladder spec outside the recipe's constants and
 its check points (exit 2 otherwise); its own priors are not followed (pass them too). What a
 prior covers depends on what it planned, not on how far it trained (a rerun with the same priors
@@ -79,12 +80,19 @@ MAX_LOST_FRAC = 0.005
 # fall between and beyond the grid, every sample in the same span of LR.
 LR_FIT_NEIGHBOURS = 2
 BATCH_FIT_NEIGHBOURS = 1
-# A prior run (--prior) stands in for an lr multiplier of the new check when its LR is within this
-# factor of it: 2^(1/3), a third of the default grid's factor-2 step. Every grid multiplier then keeps
-# a sample within a third of an octave (nearer it than the midpoint to the next, 2^(1/2)), and no two
-# neighbouring LRs of the union lie more than 2^(4/3) = 2.5x apart, against the grid's 2x; a retune
-# by a whole octave (2x, 4x) reuses the prior sweep entirely.
-PRIOR_MATCH = 2.0 ** (1.0 / 3.0)
+# A grid lr multiplier is covered by a prior run (--prior) whose LR lies within this factor of it:
+# sqrt(2), half the default grid's factor-2 step, i.e. the prior is nearer this multiplier than any
+# other of the grid. The union then holds a sample in every half-octave bin of the grid -- at least
+# the grid's density over its span -- with neighbouring LRs at most 4x apart and either end of the
+# span moved in by at most half an octave. A tighter match buys no accuracy (every sample enters the
+# fit at its own x) but trains more: on runs/v8_check, a retune of recipe.lr by 1.5x would train all
+# 46 runs again at 2^(1/3), and 25 (the recipe's seeds, 4x and the batch sweep) at sqrt(2).
+PRIOR_MATCH = 2.0 ** 0.5
+# A batch-sweep run is reused only this close to the recipe's LR, since it stands AT the recipe's LR:
+# at the sweeps' curvature (0.023-0.030 nats per octave^2 of LR at d16@6e7 and d192@7e5, the first
+# points of runs/v8_check), 1/6 of an octave off costs <= 0.0008 nats, 0.05% of the loss, a tenth of
+# the gate's MAX_LOST_FRAC.
+BATCH_PRIOR_MATCH = 2.0 ** (1.0 / 6.0)
 # A prior's LR ratio this close (relative) to a grid multiplier is that multiplier: the recipe's LR is
 # a product of factors, so the same LR computed two ways differs in the last bits.
 SAME_LR_REL = 1e-9
@@ -325,7 +333,7 @@ def plan_check(spec: LadderSpec, priors: Sequence[PriorRun] = ()) -> tuple[list[
             if seqs == rule:
                 continue
             near = [(p, x) for p, x in (reusable(_point_rung(spec, d, tokens, c.seeds[0], "tmp", seqs), (1.0,))
-                                        if by_identity else []) if _within(x, 1.0, PRIOR_MATCH)]
+                                        if by_identity else []) if _within(x, 1.0, BATCH_PRIOR_MATCH)]
             if not near:
                 add("batch", d, tokens, 1.0, seqs / rule, c.seeds[0], seqs)
             for prior, x in near:
