@@ -143,12 +143,22 @@ def test_a_retune_off_the_octaves_reuses_the_nearest_priors(prior_check, tmp_pat
     """Retuned by 1.5x, the old grid lands at 1/6 .. 8/3 of the new LR: each of 0.25, 0.5 and 2 keeps a
     prior within PRIOR_MATCH (4/3 away), 4 does not (8/3 is 1.5 away): only it and the seeds train."""
     spec, _ = _spec_file(tmp_path, "new", lr_factor=1.5)
-    _, runs = plan_check(spec, load_priors(spec, [str(prior_check)]))
+    out = tmp_path / "check_new"
+    _, runs, _ = write_check(spec, out, [str(prior_check)])
     for point in {r.point for r in runs if r.kind != "batch"}:
         trained = sorted((r.lr_multiplier, r.seed) for r in runs if r.point == point and not r.source and r.kind != "batch")
         assert trained == [(1.0, 0), (1.0, 1), (4.0, 0)], point
         reused = sorted(r.lr_multiplier for r in runs if r.point == point and r.source)
         assert reused == pytest.approx([1 / 6, 1 / 3, 2 / 3, 2 / 3, 4 / 3, 8 / 3], rel=1e-9)
+    # the optimum stays at 2x the old recipe's LR = 4/3 of the new: the fit through the union (off the
+    # grid) finds it, and the loss the new recipe leaves there
+    for r in runs:
+        if not r.source:
+            _finish(out, r.run_id, _loss(r.lr_multiplier * 1.5 / 2, r.batch_multiplier))
+    report = analyse(spec, out)
+    for p in (p for p in report["points"] if p["swept"] == "lr"):
+        assert p["m_opt"] == pytest.approx(4 / 3, rel=1e-6) and p["interior"]
+        assert p["lost_frac"] == pytest.approx(CURVATURE * math.log2(0.75) ** 2 / LOSS_OPT, rel=1e-6)
 
 
 def test_a_prior_of_another_shape_or_horizon_is_not_reused(prior_check, tmp_path):
