@@ -100,7 +100,8 @@ def test_retuned_by_2x_trains_the_recipes_seeds_and_the_new_4x_only(prior_check,
         # the old 0.25 .. 4 at half the new LR; the old recipe's two seeds both land at 0.5
         assert reused == [0.125, 0.25, 0.5, 0.5, 1.0, 2.0], point
     # the prior's batch runs sit at half the new recipe's LR (> BATCH_PRIOR_MATCH away): trained again
-    assert 2.0 > BATCH_PRIOR_MATCH and sum(r.kind == "batch" for r in own) == 4 and not any(r.kind == "batch" for r in runs if r.source)
+    assert 2.0 > BATCH_PRIOR_MATCH and sum(r.kind == "batch" for r in own) == 4
+    assert not any(r.kind == "batch" for r in runs if r.source)
     assert len(rungs) == 7 * 3 + 4
     assert summary["reused_runs"] == 42 and summary["priors"][0]["dir"] == str(prior_check)
     assert summary["priors"][0]["not_ended"] == 0 and summary["reused_flops"] > summary["check_flops"] * 0.5
@@ -146,7 +147,8 @@ def test_a_retune_off_the_octaves_reuses_the_nearest_priors(prior_check, tmp_pat
     out = tmp_path / "check_new"
     _, runs, _ = write_check(spec, out, [str(prior_check)])
     for point in {r.point for r in runs if r.kind != "batch"}:
-        trained = sorted((r.lr_multiplier, r.seed) for r in runs if r.point == point and not r.source and r.kind != "batch")
+        trained = sorted((r.lr_multiplier, r.seed) for r in runs
+                         if r.point == point and not r.source and r.kind != "batch")
         assert trained == [(1.0, 0), (1.0, 1), (4.0, 0)], point
         reused = sorted(r.lr_multiplier for r in runs if r.point == point and r.source)
         assert reused == pytest.approx([1 / 6, 1 / 3, 2 / 3, 2 / 3, 4 / 3, 8 / 3], rel=1e-9)
@@ -183,7 +185,8 @@ def test_a_prior_of_another_shape_or_horizon_is_not_reused(prior_check, tmp_path
     write_check(other, tmp_path / "check_other")
     _, runs = plan_check(spec, load_priors(spec, [str(tmp_path / "check_other")]))
     assert not any(r.source for r in runs if r.kind == "width")
-    assert all(sum(1 for r in runs if r.point == p and r.source) == 6 for p in {r.point for r in runs if r.kind == "horizon"})
+    horizon_points = {r.point for r in runs if r.kind == "horizon"}
+    assert all(sum(1 for r in runs if r.point == p and r.source) == 6 for p in horizon_points)
     assert sum(1 for r in runs if r.kind == "width" and not r.source) == 3 * 6
 
 

@@ -302,9 +302,9 @@ def _recipe_check(args: argparse.Namespace):
           f"(ladder: {summary['ladder_wall_s_estimate'] / 3600:.2f} h); planned hero {h['run_id']} "
           f"(d{h['d_model']}, {h['tokens']:.3g} tokens)", file=sys.stderr)
     for prior in summary["priors"]:
+        unfinished = f"; {prior['not_ended']} not ended there yet: finish that check for their losses"
         print(f"reused from --prior {prior['dir']}: {prior['runs']} runs ({prior['flops']:.3g} FLOPs)"
-              + (f"; {prior['not_ended']} not ended there yet: finish that check for their losses" if prior["not_ended"] else ""),
-              file=sys.stderr)
+              + (unfinished if prior["not_ended"] else ""), file=sys.stderr)
     if summary["compute_ratio"] > summary["max_compute_ratio"]:
         print(f"warning: the check costs {summary['compute_ratio']:.1%} of the study, above "
               f"{summary['max_compute_ratio']:.0%} (issue 29)", file=sys.stderr)

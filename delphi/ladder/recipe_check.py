@@ -22,23 +22,23 @@ the recipe itself):
 
 Priors (`--prior DIR`, repeatable): a retune of lr, horizon_exponent or width_exponent moves only
 the projection LR of every run (shape, tokens, Adam-group LR, eps, beta2 and schedule follow from
-(d, T, B), not from eta; the batch too, unless the lr_max cap now halves it), so an earlier check
-of the same ladder spec under other recipe constants is an LR sweep of the new recipe too. A prior run is reused at a point when its trainer config (its run dir's config.yaml,
-else the one its check planned) equals the new plan's at that point in everything but optim.lr and
-what names or places a run (`reuse_identity`: name, seed, data.seed, wandb and the trainer's
-maths-free keys); it enters the point's sweep at x = its LR / the new recipe's LR there. Seeds are
-samples: a prior of any seed counts, each x's losses are averaged. At every point the check still
-trains the recipe's value (x 1) at every seed -- what the gate judges, from this check's own runs
-only -- plus each lr multiplier no prior lies within PRIOR_MATCH (sqrt 2) of; a batch-sweep run
-is reused when a prior at that batch lies within BATCH_PRIOR_MATCH (2^(1/6)) of the recipe's LR.
-Reused runs stay where they are: the plan, the report and the runs CSV name each one's `source`
-(the --prior directory as given, resolved against the working directory when analysed; "" =
-trained here). A prior must be a
-recipe-check directory (its plan file) of the same ladder spec outside the recipe's constants and
-its check points (exit 2 otherwise); its own priors are not followed (pass them too). What a
-prior covers depends on what it planned, not on how far it trained (a rerun with the same priors
-plans the same); reused runs not yet ended there are counted (`not_ended`) and lack a loss here
-until that directory's check finishes them.
+(d, T, B), not from eta; the batch too, unless the lr_max cap now halves it), so an earlier check of
+the same ladder spec under other recipe constants is an LR sweep of the new recipe too. A prior run
+is reused at a point when its trainer config (its run dir's config.yaml, else the one its check
+planned) equals the new plan's at that point in everything but optim.lr and what names or places a
+run (`reuse_identity`: name, seed, data.seed, wandb and the trainer's maths-free keys); it enters
+the point's sweep at x = its LR / the new recipe's LR there. Seeds are samples: a prior of any seed
+counts, each x's losses are averaged. At every point the check still trains the recipe's value (x 1)
+at every seed -- what the gate judges, from this check's own runs only -- plus each lr multiplier no
+prior lies within PRIOR_MATCH (sqrt 2) of; a batch-sweep run is reused when a prior at that batch
+lies within BATCH_PRIOR_MATCH (2^(1/6)) of the recipe's LR. Reused runs stay where they are: the
+plan, the report and the runs CSV name each one's `source` (the --prior directory as given, resolved
+against the working directory when analysed; "" = trained here). A prior must be a recipe-check
+directory (its plan file) of the same ladder spec outside the recipe's constants and its check
+points (exit 2 otherwise); its own priors are not followed (pass them too). What a prior covers
+depends on what it planned, not on how far it trained (a rerun with the same priors plans the same);
+reused runs not yet ended there are counted (`not_ended`) and lack a loss here until that
+directory's check finishes them.
 
 The check must reach the planned hero (the plan's preflight hero at the largest of
 check.hero_computes): a check narrower than its width or shorter than its tokens is refused
@@ -265,14 +265,15 @@ def load_priors(spec: LadderSpec, dirs: Sequence[str | Path], out: str | Path | 
             raise DelphiError(f"--prior {given}: not a recipe-check directory (no {PLAN_FILE}); give the --out of an "
                               "earlier `delphi ladder recipe-check`")
         if out is not None and d.resolve() == Path(out).resolve():
-            raise DelphiError(f"--prior {given}: is the --out directory; a prior is an earlier check of other recipe constants")
+            raise DelphiError(f"--prior {given}: is the --out directory; a prior is an earlier check of other "
+                              "recipe constants")
         if d.resolve() in seen_dirs:
             continue
         seen_dirs.add(d.resolve())
         differs = _first_difference(_outside_constants(load_ladder_spec(d / SPEC_FILE)), _outside_constants(spec))
         if differs is not None:
-            raise DelphiError(f"--prior {given}: a recipe check of another ladder spec ({SPEC_FILE} differs at {differs}, "
-                              "outside the recipe's constants and check); its runs cannot be reused")
+            raise DelphiError(f"--prior {given}: a recipe check of another ladder spec ({SPEC_FILE} differs at "
+                              f"{differs}, outside the recipe's constants and check); its runs cannot be reused")
         for row in read_manifest(d):
             run_dir = d / RUNS_DIR / row["run_id"]
             path = run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else d / row["config"]
