@@ -9,7 +9,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     from delphi.cli import add_json_flag
 
     sub = subparsers.add_parser("study", help="run (or resume) a whole study: ladder, fits, preregistration, hero, report")
-    sub.add_argument("study", nargs="?", help="study YAML (default: the built-in CPU study, ~16-20 min on 2 cores)")
+    sub.add_argument("study", nargs="?", help="study YAML (default: the built-in CPU study, ~8-11 min on 2 cores)")
     sub.add_argument("--out", default="runs/study", help="study directory (default: runs/study)")
     sub.add_argument("--stop-after", metavar="STAGE", help="stop after this stage (e.g. seals or prereg, to commit the sealed files first)")
     sub.add_argument("--accept-store", metavar="SHA256",
