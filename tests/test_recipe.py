@@ -134,11 +134,14 @@ def test_lr_calibrate_refuses_a_recipe_spec():
         plan_calibration(spec, [Point(16, 1e6)])
 
 
-def test_no_width_term():
+def test_only_the_projection_lr_depends_on_width():
     spec, _ = _v8()
     narrow, wide = recipe_run(spec, 16, 2e7), recipe_run(spec, 192, 2e7)
     assert narrow.model.d_model == 16 and wide.model.d_model == 192
-    assert narrow.hp == wide.hp and narrow.steps == wide.steps
+    w = spec.recipe.width_exponent.value
+    assert wide.hp.lr / narrow.hp.lr == pytest.approx(12.0**w)  # the check's measured width term
+    assert dataclasses.replace(narrow.hp, lr=wide.hp.lr, lr_width_factor=wide.hp.lr_width_factor) == wide.hp
+    assert narrow.steps == wide.steps
 
 
 # ---- the spec -----------------------------------------------------------------------------------
@@ -182,9 +185,10 @@ def test_every_v8_constant_has_a_source_and_plan_warns_without_one(tmp_path, cap
 
 
 def _assert_recipe_run(spec, rung, tokens_target: float) -> None:
-    seqs, halvings = recipe_batch_seqs(spec.recipe, tokens_target, spec.seq_len)
+    d_model = rung.model.d_model
+    seqs, halvings = recipe_batch_seqs(spec.recipe, tokens_target, spec.seq_len, d_model)
     assert rung.batch_size == seqs, rung.run_id
-    hp = recipe_for_tokens(spec.recipe, rung.tokens, spec.seq_len, batch_seqs=seqs)
+    hp = recipe_for_tokens(spec.recipe, rung.tokens, spec.seq_len, batch_seqs=seqs, d_model=d_model)
     o = rung.train.optim
     assert (o.lr, o.beta2, o.eps, o.weight_decay, o.grad_clip) == pytest.approx((hp.lr, hp.beta2, hp.eps, hp.weight_decay, hp.grad_clip))
     assert (o.schedule, o.warmup_frac, o.decay_frac) == (spec.recipe.schedule, spec.recipe.warmup_frac.value, spec.recipe.decay_frac.value)
