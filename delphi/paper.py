@@ -93,9 +93,10 @@ def _study_view(data_dir: Path, figures_dir: Path):
     return study
 
 
-def paper_numbers(data_dir: Path, shown_as: str | None = None) -> dict[str, Any]:
+def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path | None = None) -> dict[str, Any]:
     """Every number the text quotes, computed from the data files; `shown_as` is the data's path
-    as the text quotes it (default: `data_dir`)."""
+    as the text quotes it (default: `data_dir`). `old_recipe` (a study's data, as the text quotes
+    it) is set beside a study of the law alone run by run (`delphi.paper_seals`)."""
     check, hero, plan = (_stage(data_dir, name) for name in ("check", "hero", "plan"))
     fits = {m: json.loads(p.read_text()) for m in ("isoflop", "parametric", "vpnls", "frontier")
             if (p := data_dir / "fits" / f"{m}.json").is_file()}
@@ -182,20 +183,20 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None) -> dict[str, Any]
     n["ladder_table"] = _ladder_table(table)
     n["trajectory_table"] = _trajectory_table(check)
     n["assumptions"] = "\n".join(f"- {a}" for a in prereg_doc.get("assumptions", []))
-    n.update(_edition_numbers(data_dir, table, prereg_path, prereg_doc, hero, check))
+    n.update(_edition_numbers(data_dir, table, prereg_path, prereg_doc, hero, check, old_recipe))
     n["data_dir"] = shown_as if shown_as is not None else str(data_dir)
     return n
 
 
 def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, prereg_doc: dict, hero: dict,
-                     check: dict) -> dict[str, Any]:
+                     check: dict, old_recipe: Path | None = None) -> dict[str, Any]:
     """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
     rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
     from delphi.fits.probes import correction_text
 
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
     # primary_fit: auto is resolved by the study's fit stage (delphi.study.state.Study.primary_fit).
-    primary = _stage(data_dir, "fit")["primary_fit"] if pinned["primary_fit"] == "auto" else pinned["primary_fit"]
+    primary = primary_fit_name(data_dir)
     out: dict[str, Any] = {"data_dir": str(data_dir), "study_name": pinned.get("name"), "ladder_file": pinned.get("ladder"),
                            "prereg_file": f"preregistrations/{prereg_path.name}"}
     iso = isoflop_rows(table)
@@ -250,6 +251,7 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
                                       float((pinned.get("gates") or {}).get("rehearsal_tolerance")
                                             or prereg_doc["decision"]["tolerance_rel"]),
                                       carry=_sealed_carry(final)))
+    out["law_alone_section"] = _law_alone_section(data_dir, prereg_path, float(iso["budget"].max()), old_recipe)
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
@@ -267,11 +269,73 @@ def _probe_dirs(data_dir: Path) -> list[Path]:
     pinned in its data (`delphi.study.pin_probes`). A copy there that the study does not name, left
     by an earlier invocation, is not one of its probes (the seventh edition had one: probes/hero, a
     stale copy of hero60x, left out of its compact data)."""
-    from delphi.config_schema import from_dict
-    from delphi.study import StudySpec, probe_names
+    from delphi.study import probe_names
 
-    spec = from_dict(StudySpec, json.loads((data_dir / "study.json").read_text())["study"], f"{data_dir}/study.json")
+    spec = _pinned_spec(data_dir)
     return [run for name in probe_names(spec) if ((run := data_dir / "probes" / name) / "summary.json").is_file()]
+
+
+def _pinned_spec(data_dir: Path):
+    from delphi.config_schema import from_dict
+    from delphi.study import StudySpec
+
+    return from_dict(StudySpec, json.loads((data_dir / "study.json").read_text())["study"], f"{data_dir}/study.json")
+
+
+def primary_fit_name(data_dir: Path) -> str:
+    """The study's primary law: as pinned, or as its fit stage resolved `primary_fit: auto`
+    (`delphi.study.state.Study.primary_fit`)."""
+    pinned = json.loads((data_dir / "study.json").read_text())["study"]
+    return _stage(data_dir, "fit")["primary_fit"] if pinned["primary_fit"] == "auto" else pinned["primary_fit"]
+
+
+def _law_alone_study(spec) -> bool:
+    """A study that sealed its own probes with the ladder's law alone, like its hero (issue 29)."""
+    return not spec.hero.probe_correction and bool(spec.hero.probe_multiples)
+
+
+def law_alone_at_runs(data_dir: Path) -> list[dict]:
+    """A finished study's runs beyond the ladder (its pinned probes, then the hero) against its
+    primary law alone: the primary column of its table of runs beyond the ladder."""
+    from delphi.fits import load_fit
+    from delphi.paper_seals import law_alone_rows
+
+    fit = load_fit(data_dir / "fits" / f"{primary_fit_name(data_dir)}.json")
+    runs = _probe_dirs(data_dir) + ([data_dir / "hero"] if (data_dir / "hero" / "summary.json").is_file() else [])
+    top_budget = float(isoflop_rows(pd.read_csv(data_dir / "results.csv"))["budget"].max())
+    return law_alone_rows(fit, runs, top_budget)
+
+
+def _law_alone_section(data_dir: Path, prereg_path: Path, top_budget: float, old_recipe: Path | None) -> str:
+    """Under the law alone (hero.probe_correction: false, probes of its own), each run beyond the
+    ladder against its own seal and the old recipe beside it (`delphi.paper_seals`); empty for a
+    study whose probes were evidence for the hero's seal."""
+    from delphi.editions import resolve_data
+    from delphi.paper_seals import law_alone_section, sealed_runs
+    from delphi.study import own_probe_name
+
+    spec = _pinned_spec(data_dir)
+    if not _law_alone_study(spec):
+        return ""
+    names = [own_probe_name(m) for m in sorted(spec.hero.probe_multiples)]
+    seals = [(name, data_dir / "probes" / f"{name}.prereg.yaml", data_dir / "probes" / name) for name in names]
+    rows = sealed_runs(seals + [("hero", prereg_path, data_dir / "hero")], top_budget)
+    old = law_alone_at_runs(resolve_data(old_recipe)) if old_recipe is not None else None
+    return law_alone_section(rows, old, None if old_recipe is None else str(old_recipe))
+
+
+def old_recipe_data(shown: Path, paper_dir: Path) -> Path | None:
+    """The old recipe's study (`delphi.paper_seals.OLD_RECIPE_EDITION`'s) as the text quotes it:
+    among the editions beside the data's own edition, else under PAPER_DIR/editions; None where
+    neither holds it."""
+    from delphi.editions import edition_root
+    from delphi.paper_seals import OLD_RECIPE_EDITION
+
+    roots = [root.parent] if (root := edition_root(shown)) is not None else []
+    for editions_dir in [*roots, paper_dir / EDITIONS_DIR]:
+        if (study := edition_data_or_none(editions_dir / OLD_RECIPE_EDITION)) is not None:
+            return study
+    return None
 
 
 def _sealed_carry(final: dict) -> str | None:
@@ -289,7 +353,7 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
     law x its probe trend, carried so) a last column gives that rule at each run from the runs before
     it only."""
     from delphi.fits import load_fit
-    from delphi.prereg.predict import predict_hero
+    from delphi.paper_seals import run_vs_law
     from delphi.train.config import load_train_config
 
     probes = _probe_dirs(data_dir)
@@ -300,8 +364,12 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
                            "probe_multiples": " and ".join(f"{m:.0f}x" for m in multiples) or "none"}
     gate = next((g for g in gates if g["name"] == "probes"), None)
     fits = {m: load_fit(path) for m in LAW_NAMES if (path := data_dir / "fits" / f"{m}.json").is_file()}
+    spec = _pinned_spec(data_dir)
+    own = (f"The study's own probes at {' and '.join(f'{m:g}x' for m in sorted(spec.hero.probe_multiples))} the top budget "
+           "were sealed with the ladder's law alone, with the hero and before any of them trained: predictions like the "
+           "hero's, not evidence for a correction." if _law_alone_study(spec) else "")
     if gate is None:
-        out["probes_sentence"] = "No probes beyond the ladder were given."
+        out["probes_sentence"] = own or "No probes beyond the ladder were given."
     else:  # the sealed record, beside the gate as the code stands today (a gate changed after an outcome shows as such)
         from delphi.prereg.predict import run_predicted_vs_actual
         from delphi.prereg.gates import gate_probes
@@ -312,23 +380,20 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
                           carry=carry or "linear")
         out["probes_sentence"] = (f"The sealed file records gate probes as {'passed' if gate['passed'] else 'failed'}: {gate['detail']}. "
                                   f"Gate probes as the code stands today: **{'PASS' if now.passed else 'FAIL'}** ({now.threshold}): "
-                                  f"{now.detail}.")
+                                  f"{now.detail}." + (f" {own}" if own else ""))
     runs = probes + ([data_dir / "hero"] if (data_dir / "hero" / "summary.json").is_file() else [])
     rule = [f"{primary_fit} x trend of the runs before"] if carry is not None else []
     rows = ["| run | FLOPs | shape | tokens | actual | " + " | ".join([f"{m}{' (primary)' if m == primary_fit else ''}" for m in fits] + rule) + " |",
             "|---|---|---|---|---|" + "---|" * (len(fits) + len(rule))]
     before: dict[str, dict] = {}  # the primary law's error at each run so far, for the rule's column
     for run in runs:
-        cfg = load_train_config(run / "config.yaml")
-        actual = float(json.loads((run / "summary.json").read_text())["val_loss"])
-        cells = []
-        for fit in fits.values():
-            predicted = float(predict_hero(fit, cfg)[0]["loss"])
-            cells.append(f"{predicted:.4f} ({actual / predicted - 1:+.2%})")
+        scored = {method: run_vs_law(fit, run) for method, fit in fits.items()}
+        cfg, _, actual = next(iter(scored.values()))
+        cells = [f"{predicted:.4f} ({actual / predicted - 1:+.2%})" for _, predicted, _ in scored.values()]
         if carry is not None:
             from delphi.fits.probes import probe_trend
 
-            law = float(predict_hero(fits[primary_fit], cfg)[0]["loss"])
+            law = scored[primary_fit][1]
             trend = probe_trend(before, top_budget, carry)
             ruled = None if trend is None else law * (1 + trend.at(cfg.flops))
             cells.append("n/a (< 2 runs before)" if ruled is None else f"{ruled:.4f} ({actual / ruled - 1:+.2%})")
@@ -599,7 +664,7 @@ def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None =
     if not svg:
         for png in figures:
             Path(png).with_suffix(".svg").unlink(missing_ok=True)
-    numbers = paper_numbers(data_dir, shown_as=str(shown))
+    numbers = paper_numbers(data_dir, shown_as=str(shown), old_recipe=old_recipe_data(shown, paper_dir))
     try:
         text = string.Template(template.read_text()).substitute(numbers)
     except KeyError as e:
@@ -633,6 +698,14 @@ def edition_data(edition: Path) -> Path:
         if (edition / name / "study.json").is_file():
             return edition / name
     raise DelphiError(f"{edition}: no study data (no data/study.json or study/study.json)")
+
+
+def edition_data_or_none(edition: Path) -> Path | None:
+    """`edition_data`, or None where the edition holds no study."""
+    try:
+        return edition_data(edition)
+    except DelphiError:
+        return None
 
 
 def built_editions(paper_root: str | Path = "paper") -> dict[str, tuple[Path, Path]]:

@@ -364,9 +364,12 @@ def start_order(doc: dict, run: RunState, run_dir: Path | None) -> tuple[bool | 
                    f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(run.first_step_time))})")
 
 
-def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None) -> tuple[dict, fmt.Prereg, RunState]:
+def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None,
+          record: bool = True) -> tuple[dict, fmt.Prereg, RunState]:
     """Compare the run with the preregistration; a final verdict is recorded as NAME.outcome.json
-    for the run it scored (module docstring). A broken seal is CheckFailed (exit 1)."""
+    for the run it scored (module docstring), unless `record` is false (a reader of committed data,
+    e.g. the paper, scores the run without writing beside the seal). A broken seal is CheckFailed
+    (exit 1)."""
     prereg = fmt.load_prereg(prereg_path)
     seal = fmt.seal_status(prereg.doc)
     if not seal["ok"]:
@@ -382,7 +385,7 @@ def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | N
     if order is not True:
         result |= {"verdict": PREDATES if order is False else START_UNKNOWN, "why": problem}
     _mark_forced(result, prereg.doc)
-    if result["verdict"] in FINAL_VERDICTS:
+    if record and result["verdict"] in FINAL_VERDICTS:
         identity = run_identity(run, run_dir)
         written = record_outcome(prereg_path, result, identity)
         result["outcome_file"] = None if written is None else str(written)

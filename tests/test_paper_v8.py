@@ -1,0 +1,197 @@
+"""The paper of a study of the law alone (issue 29, the eighth edition): each run beyond the ladder
+against its own seal, with the order of seals and first steps, and the old recipe's law alone
+against the new one's at 3x, 10x and 30x.
+
+No training: the fixture is the fifth edition's committed study (its pinned probes are v4's
+probe3x and probe10x, its hero is hero30x), re-pinned as a study of the law alone with probes of its
+own at 3x and 10x, whose seals are v4's own sealed files (preregistrations/paper-v4-probe-*.yaml)
+and the fifth edition's hero seal: three real seals, each against the run it predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from delphi.editions import edition_tree, resolve_data
+from delphi.prereg import format as fmt
+from delphi.prereg.create import parse_utc
+
+REPO = Path(__file__).resolve().parents[1]
+OLD_STUDY = REPO / "paper" / "editions" / "v5" / "study"
+SEALS = {"probe3x": "paper-v4-probe-3x", "probe10x": "paper-v4-probe-10x"}
+HERO_SEAL = "paper-v5-hero-30x"
+
+
+def _seal_path(study: Path, run: str) -> Path:
+    return study / "preregistration.yaml" if run == "hero" else study / "probes" / f"{run}.prereg.yaml"
+
+
+def _run_dir(study: Path, run: str) -> Path:
+    return study / "hero" if run == "hero" else study / "probes" / run
+
+
+@pytest.fixture(scope="module")
+def law_alone_template(tmp_path_factory) -> Path:
+    study = tmp_path_factory.mktemp("v8") / "study"
+    shutil.copytree(resolve_data(OLD_STUDY), study)
+    pinned = json.loads((study / "study.json").read_text())
+    pinned["study"]["hero"] |= {"probe_correction": False, "probe_multiples": [3, 10]}
+    pinned["study"]["gates"]["probes"] = []  # the probes are the study's own, not evidence from before it
+    (study / "study.json").write_text(json.dumps(pinned))
+    v4 = edition_tree(REPO / "paper" / "editions" / "v4")
+    for run, seal in SEALS.items():
+        shutil.copy(REPO / "preregistrations" / f"{seal}.yaml", _seal_path(study, run))
+        # The fifth edition pinned the probes without their curves; v4's own copy holds them (the first step's time).
+        shutil.copy(v4 / run / "metrics.jsonl", _run_dir(study, run) / "metrics.jsonl")
+    shutil.copy(REPO / "preregistrations" / f"{HERO_SEAL}.yaml", _seal_path(study, "hero"))
+    return study
+
+
+@pytest.fixture
+def law_alone_study(law_alone_template, tmp_path) -> Path:
+    study = tmp_path / "study"
+    shutil.copytree(law_alone_template, study, symlinks=True)
+    return study
+
+
+def _reseal(seal: Path, created_s: float) -> None:
+    """The same prediction sealed again as if made at `created_s` (epoch seconds)."""
+    doc = fmt.read(seal)
+    doc["created"] = datetime.fromtimestamp(created_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    seal.unlink()
+    fmt.write_new(seal, fmt.seal(doc))
+
+
+def _first_step(study: Path, run: str) -> float:
+    from delphi.prereg.check import read_run_dir
+
+    return read_run_dir(_run_dir(study, run)).first_step_time
+
+
+def _rows(study: Path) -> list[dict]:
+    from delphi.paper_seals import sealed_runs
+
+    return sealed_runs([(run, _seal_path(study, run), _run_dir(study, run)) for run in ("probe3x", "probe10x", "hero")], 1e13)
+
+
+def _table_row(text: str, first_cell: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith(f"| {first_cell} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_each_run_is_checked_against_its_own_seal_and_nothing_is_written(law_alone_study):
+    from delphi.paper import paper_numbers
+
+    before = sorted(p.relative_to(law_alone_study) for p in law_alone_study.rglob("*"))
+    numbers = paper_numbers(law_alone_study, old_recipe=OLD_STUDY)
+    section = numbers["law_alone_section"]
+    assert sorted(p.relative_to(law_alone_study) for p in law_alone_study.rglob("*")) == before  # no outcome file written
+    assert "### Each prediction against its own seal" in section
+    for run, seal in [*SEALS.items(), ("hero", HERO_SEAL)]:
+        # The check the paper runs gives what `prereg check` recorded when each run finished.
+        recorded = json.loads((REPO / "preregistrations" / f"{seal}.outcome.json").read_text())
+        doc = fmt.read(REPO / "preregistrations" / f"{seal}.yaml")
+        cells = _table_row(section, run)
+        assert cells[3] == f"{doc['prediction']['final']['loss']:.4f}"
+        lo, hi = doc["prediction"]["final"]["loss_90"]
+        assert cells[4] == f"[{lo:.4f}, {hi:.4f}]"
+        assert cells[5:8] == [f"{recorded['actual_final_loss']:.4f}", f"{recorded['rel_error']:+.2%}",
+                              {True: "yes", False: "**no**"}[recorded["covered_90"]]]
+        assert cells[8].startswith(f"**{recorded['verdict']}**")
+        assert cells[9].startswith(doc["created"][:19]) and ("(forced)" in cells[9]) == bool(doc.get("forced"))
+        assert cells[11] == "yes"  # each seal made before its own run's first step
+    # v4's probes trained a day before the fifth edition sealed its hero: the paper says so.
+    assert f"**before the seal of hero**" in section
+    assert numbers["probes_sentence"].endswith("predictions like the hero's, not evidence for a correction.")
+    assert "The study's own probes at 3x and 10x the top budget were sealed with the ladder's law alone" in numbers["probes_sentence"]
+
+
+def test_the_old_recipe_is_the_seventh_editions_law_alone_at_3x_10x_and_30x(law_alone_study):
+    """The old side is the computation behind the seventh edition's table of runs beyond the
+    ladder (its primary column), not numbers typed into the paper."""
+    from delphi.paper import law_alone_at_runs
+    from delphi.paper_seals import recipe_comparison, recipe_comparison_table
+
+    old = law_alone_at_runs(resolve_data(OLD_STUDY))
+    assert [(r["run"], round(r["multiple"])) for r in old] == [("probe3x", 3), ("probe10x", 10), ("hero", 30)]
+    seventh = (REPO / "paper" / "paper.md").read_text()
+    for row, v7_name in zip(old, ("probe3x", "probe10x", "hero30x")):
+        assert _table_row(seventh, v7_name)[5] == f"{row['predicted']:.4f} ({row['rel_error']:+.2%})"
+    table = recipe_comparison_table(recipe_comparison(old, _rows(law_alone_study)))
+    assert [_table_row(table, m)[1] for m in ("3x", "10x", "30x")] == ["probe3x", "probe10x", "hero"]
+    hero = _table_row(table, "30x")
+    assert hero[2:5] == [f"{old[2]['predicted']:.4f}", f"{old[2]['actual']:.4f}", f"{old[2]['rel_error']:+.2%}"]
+
+
+def test_untrained_runs_are_sealed_not_yet_trained(law_alone_study):
+    from delphi.paper import paper_numbers
+
+    shutil.rmtree(_run_dir(law_alone_study, "probe10x"))
+    shutil.rmtree(_run_dir(law_alone_study, "hero"))
+    section = paper_numbers(law_alone_study, old_recipe=OLD_STUDY)["law_alone_section"]
+    for run in ("probe10x", "hero"):
+        cells = _table_row(section, run)
+        assert cells[5:9] == ["n/a", "n/a", "n/a", "sealed, not yet trained"]
+        assert cells[10:] == ["n/a", "yes (no step yet)"]
+    assert "Not yet trained: probe10x, hero." in section
+    comparison = section.split("### The old recipe's law alone against the new recipe's")[1]
+    for multiple, run in (("10x", "probe10x"), ("30x", "hero")):
+        new = _table_row(comparison, multiple)[5:]
+        sealed = fmt.read(_seal_path(law_alone_study, run))["prediction"]["final"]["loss"]
+        assert new == [run, f"{sealed:.4f}", "not yet trained", "n/a", "n/a"]
+    assert "Not yet scored: probe10x, hero." in comparison
+
+
+def test_every_seal_before_any_step_is_stated(law_alone_study):
+    """Issue 29: all three sealed before any of them trains. The fixture's seals made again an hour
+    before the first step of any run say so; one made after its run's first step is an invalid check."""
+    from delphi.paper_seals import seal_order_sentence, sealed_runs_table
+
+    runs = ("probe3x", "probe10x", "hero")
+    earliest = min(_first_step(law_alone_study, run) for run in runs)
+    for k, run in enumerate(runs):
+        _reseal(_seal_path(law_alone_study, run), earliest - 3600 + k)
+    sentence = seal_order_sentence(_rows(law_alone_study))
+    assert sentence.startswith("Three predictions were sealed, each the ladder's law alone, from ")
+    assert sentence.endswith("after every seal.") and "probe3x, probe10x with --force" in sentence
+
+    _reseal(_seal_path(law_alone_study, "probe10x"), _first_step(law_alone_study, "probe10x") + 60)
+    rows = _rows(law_alone_study)
+    sentence = seal_order_sentence(rows)
+    assert "**before the seal of probe10x**" in sentence
+    assert "The check cannot show that probe10x started after its own seal." in sentence
+    cells = _table_row(sealed_runs_table(rows), "probe10x")
+    assert cells[8] == "**invalid: the run predates the preregistration**" and cells[11] == "**no**"
+    assert cells[5:8] == ["n/a", "n/a", "n/a"]  # an invalid check scores nothing
+
+
+def test_a_seal_edited_after_sealing_is_reported_not_scored(law_alone_study):
+    from delphi.paper_seals import seal_order_sentence, sealed_runs_table
+
+    seal = _seal_path(law_alone_study, "probe3x")
+    seal.write_text(seal.read_text().replace("author: delphi developers", "author: someone else", 1))
+    rows = _rows(law_alone_study)
+    cells = _table_row(sealed_runs_table(rows), "probe3x")
+    assert "(**seal broken**)" in cells[9] and cells[8] == "**not checked**" and cells[5] == "n/a"
+    assert "**The seal of probe3x does not match its content**" in seal_order_sentence(rows)
+
+
+def test_a_study_whose_probes_corrected_the_hero_has_no_such_section():
+    from delphi.paper import _law_alone_section
+
+    seventh = resolve_data(REPO / "paper" / "editions" / "v7" / "study")
+    assert _law_alone_section(seventh, REPO / "preregistrations" / "paper-v7-hero-90x.yaml", 1e13, OLD_STUDY) == ""
+
+
+def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
+    from delphi.paper import old_recipe_data
+
+    assert old_recipe_data(Path("paper/editions/v8/study"), Path("paper")) == Path("paper/editions/v5/study")
+    assert old_recipe_data(Path("runs/paper_v8"), REPO / "paper") == OLD_STUDY
+    assert old_recipe_data(tmp_path / "study", tmp_path) is None
+
