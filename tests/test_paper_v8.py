@@ -74,7 +74,7 @@ def _first_step(study: Path, run: str) -> float:
 
 
 def _rows(study: Path) -> list[dict]:
-    from delphi.paper_seals import sealed_runs
+    from delphi.paper import sealed_runs
 
     return sealed_runs([(run, _seal_path(study, run), _run_dir(study, run)) for run in ("probe3x", "probe10x", "hero")], 1e13)
 
@@ -115,7 +115,7 @@ def test_the_old_recipe_is_the_seventh_editions_law_alone_at_3x_10x_and_30x(law_
     """The old side is the computation behind the seventh edition's table of runs beyond the
     ladder (its primary column), not numbers typed into the paper."""
     from delphi.paper import law_alone_at_runs
-    from delphi.paper_seals import recipe_comparison, recipe_comparison_table
+    from delphi.paper import recipe_comparison, recipe_comparison_table
 
     old = law_alone_at_runs(resolve_data(OLD_STUDY))
     assert [(r["run"], round(r["multiple"])) for r in old] == [("probe3x", 3), ("probe10x", 10), ("hero", 30)]
@@ -150,7 +150,7 @@ def test_untrained_runs_are_sealed_not_yet_trained(law_alone_study):
 def test_every_seal_before_any_step_is_stated(law_alone_study):
     """Issue 29: all three sealed before any of them trains. The fixture's seals made again an hour
     before the first step of any run say so; one made after its run's first step is an invalid check."""
-    from delphi.paper_seals import seal_order_sentence, sealed_runs_table
+    from delphi.paper import seal_order_sentence, sealed_runs_table
 
     runs = ("probe3x", "probe10x", "hero")
     earliest = min(_first_step(law_alone_study, run) for run in runs)
@@ -171,7 +171,7 @@ def test_every_seal_before_any_step_is_stated(law_alone_study):
 
 
 def test_a_seal_edited_after_sealing_is_reported_not_scored(law_alone_study):
-    from delphi.paper_seals import seal_order_sentence, sealed_runs_table
+    from delphi.paper import seal_order_sentence, sealed_runs_table
 
     seal = _seal_path(law_alone_study, "probe3x")
     seal.write_text(seal.read_text().replace("author: delphi developers", "author: someone else", 1))
