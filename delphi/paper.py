@@ -67,6 +67,18 @@ def _stage(data_dir: Path, name: str) -> dict:
     return json.loads(path.read_text())["result"]
 
 
+UNCHECKED = "not yet checked (the hero has not finished)"
+
+
+def _check_stage(data_dir: Path) -> dict:
+    """The hero's check. A study of the law alone has sealed every prediction beyond the ladder at
+    stage seals, before any trains: its paper can be built from then on, each run shown as sealed,
+    trained or checked (`law_alone_section`), the hero's verdict UNCHECKED until it has one."""
+    if not (data_dir / "stages" / "check.json").is_file() and (data_dir / "stages" / "seals.json").is_file():
+        return {}
+    return _stage(data_dir, "check")
+
+
 def prereg_file(data_dir: Path) -> Path:
     """The study's sealed preregistration: `preregistration.yaml` in the data (a study that sealed
     inside its directory, or `--from-study`'s copy), else the file its prereg stage names, looked up
@@ -100,7 +112,7 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
     """Every number the text quotes, computed from the data files; `shown_as` is the data's path
     as the text quotes it (default: `data_dir`). `old_recipe` (a study's data, as the text quotes
     it) is set beside a study of the law alone run by run (`law_alone_section`)."""
-    check, hero, plan = (_stage(data_dir, name) for name in ("check", "hero", "plan"))
+    check, hero, plan = _check_stage(data_dir), _stage(data_dir, "hero"), _stage(data_dir, "plan")
     fits = {m: json.loads(p.read_text()) for m in ("isoflop", "parametric", "vpnls", "frontier")
             if (p := data_dir / "fits" / f"{m}.json").is_file()}
     backtest = json.loads((data_dir / "fits" / "backtest.json").read_text())
@@ -132,8 +144,8 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
         "abs_rel_error": f"{abs(check['rel_error']):.2%}" if check.get("rel_error") is not None else "n/a",
         "covered_90": {True: "inside", False: "outside", None: "n/a"}[check.get("covered_90")],
         "covered_50": {True: "inside", False: "outside", None: "n/a"}[check.get("covered_50")],
-        "verdict": check.get("verdict"),
-        "tolerance": f"{check['tolerance_rel']:.0%}",
+        "verdict": check.get("verdict", UNCHECKED),
+        "tolerance": f"{check.get('tolerance_rel', prereg_doc['decision']['tolerance_rel']):.0%}",
         "prereg_created": prereg_doc.get("created"),
         "prereg_seal": str(prereg_doc.get("seal", {}).get("digest", ""))[:16],
     }
@@ -657,8 +669,11 @@ def recipe_comparison_sentence(rows: Sequence[dict[str, Any]]) -> str:
         return f"{listed} (mean |error| {mean:.2%} over {_count_words(len(scored))})"
 
     pending = [r["new"]["run"] for r in rows if r["new"] and r["new"]["actual"] is None]
-    return (f"The old recipe's law alone missed by {errors('old')}; the new recipe's sealed predictions by "
-            f"{errors('new')}." + (f" Not yet scored: {', '.join(pending)}." if pending else ""))
+    scored_new = any(r["new"] and r["new"]["actual"] is not None for r in rows)
+    new_side = (f"the new recipe's sealed predictions by {errors('new')}" if scored_new
+                else "none of the new recipe's sealed predictions is scored yet")
+    return (f"The old recipe's law alone missed by {errors('old')}; {new_side}."
+            + (f" Not yet scored: {', '.join(pending)}." if pending else ""))
 
 
 def law_alone_section(sealed: Sequence[dict[str, Any]], old: Sequence[dict[str, Any]] | None, old_source: str | None) -> str:

@@ -195,3 +195,29 @@ def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
     assert old_recipe_data(Path("runs/paper_v8"), REPO / "paper") == OLD_STUDY
     assert old_recipe_data(tmp_path / "study", tmp_path) is None
 
+
+
+def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alone_study, tmp_path):
+    """Stage seals done, nothing beyond the ladder trained (issue 29 commits that stage): `paper
+    build` renders, each run sealed, not yet trained, and the hero's verdict not yet checked."""
+    from delphi.paper import UNCHECKED, build_paper
+
+    (law_alone_study / "stages" / "seals.json").write_text(json.dumps({"stage": "seals", "result": {}}))
+    for stage in ("check", "train_hero", "probes", "figures", "report"):
+        (law_alone_study / "stages" / f"{stage}.json").unlink(missing_ok=True)
+    for run in ("probe3x", "probe10x", "hero"):
+        shutil.rmtree(_run_dir(law_alone_study, run))
+    paper = tmp_path / "paper"
+    paper.mkdir()
+    shutil.copy(REPO / "paper" / "template.md", paper / "template.md")
+    (paper / "editions").mkdir()
+    (paper / "editions" / "v5").symlink_to(REPO / "paper" / "editions" / "v5")  # the old recipe, beside the paper
+    build_paper(paper, data_dir=law_alone_study, svg=False)
+    text = (paper / "paper.md").read_text()
+    assert f"**{UNCHECKED}**" in text
+    for run in ("probe3x", "probe10x", "hero"):
+        assert _table_row(text, run)[8] == "sealed, not yet trained"
+    assert "None of them has taken a step." in text
+    comparison = text.split("### The old recipe's law alone against the new recipe's")[1]
+    assert [_table_row(comparison, m)[7] for m in ("3x", "10x", "30x")] == ["not yet trained"] * 3
+    assert "none of the new recipe's sealed predictions is scored yet. Not yet scored: probe3x, probe10x, hero." in comparison
