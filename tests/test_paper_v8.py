@@ -19,12 +19,12 @@ import pytest
 
 from delphi.editions import edition_tree, resolve_data
 from delphi.prereg import format as fmt
-from delphi.prereg.create import parse_utc
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_STUDY = REPO / "paper" / "editions" / "v5" / "study"
 SEALS = {"probe3x": "paper-v4-probe-3x", "probe10x": "paper-v4-probe-10x"}
 HERO_SEAL = "paper-v5-hero-30x"
+TOP_BUDGET = 1e13  # the fifth edition's top ladder budget (paper/editions/v5/study/results.csv)
 
 
 def _seal_path(study: Path, run: str) -> Path:
@@ -76,7 +76,7 @@ def _first_step(study: Path, run: str) -> float:
 def _rows(study: Path) -> list[dict]:
     from delphi.paper import sealed_runs
 
-    return sealed_runs([(run, _seal_path(study, run), _run_dir(study, run)) for run in ("probe3x", "probe10x", "hero")], 1e13)
+    return sealed_runs([(run, _seal_path(study, run), _run_dir(study, run)) for run in ("probe3x", "probe10x", "hero")], TOP_BUDGET)
 
 
 def _table_row(text: str, first_cell: str) -> list[str]:
@@ -106,7 +106,7 @@ def test_each_run_is_checked_against_its_own_seal_and_nothing_is_written(law_alo
         assert cells[9].startswith(doc["created"][:19]) and ("(forced)" in cells[9]) == bool(doc.get("forced"))
         assert cells[11] == "yes"  # each seal made before its own run's first step
     # v4's probes trained a day before the fifth edition sealed its hero: the paper says so.
-    assert f"**before the seal of hero**" in section
+    assert "**before the seal of hero**" in section
     assert numbers["probes_sentence"].endswith("predictions like the hero's, not evidence for a correction.")
     assert "The study's own probes at 3x and 10x the top budget were sealed with the ladder's law alone" in numbers["probes_sentence"]
 
@@ -185,17 +185,23 @@ def test_a_study_whose_probes_corrected_the_hero_has_no_such_section():
     from delphi.paper import _law_alone_section
 
     seventh = resolve_data(REPO / "paper" / "editions" / "v7" / "study")
-    assert _law_alone_section(seventh, REPO / "preregistrations" / "paper-v7-hero-90x.yaml", 1e13, OLD_STUDY) == ""
+    assert _law_alone_section(seventh, REPO / "preregistrations" / "paper-v7-hero-90x.yaml", TOP_BUDGET, OLD_STUDY) == ""
 
 
 def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
+    from delphi.editions import CURVES_FILE, FILES_FILE
     from delphi.paper import old_recipe_data
 
-    assert old_recipe_data(Path("paper/editions/v8/study"), Path("paper")) == Path("paper/editions/v5/study")
-    assert old_recipe_data(Path("runs/paper_v8"), REPO / "paper") == OLD_STUDY
-    assert old_recipe_data(tmp_path / "study", tmp_path) is None
-
-
+    # An eighth edition's compact data: the fifth edition's study is found beside it, as the text quotes it.
+    editions = tmp_path / "paper" / "editions"
+    (editions / "v8" / "study").mkdir(parents=True)
+    for name in (CURVES_FILE, FILES_FILE):
+        (editions / "v8" / name).write_bytes(b"")
+    (editions / "v5").symlink_to(REPO / "paper" / "editions" / "v5")
+    assert old_recipe_data(editions / "v8" / "study", tmp_path / "elsewhere") == editions / "v5" / "study"
+    # A study directory outside the editions: PAPER_DIR/editions.
+    assert old_recipe_data(tmp_path / "runs" / "paper_v8", REPO / "paper") == OLD_STUDY
+    assert old_recipe_data(tmp_path / "runs" / "paper_v8", tmp_path / "elsewhere") is None
 
 def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alone_study, tmp_path):
     """Stage seals done, nothing beyond the ladder trained (issue 29 commits that stage): `paper
