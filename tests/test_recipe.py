@@ -68,6 +68,17 @@ def test_batch_is_a_power_of_two_for_a_fixed_number_of_steps(tokens):
     assert recipe_batch_seqs(r, tokens, SEQ) == (seqs, 0)
 
 
+@pytest.mark.parametrize("tokens", [3e5, 1e6, 4.2e6, 1.1e7, 5.3e7, 2e8])
+def test_nearest_batch_rounding_trains_about_the_target_steps(tokens):
+    r = dataclasses.replace(_recipe(lr_max=1.0, adam_lr_max=1.0, beta2_min=0.01), batch_rounding="nearest")
+    seqs = rule_batch_seqs(r, tokens, SEQ)
+    exact = tokens / (SEQ * r.target_steps.value)
+    assert seqs == max(1, round(exact))
+    if exact >= 1:  # above the one-sequence floor the steps are within half a sequence of the target
+        steps = tokens / (seqs * SEQ)
+        assert abs(steps - r.target_steps.value) <= r.target_steps.value / (2 * seqs) + 1e-9
+
+
 def test_caps_halve_the_batch():
     tokens = 6e7
     free = _recipe(lr_max=1.0, adam_lr_max=1.0, beta2_min=0.01)

@@ -10,7 +10,9 @@ hyperparameters of `base:`), so old studies reproduce byte for byte.
 
 The forms (Marin, experiments/scaling_law_sweeps/completed_adamh.py; constants are ours):
 
-    batch (tokens per step)  B = seq_len x next power of two of T / (seq_len x target_steps),
+    batch (tokens per step)  B = seq_len x next power of two of T / (seq_len x target_steps)
+                             (batch_rounding pow2, Marin's), or its nearest whole number of
+                             sequences (nearest: every run trains ~target_steps steps),
                              halved while a cap is hit (lr > lr_max, adam_lr > adam_lr_max,
                              beta2 below beta2_min before clipping), not below min_seqs
     projection LR (AdamH)    eta   = lr x (B/B0)^batch_exponent x (T0/T)^horizon_exponent
@@ -77,6 +79,12 @@ class RecipeSpec:
     optimizer: Literal["adamh", "adamw"] = "adamh"
     # Fixed-step batch rule: steps every run aims at (steps land in (target/2, target] before halving).
     target_steps: RecipeConstant = _c(4096)
+    # pow2: Marin's power-of-two batch, so steps land anywhere in (target/2, target]; nearest: the
+    # nearest whole number of sequences, so every run above the min_seqs floor trains ~target_steps.
+    # Where loss still moves with the step count at fixed tokens (the default study: 2x the steps
+    # at the same tokens -0.3..-0.9%, half +0.8..+3.1%), pow2's sawtooth puts that spread between
+    # neighbouring rungs of one isoFLOP curve.
+    batch_rounding: Literal["pow2", "nearest"] = "pow2"
     min_seqs: int = 1  # the halving stops here
     max_seqs: int = 4096  # a larger rule batch is clipped (the run then trains more steps)
     ref_batch_tokens: RecipeConstant = _c(1024)  # B0, tokens per step
@@ -231,12 +239,15 @@ class RecipeHyperparams:
 
 
 def rule_batch_seqs(recipe: RecipeSpec, tokens: float, seq_len: int) -> int:
-    """The fixed-step batch before caps: the next power of two of T / (seq_len x target_steps),
-    within [min_seqs, max_seqs]."""
+    """The fixed-step batch before caps: T / (seq_len x target_steps) rounded up to a power of two
+    (batch_rounding pow2) or to the nearest whole number (nearest), within [min_seqs, max_seqs]."""
     if not (tokens > 0 and math.isfinite(tokens)):
         raise DelphiError(f"tokens: must be positive and finite, got {tokens!r}")
     exact = tokens / (seq_len * recipe.target_steps.value)
-    seqs = 1 if exact <= 1 else 2 ** math.ceil(math.log2(exact) - 1e-12)
+    if recipe.batch_rounding == "nearest":
+        seqs = max(1, round(exact))
+    else:
+        seqs = 1 if exact <= 1 else 2 ** math.ceil(math.log2(exact) - 1e-12)
     return int(min(max(seqs, recipe.min_seqs), recipe.max_seqs))
 
 
