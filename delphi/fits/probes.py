@@ -284,13 +284,17 @@ def correction_text(final: dict, actual: float | None, *, primary_law: str) -> d
     correction = final.get("probe_correction")
     if correction is None:
         return {"prediction_rule": f"made the law they confirmed, {primary_law}, the primary one",
-                "correction_sentence": f"The sealed number is {primary_law}'s own prediction."}
+                "correction_sentence": f"The sealed number is {primary_law}'s own prediction.", "law_alone_clause": ""}
     law, sealed = float(final["uncorrected"]["loss"]), float(final["loss"])
     errors = ", ".join(f"{p['rel_error']:+.2%} at {10 ** p['log10_multiple']:.0f}x"
                        for p in sorted(correction["probes"].values(), key=lambda p: p["log10_multiple"]))
     outcome = "" if actual is None else (f" Against the law alone the hero's error would have been {float(actual) / law - 1:+.2%}; "
                                          f"against the sealed number it is {float(actual) / sealed - 1:+.2%}.")
+    # The abstract states what the ladder's law alone scored (issue 29: the seventh edition's +15.76%).
+    law_alone = "" if actual is None else (f" Without the probes' correction, the ladder's law alone ({law:.4f}) would have "
+                                           f"missed the hero by {float(actual) / law - 1:+.2%}.")
     return {"prediction_rule": f"corrected the primary law, {primary_law}, by its error trend at them",
+            "law_alone_clause": law_alone,
             "correction_sentence": (
                 f"The sealed number is not the law's own: the law predicted {law:.4f} at the hero. Its relative error at the "
                 f"probes ({errors}), {PROBE_CARRIES[correction.get('carry', 'linear')]} ({correction['slope_per_decade']:+.1%} per decade), carried to "
