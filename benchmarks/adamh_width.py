@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from delphi.experiments.lrsweep import LRSweepSpec, run_sweep  # noqa: E402
 from delphi.io import atomic_write_json, atomic_write_text  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 # The grid: 2x apart around a pilot's optimum (300 steps, eta 4e-3, 1.6e-2, 6.4e-2: eta* 0.027 at w32, 0.017 at w64).
 DEFAULT_ETAS = (5e-3, 1e-2, 2e-2, 4e-2, 8e-2)
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     text = result.summary().replace("LR sweep (muP", "AdamH eta sweep (adam_lr %g, muP" % spec.adam_lr)
     machine = {"cpu_s": cpu_s, "wall_s": wall_s, "load_avg": os.getloadavg(), "cpus": os.cpu_count(),
-               "machine": platform.processor() or platform.machine()}
+               "machine": cpu_model()}
     text += (f"\n  (this process: {cpu_s:.0f} CPU-s, {wall_s:.0f} s wall, load average {machine['load_avg'][0]:.1f}"
              f" on {machine['cpus']} cores; a rerun skips completed runs, so only a first run's times are the sweep's)")
     report = {**result.to_json(), "optimizer": "adamh", "adam_lr": spec.adam_lr, "machine": machine,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from delphi.fits import fit_approach2, fit_approach3, fit_vpnls, load_results
+from machine import cpu_model
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
 # Besiroglu et al. 2024 (Epoch), grid fit of the Hoffmann et al. Figure 4 data (reference-data/README.md).
@@ -59,16 +59,6 @@ def timed_cpu(fn, *args, **kwargs):
     cpu = cpu_seconds()
     out, wall = timed(fn, *args, **kwargs)
     return out, wall, cpu_seconds() - cpu
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def rel_diff(a: float, b: float) -> float:

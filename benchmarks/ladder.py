@@ -40,13 +40,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
+
+from machine import machine, uptime  # benchmarks/machine.py; ladder_bench().machine() in other scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LADDER = ROOT / "delphi" / "defaults" / "ladder_default.yaml"
@@ -67,24 +68,6 @@ LEVER_BUDGET = 1.0e11
 LEVER_SIZES, LEVER_SPAN, LEVER_MIN_STEPS = 3, 4.0, 500
 LEVERS = ("baseline", "warm_cache", "unpinned", "one_shot", "one_worker", "group_seeds")
 GROUP_SEEDS = [0, 1]  # the group_seeds lever: seeds per cell
-
-
-def machine() -> dict:
-    def lscpu(field: str) -> str:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith(field)), "?")
-
-    flags = lscpu("Flags").split()
-    return {
-        "cpu_model": lscpu("Model name"),
-        "cpus": len(os.sched_getaffinity(0)),
-        "simd_flags": [f for f in flags if f.startswith(("avx", "fma", "amx", "sse4"))],
-        "flags": " ".join(flags),
-    }
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def default_raw(budgets: list[float] | None = None, seeds: list[int] | None = None) -> dict:

@@ -336,7 +336,7 @@ def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps:
 
 
 def ladder_bench() -> Any:
-    """benchmarks/ladder.py (lscpu's model and SIMD flags, the load average, as every benchmark here)."""
+    """benchmarks/ladder.py (and through it benchmarks/machine.py: the CPU model, SIMD flags and load)."""
     if str(BENCHMARKS) not in sys.path:
         sys.path.insert(1, str(BENCHMARKS))
     import ladder
@@ -345,14 +345,7 @@ def ladder_bench() -> Any:
 
 
 def machine() -> dict:
-    info = ladder_bench().machine()
-    info.pop("flags")
-    try:
-        info["cpuinfo_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        info["cpuinfo_model"] = "unknown"
-    return info
+    return ladder_bench().machine()
 
 
 def uptime() -> str:
@@ -408,7 +401,7 @@ def markdown(result: dict) -> str:
                   "on a shared machine; the aggregates cover only the sampled shapes' rungs (`coverage`). "
                   "Not the measurement.", ""]
     lines += [
-        f"CPU: {m['cpuinfo_model']} ({m['cpus']} CPUs usable; {', '.join(m['simd_flags'])}). jax {result['jax']}. "
+        f"CPU: {m['cpu_model']} ({m['cpus']} CPUs usable; {', '.join(m['simd_flags'])}). jax {result['jax']}. "
         f"{result['workers']} worker process(es), each pinned to one core, XLA_FLAGS `{result['xla_flags']}`.",
         f"Load before: `{result['uptime_before']}`; after: `{result['uptime_after']}`.", "",
         "    " + result["command"], "",
@@ -500,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(), "uptime_before": uptime(), "workers": workers, "steps": args.steps,
         "max_shapes": args.max_shapes,
     }
-    print(f"[throughput] {result['machine']['cpuinfo_model']}, {cpus} CPUs, {workers} worker(s); {result['uptime_before']}",
+    print(f"[throughput] {result['machine']['cpu_model']}, {cpus} CPUs, {workers} worker(s); {result['uptime_before']}",
           file=sys.stderr, flush=True)
     planned = {"v4": v4_rungs, "v8": v8_rungs}
     rungs: dict[str, list[LadderRung]] = {}

@@ -112,16 +112,6 @@ class PeerModel(nn.Module):
         return self.head(self.norm(x))
 
 
-def native_bf16() -> bool:
-    """True where the CPU executes bf16 dot products natively (AVX512-BF16 or AMX-BF16)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = {w for line in f if line.startswith("flags") for w in line.split(":", 1)[1].split()}
-    except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
 def measure(shape: PeerShape, steps: int, bf16: bool = False, seed: int = 0, threads: int | None = None) -> dict:
     """Train `steps` (rounded up to whole intervals) AdamW steps; tokens/s = median over intervals."""
     torch.manual_seed(seed)

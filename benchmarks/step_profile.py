@@ -280,7 +280,6 @@ def main() -> int:
     started = time.perf_counter()
     result: dict = {"machine": ladder_bench.machine(), "uptime_before": ladder_bench.uptime(),
                     "xla_flags": os.environ["XLA_FLAGS"], "jax": jax.__version__}
-    result["machine"].pop("flags")
     print(f"[profile] {result['machine']['cpu_model']}, {result['machine']['simd_flags']}, jax {jax.__version__}",
           file=sys.stderr)
     from delphi.train.peak import measure_matmul_flops

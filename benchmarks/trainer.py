@@ -59,10 +59,10 @@ from delphi.model.flops import palm_flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig
 from delphi.train.peak import measure_matmul_flops
 from delphi.train.rundir import read_metrics
+from machine import BF16_FLAGS, cpu_flags, cpu_model
 
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_torch.py"
 HEADS = 4
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native bf16 dot products (x86)
 TARGET_VS_PEER = 1.5  # issue 11
 TARGET_MOE_PER_ACTIVE_FLOP = 0.9  # issue 11
 SEED_GROUP, TARGET_SEED_GROUP_WALL = 4, 1.6  # issue 11: 4 seeds of a d32 rung together in <= 1.6x one seed's wall
@@ -118,15 +118,7 @@ def capacity_groups_for_dropless():
 
 
 def cpu_info() -> dict:
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    model, flags = cpu_model(), cpu_flags()
     of_interest = ("avx2", "fma", "avx512f", "avx512_vnni", *BF16_FLAGS)
     return {
         "model": model, "cores": os.cpu_count(),
