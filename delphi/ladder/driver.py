@@ -279,6 +279,8 @@ class LadderDriver:
             return
         self._last_report = now
         flops_done = self._flops_done()
+        # A resumed rung rewinds its metrics to its checkpoint, so the FLOPs done can fall once.
+        self._flops_at_start = min(self._flops_at_start, flops_done)
         rate = (flops_done - self._flops_at_start) / max(now - self._started, 1e-9)
         left = self.total_flops - flops_done - sum(r.flops for r in self.rungs if r.run_id in self.failed)
         training, note = placer.in_flight_note(list(self.in_flight.values()))
