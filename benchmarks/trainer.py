@@ -59,7 +59,7 @@ from delphi.model.flops import palm_flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig
 from delphi.train.peak import measure_matmul_flops
 from delphi.train.rundir import read_metrics
-from machine import BF16_FLAGS, cpu_flags, cpu_model
+from machine import BF16_FLAGS, cpu_flags, cpu_model, native_bf16
 
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_torch.py"
 HEADS = 4
@@ -123,7 +123,7 @@ def cpu_info() -> dict:
     return {
         "model": model, "cores": os.cpu_count(),
         "flags": {f: f in flags for f in of_interest},
-        "native_bf16": any(f in flags for f in BF16_FLAGS),
+        "native_bf16": native_bf16(),
     }
 
 

@@ -36,7 +36,7 @@ COMMAND_MODULES = (
     "delphi.prereg.commands",
     "delphi.plot.commands",
     "delphi.study.commands",
-    "delphi.paper_commands",
+    "delphi.paper.commands",
 )
 
 

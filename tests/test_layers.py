@@ -5,7 +5,7 @@ they are dependencies all the same) and each import of a `delphi` module is chec
 
 - it goes down the layers, or stays inside its own part (a subpackage, or the base modules);
 - parts that share a layer (ladder, prereg, plot) do not import each other;
-- a command module (`<part>/commands.py`, `paper_commands.py`) sits in its part's layer: it may
+- a command module (`<part>/commands.py`) sits in its part's layer: it may
   import its own part, any part below it and the CLI helpers in `delphi.cli` (the top layer),
   never another part's commands, and no library module imports a command module;
 - no two modules import each other, directly or through others (no cycle).
@@ -39,8 +39,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("delphi.cli",),  # wires the command modules together (by name) and holds their argparse helpers
 ]
 CLI_HUB = "delphi.cli"  # argparse helpers every command module uses
-# Command modules outside their part's folder, and the part whose layer they sit in.
-COMMAND_MODULE_PARTS = {"delphi.paper_commands": "delphi.paper"}
 
 # Imports that break the rules today, each waiting for its owner to remove it. The test fails on
 # any violation not listed here, and on any entry listed here that no longer occurs (delete it).
@@ -101,13 +99,12 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def is_command_module(module: str) -> bool:
-    return module in COMMAND_MODULE_PARTS or module.rsplit(".", 1)[-1] == "commands"
+    return module.rsplit(".", 1)[-1] == "commands"
 
 
 def layer_of(module: str) -> tuple[int, str]:
     """(layer index, part) of a module; the part is what it may import freely within its layer.
     A command module sits in its part's layer (`delphi.train.commands` with `delphi.train`)."""
-    module = COMMAND_MODULE_PARTS.get(module, module)
     best: tuple[int, str] | None = None
     for index, parts in enumerate(LAYERS):
         for prefix in parts:
@@ -188,7 +185,7 @@ def test_rules_catch_what_they_should():
     assert violation("delphi.model.commands", "delphi.train.config")  # a command module sits in its part's layer
     assert violation("delphi.train.commands", "delphi.prereg.format")
     assert violation("delphi.study.commands", "delphi.paper")
-    assert violation("delphi.paper_commands", "delphi.paper") is None
+    assert violation("delphi.paper.commands", "delphi.paper.build") is None
     assert violation("delphi.fits.curves", "delphi.cli")  # library modules never use the command line
     assert violation("delphi.fits.commands", "delphi.cli") is None
     assert violation("delphi.io", "delphi.errors") is None  # within the base

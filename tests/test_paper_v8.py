@@ -74,7 +74,7 @@ def _first_step(study: Path, run: str) -> float:
 
 
 def _rows(study: Path) -> list[dict]:
-    from delphi.paper import sealed_runs
+    from delphi.paper.beyond import sealed_runs
 
     return sealed_runs([(run, _seal_path(study, run), _run_dir(study, run)) for run in ("probe3x", "probe10x", "hero")], TOP_BUDGET)
 
@@ -85,7 +85,7 @@ def _table_row(text: str, first_cell: str) -> list[str]:
 
 
 def test_each_run_is_checked_against_its_own_seal_and_nothing_is_written(law_alone_study):
-    from delphi.paper import paper_numbers
+    from delphi.paper.build import paper_numbers
 
     before = sorted(p.relative_to(law_alone_study) for p in law_alone_study.rglob("*"))
     numbers = paper_numbers(law_alone_study, old_recipe=OLD_STUDY)
@@ -114,8 +114,8 @@ def test_each_run_is_checked_against_its_own_seal_and_nothing_is_written(law_alo
 def test_the_old_recipe_is_the_seventh_editions_law_alone_at_3x_10x_and_30x(law_alone_study):
     """The old side is the computation behind the seventh edition's table of runs beyond the
     ladder (its primary column), not numbers typed into the paper."""
-    from delphi.paper import law_alone_at_runs
-    from delphi.paper import recipe_comparison, recipe_comparison_table
+    from delphi.paper.build import law_alone_at_runs
+    from delphi.paper.beyond import recipe_comparison, recipe_comparison_table
 
     old = law_alone_at_runs(resolve_data(OLD_STUDY))
     assert [(r["run"], round(r["multiple"])) for r in old] == [("probe3x", 3), ("probe10x", 10), ("hero", 30)]
@@ -129,7 +129,7 @@ def test_the_old_recipe_is_the_seventh_editions_law_alone_at_3x_10x_and_30x(law_
 
 
 def test_untrained_runs_are_sealed_not_yet_trained(law_alone_study):
-    from delphi.paper import paper_numbers
+    from delphi.paper.build import paper_numbers
 
     shutil.rmtree(_run_dir(law_alone_study, "probe10x"))
     shutil.rmtree(_run_dir(law_alone_study, "hero"))
@@ -150,7 +150,7 @@ def test_untrained_runs_are_sealed_not_yet_trained(law_alone_study):
 def test_every_seal_before_any_step_is_stated(law_alone_study):
     """Issue 29: all three sealed before any of them trains. The fixture's seals made again an hour
     before the first step of any run say so; one made after its run's first step is an invalid check."""
-    from delphi.paper import seal_order_sentence, sealed_runs_table
+    from delphi.paper.beyond import seal_order_sentence, sealed_runs_table
 
     runs = ("probe3x", "probe10x", "hero")
     earliest = min(_first_step(law_alone_study, run) for run in runs)
@@ -171,7 +171,7 @@ def test_every_seal_before_any_step_is_stated(law_alone_study):
 
 
 def test_a_seal_edited_after_sealing_is_reported_not_scored(law_alone_study):
-    from delphi.paper import seal_order_sentence, sealed_runs_table
+    from delphi.paper.beyond import seal_order_sentence, sealed_runs_table
 
     seal = _seal_path(law_alone_study, "probe3x")
     seal.write_text(seal.read_text().replace("author: delphi developers", "author: someone else", 1))
@@ -182,7 +182,7 @@ def test_a_seal_edited_after_sealing_is_reported_not_scored(law_alone_study):
 
 
 def test_a_study_whose_probes_corrected_the_hero_has_no_such_section():
-    from delphi.paper import _law_alone_section
+    from delphi.paper.build import _law_alone_section
 
     seventh = resolve_data(REPO / "paper" / "editions" / "v7" / "study")
     assert _law_alone_section(seventh, REPO / "preregistrations" / "paper-v7-hero-90x.yaml", TOP_BUDGET, OLD_STUDY) == ""
@@ -190,7 +190,7 @@ def test_a_study_whose_probes_corrected_the_hero_has_no_such_section():
 
 def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
     from delphi.editions import CURVES_FILE, FILES_FILE
-    from delphi.paper import old_recipe_data
+    from delphi.paper.build import old_recipe_data
 
     # An eighth edition's compact data: the fifth edition's study is found beside it, as the text quotes it.
     editions = tmp_path / "paper" / "editions"
@@ -206,7 +206,7 @@ def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
 def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alone_study, tmp_path):
     """Stage seals done, nothing beyond the ladder trained (issue 29 commits that stage): `paper
     build` renders, each run sealed, not yet trained, and the hero's verdict not yet checked."""
-    from delphi.paper import UNCHECKED, build_paper
+    from delphi.paper.build import UNCHECKED, build_paper
 
     (law_alone_study / "stages" / "seals.json").write_text(json.dumps({"stage": "seals", "result": {}}))
     for stage in ("check", "train_hero", "probes", "figures", "report"):

@@ -309,9 +309,9 @@ def test_report_sections_come_from_the_files(tmp_path):
 
 @pytest.mark.parametrize("edition", ["v1", "v3", "v5", "v6", "v7"])
 def test_paper_build_regenerates_each_edition_from_its_compact_data(tmp_path, monkeypatch, edition):
-    """Each edition paper.py renders (v7 is the current one, paper/paper.md) is exactly what its template
+    """Each edition `delphi paper build` renders (v7 is the current one, paper/paper.md) is exactly what its template
     and its compact data (paper/editions/vN: curves and files tables, no run dirs) give."""
-    from delphi.paper import built_editions
+    from delphi.paper.build import built_editions
 
     monkeypatch.chdir(REPO)  # the text quotes the data path as given
     source, data = built_editions("paper")[edition]
@@ -328,12 +328,12 @@ def test_paper_build_regenerates_each_edition_from_its_compact_data(tmp_path, mo
 
 def test_paper_build_knows_which_editions_it_renders(capsys):
     """v2 and v4 were written by hand (a README): kept as text, not rendered; asking for one says so."""
-    from delphi.paper import built_editions, current_edition
+    from delphi.paper.build import built_editions, current_edition
 
     assert list(built_editions(REPO / "paper")) == ["v1", "v3", "v5", "v6", "v7"]
     assert current_edition(REPO / "paper").name == "v7"
     assert cli_main(["paper", "build", "--paper-dir", str(REPO / "paper"), "--edition", "v2"]) == 2
-    assert "not an edition paper.py renders" in capsys.readouterr().err
+    assert "not an edition `delphi paper build` renders" in capsys.readouterr().err
 
 
 def test_paper_build_refuses_two_data_sources_and_missing_data(tmp_path, capsys):

@@ -53,7 +53,7 @@ def _say(text: str) -> None:
 
 
 def _build(args: argparse.Namespace):
-    from delphi.paper import build_edition, build_paper, built_editions
+    from delphi.paper.build import build_edition, build_paper, built_editions
 
     if args.edition or args.all:
         if args.data or args.from_study:
@@ -68,7 +68,7 @@ def _build(args: argparse.Namespace):
 
 def _snapshot(args: argparse.Namespace) -> dict:
     from delphi.io import check_output_dir, check_owned_dir
-    from delphi.paper import snapshot
+    from delphi.paper.build import snapshot
     from delphi.study import STUDY_FILE
 
     check_output_dir(args.to, inputs=(args.from_study,), flag="--to")
@@ -94,7 +94,7 @@ def _unpack(args: argparse.Namespace) -> dict:
 
 
 def _verify(args: argparse.Namespace):
-    from delphi.paper import verify_editions
+    from delphi.paper.build import verify_editions
 
     rows = verify_editions(args.paper_root, args.preregistrations)
     for r in rows:

@@ -11,7 +11,7 @@ earlier edition's text and figures. The current edition's data is the newest pap
 
     delphi paper build                      # the current edition (paper/paper.md) from the newest edition's data
     delphi paper build --edition v3         # the third edition, into paper/editions/v3/paper.md
-    delphi paper build --all                # every edition that paper.py renders
+    delphi paper build --all                # every edition with a template.md
     delphi paper build --paper-dir paper/editions/v3 --data paper/editions/v3/study   # the same, spelled out
     delphi paper build --from-study runs/paper      # import a finished study into PAPER_DIR/data, then build
 """
@@ -19,19 +19,18 @@ earlier edition's text and figures. The current edition's data is the newest pap
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import string
-from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from delphi.errors import CheckFailed, DelphiError
+from delphi.errors import DelphiError
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text
+from delphi.paper.beyond import (OLD_RECIPE_EDITION, count_words, law_alone_rows, law_alone_section, run_vs_law,
+                                  sealed_runs)
 
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:
     """Write a finished study's compact data (no checkpoints, no logs, no figures) into `data_dir`
@@ -223,7 +222,7 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
         out["anchor_clause"] = (f", plus {len(anchors)} anchor runs (d_model {widths}) of {float(anchors['flops'].max()):.3g} FLOPs each, "
                                 f"trained {int(anchors['steps'].min()):,} to {int(anchors['steps'].max()):,} steps")
         out["anchor_sentence"] = (
-            f"**Anchor rungs.** {len(anchors)} runs of d_model {widths}, {_count_words(int(anchors['n_layers'].min()))} layers, "
+            f"**Anchor rungs.** {len(anchors)} runs of d_model {widths}, {count_words(int(anchors['n_layers'].min()))} layers, "
             f"{float(anchors['flops'].max()):.3g} FLOPs each ({float(anchors['flops'].max()) / float(iso['budget'].max()):.0f}x the top budget, "
             f"at its batch and seeds), {float(anchors['tokens_per_param'].min()):.0f} to {float(anchors['tokens_per_param'].max()):.0f} "
             f"tokens per parameter: runs far past their optimum, which identify the law's data term and carry the ladder's step "
@@ -372,7 +371,7 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
     configs = {run: load_train_config(run / "config.yaml") for run in probes}
     probes.sort(key=lambda run: configs[run].flops)
     multiples = [configs[run].flops / top_budget for run in probes]
-    out: dict[str, Any] = {"primary_law": LAW_NAMES.get(primary_fit, primary_fit), "n_probes": _count_words(len(probes)),
+    out: dict[str, Any] = {"primary_law": LAW_NAMES.get(primary_fit, primary_fit), "n_probes": count_words(len(probes)),
                            "probe_multiples": " and ".join(f"{m:.0f}x" for m in multiples) or "none"}
     gate = next((g for g in gates if g["name"] == "probes"), None)
     fits = {m: load_fit(path) for m in LAW_NAMES if (path := data_dir / "fits" / f"{m}.json").is_file()}
@@ -414,281 +413,6 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
                     f"| {float(cfg.tokens):.3g} | {actual:.4f} | " + " | ".join(cells) + " |")
     out["beyond_ladder_table"] = "\n".join(rows) if runs else "(no runs beyond the ladder)"
     return out
-
-
-# ---- the runs beyond the ladder under the law alone (issue 29) -----------------------------------
-#
-# Under `hero.probe_correction: false` a study seals every prediction beyond the ladder -- its own
-# probes into STUDY/probes/NAME.prereg.yaml and the hero into its preregistration -- before any of
-# them trains (`delphi.study.stages.stage_seals`). The paper scores each against its OWN seal with
-# `delphi.prereg.check.check` (read only: nothing is written beside a committed seal), with the order
-# of seal and first step the check establishes, and sets an earlier recipe's law alone beside it at
-# the same multiples of each ladder's top budget: the computation of the table of runs beyond the
-# ladder (`run_vs_law`: `predict_hero`, the code a seal runs, at each run's own N, D and FLOPs).
-
-# The old recipe's runs at 3x, 10x and 30x its top budget (issue 29): v4's probe3x and probe10x,
-# pinned in the fifth edition's study as its gates.probes, and the fifth edition's hero (hero30x),
-# against that study's primary law (the isoFLOP law) fitted on its ladder: the numbers of the
-# seventh edition's table (-1.99%, +2.96%, +8.69%), computed, not typed.
-OLD_RECIPE_EDITION = "v5"
-
-# Two runs stand at the same multiple of their ladders' top budgets when their multiples differ by
-# less than this factor: each run's exact FLOPs match its target within 0.2% (the seventh edition's
-# worst budget match), and the multiples the issue asks for (3x, 10x, 30x) lie a factor >= 3 apart.
-SAME_MULTIPLE_FACTOR = 1.25
-
-NOT_SEALED = "not sealed"
-NOT_TRAINED = "sealed, not yet trained"
-NOT_AVAILABLE = "n/a"
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-
-
-# ---- the law alone at finished runs (the old recipe's side) --------------------------------------
-
-
-def run_vs_law(fit: Any, run_dir: Path) -> tuple[Any, float, float]:
-    """A finished run's train config, the law's prediction at its own N, D and exact FLOPs
-    (`predict_hero`, the code a seal runs) and the run's final validation loss."""
-    from delphi.prereg.predict import predict_hero
-    from delphi.train.config import load_train_config
-
-    cfg = load_train_config(run_dir / "config.yaml")
-    predicted = float(predict_hero(fit, cfg)[0]["loss"])
-    actual = float(json.loads((run_dir / "summary.json").read_text())["val_loss"])
-    return cfg, predicted, actual
-
-
-def shape_of(cfg: Any) -> str:
-    return f"d{cfg.model.d_model} L{cfg.model.n_layers}"
-
-
-def law_alone_rows(fit: Any, run_dirs: Sequence[Path], top_budget: float) -> list[dict[str, Any]]:
-    """Each finished run against the law alone, smallest compute first: run, FLOPs, multiple of the
-    top budget, shape, predicted, actual, relative error (actual / predicted - 1)."""
-    rows = []
-    for run in run_dirs:
-        cfg, predicted, actual = run_vs_law(fit, run)
-        rows.append({"run": run.name, "flops": float(cfg.flops), "multiple": float(cfg.flops) / top_budget, "shape": shape_of(cfg),
-                     "predicted": predicted, "actual": actual, "rel_error": actual / predicted - 1})
-    return sorted(rows, key=lambda r: r["flops"])
-
-
-# ---- each sealed run against its own seal (the new recipe's side) --------------------------------
-
-
-def _utc(epoch_s: float | None) -> str:
-    return NOT_AVAILABLE if epoch_s is None else datetime.fromtimestamp(epoch_s, tz=timezone.utc).strftime(TIME_FORMAT)
-
-
-def _seal_time(created: str) -> float:
-    from delphi.prereg.create import parse_utc
-
-    return parse_utc(created)
-
-
-def sealed_run(name: str, seal: Path, run_dir: Path, top_budget: float) -> dict[str, Any]:
-    """One run beyond the ladder against its own seal: what the seal predicted (final loss, 90%
-    interval, whether it is the law alone, when it was made) and, once the run has a step, the
-    check's verdict, final loss, error, coverage and the order of seal and first step. A run with
-    no step yet is NOT_TRAINED; a broken seal or a run that is not the sealed one is reported, not
-    scored."""
-    from delphi.prereg import format as fmt
-    from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome
-    from delphi.train.config import train_config_from_dict
-
-    row: dict[str, Any] = {"run": name, "seal": str(seal), "status": NOT_SEALED, "actual": None, "rel_error": None,
-                           "covered_90": None, "first_step_time": None, "created_before_start": None, "verdict": None}
-    if not seal.is_file():
-        return row
-    doc = fmt.read(seal)
-    final = doc["prediction"]["final"]
-    cfg = train_config_from_dict(doc["hero"]["config"], f"{seal}: hero.config")
-    row |= {"flops": float(doc["hero"]["flops"]), "multiple": float(doc["hero"]["flops"]) / top_budget, "shape": shape_of(cfg),
-            "predicted": float(final["loss"]), "loss_90": final.get("loss_90"), "law_alone": not final.get("probe_correction"),
-            "created": doc["created"], "created_time": _seal_time(doc["created"]), "forced": bool(doc.get("forced")),
-            "seal_ok": fmt.seal_status(doc)["ok"], "tolerance_rel": float(doc["decision"]["tolerance_rel"]),
-            "recorded_verdict": (read_outcome(seal) or {}).get("verdict"), "status": NOT_TRAINED}
-    if not run_dir.is_dir():
-        return row
-    try:
-        result, _, run = check(seal, run_dir=run_dir, record=False)
-    except (CheckFailed, DelphiError) as refused:  # a seal edited after sealing; a run that is not the sealed one
-        return row | {"status": "not checked", "verdict": "not checked", "why": str(refused)}
-    row |= {"first_step_time": run.first_step_time, "created_before_start": result.get("created_before_start"),
-            "verdict": result["verdict"], "why": result.get("why")}
-    if result["verdict"] == "not-started":
-        return row
-    row["status"] = run.status
-    if result["verdict"] in FINAL_VERDICTS and result.get("actual_final_loss") is not None:
-        row |= {"actual": float(result["actual_final_loss"]), "rel_error": float(result["rel_error"]),
-                "covered_90": result.get("covered_90")}
-    return row
-
-
-def sealed_runs(seals: Sequence[tuple[str, Path, Path]], top_budget: float) -> list[dict[str, Any]]:
-    """`sealed_run` for each (name, seal file, run dir), in the order given (probes nearest first, then the hero)."""
-    return [sealed_run(name, seal, run_dir, top_budget) for name, seal, run_dir in seals]
-
-
-def _pct(value: float | None) -> str:
-    return NOT_AVAILABLE if value is None else f"{value:+.2%}"
-
-
-def _loss(value: float | None) -> str:
-    return NOT_AVAILABLE if value is None else f"{value:.4f}"
-
-
-def _yes_no(value: bool | None) -> str:
-    return {True: "yes", False: "**no**", None: NOT_AVAILABLE}[value]
-
-
-def _seal_interval(pair: Any) -> str:
-    return NOT_AVAILABLE if not pair or pair[0] is None else f"[{float(pair[0]):.4f}, {float(pair[1]):.4f}]"
-
-
-def _verdict_cell(row: dict[str, Any]) -> str:
-    if row["status"] in (NOT_SEALED, NOT_TRAINED):
-        return row["status"]
-    verdict = str(row.get("verdict"))
-    if verdict in ("on-track", "deviating"):
-        return f"training ({verdict})"
-    cell = f"**{verdict}** (tolerance {row['tolerance_rel']:.0%})" if verdict in ("passed", "failed") else f"**{verdict}**"
-    if row.get("recorded_verdict") not in (None, row.get("verdict")):
-        cell += f"; its outcome file records {row['recorded_verdict']}"
-    return cell
-
-
-def sealed_runs_table(rows: Sequence[dict[str, Any]]) -> str:
-    """One row per sealed run: the sealed prediction (law alone) and 90% interval, the final loss,
-    error and coverage, the verdict, and when the seal was made against the run's first step."""
-    out = ["| run | FLOPs | shape | sealed prediction | 90% interval | actual | error | 90% interval covered | verdict "
-           "| sealed at | first step | sealed before its first step |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r["status"] == NOT_SEALED:
-            out.append(f"| {r['run']} | {NOT_AVAILABLE} | {NOT_AVAILABLE} | {NOT_SEALED} |" + f" {NOT_AVAILABLE} |" * 8)
-            continue
-        seal = _utc(r["created_time"]) + ("" if r["seal_ok"] else " (**seal broken**)") + (" (forced)" if r["forced"] else "")
-        started = r["status"] not in (NOT_TRAINED,)
-        out.append(f"| {r['run']} | {r['flops']:.3g} ({r['multiple']:.0f}x) | {r['shape']} | {_sealed_loss(r)} "
-                   f"| {_seal_interval(r['loss_90'])} | {_loss(r['actual'])} | {_pct(r['rel_error'])} | {_yes_no(r['covered_90'])} "
-                   f"| {_verdict_cell(r)} | {seal} | {_utc(r['first_step_time'])} "
-                   f"| {_yes_no(r['created_before_start']) if started else 'yes (no step yet)'} |")
-    return "\n".join(out)
-
-
-def seal_order_sentence(rows: Sequence[dict[str, Any]]) -> str:
-    """Whether every seal came before the first step of any run beyond the ladder (issue 29: all
-    three sealed before any of them trains), from the seals' `created` and the runs' first steps."""
-    sealed = [r for r in rows if r["status"] != NOT_SEALED]
-    if not sealed:
-        return "No run beyond the ladder is sealed."
-    missing = [r["run"] for r in rows if r["status"] == NOT_SEALED]
-    law = ("each the ladder's law alone" if all(r["law_alone"] for r in sealed)
-           else f"not all the law alone ({', '.join(r['run'] for r in sealed if not r['law_alone'])} corrected)")
-    forced = [r["run"] for r in sealed if r["forced"]]
-    broken = [r["run"] for r in sealed if not r["seal_ok"]]
-    first_seal, last_seal = (min(sealed, key=lambda r: r["created_time"]), max(sealed, key=lambda r: r["created_time"]))
-    text = (f"{_count_words(len(sealed)).capitalize()} prediction{'s were' if len(sealed) > 1 else ' was'} sealed, {law}, "
-            f"from {_utc(first_seal['created_time'])} to {_utc(last_seal['created_time'])}"
-            + (f" ({', '.join(forced)} with --force)" if forced else "") + ".")
-    if missing:
-        text += f" Not sealed: {', '.join(missing)}."
-    if broken:
-        text += f" **The seal of {', '.join(broken)} does not match its content** (edited after sealing)."
-    started = [r for r in sealed if r["first_step_time"] is not None]
-    if not started:
-        return text + " None of them has taken a step."
-    first = min(started, key=lambda r: r["first_step_time"])
-    before_all = first["first_step_time"] >= last_seal["created_time"]
-    text += (f" The first step of any of them ({first['run']}) was logged at {_utc(first['first_step_time'])}, "
-             + ("after every seal." if before_all else f"**before the seal of {last_seal['run']}**."))
-    unproven = [r["run"] for r in sealed if r["status"] not in (NOT_TRAINED, "not checked") and r["created_before_start"] is not True]
-    if unproven:
-        text += f" The check cannot show that {', '.join(unproven)} started after its own seal."
-    untrained = [r["run"] for r in sealed if r["status"] == NOT_TRAINED]
-    if untrained:
-        text += f" Not yet trained: {', '.join(untrained)}."
-    return text
-
-
-# ---- the old recipe against the new one ----------------------------------------------------------
-
-
-def _same_multiple(a: float, b: float) -> bool:
-    return abs(math.log(a / b)) < math.log(SAME_MULTIPLE_FACTOR)
-
-
-def recipe_comparison(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per multiple of the top budget: the old recipe's run there (`law_alone_rows`) beside
-    the new recipe's sealed run at the same multiple (`sealed_runs`), either side None where it
-    has none; ordered by multiple."""
-    new_left = [r for r in new if r["status"] != NOT_SEALED]
-    rows = []
-    for o in old:
-        match = next((n for n in new_left if _same_multiple(n["multiple"], o["multiple"])), None)
-        if match is not None:
-            new_left.remove(match)
-        rows.append({"multiple": o["multiple"], "old": o, "new": match})
-    rows += [{"multiple": n["multiple"], "old": None, "new": n} for n in new_left]
-    return sorted(rows, key=lambda r: r["multiple"])
-
-
-def _sealed_loss(row: dict[str, Any]) -> str:
-    return f"{row['predicted']:.4f}" + ("" if row["law_alone"] else " (corrected, not the law alone)")
-
-
-def recipe_comparison_table(rows: Sequence[dict[str, Any]]) -> str:
-    out = ["| beyond the top budget | old recipe: run | law alone | actual | error | new recipe: run | law alone (sealed) "
-           "| actual | error | 90% interval covered |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        o, n = r["old"], r["new"]
-        old_cells = (f"{o['run']} | {o['predicted']:.4f} | {o['actual']:.4f} | {o['rel_error']:+.2%}" if o
-                     else f"no run | {NOT_AVAILABLE} | {NOT_AVAILABLE} | {NOT_AVAILABLE}")
-        if n is None:
-            new_cells = f"no run | {NOT_AVAILABLE} | {NOT_AVAILABLE} | {NOT_AVAILABLE} | {NOT_AVAILABLE}"
-        elif n["actual"] is None:
-            state = "not yet trained" if n["status"] == NOT_TRAINED else f"not scored ({n.get('verdict')})"
-            new_cells = f"{n['run']} | {_sealed_loss(n)} | {state} | {NOT_AVAILABLE} | {NOT_AVAILABLE}"
-        else:
-            new_cells = (f"{n['run']} | {_sealed_loss(n)} | {n['actual']:.4f} | {n['rel_error']:+.2%} "
-                         f"| {_yes_no(n['covered_90'])}")
-        out.append(f"| {r['multiple']:.0f}x | {old_cells} | {new_cells} |")
-    return "\n".join(out)
-
-
-def recipe_comparison_sentence(rows: Sequence[dict[str, Any]]) -> str:
-    """Each recipe's law-alone errors in order of distance, and their mean |error| where every run is scored."""
-    def errors(side: str) -> str:
-        scored = [(r["multiple"], r[side]["rel_error"]) for r in rows if r[side] and r[side].get("rel_error") is not None]
-        if not scored:
-            return "none scored yet"
-        listed = ", ".join(f"{e:+.2%} at {m:.0f}x" for m, e in scored)
-        mean = sum(abs(e) for _, e in scored) / len(scored)
-        return f"{listed} (mean |error| {mean:.2%} over {_count_words(len(scored))})"
-
-    pending = [r["new"]["run"] for r in rows if r["new"] and r["new"]["actual"] is None]
-    scored_new = any(r["new"] and r["new"]["actual"] is not None for r in rows)
-    new_side = (f"the new recipe's sealed predictions by {errors('new')}" if scored_new
-                else "none of the new recipe's sealed predictions is scored yet")
-    return (f"The old recipe's law alone missed by {errors('old')}; {new_side}."
-            + (f" Not yet scored: {', '.join(pending)}." if pending else ""))
-
-
-def law_alone_section(sealed: Sequence[dict[str, Any]], old: Sequence[dict[str, Any]] | None, old_source: str | None) -> str:
-    """The paper's text for a study of the law alone: each sealed run against its own seal, then
-    (when the old recipe's data are present) the old recipe's law alone against the new one's."""
-    text = ("\n\n### Each prediction against its own seal\n\n"
-            "Each run beyond the ladder is checked against its own sealed file (`delphi prereg check`: error = actual / "
-            f"sealed - 1). {seal_order_sentence(sealed)}\n\n{sealed_runs_table(sealed)}")
-    if old:
-        comparison = recipe_comparison(old, sealed)
-        text += ("\n\n### The old recipe's law alone against the new recipe's\n\n"
-                 f"The old recipe's runs at the same multiples of its top budget (`{old_source}`), against its own ladder's "
-                 f"primary law alone at each run's N, D and exact FLOPs. {recipe_comparison_sentence(comparison)}\n\n"
-                 f"{recipe_comparison_table(comparison)}")
-    return text
 
 
 def _lr_sentence(calibration_path: Path, gates: list[dict]) -> str:
@@ -790,10 +514,6 @@ def _timeline(prereg_doc: dict, hero_dir: Path) -> str:
             f"{stamp(records[-1]['time'])}.")
 
 
-def _count_words(k: int) -> str:
-    return {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}.get(k, str(k))
-
-
 def _evals_per_run(table: pd.DataFrame, data_dir: Path) -> list[int]:
     """Eval points each ladder run logged: the results table's n_evals, else its metrics.jsonl."""
     if "n_evals" in table and table["n_evals"].notna().all():
@@ -827,7 +547,7 @@ def _data_words(n: dict, table: pd.DataFrame, hero: dict, check: dict, vp: dict,
     diag = vp.get("diagnostics") or {}
     at_bound = "E" in (diag.get("at_bound") or [])
     e_value = n["vpnls_E"]
-    span, n_budgets = n["budget_span"], _count_words(n["n_budgets"]).capitalize()
+    span, n_budgets = n["budget_span"], count_words(n["n_budgets"]).capitalize()
     if at_bound:
         out["E_sentence"] = (f"**The asymptote is not identified.** The VPNLS fit put E on its lower bound (E = {e_value}; "
                              f"90% bootstrap interval {n['vpnls_E_90']}). A law with E = 0 keeps falling as a pure power law, so "
@@ -846,11 +566,11 @@ def _data_words(n: dict, table: pd.DataFrame, hero: dict, check: dict, vp: dict,
                           "The hero stays inside the ladder's tokens per parameter.")
     # Evaluations and seeds.
     evals = _evals_per_run(table, data_dir)
-    out["ladder_evals"] = (f"{_count_words(min(evals))} evaluations per run" if evals and min(evals) == max(evals)
+    out["ladder_evals"] = (f"{count_words(min(evals))} evaluations per run" if evals and min(evals) == max(evals)
                            else (f"{min(evals)} to {max(evals)} evaluations per run" if evals else "an unknown number of evaluations per run"))
     keys = ["cell_id"] if "cell_id" in table else [c for c in ("budget", "params") if c in table]
     seeds = table.groupby(keys).size() if keys else pd.Series([1])
-    out["seeds_desc"] = (f"{_count_words(int(seeds.min()))} seed{'s' if seeds.min() > 1 else ''} per rung" if seeds.min() == seeds.max()
+    out["seeds_desc"] = (f"{count_words(int(seeds.min()))} seed{'s' if seeds.min() > 1 else ''} per rung" if seeds.min() == seeds.max()
                          else f"{int(seeds.min())} to {int(seeds.max())} seeds per rung")
     noise = diag.get("seed_noise_nats")
     if noise is not None and check.get("actual_final_loss"):
@@ -1010,7 +730,7 @@ def build_edition(name: str, paper_root: str | Path = "paper") -> dict:
     """Render one edition (`--edition vN`) from its compact data."""
     known = built_editions(paper_root)
     if name not in known:
-        raise DelphiError(f"--edition {name}: not an edition paper.py renders (known: {', '.join(known) or 'none'}; "
+        raise DelphiError(f"--edition {name}: not an edition `delphi paper build` renders (known: {', '.join(known) or 'none'}; "
                           "an edition without a template.md is kept as written)")
     paper_dir, data = known[name]
     current = paper_dir == Path(paper_root)
