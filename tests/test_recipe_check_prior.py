@@ -27,6 +27,7 @@ LOSS_OPT = 1.5
 # The recipe these tests were designed on (the first check's constants), pinned so that a retune of
 # the live spec (its batch halvings at lr_max move which points can reuse a prior) cannot move them.
 FIRST_CHECK_RECIPE = {"lr": 2.68e-3, "horizon_exponent": 0.3, "width_exponent": 0.0, "lr_max": 0.01, "target_steps": 4096}
+FIRST_CHECK_HORIZONS = [3.2e5, 1.9e6, 1.1e7, 6.0e7]  # and its points (the live spec has gained one since)
 
 
 def _spec_file(tmp_path: Path, name: str, lr_factor: float = 1.0, **check_changes) -> tuple:
@@ -34,7 +35,7 @@ def _spec_file(tmp_path: Path, name: str, lr_factor: float = 1.0, **check_change
     for key, value in FIRST_CHECK_RECIPE.items():
         data["recipe"][key] = {"value": value, "source": "test: the first recipe check's constants"}
     data["recipe"]["lr"]["value"] *= lr_factor
-    data["recipe"]["check"].update(check_changes)
+    data["recipe"]["check"].update({"horizons": FIRST_CHECK_HORIZONS, **check_changes})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return ladder_spec_from_dict(data), path
@@ -67,8 +68,10 @@ def prior_check(tmp_path_factory) -> Path:
 
 
 def test_a_retune_moves_only_the_projection_lr():
-    """The premise: at every point the retuned recipe's run equals the old one but for optim.lr."""
+    """The premise: at every point the retuned recipe's run equals the old one but for optim.lr
+    (where no lr_max cap halves the batch: twice the LR would at the live spec's 1.5e8-token point)."""
     data = yaml.safe_load(V8.read_text())
+    data["recipe"]["check"]["horizons"] = FIRST_CHECK_HORIZONS
     old = ladder_spec_from_dict(data)
     for key, value in (("lr", 2 * data["recipe"]["lr"]["value"]), ("horizon_exponent", 0.2), ("width_exponent", 0.1)):
         changed = json.loads(json.dumps(data))

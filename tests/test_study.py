@@ -419,3 +419,29 @@ def test_study_trains_its_own_probes_and_seals_the_corrected_hero(tmp_path):
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
         refused = _study(str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "bad"))
         assert refused.returncode == 2 and message in refused.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_study_resumes_after_its_recipe_check_gains_a_point(tmp_path, capsys):
+    """The recipe check's sweep (`recipe.check`) trains in its own directory, never in the study's:
+    extending it (a fitted hero longer than its longest horizon) is the same study, and study.json
+    records the new points; any other change to the ladder is still a different study."""
+    from delphi.errors import DelphiError
+    from delphi.study import load_study
+    from delphi.study.state import STUDY_FILE, Study, _pin_study
+
+    shutil.copy(REPO / "studies" / "paper_v8.yaml", tmp_path / "paper_v8.yaml")
+    ladder = yaml.safe_load((REPO / "studies" / "ladder_paper_v8.yaml").read_text())
+
+    def pin(change) -> None:
+        raw = json.loads(json.dumps(ladder))
+        change(raw)
+        (tmp_path / "ladder_paper_v8.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        spec, ladder_path, prereg, calibrations, probes = load_study(tmp_path / "paper_v8.yaml")
+        _pin_study(Study(tmp_path / "out", spec, ladder_path, prereg, calibrations, probes))
+
+    pin(lambda raw: None)
+    pin(lambda raw: raw["recipe"]["check"]["horizons"].append(1.5e8))
+    assert "the recipe check's points changed" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / STUDY_FILE).read_text())["ladder"]["recipe"]["check"]["horizons"][-1] == 1.5e8
+    with pytest.raises(DelphiError, match="holds a different study"):
+        pin(lambda raw: raw["recipe"].update(lr={"value": 1e-3, "source": "test"}))

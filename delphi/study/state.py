@@ -91,10 +91,24 @@ def _pin_study(study: Study) -> None:
             recorded["ladder"] = ladder_spec_to_dict(ladder_spec_from_dict(recorded.get("ladder")))
         except DelphiError:
             pass
-        if recorded != json.loads(json.dumps(pinned)):
+        current = json.loads(json.dumps(pinned))
+        if _without_check_points(recorded) != _without_check_points(current):
             raise DelphiError(f"--out: {study.out} holds a different study (study.json differs); choose a new directory")
-        return
+        if recorded == current:
+            return
+        _say("the recipe check's points changed (they plan no run of this study; gate recipe judges the new "
+             f"report): {path} records them")
     atomic_write_json(path, pinned)
+
+
+def _without_check_points(pinned: dict) -> dict:
+    """A pinned study without its ladder's `recipe.check`: the recipe check's sweep design trains in its
+    own directory, never in the study's, so extending it (a hero longer than its longest horizon) is
+    the same study (`delphi.ladder.recipe_check` treats the check points so for --prior too)."""
+    recipe = (pinned.get("ladder") or {}).get("recipe")
+    if not isinstance(recipe, dict) or "check" not in recipe:
+        return pinned
+    return {**pinned, "ladder": {**pinned["ladder"], "recipe": {k: v for k, v in recipe.items() if k != "check"}}}
 
 
 STUDY_FILE = "study.json"  # the pinned study and ladder spec: a directory holds one study
