@@ -215,6 +215,33 @@ def _micro_spec(tmp_path: Path) -> Path:
     return _write(tmp_path, raw)
 
 
+def test_sigterm_stops_the_ladder_driver_and_its_rungs_together(tmp_path):
+    """SIGTERM to `delphi ladder run` stops it as Ctrl-C does: the driver exits 130 only after its
+    rung has stopped and said so (resumable), not leaving a worker training on alone."""
+    import signal
+    import time
+
+    spec = _micro_spec(tmp_path)
+    ladder = tmp_path / "ladder"
+    env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}
+    assert subprocess.run([sys.executable, "-m", "delphi.cli", "ladder", "plan", str(spec), "--out", str(ladder)],
+                          env=env, capture_output=True, timeout=120).returncode == 0
+    for row in read_manifest(ladder):  # long enough to be stopped mid-run
+        config = ladder / row["config"]
+        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "steps": 100_000}))
+    proc = subprocess.Popen([sys.executable, "-m", "delphi.cli", "ladder", "run", str(ladder), "--workers", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(ladder.glob("runs/*/status.json")):
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130
+    (status_path,) = ladder.glob("runs/*/status.json")
+    status = json.loads(status_path.read_text())
+    assert status["status"] == "failed" and "SIGTERM" in status["reason"] and "--resume" in status["reason"]
+
+
 def test_runner_and_collect_micro_ladder(tmp_path):
     spec = _micro_spec(tmp_path)
     ladder = tmp_path / "ladder"

@@ -28,10 +28,14 @@ anything else a failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -150,6 +154,27 @@ class Placer(Protocol):
 
     def stop(self) -> None:
         """Ctrl-C or an error in the driver: interrupt every job (they checkpoint) and wait for them."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler, `kill`) stops the driver as Ctrl-C does, through `Placer.stop`: every
+    rung checkpoints and exits with it. Python's default SIGTERM ended the driver at once and left
+    its workers training with no one to report to (stopping the eighth edition's recipe check,
+    2026-12-04). The driver is plain Python between polls, so raising here is safe, unlike in the
+    trainer (`delphi.train.interrupt`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def load_rungs(ladder_dir: Path, rows: list[dict[str, str]] | None = None) -> list[Rung]:
@@ -291,37 +316,41 @@ class LadderDriver:
     # ---- the loop
 
     def drive(self, placer: Placer, poll_s: float) -> None:
-        """Place every waiting rung and judge its outcome until none is left (or Ctrl-C)."""
+        """Place every waiting rung and judge its outcome until none is left (or Ctrl-C, SIGTERM)."""
         self._started = time.perf_counter()
         self._flops_at_start = self._flops_done()
         self.report(placer, force=True)
         try:
-            while self.waiting or self.in_flight:
-                now = time.perf_counter()
-                for rung in [r for r in self.waiting if r.not_before <= now]:
-                    if rung not in self.waiting:  # placed just now with its group
-                        continue
-                    if placer.free_slots() <= 0:
-                        break
-                    group = self.group_of(rung, placer, now)
-                    for member in group:
-                        self.waiting.remove(member)
-                        member.attempts += 1
-                        member.placed_at = time.time()
-                        self.in_flight[member.run_id] = member
-                    if len(group) == 1:
-                        placer.place(rung, self.lock_path(rung), self.log_path(rung))
-                    else:
-                        placer.place_group(group, [self.lock_path(r) for r in group], [self.log_path(r) for r in group])
-                for outcome in placer.wait(poll_s):
-                    self.judge(outcome, placer)
-                self.report(placer)
+            with sigterm_as_interrupt():
+                self._drive(placer, poll_s)
         except BaseException:
             placer.stop()
             raise
         finally:
             self.wall_s = time.perf_counter() - self._started
         self.report(placer, force=True)
+
+    def _drive(self, placer: Placer, poll_s: float) -> None:
+        while self.waiting or self.in_flight:
+            now = time.perf_counter()
+            for rung in [r for r in self.waiting if r.not_before <= now]:
+                if rung not in self.waiting:  # placed just now with its group
+                    continue
+                if placer.free_slots() <= 0:
+                    break
+                group = self.group_of(rung, placer, now)
+                for member in group:
+                    self.waiting.remove(member)
+                    member.attempts += 1
+                    member.placed_at = time.time()
+                    self.in_flight[member.run_id] = member
+                if len(group) == 1:
+                    placer.place(rung, self.lock_path(rung), self.log_path(rung))
+                else:
+                    placer.place_group(group, [self.lock_path(r) for r in group], [self.log_path(r) for r in group])
+            for outcome in placer.wait(poll_s):
+                self.judge(outcome, placer)
+            self.report(placer)
 
     def pending_jobs(self) -> int:
         """How many jobs the waiting rungs make (a seed group is one job)."""

@@ -110,12 +110,15 @@ PRIOR_ENDED = ("completed", "diverged")
 # The hero may train this share more tokens than the longest horizon (or be this share wider than the
 # widest point) and still count as reached: the plan rounds steps to its step quantum (spec.tolerance).
 REACH_SLACK_REL = 0.01
-# Wall estimate on the project's 2-core CPUs, fitted on the completed runs of paper/v2-v7 (456 run
-# summaries, MoE family, f32): train time per step = 4.2 ms + FLOPs per step / 46.2 GFLOP/s per worker
-# (two workers at once), plus 22 s per run outside training (compile, evaluations, checkpoints; mean).
-STEP_OVERHEAD_S = 4.2e-3
-WORKER_FLOPS_PER_S = 46.2e9
-RUN_FIXED_S = 22.0
+# Wall estimate on the project's 2-core CPUs, refitted on the eighth edition's own runs (181 completed
+# runs of its three recipe checks and its ladder, AdamH, f32, two workers at once, on the 2-core AMD
+# EPYC; benchmarks/wall_estimate.py -> benchmarks/results/2026-12-04-wall-estimate): train time per
+# step = 3.9 ms + FLOPs per step / 15.1 GFLOP/s per worker, plus 36 s per run outside training
+# (compile, evaluations, checkpoints; mean). Its total is 1.05x those runs' wall; the constants
+# before it (paper/v2-v7: 4.2 ms, 46.2 GFLOP/s, 22 s) gave 0.44x, and planned stages ~3x short.
+STEP_OVERHEAD_S = 3.9e-3
+WORKER_FLOPS_PER_S = 15.1e9
+RUN_FIXED_S = 36.0
 CPU_WORKERS = 2
 
 
