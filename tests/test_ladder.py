@@ -49,6 +49,7 @@ CPU = ROOT / "studies" / "ladder_cpu.yaml"
 DEFAULT = ROOT / "delphi" / "defaults" / "ladder_default.yaml"
 PAPER = ROOT / "studies" / "ladder_paper.yaml"
 PAPER_V4 = ROOT / "studies" / "ladder_paper_v4.yaml"
+PAPER_V8 = ROOT / "studies" / "ladder_paper_v8.yaml"
 
 
 def _raw(path: Path = TINY) -> dict:
@@ -681,3 +682,20 @@ def test_anchor_rung_trains_as_its_own_stage_and_is_collected_as_an_anchor(tmp_p
     assert set(table.drop(index=anchor[0]["run_id"])["role"]) == {"isoflop"}
     with pytest.raises(DelphiError, match="only anchor rungs"):  # the isoFLOP rungs have not trained
         load_results(collect_ladder(ladder))
+
+
+def test_a_budget_below_the_width_grid_gets_its_own_centre_and_leaves_the_other_rungs_alone():
+    """isoflop.center_at: a budget where the centre formula falls below the width grid (the eighth
+    edition's 5.2e10, docs/notebook.md §8.19) plans around its own N*; every other rung is unchanged."""
+    raw = yaml.safe_load(PAPER_V8.read_text())
+    below = {**raw, "budgets": [5.2e10, *raw["budgets"]]}
+    with pytest.raises(DelphiError, match=r"budget 5.2e\+10 \(budgets\[0\]\) the chosen sizes span only"):
+        plan_ladder(ladder_spec_from_dict(below))
+    below["isoflop"] = {**raw["isoflop"], "center_at": [[5.2e10, 2.7e4]]}
+    rungs = plan_ladder(ladder_spec_from_dict(below))
+    low = sorted({r.model.d_model for r in rungs if r.budget == 5.2e10})
+    assert len(low) == raw["isoflop"]["sizes"] and low[0] == 16 and 20 <= low[len(low) // 2] <= 32
+    assert {r.run_id for r in rungs if r.budget != 5.2e10} == {r.run_id for r in plan_ladder(load_ladder_spec(PAPER_V8))}
+    below["isoflop"]["center_at"] = [[5.0e10, 2.7e4]]
+    with pytest.raises(DelphiError, match=r"isoflop.center_at\[0\]: budget 5e\+10 is not one of budgets"):
+        ladder_spec_from_dict(below)

@@ -365,6 +365,9 @@ def _shapes(spec: LadderSpec) -> list[ModelConfig]:
 def expected_optimum(spec: LadderSpec, budget: float) -> float:
     iso = spec.isoflop
     assert iso is not None
+    for budget_at, n_star in iso.center_at:
+        if math.isclose(budget, budget_at, rel_tol=1e-9):
+            return n_star
     return iso.center_coefficient * budget**iso.center_exponent
 
 

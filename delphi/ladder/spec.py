@@ -12,6 +12,7 @@ dotted name of the field (e.g. `budgets[2]: ...`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -112,6 +113,10 @@ class IsoflopSpec:
     # Expected optimum N*(C) = center_coefficient * C ** center_exponent (N: active non-embedding)
     center_coefficient: float = 1.0
     center_exponent: float = 0.5
+    # (budget, N*) pairs for budgets where that formula misses, e.g. below the width grid, where it
+    # cannot place a curve at all; the formula still holds at every other budget, so adding a
+    # budget this way leaves every existing rung as it was.
+    center_at: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -305,6 +310,11 @@ class LadderSpec:
             need(1 <= i.min_span <= i.span, "isoflop.min_span", f"must be in [1, span={i.span}], got {i.min_span}")
             need(i.center_coefficient > 0, "isoflop.center_coefficient", f"must be positive, got {i.center_coefficient}")
             need(0 < i.center_exponent < 1, "isoflop.center_exponent", f"must be in (0, 1), got {i.center_exponent}")
+            for k, pair in enumerate(i.center_at):
+                key = f"isoflop.center_at[{k}]"
+                need(len(pair) == 2 and pair[1] > 0, key, f"expected [budget, N* > 0], got {list(pair)}")
+                need(any(math.isclose(pair[0], b, rel_tol=1e-9) for b in self.budgets), key,
+                     f"budget {pair[0]:g} is not one of budgets {list(self.budgets)}")
         else:
             need(self.tokens_per_param is not None, "tokens_per_param", "mode tokens_per_param needs a tokens_per_param section")
             tp = self.tokens_per_param
@@ -354,4 +364,8 @@ def load_ladder_spec(path: str | Path) -> LadderSpec:
 
 
 def ladder_spec_to_dict(spec: LadderSpec) -> dict:
-    return drop_owned_keys(to_dict(spec))
+    data = drop_owned_keys(to_dict(spec))
+    iso = data.get("isoflop")
+    if isinstance(iso, dict) and not iso.get("center_at"):  # a ladder.yaml written before it stays byte-identical
+        data["isoflop"] = {k: v for k, v in iso.items() if k != "center_at"}
+    return data
