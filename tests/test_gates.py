@@ -178,6 +178,25 @@ def test_interval_width_gate():
     assert "+-0.82%" in below.detail and "no hero can pass" not in below.detail
 
 
+def test_interval_width_gate_splits_a_calibrated_interval_into_its_terms():
+    # The eighth edition's 7-budget ladder (runs/paper_v8b/gates.json, 2026-12-04): the fit's bootstrap,
+    # one run's noise and the calibration's model error, in quadrature, rebuild the calibrated sd.
+    final = {"loss": 0.9816, "residual_scatter_nats": 0.0176, "seed_noise_nats": 0.01354,
+             "calibrated": {"applied": True, "method": "vpnls", "factor": 30.0, "loss": 0.9674, "loss_90": [0.9302, 1.0061], "base_sd_rel": 0.02531,
+                            "model_sd_rel": 0.00445, "sd_rel": 0.02570}}
+    parts = gt.interval_parts(final)
+    assert parts["run_sd_rel"] == pytest.approx(0.0226, abs=1e-4)
+    assert parts["bootstrap_sd_rel"] == pytest.approx(0.0114, abs=2e-4)
+    rebuilt = (parts["bootstrap_sd_rel"] ** 2 + parts["run_sd_rel"] ** 2 + parts["model_sd_rel"] ** 2) ** 0.5
+    assert rebuilt == pytest.approx(parts["sd_rel"], rel=1e-3)
+    # Even a noiseless hero's interval (1.86%) is over 1.5 tolerances: the gate says no seed count helps.
+    gate = gt.gate_interval_width(final, 0.01, 1.5)
+    assert not gate.passed and parts["half_without_run_noise_rel"] == pytest.approx(0.0186, abs=2e-4)
+    assert "no hero, of any number of seeds, can pass" in gate.detail
+    assert "no hero, of any number of seeds" not in gt.gate_interval_width(final, 0.01, 2.0).detail
+    assert gt.interval_parts({"loss": 1.0, "loss_90": [0.9, 1.1]}) is None  # no calibration: nothing to split
+
+
 def test_frontier_slopes_gate():
     table = ladder_table(budgets=(1e12, 3e12, 1e13, 3e13), seeds=(0,), noise=0.0)
     slopes = gt.frontier_slopes(table, 0.0, irreducible=TRUE[0])

@@ -16,6 +16,7 @@ import yaml
 from delphi.cli import main as cli_main
 from delphi.ladder.recipe_check import (BATCH_PRIOR_MATCH, PLAN_FILE, RUN_IDENTITY_KEYS, RUNS_CSV, RUNS_DIR, analyse,
                                         load_priors, plan_check, reuse_identity, save_report, write_check)
+from delphi.errors import DelphiError
 from delphi.ladder.spec import ladder_spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,11 +28,17 @@ LOSS_OPT = 1.5
 # The recipe these tests were designed on (the first check's constants), pinned so that a retune of
 # the live spec (its batch halvings at lr_max move which points can reuse a prior) cannot move them.
 FIRST_CHECK_RECIPE = {"lr": 2.68e-3, "horizon_exponent": 0.3, "width_exponent": 0.0, "lr_max": 0.01, "target_steps": 4096}
-FIRST_CHECK_HORIZONS = [3.2e5, 1.9e6, 1.1e7, 6.0e7]  # and its points (the live spec has gained one since)
+FIRST_CHECK_HORIZONS = [3.2e5, 1.9e6, 1.1e7, 6.0e7]  # and its points (the live spec has gained two since)
+FIRST_LADDER = {"budgets": [3.0e11, 7.2e11, 1.7e12, 4.2e12, 1.0e13]}  # and its ladder (the live one grew two below)
+
+
+def _first_ladder(data: dict) -> dict:
+    data["isoflop"].pop("center_at", None)
+    return data | FIRST_LADDER
 
 
 def _spec_file(tmp_path: Path, name: str, lr_factor: float = 1.0, **check_changes) -> tuple:
-    data = yaml.safe_load(V8.read_text())
+    data = _first_ladder(yaml.safe_load(V8.read_text()))
     for key, value in FIRST_CHECK_RECIPE.items():
         data["recipe"][key] = {"value": value, "source": "test: the first recipe check's constants"}
     data["recipe"]["lr"]["value"] *= lr_factor
@@ -70,7 +77,7 @@ def prior_check(tmp_path_factory) -> Path:
 def test_a_retune_moves_only_the_projection_lr():
     """The premise: at every point the retuned recipe's run equals the old one but for optim.lr
     (where no lr_max cap halves the batch: twice the LR would at the live spec's 1.5e8-token point)."""
-    data = yaml.safe_load(V8.read_text())
+    data = _first_ladder(yaml.safe_load(V8.read_text()))
     data["recipe"]["check"]["horizons"] = FIRST_CHECK_HORIZONS
     old = ladder_spec_from_dict(data)
     for key, value in (("lr", 2 * data["recipe"]["lr"]["value"]), ("horizon_exponent", 0.2), ("width_exponent", 0.1)):
@@ -225,3 +232,21 @@ def test_a_prior_that_is_no_check_of_this_spec_is_exit_2(prior_check, tmp_path, 
                      "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["runs"] == 25 and result["reused_runs"] == 42
+
+
+def test_a_ladder_that_grows_a_budget_keeps_its_checks(prior_check, tmp_path):
+    """Budgets and isoFLOP placement choose rungs, not a check run's config: the eighth edition's
+    ladder grew two budgets below it after its checks ran (docs/notebook.md §8.20), and kept them."""
+    old = yaml.safe_load((prior_check / "ladder.yaml").read_text())
+    live = yaml.safe_load(V8.read_text())
+    check = {**old["recipe"]["check"], "horizons": [3.7e4, *old["recipe"]["check"]["horizons"]]}  # down to its new rungs
+    grown = ladder_spec_from_dict({**old, "budgets": live["budgets"], "recipe": {**old["recipe"], "check": check},
+                                   "isoflop": {**old["isoflop"], "center_at": live["isoflop"]["center_at"]}})
+    _, runs, summary = write_check(grown, tmp_path / "as_prior", priors=[prior_check])
+    assert summary["reused_runs"] > 0 and {r.source for r in runs if r.source} == {str(prior_check)}
+    in_place = tmp_path / "in_place"
+    shutil.copytree(prior_check, in_place)
+    write_check(grown, in_place)  # extends where it stands; a change of eval tokens would be refused
+    assert yaml.safe_load((in_place / "ladder.yaml").read_text())["budgets"] == live["budgets"]
+    with pytest.raises(DelphiError, match="holds a recipe check of another ladder spec"):
+        write_check(ladder_spec_from_dict({**old, "run": {**old["run"], "eval_tokens": 65536}}), in_place)

@@ -241,16 +241,32 @@ def _first_difference(a: Any, b: Any, where: str = "") -> str | None:
     return None if a == b else (where or "(root)")
 
 
-def _outside_constants(spec: LadderSpec) -> dict:
-    """The spec as data without its name, the recipe's constants and its check: what a prior check
-    must share with this one (its runs' configs decide the rest, run by run)."""
+# Spec keys that only choose the ladder's rungs, never a check run's config: a ladder that grows a
+# budget keeps its checks, as priors and in place.
+PLACEMENT_KEYS = ("budgets", "isoflop")
+
+
+def _check_subject(spec: LadderSpec) -> dict:
+    """The spec as data without its placement (PLACEMENT_KEYS) and its recipe's check: what an
+    existing check directory must share with the spec that extends it."""
     from delphi.ladder.spec import ladder_spec_to_dict
 
     data = ladder_spec_to_dict(spec)
+    for key in PLACEMENT_KEYS:
+        data.pop(key, None)
+    if isinstance(data.get("recipe"), dict):
+        data["recipe"] = {k: v for k, v in data["recipe"].items() if k != "check"}
+    return data
+
+
+def _outside_constants(spec: LadderSpec) -> dict:
+    """`_check_subject` without the name and the recipe's constants: what a prior check must share
+    with this one (its runs' configs decide the rest, run by run)."""
+    data = _check_subject(spec)
     data.pop("name", None)
     if spec.recipe is not None:
         constants = spec.recipe.constants()
-        data["recipe"] = {k: v for k, v in data["recipe"].items() if k not in constants and k != "check"}
+        data["recipe"] = {k: v for k, v in data["recipe"].items() if k not in constants}
     return data
 
 
@@ -388,12 +404,6 @@ def prior_summary(runs: Sequence[CheckRun], priors: Sequence[PriorRun]) -> dict[
     return {"priors": out, "reused_runs": sum(p["runs"] for p in out), "reused_flops": sum(p["flops"] for p in out)}
 
 
-def _without_check(spec: LadderSpec) -> LadderSpec | None:
-    if spec.recipe is None:
-        return None
-    return dataclasses.replace(spec, recipe=dataclasses.replace(spec.recipe, check=None))
-
-
 def write_check(spec: LadderSpec, out: str | Path, priors: Sequence[str | Path] = ()
                 ) -> tuple[list[Rung], list[CheckRun], dict[str, Any]]:
     """Plan the check into `out` (a ladder directory). A rerun resumes it; a directory holding a check
@@ -414,9 +424,9 @@ def write_check(spec: LadderSpec, out: str | Path, priors: Sequence[str | Path] 
     if not (out / MANIFEST_FILE).is_file():
         write_ladder(spec, rungs, out)
     else:
-        if _without_check(load_ladder_spec(out / SPEC_FILE)) != _without_check(spec):
+        if _check_subject(load_ladder_spec(out / SPEC_FILE)) != _check_subject(spec):
             raise DelphiError(f"--out: {out} holds a recipe check of another ladder spec or recipe ({SPEC_FILE} differs "
-                              "outside recipe.check); choose a new directory")
+                              "outside recipe.check, budgets and isoflop); choose a new directory")
         rows = {row["run_id"]: row for row in read_manifest(out)}
         for rung in rungs:
             if rung.run_id not in rows:

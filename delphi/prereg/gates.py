@@ -274,7 +274,34 @@ def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gat
         detail += (f"; the law's residual scatter alone ({float(scatter):.4f} nats) gives +-{floor:.2%}"
                    + (": no hero can pass until the ladder's points sit closer to the law (more seeds per cell, "
                       "larger batches)" if floor > limit else ""))
+    if half > limit and (parts := interval_parts(final)):
+        detail += (f"; sd {parts['sd_rel']:.2%} = the fit's bootstrap {parts['bootstrap_sd_rel']:.2%} (+) one run's noise "
+                   f"{parts['run_sd_rel']:.2%} (+) the calibration's model error {parts['model_sd_rel']:.2%}; "
+                   f"with no run noise at all the half-width would be {parts['half_without_run_noise_rel']:.2%}"
+                   + (" (no hero, of any number of seeds, can pass: the law's own uncertainty this far out is over the limit)"
+                      if parts["half_without_run_noise_rel"] > limit else ""))
     return Gate("interval_width", half <= limit, half, threshold, detail)
+
+
+def interval_parts(final: dict) -> dict[str, float] | None:
+    """The calibrated 90% interval's relative sd split into the terms added in quadrature to build it
+    (delphi.fits.calibration.calibrated_prediction over delphi.prereg.predict.predictive): the fit's
+    bootstrap, one run's noise around the law (residual scatter (+) seed noise) and the calibration's
+    model error; and the half-width left if the run's noise were zero, which says whether any hero
+    (however many seeds) could pass. None without a calibrated interval or the run's noise."""
+    cal = final.get("calibrated") or {}
+    if not cal.get("applied") or "base_sd_rel" not in cal:
+        return None
+    noise = [float(final[k]) for k in ("residual_scatter_nats", "seed_noise_nats")
+             if isinstance(final.get(k), (int, float)) and math.isfinite(final[k])]
+    if not noise:
+        return None
+    run_sd_rel = math.hypot(*noise) / float(final["loss"])  # the run's noise relative to the law's uncalibrated point
+    base, model, sd = float(cal["base_sd_rel"]), float(cal["model_sd_rel"]), float(cal["sd_rel"])
+    bootstrap = math.sqrt(max(base ** 2 - run_sd_rel ** 2, 0.0))
+    half = (float(cal["loss_90"][1]) - float(cal["loss_90"][0])) / 2 / float(cal["loss"])
+    return {"sd_rel": sd, "bootstrap_sd_rel": bootstrap, "run_sd_rel": run_sd_rel, "model_sd_rel": model,
+            "half_without_run_noise_rel": half * math.hypot(bootstrap, model) / sd}
 
 
 def budget_best_losses(table: pd.DataFrame) -> pd.DataFrame:
