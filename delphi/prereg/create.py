@@ -92,13 +92,24 @@ def build_prereg(
     toolkit: dict | None = None,
     gates: list[dict] | None = None,
     forced: bool = False,
+    forced_gates: dict[str, str] | None = None,
+    seeds: Sequence[int] | None = None,
+    competing: dict[str, dict] | None = None,
 ) -> dict:
     """Assemble and seal a preregistration document (pure apart from the defaults' clock and git).
 
     `gates` (Gate.to_json() dicts) and `forced` are sealed with the prediction: a preregistration
-    sealed with --force over failing gates says so in every verdict."""
+    sealed with --force over failing gates says so in every verdict; `forced_gates` names the gates
+    forced one by one, each with its reason. `seeds` (two or more) makes the sealed quantity the mean
+    final loss of those seeds' runs of the hero config (the "target" block; None or one seed: one
+    run, and the document reads as before). `competing` seals other laws' predictions beside the
+    primary (prediction.competing), each judged on the same outcome but deciding nothing."""
     if not (0 < tolerance_rel < 1):
         raise DelphiError(f"tolerance: must be in (0, 1), got {tolerance_rel}")
+    check_seeds(seeds)
+    multi = seeds is not None and len(seeds) > 1
+    outcome = (f"the mean final val_loss of the hero config's runs at seeds {', '.join(str(s) for s in seeds)}"
+               if multi else "the hero's final val_loss")
     doc = {
         "schema_version": fmt.SCHEMA_VERSION,
         "id": prereg_id,
@@ -107,14 +118,16 @@ def build_prereg(
         "toolkit": toolkit or {"name": "delphi", "version": delphi.__version__, **git_state()},
         "provenance": provenance,
         "hero": {"config": hero_config, **hero_summary},
-        "prediction": {"final": final, "trajectory": trajectory},
+        "prediction": {"final": final, "trajectory": trajectory, **({"competing": competing} if competing else {})},
         "decision": {
             "tolerance_rel": float(tolerance_rel),
             "rule": (
-                f"passed if the hero's final val_loss is within {tolerance_rel:.2%} (relative) of prediction.final.loss; "
+                f"passed if {outcome} is within {tolerance_rel:.2%} (relative) of prediction.final.loss; "
                 "otherwise failed. A run that diverges or fails is failed. Whether the 50%/90% intervals covered "
                 "the outcome is reported but does not decide. While training: on-track if the latest eval point is "
                 "inside the trajectory's 90% band or within the tolerance of its median, else deviating."
+                + (" Each seed's run must start after the seal; one that started before it makes the outcome invalid."
+                   if multi else "")
             ),
         },
         "rationale": rationale,
@@ -122,7 +135,22 @@ def build_prereg(
         "gates": list(gates or []),
         "forced": bool(forced),
     }
+    if forced_gates:
+        doc["forced_gates"] = dict(forced_gates)
+    if multi:
+        doc["target"] = {"seeds": [int(x) for x in seeds], "quantity": "mean",
+                         "runs": "the hero config with seed and data.seed set to each seed"}
     return fmt.seal(_plain(doc))
+
+
+def check_seeds(seeds: Sequence[int] | None) -> None:
+    """A seal's seed list: None (one run), or distinct integers."""
+    if seeds is None:
+        return
+    if len(seeds) == 0:
+        raise DelphiError("seeds: a seal's seed list is empty; name at least one seed (or none for one run)")
+    if len(set(seeds)) != len(seeds) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        raise DelphiError(f"seeds: {list(seeds)}: expected distinct integers")
 
 
 def _default_author() -> str:
@@ -349,6 +377,9 @@ def create_prereg(
     noise_scope: str = "pooled",
     trajectory_from_probes: bool = False,
     recipe_check: Path | None = None,
+    seeds: Sequence[int] | None = None,
+    forced_gates: dict[str, str] | None = None,
+    competing: Callable[[Any, dict], dict[str, dict]] | None = None,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -363,7 +394,10 @@ def create_prereg(
     `probe_correction` seals the primary law corrected by its error trend at the probes, carried by
     `probe_carry` (`hero_prediction`); `noise_scope` (NOISE_SCOPES) whose seed spread is one run's
     noise at the hero and the probes; `trajectory_from_probes` takes the trajectory's shape from the longest probe
-    (`delphi.fits.shape_trajectory.trajectory_from_shapes`) instead of the curve law."""
+    (`delphi.fits.shape_trajectory.trajectory_from_shapes`) instead of the curve law.
+    `seeds` (>= 2) seals the mean of those seeds' runs, its interval carrying the noise of that mean;
+    `forced_gates` ({gate: reason}) seals over those gates alone failing, each reason sealed;
+    `competing(hero, final)` returns the other laws' predictions sealed beside the primary."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params
@@ -372,6 +406,8 @@ def create_prereg(
     out = Path(out)
     if out.exists():
         raise DelphiError(f"{out}: already exists; a preregistration is never overwritten (choose a new name)")
+    check_seeds(seeds)
+    n_seeds = len(seeds) if seeds else 1
     if not Path(hero_path).is_file():
         raise DelphiError(f"{hero_path}: hero config not found")
     hero = load_train_config(hero_path)
@@ -390,7 +426,7 @@ def create_prereg(
     if results is not None and not Path(results).is_file():
         raise DelphiError(f"{results}: results table not found")
     final, fit_obj = hero_prediction(Path(fit_path), hero, Path(results) if results is not None else None,
-                                     probe_runs, probe_correction, probe_carry, noise_scope)
+                                     probe_runs, probe_correction, probe_carry, noise_scope, n_seeds)
     family, hero_family = fit_family(fit_obj, ladder_families), model_family(hero.model)
     if family is not None and family != hero_family:
         raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
@@ -483,13 +519,27 @@ def create_prereg(
     if rehearsal is not None:
         report["rehearsal"] = rehearsal
     passed = gt.all_passed(gate_list)
+    failed = gt.failed_names(gate_list)
+    forced_gates = dict(forced_gates or {})
+    unknown = sorted(set(forced_gates) - {g.name for g in gate_list})
+    if unknown:
+        raise DelphiError(f"forced gates: {', '.join(unknown)} is not a gate of this seal (gates: {', '.join(g.name for g in gate_list)})")
     report_path = gates_path(out)
-    if not passed and not force:
+    if forced_gates:
+        report["forced_gates"] = forced_gates
+    unforced = [n for n in failed if n not in forced_gates]
+    if unforced and not force:
         atomic_write_json(report_path, report)
-        raise CheckFailed(f"{out}: not sealed: gate(s) failed: {', '.join(gt.failed_names(gate_list))} "
+        raise CheckFailed(f"{out}: not sealed: gate(s) failed: {', '.join(unforced)} "
                           f"(report {report_path}; fix the ladder or the fit, or seal anyway with --force, which is recorded)")
     if not passed:
-        assumptions.append(f"SEALED WITH --force although gate(s) failed: {', '.join(gt.failed_names(gate_list))}")
+        how = "--force" if unforced else "the study forcing gate(s)"
+        assumptions.append(f"SEALED WITH {how} although gate(s) failed: {', '.join(failed)}"
+                           + "".join(f"; {n} forced because: {forced_gates[n]}" for n in failed if n in forced_gates))
+    if n_seeds > 1:
+        assumptions.append(f"the sealed quantity is the mean final loss of {n_seeds} seeds ({', '.join(str(s) for s in seeds)}) of "
+                           f"the hero config; the interval's seed-noise term is one run's / sqrt({n_seeds})")
+    competing_doc = competing(hero, final) if competing is not None else None
 
     bpb_per_nat = _ladder_bpb_per_nat(run_dirs) or (1 / math.log(2) if hero.model.vocab_size == 256 else None)
     final = bpb_from_loss(final, bpb_per_nat)
@@ -506,7 +556,10 @@ def create_prereg(
         rationale=rationale,
         assumptions=assumptions,
         gates=[g.to_json() for g in gate_list],
-        forced=bool(force and not passed),
+        forced=not passed,
+        forced_gates={n: forced_gates[n] for n in failed if n in forced_gates} or None,
+        seeds=seeds,
+        competing=competing_doc,
     )
     fmt.write_new(out, doc)
     atomic_write_json(report_path, report | {"sealed": True, "seal": doc["seal"]["digest"]})

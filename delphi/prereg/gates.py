@@ -274,8 +274,8 @@ def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gat
         detail += (f"; the law's residual scatter alone ({float(scatter):.4f} nats) gives +-{floor:.2%}"
                    + (": no hero can pass until the ladder's points sit closer to the law (more seeds per cell, "
                       "larger batches)" if floor > limit else ""))
-    if half > limit and (parts := interval_parts(final)):
-        detail += (f"; sd {parts['sd_rel']:.2%} = the fit's bootstrap {parts['bootstrap_sd_rel']:.2%} (+) one run's noise "
+    if parts := interval_parts(final):
+        detail += (f"; sd {parts['sd_rel']:.2%} = the fit's bootstrap {parts['bootstrap_sd_rel']:.2%} (+) the outcome's run noise "
                    f"{parts['run_sd_rel']:.2%} (+) the calibration's model error {parts['model_sd_rel']:.2%}; "
                    f"with no run noise at all the half-width would be {parts['half_without_run_noise_rel']:.2%}"
                    + (" (no hero, of any number of seeds, can pass: the law's own uncertainty this far out is over the limit)"
@@ -296,6 +296,8 @@ def interval_parts(final: dict) -> dict[str, float] | None:
              if isinstance(final.get(k), (int, float)) and math.isfinite(final[k])]
     if not noise:
         return None
+    if isinstance(final.get("seed_noise_nats"), (int, float)) and final.get("n_seeds"):  # the noise of a seed mean
+        noise[-1] /= math.sqrt(int(final["n_seeds"]))
     run_sd_rel = math.hypot(*noise) / float(final["loss"])  # the run's noise relative to the law's uncalibrated point
     base, model, sd = float(cal["base_sd_rel"]), float(cal["model_sd_rel"]), float(cal["sd_rel"])
     bootstrap = math.sqrt(max(base ** 2 - run_sd_rel ** 2, 0.0))

@@ -78,14 +78,19 @@ def seed_noise_nats(fit, fit_table, scope: str = "pooled") -> float | None:
     return float(seed) if isinstance(seed, (int, float)) and math.isfinite(seed) else None
 
 
-def run_noise_nats(fit, fit_table, scope: str = "pooled") -> tuple[float | None, dict[str, Any]]:
-    """The sd (nats) one run adds around the law: the law's scatter about the ladder's points
-    (law_scatter_nats) and one run's seed noise (`seed_noise_nats` under `scope`), in quadrature.
-    None when neither is known."""
+def run_noise_nats(fit, fit_table, scope: str = "pooled", n_seeds: int = 1) -> tuple[float | None, dict[str, Any]]:
+    """The sd (nats) the outcome adds around the law: the law's scatter about the ladder's points
+    (law_scatter_nats) and the seed noise (`seed_noise_nats` under `scope`) of the mean of `n_seeds`
+    runs (one run's / sqrt(n_seeds)), in quadrature. The scatter is the law's lack of fit at a
+    point, which more seeds of the same run do not average away. None when neither is known."""
+    if n_seeds < 1:
+        raise DelphiError(f"n_seeds: the outcome is the mean of >= 1 seed, got {n_seeds}")
     scatter = law_scatter_nats(fit, fit_table)
     seed = seed_noise_nats(fit, fit_table, scope)
-    parts = [v for v in (scatter, seed) if v is not None]
+    parts = [v for v in (scatter, None if seed is None else seed / math.sqrt(n_seeds)) if v is not None]
     info = {"residual_scatter_nats": scatter, "seed_noise_nats": seed, "noise_scope": scope}
+    if n_seeds > 1:
+        info["n_seeds"] = int(n_seeds)
     return (float(math.hypot(*parts)) if parts else None), info
 
 
@@ -151,9 +156,11 @@ def predict_hero(fit, hero) -> tuple[dict, str]:
     return pred, how
 
 
-def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope: str = "pooled") -> tuple[dict, Any]:
+def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope: str = "pooled",
+                  n_seeds: int = 1) -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero from a fit file written by `delphi fit`; with
-    the ladder's `results`, its intervals are predictive for one run (`run_noise_nats` under `noise_scope`)."""
+    the ladder's `results`, its intervals are predictive for the mean of `n_seeds` runs
+    (`run_noise_nats` under `noise_scope`)."""
     from delphi.fits.laws import SURFACES
     from delphi.fits.results import load_fit
 
@@ -164,12 +171,14 @@ def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope
         pred, how = predict_hero(fit, hero)
     except (TypeError, ValueError, KeyError) as e:
         raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {fit.kind!r} fit ({e})") from None
-    noise, parts = (run_noise_nats(fit, load_tables(results, fit_convention(fit))[0], noise_scope)
+    noise, parts = (run_noise_nats(fit, load_tables(results, fit_convention(fit))[0], noise_scope, n_seeds)
                     if results is not None else (None, {}))
     final = final_from_prediction(predictive(pred, noise), how)
     if noise is not None:
-        final["interval"] = (f"the fit's bootstrap interval widened in quadrature by z x {noise:.4g} nats: one run's "
-                             f"noise around the law (residual scatter and seed noise, {NOISE_SCOPES[noise_scope]}, in quadrature)")
+        whose = "one run's" if n_seeds == 1 else f"the mean of {n_seeds} seeds' runs'"
+        seed_part = "seed noise" if n_seeds == 1 else f"one run's seed noise / sqrt({n_seeds})"
+        final["interval"] = (f"the fit's bootstrap interval widened in quadrature by z x {noise:.4g} nats: {whose} "
+                             f"noise around the law (residual scatter and {seed_part}, {NOISE_SCOPES[noise_scope]}, in quadrature)")
         final |= parts
     if pred.get("allocation"):
         final["allocation"] = pred["allocation"]
@@ -199,14 +208,14 @@ def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = 
 
 def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_runs: Sequence[Path] = (),
                     probe_correction: bool = False, probe_carry: str = "linear",
-                    noise_scope: str = "pooled") -> tuple[dict, Any]:
+                    noise_scope: str = "pooled", n_seeds: int = 1) -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
     prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`);
     one run's noise under `noise_scope` (NOISE_SCOPES)."""
     from delphi.fits.probes import probe_trend
     from delphi.prereg import gates as gt
 
-    final, fit = predict_final(fit_path, hero, results, noise_scope)
+    final, fit = predict_final(fit_path, hero, results, noise_scope, n_seeds)
     if not probe_correction:
         return final, fit
     if results is None:

@@ -65,6 +65,11 @@ class HeroSpec:
     # turn, then counts as evidence like gates.probes (paper/editions/v6: three probes let
     # probe_correction seal a hero up to their span beyond the last).
     probe_multiples: tuple[float, ...] = ()
+    # Seeds of every run beyond the ladder (probes and hero), each run's config with seed and
+    # data.seed set to it: with two or more, each run trains them side by side (one process each)
+    # and its seal predicts their mean final loss (issue 40; one run's seed noise is ~1% of the loss
+    # at a CPU's scale). Empty: one run, at the study seed.
+    seeds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,9 @@ class GatesSpec:
     recipe_check: str | None = None
     interval_width_factor: float = 1.5  # issue 10: 90% half-width <= 1.5 x tolerance
     min_seeds: int = 2  # issue 10: >= 2 seeds per rung
+    # Gates forced one by one, {gate: reason}: a seal passes over these alone failing, and seals each
+    # reason (every other gate must still pass; `force: true` forces all, with no reason).
+    force: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,9 @@ class StudySpec:
     # Where the sealed preregistration goes, relative to the study file (None: inside --out).
     # The project's own study writes into preregistrations/ so that git history dates it.
     preregistration: str | None = None
+    # Where each of hero.probe_multiples' seals goes, in the preregistration's directory: a file name
+    # with "{multiple}" (e.g. "paper-v8-probe-{multiple}x.yaml"); None: STUDY/probes/NAME.prereg.yaml.
+    probe_preregistration: str | None = None
     gates: GatesSpec = field(default_factory=GatesSpec)
     force: bool = False  # seal and train the hero even if a gate fails (recorded in the preregistration)
     conventions: tuple[str, ...] = PARAM_CONVENTIONS  # parameter counts compared by the fit stage
@@ -170,6 +181,15 @@ class StudySpec:
         if hero.trajectory == "probes" and not hero.probe_correction and not self.gates.probes:
             raise DelphiError(f"{where}: hero.trajectory: probes with hero.probe_correction: false needs gates.probes: "
                               "under the law alone the hero is sealed before the study's own probes train (stage seals)")
+        if len(set(hero.seeds)) != len(hero.seeds) or any(not isinstance(x, int) or x < 0 for x in hero.seeds):
+            raise DelphiError(f"{where}: hero.seeds: {list(hero.seeds)}, expected distinct integers >= 0")
+        for gate, reason in self.gates.force.items():
+            if not isinstance(reason, str) or not reason.strip():
+                raise DelphiError(f"{where}: gates.force.{gate}: needs the reason to seal (a sentence), got {reason!r}")
+        if self.probe_preregistration is not None and (
+                "{multiple}" not in self.probe_preregistration or "/" in self.probe_preregistration or not self.preregistration):
+            raise DelphiError(f"{where}: probe_preregistration: {self.probe_preregistration!r}, expected a file name with "
+                              "'{multiple}', written beside `preregistration` (which must be set)")
         if not hero.checkpoint_every_s >= 0:
             raise DelphiError(f"{where}: hero.checkpoint_every_s: must be >= 0 seconds, got {hero.checkpoint_every_s}")
         if not self.conventions or any(c not in PARAM_CONVENTIONS for c in self.conventions):

@@ -377,7 +377,8 @@ def stage_gates(study: Study) -> dict:
     correct = study.spec.hero.probe_correction and not pending
     probes = probe_runs(study)
     final, fit = hero_prediction(study.fit_path(study.primary_fit), hero, study.results, probes,
-                                 correct, study.spec.hero.probe_carry, study.spec.hero.noise_scope)  # what prereg will seal
+                                 correct, study.spec.hero.probe_carry, study.spec.hero.noise_scope,
+                                 len(study.spec.hero.seeds) or 1)  # what prereg will seal
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
@@ -389,6 +390,9 @@ def stage_gates(study: Study) -> dict:
     deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
     deciding = [g for g in gates if g not in deferred]
     report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
+    forced_gates = {n: study.spec.gates.force[n] for n in report["failed"] if n in study.spec.gates.force}
+    if forced_gates:
+        report["forced_gates"] = forced_gates
     if deferred:
         report["deferred"] = {"gates": [g.to_json() for g in deferred],
                               "why": f"the study's probes at {', '.join(f'{m:g}x' for m in pending)} have not trained: "
@@ -398,14 +402,16 @@ def stage_gates(study: Study) -> dict:
         _say(f"gate {line}")
     for g in deferred:
         _say(f"gate DEFERRED {g.name}: evaluated at the seal, after the study's probes")
-    if not report["passed"]:
+    for name, reason in forced_gates.items():
+        _say(f"gate {name} FORCED by the study (gates.force): {reason}")
+    if not report["passed"] and set(report["failed"]) - set(forced_gates):
         if not study.spec.force:
             raise CheckFailed(f"gates failed before the hero trained: {', '.join(report['failed'])}; the hero was NOT "
                               f"trained and nothing was sealed (report {study.gates}). Fix the ladder (more seeds, "
                               f"budgets, healthier rungs) or set `force: true` in the study file to go on anyway.")
         _say(f"GATES FAILED ({', '.join(report['failed'])}); going on because the study says force: true "
              "(the preregistration records it)")
-    return {"passed": report["passed"], "failed": report["failed"], "forced": bool(study.spec.force and not report["passed"]),
+    return {"passed": report["passed"], "failed": report["failed"], "forced": not report["passed"],
             "gates": report["gates"]}
 
 
@@ -450,7 +456,7 @@ def stage_seals(study: Study) -> dict:
     probes = []
     for multiple in sorted(study.spec.hero.probe_multiples):
         name = own_probe_name(multiple)
-        probes.append(_seal_or_stop(name, study.probes_dir / f"{name}.prereg.yaml", lambda m=multiple: seal_probe(study, m)))
+        probes.append(_seal_or_stop(name, probe_prereg(study, multiple), lambda m=multiple: seal_probe(study, m)))
     hero = _seal_or_stop("the hero", study.prereg, lambda: seal_hero(study))
     for name, sealed in [*((p["name"], p) for p in probes), ("hero", hero)]:
         final, i90 = sealed.get("final") or {}, (sealed.get("final") or {}).get("loss_90")
@@ -492,7 +498,105 @@ def _seal_evidence(study: Study) -> dict[str, Any]:
                 rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
                 lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
                 probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope,
-                recipe_check=getattr(study, "recipe_check", None))
+                recipe_check=getattr(study, "recipe_check", None), seeds=list(study.spec.hero.seeds) or None,
+                forced_gates=dict(study.spec.gates.force), competing=lambda hero, final: _competing(study, hero, final))
+
+
+def _competing(study: Study, hero, final: dict) -> dict:
+    """Every other law's prediction for a run beyond the ladder, sealed beside the primary (issue 40):
+    the study's fits and the asymptotic frontier law (fitted here once, on the fit stage's table)."""
+    from delphi.prereg.competing import competing_predictions
+
+    paths = {m: study.fit_path(m) for m in study.spec.fits if study.fit_path(m).is_file()}
+    if "asymptotic" not in paths:
+        path = study.fit_path("asymptotic")
+        if not path.is_file():
+            convention = (study.done("fit") or {}).get("result", {}).get("params_convention")
+            fit = _fit_one(study, "asymptotic", load_table(study, convention), study.spec.bootstrap)
+            atomic_write_json(path, fit.to_json())
+        paths["asymptotic"] = path
+    return competing_predictions(paths, study.primary_fit, final, hero, study.results, study.spec.hero.noise_scope,
+                                 len(study.spec.hero.seeds) or 1)
+
+
+def probe_prereg(study: Study, multiple: float) -> Path:
+    """Where the seal of one of hero.probe_multiples goes (StudySpec.probe_preregistration)."""
+    template = study.spec.probe_preregistration
+    if template is None:
+        return study.probes_dir / f"{own_probe_name(multiple)}.prereg.yaml"
+    return study.prereg.parent / template.format(multiple=f"{multiple:g}")
+
+
+def seed_runs(config: Path, run: Path, seeds: tuple[int, ...]) -> list[tuple[Path, Path]]:
+    """(config, run dir) of each of a run's seeds (hero.seeds): the sized config's own seed keeps its
+    paths; every other seed gets a copy of the config with seed and data.seed set to it, at
+    NAME_s<seed>.yaml, trained into RUN_s<seed>. No seeds: the one run."""
+    from delphi.train.config import load_train_config, train_config_to_dict
+
+    if not seeds:
+        return [(config, run)]
+    base = train_config_to_dict(load_train_config(config))
+    out = []
+    for seed in seeds:
+        if seed == base["seed"]:
+            out.append((config, run))
+            continue
+        other = config.with_name(f"{config.stem}_s{seed}.yaml")
+        doc = base | {"seed": seed, "data": base["data"] | {"seed": seed}, "name": f"{base.get('name') or run.name}_s{seed}"}
+        if not other.is_file():
+            atomic_write_yaml(other, doc)
+        out.append((other, run.with_name(f"{run.name}_s{seed}")))
+    return out
+
+
+def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[dict]:
+    """Train one run's seeds side by side, one process each (`delphi train`, single-threaded XLA when
+    the seeds share the cores), and return their summaries; one seed trains in this process. Each
+    resumes where it stopped; a signal stops them all (their checkpoints stay)."""
+    import os
+    import signal
+    import subprocess
+
+    from delphi.prereg.format import predicted_loss_curve
+    from delphi.train.config import load_train_config
+    from delphi.train.trainer import train
+
+    if len(runs) == 1:
+        (config, run), = runs
+        return [_finished(train(load_train_config(config), run, resume=(run / CONFIG_FILE).exists(),
+                                predicted_loss=predicted_loss_curve(seal)), what)]
+    from delphi.ladder.runner import SINGLE_THREAD_XLA_FLAGS
+
+    env = dict(os.environ)
+    if len(runs) >= (os.cpu_count() or 1):
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREAD_XLA_FLAGS}".strip()
+    procs = []
+    try:
+        for config, run in runs:
+            log = run.with_name(f"{run.name}.log")
+            cmd = [sys.executable, "-m", "delphi.cli", "train", str(config), "--out", str(run), "--prereg", str(seal),
+                   "--no-progress"] + (["--resume"] if (run / CONFIG_FILE).exists() else [])
+            with open(log, "a") as handle:
+                procs.append(subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env))
+            _say(f"{what}: {run.name} training (log {log})")
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    summaries = []
+    for (config, run), code in zip(runs, codes):
+        summary_path = run / SUMMARY_FILE
+        if not summary_path.is_file():
+            raise CheckFailed(f"{what}: {run} ended with exit {code} and no summary (log {run.with_name(run.name + '.log')}); "
+                              "run the same `delphi study` command to resume it")
+        summaries.append(_finished(json.loads(summary_path.read_text()), f"{what} ({run.name})"))
+    return summaries
 
 
 def _sealed_earlier(path: Path) -> dict:
@@ -520,14 +624,15 @@ def seal_probe(study: Study, multiple: float) -> dict:
     from delphi.prereg.create import create_prereg
 
     name = own_probe_name(multiple)
-    run, config, seal = study.probes_dir / name, study.probes_dir / f"{name}.yaml", study.probes_dir / f"{name}.prereg.yaml"
+    run, config, seal = study.probes_dir / name, study.probes_dir / f"{name}.yaml", probe_prereg(study, multiple)
     if not config.is_file():
         _sized_run(study, multiple * max(_ladder_spec(study).budgets), name, config)
     out = {"name": name, "multiple": multiple, "config": str(config)}
     if seal.exists():
         return out | _sealed_earlier(seal)
-    if (run / METRICS_FILE).exists():
-        raise DelphiError(f"{run}: the probe started before its preregistration existed; remove it to start over")
+    for _, seed_run in seed_runs(config, run, study.spec.hero.seeds):
+        if (seed_run / METRICS_FILE).exists():
+            raise DelphiError(f"{seed_run}: the probe started before its preregistration existed; remove it to start over")
     if study.spec.hero.probe_correction:  # the behaviour of the corrected path, unchanged
         doc = create_prereg(study.fit_path(study.primary_fit), config, seal, ladder=study.ladder_dir, results=study.results,
                             tolerance_rel=study.spec.hero.tolerance, author=study.spec.author, force=True,
@@ -552,8 +657,9 @@ def seal_hero(study: Study) -> dict:
 
     if study.prereg.exists():  # sealed on an earlier, interrupted attempt or by stage seals: never rewrite it
         return _sealed_earlier(study.prereg)
-    if (study.hero_run / METRICS_FILE).exists():
-        raise DelphiError(f"{study.hero_run}: the hero started before a preregistration existed; remove it to start over")
+    for _, seed_run in seed_runs(study.hero_config, study.hero_run, study.spec.hero.seeds):
+        if (seed_run / METRICS_FILE).exists():
+            raise DelphiError(f"{seed_run}: the hero started before a preregistration existed; remove it to start over")
     doc = create_prereg(
         study.fit_path(study.primary_fit), study.hero_config, study.prereg,
         rationale=(study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
@@ -570,10 +676,9 @@ def stage_probes(study: Study) -> dict:
     before it trains. A probe that started before its seal existed is refused; an interrupted one
     resumes."""
     from delphi.fits import load_fit
+    from delphi.prereg.check import check
     from delphi.prereg.predict import run_noise_nats, run_predicted_vs_actual
-    from delphi.prereg.format import predicted_loss_curve
     from delphi.train.config import load_train_config
-    from delphi.train.trainer import train
 
     multiples = sorted(study.spec.hero.probe_multiples)
     if not multiples:
@@ -587,8 +692,12 @@ def stage_probes(study: Study) -> dict:
         name, run, seal = sealed["name"], study.probes_dir / sealed["name"], Path(sealed["prereg"])
         cfg = load_train_config(Path(sealed["config"]))
         _say(f"probe {name}: {cfg.flops:.3g} FLOPs, sealed in {seal}")
-        _finished(train(cfg, run, resume=(run / CONFIG_FILE).exists(), predicted_loss=predicted_loss_curve(seal)), f"probe {name}")
+        runs = seed_runs(Path(sealed["config"]), run, study.spec.hero.seeds)
+        train_seeds(runs, seal, f"probe {name}")
         result = run_predicted_vs_actual(fit, run, noise)
+        if len(runs) > 1:
+            verdict, _, _ = check(seal, run_dirs=[r for _, r in runs])
+            result |= {"seeds": verdict.get("seeds"), "actual": verdict["actual"], "rel_error": verdict["rel_error"]}
         _say(f"probe {name}: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
         results.append(result | {"name": name, "multiple": multiple})
     return {"probes": results}
@@ -620,14 +729,10 @@ def _default_rationale(study: Study) -> str:
 
 
 def stage_train_hero(study: Study) -> dict:
-    from delphi.prereg.format import predicted_loss_curve
-    from delphi.train.config import load_train_config
-    from delphi.train.trainer import train
-
     check_store_unchanged(study)
-    cfg = load_train_config(study.hero_config)
-    resume = (study.hero_run / CONFIG_FILE).exists()
-    return _finished(train(cfg, study.hero_run, resume=resume, predicted_loss=predicted_loss_curve(study.prereg)), "the hero")
+    runs = seed_runs(study.hero_config, study.hero_run, study.spec.hero.seeds)
+    summaries = train_seeds(runs, study.prereg, "the hero")
+    return summaries[0] if len(summaries) == 1 else {"status": "completed", "seeds": summaries}
 
 
 def _finished(summary: dict, what: str) -> dict:
@@ -642,7 +747,8 @@ def _finished(summary: dict, what: str) -> dict:
 def stage_check(study: Study) -> dict:
     from delphi.prereg.check import check
 
-    result, _, _ = check(study.prereg, run_dir=study.hero_run)
+    runs = seed_runs(study.hero_config, study.hero_run, study.spec.hero.seeds)
+    result, _, _ = check(study.prereg, run_dirs=[r for _, r in runs])
     _say(f"verdict: {result['verdict']}")
     return result
 

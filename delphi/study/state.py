@@ -92,13 +92,29 @@ def _pin_study(study: Study) -> None:
         except DelphiError:
             pass
         current = json.loads(json.dumps(pinned))
-        if _without_check_points(recorded) != _without_check_points(current):
+        unjudged = study.done("gates") is None
+        if _identity(recorded, unjudged) != _identity(current, unjudged):
             raise DelphiError(f"--out: {study.out} holds a different study (study.json differs); choose a new directory")
         if recorded == current:
             return
-        _say("the recipe check's points changed (they plan no run of this study; gate recipe judges the new "
-             f"report): {path} records them")
+        _say("the recipe check's points or (before the gates ran) the study's gates and runs beyond the ladder "
+             f"changed: {path} records them")
     atomic_write_json(path, pinned)
+
+
+# What a study may change until its gates stage has run (nothing was judged or sealed yet): the
+# gates' settings and the runs beyond the ladder; the ladder, fits and hero sizing stay pinned.
+JUDGEMENT_KEYS = ("gates", "force", "probe_preregistration")
+JUDGEMENT_HERO_KEYS = ("seeds", "tolerance", "probe_multiples")
+
+
+def _identity(pinned: dict, unjudged: bool) -> dict:
+    pinned = _without_check_points(pinned)
+    if not unjudged:
+        return pinned
+    study = {k: v for k, v in (pinned.get("study") or {}).items() if k not in JUDGEMENT_KEYS}
+    study["hero"] = {k: v for k, v in (study.get("hero") or {}).items() if k not in JUDGEMENT_HERO_KEYS}
+    return {**pinned, "study": study}
 
 
 def _without_check_points(pinned: dict) -> dict:
