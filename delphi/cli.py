@@ -4,9 +4,13 @@ Each part of the loop registers its own subcommands (`delphi/<part>/commands.py`
 exposes `add_commands(subparsers)`), so this file only wires them together and
 owns the exit-code contract of docs/design.md §3.1:
 
-    0  success
-    1  the checked thing failed (a prediction missed, a seal broke)
-    2  bad input or usage (a `DelphiError`), nothing written
+    0    success
+    1    the checked thing failed (a prediction missed, a seal broke)
+    2    bad input or usage (a `DelphiError`), nothing written; also a write or read the
+         system refused (a full disk, a name too long: `_SYSTEM_ERRNOS`), one line naming the file
+    130  Ctrl-C
+    141  stdout or stderr was closed by its reader (`delphi ... --json | head -c5`): quietly,
+         as a writer killed by SIGPIPE (128 + 13)
 
 A handler takes the parsed arguments and returns a JSON-able dict (exit 0) or
 a `(dict, exit_code)` pair. With `--json` the dict is printed on stdout as one
@@ -16,11 +20,12 @@ object; human-readable text always goes to stderr.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import math
+import os
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from delphi import __version__
@@ -87,11 +92,13 @@ def positive_float(text: str) -> float:
     return value
 
 
-def output_path(text: str) -> Path:
-    """argparse type of an --out path: Path("") would silently mean the current directory."""
+def output_path(text: str) -> str:
+    """argparse type of an --out path: Path("") would silently mean the current directory. The text
+    is kept as given (not a Path, which drops a trailing separator): `--out newdir/` names a
+    directory, and the output policy refuses it where a file is expected (delphi.io)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path; expected a file or directory name")
-    return Path(text)
+    return text
 
 
 def positive_int(text: str) -> int:
@@ -133,12 +140,39 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
+# An OSError with one of these errnos is the system refusing a read or write (not a bug): one line
+# naming the file, exit 2, wherever it was raised (delphi.io.WriteFailed names the file it meant).
+_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES,
+                            errno.EPERM, errno.ELOOP})
+EXIT_PIPE_CLOSED = 128 + 13  # SIGPIPE, as `yes | head` reports it
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl-C before a command started (building the parser): still 130
         print("delphi: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout (or stderr) went away (`| head -c5`, `| true`): stop quietly, as any
+    writer into `head` does. Python's recommended pattern: point stdout at /dev/null, so that the
+    flush at exit does not fail again and print "Exception ignored"."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture): nothing to redirect
+        pass
+    return EXIT_PIPE_CLOSED
+
+
+def _system_error_line(error: OSError) -> str:
+    where = error.filename if error.filename is not None else "delphi"
+    return message_line(f"{where}: {error.strerror or error}")
 
 
 def _main(argv: list[str] | None) -> int:
@@ -159,6 +193,11 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("delphi: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if isinstance(e, BrokenPipeError) or e.errno not in _SYSTEM_ERRNOS:
+            raise
+        print(f"delphi: error: {_system_error_line(e)}", file=sys.stderr)
+        return 2
     result, code = outcome if isinstance(outcome, tuple) else (outcome, 0)
     if result is not None:
         emit(args, result)

@@ -84,7 +84,9 @@ def test_paper_verify_finds_every_sealed_hash_in_the_editions(capsys):
     assert code == 0
     assert rows["paper-v7-hero-90x"]["editions_holding_all"] == ["v7"] and rows["paper-v7-hero-90x"]["hashes"] == 8
     assert rows["paper-hero"]["run"] == "editions/v1/data/hero"
-    assert all(r["seal_ok"] and r["run_ok"] for r in rows.values())
+    assert all(r["seal_ok"] and (r["run_ok"] or r["pending"]) for r in rows.values())
+    # A seal whose runs have not finished waits for its edition (the eighth edition's, while they train).
+    assert all(r["run_ok"] for r in rows.values() if not r["pending"])
 
 
 def test_an_unpacked_edition_is_the_committed_tree():

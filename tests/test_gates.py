@@ -539,7 +539,7 @@ def test_bad_ladder_is_refused_and_force_is_recorded_everywhere(good, tmp_path, 
     """One seed and two budgets: refused (exit 1, gate report written, nothing sealed); --force seals and says so."""
     bad = ladder_table(budgets=(1e12, 1e13), seeds=(0,))
     bad.to_csv(tmp_path / "bad.csv", index=False)
-    fit = fit_vpnls(load_results(tmp_path / "bad.csv"), n_bootstrap=10, seed=0)
+    fit = fit_vpnls(load_results(tmp_path / "bad.csv"), n_bootstrap=20, seed=0)
     (tmp_path / "bad_fit.json").write_text(json.dumps(fit.to_json()))
     regs = tmp_path / "regs"
     regs.mkdir()

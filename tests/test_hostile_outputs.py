@@ -223,8 +223,9 @@ def test_index_shows_what_verify_would_say(world, tmp_path, capsys):
     prereg = _copy_prereg(world, tmp_path)
     run = _predating_run(world, tmp_path / "hero")
     doc = yaml.safe_load(prereg.read_text())
+    predicted = doc["prediction"]["final"]["loss"]  # consistent with the seal: only its run's start is wrong
     outcome = {"prereg": doc["id"], "seal": doc["seal"]["digest"], "run": str(run), "verdict": "passed",
-               "actual_final_loss": 1.0, "rel_error": 0.0, "covered_90": True, "points": []}
+               "actual_final_loss": predicted, "rel_error": 0.0, "covered_90": True, "points": []}
     prereg.with_name(prereg.stem + ".outcome.json").write_text(json.dumps(outcome))
     code, err = _run(["prereg", "verify", prereg, "--run", run], capsys)
     assert code == 1 and "CREATED AFTER THE RUN STARTED" in err

@@ -30,8 +30,11 @@ def _prepare(args: argparse.Namespace) -> dict:
     from delphi.data.store import prepare_store
     from delphi.io import check_output_dir
 
+    from delphi.signals import stop_signals_raise
+
     check_output_dir(args.out, inputs=(args.source,))
-    meta = prepare_store(args.source, args.out, force=args.force)
+    with stop_signals_raise("no token store was left half-built"):  # SIGTERM/SIGHUP: exit 143/129, one line
+        meta = prepare_store(args.source, args.out, force=args.force)
     print(
         f"prepared {args.out}: {meta['files']} files ({meta['documents_train']} train / {meta['documents_val']} val), "
         f"{meta['n_train']:,} train + {meta['n_val']:,} val byte tokens, sha256 {meta['sha256'][:12]}, "

@@ -137,7 +137,9 @@ def prepare_store(source: str, out_dir: str | os.PathLike, *, force: bool = Fals
 
     Every check (source exists, has text, splits into two non-empty parts, the
     output is not some unrelated directory, a store there was built from the same
-    source unless `force`) happens before anything is written.
+    source unless `force`) happens before anything is written. The store is written
+    into a temporary sibling directory and renamed into place at the end, so an
+    interrupted rebuild (Ctrl-C, SIGTERM, a full disk) leaves the old store intact.
     """
     started = time.perf_counter()
     out = Path(out_dir).expanduser()
@@ -189,16 +191,86 @@ def prepare_store(source: str, out_dir: str | os.PathLike, *, force: bool = Fals
         "delphi_version": __version__,
     }
 
-    out.mkdir(parents=True, exist_ok=True)
-    # Remove the old meta first: a crash part-way leaves "not a store", never a
-    # meta.json that describes other bins.
-    (out / META_FILE).unlink(missing_ok=True)
-    atomic_write_bytes(out / "train.bin", train)
-    atomic_write_bytes(out / "val.bin", val)
-    atomic_write_text(out / "documents.tsv", "id\tsplit\tbytes\n" + "\n".join(listing) + "\n")
-    meta["prepare_s"] = round(time.perf_counter() - started, 3)
-    atomic_write_json(out / META_FILE, meta)
+    from delphi.signals import stop_signals_raise
+
+    with stop_signals_raise("no token store was left half-built"):
+        _write_store_aside(out, meta, train, val, listing, started)
     return meta
+
+
+# What prepare_store writes into a store directory; anything else found there is the user's and is
+# carried over into the rebuilt store.
+STORE_FILES = ("train.bin", "val.bin", "documents.tsv", META_FILE)
+
+
+def _write_store_aside(out: Path, meta: dict, train: bytes, val: bytes, listing: list[str], started: float) -> None:
+    """Write the store into a temporary sibling of `out`, then swap it in with renames (signals held
+    meanwhile): an interrupted or failed build leaves an existing store as it was, and a new `out`
+    appears only complete."""
+    from delphi.io import NEW_DIR_MODE, current_umask
+    from delphi.signals import held
+
+    if out.is_symlink():
+        out = out.resolve()  # rebuild where the link points; the link stays
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".building", dir=parent))
+    except OSError as e:
+        raise DelphiError(f"--out {out}: cannot build the store beside it in {parent} ({e.strerror})") from None
+    try:
+        mode = (out.stat().st_mode & 0o7777) if out.is_dir() else (NEW_DIR_MODE & ~current_umask())
+        tmp.chmod(mode)  # mkdtemp's 0700 would hide the store from other accounts
+        atomic_write_bytes(tmp / "train.bin", train)
+        atomic_write_bytes(tmp / "val.bin", val)
+        atomic_write_text(tmp / "documents.tsv", "id\tsplit\tbytes\n" + "\n".join(listing) + "\n")
+        meta["prepare_s"] = round(time.perf_counter() - started, 3)
+        atomic_write_json(tmp / META_FILE, meta)
+        with held():
+            _swap_in(tmp, out)
+    except BaseException:
+        _remove_build(tmp)
+        raise
+
+
+def _remove_build(tmp: Path) -> None:
+    """Remove an unfinished build directory: only what prepare_store wrote there (its files and
+    their temporary names), never a file of the user's that a failed swap could not move back."""
+    if not tmp.is_dir():
+        return
+    for p in tmp.iterdir():
+        if p.name in STORE_FILES or any(p.name.startswith(f".{name}.") for name in STORE_FILES):
+            p.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        tmp.rmdir()
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Replace directory `out` by `new` (same parent) with renames; the user's own files in `out`
+    move along into the new store. On a failed rename everything is put back as it was."""
+    if not out.exists():
+        os.rename(new, out)
+        return
+    extras = [p.name for p in out.iterdir() if p.name not in STORE_FILES]
+    moved: list[str] = []
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    os.rmdir(old)  # a free name beside `out` for the old store
+    try:
+        for name in extras:
+            os.rename(out / name, new / name)
+            moved.append(name)
+        os.rename(out, old)
+        try:
+            os.rename(new, out)
+        except OSError:
+            os.rename(old, out)
+            raise
+    except OSError as e:
+        for name in moved:
+            with contextlib.suppress(OSError):
+                os.rename(new / name, out / name)
+        raise DelphiError(f"--out {out}: cannot swap the rebuilt store in ({e.strerror}); the old store is unchanged") from None
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def cache_dir() -> Path:

@@ -10,7 +10,7 @@ from delphi.errors import DelphiError, quoted
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, output_path, positive_float, positive_int
+    from delphi.cli import add_json_flag, nonnegative_int, output_path, positive_float, positive_int
     from delphi.experiments.lrsweep import DEFAULT_LRS, DEFAULT_STEPS, DEFAULT_WIDTHS, LRSweepSpec
 
     mup = subparsers.add_parser("mup", help="muP verification")
@@ -43,7 +43,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--seq-len", type=int, default=LRSweepSpec.seq_len)
     sub.add_argument("--eval-tokens", type=int, default=LRSweepSpec.eval_tokens)
     sub.add_argument("--store", default=LRSweepSpec.store, help="token store: a built-in name or a prepared directory")
-    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--seed", type=nonnegative_int, default=0)
     sub.add_argument("--force", action="store_true", help="replace sweep.csv/.json/.png/.svg in --out even if this command did not write them")
     add_json_flag(sub)
     sub.set_defaults(func=cmd_lr_sweep)

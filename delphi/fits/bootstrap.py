@@ -33,6 +33,86 @@ from delphi.errors import DelphiError
 Refit = Callable[[pd.DataFrame], dict[str, float]]
 # Below this many refits the process start-up costs more than it saves.
 MIN_REFITS_PER_WORKER = 25
+# The fewest replicates that make a 90% percentile interval (the CLI refuses 1..19; 0 is no bootstrap
+# and no interval). Each 5% tail must hold at least one draw: below 20 draws the "interval" is just
+# the extreme draws, and one draw gives a zero-width interval that need not contain the estimate.
+MIN_BOOTSTRAP_FOR_INTERVAL = 20
+# Memory a bootstrap holds per replicate, besides its resample indices (8 bytes per row, drawn up
+# front, and a second copy pickled into a worker): one refit's parameter dict (~10 floats, ~650 bytes)
+# and its entries in the per-parameter sample lists. A generous round number: an upper bound.
+BOOTSTRAP_RESULT_BYTES = 1024
+
+
+def bootstrap_memory_bytes(n: int, rows: int) -> int:
+    """What `bootstrap` holds at its peak for `n` replicates of a `rows`-row table: the resample
+    indices twice (8-byte integers, the parent's and a worker's pickled copy) plus
+    BOOTSTRAP_RESULT_BYTES per replicate. The refits' own memory is transient and left out."""
+    return int(n) * (2 * 8 * int(rows) + BOOTSTRAP_RESULT_BYTES)
+
+
+def check_bootstrap_memory(n: int, rows: int, flag: str = "bootstrap") -> None:
+    """DelphiError (exit 2) when `n` replicates would need more memory than is available now
+    (MemAvailable), before any index is drawn."""
+    from delphi.train.memory import host_available_bytes
+
+    need = bootstrap_memory_bytes(n, rows)
+    available = host_available_bytes()
+    if available is not None and need > available:
+        gib = 1024**3
+        raise DelphiError(
+            f"{flag} {n}: about {need / gib:.3g} GiB for {n:,} replicates of {rows:,} rows "
+            f"({2 * 8 * rows + BOOTSTRAP_RESULT_BYTES:,} bytes each), more than the {available / gib:.3g} GiB available; "
+            f"use at most {max(available // (2 * 8 * rows + BOOTSTRAP_RESULT_BYTES), 0):,}"
+        )
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the system has one, else os.cpu_count())."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _worker_init(parent: int) -> None:
+    """In each bootstrap worker: Ctrl-C is the parent's to handle (it terminates the pool), SIGTERM
+    and SIGHUP end the worker (the parent's handlers may have been inherited by a fork), and on
+    Linux the worker is sent SIGTERM if its parent dies, however it dies (even SIGKILL)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent (`parent`, its pid) died before the death signal was armed
+        os._exit(1)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """End a pool's worker processes now (SIGTERM, then SIGKILL) and wait for them: an interrupted
+    bootstrap leaves no process behind."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in processes:
+        try:
+            proc.terminate()
+        except (OSError, ValueError, AttributeError):
+            pass
+    for proc in processes:
+        try:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        except (OSError, ValueError, AssertionError, AttributeError):
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def resample_indices(
@@ -124,19 +204,34 @@ def bootstrap(
     """
     if n < 1:
         raise DelphiError(f"bootstrap: n = {n}, expected >= 1")
+    if seed is not None and seed < 0:
+        raise DelphiError(f"bootstrap: seed = {seed}, expected an integer >= 0")
+    check_bootstrap_memory(n, len(table))
     indices = resample_indices(table, n, seed, strata, fixed_design)
     if workers is None:
-        workers = os.cpu_count() or 1
-    workers = max(1, min(workers, n // MIN_REFITS_PER_WORKER))
+        workers = usable_cpus()
+    # never more processes than CPUs (--workers 10000 forked ~4,000 on 2 cores), nor than the refits need
+    workers = max(1, min(workers, usable_cpus(), n // MIN_REFITS_PER_WORKER))
     if workers == 1:
         results = _run_chunk(refit, table, indices)
     else:
+        from delphi.signals import stop_signals_raise
+
         chunks = [indices[i::workers] for i in range(workers)]
         # fork is cheapest, but forking a process that has imported jax (multithreaded) can
         # deadlock: spawn then.
         ctx = multiprocessing.get_context("spawn" if "jax" in sys.modules else "fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            parts = list(pool.map(_run_chunk, [refit] * workers, [table] * workers, chunks))
+        # SIGTERM/SIGHUP raise here (exit 143/129) and Ctrl-C raises KeyboardInterrupt (130): either
+        # way the workers are terminated before the exception leaves, so none outlives the parent.
+        with stop_signals_raise("bootstrap workers stopped"):
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                                       initargs=(os.getpid(),))
+            try:
+                parts = list(pool.map(_run_chunk, [refit] * workers, [table] * workers, chunks))
+            except BaseException:
+                _terminate(pool)
+                raise
+            pool.shutdown(wait=True)
         # Undo the round-robin split so draw i is resample i whatever the worker count.
         results = [None] * n
         for w, part in enumerate(parts):

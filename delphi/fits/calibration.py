@@ -29,6 +29,13 @@ the other sources only; `assert_out_of_sample` checks every scored row. The comm
 (delphi/fits/data/beyond_calibration.json, SCHEMA_VERSION) is fitted on every public source, with
 its provenance, the per-source LOSO table behind method choice (`choose_method`) and the largest
 calibrated factor per method (a prediction beyond it is flagged `beyond_calibrated_range`).
+
+`calibrate_point` puts one prediction's calibrated interval beside the law's own (issue 43): a pure
+function of the method, the prediction, its 90% interval, its extrapolation factor and a calibration
+loaded by `load_checked_calibration` (schema, numbers and source hash checked). A prediction beyond
+the furthest calibrated factor, or of a method without an entry, keeps the law's own interval,
+marked uncalibrated with the reason. `delphi fit backtest` shows both (`calibrate_backtest`,
+`calibrate_all_holdouts`).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -334,15 +342,22 @@ def calibrated_prediction(method: str, predicted_loss: float, interval_90: Seque
     cal = calibration["methods_parsed"].get(method)
     if cal is None:
         return {"applied": False, "reason": f"no calibration for method {method!r} in {calibration['path']}"}
+    base_sd_rel = fit_only_sd_rel(predicted_loss, interval_90, residual_scatter_nats)
+    out = cal.predict(predicted_loss, factor, base_sd_rel)
+    return {**out, "method": method, "uncalibrated_loss": float(predicted_loss), "base_sd_rel": base_sd_rel,
+            **calibration_provenance(calibration)}
+
+
+def fit_only_sd_rel(predicted_loss: float, interval_90: Sequence[float] | None,
+                    residual_scatter_nats: float | None = None) -> float:
+    """The fit-only relative sd of a prediction: its 90% interval's half-width / z_0.95 / the prediction
+    (0 without an interval), widened in quadrature by the residual scatter when given."""
     half = 0.0
     if interval_90 is not None and interval_90[0] is not None and interval_90[1] is not None:
         half = (float(interval_90[1]) - float(interval_90[0])) / 2
     if residual_scatter_nats:
         half = math.hypot(half, Z_90 * float(residual_scatter_nats))
-    base_sd_rel = half / Z_90 / predicted_loss
-    out = cal.predict(predicted_loss, factor, base_sd_rel)
-    return {**out, "method": method, "uncalibrated_loss": float(predicted_loss), "base_sd_rel": base_sd_rel,
-            **calibration_provenance(calibration)}
+    return half / Z_90 / predicted_loss
 
 
 # The calibration key of a fit (the `delphi fit` method that produced it), by (kind, method).
@@ -454,3 +469,196 @@ def method_choice_lines(choice: dict[str, Any], note: str = "") -> list[str]:
              "|---|---|---|---|---|---|"]
     return lines + [f"| {r['method']} | {r['n']} | {r['mean_abs_rel_error']:.2%} | {r['mean_abs_rel_error_uncalibrated']:.2%} | "
                     f"{r['coverage_50']:.0%} | {r['coverage_90']:.0%} |" for r in choice["table"]]
+
+
+# --------------------------------------------------------------------------- the law's interval beside the calibrated one (issue 43)
+
+# A calibration's relative "inputs" are paths in this checkout (benchmarks/backtest_beyond.py writes them so).
+REPO_ROOT = DEFAULT_PATH.parents[3]
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# calibrate_point's "status": why the calibrated interval is there, or why the law's own stands alone.
+CALIBRATED = "calibrated"
+BEYOND_RANGE = "beyond_calibrated_range"
+NO_ENTRY = "no_calibration_entry"
+NOT_BEYOND = "not_beyond_fitted_budgets"
+NO_PREDICTION = "no_prediction"
+NOT_CALIBRATED_WHY = {BEYOND_RANGE: "beyond the calibrated range", NO_ENTRY: "without a calibration entry",
+                      NOT_BEYOND: "not beyond the fitted budgets", NO_PREDICTION: "without a prediction"}
+# The numbers calibrate_point reads from every method's entry, and the least each may be.
+_ENTRY_NUMBERS = {"shift0": None, "shift1": None, "sd0": 0.0, "sd1": 0.0, "q50": 0.0, "q90": 0.0, "max_factor": 1.0}
+
+
+def shown_path(calibration: dict[str, Any]) -> str:
+    """The calibration's file as output shows it (the committed one by its place in the repository)."""
+    path = Path(calibration["path"])
+    return "delphi/fits/data/beyond_calibration.json (committed)" if path.resolve() == DEFAULT_PATH else str(path)
+
+
+def check_calibration_source(calibration: dict[str, Any], root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The data a calibration was made from, against the sha256 it records ("inputs": path -> sha256;
+    a relative path is one in this checkout, `root`). DelphiError naming the file when the record is
+    missing or not a sha256, or when that data is here with other bytes: the calibration no longer
+    describes it. Data that is not here cannot be checked; the answer says so ("verified": False)."""
+    where = calibration.get("path", "calibration")
+    inputs = calibration.get("inputs")
+    if not isinstance(inputs, dict) or not inputs:
+        raise DelphiError(f"{where}: key 'inputs' = {inputs!r}, expected the sha256 of the data the calibration was "
+                          f"made from ({{path: sha256}})")
+    checked = []
+    for name, recorded in inputs.items():
+        if not isinstance(recorded, str) or not SHA256_HEX.fullmatch(recorded):
+            raise DelphiError(f"{where}: key 'inputs' records {recorded!r} for {name}, not a sha256 (64 hex digits)")
+        path = Path(name) if Path(name).is_absolute() else root / name
+        try:
+            actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            checked.append({"path": name, "sha256": recorded, "verified": False, "note": "not found here; not checked"})
+            continue
+        except OSError as e:
+            raise DelphiError(f"{where}: cannot read its source data {path} to check its sha256 ({e.strerror or e})") from None
+        if actual != recorded:
+            raise DelphiError(f"{where}: source hash mismatch: made from {name} with sha256 {recorded[:12]}..., but {path} "
+                              f"has sha256 {actual[:12]}...; the calibration does not describe this data")
+        checked.append({"path": name, "sha256": recorded, "verified": True})
+    return {"inputs": checked, "verified": all(c["verified"] for c in checked)}
+
+
+def load_checked_calibration(path: str | Path | None = None, root: Path = REPO_ROOT) -> dict[str, Any]:
+    """`load_calibration` (kind and schema_version checked), every method entry's numbers checked
+    (finite; sds and quantiles >= 0, max_factor >= 1) and its source hash checked
+    (`check_calibration_source`, kept as "source_check"): any failure is a DelphiError naming the
+    file, before any fit."""
+    calibration = load_calibration(path)
+    where = calibration["path"]
+    for method, entry in calibration["methods_parsed"].items():
+        for name, least in _ENTRY_NUMBERS.items():
+            value = getattr(entry, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or (least is not None and value < least):
+                need = "a finite number" + ("" if least is None else f" >= {least:g}")
+                raise DelphiError(f"{where}: methods.{method}.{name} = {value!r}, expected {need}")
+    calibration["source_check"] = check_calibration_source(calibration, root)
+    return calibration
+
+
+def calibrate_point(method_key: str | None, predicted: float | None, interval_90: Sequence[float] | None, factor: float,
+                    calibration: dict[str, Any], *, fit_label: str | None = None) -> dict[str, Any]:
+    """One prediction, `factor` times the largest fitted budget, beside its calibrated interval. Pure:
+    the method's calibration entry (`method_key`, e.g. from `calibration_key`; None: no entry), the
+    law's prediction and its own 90% interval (which sets the fit-only sd, `fit_only_sd_rel`).
+
+    Always: "status", "applied", "method", "factor", "max_calibrated_factor" (None without an entry),
+    "uncalibrated_loss", "uncalibrated_interval_90". Calibrated (status CALIBRATED): "loss" (the
+    calibrated centre: the law's point less the calibrated shift), "loss_50", "loss_90", "sd_rel",
+    "model_sd_rel", "shift_log", "base_sd_rel". Otherwise "reason", one line: a method without an
+    entry (NO_ENTRY), a factor beyond the furthest calibrated one (BEYOND_RANGE: the calibration is not
+    extrapolated; the law's own interval stands, uncalibrated), a prediction not beyond the fitted
+    budgets (NOT_BEYOND: the calibration is of extrapolation) or no finite prediction (NO_PREDICTION)."""
+    entry = calibration["methods_parsed"].get(method_key) if method_key is not None else None
+    own = None if interval_90 is None or None in tuple(interval_90) else [float(v) for v in interval_90]
+    out: dict[str, Any] = {
+        "status": CALIBRATED, "applied": False, "method": method_key, "factor": float(factor),
+        "max_calibrated_factor": None if entry is None else float(entry.max_factor),
+        "uncalibrated_loss": None if predicted is None else float(predicted), "uncalibrated_interval_90": own}
+    label = fit_label or (repr(method_key) if method_key is not None else "this method")
+    if entry is None:
+        out.update(status=NO_ENTRY, reason=f"no calibration entry for {label} in {shown_path(calibration)}; its entries: "
+                                           f"{', '.join(sorted(calibration['methods_parsed']))}")
+    elif predicted is None or not math.isfinite(float(predicted)) or float(predicted) <= 0:
+        out.update(status=NO_PREDICTION, reason=f"no finite positive prediction to calibrate ({predicted!r})")
+    elif not math.isfinite(float(factor)) or float(factor) <= 1:
+        out.update(status=NOT_BEYOND, reason=f"{float(factor):.4g}x the largest fitted budget is not beyond it; "
+                                             f"the calibration is of extrapolation")
+    elif float(factor) > entry.max_factor * (1 + 1e-9):
+        out.update(status=BEYOND_RANGE, reason=f"{float(factor):.4g}x is beyond {method_key}'s furthest calibrated factor "
+                                               f"(max_calibrated_factor {entry.max_factor:.4g}x)")
+    else:
+        base = fit_only_sd_rel(float(predicted), own)
+        p = entry.predict(float(predicted), float(factor), base)
+        out.update(applied=True, loss=p["loss"], loss_50=p["loss_50"], loss_90=p["loss_90"], sd_rel=p["sd_rel"],
+                   model_sd_rel=p["model_sd_rel"], shift_log=p["shift_log"], base_sd_rel=base)
+    return out
+
+
+def describe_calibrated(point: dict[str, Any]) -> str:
+    """One phrase for a `calibrate_point` answer: the calibrated 90% interval with its centre, method and
+    factor, or why there is none (the law's own interval then stands, uncalibrated)."""
+    if point["applied"]:
+        lo, hi = point["loss_90"]
+        return (f"calibrated 90% [{lo:.4f}, {hi:.4f}] (centre {point['loss']:.4f}; {point['method']} calibration "
+                f"at {point['factor']:.3g}x)")
+    return f"calibrated 90%: none; the law's own interval stands, uncalibrated: {point['reason']}"
+
+
+def _with_truth(point: dict[str, Any], observed: float) -> dict[str, Any]:
+    lo, hi = point["loss_90"] if point["applied"] else (None, None)
+    return {**point, "covered_90": None if lo is None else bool(lo <= observed <= hi)}
+
+
+def interval_coverage(points: Sequence[tuple[bool | None, dict[str, Any]]]) -> dict[str, Any]:
+    """Counts over held-out points, each (the law's own interval covered it: True/False/None without an
+    interval, its calibrated point with "covered_90"): how many there were, and how many each 90%
+    interval (uncalibrated, calibrated) was there for and covered; the points left uncalibrated by why."""
+    own = [c for c, _ in points if c is not None]
+    cal = [p["covered_90"] for _, p in points if p["applied"]]
+    why: dict[str, int] = {}
+    for _, p in points:
+        if not p["applied"]:
+            why[p["status"]] = why.get(p["status"], 0) + 1
+    return {"held_out": len(points),
+            "uncalibrated_90": {"with_interval": len(own), "covered": int(sum(own))},
+            "calibrated_90": {"with_interval": len(cal), "covered": int(sum(cal)), "not_calibrated": why}}
+
+
+def describe_fit(kind: str, method: str) -> str:
+    return f"the {kind} fit by {method}"
+
+
+def calibrate_backtest(result: dict[str, Any], calibration: dict[str, Any], *, method: str, kind: str,
+                       fit_method: str) -> dict[str, Any]:
+    """A `delphi.fits.backtest.backtest` result with each held-out budget's calibrated interval beside
+    the law's own ("calibrated": `calibrate_point` plus "covered_90"; "predicted_loss" stays the law's),
+    the calibration's provenance ("calibration") and, per method (`method`, the --method name),
+    `interval_coverage` ("interval_coverage")."""
+    key = calibration_key(kind, fit_method)
+    budgets = []
+    for b in result["budgets"]:
+        point = calibrate_point(key, b["predicted_loss"], b["loss_interval_90"], b["extrapolation"], calibration,
+                                fit_label=describe_fit(kind, fit_method))
+        budgets.append({**b, "calibrated": _with_truth(point, b["observed_best_loss"])})
+    coverage = interval_coverage([(b["covered_90"], b["calibrated"]) for b in budgets])
+    return {**result, "budgets": budgets, "calibration": _provenance(calibration, result.get("input_sha256")),
+            "interval_coverage": {method: coverage}}
+
+
+def calibrate_all_holdouts(result: dict[str, Any], calibration: dict[str, Any],
+                           fits: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """A `delphi.fits.backtest.all_holdouts` result with every scored row's calibrated interval
+    ("calibrated", as `calibrate_backtest`), the provenance and the per-method `interval_coverage`.
+    `fits`: method name -> (kind, method) of its fits (a method whose every fit failed has no rows)."""
+    rows, per_method = [], {}
+    for r in result["rows"]:
+        if "error" in r:
+            rows.append(r)
+            continue
+        kind, fit_method = fits.get(r["method"], (r["method"], r["method"]))
+        own = None if r["lo_90"] is None else [r["lo_90"], r["hi_90"]]
+        point = calibrate_point(calibration_key(kind, fit_method), r["predicted_loss"], own, r["extrapolation"], calibration,
+                                fit_label=describe_fit(kind, fit_method))
+        row = {**r, "calibrated": _with_truth(point, r["observed_best_loss"])}
+        rows.append(row)
+        per_method.setdefault(r["method"], []).append((row["covered_90"], row["calibrated"]))
+    coverage = {m: interval_coverage(per_method.get(m, [])) for m in dict.fromkeys(r["method"] for r in result["rows"])}
+    return {**result, "rows": rows, "calibration": _provenance(calibration, result.get("input_sha256")),
+            "interval_coverage": coverage}
+
+
+def _provenance(calibration: dict[str, Any], input_sha256: str | None) -> dict[str, Any]:
+    """`calibration_provenance`, its source check, and whether the backtested table's file is the data
+    the calibration was made from ("table_is_calibration_source": its calibrated coverage is then in-sample)."""
+    out = calibration_provenance(calibration)
+    if "source_check" in calibration:
+        out["source_check"] = calibration["source_check"]
+    recorded = (calibration.get("inputs") or {}).values() if isinstance(calibration.get("inputs"), dict) else ()
+    out["table_is_calibration_source"] = input_sha256 is not None and input_sha256 in recorded
+    return out

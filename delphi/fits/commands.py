@@ -21,6 +21,9 @@ METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "asymptotic
 # `predict` warns beyond this many times the largest fitted compute budget (issue 31: the
 # published laws were backtested at most ~100x beyond their fits; 1,000x is past any evidence).
 EXTRAPOLATION_WARN_FACTOR = 1_000.0
+# delphi.fits.bootstrap.MIN_BOOTSTRAP_FOR_INTERVAL (the reason is there), spelled out so that building
+# the parser does not import numpy and pandas; tests/test_hostile_configs.py checks they agree.
+MIN_BOOTSTRAP_FOR_INTERVAL = 20
 HELP = {
     "isoflop": "Approach 2: per-budget parabolas, N* ~ C^a, D* ~ C^b, L*(C)",
     "envelope": "Approach 1: lower envelope of loss against compute",
@@ -41,7 +44,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     fit_sub.required = True
     for method in METHODS + ("backtest",):
         sub = fit_sub.add_parser(method, help=HELP.get(method, "fit below a cut, predict the budgets above"))
-        sub.add_argument("results", help="results table (CSV; JSON/JSONL/Parquet by suffix)")
+        sub.add_argument("results", help="results table (CSV; JSON/JSONL/Parquet by suffix; Parquet needs pyarrow)")
         _add_table_options(sub)
         if method == "backtest":
             sub.add_argument("--method", choices=METHODS, nargs="+", default=None,
@@ -63,8 +66,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                              help="--beyond: one sweep per distinct value of these columns (e.g. source dataset condition)")
             cal = sub.add_mutually_exclusive_group()
             cal.add_argument("--calibration", type=Path, metavar="FILE",
-                             help="--beyond: calibration file (default: the committed delphi/fits/data/beyond_calibration.json)")
-            cal.add_argument("--no-calibration", action="store_true", help="--beyond: score the fit-only intervals only")
+                             help="calibration file (default: the committed delphi/fits/data/beyond_calibration.json): "
+                                  "each held-out budget's calibrated 90%% interval beside the law's own (not --probes)")
+            cal.add_argument("--no-calibration", action="store_true",
+                             help="the law's own intervals only, as before calibrated intervals (--beyond: score the "
+                                  "fit-only intervals only)")
             cal.add_argument("--loso", action="store_true",
                              help="--beyond with >= 3 sources: calibrate on the table's own sources, leave one source out")
             sub.add_argument("--min-train-budgets", type=positive_int, default=3, metavar="K",
@@ -75,9 +81,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                              help="--probes: carry the law's error at the probes by least squares linear in log C through "
                                   "all of them (default) or along the line through the two furthest")
         _add_method_options(sub, method)
-        sub.add_argument("--bootstrap", type=nonnegative_int, default=0, metavar="N", help="bootstrap refits for intervals")
-        sub.add_argument("--seed", type=int, default=0)
-        sub.add_argument("--workers", type=positive_int, default=None, help="bootstrap processes (default: all cores)")
+        sub.add_argument("--bootstrap", type=nonnegative_int, default=0, metavar="N",
+                         help=f"bootstrap refits for the 90%% intervals: 0 (none) or at least {MIN_BOOTSTRAP_FOR_INTERVAL}")
+        sub.add_argument("--seed", type=nonnegative_int, default=0, help="bootstrap seed (an integer >= 0)")
+        sub.add_argument("--workers", type=positive_int, default=None,
+                         help="bootstrap processes (default and most: the usable cores)")
         sub.add_argument("--out", type=output_path, help="write the fit JSON here (atomically)")
         sub.add_argument("--force", action="store_true",
                          help="replace --out even if it is not a file this command wrote (never one of its inputs)")
@@ -92,6 +100,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     pred.add_argument("--config", type=Path, help="a train config (hero): predict at its N, D and FLOPs")
     pred.add_argument("--granularity", type=positive_float, help="MoE law: granularity d_ff/d_expert")
     pred.add_argument("--experts", type=positive_float, help="MoE law: routed expert count")
+    pred.add_argument("--calibration", type=Path, metavar="FILE",
+                      help="calibration of extrapolation (default: the committed public-sweep calibration)")
+    pred.add_argument("--no-calibration", action="store_true",
+                      help="the law's own interval only, as before calibrated intervals were shown")
     add_json_flag(pred)
     pred.set_defaults(func=run_predict)
 
@@ -100,7 +112,9 @@ def _add_table_options(sub: argparse.ArgumentParser) -> None:
     for name in COLUMN_OPTIONS:
         flag = name.replace("_", "-")
         sub.add_argument(f"--{flag}-col", dest=f"{name}_col", metavar="COL", help=f"column holding {name}")
-    sub.add_argument("--query", help="pandas query selecting rows, e.g. \"source == 'llama_3' and not outlier\"")
+    sub.add_argument("--query", metavar="EXPR",
+                     help="select rows: columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], "
+                          "parentheses (never evaluated as Python), e.g. \"source == 'llama_3' and not outlier\"")
     sub.add_argument("--drop-invalid", action="store_true",
                      help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
     sub.add_argument("--drop-duplicates", action="store_true",
@@ -159,8 +173,7 @@ def _fit_function(args: argparse.Namespace, method: str):
     from delphi.fits import FITTERS
 
     options: dict[str, Any] = {"n_bootstrap": args.bootstrap, "seed": args.seed, "workers": args.workers}
-    if args.bootstrap < 0:
-        raise DelphiError(f"--bootstrap {args.bootstrap}: expected >= 0")
+    _check_bootstrap(args)
     if method == "isoflop":
         options["robust"] = args.robust
     elif method == "parametric":
@@ -182,9 +195,25 @@ def _command(args: argparse.Namespace) -> str:
     return f"fit {args.fit_method}"
 
 
+def _check_bootstrap(args: argparse.Namespace, rows: int | None = None) -> None:
+    """--bootstrap is 0 (no interval) or at least MIN_BOOTSTRAP_FOR_INTERVAL; with the table's
+    `rows`, its replicates must fit in the memory available now."""
+    if args.bootstrap < 0:
+        raise DelphiError(f"--bootstrap {args.bootstrap}: expected >= 0")
+    if 0 < args.bootstrap < MIN_BOOTSTRAP_FOR_INTERVAL:
+        raise DelphiError(
+            f"--bootstrap {args.bootstrap}: too few replicates for a 90% interval (each 5% tail needs a draw); "
+            f"use 0 for no interval or at least {MIN_BOOTSTRAP_FOR_INTERVAL}")
+    if rows is not None and args.bootstrap > 0:
+        from delphi.fits.bootstrap import check_bootstrap_memory
+
+        check_bootstrap_memory(args.bootstrap, rows, flag="--bootstrap")
+
+
 def _check_out(args: argparse.Namespace) -> None:
     from delphi.io import check_output_file
 
+    _check_bootstrap(args)  # before any work: a bad --bootstrap must not cost a table's loading
     if args.out is not None:  # before any work: a bad --out must not cost a bootstrap
         check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)), command=_command(args),
                           force=args.force)
@@ -195,6 +224,7 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     _check_out(args)
     table = _load(args)
+    _check_bootstrap(args, rows=len(table))
     with _naming_table(table):
         fit = _fit_function(args, args.fit_method)(table)
     data = fit.to_json()
@@ -213,24 +243,43 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
         args.method = list(BEYOND_DEFAULT_METHODS) if args.beyond else ["vpnls"]
     if args.beyond:
         return _beyond(args)
-    for flag in ("source_col", "calibration"):
+    for flag in ("source_col", "loso"):
         if getattr(args, flag):
             raise DelphiError(f"backtest: --{flag.replace('_', '-')} goes with --beyond")
+    if args.probes and args.calibration:
+        raise DelphiError("backtest --probes: --calibration goes with the default backtest, --all-holdouts or --beyond "
+                          "(--probes scores the probe correction, not calibrated intervals)")
+    calibration = None
+    if not (args.no_calibration or args.probes):  # checked (schema, numbers, source hash) before any fit
+        from delphi.fits.calibration import load_checked_calibration
+
+        calibration = load_checked_calibration(args.calibration)
     table = _load(args)
     with _naming_table(table):
-        return _backtest(args, table)
+        return _backtest(args, table, calibration)
 
 
-def _backtest(args: argparse.Namespace, table) -> dict[str, Any]:
+def _fits_seen(fit_fn, seen: dict[str, tuple[str, str]], method: str):
+    """`fit_fn`, noting the (kind, method) of the fits it makes: the calibration entry is the fit's."""
+    def fit(table):
+        result = fit_fn(table)
+        seen[method] = (result.kind, result.method)
+        return result
+    return fit
+
+
+def _backtest(args: argparse.Namespace, table, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     from delphi.fits.backtest import backtest
     from delphi.io import atomic_write_json
 
     if args.all_holdouts:
-        return _all_holdouts(args, table)
+        return _all_holdouts(args, table, calibration)
     if args.probes:
         return _probe_holdouts(args, table)
     if len(args.method) > 1:
         raise DelphiError("backtest: several --method values need --all-holdouts (or run one method at a time)")
+    if calibration is not None:
+        return _calibrated_backtest(args, table, calibration)
     result = backtest(table, _fit_function(args, args.method[0]), cut=args.cut, holdout=args.holdout)
     for b in result["budgets"]:
         ci = b["loss_interval_90"]
@@ -247,18 +296,78 @@ def _backtest(args: argparse.Namespace, table) -> dict[str, Any]:
     return result
 
 
-def _all_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
+def _calibrated_backtest(args: argparse.Namespace, table, calibration: dict[str, Any]) -> dict[str, Any]:
+    """The default backtest with calibrated intervals: per held-out budget its extrapolation factor, the
+    law's prediction and own interval (uncalibrated) and the calibrated interval beside them
+    (`calibration.calibrate_backtest`), then both intervals' coverage."""
+    from delphi.fits import calibration as cal
+    from delphi.fits.backtest import backtest
+    from delphi.io import atomic_write_json
+
+    method, seen = args.method[0], {}
+    result = backtest(table, _fits_seen(_fit_function(args, method), seen, method), cut=args.cut, holdout=args.holdout)
+    result = cal.calibrate_backtest(result, calibration, method=method, kind=seen[method][0], fit_method=seen[method][1])
+    print(_calibration_line(result["calibration"]), file=sys.stderr)
+    top = result["train_budgets"][-1]
+    for b in result["budgets"]:
+        c = b["calibrated"]
+        ci = b["loss_interval_90"]
+        own = f"[{ci[0]:.4f}, {ci[1]:.4f}] covered={b['covered_90']}" if ci else "none"
+        print(f"budget {b['budget']:.3g} ({b['extrapolation']:.3g}x the largest fitted budget {top:.3g}): observed "
+              f"{b['observed_best_loss']:.4f}, predicted {b['predicted_loss']:.4f} (the law's point, {100 * b['rel_error']:+.2f}%)\n"
+              f"  law's own 90% (uncalibrated): {own}\n"
+              f"  {cal.describe_calibrated(c)}" + (f" covered={c['covered_90']}" if c["applied"] else ""), file=sys.stderr)
+    print(f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}% (allocation {result['allocation']})",
+          file=sys.stderr)
+    print(_coverage_line(method, result["interval_coverage"][method]), file=sys.stderr)
+    if args.out:
+        atomic_write_json(args.out, result, written_by=_command(args))
+    return result
+
+
+def _calibration_line(provenance: dict[str, Any]) -> str:
+    check = provenance.get("source_check") or {}
+    sources = "; ".join(f"{i['path']} sha256 {i['sha256'][:12]} " + ("verified" if i["verified"] else "not found here, not checked")
+                        for i in check.get("inputs", []))
+    line = f"calibration: {provenance['path']}, sha256 {provenance['sha256'][:12]} (made from {sources})"
+    if provenance.get("table_is_calibration_source"):
+        line += ("\nnote: this table's file is the data the calibration was made from: where its sweep is one of the "
+                 "calibration's sources, the calibrated coverage here is in-sample, not a test")
+    return line
+
+
+def _coverage_line(method: str, c: dict[str, Any]) -> str:
+    from delphi.fits.calibration import NOT_CALIBRATED_WHY
+
+    own, cal = c["uncalibrated_90"], c["calibrated_90"]
+    left = ", ".join(f"{n} {NOT_CALIBRATED_WHY.get(why, why)}" for why, n in sorted(cal["not_calibrated"].items()))
+    return (f"{method}: 90% coverage of {c['held_out']} held-out point(s): law's own interval (uncalibrated) covered "
+            f"{own['covered']} of {own['with_interval']}, calibrated interval covered {cal['covered']} of "
+            f"{cal['with_interval']}" + (f" (no calibrated interval: {left})" if left else ""))
+
+
+def _all_holdouts(args: argparse.Namespace, table, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     from delphi.fits.backtest import all_holdouts
     from delphi.io import atomic_write_json
 
+    seen: dict[str, tuple[str, str]] = {}
     fit_fns = {m: _fit_function(args, m) for m in args.method}
+    if calibration is not None:
+        fit_fns = {m: _fits_seen(fn, seen, m) for m, fn in fit_fns.items()}
     result = all_holdouts(table, fit_fns, min_train_budgets=args.min_train_budgets)
+    if calibration is not None:
+        from delphi.fits.calibration import calibrate_all_holdouts
+
+        result = calibrate_all_holdouts(result, calibration, seen)
+        print(_calibration_line(result["calibration"]), file=sys.stderr)
     pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     for method, s in result["summary"].items():
         print(f"{method}: {s['n']} held-out points ({s['failed_fits']} failed fits): mean |error| "
               f"{pct(s['mean_abs_rel_error'])}, 90% coverage {pct(s['coverage_90'])}; one step ahead: "
               f"mean |error| {pct(s['one_step_mean_abs_rel_error'])}, coverage {pct(s['one_step_coverage_90'])}",
               file=sys.stderr)
+        if calibration is not None:
+            print("  " + _coverage_line(method, result["interval_coverage"][method]), file=sys.stderr)
     if args.out:
         atomic_write_json(args.out, result, written_by=_command(args))
     return result
@@ -275,15 +384,16 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
     from delphi.fits.beyond import beyond_rows, bin_table, check_beyond_table, markdown_table, split_sources, sweep_features
     from delphi.fits.data import _read, load_results
     from delphi.io import atomic_write_json
+    from delphi.query import select_rows
 
-    calibration = None if (args.no_calibration or args.loso) else cal.load_calibration(args.calibration)
+    calibration = None if (args.no_calibration or args.loso) else cal.load_checked_calibration(args.calibration)
     if args.source_col:
         where, raw, _ = _read(args.results)
         if args.query:
             try:
-                raw = raw.query(args.query)
-            except Exception as e:
-                raise DelphiError(f"{where}: query {args.query!r} failed ({type(e).__name__}: {e})") from None
+                raw = select_rows(raw, args.query)
+            except DelphiError as e:
+                raise DelphiError(f"{where}: {e}") from None
         loader = lambda g: _load(args, g, query=None)  # noqa: E731
         sweeps = split_sources(raw, args.source_col, loader)
     else:
@@ -352,30 +462,44 @@ def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
 
 
 def run_predict(args: argparse.Namespace) -> dict[str, Any]:
-    from delphi.fits.results import load_fit, _plain
+    from delphi.fits.results import _plain, check_sizing_exponents, load_fit
 
+    from delphi.fits.calibration import calibrate_point, calibration_key, describe_calibrated, load_checked_calibration
+
+    if args.no_calibration and args.calibration is not None:
+        raise DelphiError("predict: --no-calibration and --calibration FILE contradict each other; give one")
+    calibration = None if args.no_calibration else load_checked_calibration(args.calibration)
     fit = load_fit(args.fit)
+    check_sizing_exponents(fit, str(args.fit))
     terms = {k: getattr(args, k) for k in ("granularity", "experts") if getattr(args, k) is not None}
     queries: list[dict[str, Any]] = []
-    if args.config:
-        convention = fit.family.convention if fit.family else fit.diagnostics.get("params_convention") or "nonembedding"
-        queries.append(_config_query(args.config, fit.kind, convention))
-        terms = {**queries[0].pop("terms"), **terms}
     if args.compute:
         queries += [{"compute": c} for c in args.compute]
     if args.params is not None or args.tokens is not None:
         if args.params is None or args.tokens is None:
             raise DelphiError("predict: --params and --tokens go together")
         queries.append({"params": args.params, "tokens": args.tokens})
-    if not queries:
+    if not queries and not args.config:
         raise DelphiError("predict: give --compute C, --params N --tokens D, or --config HERO.yaml")
-    predictions = [_plain({**q, **fit.predict(**q, **terms)}) for q in queries]
+    predictions = []
+    if args.config:
+        predictions.append(_plain(_config_prediction(fit, args.config, terms)))
+    predictions += [_plain({**q, **fit.predict(**q, **terms)}) for q in queries]
     warnings = []
     for p in predictions:
         p["extrapolation"] = extrapolation(fit, p)
         shown = {k: v for k, v in p.items() if not isinstance(v, (list, dict)) and k != "extrapolation"}
         print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr)
         print(f"  {extrapolation_text(p['extrapolation'])}", file=sys.stderr)
+        factor = (p["extrapolation"] or {}).get("factor_over_largest")
+        if calibration is not None and factor is not None and factor > 1 and p.get("loss") is not None:
+            # Beyond the fitted budgets the law's own interval covers far less than it says (issue 30):
+            # the calibrated one sits beside it; the point stays the law's.
+            p["calibrated"] = calibrate_point(calibration_key(fit.kind, fit.method), p["loss"], p.get("loss_interval_90"),
+                                              factor, calibration, fit_label=f"a {fit.kind} fit by {fit.method}")
+            own = p.get("loss_interval_90")
+            print(f"  law's own 90% (uncalibrated): " + (f"[{own[0]:.4f}, {own[1]:.4f}]" if own else "none")
+                  + f"; {describe_calibrated(p['calibrated'])}", file=sys.stderr)
         if p["extrapolation"] and p["extrapolation"]["warning"]:
             warnings.append(p["extrapolation"]["warning"])
             print(f"warning: {p['extrapolation']['warning']}", file=sys.stderr)
@@ -410,13 +534,16 @@ def extrapolation_text(ex: dict[str, Any] | None) -> str:
     if ex is None:
         return "extrapolation: unknown (the fit does not record the budgets it was fitted on)"
     factor = ex["factor_over_largest"]
-    where = "inside the fitted budgets" if ex["compute"] <= ex["fitted_compute"][1] else "beyond the fitted budgets"
+    low, high = ex["fitted_compute"]
+    where = ("below the fitted budgets" if ex["compute"] < low else "above the fitted budgets" if ex["compute"] > high
+             else "inside the fitted budgets")
     return (f"extrapolation: C={ex['compute']:.3g} FLOPs is {factor:.3g}x the largest fitted budget "
             f"({ex['fitted_compute'][1]:.3g}; fitted {ex['fitted_compute'][0]:.3g} .. {ex['fitted_compute'][1]:.3g}), {where}")
 
 
-def _config_query(path: Path, kind: str, convention: str = "nonembedding") -> dict[str, Any]:
-    """A hero train config -> (N counted as the fit counts it, D, exact training FLOPs)."""
+def _config_query(path: Path, convention: str = "nonembedding") -> dict[str, Any]:
+    """A train config (a hero) -> its own N (counted as the fit counts it), D, exact training FLOPs
+    and the MoE law's expert terms."""
     from delphi.model.flops import count_params, flops_per_token
     from delphi.train.config import load_train_config
 
@@ -428,8 +555,28 @@ def _config_query(path: Path, kind: str, convention: str = "nonembedding") -> di
     terms = {}
     if cfg.model.moe is not None:
         terms = {"granularity": cfg.model.d_ff / cfg.model.moe.d_expert, "experts": cfg.model.moe.experts}
-    from delphi.fits.laws import ND_KINDS
+    return {"params": float(n), "tokens": float(d), "compute": float(fpt * d), "terms": terms}
 
-    if kind in ND_KINDS:
-        return {"params": float(n), "tokens": float(d), "terms": terms}
-    return {"compute": float(fpt * d), "terms": terms}
+
+def _config_prediction(fit, path: Path, terms: dict[str, Any]) -> dict[str, Any]:
+    """`predict --config`: the loss of that run, at its own N and D where the law can say (laws in N
+    and D), else at its exact compute C (laws in C alone: the compute-optimal loss there, plus the
+    isoFLOP curvature's price of the config's N off N* where the fit has one). "how" says which;
+    N*, D* of a law in C are reported as params_opt, tokens_opt beside the config's own N and D."""
+    convention = fit.family.convention if fit.family else fit.diagnostics.get("params_convention") or "nonembedding"
+    q = _config_query(path, convention)
+    terms = {**q["terms"], **terms}
+    out = fit.predict_run(params=q["params"], tokens=q["tokens"], flops=q["compute"],
+                          **{k: v for k, v in terms.items() if k in fit.law_terms})
+    how = out.pop("how")
+    if not fit.law_in_nd:
+        optimum = {}
+        for key in [k for k in out if k.split("_interval_")[0] in ("params", "tokens", "tokens_per_param")]:
+            base, _, rest = key.partition("_interval_")
+            optimum[f"{base}_opt" + (f"_interval_{rest}" if rest else "")] = out.pop(key)
+        out.pop("compute", None)
+        if "off_optimum_penalty" not in out:
+            how += (" (the compute-optimal loss at that C: this law has no N and D terms and no curvature law to "
+                    "price the config's own N and D)")
+        out.update({k: v for k, v in optimum.items() if v is not None})  # a frontier law has no N*, D*
+    return {"config": str(path), "params": q["params"], "tokens": q["tokens"], "compute": q["compute"], **out, "how": how}

@@ -37,6 +37,7 @@ import pandas as pd
 
 from delphi.errors import QUOTED_VALUE_MAX_CHARS, DelphiError, quoted
 from delphi.fits.allocation import CONVENTION_COLUMNS, FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS, FlopsFamily
+from delphi.query import select_rows
 # Budgets are derived from `flops` when a table has no budget column: sorted log10 C values
 # further apart than this start a new budget. 0.05 decades = 12%; isoFLOP grids are spaced
 # far wider (Chinchilla: 6e18, 1e19, 3e19 ... = at least 0.22 decades) while digitised or
@@ -73,8 +74,9 @@ def load_results(
     """Read a results table and return it with canonical column names.
 
     A `*_col` left as None means "the canonical name, if the table has it";
-    a name given explicitly must exist. `query` is a pandas query applied first
-    (e.g. `"experiment == 'llama_3__raw_loss' and not outlier"`).
+    a name given explicitly must exist. `query` selects rows first, in the closed language of
+    delphi/query.py (e.g. `"experiment == 'llama_3__raw_loss' and not outlier"`); it is never
+    evaluated as Python.
 
     `params_convention` (PARAM_CONVENTIONS): how N is counted. A ladder table (with
     params_nonembedding / params_active / flops_per_token or flops and tokens columns) has
@@ -91,9 +93,9 @@ def load_results(
     where, raw, sha = _read(source)
     if query:
         try:
-            raw = raw.query(query)
-        except Exception as e:  # pandas raises many types for a bad expression
-            raise DelphiError(f"{where}: query {quoted(query)} failed ({type(e).__name__}: {quoted_message(e)})") from None
+            raw = select_rows(raw, query)
+        except DelphiError as e:
+            raise DelphiError(f"{where}: {e}") from None
     if raw.empty:
         raise DelphiError(f"{where}: no rows" + (f" after query {quoted(query)}" if query else ""))
     raw, duplicates_dropped = check_duplicates(raw, where, run_id_col, drop_duplicates=drop_duplicates, warn=warn)
@@ -327,13 +329,10 @@ def _read(source: str | os.PathLike | pd.DataFrame) -> tuple[str, pd.DataFrame, 
     if isinstance(source, pd.DataFrame):
         sha = hashlib.sha256(source.to_csv(index=False).encode()).hexdigest()
         return "table", source.copy(), sha
-    from delphi.io import decode_utf8
+    from delphi.io import check_input_file, decode_utf8
 
-    path = Path(source)
-    if path.is_dir():
-        raise DelphiError(f"{path}: is a directory, expected a results table file (CSV, JSON, JSONL or Parquet)")
-    if not path.is_file():
-        raise DelphiError(f"{path}: file not found")
+    # `-`, /dev/null, a FIFO or a process substitution: said what it is, not "not found"
+    path = check_input_file(source, "results table file (CSV, JSON, JSONL or Parquet)", not_found="file not found")
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -341,6 +340,8 @@ def _read(source: str | os.PathLike | pd.DataFrame) -> tuple[str, pd.DataFrame, 
     # Text formats are decoded here, not by pandas, whose error gives the position in its read
     # buffer ("position 0") rather than the line of the bad byte.
     text = None if path.suffix == ".parquet" else decode_utf8(data, path, "results table")
+    if path.suffix == ".parquet":
+        _check_parquet_engine(path)
     try:
         if path.suffix in (".jsonl", ".ndjson"):
             frame = pd.read_json(io.StringIO(text), lines=True)
@@ -355,6 +356,17 @@ def _read(source: str | os.PathLike | pd.DataFrame) -> tuple[str, pd.DataFrame, 
     except Exception as e:
         raise DelphiError(f"{path}: cannot read as a table ({type(e).__name__}: {quoted_message(e)})") from None
     return str(path), frame, hashlib.sha256(data).hexdigest()
+
+
+def _check_parquet_engine(path: Path) -> None:
+    """Parquet is read by pyarrow (or fastparquet), an optional dependency (`delphi[parquet]`): a
+    ~40 MB wheel for one input format, and once installed pandas 3 backs every string column with it.
+    Its absence is one line saying what to do, not pandas' "Unable to find a usable engine"."""
+    import importlib.util
+
+    if not any(importlib.util.find_spec(engine) for engine in ("pyarrow", "fastparquet")):
+        raise DelphiError(f"{path}: reading Parquet needs pyarrow, which is not installed: "
+                          "pip install 'delphi[parquet]' (or pyarrow), or save the table as CSV")
 
 
 def quoted_message(error: Exception) -> str:

@@ -279,8 +279,10 @@ EXTRA_KEYS = ("optima", "term", "E_profile", "sensitivity", "frontier_points", "
 
 # What each law's parameters may be, as its fitters bound them: coefficients and the asymptote are
 # >= 0 (NNLS / bounded searches), exponents > 0 (EXPONENT_BOUNDS, GAMMA_GRID). The isoFLOP laws'
-# exponents and log10 prefactors may take either sign. A fit file breaking these was not written by
-# a fit (or was edited): it would predict nonsense (loss=None) instead of failing.
+# exponents and log10 prefactors may take either sign here: a ladder too small to have interior
+# optima really fits a < 0, and its gates, not its loading, refuse it (`delphi predict` refuses to
+# size from it, ISOFLOP_SIZING_SIGNS). A fit file breaking these was not written by a fit (or was
+# edited): it would predict nonsense (loss=None) instead of failing.
 NONNEGATIVE, POSITIVE = ">= 0", "> 0"
 PARAM_SIGNS: dict[str, dict[str, str]] = {
     LawKind.PARAMETRIC: {"E": NONNEGATIVE, "A": NONNEGATIVE, "B": NONNEGATIVE, "alpha": POSITIVE, "beta": POSITIVE},
@@ -288,6 +290,19 @@ PARAM_SIGNS: dict[str, dict[str, str]] = {
                   "alpha": POSITIVE, "beta": POSITIVE, "gamma": POSITIVE},
     LawKind.FRONTIER: {"E": NONNEGATIVE, "A": NONNEGATIVE, "gamma": POSITIVE},
 }
+# N* ~ C^a and D* ~ C^b: a model and its data grow with compute (every committed fit has 0.3-0.7).
+ISOFLOP_SIZING_SIGNS = {LawKind.ISOFLOP: {"a": POSITIVE, "b": POSITIVE}, LawKind.ENVELOPE: {"a": POSITIVE, "b": POSITIVE}}
+
+
+def check_sizing_exponents(fit: "FitResult", where: str) -> None:
+    """DelphiError unless an isoFLOP law's allocation exponents are positive (before it sizes a run)."""
+    from delphi.errors import quoted
+
+    for name, sign in ISOFLOP_SIZING_SIGNS.get(fit.kind, {}).items():
+        value = fit.params.get(name)
+        if isinstance(value, (int, float)) and not value > 0:
+            raise DelphiError(f"{where}: params.{name} = {quoted(value)}, expected {sign} for a {fit.kind} fit "
+                              "(N* and D* must grow with compute; refit on budgets with interior optima)")
 
 
 def _real(value: Any, key: str, where: str, *, missing_ok: bool = False) -> float:

@@ -70,7 +70,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     hero.add_argument("--compute", required=True, type=positive_float, metavar="C")
     hero.add_argument("--spec", required=True, metavar="SPEC.yaml")
     hero.add_argument("--out", required=True, metavar="HERO.yaml")
-    hero.add_argument("--seed", type=int, default=0)
+    hero.add_argument("--seed", type=nonnegative_int, default=0)
     hero.add_argument("--force", action="store_true",
                       help="replace --out even if it is not a config this command wrote (never --fit or --spec)")
     add_json_flag(hero)

@@ -760,17 +760,24 @@ def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Pa
     from delphi.editions import check_provenance, edition_tree
     from delphi.io import sha256_file
     from delphi.prereg import format as fmt
-    from delphi.prereg.check import verify
+    from delphi.prereg.check import read_outcome, verify
 
+    if not Path(preregistrations).is_dir():
+        raise DelphiError(f"--preregistrations {preregistrations}: not a directory; nothing to verify")
+    files = sorted(Path(preregistrations).glob("*.yaml"))
+    if not files:
+        raise DelphiError(f"--preregistrations {preregistrations}: holds no preregistration (*.yaml); nothing to verify")
     trees = {e.name: edition_tree(e) for e in editions(paper_root)}
     out = []
-    for path in sorted(Path(preregistrations).glob("*.yaml")):
+    for path in files:
         doc = fmt.read(path)
         plain = verify(path)
         holding = {name: check_provenance(doc, tree) for name, tree in trees.items()}
         complete = [name for name, c in holding.items() if c["checked"] and not c["missing"]]
+        # A seal whose run has not finished (no outcome yet) waits for its edition; it is not a failure.
         row = {"file": str(path), "seal_ok": plain["seal_ok"], "hashes": next(iter(holding.values()))["checked"] if holding else 0,
-               "editions_holding_all": complete, "run": None, "run_ok": None}
+               "editions_holding_all": complete, "run": None, "run_ok": None, "pending": read_outcome(path) is None,
+               "problems": plain["problems"]}
         hero_sha = (doc.get("provenance") or {}).get("hero_config_sha256")
         for name in complete:
             runs = [c.parent for c in sorted(trees[name].rglob("config.yaml"))
@@ -779,6 +786,7 @@ def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Pa
                 checked = verify(path, run_dir=runs[0])
                 row["run"] = f"{EDITIONS_DIR}/{name}/{runs[0].relative_to(trees[name]).as_posix()}"
                 row["run_ok"] = checked["ok"] and checked.get("created_before_start") is True
+                row["problems"] = checked["problems"]
                 break
         out.append(row)
     return out

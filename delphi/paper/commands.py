@@ -100,6 +100,9 @@ def _verify(args: argparse.Namespace):
     for r in rows:
         _say(f"{r['file']}: seal {'ok' if r['seal_ok'] else 'BROKEN'}; {r['hashes']} recorded sha256s all found in "
              f"{', '.join(r['editions_holding_all']) or 'NO edition'}; "
-             + (f"--run {r['run']}: {'created before the run started' if r['run_ok'] else 'FAILED'}" if r["run"] else "no hero run found"))
-    ok = all(r["seal_ok"] and r["editions_holding_all"] and r["run_ok"] for r in rows)
+             + (f"--run {r['run']}: {'created before the run started' if r['run_ok'] else 'FAILED'}" if r["run"] else
+                "pending: no outcome yet, its runs not in an edition" if r["pending"] else "no hero run found"))
+        for problem in r["problems"]:
+            _say(f"  problem: {problem}")
+    ok = all(r["seal_ok"] and not r["problems"] and (r["pending"] or (r["editions_holding_all"] and r["run_ok"])) for r in rows)
     return {"preregistrations": rows, "ok": ok}, 0 if ok else 1

@@ -165,15 +165,15 @@ def frontier_figure(
 # --------------------------------------------------------------------------- prediction vs actual
 
 
-def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None) -> plt.Figure:
+def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None, seed_runs: dict | None = None) -> plt.Figure:
     """The preregistered trajectory with 50%/90% bands against the hero's eval points, and the
     hero's final loss (its summary's, on the final evaluation set) beside the predicted final.
 
-    `run`: the hero's `delphi.prereg.check.RunState` (rows with tokens and val_loss, final_loss), or None."""
-    pts = [(r["tokens"], r["val_loss"]) for r in (run.rows if run is not None else [])
-           if r.get("val_loss") is not None and r.get("tokens")]
-    actual_tokens, actual_loss = [t for t, _ in pts], [v for _, v in pts]
-    actual_final = run.final_loss if run is not None else None
+    `run`: the hero's `delphi.prereg.check.RunState` (rows with tokens and val_loss, final_loss), or None.
+    `seed_runs` ({seed: RunState}, a multi-seed seal): each seed's curve, and the mean of their finals."""
+    curves = {f"seed {s}": r for s, r in seed_runs.items()} if seed_runs else ({"hero": run} if run is not None else {})
+    finals = [r.final_loss for r in curves.values()]
+    actual_final = sum(finals) / len(finals) if finals and all(f is not None for f in finals) else None
     points = prereg_doc["prediction"]["trajectory"]["points"]
     t = np.array([p["tokens"] for p in points], float)
     col = lambda k: np.array([p[k] for p in points], float)  # noqa: E731
@@ -188,10 +188,16 @@ def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None) ->
             lo, hi = final["loss_90"]
             ax.errorbar([t[-1] * 1.04], [final["loss"]], yerr=[[final["loss"] - lo], [hi - final["loss"]]], fmt="D", color=st.FIT,
                         capsize=4, label="final loss (scaling law, 90%)")
-        if len(actual_tokens):
-            ax.plot(actual_tokens, actual_loss, "o-", color=st.HERO, ms=3.5, lw=1, label="hero: actual eval loss")
+        actual_loss = []
+        for k, (label, one) in enumerate(curves.items()):
+            pts = [(r["tokens"], r["val_loss"]) for r in one.rows if r.get("val_loss") is not None and r.get("tokens")]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if k == 0 else "s--", color=st.HERO, ms=3.5, lw=1,
+                        alpha=1.0 if k == 0 else 0.6, label=f"{label}: actual eval loss")
+                actual_loss += [p[1] for p in pts]
         if actual_final is not None:
-            ax.plot([t[-1] * 1.04], [actual_final], "*", color=st.HERO, ms=11, label="hero: final loss (final eval set)")
+            what = "hero: final loss (final eval set)" if len(curves) == 1 else f"mean final loss of {len(curves)} seeds"
+            ax.plot([t[-1] * 1.04], [actual_final], "*", color=st.HERO, ms=11, label=what)
             actual_loss = [*actual_loss, actual_final]
         ax.set_xscale("log")
         _readable_log_axis(ax.xaxis)

@@ -36,7 +36,7 @@ from typing import Any
 
 from delphi.errors import CheckFailed, DelphiError
 from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics,
-                                 stopped_before_end)
+                                 stale_running, stopped_before_end, summary_log_problem)
 from delphi.io import atomic_write_json, sha256_file
 from delphi.prereg import format as fmt
 from delphi.prereg.create import parse_utc, utc_now
@@ -91,6 +91,8 @@ def read_run_dir(run_dir: str | Path) -> RunState:
     status = read_json_object(run_dir / STATUS_FILE)  # {} while being replaced; the next poll reads it
     rows = read_metrics(run_dir)
     summary = read_json_object(run_dir / SUMMARY_FILE)
+    if problem := summary_log_problem(run_dir):
+        raise CheckFailed(f"{problem}; nothing compared, no outcome written")
     return RunState(
         source=str(run_dir),
         status="stopped" if stopped_before_end(status) else status.get("status", "pending" if not rows else "unknown"),
@@ -305,12 +307,13 @@ def ran_evidence(run_dir: Path, rows: list[dict]) -> str | None:
     return lost if rows else None
 
 
-def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path) -> str | None:
+def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path, seed: int | None = None) -> str | None:
     """Why the run in `run_dir` is not the preregistered hero (None: its config is the hero's).
 
     Compared: the run's config.yaml against the hero config sealed in the preregistration,
     both normalised through the config schema (defaults filled) and without `mesh`, which
-    does not change the maths (the trainer's own config identity)."""
+    does not change the maths (the trainer's own config identity). With `seed` (one seed of a
+    multi-seed seal) the hero config with seed and data.seed set to it, the run's name aside."""
     from delphi.config_schema import to_dict
     from delphi.train.config import train_config_from_dict
 
@@ -332,6 +335,10 @@ def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path) -> str | None:
         raise DelphiError(f"cannot compare the run with the hero: {e}") from None
     run_cfg.pop("mesh", None)
     hero_cfg.pop("mesh", None)
+    if seed is not None:
+        hero_cfg |= {"seed": seed, "data": hero_cfg["data"] | {"seed": seed}}
+        run_cfg.pop("name", None)
+        hero_cfg.pop("name", None)
     differ = _differences(hero_cfg, run_cfg)
     if not differ:
         return None
@@ -364,17 +371,29 @@ def start_order(doc: dict, run: RunState, run_dir: Path | None) -> tuple[bool | 
                    f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(run.first_step_time))})")
 
 
+def target_seeds(doc: dict) -> list[int] | None:
+    """The seeds whose mean final loss a multi-seed seal predicts (its "target"); None: one run."""
+    target = doc.get("target")
+    return [int(s) for s in target["seeds"]] if isinstance(target, dict) and target.get("seeds") else None
+
+
 def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None,
-          record: bool = True) -> tuple[dict, fmt.Prereg, RunState]:
+          record: bool = True, run_dirs: list[Path] | None = None) -> tuple[dict, fmt.Prereg, RunState]:
     """Compare the run with the preregistration; a final verdict is recorded as NAME.outcome.json
     for the run it scored (module docstring), unless `record` is false (a reader of committed data,
     e.g. the paper, scores the run without writing beside the seal). A broken seal is CheckFailed
-    (exit 1)."""
+    (exit 1). A multi-seed seal (`target_seeds`) is checked on `run_dirs`, one per sealed seed
+    (`check_seeds`); `run_dirs` of one is `run_dir`."""
     prereg = fmt.load_prereg(prereg_path)
     seal = fmt.seal_status(prereg.doc)
     if not seal["ok"]:
         raise CheckFailed(f"{prereg_path}: {SEAL_BROKEN}: the seal does not match the content (edited after "
                           "sealing); nothing compared, no outcome written (`delphi prereg verify` shows the digests)")
+    seeds = target_seeds(prereg.doc)
+    if run_dirs is not None and len(run_dirs) == 1 and seeds is None:
+        run_dir = run_dirs[0]
+    elif run_dirs is not None or seeds is not None:
+        return check_seeds(prereg_path, prereg, seeds, list(run_dirs or ([run_dir] if run_dir else [])), record)
     if run_dir is not None and (mismatch := hero_mismatch(prereg.doc, prereg_path, run_dir)):
         raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
     run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
@@ -396,32 +415,280 @@ def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | N
     return result, prereg, run
 
 
-def watch(prereg_path: Path, *, run_dir: Path | None, wandb_path: str | None, interval_s: float, timeout_s: float | None, on_update=None) -> tuple[dict, fmt.Prereg, RunState]:
+def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, run_dirs: list[Path],
+                record: bool) -> tuple[dict, fmt.Prereg, RunState]:
+    """A multi-seed seal against its runs, one per sealed seed: each seed's curve against the band,
+    and the verdict on the mean of their final losses (the sealed quantity). A seed whose first step
+    came before the seal makes the outcome invalid; any seed diverged or failed fails it; while any
+    trains, the verdict is the worst seed's (deviating over on-track over not-started). The RunState
+    returned is the first seed's (for a figure's axes); every seed's curve is in result["seeds"]."""
+    if seeds is None:
+        raise DelphiError(f"--run: {prereg_path} seals one run; give one --run, not {len(run_dirs)}")
+    if len({Path(r).resolve() for r in run_dirs}) != len(run_dirs):
+        raise DelphiError(f"--run: the same run dir is given twice ({', '.join(str(r) for r in run_dirs)}); "
+                          f"{prereg_path} seals the mean of {len(seeds)} seeds' runs, one --run each")
+    if len(run_dirs) != len(seeds):
+        raise DelphiError(f"--run: {prereg_path} seals the mean of seeds {', '.join(map(str, seeds))}: give one --run per "
+                          f"seed ({len(seeds)}), got {len(run_dirs)}")
+    by_seed: dict[int, Path] = {}
+    for run_dir in run_dirs:
+        if not Path(run_dir).is_dir():
+            raise DelphiError(f"{run_dir}: run dir not found")
+        seed = _run_seed(Path(run_dir))
+        if seed not in seeds:
+            raise DelphiError(f"--run {run_dir}: its seed {seed} is not one of the sealed seeds {seeds}")
+        if mismatch := hero_mismatch(prereg.doc, prereg_path, Path(run_dir), seed):
+            raise DelphiError(f"--run {run_dir}: not seed {seed} of the preregistered hero of {prereg_path}: {mismatch}")
+        if seed in by_seed:
+            raise DelphiError(f"--run {run_dir}: seed {seed} again ({by_seed[seed]} is seed {seed} too); "
+                              f"give one run per sealed seed {seeds}")
+        by_seed[seed] = Path(run_dir)
+    runs = {seed: read_run_dir(by_seed[seed]) for seed in seeds}
+    per_seed = []
+    for seed, run in runs.items():
+        one = compare(prereg, run)
+        order, problem = start_order(prereg.doc, run, by_seed[seed])
+        one |= {"seed": seed, "created_before_start": order}
+        if order is not True:
+            one |= {"verdict": PREDATES if order is False else START_UNKNOWN, "why": problem}
+        per_seed.append(one)
+    final_pred = prereg.final
+    tol = prereg.tolerance_rel
+    result: dict[str, Any] = {
+        "prereg": prereg.id, "seal": prereg.doc.get("seal", {}).get("digest"), "seal_ok": True,
+        "run": ", ".join(r.source for r in runs.values()), "target_seeds": seeds, "tolerance_rel": tol,
+        "predicted_final_loss": final_pred["loss"], "n_points": sum(o["n_points"] for o in per_seed),
+        "n_outside_90": sum(o["n_outside_90"] for o in per_seed),
+        "points": [p | {"seed": o["seed"]} for o in per_seed for p in o["points"]],
+        "seeds": [{k: v for k, v in o.items() if k != "points"} for o in per_seed],
+        "created_before_start": all(o["created_before_start"] is True for o in per_seed),
+    }
+    statuses = [r.status for r in runs.values()]
+    result["status"] = statuses[0] if len(set(statuses)) == 1 else ", ".join(statuses)
+    invalid = [o for o in per_seed if o["verdict"] in (PREDATES, START_UNKNOWN)]
+    broken = [o for o in per_seed if runs[o["seed"]].status in ("diverged", "failed")]
+    if invalid:
+        first = invalid[0]
+        result |= {"verdict": first["verdict"], "why": f"seed {first['seed']}: {first['why']}"}
+    elif broken:
+        result |= {"verdict": "failed", "why": "; ".join(f"seed {o['seed']}: {o['why']}" for o in broken)}
+    elif all(s == "completed" for s in statuses):
+        finals = [o.get("actual_final_loss") for o in per_seed]
+        if any(f is None for f in finals):
+            result |= {"verdict": "failed", "why": "a seed completed without a final val_loss"}
+        else:
+            actual = sum(finals) / len(finals)
+            rel = (actual - final_pred["loss"]) / final_pred["loss"]
+            lo50, hi50 = final_pred.get("loss_50") or (None, None)
+            lo90, hi90 = final_pred.get("loss_90") or (None, None)
+            result |= {
+                "verdict": "passed" if abs(rel) <= tol else "failed", "actual_final_loss": actual, "rel_error": rel,
+                "covered_50": None if lo50 is None else bool(lo50 <= actual <= hi50),
+                "covered_90": None if lo90 is None else bool(lo90 <= actual <= hi90),
+                "why": (f"mean final val_loss of seeds {', '.join(map(str, seeds))} {actual:.4f} "
+                        f"({', '.join(f'{f:.4f}' for f in finals)}) vs predicted {final_pred['loss']:.4f}: {rel:+.2%} "
+                        f"(tolerance {tol:.2%})"),
+            }
+            if "competing" in prereg.doc.get("prediction", {}):
+                from delphi.prereg.competing import score_competing
+                result["competing"] = score_competing(prereg.doc["prediction"]["competing"], actual)
+    else:
+        order = ("deviating", "on-track", "not-started", "passed", "failed")
+        worst = min(per_seed, key=lambda o: order.index(o["verdict"]) if o["verdict"] in order else len(order))
+        verdict = worst["verdict"] if worst["verdict"] in ("deviating", "on-track", "not-started") else "on-track"
+        result |= {"verdict": verdict, "why": "; ".join(f"seed {o['seed']} [{o['status']}] {o['why']}" for o in per_seed)}
+    _mark_forced(result, prereg.doc)
+    if record and result["verdict"] in FINAL_VERDICTS:
+        identities = [run_identity(runs[s], by_seed[s]) for s in seeds]
+        identity = {"run": result["run"], "run_first_step_time": min(i["run_first_step_time"] for i in identities),
+                    "run_config_sha256": "+".join(str(i.get("run_config_sha256")) for i in identities),
+                    "runs": identities}
+        written = record_outcome(prereg_path, result, identity)
+        result["outcome_file"] = None if written is None else str(written)
+        if written is None:
+            result["outcome_kept"] = (f"{fmt.outcome_path(prereg_path)} scores other runs; an outcome is bound to the "
+                                      "runs it scored and is not replaced")
+    return result, prereg, runs[seeds[0]]
+
+
+def _run_seed(run_dir: Path) -> int:
+    from delphi.io import read_yaml
+
+    config = read_yaml(run_dir / CONFIG_FILE) if (run_dir / CONFIG_FILE).is_file() else None
+    if not isinstance(config, dict) or not isinstance(config.get("seed"), int):
+        raise DelphiError(f"--run {run_dir}: no config.yaml with a seed; has the run started?")
+    return int(config["seed"])
+
+
+def watch(prereg_path: Path, *, run_dir: Path | None, wandb_path: str | None, interval_s: float, timeout_s: float | None,
+          on_update=None, run_dirs: list[Path] | None = None) -> tuple[dict, fmt.Prereg, RunState]:
     """Poll until the run's status is terminal (or timeout_s passes)."""
     start = time.monotonic()
     last_n = -1
     while True:
-        result, prereg, run = check(prereg_path, run_dir=run_dir, wandb_path=wandb_path)
+        result, prereg, run = check(prereg_path, run_dir=run_dir, wandb_path=wandb_path, run_dirs=run_dirs)
         if on_update and result["n_points"] != last_n:
             on_update(result)
             last_n = result["n_points"]
         if run.status in TERMINAL or result["verdict"] in (PREDATES, START_UNKNOWN):
             return result, prereg, run
+        watched = run_dirs or ([run_dir] if run_dir is not None else [])
+        if stale := [why for why in map(stale_running, watched) if why]:
+            raise CheckFailed("; ".join(stale) + " (nothing trains it: resume it, or stop watching)")
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             result["watch"] = f"stopped after {timeout_s:g} s without a terminal status"
             return result, prereg, run
         time.sleep(interval_s)
 
 
-def verify(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None) -> dict:
-    """Recompute the seal; with a run, flag a preregistration created after its first logged step."""
+def verify(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None,
+           run_dirs: list[Path] | None = None) -> dict:
+    """Recompute the seal; with a run, flag a preregistration created after its first logged step.
+    A multi-seed seal's runs (`run_dirs`, one per sealed seed) are each verified so. Then everything
+    else the file claims, against records it cannot edit: each fingerprinted input's sha256, the
+    outcome file (consistent with the sealed rule, and recomputed from its runs' metrics logs where
+    they exist), and the git commit that first added the seal against the runs' first steps."""
+    runs = list(run_dirs) if run_dirs else ([Path(run_dir)] if run_dir is not None else [])
+    result = _verify_runs(prereg_path, runs, wandb_path)
+    return _against_records(prereg_path, result, runs)
+
+
+def _against_records(prereg_path: Path, result: dict, runs: list[Path]) -> dict:
+    doc = fmt.read(prereg_path)
+    problems, result["fingerprints"] = fingerprint_problems(doc)
+    outcome = read_outcome(prereg_path)
+    if outcome:
+        problems += outcome_consistency(doc, outcome)
+        scored = runs or outcome_run_dirs(outcome)
+        if scored and len(scored) == len(target_seeds(doc) or [None]):
+            problems += outcome_vs_records(prereg_path, outcome, scored)
+            result["outcome_recomputed_from"] = [str(r) for r in scored]
+    commit = seal_commit(prereg_path)
+    result["seal_commit"] = commit
+    starts = [r.get("run_first_step_time") for r in result.get("runs", [result])]
+    starts = [t for t in starts if isinstance(t, (int, float))]
+    if commit is not None and starts:
+        result["commit_before_start"] = commit["epoch"] <= min(starts)
+        if not result["commit_before_start"]:
+            result.setdefault("warnings", []).append(
+                f"the seal was first committed in {commit['commit'][:12]} at {commit['time']}, after the first step of a "
+                "run it predicts: its creation time is the file's own word")
+    result["problems"] = result["problems"] + problems
+    result["ok"] = not result["problems"]
+    return result
+
+
+def _verify_runs(prereg_path: Path, run_dirs: list[Path], wandb_path: str | None) -> dict:
+    if len(run_dirs) > 1:
+        base = _verify_one(prereg_path)
+        seeds = target_seeds(fmt.read(prereg_path))
+        if seeds is None or len(run_dirs) != len(seeds) or len({Path(r).resolve() for r in run_dirs}) != len(run_dirs):
+            raise DelphiError(f"--run: {prereg_path} seals {'one run' if seeds is None else f'seeds {seeds}'}: give one "
+                              f"distinct --run per sealed seed, got {len(run_dirs)}")
+        runs = []
+        for one in run_dirs:
+            seed = _run_seed(Path(one))
+            if seed not in seeds or hero_mismatch(fmt.read(prereg_path), prereg_path, Path(one), seed):
+                raise DelphiError(f"--run {one}: not one of the sealed seeds {seeds} of the hero of {prereg_path}")
+            runs.append(_verify_one(prereg_path, run_dir=Path(one), seed=seed))
+        problems = base["problems"] + [f"seed run {r['run']}: {p}" for r in runs for p in r["problems"]]
+        return base | {"runs": runs, "problems": problems, "ok": not problems,
+                       "created_before_start": all(r["created_before_start"] is True for r in runs)}
+    return _verify_one(prereg_path, run_dir=run_dirs[0] if run_dirs else None, wandb_path=wandb_path)
+
+
+# What an outcome file states that its run's own records decide (recomputed by verify and index).
+OUTCOME_FIELDS = ("actual_final_loss", "rel_error", "verdict", "covered_50", "covered_90")
+# provenance: (path key, sha256 key) of each fingerprinted input whose file the seal names.
+FINGERPRINTS = (("fit_path", "fit_sha256"), ("hero_config_path", "hero_config_sha256"), ("results_path", "results_sha256"))
+
+
+def _differs(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return abs(float(a) - float(b)) > 1e-9 * max(abs(float(b)), 1.0)
+    return a != b
+
+
+def outcome_consistency(doc: dict, outcome: dict) -> list[str]:
+    """Fields of an outcome file that contradict its own actual loss under the sealed prediction and
+    decision rule (a verdict, error or coverage edited by hand)."""
+    actual = outcome.get("actual_final_loss")
+    if outcome.get("verdict") not in FINAL_VERDICTS or not isinstance(actual, (int, float)):
+        return []
+    final, tol = doc["prediction"]["final"], float(doc["decision"]["tolerance_rel"])
+    rel = (float(actual) - float(final["loss"])) / float(final["loss"])
+    expected = {"rel_error": rel, "verdict": "passed" if abs(rel) <= tol else "failed"}
+    for key, field in (("loss_50", "covered_50"), ("loss_90", "covered_90")):
+        if final.get(key) and field in outcome:
+            expected[field] = bool(final[key][0] <= actual <= final[key][1])
+    if outcome.get("why", "").startswith("run ") and outcome.get("verdict") == "failed":
+        expected["verdict"] = "failed"  # diverged or failed runs fail whatever their last loss
+    return [f"outcome field {k} = {outcome.get(k)!r}, but its actual_final_loss {actual!r} against the sealed prediction "
+            f"gives {v!r}" for k, v in expected.items() if _differs(outcome.get(k), v)]
+
+
+def outcome_run_dirs(outcome: dict) -> list[Path]:
+    """The run dir(s) an outcome scored, where they still exist."""
+    recorded = [r.get("run_dir") for r in outcome.get("runs", [])] if outcome.get("runs") else [outcome.get("run_dir")]
+    return [Path(r) for r in recorded if isinstance(r, str) and Path(r).is_dir()]
+
+
+def outcome_vs_records(prereg_path: Path, outcome: dict, run_dirs: list[Path]) -> list[str]:
+    """Fields of an outcome file that its run(s)' own records (config, metrics log) do not give: the
+    outcome recomputed by `check` (without recording) and compared field by field."""
+    try:
+        again, _, _ = check(prereg_path, run_dirs=run_dirs, record=False)
+    except (DelphiError, CheckFailed) as e:
+        return [f"the outcome cannot be recomputed from {', '.join(map(str, run_dirs))}: {e}"]
+    return [f"outcome field {k} = {outcome.get(k)!r}, but the run's records give {again.get(k)!r}"
+            for k in OUTCOME_FIELDS if k in outcome and _differs(outcome.get(k), again.get(k))]
+
+
+def fingerprint_problems(doc: dict) -> tuple[list[str], dict[str, str]]:
+    """Each fingerprinted input the seal names by path: problems where its file's sha256 differs from
+    the one sealed, and for each key whether it was checked ("ok", "differs", "absent")."""
+    prov = doc.get("provenance") or {}
+    problems, checked = [], {}
+    for path_key, sha_key in FINGERPRINTS:
+        path, sealed = prov.get(path_key), prov.get(sha_key)
+        if not isinstance(path, str) or not isinstance(sealed, str):
+            continue
+        if not Path(path).is_file():
+            checked[sha_key] = "absent"
+            continue
+        ok = sha256_file(Path(path)) == sealed
+        checked[sha_key] = "ok" if ok else "differs"
+        if not ok:
+            problems.append(f"provenance.{sha_key}: {path} no longer has the sha256 sealed for it (an input changed after the seal)")
+    return problems, checked
+
+
+def seal_commit(prereg_path: Path) -> dict[str, Any] | None:
+    """The git commit that first added the seal file, and its commit time (epoch seconds): what anchors
+    the seal's time outside the file itself. None outside a git checkout or for an uncommitted file."""
+    import subprocess
+
+    path = Path(prereg_path).resolve()
+    try:
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H %ct %cI", "--", path.name],
+                             cwd=path.parent, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    if not lines:
+        return None
+    commit, epoch, iso = lines[-1].split()
+    return {"commit": commit, "time": iso, "epoch": float(epoch)}
+
+
+def _verify_one(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None, seed: int | None = None) -> dict:
     doc = fmt.read(prereg_path)
     seal = fmt.seal_status(doc)
     result = {"file": str(prereg_path), "id": doc.get("id"), "created": doc.get("created"), "seal_ok": seal["ok"],
               "seal_recorded": seal["recorded"], "seal_computed": seal["computed"], "problems": []}
     if not seal["ok"]:
         result["problems"].append("the seal does not match the content: the file was edited after it was sealed")
-    if run_dir is not None and (mismatch := hero_mismatch(doc, prereg_path, run_dir)):
+    if run_dir is not None and (mismatch := hero_mismatch(doc, prereg_path, run_dir, seed)):
         raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
     if run_dir is not None or wandb_path is not None:
         run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
@@ -433,7 +700,10 @@ def verify(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | 
             result["problems"].append(problem)
     result["forced"] = bool(doc.get("forced", False))
     if result["forced"]:
-        result["warnings"] = ["sealed with --force although gates failed: "
-                              + ", ".join(g.get("name", "?") for g in doc.get("gates") or [] if not g.get("passed"))]
+        failed = [g.get("name", "?") for g in doc.get("gates") or [] if not g.get("passed")]
+        forced_gates = doc.get("forced_gates") or {}
+        result["warnings"] = [f"sealed with {'gate(s) forced by the study' if set(failed) <= set(forced_gates) else '--force'} "
+                              f"although gates failed: {', '.join(failed)}"
+                              + "".join(f" ({n}: {forced_gates[n]})" for n in failed if n in forced_gates)]
     result["ok"] = not result["problems"]
     return result

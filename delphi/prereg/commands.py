@@ -37,7 +37,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--rationale", default="", help="free text: why this prediction")
     p.add_argument("--assume", action="append", default=[], help="an assumption (repeatable)")
     p.add_argument("--bootstrap", type=nonnegative_int, default=200, help="curve-law bootstrap replicates")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--force", action="store_true", help="seal even if a gate fails (recorded in the sealed file and every verdict)")
     p.add_argument("--rehearsal", help="a finished dress-rehearsal run dir (~3x the top budget): its error is a gate")
     p.add_argument("--probe", metavar="RUN_DIR", action="append", default=[],
@@ -70,7 +70,7 @@ def add_commands(subparsers) -> None:
     p = sub.add_parser("verify", help="recompute the seal; with a run, flag creation after its first step")
     p.add_argument("file")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--run", help="the hero's run dir")
+    g.add_argument("--run", action="append", help="the hero's run dir; a multi-seed seal: one --run per sealed seed")
     g.add_argument("--wandb", help="ENTITY/PROJECT/RUN")
     add_json_flag(p)
     p.set_defaults(func=_verify)
@@ -78,7 +78,7 @@ def add_commands(subparsers) -> None:
     p = sub.add_parser("check", help="compare a (live) run with the preregistered band")
     p.add_argument("file")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--run", help="the hero's run dir")
+    g.add_argument("--run", action="append", help="the hero's run dir; a multi-seed seal: one --run per sealed seed")
     g.add_argument("--wandb", help="ENTITY/PROJECT/RUN (W&B public API; needs network)")
     p.add_argument("--plot", help="write prediction-vs-actual figure OUT.png (+ .svg)")
     p.add_argument("--shape", metavar="RUN_DIR", help="a finished run on the hero's schedule (e.g. the longest probe): "
@@ -103,7 +103,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", help="CURVES.json")
     p.add_argument("--plot", help="figure OUT.png (+ .svg)")
     p.add_argument("--bootstrap", type=nonnegative_int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--no-backtest", action="store_true")
     p.add_argument("--force", action="store_true", help="replace --out/--plot even if this command did not write them")
     add_json_flag(p)
@@ -164,11 +164,18 @@ def _verify(args: argparse.Namespace):
 
     from delphi.editions import resolve_data
 
-    result = verify(Path(args.file), run_dir=resolve_data(args.run) if args.run else None, wandb_path=args.wandb)
+    result = verify(Path(args.file), run_dirs=[resolve_data(r) for r in args.run] if args.run else None,
+                    wandb_path=args.wandb)
     _say(f"{args.file}: " + ("seal ok" if result["seal_ok"] else "SEAL BROKEN")
          + ("" if "created_before_start" not in result else
             "; THE RUN'S START CANNOT BE ESTABLISHED" if result["created_before_start"] is None else
             ("; created before the run's first step" if result["created_before_start"] else "; CREATED AFTER THE RUN STARTED")))
+    if result.get("seal_commit"):
+        c = result["seal_commit"]
+        _say(f"  first committed in {c['commit'][:12]} at {c['time']}"
+             + ("" if "commit_before_start" not in result else
+                "; before the first step of every run checked" if result["commit_before_start"] else
+                "; AFTER the first step of a run checked"))
     for problem in result["problems"]:
         _say(f"  problem: {problem}")
     for warning in result.get("warnings", []):
@@ -181,9 +188,11 @@ def _check(args: argparse.Namespace):
 
     from delphi.editions import resolve_data
 
-    run_dir = resolve_data(args.run) if args.run else None  # a run inside a compact edition: its unpacked copy
-    if run_dir is not None and not run_dir.is_dir():
-        raise DelphiError(f"{run_dir}: run dir not found")
+    run_dirs = [resolve_data(r) for r in args.run] if args.run else None  # a run inside a compact edition: its unpacked copy
+    for run_dir in run_dirs or []:
+        if not run_dir.is_dir():
+            raise DelphiError(f"{run_dir}: run dir not found")
+    run_dir = run_dirs[0] if run_dirs else None
     if args.plot:
         from delphi.io import check_output_file
 
@@ -193,11 +202,16 @@ def _check(args: argparse.Namespace):
             check_output_file(path, inputs=(args.file, run_dir, args.shape), flag="--plot", command="prereg check",
                               force=args.force)
     if args.watch:
-        result, prereg, run = ck.watch(Path(args.file), run_dir=run_dir, wandb_path=args.wandb, interval_s=args.interval,
-                                       timeout_s=args.timeout, on_update=lambda r: _say(f"[{r['status']}] {r['verdict']}: {r['why']}"))
+        result, prereg, run = ck.watch(Path(args.file), run_dir=None, wandb_path=args.wandb, interval_s=args.interval,
+                                       timeout_s=args.timeout, on_update=lambda r: _say(f"[{r['status']}] {r['verdict']}: {r['why']}"),
+                                       run_dirs=run_dirs)
     else:
-        result, prereg, run = ck.check(Path(args.file), run_dir=run_dir, wandb_path=args.wandb)
+        result, prereg, run = ck.check(Path(args.file), wandb_path=args.wandb, run_dirs=run_dirs)
     _say(f"{result['verdict']}: {result['why']}")
+    for name, row in (result.get("competing") or {}).items():
+        if "rel_error" in row:
+            _say(f"  sealed beside it, {name}: {row['predicted']:.4f} ({row['rel_error']:+.2%}), 90% "
+                 f"{'covered' if row['covered_90'] else 'missed'}")
     if result.get("outcome_kept"):
         _say(f"  outcome not recorded: {result['outcome_kept']}")
     if args.shape:
@@ -209,7 +223,8 @@ def _check(args: argparse.Namespace):
         from delphi.plot.figures import prediction_figure
         from delphi.plot.style import save_figure
 
-        fig = prediction_figure(prereg.doc, run, verdict=result["verdict"])
+        seed_runs = {s["seed"]: ck.read_run_dir(s["run"]) for s in result["seeds"]} if result.get("seeds") else None
+        fig = prediction_figure(prereg.doc, run, verdict=result["verdict"], seed_runs=seed_runs)
         result["plot"] = save_figure(fig, args.plot, written_by="prereg check")
     return result, ck.exit_code(result["verdict"])
 

@@ -192,6 +192,9 @@ def _ladder_bpb_per_nat(run_dirs: list[Path]) -> float | None:
     return float(np.median(ratios)) if ratios else None
 
 
+GATES_COMMAND = "prereg create"  # the gate report's output-policy marker (delphi.io)
+
+
 def gates_path(out: Path) -> Path:
     """NAME.yaml -> NAME.gates.json beside it: the gate report, written whether or not the file is sealed."""
     out = Path(out)
@@ -408,6 +411,11 @@ def create_prereg(
         raise DelphiError(f"{out}: already exists; a preregistration is never overwritten (choose a new name)")
     check_seeds(seeds)
     n_seeds = len(seeds) if seeds else 1
+    # The gate report beside the seal is written even when the seal is refused: never over a user's file.
+    from delphi.io import check_output_file
+
+    check_output_file(gates_path(out), inputs=(fit_path, hero_path, results), flag="gate report",
+                      command=GATES_COMMAND, force=force)
     if not Path(hero_path).is_file():
         raise DelphiError(f"{hero_path}: hero config not found")
     hero = load_train_config(hero_path)
@@ -427,6 +435,12 @@ def create_prereg(
         raise DelphiError(f"{results}: results table not found")
     final, fit_obj = hero_prediction(Path(fit_path), hero, Path(results) if results is not None else None,
                                      probe_runs, probe_correction, probe_carry, noise_scope, n_seeds)
+    from delphi.fits.bootstrap import MIN_BOOTSTRAP_FOR_INTERVAL
+
+    n_replicates = len(next(iter(fit_obj.samples.values()))) if fit_obj.samples else 0
+    if 0 < n_replicates < MIN_BOOTSTRAP_FOR_INTERVAL:
+        raise DelphiError(f"--fit {fit_path}: a bootstrap of {n_replicates} replicates; a sealed 90% interval needs at least "
+                          f"{MIN_BOOTSTRAP_FOR_INTERVAL} (refit with --bootstrap {MIN_BOOTSTRAP_FOR_INTERVAL} or more)")
     family, hero_family = fit_family(fit_obj, ladder_families), model_family(hero.model)
     if family is not None and family != hero_family:
         raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
@@ -529,7 +543,7 @@ def create_prereg(
         report["forced_gates"] = forced_gates
     unforced = [n for n in failed if n not in forced_gates]
     if unforced and not force:
-        atomic_write_json(report_path, report)
+        atomic_write_json(report_path, report, written_by=GATES_COMMAND)
         raise CheckFailed(f"{out}: not sealed: gate(s) failed: {', '.join(unforced)} "
                           f"(report {report_path}; fix the ladder or the fit, or seal anyway with --force, which is recorded)")
     if not passed:
@@ -562,7 +576,7 @@ def create_prereg(
         competing=competing_doc,
     )
     fmt.write_new(out, doc)
-    atomic_write_json(report_path, report | {"sealed": True, "seal": doc["seal"]["digest"]})
+    atomic_write_json(report_path, report | {"sealed": True, "seal": doc["seal"]["digest"]}, written_by=GATES_COMMAND)
     return doc
 
 

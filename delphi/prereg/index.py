@@ -55,6 +55,7 @@ def index_rows(directory: Path) -> list[dict]:
             "seal_ok": seal_ok,
             "forced": bool(doc.get("forced", False)),
             "gates": gates_cell(doc),
+            "seeds": (doc.get("target") or {}).get("seeds"),
         })
     return rows
 
@@ -77,7 +78,7 @@ def verified_verdict(path: Path, doc: dict, seal_ok: bool, outcome: dict) -> str
     else:
         run_dir = outcome.get("run_dir") or outcome.get("run")
         if not isinstance(run_dir, str) or run_dir.startswith("wandb:") or not Path(run_dir).is_dir():
-            return outcome.get("verdict", "pending")
+            return _recomputed(path, doc, outcome)
         try:
             order = verify(path, run_dir=Path(run_dir))["created_before_start"]
         except DelphiError:
@@ -86,6 +87,18 @@ def verified_verdict(path: Path, doc: dict, seal_ok: bool, outcome: dict) -> str
         return PREDATES
     if order is None:
         return START_UNKNOWN
+    return _recomputed(path, doc, outcome)
+
+
+def _recomputed(path: Path, doc: dict, outcome: dict) -> str:
+    """The outcome's verdict, unless it contradicts the sealed rule or its runs' own records."""
+    from delphi.prereg.check import outcome_consistency, outcome_run_dirs, outcome_vs_records, target_seeds
+
+    scored = outcome_run_dirs(outcome)
+    problems = outcome_consistency(doc, outcome) or (
+        outcome_vs_records(path, outcome, scored) if scored and len(scored) == len(target_seeds(doc) or [None]) else [])
+    if problems:
+        return f"invalid: the outcome disagrees with its records ({problems[0].split(' = ')[0].removeprefix('outcome field ')})"
     return outcome.get("verdict", "pending")
 
 
@@ -112,7 +125,8 @@ def render_index(rows: list[dict], directory_label: str) -> str:
         lines.append(
             f"| [{r['id']}]({r['file']}) | {r['created'][:19]} | {_fmt(r['params'], '.3g')} | {_fmt(r['tokens'], '.3g')} "
             f"| {r['loss']:.4f}{interval} | {_fmt(r['actual'], '.4f')} | {_fmt(r['rel_error'], '+.2%')} | {covered} "
-            f"| {r['verdict']}{' (forced)' if r['forced'] else ''} | {r['gates']} | {'ok' if r['seal_ok'] else 'BROKEN'} |\n"
+            f"| {r['verdict']}{' (forced)' if r['forced'] else ''}"
+            f"{'' if not r.get('seeds') else ' (mean of seeds ' + ', '.join(map(str, r['seeds'])) + ')'} | {r['gates']} | {'ok' if r['seal_ok'] else 'BROKEN'} |\n"
         )
     if not rows:
         lines.append("| (none yet) | | | | | | | | | | |\n")

@@ -697,7 +697,7 @@ def stage_probes(study: Study) -> dict:
         result = run_predicted_vs_actual(fit, run, noise)
         if len(runs) > 1:
             verdict, _, _ = check(seal, run_dirs=[r for _, r in runs])
-            result |= {"seeds": verdict.get("seeds"), "actual": verdict["actual"], "rel_error": verdict["rel_error"]}
+            result |= {"seeds": verdict.get("seeds"), "actual": verdict["actual_final_loss"], "rel_error": verdict["rel_error"]}
         _say(f"probe {name}: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
         results.append(result | {"name": name, "multiple": multiple})
     return {"probes": results}

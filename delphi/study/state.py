@@ -97,8 +97,11 @@ def _pin_study(study: Study) -> None:
             raise DelphiError(f"--out: {study.out} holds a different study (study.json differs); choose a new directory")
         if recorded == current:
             return
-        _say("the recipe check's points or (before the gates ran) the study's gates and runs beyond the ladder "
-             f"changed: {path} records them")
+        if _without_check_points(recorded) == _without_check_points(current):
+            _say("the recipe check's points changed (they plan no run of this study; gate recipe judges the new "
+                 f"report): {path} records them")
+        else:
+            _say(f"the study's gates or runs beyond the ladder changed before its gates ran: {path} records them")
     atomic_write_json(path, pinned)
 
 

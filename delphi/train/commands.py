@@ -57,6 +57,9 @@ def run_train(args: argparse.Namespace):
         _check_run_dir(Path(args.out), (config_path, args.prereg), args.seeds, args.force)
         cfg = load_train_config(config_path)
         seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+        from delphi.train.environment import check_training_environment
+
+        check_training_environment([cfg.wandb.mode])  # DELPHI_*, WANDB_MODE: one line naming a bad one, nothing written
         check("start-up (nothing was written)")
         if not supervise.can_supervise():
             return _train(args, cfg, config_path, seeds)
@@ -176,12 +179,11 @@ def add_flops_command(subparsers: argparse._SubParsersAction) -> None:
 def load_model_config(path: Path, seq_len: int | None) -> tuple[Any, int, str]:
     """(ModelConfig, seq_len, kind) from a train config or a bare model config."""
     from delphi.config_schema import from_dict
-    from delphi.io import read_yaml
+    from delphi.io import check_input_file, read_yaml
     from delphi.model.config import ModelConfig
     from delphi.train.config import DataConfig, load_train_config
 
-    if not path.exists():
-        raise DelphiError(f"{path}: no such config file")
+    check_input_file(path, "config file (YAML)", not_found="no such config file")  # `-`, /dev/null, a FIFO: named
     data = read_yaml(path)  # a directory, binary or broken YAML: one line naming the file
     if not isinstance(data, dict):
         raise DelphiError(f"{path}: expected a mapping (a train config or a model config)")

@@ -189,6 +189,10 @@ class TrainConfig:
         if self.final_eval_tokens is not None:
             need(self.final_eval_tokens >= self.eval_tokens, "final_eval_tokens",
                  f"must be >= eval_tokens ({self.eval_tokens}), got {self.final_eval_tokens}")
+        # before anything is written: a negative seed used to fail at the first batch (data.seed) or
+        # in JAX's key (seed), after the run directory existed
+        for key, value in (("seed", self.seed), ("data.seed", self.data.seed)):
+            need(value >= 0, key, f"must be an integer >= 0, got {value}")
         o = self.optim
         need(self.checkpoint_every_s >= 0, "checkpoint_every_s", f"must be >= 0 seconds, got {self.checkpoint_every_s}")
         need(o.lr > 0, "optim.lr", f"must be positive, got {o.lr}")

@@ -1,4 +1,4 @@
-"""Ctrl-C (SIGINT) and SIGTERM while training: noted, acted on at the next safe point.
+"""Ctrl-C (SIGINT), SIGTERM and SIGHUP while training: noted, acted on at the next safe point.
 
 Python's default SIGINT handler raises KeyboardInterrupt wherever the main thread happens to be.
 During `delphi train`'s start-up that is often inside JAX: tracing, XLA compilation, a callback from
@@ -9,6 +9,9 @@ a flag (`deferred_signals`). The trainer looks at it between its stages (`check`
 after writing the run directory, after building the state, after compiling) and at every call
 boundary of the training loop, and stops there: a checkpoint in the loop, `status: failed` with
 "continue with --resume" before it, the run lock released, and exit 130 from the CLI.
+
+SIGHUP (the terminal or SSH session closed) is a stop signal like SIGTERM: its default action ended
+the trainer with no Python code run, leaving `status: running` and a train.lock (issue 41).
 
 A stage in native code (a compilation of several seconds) finishes before the signal is acted on:
 Python runs signal handlers only between bytecodes, so that part is not a choice.
@@ -22,7 +25,7 @@ import signal
 import threading
 from typing import Iterator
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[str] = []  # signal names received while deferred, in order
 _depth = [0]  # nested deferred_signals (train_group inside `delphi train`)
 
@@ -42,7 +45,7 @@ def _note(signum: int, _frame: object) -> None:
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM set a flag instead of raising, for the duration (main thread only; a
+    """SIGINT, SIGTERM and SIGHUP set a flag instead of raising, for the duration (main thread only; a
     nested use shares the outer one's flag). The previous handlers are restored on exit; a signal
     that arrived too late to stop anything (during the final save) is then forgotten."""
     if threading.current_thread() is not threading.main_thread():

@@ -11,14 +11,13 @@ cached for the life of the process. `DELPHI_PEAK_FLOPS_F32` /
 from __future__ import annotations
 
 import functools
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 
 PEAK_MATMUL_SIZE = 1024  # large enough to reach ~90% of the BLAS peak on CPU, small enough to be cheap
-PEAK_ENV = {"f32": "DELPHI_PEAK_FLOPS_F32", "bf16": "DELPHI_PEAK_FLOPS_BF16"}
+from delphi.train.environment import PEAK_ENV, peak_flops_env  # noqa: F401  (PEAK_ENV: its old home)
 
 
 def measure_matmul_flops(precision: str, size: int = PEAK_MATMUL_SIZE, repeats: int = 5, chain: int = 4) -> float:
@@ -49,7 +48,7 @@ def measure_matmul_flops(precision: str, size: int = PEAK_MATMUL_SIZE, repeats: 
 @functools.cache
 def peak_flops(precision: str) -> float:
     """FLOP/s peak used for MFU: from the environment, else measured once per process."""
-    configured = os.environ.get(PEAK_ENV[precision])
-    if configured:
-        return float(configured)
+    configured = peak_flops_env(precision)  # a positive finite number, or a DelphiError naming the variable
+    if configured is not None:
+        return configured
     return measure_matmul_flops(precision)

@@ -107,6 +107,51 @@ def clear_stale_lock(run_dir: Path) -> bool:
         return same
 
 
+def lock_pid(run_dir: Path) -> int | None:
+    """The pid a run's train.lock records (RunLock writes it on acquiring), or None: no lock file,
+    or one without a pid (being written, or damaged)."""
+    try:
+        text = (Path(run_dir) / LOCK_FILE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    first = text.strip().split("\n", 1)[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another account
+    try:  # a zombie (dead, not yet reaped by its parent) holds no lock and writes nothing
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def stale_running(run_dir: Path) -> str | None:
+    """Why a run whose status.json says `running` is not running any more, or None while it may be.
+
+    A trainer killed by a signal no handler runs for (SIGKILL, or SIGHUP before issue 41) left
+    `status: running` and its train.lock, which records the trainer's pid: when that process is
+    gone, the status is stale. Only this machine's processes are known: a lock without a pid, or
+    a pid that is alive (possibly reused by another process), reads as running. No flock is taken,
+    so a reader never races a trainer that is acquiring its lock. For `prereg check --watch`, which
+    otherwise polls such a run until its timeout."""
+    run_dir = Path(run_dir)
+    if (read_status(run_dir) or {}).get("status") != "running":
+        return None
+    pid = lock_pid(run_dir)
+    if pid is None or pid_alive(pid):
+        return None
+    return (f"{run_dir}: status.json says running but its trainer (pid {pid}, recorded in {run_dir / LOCK_FILE}) "
+            "is gone: it was killed without recording it; continue it with `delphi train --resume`")
+
+
 def signal_death_reason(signum: int) -> str:
     """Why a trainer process died of signal `signum`, for a status reason (with the resume hint)."""
     import signal
@@ -188,7 +233,7 @@ def summary_problem(run_dir: Path, status: str) -> str | None:
         from delphi.errors import quoted
 
         return f"{path}: val_loss = {quoted(loss)}, expected a finite number for a completed run"
-    return None
+    return summary_log_problem(run_dir) if status == "completed" else None
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -281,8 +326,11 @@ class MetricsLog:
 
 
 def wandb_mode(configured: str | None) -> str:
-    """The config's mode, else WANDB_MODE, else disabled (no account, no network)."""
-    return configured or os.environ.get("WANDB_MODE") or "disabled"
+    """The config's mode, else WANDB_MODE, else disabled (no account, no network); an unknown
+    WANDB_MODE is a DelphiError naming it (delphi.train.environment)."""
+    from delphi.train.environment import wandb_mode as checked
+
+    return checked(configured)
 
 
 class WandbLog:
@@ -307,3 +355,41 @@ class WandbLog:
             if summary:
                 self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
             self.run.finish()
+
+
+# A summary's val_loss and the metrics log's final eval are the same float written twice: any
+# difference beyond JSON's round trip means one of them was edited.
+RECORDS_REL_TOLERANCE = 1e-9
+
+
+def final_eval_loss(rows: list[dict], steps: int | None = None) -> float | None:
+    """The final val_loss a run's own metrics log records: the last eval row's loss on the final
+    evaluation set (`val_loss_final_set`), else its `val_loss`; None when the log has no eval at
+    `steps` (the run's last step, when given)."""
+    for row in reversed(rows):
+        if row.get("val_loss") is None and row.get("val_loss_final_set") is None:
+            continue
+        if steps is not None and row.get("step") != steps:
+            return None
+        value = row.get("val_loss_final_set", row.get("val_loss"))
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return None
+
+
+def records_disagree(recorded: float, from_log: float | None) -> bool:
+    return from_log is not None and abs(float(recorded) - from_log) > RECORDS_REL_TOLERANCE * max(abs(from_log), 1.0)
+
+
+def summary_log_problem(run_dir: Path) -> str | None:
+    """Why a completed run's summary.json disagrees with its own metrics log (None: it agrees, or the
+    log has no final eval to compare): an edited summary must not change a verdict or a table."""
+    summary = read_json_object(Path(run_dir) / SUMMARY_FILE)
+    loss = summary.get("val_loss")
+    if summary.get("status", "completed") != "completed" or not isinstance(loss, (int, float)):
+        return None
+    steps = summary.get("steps")
+    from_log = final_eval_loss(read_metrics(run_dir), int(steps) if isinstance(steps, int) else None)
+    if records_disagree(loss, from_log):
+        return (f"{Path(run_dir) / SUMMARY_FILE}: val_loss = {loss!r} disagrees with {METRICS_FILE}'s final eval "
+                f"({from_log!r}); the summary was edited or the log replaced")
+    return None

@@ -26,14 +26,16 @@ from delphi.errors import DelphiError
 from delphi.model.moe import expert_capacity
 from delphi.model.moe_parallel import DATA_AXIS, EXPERT_AXIS
 from delphi.train.config import MeshConfig, TrainConfig
+from delphi.train.environment import DISTRIBUTED_ENV, distributed_env  # noqa: F401  (DISTRIBUTED_ENV's old home)
 
 MESH_AXES = (DATA_AXIS, EXPERT_AXIS)
 BATCH_AXES = (DATA_AXIS, EXPERT_AXIS)  # the batch axis is split over both
-DISTRIBUTED_ENV = "DELPHI_DISTRIBUTED"  # "1": call jax.distributed.initialize() even if mesh.distributed is false
+# DISTRIBUTED_ENV ("1": call jax.distributed.initialize() even if mesh.distributed is false) is read
+# and checked in delphi.train.environment.
 
 
 def wants_distributed(mesh_cfg: MeshConfig) -> bool:
-    return mesh_cfg.distributed or os.environ.get(DISTRIBUTED_ENV, "") not in ("", "0", "false")
+    return mesh_cfg.distributed or distributed_env()
 
 
 def initialize_distributed(mesh_cfg: MeshConfig) -> bool:

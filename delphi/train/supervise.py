@@ -7,8 +7,8 @@ JAX is imported: the child trains (and prints everything, its --json result incl
 parent, which holds no JAX state, waits for it. If the child dies of a signal, the parent writes
 `status: failed` with the reason and "continue with --resume" into each run directory whose status
 still says pending or running, removes the stale lock, and exits 128 + the signal's number. A stop
-signal sent to the parent alone (SIGTERM from a scheduler) is passed on to the child; Ctrl-C reaches
-both (one process group) and the child handles it (delphi.train.interrupt).
+signal sent to the parent alone (SIGTERM from a scheduler, SIGHUP) is passed on to the child; Ctrl-C
+reaches both (one process group) and the child handles it (delphi.train.interrupt).
 
 The ladder runner does the same for its worker processes (delphi.ladder.runner). In-process callers
 (tests, the ladder worker itself) train directly: forking a process that already runs JAX's threads
@@ -28,7 +28,7 @@ from typing import Callable
 from delphi.errors import CheckFailed, DelphiError, message_line
 
 SUPERVISE_ENV = "DELPHI_TRAIN_SUPERVISE"
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # delphi.train.interrupt's
 
 
 def can_supervise() -> bool:

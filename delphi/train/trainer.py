@@ -26,7 +26,6 @@ import contextlib
 import functools
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,15 +61,21 @@ from delphi.train.rundir import (
     warn,
     write_status,
 )
+from delphi.train.environment import (  # CHECKPOINT_CLOCK_ENV, STEPS_PER_CALL_ENV: their old home is here
+    CHECKPOINT_CLOCK_ENV,  # noqa: F401
+    STEPS_PER_CALL_ENV,  # noqa: F401
+    check_training_environment,
+    checkpoint_clock_env,
+    steps_per_call_env,
+)
 from delphi.train.schedules import lr_schedule
 from delphi.train.step import TrainState, bits_per_byte, eval_blocks, make_eval_step, make_train_chunk, split_model
 
 MAX_STEPS_PER_CALL = 16  # scan length cap: d_model 32, 1 -> 4 -> 8 -> 16 steps per call: 360, 255, 235, 230 ms/step
-STEPS_PER_CALL_ENV = "DELPHI_STEPS_PER_CALL"
-# Seconds: a single-process run also checkpoints at the first log point this long after its last
-# save, so a hard kill of a long run (a hero outlasting a working session) loses at most this much.
-# A setting of the machine, not of the experiment: an environment variable, out of every config.
-CHECKPOINT_CLOCK_ENV = "DELPHI_CHECKPOINT_CLOCK_S"
+# CHECKPOINT_CLOCK_ENV (seconds): a single-process run also checkpoints at the first log point this
+# long after its last save, so a hard kill of a long run (a hero outlasting a working session) loses
+# at most this much. A setting of the machine, not of the experiment: an environment variable, out
+# of every config. It and STEPS_PER_CALL_ENV are read and checked in delphi.train.environment.
 MATHS_FREE_KEYS = ("mesh", "eval_batch_size", "checkpoint_every_s")  # config keys left out of config_sha256
 # Keys added after runs were on disk: unset (None), they are left out, so older runs keep their identity.
 UNSET_SINCE_ADDED_KEYS = ("final_eval_tokens",)
@@ -104,7 +109,7 @@ def identity_yaml(text: str) -> str:
 def steps_per_call(cfg: TrainConfig, cap: int | None = None) -> int:
     """Largest k <= cap dividing every sync period, so sync points fall on call boundaries."""
     if cap is None:
-        cap = int(os.environ.get(STEPS_PER_CALL_ENV, MAX_STEPS_PER_CALL))
+        cap = steps_per_call_env() or MAX_STEPS_PER_CALL
     period = math.gcd(cfg.log_every, cfg.eval_every, cfg.checkpoint_every, cfg.steps)
     return max(k for k in range(1, max(cap, 1) + 1) if period % k == 0)
 
@@ -434,6 +439,7 @@ def _train_group(
 
     # ---- validate everything before writing anything
     cfgs = [cfg.validate() for cfg in cfgs]
+    check_training_environment([c.wandb.mode for c in cfgs])  # DELPHI_*, WANDB_MODE and its API key
     run_dirs = [Path(d) for d in run_dirs]
     check_seed_group(cfgs, run_dirs)
     cfg = cfgs[0]
@@ -676,7 +682,7 @@ def _checkpoint_due(cfg: TrainConfig, loop: LoopState) -> bool:
 def _clock_checkpoint_due(loop: LoopState) -> bool:
     """CHECKPOINT_CLOCK_ENV seconds since the last save, in a single process (processes of a
     multi-host job would disagree on the clock, and a save is collective)."""
-    clock = float(os.environ.get(CHECKPOINT_CLOCK_ENV) or 0)
+    clock = checkpoint_clock_env()
     return clock > 0 and jax.process_count() == 1 and time.perf_counter() - loop.last_checkpoint_time >= clock
 
 
