@@ -1,5 +1,6 @@
-"""Names moved to their concept's module (issue 32) stay importable from where they were, as the same
-objects: other branches, scripts under paper/ and benchmarks/, and old notebooks import them there."""
+"""Names moved to their concept's module (issues 32 and 43) stay importable from where they were, as
+the same objects: other branches, scripts under paper/ and benchmarks/, and old notebooks import them
+there."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 
 # (old module, new module, names moved from the one to the other)
 MOVED: list[tuple[str, str, tuple[str, ...]]] = [
-    ("delphi.fits.backtest", "delphi.fits.probes",
-     ("PROBE_CARRIES", "NOISE_SCOPES", "ProbeTrend", "probe_trend", "probe_holdouts")),
+    # probe_holdouts, the probes' correction backtested, lives in delphi.fits.backtest (issue 43: the
+    # backtest imports the probes, never the other way round)
+    ("delphi.fits.backtest", "delphi.fits.probes", ("PROBE_CARRIES", "NOISE_SCOPES", "ProbeTrend", "probe_trend")),
+    ("delphi.fits.backtest", "delphi.fits.intervals", ("Z_90", "Z_50", "predictive_interval")),
     ("delphi.prereg.create", "delphi.fits.probes", ("CARRY_ASSUMPTION", "correct_by_probes", "correction_text")),
     ("delphi.prereg.create", "delphi.prereg.predict",
      ("final_from_prediction", "law_scatter_nats", "seed_noise_nats", "run_noise_nats", "predictive", "model_family",
@@ -20,6 +23,7 @@ MOVED: list[tuple[str, str, tuple[str, ...]]] = [
      ("seal", "read", "write_new", "seal_status", "outcome_path", "Band", "Prereg", "predicted_loss_curve", "load_prereg")),
     ("delphi.fits.curves", "delphi.fits.shape_trajectory",
      ("SCHEDULE_SHAPE_KEYS", "normalised_curve", "same_schedule_shape", "project_finals", "trajectory_from_shapes")),
+    ("delphi.fits.curves", "delphi.fits.evals", ("eval_points", "eval_steps")),
     ("delphi.ladder.plan", "delphi.ladder.hero",
      ("ladder_ranges", "hero_ranges", "HERO_MAX_OFF_OPTIMUM", "PREFLIGHT_FACTORS", "plan_hero", "depths_near_optimum",
       "expected_depths", "hero_preflight")),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 import prereg_synthetic as ps
 from delphi.cli import main
@@ -209,3 +210,35 @@ def test_verify_anchors_the_seal_in_the_commit_that_added_it(tmp_path, hero):
     runs = [seed_run(tmp_path, hero, 0, PREDICTED), seed_run(tmp_path, hero, 1, PREDICTED)]
     result = verify(prereg, run_dirs=runs)
     assert result["seal_commit"]["commit"] and result["commit_before_start"] is True
+
+
+def test_a_study_trains_a_runs_seeds_side_by_side_and_checks_their_mean(store, tmp_path):
+    """The study's runs beyond the ladder at hero.seeds: one process per seed, configs differing only
+    in their seeds, each seed's run checked against the seal and the verdict on their mean."""
+    from dataclasses import replace
+
+    from delphi.model.config import ModelConfig, MoEConfig
+    from delphi.study.stages import seed_runs, train_seeds
+    from delphi.train.config import DataConfig, OptimConfig, TrainConfig
+    from delphi.train.rundir import read_metrics
+
+    cfg = TrainConfig(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=32)),
+                      data=DataConfig(store=str(store), seq_len=32, batch_size=8, seed=0),
+                      optim=OptimConfig(lr=1e-2, warmup_frac=0.1, decay_frac=0.3), steps=8, log_every=2, eval_every=4,
+                      eval_tokens=512, name="probe").validate()
+    config = tmp_path / "probe.yaml"
+    config.write_text(yaml.safe_dump(train_config_to_dict(cfg), sort_keys=False))
+    prereg = seal(tmp_path / "probe.prereg.yaml", cfg, [0, 1])
+    runs = seed_runs(config, tmp_path / "probe", (0, 1))
+    assert [r.name for _, r in runs] == ["probe", "probe_s1"] and runs[0][0] == config
+    member = yaml.safe_load(runs[1][0].read_text())
+    assert member["seed"] == 1 and member["data"]["seed"] == 1
+    assert {k: v for k, v in member.items() if k not in ("seed", "data", "name")} == \
+           {k: v for k, v in train_config_to_dict(replace(cfg)).items() if k not in ("seed", "data", "name")}
+    summaries = train_seeds(runs, prereg, "probe")
+    assert [s["status"] for s in summaries] == ["completed", "completed"]
+    assert read_metrics(runs[0][1])[-1]["train_loss"] != read_metrics(runs[1][1])[-1]["train_loss"]  # two seeds, two runs
+    result, _, _ = check(prereg, run_dirs=[r for _, r in runs], record=False)
+    assert result["verdict"] in ("passed", "failed") and len(result["seeds"]) == 2
+    mean = sum(s["val_loss"] for s in summaries) / 2
+    assert result["actual_final_loss"] == pytest.approx(mean)

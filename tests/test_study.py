@@ -307,6 +307,52 @@ def test_report_sections_come_from_the_files(tmp_path):
     assert "no health columns" in health_table(table.drop(columns=["health_ok"]))
 
 
+def test_the_verdict_table_prints_predicted_and_actual_to_4_decimals():
+    """Issue 43 §3: "1.503" against "1.5" read as numbers of different precision; both get 4 decimals."""
+    from delphi.study.report import verdict_table
+
+    row = verdict_table({"predicted_final_loss": 1.5032, "actual_final_loss": 1.5, "rel_error": -0.0021,
+                         "covered_90": True, "verdict": "passed"})[-1]
+    assert row == "| hero final val loss (nats/byte) | 1.5032 | 1.5000 | -0.21% | yes | passed |"
+    assert "| - | - |" in verdict_table({})[-1]  # no check result yet: dashes, not a crash
+
+
+def _method_choice(method: str, fitted: str) -> dict:
+    return {"method": method, "rule": "lowest calibrated error", "similar_sources": [{"source": "marin/comma"}],
+            "table": [{"method": method, "n": 18, "mean_abs_rel_error": 0.0081, "mean_abs_rel_error_uncalibrated": 0.0205,
+                       "coverage_50": 0.44, "coverage_90": 0.89}], "fitted_method": fitted, "agrees": method == fitted}
+
+
+def test_the_report_names_the_law_that_predicts_and_why():
+    """Issue 43 §3: the report says which law made the sealed prediction (the primary law) and why
+    (primary_fit fixed, or auto and the evidence), and that the method-choice table is public-sweep
+    evidence that may name another law when the study fixed its own: no bare "method choice: vpnls;
+    the study's primary law is isoflop"."""
+    from delphi.fits.calibration import report_lines
+    from delphi.study.report import primary_law_lines
+
+    fixed = primary_law_lines("isoflop", "isoflop")[0]
+    assert fixed.startswith("The sealed prediction was made by the study's primary law, the isoflop law.")
+    assert "the study file fixes it (`primary_fit: isoflop`)" in fixed and "may name another law" in fixed
+    auto = primary_law_lines("vpnls", "auto", corrected=True)[0]
+    assert "the vpnls law, corrected by its error trend at the probes" in auto
+    assert "`primary_fit: auto`" in auto and "the fit stage chose vpnls once" in auto
+
+    final = {"calibrated": {"applied": False, "reason": "no calibration here", "method_choice": _method_choice("vpnls", "isoflop")}}
+    text = "\n".join(report_lines(final, primary_fit="isoflop", primary_law="isoflop"))
+    assert "the study's primary law is" not in text
+    assert "Public-sweep evidence for which law extrapolates best on sweeps like this one." in text
+    assert ("**vpnls**. Similar sweeps: marin/comma. It differs from the study's primary law, isoflop, which made the sealed "
+            "prediction all the same: the study fixes `primary_fit: isoflop`, and a fixed primary law is not re-chosen") in text
+    assert "| vpnls | 18 | 0.81% | 2.05% | 44% | 89% |" in text
+    text = "\n".join(report_lines(final, primary_fit="auto", primary_law="isoflop"))
+    assert "with `primary_fit: auto` the fit stage chose it once, among the laws this study fits" in text
+    final["calibrated"]["method_choice"] = _method_choice("vpnls", "vpnls")
+    text = "\n".join(report_lines(final, primary_fit="auto", primary_law="vpnls"))
+    assert "It names the study's primary law, vpnls, the law that made the sealed prediction." in text
+    assert "isoflop" not in text
+
+
 @pytest.mark.parametrize("edition", ["v1", "v3", "v5", "v6", "v7"])
 def test_paper_build_regenerates_each_edition_from_its_compact_data(tmp_path, monkeypatch, edition):
     """Each edition `delphi paper build` renders (v7 is the current one, paper/paper.md) is exactly what its template

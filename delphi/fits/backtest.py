@@ -17,15 +17,15 @@ cell, not the law's mean: without it a point with no bootstrap, or a tight
 bootstrap, gets an interval that cannot cover. `covered_90` says whether it did;
 `all_holdouts` measures coverage over many held-out budgets.
 
-`delphi.fits.probes.probe_holdouts` backtests a correction: the law's error at the first budgets
-above the cut (the probes), linear in log C (`ProbeTrend`), carried to the
-budgets beyond them.
+`probe_holdouts` backtests a correction: the law's error at the first budgets
+above the cut (the probes), linear in log C (`delphi.fits.probes.ProbeTrend`),
+carried to the budgets beyond them. Imports run one way: this module imports
+the probes' trend and the intervals (`delphi.fits.intervals`), neither imports it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -33,10 +33,10 @@ import pandas as pd
 from delphi.errors import DelphiError, quoted
 from delphi.fits.allocation import FlopsFamily, flops_of
 from delphi.fits.data import cell_points
+from delphi.fits.intervals import Z_50, Z_90, predictive_interval  # noqa: F401 (moved there; importable from here)
+from delphi.fits.probes import NOISE_SCOPES, PROBE_CARRIES, ProbeTrend, probe_trend  # noqa: F401 (moved there; importable from here)
 from delphi.fits.results import FitResult
 
-Z_90 = 1.6448536269514722  # standard normal quantile at 0.95: a central 90% interval
-Z_50 = 0.6744897501960817  # ... at 0.75: a central 50% interval
 LEVEL = 0.90
 MIN_TRAIN_BUDGETS = 3  # all-holdouts: every budget above the third is held out in turn
 RESIDUAL_DOF = 2  # the training residual scatter removes 2 dof (as for a 2-parameter L*(C) line)
@@ -88,19 +88,6 @@ def residual_scatter(fit: FitResult, train: pd.DataFrame) -> float | None:
         residuals.append(loss - pred)
     r = np.asarray(residuals, float)
     return float(np.sqrt(np.sum(r**2) / max(len(r) - RESIDUAL_DOF, 1))) if len(r) else None
-
-
-def predictive_interval(point: float, fit_interval: Any, scatter: float | None, z: float = Z_90) -> tuple[float, float] | None:
-    """Bootstrap interval widened by z x the residual scatter, each side in quadrature (normal
-    approx); z = Z_90 for a central 90% interval."""
-    extra = z * scatter if scatter is not None else 0.0
-    if fit_interval is not None and fit_interval[0] is not None and fit_interval[1] is not None:
-        lo, hi = point - float(fit_interval[0]), float(fit_interval[1]) - point
-    elif scatter is not None:
-        lo = hi = 0.0
-    else:
-        return None
-    return (point - float(np.hypot(max(lo, 0.0), extra)), point + float(np.hypot(max(hi, 0.0), extra)))
 
 
 def backtest(
@@ -267,12 +254,83 @@ def _next_budget(row: dict[str, Any], rows: list[dict[str, Any]]) -> float:
     return min(r["budget"] for r in rows if r["method"] == row["method"] and r["cut"] == row["cut"])
 
 
-# Moved to delphi.fits.probes (the probe diagnostics); still importable from here. Resolved lazily:
-# delphi.fits.probes imports this module, and an import back would be a cycle.
-_MOVED_TO_PROBES = ("PROBE_CARRIES", "NOISE_SCOPES", "ProbeTrend", "probe_trend", "probe_holdouts", "_half_width_rel", "_trend_summary")
+# --------------------------------------------------------------------------- the probes' correction, backtested
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_PROBES:
-        return getattr(importlib.import_module("delphi.fits.probes"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def probe_holdouts(
+    table: pd.DataFrame,
+    fit_fn: Callable[[pd.DataFrame], FitResult],
+    *,
+    probes: int = 3,
+    min_train_budgets: int = MIN_TRAIN_BUDGETS,
+    tolerance: float = 0.03,
+    family: FlopsFamily | None = None,
+    carry: str = "linear",
+) -> dict[str, Any]:
+    """Backtest the probe-trend correction: for each cut with `probes` budgets above it and at least
+    one more, fit below the cut, score the law at the first `probes` budgets above it (their best
+    observed loss, as `backtest` scores a budget) and predict every budget beyond them, by the law
+    alone and by the law corrected by its trend at the probes (`ProbeTrend.correct`; each probe's
+    noise is the training residual scatter). Errors are predicted / observed - 1, as in `backtest`.
+    "tested": `ProbeTrend.untested` finds nothing at that budget (gate probes' test of a corrected
+    prediction); the summary scores all rows and the tested ones."""
+    budgets = np.sort(table["budget"].unique())
+    if probes < 2 or len(budgets) < min_train_budgets + probes + 1:
+        raise DelphiError(f"backtest --probes {probes}: {len(budgets)} budget(s); need >= 2 probes and "
+                          f"{min_train_budgets} training budgets + the probes + 1")
+    rows: list[dict[str, Any]] = []
+    for k in range(min_train_budgets, len(budgets) - probes):
+        try:
+            result = backtest(table, fit_fn, cut=float(budgets[k]), family=family)
+        except (DelphiError, ValueError, ArithmeticError, np.linalg.LinAlgError) as e:
+            rows.append({"cut": float(budgets[k]), "error": f"{type(e).__name__}: {e}"})
+            continue
+        scored = sorted(result["budgets"], key=lambda b: b["budget"])
+        at_probes, targets = scored[:probes], scored[probes:]
+        top = float(budgets[k - 1])
+        trend = probe_trend({f"{b['budget']:.4g}": {"compute": b["budget"], "rel_error": b["observed_best_loss"] / b["predicted_loss"] - 1}
+                             for b in at_probes}, top, carry)
+        noise_rel = (result["residual_scatter_nats"] or 0.0) / float(np.mean([b["observed_best_loss"] for b in at_probes]))
+        tested = trend.leave_last_out()
+        for b in targets:
+            truth = b["observed_best_loss"]
+            loss, interval = trend.correct(b["predicted_loss"], b["loss_interval_90"], b["budget"], noise_rel)
+            rows.append({
+                "cut": float(budgets[k]), "n_train_budgets": k, "budget": b["budget"], "extrapolation": b["extrapolation"],
+                "beyond_last_probe": b["budget"] / at_probes[-1]["budget"],
+                "probe_budgets": [float(p["budget"]) for p in at_probes],
+                "probe_span": at_probes[-1]["budget"] / at_probes[0]["budget"],
+                "probe_errors": [float(e) for e in trend.errors], "carried_rel": trend.at(b["budget"]),
+                "leave_last_out_rel_error": None if tested is None else tested[1],
+                "tested": not trend.untested(tolerance, b["budget"]),
+                "observed_best_loss": truth, "law_loss": b["predicted_loss"], "law_rel_error": b["rel_error"],
+                "law_covered_90": b["covered_90"], "law_half_width_rel": _half_width_rel(b["loss_interval_90"], b["predicted_loss"]),
+                "corrected_loss": loss, "corrected_rel_error": loss / truth - 1,
+                "corrected_half_width_rel": _half_width_rel(interval, loss),
+                "corrected_interval_90": None if interval is None else list(interval),
+                "corrected_covered_90": _covered(interval, truth),
+            })
+    scored_rows = [r for r in rows if "error" not in r]
+    summary = {label: _trend_summary(part) for label, part in
+               (("all", scored_rows), ("tested", [r for r in scored_rows if r["tested"]]))}
+    return {"kind": "backtest_probe_trend", "probes": probes, "carry": carry, "tolerance": tolerance, "rows": rows,
+            "summary": summary, "failed_fits": len(rows) - len(scored_rows), "input_sha256": table.attrs.get("sha256")}
+
+
+def _half_width_rel(interval: Sequence[float] | None, loss: float) -> float | None:
+    return None if interval is None else (float(interval[1]) - float(interval[0])) / 2 / loss
+
+
+def _trend_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in rows if r[key] is not None]
+        return float(np.mean(values)) if values else None
+
+    out: dict[str, Any] = {"n": len(rows)}
+    for which in ("law", "corrected"):
+        out[f"{which}_mean_abs_rel_error"] = float(np.mean([abs(r[f"{which}_rel_error"]) for r in rows])) if rows else None
+        out[f"{which}_coverage_90"] = mean(f"{which}_covered_90")
+        out[f"{which}_mean_half_width_rel"] = mean(f"{which}_half_width_rel")
+    out["corrected_better"] = (float(np.mean([abs(r["corrected_rel_error"]) < abs(r["law_rel_error"]) for r in rows]))
+                               if rows else None)
+    return out

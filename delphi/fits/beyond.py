@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_50, Z_90, all_holdouts
+from delphi.fits.backtest import all_holdouts
+from delphi.fits.intervals import Z_50, Z_90
 from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET
 from delphi.fits.results import FitResult
 

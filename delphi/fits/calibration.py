@@ -53,7 +53,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_90
+from delphi.fits.intervals import Z_90
 from delphi.fits.beyond import ENSEMBLES
 
 SCHEMA_VERSION = 1
@@ -437,8 +437,11 @@ def interval_for_gate(final: dict[str, Any]) -> tuple[Sequence[float] | None, fl
     return final.get("loss_90"), float(final["loss"]), "", None
 
 
-def report_lines(final: dict[str, Any]) -> list[str]:
-    """Markdown for a study report: the calibrated prediction and the method choice behind it."""
+def report_lines(final: dict[str, Any], primary_fit: str | None = None, primary_law: str | None = None) -> list[str]:
+    """Markdown for a study report: the primary law's calibrated prediction, and the method choice on
+    the public sweeps beside it. `primary_fit` is the study's setting (a law, or "auto") and
+    `primary_law` the law it resolved to: they say why the primary law made the sealed prediction
+    where the public-sweep evidence names another (a study that fixed its law)."""
     cal = (final or {}).get("calibrated")
     if not cal:
         return []
@@ -456,15 +459,33 @@ def report_lines(final: dict[str, Any]) -> list[str]:
         lines.append(f"Not calibrated: {cal.get('reason')}.")
     choice = cal.get("method_choice")
     if choice:
-        lines += [""] + method_choice_lines(choice, "" if choice.get("agrees") else
-                                            f"; the study's primary law is {choice.get('fitted_method')}")
+        lines += [""] + method_choice_lines(
+            choice, primary_note(choice["method"], primary_law or choice.get("fitted_method"), primary_fit),
+            lead="Public-sweep evidence for which law extrapolates best on sweeps like this one.")
     return lines + [""]
 
 
-def method_choice_lines(choice: dict[str, Any], note: str = "") -> list[str]:
-    """Markdown: a `choose_method` answer (its rule, the choice, `note` after it) and the table behind it."""
-    lines = [f"Method choice ({choice['rule']}): **{choice['method']}**{note}. "
-             f"Similar sweeps: {', '.join(s['source'] for s in choice['similar_sources'])}.", "",
+def primary_note(chosen: str, primary: str | None, primary_fit: str | None) -> str:
+    """How the public-sweep method choice (`chosen`) stands to the study's primary law, the law that
+    made the sealed prediction, given the study's `primary_fit` setting (None: not known)."""
+    if primary is None:
+        return "The study's primary law has no calibration entry; it made the sealed prediction all the same."
+    if chosen == primary:
+        return f"It names the study's primary law, {primary}, the law that made the sealed prediction."
+    why = {None: "this evidence did not choose it",
+           "auto": ("with `primary_fit: auto` the fit stage chose it once, among the laws this study fits "
+                    "(see \"Primary law chosen by evidence\")")}
+    return (f"It differs from the study's primary law, {primary}, which made the sealed prediction all the same: "
+            + why.get(primary_fit, f"the study fixes `primary_fit: {primary_fit}`, and a fixed primary law is not "
+                                   f"re-chosen by this evidence") + ".")
+
+
+def method_choice_lines(choice: dict[str, Any], note: str = "", lead: str = "") -> list[str]:
+    """Markdown: a `choose_method` answer (`lead` before it, its rule and the choice, `note` after it)
+    and the table behind it."""
+    lines = [" ".join(part for part in (lead, f"Method choice ({choice['rule']}): **{choice['method']}**. "
+                                              f"Similar sweeps: {', '.join(s['source'] for s in choice['similar_sources'])}.", note)
+                      if part), "",
              "| method | held-out points | mean abs error (calibrated) | uncalibrated | 50% coverage | 90% coverage |",
              "|---|---|---|---|---|---|"]
     return lines + [f"| {r['method']} | {r['n']} | {r['mean_abs_rel_error']:.2%} | {r['mean_abs_rel_error_uncalibrated']:.2%} | "

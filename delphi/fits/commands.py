@@ -1,4 +1,4 @@
-"""`delphi fit isoflop|envelope|parametric|vpnls|frontier|moe|backtest` and `delphi predict`."""
+"""`delphi fit isoflop|envelope|parametric|vpnls|frontier|moe|backtest|coverage` and `delphi predict`."""
 
 from __future__ import annotations
 
@@ -91,6 +91,25 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                          help="replace --out even if it is not a file this command wrote (never one of its inputs)")
         add_json_flag(sub)
         sub.set_defaults(func=run_fit if method != "backtest" else run_backtest, fit_method=method)
+
+    about = ("empirical 50%% and 90%% coverage of Delphi's intervals, from committed files: the default study's seeds, "
+             "the public sweeps (leave-one-source-out, by extrapolation factor), every sealed outcome")
+    cov = fit_sub.add_parser("coverage", help=about, description=about.replace("%%", "%") + " (docs/cli.md)")
+    cov.add_argument("--root", type=Path, default=None, metavar="DIR",
+                     help="the repository whose committed files are counted (default: this checkout)")
+    cov.add_argument("--summary", type=Path, metavar="CSV", help="default-study summary (default ROOT/benchmarks/default_study/summary.csv)")
+    cov.add_argument("--edition", metavar="E", help="the default study's edition to count (default: the newest plain-numbered "
+                                                     "edition with outcomes; 5b, 5c are variant rounds)")
+    cov.add_argument("--beyond-rows", type=Path, metavar="CSV",
+                     help="leave-one-source-out predictions on the public sweeps (default "
+                          "ROOT/benchmarks/results/beyond/public_rows.csv)")
+    cov.add_argument("--calibration", type=Path, metavar="FILE",
+                     help="calibration whose LOSO table the rows are checked against (default "
+                          "ROOT/delphi/fits/data/beyond_calibration.json)")
+    cov.add_argument("--preregistrations", type=Path, metavar="DIR", help="sealed preregistrations and outcomes (default ROOT/preregistrations)")
+    cov.add_argument("--by-method", action="store_true", help="public sweeps: one pair of rows per law instead of the laws pooled")
+    add_json_flag(cov)
+    cov.set_defaults(func=run_coverage, fit_method="coverage")
 
     pred = subparsers.add_parser("predict", help="predict loss / N* / D* from a fit JSON")
     pred.add_argument("fit", type=Path, help="FIT.json written by delphi fit")
@@ -382,7 +401,7 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
 
     from delphi.fits import calibration as cal
     from delphi.fits.beyond import beyond_rows, bin_table, check_beyond_table, markdown_table, split_sources, sweep_features
-    from delphi.fits.data import _read, load_results
+    from delphi.fits.data import _read
     from delphi.io import atomic_write_json
     from delphi.query import select_rows
 
@@ -444,7 +463,7 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
-    from delphi.fits.probes import probe_holdouts
+    from delphi.fits.backtest import probe_holdouts
     from delphi.io import atomic_write_json
 
     if len(args.method) > 1:
@@ -458,6 +477,21 @@ def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
               f"law {pct(s['law_coverage_90'])}, corrected {pct(s['corrected_coverage_90'])}", file=sys.stderr)
     if args.out:
         atomic_write_json(args.out, result, written_by=_command(args))
+    return result
+
+
+def run_coverage(args: argparse.Namespace) -> dict[str, Any]:
+    """`delphi fit coverage`: the table on stderr (markdown, then its notes); --json: rows, notes, markdown."""
+    from delphi.fits.coverage import REPO_ROOT, coverage_table
+
+    root = args.root if args.root is not None else REPO_ROOT
+    if args.root is not None and not Path(args.root).is_dir():
+        raise DelphiError(f"--root {args.root}: not a directory")
+    result = coverage_table(root, summary=args.summary, beyond_rows=args.beyond_rows, calibration=args.calibration,
+                            preregistrations=args.preregistrations, edition=args.edition, by_method=args.by_method)
+    print(result["markdown"], file=sys.stderr)
+    if result["notes"]:
+        print("\nNotes:\n" + "\n".join(f"- {n}" for n in result["notes"]), file=sys.stderr)
     return result
 
 
@@ -498,7 +532,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
             p["calibrated"] = calibrate_point(calibration_key(fit.kind, fit.method), p["loss"], p.get("loss_interval_90"),
                                               factor, calibration, fit_label=f"a {fit.kind} fit by {fit.method}")
             own = p.get("loss_interval_90")
-            print(f"  law's own 90% (uncalibrated): " + (f"[{own[0]:.4f}, {own[1]:.4f}]" if own else "none")
+            print("  law's own 90% (uncalibrated): " + (f"[{own[0]:.4f}, {own[1]:.4f}]" if own else "none")
                   + f"; {describe_calibrated(p['calibrated'])}", file=sys.stderr)
         if p["extrapolation"] and p["extrapolation"]["warning"]:
             warnings.append(p["extrapolation"]["warning"])

@@ -40,11 +40,10 @@ Choices, and why:
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from jaxtyping import Float
@@ -52,7 +51,12 @@ from scipy.optimize import least_squares, nnls
 from scipy.signal import lfilter
 
 from delphi.errors import DelphiError, quoted
+from delphi.fits.evals import eval_points, eval_steps  # noqa: F401 (moved there; importable from here)
 from delphi.fits.results import FitStatus, fit_status
+# Moved to delphi.fits.shape_trajectory (a trajectory with no law); importable from here. That module
+# imports delphi.fits.evals, not this one, so the import runs one way.
+from delphi.fits.shape_trajectory import (SCHEDULE_SHAPE_KEYS, normalised_curve, project_finals,  # noqa: F401
+                                          same_schedule_shape, trajectory_from_shapes)
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, read_metrics, read_status
 from delphi.train.schedules import lr_factor_schedule, warmup_steps
 
@@ -150,16 +154,6 @@ def curve_from_schedule(
         s2=s2_all[updates],
         total_tokens=float(lr.size * tokens_per_step),
     )
-
-
-def eval_points(rows: Iterable[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(steps, tokens, val_loss) of the rows that carry an eval."""
-    pts = [(r["step"], r["tokens"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
-    pts = [p for p in pts if math.isfinite(float(p[2]))]
-    if not pts:
-        return np.zeros(0), np.zeros(0), np.zeros(0)
-    a = np.asarray(pts, dtype=np.float64)
-    return a[:, 0], a[:, 1], a[:, 2]
 
 
 def load_run_curve(run_dir: str | Path, *, lr_ref: float | None = None, momentum_decay: float = TISSUE_MOMENTUM_DECAY) -> Curve:
@@ -476,14 +470,6 @@ def fit_curve_law(
 # --------------------------------------------------------------------------- hero trajectory
 
 
-def eval_steps(steps: int, eval_every: int) -> list[int]:
-    """Update counts at which the trainer evaluates: every eval_every and at the end."""
-    out = list(range(eval_every, steps + 1, eval_every))
-    if not out or out[-1] != steps:
-        out.append(steps)
-    return out
-
-
 def predict_trajectory(
     fit: CurveLawFit,
     hero: Any,
@@ -566,14 +552,3 @@ def backtest_curve_law(curves: Sequence[Curve], *, bootstrap: int = 100, seed: i
         "max_abs_rel_error": max(abs(r["rel_error"]) for r in rows),
         "fit": fit.to_json() | {"samples": []},
     }
-
-
-# Moved to delphi.fits.shape_trajectory (a trajectory with no law); still importable from here.
-# Resolved lazily: that module imports this one, and an import back would be a cycle.
-_MOVED_TO_SHAPE_TRAJECTORY = ("SCHEDULE_SHAPE_KEYS", "normalised_curve", "same_schedule_shape", "project_finals", "trajectory_from_shapes")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_SHAPE_TRAJECTORY:
-        return getattr(importlib.import_module("delphi.fits.shape_trajectory"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,9 @@ of it; a study uses it when its spec names probes or `hero.probe_correction`).
   by a rule (`PROBE_CARRIES`); `NOISE_SCOPES`: whose seed spread is one run's noise there.
 - `correct_by_probes` / `correction_text`: a prediction corrected by that trend, and how the
   paper and the report say so.
-- `probe_holdouts`: the correction backtested on a table's own budgets (`delphi backtest --probes`).
+
+The correction backtested on a table's own budgets (`delphi fit backtest --probes`) is a backtest:
+`delphi.fits.backtest.probe_holdouts`, which imports this module (imports run one way).
 
 Where the probes' errors come from (`delphi.prereg.predict.score_probes`), and their gate
 (`delphi.prereg.gates.gate_probes`), stay with the preregistration that reads run directories.
@@ -16,15 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
 
 from delphi.errors import DelphiError, quoted
-from delphi.fits.allocation import FlopsFamily
-from delphi.fits.backtest import MIN_TRAIN_BUDGETS, Z_50 as Z50, Z_90, Z_90 as Z90, _covered, backtest, predictive_interval
-from delphi.fits.results import FitResult
+from delphi.fits.intervals import Z_50 as Z50, Z_90, Z_90 as Z90, predictive_interval
 
 
 # How a law's error at the probes is carried beyond them (`ProbeTrend.carry`), and how the text says it.
@@ -162,85 +161,6 @@ def probe_trend(probes: dict[str, dict], top_budget: float, carry: str = "linear
         return None
     return ProbeTrend(float(top_budget), tuple(p[2] for p in points), tuple(p[0] for p in points),
                       tuple(p[1] for p in points), carry)
-
-
-def probe_holdouts(
-    table: pd.DataFrame,
-    fit_fn: Callable[[pd.DataFrame], FitResult],
-    *,
-    probes: int = 3,
-    min_train_budgets: int = MIN_TRAIN_BUDGETS,
-    tolerance: float = 0.03,
-    family: FlopsFamily | None = None,
-    carry: str = "linear",
-) -> dict[str, Any]:
-    """Backtest the probe-trend correction: for each cut with `probes` budgets above it and at least
-    one more, fit below the cut, score the law at the first `probes` budgets above it (their best
-    observed loss, as `backtest` scores a budget) and predict every budget beyond them, by the law
-    alone and by the law corrected by its trend at the probes (`ProbeTrend.correct`; each probe's
-    noise is the training residual scatter). Errors are predicted / observed - 1, as in `backtest`.
-    "tested": `ProbeTrend.untested` finds nothing at that budget (gate probes' test of a corrected
-    prediction); the summary scores all rows and the tested ones."""
-    budgets = np.sort(table["budget"].unique())
-    if probes < 2 or len(budgets) < min_train_budgets + probes + 1:
-        raise DelphiError(f"backtest --probes {probes}: {len(budgets)} budget(s); need >= 2 probes and "
-                          f"{min_train_budgets} training budgets + the probes + 1")
-    rows: list[dict[str, Any]] = []
-    for k in range(min_train_budgets, len(budgets) - probes):
-        try:
-            result = backtest(table, fit_fn, cut=float(budgets[k]), family=family)
-        except (DelphiError, ValueError, ArithmeticError, np.linalg.LinAlgError) as e:
-            rows.append({"cut": float(budgets[k]), "error": f"{type(e).__name__}: {e}"})
-            continue
-        scored = sorted(result["budgets"], key=lambda b: b["budget"])
-        at_probes, targets = scored[:probes], scored[probes:]
-        top = float(budgets[k - 1])
-        trend = probe_trend({f"{b['budget']:.4g}": {"compute": b["budget"], "rel_error": b["observed_best_loss"] / b["predicted_loss"] - 1}
-                             for b in at_probes}, top, carry)
-        noise_rel = (result["residual_scatter_nats"] or 0.0) / float(np.mean([b["observed_best_loss"] for b in at_probes]))
-        tested = trend.leave_last_out()
-        for b in targets:
-            truth = b["observed_best_loss"]
-            loss, interval = trend.correct(b["predicted_loss"], b["loss_interval_90"], b["budget"], noise_rel)
-            rows.append({
-                "cut": float(budgets[k]), "n_train_budgets": k, "budget": b["budget"], "extrapolation": b["extrapolation"],
-                "beyond_last_probe": b["budget"] / at_probes[-1]["budget"],
-                "probe_budgets": [float(p["budget"]) for p in at_probes],
-                "probe_span": at_probes[-1]["budget"] / at_probes[0]["budget"],
-                "probe_errors": [float(e) for e in trend.errors], "carried_rel": trend.at(b["budget"]),
-                "leave_last_out_rel_error": None if tested is None else tested[1],
-                "tested": not trend.untested(tolerance, b["budget"]),
-                "observed_best_loss": truth, "law_loss": b["predicted_loss"], "law_rel_error": b["rel_error"],
-                "law_covered_90": b["covered_90"], "law_half_width_rel": _half_width_rel(b["loss_interval_90"], b["predicted_loss"]),
-                "corrected_loss": loss, "corrected_rel_error": loss / truth - 1,
-                "corrected_half_width_rel": _half_width_rel(interval, loss),
-                "corrected_interval_90": None if interval is None else list(interval),
-                "corrected_covered_90": _covered(interval, truth),
-            })
-    scored_rows = [r for r in rows if "error" not in r]
-    summary = {label: _trend_summary(part) for label, part in
-               (("all", scored_rows), ("tested", [r for r in scored_rows if r["tested"]]))}
-    return {"kind": "backtest_probe_trend", "probes": probes, "carry": carry, "tolerance": tolerance, "rows": rows,
-            "summary": summary, "failed_fits": len(rows) - len(scored_rows), "input_sha256": table.attrs.get("sha256")}
-
-
-def _half_width_rel(interval: Sequence[float] | None, loss: float) -> float | None:
-    return None if interval is None else (float(interval[1]) - float(interval[0])) / 2 / loss
-
-
-def _trend_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    def mean(key: str) -> float | None:
-        values = [r[key] for r in rows if r[key] is not None]
-        return float(np.mean(values)) if values else None
-
-    out: dict[str, Any] = {"n": len(rows)}
-    for which in ("law", "corrected"):
-        out[f"{which}_mean_abs_rel_error"] = float(np.mean([abs(r[f"{which}_rel_error"]) for r in rows])) if rows else None
-        out[f"{which}_coverage_90"] = mean(f"{which}_covered_90")
-        out[f"{which}_mean_half_width_rel"] = mean(f"{which}_half_width_rel")
-    out["corrected_better"] = (float(np.mean([abs(r["corrected_rel_error"]) < abs(r["law_rel_error"]) for r in rows]))
-                               if rows else None)
-    return out
 
 
 # --------------------------------------------------------------------------- the correction of a prediction

@@ -16,7 +16,8 @@ import numpy as np
 from jaxtyping import Float
 
 from delphi.errors import DelphiError, quoted
-from delphi.fits.curves import eval_points, eval_steps
+from delphi.fits.evals import eval_points, eval_steps
+from delphi.fits.intervals import Z_50, Z_90
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, read_metrics
 
 
@@ -74,8 +75,6 @@ def trajectory_from_shapes(shape_runs: Sequence[str | Path], hero: Any, final: d
     Why: on the fifth edition's 30x hero the curve law fitted on the ladder's short runs put the
     constant-LR phase 6-9% too high, while the 10x probe's normalised curve was within 3.3% of it
     after warmup (paper/editions/v6/second_opinions.py)."""
-    from delphi.fits.backtest import Z_50, Z_90
-
     if not shape_runs:
         raise DelphiError("trajectory from probes: no finished run beyond the ladder to take the curve's shape from")
     runs = []

@@ -753,6 +753,22 @@ def snapshot(study_dir: str | Path, dest: str | Path, *, resumable: bool = False
     return {"files": len(copied), "ladder_runs": runs, "to": str(dest), "compact": packed}
 
 
+NEXT_DIR = "next"  # PAPER_ROOT/next: the edition being built, stage by stage
+
+
+def seed_runs_of(doc: dict, run: Path) -> list[Path]:
+    """The runs a seal's outcome is the mean of: `run` (the sealed config's own seed) and, for a
+    multi-seed seal, its siblings RUN_s<seed> (delphi.study.stages.seed_runs' names)."""
+    from delphi.io import read_yaml
+    from delphi.prereg.check import target_seeds
+
+    seeds = target_seeds(doc)
+    if not seeds:
+        return [run]
+    own = read_yaml(run / "config.yaml").get("seed")
+    return [run] + [run.with_name(f"{run.name}_s{seed}") for seed in seeds if seed != own]
+
+
 def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Path = "preregistrations") -> list[dict]:
     """Each sealed preregistration against the editions: its seal (`prereg verify`), the editions whose
     compact data hold every file it hashed (fit, hero config, manifest, results table, probe
@@ -768,6 +784,10 @@ def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Pa
     if not files:
         raise DelphiError(f"--preregistrations {preregistrations}: holds no preregistration (*.yaml); nothing to verify")
     trees = {e.name: edition_tree(e) for e in editions(paper_root)}
+    # The edition being built (paper/next/vN/STAGE, each stage a compact pack) holds the runs of its
+    # seals until it becomes an edition.
+    trees |= {f"{NEXT_DIR}/{pack.parent.parent.name}/{pack.parent.name}": edition_tree(pack.parent)
+              for pack in sorted((Path(paper_root) / NEXT_DIR).glob("v*/*/files.csv.gz"))}
     out = []
     for path in files:
         doc = fmt.read(path)
@@ -783,8 +803,9 @@ def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Pa
             runs = [c.parent for c in sorted(trees[name].rglob("config.yaml"))
                     if (c.parent / "summary.json").is_file() and sha256_file(c) == hero_sha]
             if runs:
-                checked = verify(path, run_dir=runs[0])
-                row["run"] = f"{EDITIONS_DIR}/{name}/{runs[0].relative_to(trees[name]).as_posix()}"
+                checked = verify(path, run_dirs=seed_runs_of(doc, runs[0]))
+                where = name if name.startswith(f"{NEXT_DIR}/") else f"{EDITIONS_DIR}/{name}"
+                row["run"] = f"{where}/{runs[0].relative_to(trees[name]).as_posix()}"
                 row["run_ok"] = checked["ok"] and checked.get("created_before_start") is True
                 row["problems"] = checked["problems"]
                 break

@@ -131,17 +131,16 @@ def render_report(study: Study) -> str:
         "",
         "## Preregistered prediction against the outcome",
         "",
-        "| quantity | predicted | actual | relative error | inside 90% interval | verdict |",
-        "|---|---|---|---|---|---|",
-        f"| hero final val loss (nats/byte) | {_fmt(check.get('predicted_final_loss'))} | {_fmt(check.get('actual_final_loss'))} "
-        f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |",
+        *verdict_table(check),
         "",
         f"{check.get('why', '')}",
         "",
     ]
+    final = json.loads(study.gates.read_text()).get("prediction", {}) if study.gates.is_file() else {}
+    lines += primary_law_lines(study.primary_fit, study.spec.primary_fit, bool((final or {}).get("probe_correction")))
     lines += _gates_section(study)
     from delphi.fits.calibration import report_lines  # issue 30: the calibrated interval and the method choice
-    lines += report_lines(json.loads(study.gates.read_text()).get("prediction", {}) if study.gates.is_file() else {})
+    lines += report_lines(final, primary_fit=study.spec.primary_fit, primary_law=study.primary_fit)
     lines += _primary_choice_section(study)
     lines += _rehearsal_section(study)
     lines += _probes_section(study)
@@ -173,6 +172,32 @@ def render_report(study: Study) -> str:
         lines.append(f"![{png.stem}](figures/{png.name})")
     lines += ["", "## Rung health", "", health_table(table), "", "## Ladder", "", _markdown_table(table), ""]
     return "\n".join(lines)
+
+
+def verdict_table(check: dict) -> list[str]:
+    """The hero's preregistered final loss against the outcome (the check stage's result): predicted
+    and actual to the same 4 decimals, so that 1.5030 and 1.5000 read as the numbers they are."""
+    return ["| quantity | predicted | actual | relative error | inside 90% interval | verdict |",
+            "|---|---|---|---|---|---|",
+            f"| hero final val loss (nats/byte) | {_fmt(check.get('predicted_final_loss'), '.4f')} "
+            f"| {_fmt(check.get('actual_final_loss'), '.4f')} "
+            f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |"]
+
+
+def primary_law_lines(law: str, setting: str, corrected: bool = False) -> list[str]:
+    """Which law made the sealed prediction (the study's primary law, `law`) and why: the study's
+    `primary_fit` setting (`setting`), a fixed law or `auto` and the evidence. The method-choice
+    table further down is public-sweep evidence and may name another law where the study fixed its own."""
+    from delphi.study.spec import AUTO_PRIMARY
+
+    made = f"the {law} law" + (", corrected by its error trend at the probes (see \"Probes beyond the ladder\")" if corrected else "")
+    if setting == AUTO_PRIMARY:
+        why = (f"the study leaves the choice to the evidence (`primary_fit: auto`), and the fit stage chose {law} once, before "
+               f"the hero was sized, by the public-sweep method choice (see \"Primary law chosen by evidence\")")
+    else:
+        why = (f"the study file fixes it (`primary_fit: {setting}`), so it sized the hero and made the prediction; the "
+               f"method-choice table further down is public-sweep evidence beside it and may name another law")
+    return [f"The sealed prediction was made by the study's primary law, {made}. Why {law}: {why}.", ""]
 
 
 def _gates_section(study: Study) -> list[str]:

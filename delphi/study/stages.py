@@ -549,6 +549,26 @@ def seed_runs(config: Path, run: Path, seeds: tuple[int, ...]) -> list[tuple[Pat
     return out
 
 
+SEED_PROGRESS_EVERY_S = 60.0  # how often a run's side-by-side seeds report their progress
+
+
+def _progress(run: Path, steps: int) -> str:
+    """One seed's progress from its metrics log: step, train loss, tokens/s and the time left."""
+    from delphi.train.rundir import read_metrics
+
+    rows = [r for r in read_metrics(run) if isinstance(r.get("step"), int)]
+    if not rows:
+        return f"{run.name} starting"
+    last = rows[-1]
+    rate = [r for r in rows if r.get("time") is not None]
+    steps_per_s = ((rate[-1]["step"] - rate[0]["step"]) / (rate[-1]["time"] - rate[0]["time"])
+                   if len(rate) > 1 and rate[-1]["time"] > rate[0]["time"] else None)
+    eta = f", ETA {(steps - last['step']) / steps_per_s / 60:.0f} min" if steps_per_s else ""
+    loss = last.get("train_loss")
+    return (f"{run.name} step {last['step']}/{steps}" + (f", loss {loss:.4f}" if isinstance(loss, float) else "")
+            + (f", {last['tokens_per_s']:,.0f} tok/s" if isinstance(last.get("tokens_per_s"), float) else "") + eta)
+
+
 def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[dict]:
     """Train one run's seeds side by side, one process each (`delphi train`, single-threaded XLA when
     the seeds share the cores), and return their summaries; one seed trains in this process. Each
@@ -579,6 +599,9 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
             with open(log, "a") as handle:
                 procs.append(subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env))
             _say(f"{what}: {run.name} training (log {log})")
+        while any(p.poll() is None for p in procs):
+            time.sleep(SEED_PROGRESS_EVERY_S if all(p.poll() is None for p in procs) else 1.0)
+            _say(f"{what}: " + "; ".join(_progress(run, load_train_config(config).steps) for config, run in runs))
         codes = [p.wait() for p in procs]
     finally:
         for p in procs:
