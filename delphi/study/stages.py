@@ -569,15 +569,34 @@ def _progress(run: Path, steps: int) -> str:
             + (f", {last['tokens_per_s']:,.0f} tok/s" if isinstance(last.get("tokens_per_s"), float) else "") + eta)
 
 
+def _stop_all(procs: list) -> None:
+    """Stop every still-running seed process (SIGTERM: it checkpoints and exits), waiting for each."""
+    import signal
+    import subprocess
+
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=SEED_STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+SEED_STOP_WAIT_S = 120.0  # a stopping seed saves a checkpoint first; past this it is killed
+
+
 def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[dict]:
     """Train one run's seeds side by side, one process each (`delphi train`, single-threaded XLA when
     the seeds share the cores), and return their summaries; one seed trains in this process. Each
     resumes where it stopped; a signal stops them all (their checkpoints stay)."""
+    import contextlib
     import os
-    import signal
     import subprocess
 
     from delphi.prereg.format import predicted_loss_curve
+    from delphi.signals import stop_signals_raise
     from delphi.train.config import load_train_config
     from delphi.train.trainer import train
 
@@ -590,8 +609,12 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
     env = dict(os.environ)
     if len(runs) >= (os.cpu_count() or 1):
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREAD_XLA_FLAGS}".strip()
-    procs = []
-    try:
+    procs: list[subprocess.Popen] = []
+    # SIGTERM or SIGHUP to the study must reach its seeds' processes, not orphan them: on the way out
+    # each is stopped at a checkpoint (`_stop_all`), and the same command resumes them.
+    with stop_signals_raise(f"{what}: its seeds stopped at a checkpoint; rerun the study to resume"), \
+            contextlib.ExitStack() as stack:
+        stack.callback(_stop_all, procs)
         for config, run in runs:
             log = run.with_name(f"{run.name}.log")
             cmd = [sys.executable, "-m", "delphi.cli", "train", str(config), "--out", str(run), "--prereg", str(seal),
@@ -603,15 +626,6 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
             time.sleep(SEED_PROGRESS_EVERY_S if all(p.poll() is None for p in procs) else 1.0)
             _say(f"{what}: " + "; ".join(_progress(run, load_train_config(config).steps) for config, run in runs))
         codes = [p.wait() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                p.kill()
     summaries = []
     for (config, run), code in zip(runs, codes):
         summary_path = run / SUMMARY_FILE
