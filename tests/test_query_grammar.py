@@ -17,7 +17,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.fits import load_results
 from delphi.query import MAX_NESTING, parse, query_mask, select_rows
@@ -237,12 +236,7 @@ def test_syntax_is_checked_before_any_column(table):
 
 # ----------------------------------------------------------------------------- (c) the CLI
 
-def _run(argv: list, capsys) -> tuple[int, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
+from test_hostile_inputs import _run  # noqa: E402  (the hostile-input tests' CLI runner)
 
 
 def _tree(root: Path) -> list[str]:

@@ -581,14 +581,15 @@ def _against_records(prereg_path: Path, result: dict, runs: list[Path]) -> dict:
 def _verify_runs(prereg_path: Path, run_dirs: list[Path], wandb_path: str | None) -> dict:
     if len(run_dirs) > 1:
         base = _verify_one(prereg_path)
-        seeds = target_seeds(fmt.read(prereg_path))
+        doc = fmt.read(prereg_path)
+        seeds = target_seeds(doc)
         if seeds is None or len(run_dirs) != len(seeds) or len({Path(r).resolve() for r in run_dirs}) != len(run_dirs):
             raise DelphiError(f"--run: {prereg_path} seals {'one run' if seeds is None else f'seeds {seeds}'}: give one "
                               f"distinct --run per sealed seed, got {len(run_dirs)}")
         runs = []
         for one in run_dirs:
             seed = _run_seed(Path(one))
-            if seed not in seeds or hero_mismatch(fmt.read(prereg_path), prereg_path, Path(one), seed):
+            if seed not in seeds or hero_mismatch(doc, prereg_path, Path(one), seed):
                 raise DelphiError(f"--run {one}: not one of the sealed seeds {seeds} of the hero of {prereg_path}")
             runs.append(_verify_one(prereg_path, run_dir=Path(one), seed=seed))
         problems = base["problems"] + [f"seed run {r['run']}: {p}" for r in runs for p in r["problems"]]
