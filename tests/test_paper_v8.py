@@ -182,25 +182,26 @@ def test_a_seal_edited_after_sealing_is_reported_not_scored(law_alone_study):
 
 
 def test_a_study_whose_probes_corrected_the_hero_has_no_such_section():
-    from delphi.paper.build import _law_alone_section
+    from delphi.paper.build import law_alone_runs
 
     seventh = resolve_data(REPO / "paper" / "editions" / "v7" / "study")
-    assert _law_alone_section(seventh, REPO / "preregistrations" / "paper-v7-hero-90x.yaml", TOP_BUDGET, OLD_STUDY) == ""
+    assert law_alone_runs(seventh, REPO / "preregistrations" / "paper-v7-hero-90x.yaml", TOP_BUDGET) == []
 
 
 def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
     from delphi.editions import CURVES_FILE, FILES_FILE
     from delphi.paper.build import old_recipe_data
 
-    # An eighth edition's compact data: the fifth edition's study is found beside it, as the text quotes it.
+    # An eighth edition's compact data: the seventh edition's study (the old recipe's five runs beyond
+    # its ladder) is found beside it, as the text quotes it.
     editions = tmp_path / "paper" / "editions"
     (editions / "v8" / "study").mkdir(parents=True)
     for name in (CURVES_FILE, FILES_FILE):
         (editions / "v8" / name).write_bytes(b"")
-    (editions / "v5").symlink_to(REPO / "paper" / "editions" / "v5")
-    assert old_recipe_data(editions / "v8" / "study", tmp_path / "elsewhere") == editions / "v5" / "study"
+    (editions / "v7").symlink_to(REPO / "paper" / "editions" / "v7")
+    assert old_recipe_data(editions / "v8" / "study", tmp_path / "elsewhere") == editions / "v7" / "study"
     # A study directory outside the editions: PAPER_DIR/editions.
-    assert old_recipe_data(tmp_path / "runs" / "paper_v8", REPO / "paper") == OLD_STUDY
+    assert old_recipe_data(tmp_path / "runs" / "paper_v8", REPO / "paper") == REPO / "paper" / "editions" / "v7" / "study"
     assert old_recipe_data(tmp_path / "runs" / "paper_v8", tmp_path / "elsewhere") is None
 
 def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alone_study, tmp_path):
@@ -217,8 +218,9 @@ def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alon
     paper.mkdir()
     shutil.copy(REPO / "paper" / "template.md", paper / "template.md")
     (paper / "editions").mkdir()
-    (paper / "editions" / "v5").symlink_to(REPO / "paper" / "editions" / "v5")  # the old recipe, beside the paper
-    build_paper(paper, data_dir=law_alone_study, svg=False)
+    (paper / "editions" / "v7").symlink_to(REPO / "paper" / "editions" / "v7")  # the old recipe, beside the paper
+    built = build_paper(paper, data_dir=law_alone_study, svg=False)
+    assert str(paper / "figures" / "law_alone_error.png") in built["figures"]  # the edition's figure, with nothing scored yet
     text = (paper / "paper.md").read_text()
     assert f"**{UNCHECKED}**" in text
     for run in ("probe3x", "probe10x", "hero"):
@@ -227,3 +229,48 @@ def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alon
     comparison = text.split("### The old recipe's law alone against the new recipe's")[1]
     assert [_table_row(comparison, m)[7] for m in ("3x", "10x", "30x")] == ["not yet trained"] * 3
     assert "none of the new recipe's sealed predictions is scored yet. Not yet scored: probe3x, probe10x, hero." in comparison
+
+
+def _two_seed_row(run: str, multiple: float, predicted: float, seeds: list[float] | None) -> dict:
+    """A sealed_run row of a two-seed seal with two competing laws sealed beside the primary."""
+    actual = None if seeds is None else sum(seeds) / len(seeds)
+    competing = {"isoflop": {"loss": predicted * 0.96, "loss_90": [predicted * 0.93, predicted * 0.99]},
+                 "frontier": {"error": "no prediction (E at its bound)"}}
+    row = {"run": run, "status": "completed" if seeds else "running", "multiple": multiple, "flops": multiple * 1e13,
+           "shape": "d96 L3", "predicted": predicted, "loss_50": [predicted * 0.99, predicted * 1.01],
+           "loss_90": [predicted * 0.97, predicted * 1.03], "competing": competing, "actual": actual,
+           "rel_error": None if actual is None else actual / predicted - 1, "verdict": None, "tolerance_rel": 0.01,
+           "seeds": [] if seeds is None else list(enumerate(seeds)), "scores": {}, "covered_50": None, "covered_90": None}
+    if actual is not None:
+        from delphi.prereg.competing import score_competing
+
+        row |= {"covered_50": abs(actual / predicted - 1) <= 0.01, "covered_90": abs(actual / predicted - 1) <= 0.03,
+                "verdict": "passed" if abs(actual / predicted - 1) <= 0.01 else "failed",
+                "scores": score_competing(competing, actual)}
+    return row
+
+
+def test_every_sealed_law_is_scored_on_the_seed_mean_and_on_each_seed():
+    """Issue 40: each sealed law against the mean of the seeds and each seed, with its coverage; the
+    ranking puts the law with the smallest mean |error| first, a law that could not predict keeps its
+    reason, and a run still training is shown sealed, not scored."""
+    from delphi.paper.beyond import laws_ranking, laws_run_table, laws_section, runs_summary
+
+    rows = [_two_seed_row("probe3x", 3, 1.20, [1.19, 1.23]), _two_seed_row("hero", 30, 0.98, None)]
+    scores = laws_ranking(rows, "vpnls")
+    assert [e["law"] for e in scores] == ["vpnls (primary)", "isoflop", "frontier"]
+    assert scores[0]["mean_abs_error"] == pytest.approx(1.21 / 1.20 - 1) and scores[0]["n_scored"] == 1
+    assert scores[1]["mean_abs_error"] == pytest.approx(1.21 / (1.20 * 0.96) - 1)
+    assert scores[2]["mean_abs_error"] is None  # no prediction: never scored
+    table = laws_run_table(rows[0], "vpnls").splitlines()
+    assert table[0].startswith("| law | sealed | 50% interval | 90% interval | error (mean) | error (seed 0) | error (seed 1) |")
+    assert table[2] == (f"| vpnls (primary) | 1.2000 | [1.1880, 1.2120] | [1.1640, 1.2360] | {1.21 / 1.2 - 1:+.2%} "
+                        f"| {1.19 / 1.2 - 1:+.2%} | {1.23 / 1.2 - 1:+.2%} | yes | yes | n/a |")
+    assert table[-1].startswith("| frontier | no prediction (E at its bound) |")
+    section = laws_section(rows, "vpnls")
+    assert "Closest over the one scored run: **vpnls (primary)**" in section
+    assert "#### hero: 3e+14 FLOPs (30x), d96 L3, training" in section
+    assert "0.9800 (not yet scored)" in section
+    summary = runs_summary(rows)
+    assert summary == (f"at 3x the law alone sealed 1.2000 and the mean of two seeds reached 1.2100 ({1.21 / 1.2 - 1:+.2%}, "
+                       "**passed**, inside its 90% interval); at 30x the law alone sealed 0.9800 (still training).")

@@ -242,3 +242,18 @@ def test_a_study_trains_a_runs_seeds_side_by_side_and_checks_their_mean(store, t
     assert result["verdict"] in ("passed", "failed") and len(result["seeds"]) == 2
     mean = sum(s["val_loss"] for s in summaries) / 2
     assert result["actual_final_loss"] == pytest.approx(mean)
+
+
+def test_the_eta_of_a_resumed_run_ignores_the_hours_it_stood_stopped(tmp_path):
+    """The study's progress line measures the rate in the run's training time (wall_s), over its
+    newest records: a run stopped for an hour and resumed must not report an ETA twice too long."""
+    import json
+
+    from delphi.study.stages import _progress
+
+    run = tmp_path / "hero"
+    run.mkdir()
+    rows = [{"step": s, "time": 1000.0 + s + (3600.0 if s > 100 else 0.0), "wall_s": float(s), "train_loss": 1.0,
+             "tokens_per_s": 10.0} for s in range(0, 201, 20)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _progress(run, 400) == "hero step 200/400, loss 1.0000, 10 tok/s, ETA 3 min"  # 200 steps left at 1 step/s

@@ -21,11 +21,11 @@ from typing import Any
 
 from delphi.errors import CheckFailed, DelphiError
 
-# The old recipe's runs at 3x, 10x and 30x its top budget (issue 29): v4's probe3x and probe10x,
-# pinned in the fifth edition's study as its gates.probes, and the fifth edition's hero (hero30x),
-# against that study's primary law (the isoFLOP law) fitted on its ladder: the numbers of the
-# seventh edition's table (-1.99%, +2.96%, +8.69%), computed, not typed.
-OLD_RECIPE_EDITION = "v5"
+# The old recipe's runs beyond its ladder (issues 29 and 40): v4's probe3x and probe10x, v5's
+# hero30x and v6's hero60x, pinned in the seventh edition's study as its gates.probes, and the
+# seventh edition's hero (90x), against that study's primary law (the isoFLOP law) fitted on the
+# fourth edition's ladder: -1.99%, +2.96%, +8.69%, +12.82%, +15.76%, computed, not typed.
+OLD_RECIPE_EDITION = "v7"
 
 # Two runs stand at the same multiple of their ladders' top budgets when their multiples differ by
 # less than this factor: each run's exact FLOPs match its target within 0.2% (the seventh edition's
@@ -76,42 +76,51 @@ def _utc(epoch_s: float | None) -> str:
 
 
 def sealed_run(name: str, seal: Path, run_dir: Path, top_budget: float) -> dict[str, Any]:
-    """One run beyond the ladder against its own seal: what the seal predicted (final loss, 90%
-    interval, whether it is the law alone, when it was made) and, once the run has a step, the
-    check's verdict, final loss, error, coverage and the order of seal and first step. A run with
-    no step yet is NOT_TRAINED; a broken seal or a run that is not the sealed one is reported, not
-    scored."""
+    """One run beyond the ladder against its own seal: what the seal predicted (final loss, 50% and
+    90% intervals, the competing laws sealed beside it, whether it is the law alone, when it was
+    made) and, once the run has a step, the check's verdict, final loss (a multi-seed seal: the mean
+    of its seeds, each seed's beside it), error, coverage, every competing law's score and the order
+    of seal and first step. A run with no step yet is NOT_TRAINED; a broken seal or a run that is
+    not the sealed one is reported, not scored."""
     from delphi.prereg import format as fmt
-    from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome
+    from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome, read_run_dir
     from delphi.prereg.create import parse_utc
+    from delphi.study.state import seed_runs_of
     from delphi.train.config import train_config_from_dict
 
     row: dict[str, Any] = {"run": name, "seal": str(seal), "status": NOT_SEALED, "actual": None, "rel_error": None,
-                           "covered_90": None, "first_step_time": None, "created_before_start": None, "verdict": None}
+                           "covered_50": None, "covered_90": None, "first_step_time": None, "created_before_start": None,
+                           "verdict": None, "seeds": [], "scores": {}}
     if not seal.is_file():
         return row
     doc = fmt.read(seal)
     final = doc["prediction"]["final"]
     cfg = train_config_from_dict(doc["hero"]["config"], f"{seal}: hero.config")
     row |= {"flops": float(doc["hero"]["flops"]), "multiple": float(doc["hero"]["flops"]) / top_budget, "shape": shape_of(cfg),
-            "predicted": float(final["loss"]), "loss_90": final.get("loss_90"), "law_alone": not final.get("probe_correction"),
+            "predicted": float(final["loss"]), "loss_50": final.get("loss_50"), "loss_90": final.get("loss_90"),
+            "competing": (doc["prediction"].get("competing") or {}), "law_alone": not final.get("probe_correction"),
             "created": doc["created"], "created_time": parse_utc(doc["created"]), "forced": bool(doc.get("forced")),
-            "seal_ok": fmt.seal_status(doc)["ok"], "tolerance_rel": float(doc["decision"]["tolerance_rel"]),
+            "forced_gates": sorted(doc.get("forced_gates") or {}), "seal_ok": fmt.seal_status(doc)["ok"],
+            "tolerance_rel": float(doc["decision"]["tolerance_rel"]),
             "recorded_verdict": (read_outcome(seal) or {}).get("verdict"), "status": NOT_TRAINED}
-    if not run_dir.is_dir():
+    runs = seed_runs_of(doc, run_dir)
+    if not any(run.is_dir() for run in runs):
         return row
     try:
-        result, _, run = check(seal, run_dir=run_dir, record=False)
+        result, _, run = check(seal, run_dirs=runs, record=False)
     except (CheckFailed, DelphiError) as refused:  # a seal edited after sealing; a run that is not the sealed one
         return row | {"status": "not checked", "verdict": "not checked", "why": str(refused)}
-    row |= {"first_step_time": run.first_step_time, "created_before_start": result.get("created_before_start"),
-            "verdict": result["verdict"], "why": result.get("why")}
+    starts = [t for r in runs if (t := read_run_dir(r).first_step_time) is not None] if len(runs) > 1 else [run.first_step_time]
+    row |= {"first_step_time": min(starts, default=None), "created_before_start": result.get("created_before_start"),
+            "verdict": result["verdict"], "why": result.get("why"),
+            "seeds": [(int(s["seed"]), s.get("actual_final_loss")) for s in result.get("seeds", [])]}
     if result["verdict"] == "not-started":
         return row
-    row["status"] = run.status
+    row["status"] = result.get("status", run.status)
     if result["verdict"] in FINAL_VERDICTS and result.get("actual_final_loss") is not None:
         row |= {"actual": float(result["actual_final_loss"]), "rel_error": float(result["rel_error"]),
-                "covered_90": result.get("covered_90")}
+                "covered_50": result.get("covered_50"), "covered_90": result.get("covered_90"),
+                "scores": result.get("competing") or {}}
     return row
 
 
@@ -148,6 +157,28 @@ def _verdict_cell(row: dict[str, Any]) -> str:
     return cell
 
 
+def _forced_words(row: dict[str, Any]) -> str:
+    if not row["forced"]:
+        return ""
+    return f" (gate {', '.join(row['forced_gates'])} forced)" if row.get("forced_gates") else " (forced)"
+
+
+def _forced_clause(forced: Sequence[dict[str, Any]]) -> str:
+    """Which seals were forced, grouped by the gates each forced (`gates.force`; plain --force names none)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for r in forced:
+        groups.setdefault(tuple(r.get("forced_gates") or ()), []).append(r["run"])
+    return "; ".join(f"{', '.join(runs)}: gate {', '.join(gates)} forced" if gates else f"{', '.join(runs)} with --force"
+                     for gates, runs in groups.items())
+
+
+def _actual(row: dict[str, Any]) -> str:
+    """The final loss: a multi-seed seal's mean with each seed's beside it."""
+    if row["actual"] is None or len(row.get("seeds") or []) < 2:
+        return _loss(row["actual"])
+    return f"{row['actual']:.4f} (seeds {', '.join(f'{s}: {_loss(v)}' for s, v in row['seeds'])})"
+
+
 def sealed_runs_table(rows: Sequence[dict[str, Any]]) -> str:
     """One row per sealed run: the sealed prediction (law alone) and 90% interval, the final loss,
     error and coverage, the verdict, and when the seal was made against the run's first step."""
@@ -158,10 +189,10 @@ def sealed_runs_table(rows: Sequence[dict[str, Any]]) -> str:
         if r["status"] == NOT_SEALED:
             out.append(f"| {r['run']} | {NOT_AVAILABLE} | {NOT_AVAILABLE} | {NOT_SEALED} |" + f" {NOT_AVAILABLE} |" * 8)
             continue
-        seal = _utc(r["created_time"]) + ("" if r["seal_ok"] else " (**seal broken**)") + (" (forced)" if r["forced"] else "")
+        seal = _utc(r["created_time"]) + ("" if r["seal_ok"] else " (**seal broken**)") + _forced_words(r)
         started = r["status"] not in (NOT_TRAINED,)
         out.append(f"| {r['run']} | {r['flops']:.3g} ({r['multiple']:.0f}x) | {r['shape']} | {_sealed_loss(r)} "
-                   f"| {_seal_interval(r['loss_90'])} | {_loss(r['actual'])} | {_pct(r['rel_error'])} | {_yes_no(r['covered_90'])} "
+                   f"| {_seal_interval(r['loss_90'])} | {_actual(r)} | {_pct(r['rel_error'])} | {_yes_no(r['covered_90'])} "
                    f"| {_verdict_cell(r)} | {seal} | {_utc(r['first_step_time'])} "
                    f"| {_yes_no(r['created_before_start']) if started else 'yes (no step yet)'} |")
     return "\n".join(out)
@@ -181,7 +212,7 @@ def seal_order_sentence(rows: Sequence[dict[str, Any]]) -> str:
     first_seal, last_seal = (min(sealed, key=lambda r: r["created_time"]), max(sealed, key=lambda r: r["created_time"]))
     text = (f"{count_words(len(sealed)).capitalize()} prediction{'s were' if len(sealed) > 1 else ' was'} sealed, {law}, "
             f"from {_utc(first_seal['created_time'])} to {_utc(last_seal['created_time'])}"
-            + (f" ({', '.join(forced)} with --force)" if forced else "") + ".")
+            + (f" ({_forced_clause([r for r in sealed if r['forced']])})" if forced else "") + ".")
     if missing:
         text += f" Not sealed: {', '.join(missing)}."
     if broken:
@@ -199,6 +230,136 @@ def seal_order_sentence(rows: Sequence[dict[str, Any]]) -> str:
     untrained = [r["run"] for r in sealed if r["status"] == NOT_TRAINED]
     if untrained:
         text += f" Not yet trained: {', '.join(untrained)}."
+    return text
+
+
+def runs_summary(rows: Sequence[dict[str, Any]]) -> str:
+    """One clause per sealed run for an abstract: multiple, sealed point, outcome and verdict."""
+    parts = []
+    for r in rows:
+        if r["status"] == NOT_SEALED:
+            continue
+        head = f"at {r['multiple']:.0f}x the law alone sealed {r['predicted']:.4f}"
+        n = len(r.get("seeds") or [])
+        if r["actual"] is None:
+            parts.append(f"{head} ({'not yet trained' if r['status'] == NOT_TRAINED else 'still training'})")
+            continue
+        cover = "inside" if r["covered_90"] else "outside"
+        parts.append(f"{head} and the {'mean of ' + count_words(n) + ' seeds' if n > 1 else 'run'} reached {r['actual']:.4f} "
+                     f"({r['rel_error']:+.2%}, **{r['verdict']}**, {cover} its 90% interval)")
+    return "; ".join(parts) + "." if parts else "No run beyond the ladder was sealed."
+
+
+# ---- every law sealed beside the primary (issue 40) ----------------------------------------------
+
+
+def law_scores(row: dict[str, Any], primary: str) -> dict[str, dict[str, Any]]:
+    """Every law sealed for one run, the primary first, then `prediction.competing` in sealed
+    order: {law: sealed point and intervals, and once the run is scored its error against the mean
+    of the seeds, each seed's error, and whether its 50% and 90% (and calibrated 90%) intervals
+    covered}. A competing law that could not predict the run keeps its reason."""
+    sealed = {f"{primary} (primary)": {"loss": row["predicted"], "loss_50": row.get("loss_50"), "loss_90": row.get("loss_90")}}
+    sealed |= row.get("competing") or {}
+    scores = {f"{primary} (primary)": {"rel_error": row["rel_error"], "covered_50": row["covered_50"],
+                                       "covered_90": row["covered_90"]}} | (row.get("scores") or {})
+    out = {}
+    for law, entry in sealed.items():
+        if "loss" not in entry:
+            out[law] = {"error": entry.get("error", "no prediction")}
+            continue
+        one = {"predicted": float(entry["loss"]), "loss_50": entry.get("loss_50"), "loss_90": entry.get("loss_90"),
+               "calibrated_90": (entry.get("calibrated") or {}).get("loss_90")}
+        if row["actual"] is not None:
+            one |= {k: (scores.get(law) or {}).get(k) for k in ("covered_50", "covered_90", "calibrated_covered_90")}
+            one["rel_error"] = row["actual"] / one["predicted"] - 1
+            one["seed_errors"] = [(seed, None if v is None else v / one["predicted"] - 1) for seed, v in row.get("seeds") or []]
+        out[law] = one
+    return out
+
+
+def _covered_count(cells: Sequence[bool | None]) -> str:
+    known = [c for c in cells if c is not None]
+    return f"{sum(known)} of {len(known)}" if known else NOT_AVAILABLE
+
+
+def laws_ranking(rows: Sequence[dict[str, Any]], primary: str) -> list[dict[str, Any]]:
+    """One entry per sealed law: its error at each run (None: not scored), mean |error| over the
+    scored runs and its coverage counts; ordered by mean |error|, laws not yet scored last."""
+    laws: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["status"] == NOT_SEALED:
+            continue
+        for law, score in law_scores(row, primary).items():
+            entry = laws.setdefault(law, {"law": law, "runs": {}, "covered_50": [], "covered_90": []})
+            entry["runs"][row["run"]] = score
+            if score.get("rel_error") is not None:
+                entry["covered_50"].append(score.get("covered_50"))
+                entry["covered_90"].append(score.get("covered_90"))
+    for entry in laws.values():
+        errors = [abs(s["rel_error"]) for s in entry["runs"].values() if s.get("rel_error") is not None]
+        entry["mean_abs_error"] = sum(errors) / len(errors) if errors else None
+        entry["n_scored"] = len(errors)
+    return sorted(laws.values(), key=lambda e: (e["mean_abs_error"] is None, e["mean_abs_error"] or 0.0))
+
+
+def laws_ranking_table(rows: Sequence[dict[str, Any]], primary: str) -> str:
+    """Which law held: each sealed law's prediction and error at each run, its mean |error| and
+    how often its intervals covered the seed mean."""
+    runs = [r for r in rows if r["status"] != NOT_SEALED]
+    head = " | ".join(f"{r['run']} ({r['multiple']:.0f}x)" for r in runs)
+    out = [f"| law | {head} | mean abs error | 50% covered | 90% covered |", "|---|" + "---|" * (len(runs) + 3)]
+    for entry in laws_ranking(rows, primary):
+        cells = []
+        for r in runs:
+            score = entry["runs"].get(r["run"], {})
+            if "predicted" not in score:
+                cells.append(NOT_AVAILABLE)
+            elif score.get("rel_error") is None:
+                cells.append(f"{score['predicted']:.4f} (not yet scored)")
+            else:
+                cells.append(f"{score['predicted']:.4f} ({score['rel_error']:+.2%})")
+        mean = NOT_AVAILABLE if entry["mean_abs_error"] is None else f"{entry['mean_abs_error']:.2%} over {count_words(entry['n_scored'])}"
+        out.append(f"| {entry['law']} | " + " | ".join(cells) + f" | {mean} | {_covered_count(entry['covered_50'])} "
+                   f"| {_covered_count(entry['covered_90'])} |")
+    return "\n".join(out)
+
+
+def laws_run_table(row: dict[str, Any], primary: str) -> str:
+    """One run's sealed laws against the mean of its seeds and against each seed."""
+    seeds = [seed for seed, _ in row.get("seeds") or []] if row["actual"] is not None else []
+    out = ["| law | sealed | 50% interval | 90% interval | error (mean) | " + "".join(f"error (seed {s}) | " for s in seeds)
+           + "50% covered | 90% covered | calibrated 90% covered |", "|---|" + "---|" * (7 + len(seeds))]
+    for law, score in law_scores(row, primary).items():
+        if "predicted" not in score:
+            out.append(f"| {law} | {score['error']} |" + f" {NOT_AVAILABLE} |" * (7 + len(seeds)))
+            continue
+        seed_cells = "".join(f"{_pct(e)} | " for _, e in score.get("seed_errors") or [])
+        out.append(f"| {law} | {score['predicted']:.4f} | {_seal_interval(score['loss_50'])} | {_seal_interval(score['loss_90'])} "
+                   f"| {_pct(score.get('rel_error'))} | {seed_cells}{_yes_no(score.get('covered_50'))} "
+                   f"| {_yes_no(score.get('covered_90'))} | {_yes_no(score.get('calibrated_covered_90'))} |")
+    return "\n".join(out)
+
+
+def laws_section(rows: Sequence[dict[str, Any]], primary: str) -> str:
+    """The paper's text on every law sealed beside the primary: the ranking, then each run's table."""
+    sealed = [r for r in rows if r["status"] != NOT_SEALED and r.get("competing")]
+    if not sealed:
+        return ""
+    ranking = laws_ranking(rows, primary)
+    scored = [e for e in ranking if e["mean_abs_error"] is not None]
+    n = max(e["n_scored"] for e in scored) if scored else 0
+    held = (f"Closest over the {count_words(n)} scored run{'s' if n > 1 else ''}: **{scored[0]['law']}**, mean |error| "
+            f"{scored[0]['mean_abs_error']:.2%}; farthest: {scored[-1]['law']}, {scored[-1]['mean_abs_error']:.2%}."
+            if scored else "No run is scored yet.")
+    text = ("\n\n### Every law sealed beside the primary\n\n"
+            "Each law's prediction was sealed with the primary's, before its run trained; only the primary decides the "
+            f"verdict. Error = mean of the seeds / sealed - 1. {held}\n\n{laws_ranking_table(rows, primary)}")
+    for row in sealed:
+        seeds = ", ".join(f"seed {s} {_loss(v)}" for s, v in row.get("seeds") or [])
+        outcome = (f"mean {row['actual']:.4f} ({seeds})" if row["actual"] is not None
+                   else f"{'not yet trained' if row['status'] == NOT_TRAINED else 'training'}")
+        text += (f"\n\n#### {row['run']}: {row['flops']:.3g} FLOPs ({row['multiple']:.0f}x), {row['shape']}, {outcome}\n\n"
+                 f"{laws_run_table(row, primary)}")
     return text
 
 

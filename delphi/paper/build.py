@@ -29,8 +29,8 @@ import pandas as pd
 from delphi.errors import DelphiError
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text
-from delphi.paper.beyond import (OLD_RECIPE_EDITION, count_words, law_alone_rows, law_alone_section, run_vs_law,
-                                  sealed_runs)
+from delphi.paper.beyond import (NOT_AVAILABLE, NOT_SEALED, OLD_RECIPE_EDITION, count_words, law_alone_rows, law_alone_section, laws_section,
+                                  run_vs_law, runs_summary, sealed_runs)
 
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:
     """Write a finished study's compact data (no checkpoints, no logs, no figures) into `data_dir`
@@ -178,10 +178,7 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
     n["traj_worst"] = f"{worst['rel_error']:+.2%} at {worst['tokens']:.3g} tokens" if worst else "n/a"
     n["traj_outside_90"] = f"{check.get('n_outside_90', 0)} of {check.get('n_points', 0)}"
     # The curve's evals use a smaller eval set than the final loss; on the same weights they differ.
-    final_loss = check.get("actual_final_loss")
-    n["curve_last_vs_final"] = (f"{points[-1]['actual']:.4f} on the curve's set against {final_loss:.4f} on the final set "
-                                f"({final_loss / points[-1]['actual'] - 1:+.2%})"
-                                if points and final_loss and points[-1]["tokens"] >= float(hero["tokens"]) else "n/a")
+    n["curve_last_vs_final"] = _curve_last_vs_final(check, float(hero["tokens"]))
     # The hero's loss through its stable phase (WSD: before the decay starts), 40% -> 80% of tokens.
     at = lambda frac: min(points, key=lambda p: abs(p["tokens"] - frac * float(hero["tokens"]))) if points else None
     p40, p80 = at(0.4), at(0.8)
@@ -202,10 +199,26 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
     return n
 
 
+def _curve_last_vs_final(check: dict, tokens: float) -> str:
+    """Each run's last curve point (the curve's eval set) against its final loss (the final set)."""
+    points = check.get("points") or []
+    finals = ([(s["seed"], s.get("actual_final_loss")) for s in check["seeds"]] if check.get("seeds")
+              else [(None, check.get("actual_final_loss"))])
+    parts = []
+    for seed, final_loss in finals:
+        own = [p for p in points if p.get("seed") == seed]
+        if not own or not final_loss or own[-1]["tokens"] < tokens:
+            return "n/a"
+        parts.append(("" if seed is None else f"seed {seed}: ") + f"{own[-1]['actual']:.4f} on the curve's set against "
+                     f"{final_loss:.4f} on the final set ({final_loss / own[-1]['actual'] - 1:+.2%})")
+    return "; ".join(parts)
+
+
 def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, prereg_doc: dict, hero: dict,
                      check: dict, old_recipe: Path | None = None) -> dict[str, Any]:
     """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
     rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
+    from delphi.editions import resolve_data
     from delphi.fits.probes import correction_text
 
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
@@ -256,7 +269,9 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
                   if final.get("noise_scope") == "top_budget" else "the pooled seed noise")
     out["noise_sentence"] = (
         f"The law's residual scatter about the ladder's cells is {noise['residual_scatter_nats']:.4f} nats and {seed_noise} "
-        f"{noise['seed_noise_nats']:.4f} nats; the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise."
+        f"{noise['seed_noise_nats']:.4f} nats; "
+        + (f"the 90% interval is {final['interval']}." if int(final.get("n_seeds") or 1) > 1 and final.get("interval")
+           else "the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise.")
         if None not in noise.values() else "The interval is the fit's bootstrap interval.")
     out["cross_check_sentence"] = _cross_check_sentence(data_dir, primary, prereg_doc, float(final["loss"]),
                                                        check.get("actual_final_loss"))
@@ -265,7 +280,13 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
                                       float((pinned.get("gates") or {}).get("rehearsal_tolerance")
                                             or prereg_doc["decision"]["tolerance_rel"]),
                                       carry=_sealed_carry(final)))
-    out["law_alone_section"] = _law_alone_section(data_dir, prereg_path, float(iso["budget"].max()), old_recipe)
+    rows = law_alone_runs(data_dir, prereg_path, float(iso["budget"].max()))
+    out["law_alone_section"] = _law_alone_section(rows, old_recipe) + laws_section(rows, primary)
+    out["runs_beyond_summary"] = runs_summary(rows)
+    old_rows = law_alone_at_runs(resolve_data(old_recipe)) if rows and old_recipe is not None else []
+    out["old_recipe_errors"] = (", ".join(f"{r['rel_error']:+.2%} at {r['multiple']:.0f}x" for r in old_rows)
+                                if old_rows else NOT_AVAILABLE)
+    out["forced_sentence"] = _forced_sentence(prereg_doc)
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
@@ -320,21 +341,67 @@ def law_alone_at_runs(data_dir: Path) -> list[dict]:
     return law_alone_rows(fit, runs, top_budget)
 
 
-def _law_alone_section(data_dir: Path, prereg_path: Path, top_budget: float, old_recipe: Path | None) -> str:
-    """Under the law alone (hero.probe_correction: false, probes of its own), each run beyond the
-    ladder against its own seal and the old recipe beside it (`law_alone_section`); empty for a
-    study whose probes were evidence for the hero's seal."""
-    from delphi.editions import resolve_data
+def _probe_seal(data_dir: Path, prereg_path: Path, multiple: float) -> Path:
+    """Where the study sealed its own probe at `multiple` (`delphi.study.stages.probe_prereg`): beside
+    the hero's seal when the study names it (probe_preregistration), else in its probes/."""
+    from delphi.study import own_probe_name
+
+    template = _pinned_spec(data_dir).probe_preregistration
+    if template is None:
+        return data_dir / "probes" / f"{own_probe_name(multiple)}.prereg.yaml"
+    return prereg_path.parent / template.format(multiple=f"{multiple:g}")
+
+
+def law_alone_runs(data_dir: Path, prereg_path: Path, top_budget: float) -> list[dict]:
+    """A study of the law alone's sealed runs (its own probes, nearest first, then the hero), each
+    against its own seal (`sealed_runs`: every seed, every competing law); empty for a study whose
+    probes were evidence for the hero's seal."""
     from delphi.study import own_probe_name
 
     spec = _pinned_spec(data_dir)
     if not _law_alone_study(spec):
+        return []
+    seals = [(own_probe_name(m), _probe_seal(data_dir, prereg_path, m), data_dir / "probes" / own_probe_name(m))
+             for m in sorted(spec.hero.probe_multiples)]
+    return sealed_runs(seals + [("hero", prereg_path, data_dir / "hero")], top_budget)
+
+
+def _law_alone_section(rows: list[dict], old_recipe: Path | None) -> str:
+    """Under the law alone (`law_alone_runs`), each run beyond the ladder against its own seal and
+    the old recipe's law alone beside it (`law_alone_section`); empty for a study whose probes were
+    evidence for the hero's seal."""
+    from delphi.editions import resolve_data
+
+    if not rows:
         return ""
-    names = [own_probe_name(m) for m in sorted(spec.hero.probe_multiples)]
-    seals = [(name, data_dir / "probes" / f"{name}.prereg.yaml", data_dir / "probes" / name) for name in names]
-    rows = sealed_runs(seals + [("hero", prereg_path, data_dir / "hero")], top_budget)
     old = law_alone_at_runs(resolve_data(old_recipe)) if old_recipe is not None else None
     return law_alone_section(rows, old, None if old_recipe is None else str(old_recipe))
+
+
+def _forced_sentence(prereg_doc: dict) -> str:
+    """The gates a seal forced, each with the reason sealed beside it (`gates.force`)."""
+    forced = prereg_doc.get("forced_gates") or {}
+    if not forced:
+        return "No gate was forced." if not prereg_doc.get("forced") else "The seal was forced (`--force`); no reason is recorded."
+    return " ".join(f"Gate `{name}` was forced, with its reason sealed: \"{reason}\"" for name, reason in forced.items())
+
+
+LAW_ALONE_FIGURE = "law_alone_error.png"  # the figure of a study of the law alone (issue 40: the README's front figure)
+
+
+def law_alone_figure(data_dir: Path, prereg_path: Path, old_recipe: Path | None, path: Path) -> list[str]:
+    """Draw the edition's figure (`delphi.plot.figures.law_alone_error_figure`) into `path` (.png
+    and .svg) for a study of the law alone with the old recipe's data beside it; nothing otherwise."""
+    from delphi.editions import resolve_data
+    from delphi.plot.figures import law_alone_error_figure
+    from delphi.plot.style import save_figure
+
+    top_budget = float(isoflop_rows(pd.read_csv(data_dir / "results.csv"))["budget"].max())
+    rows = law_alone_runs(data_dir, prereg_path, top_budget)
+    if not rows or old_recipe is None:
+        return []
+    old = law_alone_at_runs(resolve_data(old_recipe))
+    return save_figure(law_alone_error_figure(old, [r for r in rows if r["status"] != NOT_SEALED]), str(path))
 
 
 def old_recipe_data(shown: Path, paper_dir: Path) -> Path | None:
@@ -638,9 +705,12 @@ def _trajectory_table(check: dict) -> str:
     points = check.get("points") or []
     if not points:
         return "(no eval points)"
-    rows = ["| tokens | predicted | 90% band | actual | relative error |", "|---|---|---|---|---|"]
+    seeded = any("seed" in p for p in points)  # a multi-seed seal: each seed's curve in turn
+    rows = ["| " + ("seed | " if seeded else "") + "tokens | predicted | 90% band | actual | relative error |",
+            "|---|" + ("---|" if seeded else "") + "---|---|---|---|"]
     for p in points:
-        rows.append(f"| {p['tokens']:.3g} | {p['predicted']:.4f} | [{p['lo90']:.4f}, {p['hi90']:.4f}] | {p['actual']:.4f} | {p['rel_error']:+.2%} |")
+        rows.append("| " + (f"{p.get('seed')} | " if seeded else "") + f"{p['tokens']:.3g} | {p['predicted']:.4f} "
+                    f"| [{p['lo90']:.4f}, {p['hi90']:.4f}] | {p['actual']:.4f} | {p['rel_error']:+.2%} |")
     return "\n".join(rows)
 
 
@@ -667,11 +737,14 @@ def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None =
     if not (data_dir / "study.json").is_file():
         raise DelphiError(f"{shown}: no study data (no study.json); give --data STUDY_COPY or --from-study STUDY_DIR")
     study = _study_view(data_dir, figures_dir)
+    old_recipe = old_recipe_data(shown, paper_dir)
     figures = stage_figures(study)["files"]
+    figures += [f for f in law_alone_figure(data_dir, prereg_file(data_dir), old_recipe, figures_dir / LAW_ALONE_FIGURE)
+                if f.endswith(".png")]
     if not svg:
         for png in figures:
             Path(png).with_suffix(".svg").unlink(missing_ok=True)
-    numbers = paper_numbers(data_dir, shown_as=str(shown), old_recipe=old_recipe_data(shown, paper_dir))
+    numbers = paper_numbers(data_dir, shown_as=str(shown), old_recipe=old_recipe)
     try:
         text = string.Template(template.read_text()).substitute(numbers)
     except KeyError as e:
@@ -756,19 +829,6 @@ def snapshot(study_dir: str | Path, dest: str | Path, *, resumable: bool = False
 NEXT_DIR = "next"  # PAPER_ROOT/next: the edition being built, stage by stage
 
 
-def seed_runs_of(doc: dict, run: Path) -> list[Path]:
-    """The runs a seal's outcome is the mean of: `run` (the sealed config's own seed) and, for a
-    multi-seed seal, its siblings RUN_s<seed> (delphi.study.stages.seed_runs' names)."""
-    from delphi.io import read_yaml
-    from delphi.prereg.check import target_seeds
-
-    seeds = target_seeds(doc)
-    if not seeds:
-        return [run]
-    own = read_yaml(run / "config.yaml").get("seed")
-    return [run] + [run.with_name(f"{run.name}_s{seed}") for seed in seeds if seed != own]
-
-
 def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Path = "preregistrations") -> list[dict]:
     """Each sealed preregistration against the editions: its seal (`prereg verify`), the editions whose
     compact data hold every file it hashed (fit, hero config, manifest, results table, probe
@@ -777,6 +837,7 @@ def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Pa
     from delphi.io import sha256_file
     from delphi.prereg import format as fmt
     from delphi.prereg.check import read_outcome, verify
+    from delphi.study.state import seed_runs_of
 
     if not Path(preregistrations).is_dir():
         raise DelphiError(f"--preregistrations {preregistrations}: not a directory; nothing to verify")

@@ -211,6 +211,54 @@ def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None, se
         return fig
 
 
+def law_alone_error_figure(old: Sequence[dict], new: Sequence[dict]) -> plt.Figure:
+    """Each run beyond its ladder against its ladder's law alone: error (actual / predicted - 1)
+    against the multiple of the ladder's top budget, for the old recipe and the new.
+
+    `old`: `delphi.paper.beyond.law_alone_rows` (multiple, rel_error, run). `new`:
+    `delphi.paper.beyond.sealed_run` rows (multiple, predicted, loss_90, tolerance_rel, and once
+    scored rel_error and each seed's final loss): the sealed 90% interval is drawn as the span of
+    errors it covers, each seed as a small mark, the seed mean as the large one."""
+    pct = lambda v: 100.0 * v  # noqa: E731
+    with st.style():
+        fig, ax = plt.subplots()
+        if old:
+            ax.plot([r["multiple"] for r in old], [pct(r["rel_error"]) for r in old], "o-", color=st.DATA, alpha=0.7,
+                    label="old recipe: its ladder's law alone")
+            for r in old:
+                ax.annotate(r["run"], (r["multiple"], pct(r["rel_error"])), textcoords="offset points", xytext=(4, -10), fontsize=7,
+                            color=st.DATA)
+        for k, r in enumerate(new):
+            x = r["multiple"]
+            if r.get("loss_90"):
+                lo, hi = (pct(v / r["predicted"] - 1) for v in r["loss_90"])
+                ax.plot([x, x], [lo, hi], color=st.PREDICTION, lw=6, alpha=0.3, solid_capstyle="butt",
+                        label="new recipe: sealed 90% interval" if k == 0 else None)
+            seeds = [v for _, v in r.get("seeds") or [] if v is not None]
+            if r.get("rel_error") is None:
+                ax.annotate("training" if r.get("status") not in (None, "sealed, not yet trained") else "not yet trained",
+                            (x, 0), textcoords="offset points", xytext=(6, 0), fontsize=7, color=st.PREDICTION)
+                continue
+            if len(seeds) > 1:
+                ax.plot([x] * len(seeds), [pct(v / r["predicted"] - 1) for v in seeds], "o", mfc="none", color=st.HERO, ms=5,
+                        label="new recipe: each seed" if k == 0 else None)
+            ax.plot([x], [pct(r["rel_error"])], "D", color=st.HERO, ms=7,
+                    label=("new recipe: sealed law alone, seed mean" if len(seeds) > 1 else "new recipe: sealed law alone") if k == 0 else None)
+        tolerance = next((r["tolerance_rel"] for r in new if r.get("tolerance_rel")), None)
+        if tolerance:
+            for sign in (-1, 1):
+                ax.axhline(sign * pct(tolerance), color=st.FIT, ls="--", lw=0.8,
+                           label=f"preregistered tolerance ±{tolerance:.0%}" if sign > 0 else None)
+        ax.axhline(0.0, color=st.DATA, lw=0.6)
+        ax.set_xscale("log")
+        _readable_log_axis(ax.xaxis)
+        ax.set_xlabel("compute / the ladder's top budget")
+        ax.set_ylabel("law-alone error: actual / predicted - 1 (%)")
+        ax.set_title("the law alone beyond the ladder: old recipe vs new")
+        ax.legend()
+        return fig
+
+
 # --------------------------------------------------------------------------- residuals
 
 

@@ -4,13 +4,14 @@ read from the stage markers and the files they name."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
-from delphi.study.state import Study, _fmt, _rehearsal, _say, load_table, probe_runs
+from delphi.study.state import Study, _fmt, _rehearsal, _say, load_table, probe_runs, seed_runs_of
 
 
 def _hero_point(study: Study) -> dict:
@@ -82,8 +83,12 @@ def stage_figures(study: Study) -> dict:
     draw("frontier", frontier)
     if prereg is not None:
         def prediction():
-            verdict = compare(prereg, run)["verdict"] if run else None
-            return pf.prediction_figure(prereg.doc, run, verdict)
+            dirs = [d for d in seed_runs_of(prereg.doc, study.hero_run) if d.is_dir()]
+            if run is None or len(dirs) < 2:
+                return pf.prediction_figure(prereg.doc, run, compare(prereg, run)["verdict"] if run else None)
+            # A multi-seed hero: each seed's curve; the verdict on their mean is the check stage's.
+            verdict = ((study.done("check") or {}).get("result") or {}).get("verdict")
+            return pf.prediction_figure(prereg.doc, run, verdict, seed_runs={_seed_of(d): read_run_dir(d) for d in dirs})
 
         draw("prediction", prediction)
 
@@ -100,6 +105,12 @@ def stage_figures(study: Study) -> dict:
     for problem in failed:
         _say(f"figure not drawn: {problem}")
     return {"files": sorted(p for p in files if p.endswith(".png")), "not_drawn": failed}
+
+
+def _seed_of(run_dir: Path) -> int:
+    from delphi.io import read_yaml
+
+    return int(read_yaml(run_dir / "config.yaml")["seed"])
 
 
 def stage_report(study: Study) -> dict:

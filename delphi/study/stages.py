@@ -552,6 +552,9 @@ def seed_runs(config: Path, run: Path, seeds: tuple[int, ...]) -> list[tuple[Pat
 SEED_PROGRESS_EVERY_S = 60.0  # how often a run's side-by-side seeds report their progress
 
 
+ETA_RECORDS = 8  # metrics records the ETA's rate is measured over (the newest)
+
+
 def _progress(run: Path, steps: int) -> str:
     """One seed's progress from its metrics log: step, train loss, tokens/s and the time left."""
     from delphi.train.rundir import read_metrics
@@ -560,9 +563,11 @@ def _progress(run: Path, steps: int) -> str:
     if not rows:
         return f"{run.name} starting"
     last = rows[-1]
-    rate = [r for r in rows if r.get("time") is not None]
-    steps_per_s = ((rate[-1]["step"] - rate[0]["step"]) / (rate[-1]["time"] - rate[0]["time"])
-                   if len(rate) > 1 and rate[-1]["time"] > rate[0]["time"] else None)
+    # The rate over the newest records, in the run's own training time (wall_s): a resumed run's
+    # clock time since its first record counts the hours it stood stopped.
+    rate = [r for r in rows if isinstance(r.get("wall_s"), (int, float))][-ETA_RECORDS:]
+    steps_per_s = ((rate[-1]["step"] - rate[0]["step"]) / (rate[-1]["wall_s"] - rate[0]["wall_s"])
+                   if len(rate) > 1 and rate[-1]["wall_s"] > rate[0]["wall_s"] else None)
     eta = f", ETA {(steps - last['step']) / steps_per_s / 60:.0f} min" if steps_per_s else ""
     loss = last.get("train_loss")
     return (f"{run.name} step {last['step']}/{steps}" + (f", loss {loss:.4f}" if isinstance(loss, float) else "")
