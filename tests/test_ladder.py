@@ -699,3 +699,28 @@ def test_a_budget_below_the_width_grid_gets_its_own_centre_and_leaves_the_other_
     below = {**raw, "isoflop": {**raw["isoflop"], "center_at": [[5.0e10, 2.7e4]]}}
     with pytest.raises(DelphiError, match=r"isoflop.center_at\[0\]: budget 5e\+10 is not one of budgets"):
         ladder_spec_from_dict(below)
+
+
+@pytest.mark.parametrize("width", ["0", "-64"])
+def test_family_cli_refuses_a_width_that_is_not_positive(tmp_path, capsys, width):
+    out = tmp_path / "family.json"
+    assert cli_main(["ladder", "family", str(DEFAULT), "--out", str(out), "--max-width", width]) == 2
+    assert f"--max-width: {width}, expected a positive d_model" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_ladder_driver_stops_on_a_hangup_as_on_ctrl_c():
+    """SIGHUP (a dropped terminal) interrupts the driver like SIGTERM and Ctrl-C: its workers are
+    stopped through Placer.stop, not orphaned; the handlers are restored after."""
+    import signal
+    import time
+
+    from delphi.ladder.driver import sigterm_as_interrupt
+
+    before = signal.getsignal(signal.SIGHUP)
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        with pytest.raises(KeyboardInterrupt, match=signal.Signals(signum).name):
+            with sigterm_as_interrupt():
+                os.kill(os.getpid(), signum)
+                time.sleep(5)  # the handler raises long before this ends
+    assert signal.getsignal(signal.SIGHUP) is before

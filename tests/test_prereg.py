@@ -193,6 +193,22 @@ def test_a_run_stopped_to_be_resumed_gets_no_verdict_and_no_outcome_file(setup, 
     assert not fmt.outcome_path(setup["prereg"]).exists()
 
 
+def test_watch_ends_on_a_run_stopped_to_be_resumed(setup, tmp_path, capsys):
+    """A stopped run never moves until resumed: --watch says so and ends, instead of polling forever."""
+    from delphi.train.rundir import RESUME_HINT
+
+    run = tmp_path / "stopped"
+    _hero_run(run, setup["hero_cfg"], upto=0.7)
+    status = json.loads((run / "status.json").read_text())
+    (run / "status.json").write_text(json.dumps(status | {"status": "failed", "reason": f"stopped by signal SIGTERM; {RESUME_HINT}"}))
+    fmt.outcome_path(setup["prereg"]).unlink(missing_ok=True)
+    started = time.monotonic()
+    code, result = _run(["prereg", "check", str(setup["prereg"]), "--run", str(run), "--watch", "--interval", "0.05"], capsys)
+    assert code == 0 and result["verdict"] == "on-track" and time.monotonic() - started < 20
+    assert result["watch"].startswith(f"stopped watching: {run} is stopped, to be resumed (stopped by signal SIGTERM")
+    assert not fmt.outcome_path(setup["prereg"]).exists()
+
+
 def test_watch_follows_a_live_run_to_passed_with_outcome_and_index(setup, tmp_path, capsys):
     import shutil
 

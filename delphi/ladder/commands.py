@@ -225,10 +225,13 @@ def _collect(args: argparse.Namespace) -> dict:
 def _family(args: argparse.Namespace) -> dict:
     import dataclasses
 
+    from delphi.errors import DelphiError
     from delphi.io import atomic_write_json, check_output_file
     from delphi.ladder.plan import flops_family
     from delphi.ladder.spec import load_ladder_spec
 
+    if args.max_width is not None and args.max_width <= 0:
+        raise DelphiError(f"--max-width: {args.max_width}, expected a positive d_model (the widest shape of the family)")
     check_output_file(args.out, inputs=(args.spec,), command="ladder family", force=args.force)
     spec = load_ladder_spec(args.spec)
     family = flops_family(spec, args.convention, args.max_width)

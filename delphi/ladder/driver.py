@@ -158,7 +158,7 @@ class Placer(Protocol):
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler, `kill`) stops the driver as Ctrl-C does, through `Placer.stop`: every
+    """SIGTERM (a scheduler, `kill`) and SIGHUP stop the driver as Ctrl-C does, through `Placer.stop`: every
     rung checkpoints and exits with it. Python's default SIGTERM ended the driver at once and left
     its workers training with no one to report to (stopping the eighth edition's recipe check,
     2026-12-04). The driver is plain Python between polls, so raising here is safe, unlike in the
@@ -170,11 +170,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
     def _raise(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, _raise)
+    # SIGHUP too: a closed terminal (an ssh session dropped) must not orphan the workers either.
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def load_rungs(ladder_dir: Path, rows: list[dict[str, str]] | None = None) -> list[Rung]:

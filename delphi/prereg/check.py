@@ -533,6 +533,12 @@ def watch(prereg_path: Path, *, run_dir: Path | None, wandb_path: str | None, in
         if run.status in TERMINAL or result["verdict"] in (PREDATES, START_UNKNOWN):
             return result, prereg, run
         watched = run_dirs or ([run_dir] if run_dir is not None else [])
+        statuses = [read_run_dir(d).status for d in watched] if len(watched) > 1 else [run.status]
+        if "stopped" in statuses:  # a stopped run never moves until resumed: polling it would never end
+            stopped = [str(d) for d, s in zip(watched, statuses) if s == "stopped"] or [run.source]
+            result["watch"] = (f"stopped watching: {', '.join(stopped)} is stopped, to be resumed ({run.reason or 'a signal'}); "
+                               "resume it and watch again")
+            return result, prereg, run
         if stale := [why for why in map(stale_running, watched) if why]:
             raise CheckFailed("; ".join(stale) + " (nothing trains it: resume it, or stop watching)")
         if timeout_s is not None and time.monotonic() - start > timeout_s:

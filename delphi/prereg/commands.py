@@ -208,6 +208,8 @@ def _check(args: argparse.Namespace):
     else:
         result, prereg, run = ck.check(Path(args.file), wandb_path=args.wandb, run_dirs=run_dirs)
     _say(f"{result['verdict']}: {result['why']}")
+    if result.get("watch"):
+        _say(result["watch"])
     for name, row in (result.get("competing") or {}).items():
         if "rel_error" in row:
             _say(f"  sealed beside it, {name}: {row['predicted']:.4f} ({row['rel_error']:+.2%}), 90% "
