@@ -267,8 +267,7 @@ def law_scores(row: dict[str, Any], primary: str) -> dict[str, dict[str, Any]]:
         if "loss" not in entry:
             out[law] = {"error": entry.get("error", "no prediction")}
             continue
-        one = {"predicted": float(entry["loss"]), "loss_50": entry.get("loss_50"), "loss_90": entry.get("loss_90"),
-               "calibrated_90": (entry.get("calibrated") or {}).get("loss_90")}
+        one = {"predicted": float(entry["loss"]), "loss_50": entry.get("loss_50"), "loss_90": entry.get("loss_90")}
         if row["actual"] is not None:
             one |= {k: (scores.get(law) or {}).get(k) for k in ("covered_50", "covered_90", "calibrated_covered_90")}
             one["rel_error"] = row["actual"] / one["predicted"] - 1
@@ -331,7 +330,7 @@ def laws_run_table(row: dict[str, Any], primary: str) -> str:
            + "50% covered | 90% covered | calibrated 90% covered |", "|---|" + "---|" * (7 + len(seeds))]
     for law, score in law_scores(row, primary).items():
         if "predicted" not in score:
-            out.append(f"| {law} | {score['error']} |" + f" {NOT_AVAILABLE} |" * (7 + len(seeds)))
+            out.append(f"| {law} | {score['error']} |" + f" {NOT_AVAILABLE} |" * (6 + len(seeds)))
             continue
         seed_cells = "".join(f"{_pct(e)} | " for _, e in score.get("seed_errors") or [])
         out.append(f"| {law} | {score['predicted']:.4f} | {_seal_interval(score['loss_50'])} | {_seal_interval(score['loss_90'])} "

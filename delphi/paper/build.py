@@ -29,8 +29,8 @@ import pandas as pd
 from delphi.errors import DelphiError
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text
-from delphi.paper.beyond import (NOT_AVAILABLE, NOT_SEALED, OLD_RECIPE_EDITION, count_words, law_alone_rows, law_alone_section, laws_section,
-                                  run_vs_law, runs_summary, sealed_runs)
+from delphi.paper.beyond import (NOT_AVAILABLE, NOT_SEALED, OLD_RECIPE_EDITION, count_words, law_alone_rows,
+                                  law_alone_section, laws_section, run_vs_law, runs_summary, sealed_runs)
 
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:
     """Write a finished study's compact data (no checkpoints, no logs, no figures) into `data_dir`
@@ -280,10 +280,13 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
                                       float((pinned.get("gates") or {}).get("rehearsal_tolerance")
                                             or prereg_doc["decision"]["tolerance_rel"]),
                                       carry=_sealed_carry(final)))
+    # Under the law alone (hero.probe_correction: false, probes of its own): each run beyond the ladder
+    # against its own seal, the old recipe's law alone beside it, and every law sealed beside the primary.
     rows = law_alone_runs(data_dir, prereg_path, float(iso["budget"].max()))
-    out["law_alone_section"] = _law_alone_section(rows, old_recipe) + laws_section(rows, primary)
-    out["runs_beyond_summary"] = runs_summary(rows)
     old_rows = law_alone_at_runs(resolve_data(old_recipe)) if rows and old_recipe is not None else []
+    out["law_alone_section"] = (law_alone_section(rows, old_rows, None if old_recipe is None else str(old_recipe))
+                                + laws_section(rows, primary)) if rows else ""
+    out["runs_beyond_summary"] = runs_summary(rows)
     out["old_recipe_errors"] = (", ".join(f"{r['rel_error']:+.2%} at {r['multiple']:.0f}x" for r in old_rows)
                                 if old_rows else NOT_AVAILABLE)
     out["forced_sentence"] = _forced_sentence(prereg_doc)
@@ -364,18 +367,6 @@ def law_alone_runs(data_dir: Path, prereg_path: Path, top_budget: float) -> list
     seals = [(own_probe_name(m), _probe_seal(data_dir, prereg_path, m), data_dir / "probes" / own_probe_name(m))
              for m in sorted(spec.hero.probe_multiples)]
     return sealed_runs(seals + [("hero", prereg_path, data_dir / "hero")], top_budget)
-
-
-def _law_alone_section(rows: list[dict], old_recipe: Path | None) -> str:
-    """Under the law alone (`law_alone_runs`), each run beyond the ladder against its own seal and
-    the old recipe's law alone beside it (`law_alone_section`); empty for a study whose probes were
-    evidence for the hero's seal."""
-    from delphi.editions import resolve_data
-
-    if not rows:
-        return ""
-    old = law_alone_at_runs(resolve_data(old_recipe)) if old_recipe is not None else None
-    return law_alone_section(rows, old, None if old_recipe is None else str(old_recipe))
 
 
 def _forced_sentence(prereg_doc: dict) -> str:
