@@ -70,7 +70,7 @@ def test_relative_links_resolve(doc: Path) -> None:
 def test_link_check_sees_links() -> None:
     """The checker is not vacuous: the README's figure and the docs it links are found as links."""
     links = relative_links(README)
-    assert "paper/figures/prediction.png" in links
+    assert "paper/figures/law_alone_error.png" in links
     assert {"docs/cli.md", "docs/design.md", "docs/scaling-out.md", "docs/notebook.md", "paper/paper.md"} <= set(links)
 
 

@@ -119,7 +119,7 @@ def test_the_old_recipe_is_the_seventh_editions_law_alone_at_3x_10x_and_30x(law_
 
     old = law_alone_at_runs(resolve_data(OLD_STUDY))
     assert [(r["run"], round(r["multiple"])) for r in old] == [("probe3x", 3), ("probe10x", 10), ("hero", 30)]
-    seventh = (REPO / "paper" / "paper.md").read_text()
+    seventh = (REPO / "paper" / "editions" / "v7" / "paper.md").read_text()
     for row, v7_name in zip(old, ("probe3x", "probe10x", "hero30x")):
         assert _table_row(seventh, v7_name)[5] == f"{row['predicted']:.4f} ({row['rel_error']:+.2%})"
     table = recipe_comparison_table(recipe_comparison(old, _rows(law_alone_study)))

@@ -56,6 +56,7 @@ def index_rows(directory: Path) -> list[dict]:
             "forced": bool(doc.get("forced", False)),
             "gates": gates_cell(doc),
             "seeds": (doc.get("target") or {}).get("seeds"),
+            "competing": doc["prediction"].get("competing") or {},
         })
     return rows
 
@@ -130,7 +131,34 @@ def render_index(rows: list[dict], directory_label: str) -> str:
         )
     if not rows:
         lines.append("| (none yet) | | | | | | | | | | |\n")
+    lines += _competing_lines(rows)
     return "".join(lines)
+
+
+def _competing_lines(rows: list[dict]) -> list[str]:
+    """Every law sealed beside a primary (`prediction.competing`), scored on the same outcome (the
+    primary's actual: the mean of the sealed seeds); they decide nothing."""
+    from delphi.prereg.competing import score_competing
+
+    sealed = [r for r in rows if r.get("competing")]
+    if not sealed:
+        return []
+    lines = ["\n## Every law sealed beside the primary\n\n",
+             "Sealed with the primary, before the run; scored here on the same outcome (error = actual / sealed - 1). "
+             "Only the primary above decides the verdict.\n\n",
+             "| preregistration | law | sealed | 90% interval | actual | error | inside 90% |\n|---|---|---|---|---|---|---|\n"]
+    for r in sealed:
+        scores = score_competing(r["competing"], r["actual"]) if r["actual"] is not None else {}
+        for law, entry in r["competing"].items():
+            if "loss" not in entry:
+                lines.append(f"| {r['id']} | {law} | {entry.get('error', 'no prediction')} | | | | |\n")
+                continue
+            interval = f"[{entry['loss_90'][0]:.4f}, {entry['loss_90'][1]:.4f}]" if entry.get("loss_90") else ""
+            score = scores.get(law) or {}
+            covered = "" if score.get("covered_90") is None else ("yes" if score["covered_90"] else "no")
+            lines.append(f"| {r['id']} | {law} | {float(entry['loss']):.4f} | {interval} | {_fmt(r['actual'], '.4f')} "
+                         f"| {_fmt(score.get('rel_error'), '+.2%')} | {covered} |\n")
+    return lines
 
 
 def write_index(directory: str | Path, *, force: bool = False) -> dict:
