@@ -4,23 +4,15 @@ harmonic mean of the shapes' rates, unmeasured shapes are left out and counted i
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ladder_throughput.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("ladder_throughput_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield from load_benchmark("ladder_throughput")
 
 
 def rung(bench, run_id: str, budget: float, flops: float, shape: str, role: str = "isoflop"):
