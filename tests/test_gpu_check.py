@@ -13,7 +13,6 @@ import pytest
 from conftest import load_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def gpu_check():
     yield from load_benchmark("gpu_check")

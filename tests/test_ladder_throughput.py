@@ -4,10 +4,8 @@ harmonic mean of the shapes' rates, unmeasured shapes are left out and counted i
 
 from __future__ import annotations
 
-
 import pytest
 from conftest import load_benchmark
-
 
 
 @pytest.fixture(scope="module")
