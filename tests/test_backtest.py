@@ -76,8 +76,8 @@ def test_seeds_are_averaged_weighted_and_resampled_hierarchically():
     for idx in resample_indices(table, 5, seed=1):
         sample = table.iloc[idx]
         assert (sample.groupby("budget").size() == table.groupby("budget").size()).all()
-    # fixed design (the isoFLOP fits): every cell kept once per draw, only its seeds resampled
-    for idx in resample_indices(table, 5, seed=1, fixed_design=True):
+    # fixed design: every cell kept once per draw, only its seeds resampled
+    for idx in resample_indices(table, 5, seed=1, resample="seeds"):
         sample = table.iloc[idx]
         assert (sample.groupby("cell_id").size() == table.groupby("cell_id").size()).all()
         assert sample["cell_id"].nunique() == table["cell_id"].nunique()
@@ -88,6 +88,30 @@ def test_seeds_are_averaged_weighted_and_resampled_hierarchically():
     # a single-seed table is fitted exactly as before: no cells, weight 1
     single = load_results(raw[raw["seed"] == 0].drop(columns="seed"))
     assert "cell_id" not in single and fit_vpnls(single).diagnostics["seed_noise_nats"] is None
+
+
+def test_resampling_only_seeds_gives_a_two_seed_cell_mean_half_its_variance():
+    """Why the isoFLOP fits no longer keep the design and resample seeds alone (issue 43): two ladders
+    differ by sigma^2 / 2 in every two-seed cell mean; drawing a cell's own two seeds gives half that."""
+    table = load_results(seeded_design(seeds=2, noise=0.02))
+    cells, loss = table["cell_id"].to_numpy(), table["loss"].to_numpy()
+    one_run_var = float(table.groupby("cell_id")["loss"].var(ddof=1).mean())
+    means = np.array([pd.Series(loss[i]).groupby(cells[i]).mean().to_numpy()
+                      for i in resample_indices(table, 4000, seed=0, resample="seeds")])
+    assert means.var(axis=0).mean() == pytest.approx(one_run_var / 2 / 2, rel=0.1)
+
+
+def test_isoflop_bootstrap_resamples_cells_then_seeds_by_default():
+    table = load_results(seeded_design(seeds=2, noise=0.02))
+    fit = fit_approach2(table, n_bootstrap=40, seed=0, workers=1)
+    assert fit.diagnostics["bootstrap_unit"] == "seeds within cells, then cells"
+    assert fit.diagnostics["bootstrap_failed"] <= 4  # a draw that repeats one side of a parabola is counted, not fitted
+    seeds = fit_approach2(table, n_bootstrap=40, seed=0, workers=1, resample="seeds")
+    assert seeds.diagnostics["bootstrap_unit"] == "seeds within cells (design fixed)"
+    lo, hi = fit.predict(compute=1e23)["loss_interval_90"]
+    assert lo < fit.predict(compute=1e23)["loss"] < hi
+    with pytest.raises(DelphiError, match="resample 'rows'"):
+        fit_approach2(table, n_bootstrap=40, resample="rows")
 
 
 def test_seed_noise_enters_the_bootstrap_interval():

@@ -75,6 +75,26 @@ def digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
+# How long a signalled command may take to exit. Generous: under `pytest -n 2` beside the JAX tests a
+# 2-core machine is slow; a command that ignores its signal still fails (the slowed prepare sleeps 60 s
+# and would then exit 0).
+EXIT_AFTER_SIGNAL_S = 120
+# Prepended to a subprocess's code: SIGUSR1 prints its Python stacks, so a hang is diagnosed, not guessed.
+DUMP_STACKS_ON_SIGUSR1 = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1)\n"
+
+
+def finish(proc: subprocess.Popen) -> str:
+    """The stderr of a signalled subprocess once it has exited; if it has not within
+    EXIT_AFTER_SIGNAL_S, its Python stacks in the failure."""
+    try:
+        return proc.communicate(timeout=EXIT_AFTER_SIGNAL_S)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        raise AssertionError(f"still running {EXIT_AFTER_SIGNAL_S} s after the signal; its stacks:\n{proc.communicate()[1]}")
+
+
 def stop(proc: subprocess.Popen) -> None:
     """Kill a subprocess this test started, if a failed assertion left it running."""
     if proc.poll() is None:
@@ -88,7 +108,7 @@ def stop(proc: subprocess.Popen) -> None:
 # Runs `delphi ARGS` with the store's last write before the swap slowed down: once train.bin and
 # val.bin of the rebuild are written aside, READY appears and the process sleeps, so the signal
 # lands in the middle of the rebuild.
-SLOW_PREPARE = """
+SLOW_PREPARE = DUMP_STACKS_ON_SIGUSR1 + """
 import sys, time, pathlib
 import delphi.data.store as store
 ready = pathlib.Path(sys.argv[1])
@@ -130,7 +150,7 @@ def test_interrupted_rebuild_leaves_the_store_intact(corpus, tmp_path, signum, c
         wait_until(ready.exists, 60, "the rebuild to write its files aside")
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".building")], "not built aside"
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=20)
+        err = finish(proc)
     finally:
         stop(proc)
     assert proc.returncode == code, err
@@ -171,7 +191,8 @@ def test_held_signals_arrive_after_the_block():
 def test_bootstrap_workers_die_with_the_fit(tmp_path, signum, code):
     """Before: SIGTERM to `delphi fit --bootstrap N` ended the parent alone; its workers lived on."""
     out = tmp_path / "fit.json"
-    proc = subprocess.Popen([sys.executable, "-m", "delphi.cli", "fit", "isoflop", str(ISOFLOPS), "--query", QUERY,
+    cli = DUMP_STACKS_ON_SIGUSR1 + "import sys\nfrom delphi.cli import main\nsys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", cli, "fit", "isoflop", str(ISOFLOPS), "--query", QUERY,
                              "--bootstrap", "4000", "--workers", "2", "--out", str(out)],
                             env=ENV, stderr=subprocess.PIPE, text=True)
     try:
@@ -179,7 +200,7 @@ def test_bootstrap_workers_die_with_the_fit(tmp_path, signum, code):
         workers = children(proc.pid)
         assert len(workers) >= 2, proc.communicate()[1]
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=20)
+        err = finish(proc)
     finally:
         stop(proc)
     assert proc.returncode == code, err
@@ -261,7 +282,7 @@ def test_sighup_stops_training_and_releases_the_lock(store, tmp_path, to):
             os.killpg(proc.pid, signal.SIGHUP)
         else:
             proc.send_signal(signal.SIGHUP)
-        _, err = proc.communicate(timeout=60)
+        err = finish(proc)
     finally:
         stop(proc)
     assert proc.returncode == 130, err

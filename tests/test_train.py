@@ -102,6 +102,29 @@ def test_resume_reproduces_uninterrupted_metrics(store, uninterrupted, tmp_path,
     assert train(cfg, run_b, resume=True, progress=False)["val_loss"] == resumed["val_loss"]
 
 
+def test_a_resume_under_another_thread_count_is_refused(store, uninterrupted, tmp_path, monkeypatch):
+    """Issue 41: XLA's CPU sums round differently over another thread count (the same config reached
+    2.9636 on one core and 2.8614 on two), so a run records its count and resumes only under it."""
+    from delphi.train import trainer
+    from delphi.train.checkpoint import read_manifest
+    from delphi.train.environment import xla_cpu_threads
+
+    run_a, _ = uninterrupted
+    cfg, run = tiny_config(store), tmp_path / "run"
+    train(cfg, run, progress=False, max_steps=6)
+    threads = xla_cpu_threads()
+    step, path = list_checkpoints(run)[-1]
+    assert read_manifest(path)["extra"]["cpu_threads"] == threads
+    monkeypatch.setattr(trainer, "cpu_threads", lambda: threads + 1)
+    with pytest.raises(DelphiError, match=f"trained with {threads} XLA CPU thread.*this process has {threads + 1}"):
+        train(cfg, run, resume=True, progress=False)
+    assert [s for s, _ in list_checkpoints(run)][-1] == step  # the checkpoint is untouched
+    monkeypatch.undo()
+    assert train(cfg, run, resume=True, progress=False)["status"] == "completed"
+    assert json.loads((run / "summary.json").read_text())["cpu_threads"] == threads
+    assert_same_metrics(read_metrics(run_a), read_metrics(run))
+
+
 def test_a_resumable_snapshot_continues_an_unfinished_run_elsewhere(store, uninterrupted, tmp_path, monkeypatch):
     """`delphi paper snapshot --resumable` (a hero longer than one working session): a run stopped
     mid-way is kept with its newest checkpoint only; copied to a fresh directory it resumes there

@@ -5,13 +5,24 @@ Resampling unit: a run. When the table holds several rows per `run_id`
 bootstrap), because checkpoints of one run share its noise. Otherwise rows
 are resampled. `strata` (e.g. "budget" for isoFLOP fits) resamples within each
 stratum, so every budget keeps its size and an isoFLOP design stays an
-isoFLOP design. With seeds (rows sharing a `cell_id`) the resample is
-hierarchical: cells, then seeds within them; or, with `fixed_design`, only the
-seeds within each cell. An isoFLOP parabola has ~5 fixed sizes per budget:
-drawing them with replacement drops the sizes next to the vertex in some draws
-and refits an ill-posed parabola (on the default study's ladders that put a
-+8.4% tail on a 4x extrapolation whose leave-one-budget-out spread was 0.7%),
-so the isoFLOP fits keep the design and resample the noise.
+isoFLOP design.
+
+With seeds (rows sharing a `cell_id`) `resample` names what a draw varies (RESAMPLE_MODES):
+- "cells": cells with replacement within each stratum, then seeds within each drawn cell;
+- "seeds": every cell kept, its own seeds drawn with replacement.
+Which one moves a fit as much as a second ladder of the same design does was measured on the
+default study's ladders (`benchmarks/default_study/bootstrap_ratio.py`, `bootstrap_ratio.csv`): the
+sd of the 3x hero's predicted loss across 10 ladders over the bootstrap's (its 90% percentile
+half-width / 1.645, the width a seal uses) was 0.87 for "cells" (1.18 on study seeds 0-4, which chose
+it; 0.61 on seeds 5-9) and 3.3 for "seeds". Drawing k seeds from k gives a cell mean (k - 1) / k of its
+sampling variance, but that is not the whole gap: seed noise of the right size (pooled, rescaled
+residuals) still gave 1.9, because the two seeds of one ladder agree with each other better than two
+ladders do (F = 3.7 over 13 ladders; the cause is not identified: docs/notebook.md §8.24). The
+cells resample, which also varies the sizes each parabola sees, is as wide as that spread; its draws
+have heavy tails (plain sd ratio 0.57), which a percentile interval ignores, and with 5 sizes per
+budget about a third of them leave a budget fewer than 3 distinct sizes (no parabola): those are
+counted in `bootstrap_failed`, not refitted. Every fit uses it
+(for the isoFLOP fits: delphi.fits.isoflop.ISOFLOP_RESAMPLE).
 
 All resample indices are drawn up front from one `numpy.random.default_rng(seed)`,
 so the draws do not depend on the number of worker processes.
@@ -21,6 +32,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable
 
@@ -41,6 +53,11 @@ MIN_BOOTSTRAP_FOR_INTERVAL = 20
 # front, and a second copy pickled into a worker): one refit's parameter dict (~10 floats, ~650 bytes)
 # and its entries in the per-parameter sample lists. A generous round number: an upper bound.
 BOOTSTRAP_RESULT_BYTES = 1024
+RESAMPLE_UNITS = {
+    "cells": "seeds within cells, then cells",
+    "seeds": "seeds within cells (design fixed)",
+}
+RESAMPLE_MODES = tuple(RESAMPLE_UNITS)
 
 
 def bootstrap_memory_bytes(n: int, rows: int) -> int:
@@ -113,15 +130,21 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
         except (OSError, ValueError, AssertionError, AttributeError):
             pass
     pool.shutdown(wait=False, cancel_futures=True)
+    # Let the pool's manager thread finish closing its wake-up pipe now: if it is still closing it at
+    # interpreter exit, concurrent.futures' exit hook can write to the half-closed pipe and print an
+    # "Exception ignored ... Bad file descriptor" traceback (CPython 3.11's race; the SIGTERM test saw it).
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=5)
 
 
 def resample_indices(
-    table: pd.DataFrame, n: int, seed: int, strata: str | None = None, fixed_design: bool = False
+    table: pd.DataFrame, n: int, seed: int, strata: str | None = None, resample: str = "cells"
 ) -> list[np.ndarray]:
-    """`n` bootstrap resamples of `table`'s row positions."""
+    """`n` bootstrap resamples of `table`'s row positions (`resample`: the module says which)."""
     rng = np.random.default_rng(seed)
     if _hierarchical(table):
-        if fixed_design:
+        if resample == "seeds":
             return _seed_indices(table, n, rng)
         return _hierarchical_indices(table, n, rng, strata or ("budget" if "budget" in table else None))
     clustered = "run_id" in table and table["run_id"].duplicated().any()
@@ -179,7 +202,11 @@ def _run_chunk(refit: Refit, table: pd.DataFrame, chunk: list[np.ndarray]) -> li
     out: list[dict[str, float] | None] = []
     for idx in chunk:
         try:
-            params = refit(table.iloc[idx].reset_index(drop=True))
+            # A degenerate draw's overflow or 0/0 is counted below (non-finite), not printed: a
+            # worker's warning on the user's stderr says nothing about the fit.
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                params = refit(table.iloc[idx].reset_index(drop=True))
         except (DelphiError, ValueError, FloatingPointError, np.linalg.LinAlgError):
             params = None  # a resample can be degenerate (e.g. one distinct N); count it
         if params is not None and not all(np.isfinite(v) for v in params.values()):
@@ -195,7 +222,7 @@ def bootstrap(
     seed: int,
     *,
     strata: str | None = None,
-    fixed_design: bool = False,
+    resample: str = "cells",
     workers: int | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Refit `n` resamples; return the parameter draws and a diagnostics dict.
@@ -206,8 +233,10 @@ def bootstrap(
         raise DelphiError(f"bootstrap: n = {n}, expected >= 1")
     if seed is not None and seed < 0:
         raise DelphiError(f"bootstrap: seed = {seed}, expected an integer >= 0")
+    if resample not in RESAMPLE_MODES:
+        raise DelphiError(f"bootstrap: resample {resample!r}, expected one of {', '.join(RESAMPLE_MODES)}")
     check_bootstrap_memory(n, len(table))
-    indices = resample_indices(table, n, seed, strata, fixed_design)
+    indices = resample_indices(table, n, seed, strata, resample)
     if workers is None:
         workers = usable_cpus()
     # never more processes than CPUs (--workers 10000 forked ~4,000 on 2 cores), nor than the refits need
@@ -245,8 +274,7 @@ def bootstrap(
     info = {
         "bootstrap_n": n,
         "bootstrap_failed": n - len(good),
-        "bootstrap_unit": ("seeds within cells (design fixed)" if fixed_design else "seeds within cells, then cells")
-        if _hierarchical(table) else "run_id" if clustered else "row",
+        "bootstrap_unit": RESAMPLE_UNITS[resample] if _hierarchical(table) else "run_id" if clustered else "row",
         "bootstrap_strata": strata,
         "bootstrap_workers": workers,
         "interval": "bootstrap percentile, 90%",

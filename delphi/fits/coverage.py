@@ -11,6 +11,10 @@ refitted:
    plain-numbered `edition` with outcomes: a value with a letter (5b, 5c) is a variant round of its
    edition (a recentred grid, uniform steps; benchmarks/default_study/README.md), not the shipped
    study; `edition=` picks any.
+1b. The same heroes against the intervals today's code seals on their ladders
+   (`benchmarks/default_study/reseal.csv`, written by `benchmarks/default_study/reseal.py`): the
+   rows of the shipped resample (`resample` = RESEAL_RESAMPLE), `lo90`/`hi90` and `lo50`/`hi50`
+   against `actual`. Re-sealed after each outcome was known: labelled post hoc.
 2. The public sweeps, leave-one-source-out (`benchmarks/results/beyond/public_rows.csv`, written by
    `benchmarks/backtest_beyond.py` with the committed calibration): every law's prediction beyond its
    fitted budgets on each of the eight sweeps, by extrapolation bin (`beyond.EXTRAPOLATION_BINS`, from
@@ -42,6 +46,9 @@ from delphi.errors import DelphiError, quoted
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = Path("benchmarks/default_study/summary.csv")
+RESEAL = Path("benchmarks/default_study/reseal.csv")
+RESEAL_RESAMPLE = "cells"  # delphi.fits.isoflop.ISOFLOP_RESAMPLE, the rows reseal.py writes for the shipped rule
+RESEAL_COLUMNS = ("run", "study_seed", "resample", "lo90", "hi90", "lo50", "hi50", "actual")
 BEYOND_ROWS = Path("benchmarks/results/beyond/public_rows.csv")
 CALIBRATION = Path("delphi/fits/data/beyond_calibration.json")
 PREREGISTRATIONS = Path("preregistrations")
@@ -244,6 +251,27 @@ def default_study_row(path: Path, root: Path = REPO_ROOT, edition: str | None = 
     return make_row(f"default study, edition {chosen}: one hero per study seed ({seeds}), sealed interval",
                     shown(path, root), len(newest), hits_50 if has_50 else None, hits_90, section="default_study",
                     notes=notes, edition=chosen, runs=runs)
+
+
+def reseal_row(path: Path, root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The default study's heroes against today's interval rule on their own ladders, post hoc
+    (module docstring, 1b)."""
+    path = Path(path)
+    columns, rows = _read_csv(path, "default-study reseal table")
+    _require(path, columns, RESEAL_COLUMNS, "default-study reseal table")
+    mine = [(line, r) for line, r in rows if (r["resample"] or "").strip() == RESEAL_RESAMPLE]
+    if not mine:
+        raise DelphiError(f"{path}: no row has resample {RESEAL_RESAMPLE!r}; nothing to count")
+    hits_50, hits_90, seeds = [], [], []
+    for line, r in mine:
+        actual = _number(path, line, "actual", r["actual"])
+        hits_90.append(covered(_interval(path, line, "lo90", "hi90", r["lo90"], r["hi90"]), actual))
+        hits_50.append(covered(_interval(path, line, "lo50", "hi50", r["lo50"], r["hi50"]), actual))
+        seeds.append((r["study_seed"] or "").strip())
+    label = (f"default study, today's intervals (isoFLOP bootstrap over {RESEAL_RESAMPLE}) re-sealed on each seed's "
+             f"ladder after its outcome ({', '.join(seeds)}): post hoc")
+    return make_row(label, shown(path, root), len(mine), hits_50, hits_90, section="default_study_reseal",
+                    runs=[r["run"] for _, r in mine])
 
 
 # --------------------------------------------------------------------------- 2. the public sweeps, leave-one-source-out
@@ -453,7 +481,7 @@ def prereg_rows(directory: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]
 
 def coverage_table(root: Path = REPO_ROOT, *, summary: Path | None = None, beyond_rows: Path | None = None,
                    calibration: Path | None = None, preregistrations: Path | None = None, edition: str | None = None,
-                   by_method: bool = False) -> dict[str, Any]:
+                   by_method: bool = False, reseal: Path | None = None) -> dict[str, Any]:
     """Every row (module docstring) and the notes behind them. Paths default to the committed files
     under `root`."""
     root = Path(root)
@@ -462,6 +490,8 @@ def coverage_table(root: Path = REPO_ROOT, *, summary: Path | None = None, beyon
     calibration = Path(calibration) if calibration is not None else root / CALIBRATION
     preregistrations = Path(preregistrations) if preregistrations is not None else root / PREREGISTRATIONS
     rows = [default_study_row(summary, root, edition)]
+    if reseal is not None or (root / RESEAL).is_file():  # optional under another --root
+        rows.append(reseal_row(Path(reseal) if reseal is not None else root / RESEAL, root))
     sweep_rows, sweep_notes = public_sweep_rows(beyond_rows, calibration, root, by_method)
     rows += sweep_rows
     rows += prereg_rows(preregistrations, root)

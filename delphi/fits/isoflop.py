@@ -37,6 +37,11 @@ from delphi.fits.data import cell_points, load_results, provenance
 from delphi.fits.results import FitResult, percentile_intervals, table_context
 
 MIN_POINTS_PER_BUDGET = 3  # a parabola has three coefficients
+# What an isoFLOP fit's bootstrap resamples with seeds in the table (delphi.fits.bootstrap.RESAMPLE_MODES):
+# cells within each budget, then seeds within each cell -- the resample whose 90% width matched the
+# spread between ladders of one design (ratio 0.87 over the default study's 10 ladders); keeping the
+# design and resampling seeds understated it 3.3x (benchmarks/default_study/bootstrap_ratio.csv).
+ISOFLOP_RESAMPLE = "cells"
 CI_LEVEL = 0.90
 
 
@@ -207,7 +212,8 @@ def curvature_law(optima: list[dict[str, Any]]) -> dict[str, float] | None:
 
 
 def fit_approach2(
-    table: pd.DataFrame, *, robust: bool = False, n_bootstrap: int = 0, seed: int = 0, workers: int | None = None
+    table: pd.DataFrame, *, robust: bool = False, n_bootstrap: int = 0, seed: int = 0, workers: int | None = None,
+    resample: str = ISOFLOP_RESAMPLE,
 ) -> FitResult:
     optima, skipped = per_budget_optima(table, robust)
     params, ols_intervals, r2 = _laws_from_points(*_optima_arrays(optima))
@@ -231,7 +237,7 @@ def fit_approach2(
     )
     if n_bootstrap:
         samples, info = bootstrap(partial(_approach2_params, robust=robust), table, n_bootstrap, seed, strata="budget",
-                                  fixed_design=True, workers=workers)
+                                  resample=resample, workers=workers)
         fit.samples = samples
         fit.intervals = percentile_intervals(samples)
         fit.diagnostics.update(info)

@@ -6,7 +6,9 @@ The rules (which rungs run, in which order, retries, progress, summary) are the
 driver's (delphi.ladder.driver); this module only places rungs on local worker
 processes. By default there is one worker per core, each pinned to its core with
 a one-thread XLA runtime, so workers x threads = cores (no oversubscription);
-with fewer pending rungs than cores, fewer workers with several cores each.
+with fewer pending rungs than cores, fewer workers with several cores each, still
+one thread each: a rung's numbers do not depend on how many workers ran beside it
+(XLA's CPU sums round differently over another thread count; docs/design.md §7).
 
 A worker is a persistent process (`python -m delphi.ladder.runner --serve CORES`)
 that trains the rungs it is sent one after another, so the interpreter start,
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import IO
 
 from delphi.errors import DelphiError
+from delphi.train.environment import SINGLE_THREAD_XLA_FLAG
 from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every caller of the runner knows)
     EXIT_COMPLETED,
     EXIT_DIVERGED,
@@ -73,8 +76,9 @@ from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every 
 
 POLL_S = 0.5
 STOP_WAIT_S = 60.0  # a stopped rung writes its checkpoint first
-# One core per worker: no intra-op thread pool to fight over it (JAX FAQ's single-thread XLA CPU flags).
-SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# One core per worker: no intra-op thread pool to fight over it. (Until issue 41 this also carried
+# "intra_op_parallelism_threads=1", a TensorFlow session option that XLA_FLAGS ignores.)
+SINGLE_THREAD_XLA_FLAGS = SINGLE_THREAD_XLA_FLAG
 # A ladder worker's resident memory: JAX + XLA runtime ~0.4 GB, a ladder rung's state and activations
 # tens of MB; with room for the compiler's peaks.
 WORKER_MEMORY_BYTES = 1024**3
@@ -283,8 +287,11 @@ def default_workers(pending_rungs: int, cpus: int, memory_bytes: int | None = No
 
 
 def worker_env(cores: list[int], pin_cores: bool) -> dict[str, str]:
+    """A worker's environment: with pinning, a one-thread XLA runtime whatever its slot's cores.
+    Before issue 41 a slot of several cores (fewer rungs than cores, or --workers 1) ran XLA's thread
+    pool over them, and `ladder run --workers 1` against `--workers 2` changed 5 of 9 rungs by up to 3.5%."""
     env = dict(os.environ)
-    if pin_cores and len(cores) == 1:
+    if pin_cores:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREAD_XLA_FLAGS}".strip()
     return env
 

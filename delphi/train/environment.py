@@ -29,6 +29,12 @@ WANDB_MODES = ("online", "offline", "disabled", "shared")
 WANDB_MODE_ALIASES = {"dryrun": "offline"}
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+# XLA's CPU backend splits an op over an Eigen thread pool as large as the cores the process may use,
+# unless this flag turns the pool off (a ladder's one-core workers run so: delphi.ladder.runner). A
+# float sum split over another number of threads rounds differently, and a few hundred steps amplify
+# it: the same config reached 2.9636 on one core and 2.8614 on two (issue 41). The count is therefore
+# part of what a run's numbers depend on; docs/design.md says what is deterministic.
+SINGLE_THREAD_XLA_FLAG = "--xla_cpu_multi_thread_eigen=false"
 
 
 def _raw(name: str) -> str | None:
@@ -140,6 +146,17 @@ def check_wandb(configured: str | None, where: str = "") -> str:
         raise DelphiError(f"{source}: W&B online needs an API key, and none is set (WANDB_API_KEY, or `wandb login`); "
                           f"set one, or use {WANDB_MODE_ENV}=offline or unset it (disabled)")
     return mode
+
+
+def xla_cpu_threads() -> int:
+    """Intra-op threads XLA's CPU backend computes with in this process: 1 under
+    SINGLE_THREAD_XLA_FLAG (in XLA_FLAGS before JAX started), else every core it may run on."""
+    if SINGLE_THREAD_XLA_FLAG in os.environ.get("XLA_FLAGS", "").split():
+        return 1
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def check_training_environment(wandb_modes: Iterable[str | None] = (None,)) -> None:

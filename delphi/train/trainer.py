@@ -66,7 +66,9 @@ from delphi.train.environment import (  # CHECKPOINT_CLOCK_ENV, STEPS_PER_CALL_E
     STEPS_PER_CALL_ENV,  # noqa: F401
     check_training_environment,
     checkpoint_clock_env,
+    SINGLE_THREAD_XLA_FLAG,
     steps_per_call_env,
+    xla_cpu_threads,
 )
 from delphi.train.schedules import lr_schedule
 from delphi.train.step import TrainState, bits_per_byte, eval_blocks, make_eval_step, make_train_chunk, split_model
@@ -522,7 +524,9 @@ def _train_locked(
             fresh.append(TrainState(params, tx.init(params), router_bias, other))
         member_sh = sharding.state_shardings(fresh[0], mesh)
         restored = _restore_group(run_dirs, fresh, member_sh, primary) if resume else None
+        threads = cpu_threads()
         if restored is not None:
+            check_resume_threads(run_dirs[0], restored[0].extra, threads)
             states, start_step = [r.state for r in restored], restored[0].step
             wall_before = [float(r.extra.get("wall_s", 0.0)) for r in restored]
         else:
@@ -538,7 +542,7 @@ def _train_locked(
         interrupt.check("initialisation")
 
         summaries = [
-            _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall)
+            _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall) | {"cpu_threads": threads}
             for c, text, wall in zip(cfgs, texts, wall_before)
         ]
         for i, (c, run_dir) in enumerate(zip(cfgs, run_dirs)):
@@ -596,6 +600,28 @@ def failure_reason(error: BaseException) -> str:
     run that raised."""
     text = " ".join(f"{type(error).__name__}: {error}".split())
     return text if len(text) <= FAILURE_REASON_MAX_CHARS else text[:FAILURE_REASON_MAX_CHARS] + "..."
+
+
+def cpu_threads() -> int | None:
+    """The XLA CPU thread count this process trains with (None on an accelerator, whose numbers do
+    not depend on it): recorded in every summary and checkpoint."""
+    return xla_cpu_threads() if jax.default_backend() == "cpu" else None
+
+
+def check_resume_threads(run_dir: Path, extra: dict, threads: int | None) -> None:
+    """Refuse (exit 2) to resume a run's checkpoint under another XLA CPU thread count than it was
+    trained with: the rest of the run would not repeat its numbers (docs/design.md §4.6). A
+    checkpoint from before the count was recorded is resumed as before."""
+    recorded = extra.get("cpu_threads")
+    if recorded is None or threads is None or int(recorded) == threads:
+        return
+    how = ("XLA_FLAGS=" + SINGLE_THREAD_XLA_FLAG if int(recorded) == 1
+           else f"{int(recorded)} cores (e.g. `taskset -c 0-{int(recorded) - 1}`) and XLA_FLAGS without {SINGLE_THREAD_XLA_FLAG}")
+    raise DelphiError(
+        f"{run_dir}: its checkpoint was trained with {int(recorded)} XLA CPU thread(s), this process has {threads}: "
+        f"resumed so, the run would not repeat its own numbers (a float sum split over another thread count rounds "
+        f"differently). Resume with {how}, or start the run over in a new directory"
+    )
 
 
 def _summary_header(cfg: TrainConfig, store: Any, config_sha: str, start_step: int, wall_before: float) -> dict:
@@ -755,7 +781,8 @@ def _checkpoint(ctx: RunContext, loop: LoopState) -> None:
     start = time.perf_counter()
     for i, member in _active(ctx, loop):
         state = _member(loop.state, i, ctx.stacked)
-        ckpt.save_checkpoint(member.run_dir, loop.step, state, extra={"wall_s": loop.wall(i)}, keep=None)
+        ckpt.save_checkpoint(member.run_dir, loop.step, state, keep=None,
+                             extra={"wall_s": loop.wall(i), "cpu_threads": loop.summaries[i]["cpu_threads"]})
     for _, member in _active(ctx, loop):
         ckpt.prune_checkpoints(member.run_dir, member.cfg.keep_checkpoints)
     loop.last_checkpoint_time = time.perf_counter()
