@@ -83,6 +83,15 @@ EXIT_AFTER_SIGNAL_S = 120
 DUMP_STACKS_ON_SIGUSR1 = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1)\n"
 
 
+def default_stop_signals() -> None:
+    """preexec_fn of every command these tests signal: SIGINT, SIGTERM and SIGHUP at their defaults,
+    whatever the test process inherited (a shell runs a background job without job control with
+    SIGINT ignored, and Python then never installs its Ctrl-C handler: the command would not stop)."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
 def finish(proc: subprocess.Popen) -> str:
     """The stderr of a signalled subprocess once it has exited; if it has not within
     EXIT_AFTER_SIGNAL_S, its Python stacks in the failure."""
@@ -145,7 +154,8 @@ def test_interrupted_rebuild_leaves_the_store_intact(corpus, tmp_path, signum, c
     script.write_text(SLOW_PREPARE)
     ready = tmp_path / "ready"
     proc = subprocess.Popen([sys.executable, str(script), str(ready), "data", "prepare", "--source", str(corpus),
-                             "--out", str(out), "--force"], env=ENV, stderr=subprocess.PIPE, text=True)
+                             "--out", str(out), "--force"], env=ENV, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_stop_signals)
     try:
         wait_until(ready.exists, 60, "the rebuild to write its files aside")
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".building")], "not built aside"
@@ -194,7 +204,7 @@ def test_bootstrap_workers_die_with_the_fit(tmp_path, signum, code):
     cli = DUMP_STACKS_ON_SIGUSR1 + "import sys\nfrom delphi.cli import main\nsys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", cli, "fit", "isoflop", str(ISOFLOPS), "--query", QUERY,
                              "--bootstrap", "4000", "--workers", "2", "--out", str(out)],
-                            env=ENV, stderr=subprocess.PIPE, text=True)
+                            env=ENV, stderr=subprocess.PIPE, text=True, preexec_fn=default_stop_signals)
     try:
         wait_until(lambda: len(children(proc.pid)) >= 2 or proc.poll() is not None, 60, "two bootstrap workers")
         workers = children(proc.pid)
@@ -274,7 +284,7 @@ def test_sighup_stops_training_and_releases_the_lock(store, tmp_path, to):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "delphi.cli", "train", str(config), "--out", str(run), "--no-progress"],
                             env={**ENV, "DELPHI_PEAK_FLOPS_F32": "1e11"}, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_stop_signals)
     try:
         wait_until(lambda: (run / LOCK_FILE).exists() or proc.poll() is not None, 60, "the trainer to lock its run")
         trainers = children(proc.pid)

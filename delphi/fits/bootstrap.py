@@ -130,12 +130,16 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
         except (OSError, ValueError, AssertionError, AttributeError):
             pass
     pool.shutdown(wait=False, cancel_futures=True)
-    # Let the pool's manager thread finish closing its wake-up pipe now: if it is still closing it at
-    # interpreter exit, concurrent.futures' exit hook can write to the half-closed pipe and print an
-    # "Exception ignored ... Bad file descriptor" traceback (CPython 3.11's race; the SIGTERM test saw it).
+    # concurrent.futures' exit hook wakes every pool's manager thread through a pipe; for a pool torn
+    # down here that pipe can be half-closed by then, and CPython 3.11 prints an "Exception ignored ...
+    # Bad file descriptor" traceback (the SIGINT and SIGTERM tests saw it). Let the manager thread
+    # finish, then take the pool off the hook's list: there is nothing left for it to wake.
     manager = getattr(pool, "_executor_manager_thread", None)
     if manager is not None:
         manager.join(timeout=5)
+        import concurrent.futures.process as pool_module
+
+        getattr(pool_module, "_threads_wakeups", {}).pop(manager, None)
 
 
 def resample_indices(
