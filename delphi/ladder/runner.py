@@ -8,7 +8,7 @@ processes. By default there is one worker per core, each pinned to its core with
 a one-thread XLA runtime, so workers x threads = cores (no oversubscription);
 with fewer pending rungs than cores, fewer workers with several cores each, still
 one thread each: a rung's numbers do not depend on how many workers ran beside it
-(XLA's CPU sums round differently over another thread count; docs/design.md §7).
+(XLA's CPU sums round differently over another thread count; docs/design.md §4.6).
 
 A worker is a persistent process (`python -m delphi.ladder.runner --serve CORES`)
 that trains the rungs it is sent one after another, so the interpreter start,
@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import IO
 
 from delphi.errors import DelphiError
-from delphi.train.environment import SINGLE_THREAD_XLA_FLAG
 from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every caller of the runner knows)
     EXIT_COMPLETED,
     EXIT_DIVERGED,
@@ -73,6 +72,7 @@ from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every 
     progress_line,
     rung_status,
 )
+from delphi.train.environment import SINGLE_THREAD_XLA_FLAG
 
 POLL_S = 0.5
 STOP_WAIT_S = 60.0  # a stopped rung writes its checkpoint first
