@@ -288,9 +288,9 @@ def worker(core: int, jobs: Any, results: Any, steps: int) -> None:
 
 def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps: int) -> tuple[list[dict], list[dict]]:
     """(peaks, shape timings) from `workers` pinned single-thread processes sharing `jobs`."""
-    from delphi.ladder.runner import SINGLE_THREAD_XLA_FLAGS
+    from delphi.train.environment import single_thread_xla_flags
 
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SINGLE_THREAD_XLA_FLAGS}".strip()
+    os.environ["XLA_FLAGS"] = single_thread_xla_flags(os.environ.get("XLA_FLAGS"))
     cpus = sorted(os.sched_getaffinity(0))
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: XLA reads XLA_FLAGS at its start
     job_queue, result_queue = ctx.Queue(), ctx.Queue()

@@ -6,7 +6,7 @@
 Hypothesis (issue 11): at the ladders' smallest shapes a step is bound by per-op dispatch and
 memory traffic, so several seeds of a rung trained as one vmapped program cost little more than one.
 Method, on one core with XLA single-threaded (what every ladder worker runs with,
-`delphi.ladder.runner.SINGLE_THREAD_XLA_FLAGS`):
+`delphi.train.environment.SINGLE_THREAD_XLA_FLAG`):
 1. Plan the default study's ladder (`benchmarks/ladder.py`), take the named rungs' configs.
 2. For each, compile the trainer's own train chunk (`delphi.train.step.make_train_chunk`, the
    trainer's steps per call) for one seed and for a vmapped group of --seeds seeds; time repeated
@@ -29,9 +29,9 @@ from __future__ import annotations
 import os
 
 # before jax is imported: the ladder workers' thread settings
-from delphi.ladder.runner import SINGLE_THREAD_XLA_FLAGS  # imports no jax
+from delphi.train.environment import single_thread_xla_flags  # imports no jax
 
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SINGLE_THREAD_XLA_FLAGS}".strip()
+os.environ["XLA_FLAGS"] = single_thread_xla_flags(os.environ.get("XLA_FLAGS"))
 
 import argparse  # noqa: E402
 import collections  # noqa: E402

@@ -140,7 +140,7 @@ def main() -> None:
     for mode, by_mode in per_ladder.groupby("resample", sort=False):
         shipped = by_mode[by_mode["design"] == "v5"]
         groups = [(design, d) for design, d in by_mode.groupby("design")] + [
-            ("v5, study seeds 0-4", shipped[shipped["study_seed"] <= HELD_OUT_FROM - 1]),
+            ("v5, study seeds 0-4", shipped[shipped["study_seed"] < HELD_OUT_FROM]),
             ("v5, study seeds 5-9 (held out)", shipped[shipped["study_seed"] >= HELD_OUT_FROM])]
         for design, d in groups:
             if len(d) >= 2:

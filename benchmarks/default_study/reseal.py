@@ -50,12 +50,13 @@ def reseal(name: str, run: Path, resample: str) -> dict:
         fit_path.write_text(json.dumps(fit.to_json()))
         final, _ = hero_prediction(fit_path, load_train_config(run / "hero.yaml"), run / "results.csv")
     outcome = json.loads((run / "preregistration.outcome.json").read_text())
-    sealed = json.loads((run / "gates.json").read_text())["prediction"]
+    gates = json.loads((run / "gates.json").read_text())
+    sealed = gates["prediction"]
     actual = float(outcome["actual_final_loss"])
     (lo90, hi90), (lo50, hi50) = final["loss_90"], final["loss_50"]
     return {
         "run": name, "study_seed": study["seed"], "resample": resample, "tolerance_at_seal": study["hero"]["tolerance"],
-        "gates_failed_at_seal": ";".join(json.loads((run / "gates.json").read_text())["failed"]),
+        "gates_failed_at_seal": ";".join(gates["failed"]),
         "predicted": final["loss"], "lo90": lo90, "hi90": hi90, "lo50": lo50, "hi50": hi50, "actual": actual,
         "rel_error": actual / final["loss"] - 1, "covered_90": lo90 <= actual <= hi90, "covered_50": lo50 <= actual <= hi50,
         "reproduces_seal": (abs(lo90 - sealed["loss_90"][0]) < 1e-9 and abs(hi90 - sealed["loss_90"][1]) < 1e-9)

@@ -129,12 +129,13 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
                 proc.join(timeout=5)
         except (OSError, ValueError, AssertionError, AttributeError):
             pass
-    pool.shutdown(wait=False, cancel_futures=True)
     # concurrent.futures' exit hook wakes every pool's manager thread through a pipe; for a pool torn
     # down here that pipe can be half-closed by then, and CPython 3.11 prints an "Exception ignored ...
-    # Bad file descriptor" traceback (the SIGINT and SIGTERM tests saw it). Let the manager thread
-    # finish, then take the pool off the hook's list: there is nothing left for it to wake.
+    # Bad file descriptor" traceback (the SIGINT, SIGTERM and SIGHUP tests saw it). Let the manager
+    # thread finish, then take the pool off the hook's list: there is nothing left for it to wake.
+    # (shutdown() forgets the thread, so it is taken first.)
     manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
     if manager is not None:
         manager.join(timeout=5)
         import concurrent.futures.process as pool_module

@@ -72,13 +72,10 @@ from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every 
     progress_line,
     rung_status,
 )
-from delphi.train.environment import SINGLE_THREAD_XLA_FLAG
+from delphi.train.environment import single_thread_xla_flags
 
 POLL_S = 0.5
 STOP_WAIT_S = 60.0  # a stopped rung writes its checkpoint first
-# One core per worker: no intra-op thread pool to fight over it. (Until issue 41 this also carried
-# "intra_op_parallelism_threads=1", a TensorFlow session option that XLA_FLAGS ignores.)
-SINGLE_THREAD_XLA_FLAGS = SINGLE_THREAD_XLA_FLAG
 # A ladder worker's resident memory: JAX + XLA runtime ~0.4 GB, a ladder rung's state and activations
 # tens of MB; with room for the compiler's peaks.
 WORKER_MEMORY_BYTES = 1024**3
@@ -286,13 +283,13 @@ def default_workers(pending_rungs: int, cpus: int, memory_bytes: int | None = No
     return max(1, workers)
 
 
-def worker_env(cores: list[int], pin_cores: bool) -> dict[str, str]:
+def worker_env(pin_cores: bool) -> dict[str, str]:
     """A worker's environment: with pinning, a one-thread XLA runtime whatever its slot's cores.
     Before issue 41 a slot of several cores (fewer rungs than cores, or --workers 1) ran XLA's thread
     pool over them, and `ladder run --workers 1` against `--workers 2` changed 5 of 9 rungs by up to 3.5%."""
     env = dict(os.environ)
-    if pin_cores:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREAD_XLA_FLAGS}".strip()
+    if pin_cores:  # one core per worker: no intra-op thread pool to fight over it
+        env["XLA_FLAGS"] = single_thread_xla_flags(env.get("XLA_FLAGS"))
     return env
 
 
@@ -357,7 +354,7 @@ class LocalPlacer:
             log.flush()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "delphi.ladder.runner", "--serve", self._cores_arg(slot)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=worker_env(slot.cores, self.pin_cores),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=worker_env(self.pin_cores),
             )
         os.set_blocking(proc.stdout.fileno(), False)
         self.selector.register(proc.stdout, selectors.EVENT_READ, slot)
@@ -386,7 +383,7 @@ class LocalPlacer:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "delphi.ladder.runner", str(rung.config), str(rung.run_dir), str(lock_path),
                  self._cores_arg(slot)],
-                stdout=log, stderr=subprocess.STDOUT, env=worker_env(slot.cores, self.pin_cores),
+                stdout=log, stderr=subprocess.STDOUT, env=worker_env(self.pin_cores),
             )
             slot.job = _Job([rung], proc, log)
             return

@@ -609,11 +609,11 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
         (config, run), = runs
         return [_finished(train(load_train_config(config), run, resume=(run / CONFIG_FILE).exists(),
                                 predicted_loss=predicted_loss_curve(seal)), what)]
-    from delphi.ladder.runner import SINGLE_THREAD_XLA_FLAGS
+    from delphi.train.environment import single_thread_xla_flags
 
     env = dict(os.environ)
     if len(runs) >= (os.cpu_count() or 1):
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREAD_XLA_FLAGS}".strip()
+        env["XLA_FLAGS"] = single_thread_xla_flags(env.get("XLA_FLAGS"))
     procs: list[subprocess.Popen] = []
     # SIGTERM or SIGHUP to the study must reach its seeds' processes, not orphan them: on the way out
     # each is stopped at a checkpoint (`_stop_all`), and the same command resumes them.

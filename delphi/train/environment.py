@@ -148,6 +148,12 @@ def check_wandb(configured: str | None, where: str = "") -> str:
     return mode
 
 
+def single_thread_xla_flags(flags: str | None) -> str:
+    """An XLA_FLAGS value (`flags`, e.g. the environment's) with SINGLE_THREAD_XLA_FLAG added once."""
+    parts = (flags or "").split()
+    return " ".join(parts if SINGLE_THREAD_XLA_FLAG in parts else [*parts, SINGLE_THREAD_XLA_FLAG])
+
+
 def xla_cpu_threads() -> int:
     """Intra-op threads XLA's CPU backend computes with in this process: 1 under
     SINGLE_THREAD_XLA_FLAG (in XLA_FLAGS before JAX started), else every core it may run on."""
