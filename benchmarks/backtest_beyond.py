@@ -46,17 +46,15 @@ from delphi.fits import FITTERS, load_results  # noqa: E402
 from delphi.fits.backtest import predictive_interval, residual_scatter  # noqa: E402
 from delphi.fits.beyond import BEYOND_METHODS, ENSEMBLES, beyond_row, ensemble_rows, beyond_rows, bin_table, markdown_table, sweep_features  # noqa: E402
 from delphi.fits.calibration import DEFAULT_PATH, apply_calibration, calibrate, calibration_document, choose_method, loso  # noqa: E402
+from delphi.editions import resolve_data  # noqa: E402
 from delphi.io import atomic_write_json  # noqa: E402
 
-PAPER_LADDER = ROOT / "paper" / "v7" / "study" / "results.csv"
+# paper/editions/ are compact; resolve_data reads each from its unpacked copy.
+PAPER_LADDER = resolve_data(ROOT / "paper" / "editions" / "v7" / "study") / "results.csv"
 # The runs beyond the paper ladder (top isoFLOP budget 1e13): one summary.json each.
-PAPER_OUTCOMES = {
-    "probe3x (v4)": ROOT / "paper" / "v4" / "probe3x" / "summary.json",
-    "probe10x (v4)": ROOT / "paper" / "v4" / "probe10x" / "summary.json",
-    "hero30x (v5)": ROOT / "paper" / "v5" / "hero30x" / "summary.json",
-    "hero60x (v6)": ROOT / "paper" / "v6" / "hero60x" / "summary.json",
-    "hero90x (v7)": ROOT / "paper" / "v7" / "study" / "hero" / "summary.json",
-}
+PAPER_OUTCOMES = {name: resolve_data(ROOT / "paper" / "editions" / path) / "summary.json" for name, path in (
+    ("probe3x (v4)", "v4/probe3x"), ("probe10x (v4)", "v4/probe10x"), ("hero30x (v5)", "v5/hero30x"),
+    ("hero60x (v6)", "v6/hero60x"), ("hero90x (v7)", "v7/study/hero"))}
 PAPER_SOURCE = "delphi_paper_ladder_v4-v7"
 
 

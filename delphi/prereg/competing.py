@@ -5,6 +5,8 @@ before it. They decide nothing; the primary's `prediction.final` is the verdict.
 Entries of `prediction.competing` (all for the same outcome, the mean of the seal's seeds):
 - "<primary> calibrated": the primary law's point and interval calibrated for its extrapolation
   factor on the public sweeps (`delphi.fits.calibration.calibrate_final`);
+- "<primary> alone": the primary law's own point and interval, where the sealed one is corrected by
+  the design's measured bias (`delphi.prereg.predict.correct_by_design`); ensembles use this one;
 - each other law fitted by the study (isoflop, parametric, frontier, asymptotic, ...): its own point
   and predictive interval (bootstrap (+) the outcome's run noise, as the primary's), with its
   calibrated version beside it where the calibration covers the law;
@@ -23,6 +25,7 @@ import numpy as np
 from delphi.errors import DelphiError
 
 CALIBRATED_SUFFIX = " calibrated"
+ALONE_SUFFIX = " alone"
 
 
 def _entry(final: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +72,9 @@ def competing_predictions(fit_paths: Mapping[str, Path], primary: str, primary_f
 
     out: dict[str, dict[str, Any]] = dict(calibrated_entry(primary, primary_final))
     laws: dict[str, dict[str, Any]] = {primary: primary_final}
+    if primary_final.get("point_correction"):
+        laws[primary] = primary_final["uncorrected"]
+        out[primary + ALONE_SUFFIX] = _entry(primary_final["uncorrected"])
     for law, path in fit_paths.items():
         if law == primary:
             continue

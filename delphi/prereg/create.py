@@ -306,14 +306,15 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
                   lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = (),
                   probe_correction: bool = False, probe_carry: str = "linear", noise_scope: str = "pooled",
-                  recipe_check: Path | None = None) -> list:
+                  recipe_check: Path | None = None, point_correction=None) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
     finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
     (the primary law at each probe) when probes are given. With `probe_correction`, `final` is the
     corrected prediction (`hero_prediction`) and each leave-one-budget-out law is corrected by its
     own errors at the probes. `noise_scope` (NOISE_SCOPES) sets one run's noise at the probes and
-    in the cross-checks."""
+    in the cross-checks. With `point_correction` (`final` corrected by the design's bias), each
+    leave-one-budget-out law is corrected by the same factor, so the gate compares like with like."""
     from delphi.fits import backtest as run_backtest
     from delphi.fits.probes import probe_trend
     from delphi.prereg import gates as gt
@@ -344,7 +345,8 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
         loss = float(predict_hero(f, hero)[0]["loss"])
         trend = (probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table), probe_carry)
                  if probe_correction else None)
-        return loss * (1 + trend.at(float(hero.flops))) if trend is not None else loss
+        loss = loss * (1 + trend.at(float(hero.flops))) if trend is not None else loss
+        return loss * (1 + point_correction.rel) if point_correction is not None else loss
 
     lobo = gt.leave_one_budget_out(fit_table, refit, hero_loss)
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
@@ -383,6 +385,7 @@ def create_prereg(
     seeds: Sequence[int] | None = None,
     forced_gates: dict[str, str] | None = None,
     competing: Callable[[Any, dict], dict[str, dict]] | None = None,
+    point_correction=None,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -400,7 +403,9 @@ def create_prereg(
     (`delphi.fits.shape_trajectory.trajectory_from_shapes`) instead of the curve law.
     `seeds` (>= 2) seals the mean of those seeds' runs, its interval carrying the noise of that mean;
     `forced_gates` ({gate: reason}) seals over those gates alone failing, each reason sealed;
-    `competing(hero, final)` returns the other laws' predictions sealed beside the primary."""
+    `competing(hero, final)` returns the other laws' predictions sealed beside the primary;
+    `point_correction` (delphi.study.spec.PointCorrection) seals the primary law x (1 + its measured
+    bias on this design) (`correct_by_design`)."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params
@@ -434,7 +439,7 @@ def create_prereg(
     if results is not None and not Path(results).is_file():
         raise DelphiError(f"{results}: results table not found")
     final, fit_obj = hero_prediction(Path(fit_path), hero, Path(results) if results is not None else None,
-                                     probe_runs, probe_correction, probe_carry, noise_scope, n_seeds)
+                                     probe_runs, probe_correction, probe_carry, noise_scope, n_seeds, point_correction)
     from delphi.fits.bootstrap import MIN_BOOTSTRAP_FOR_INTERVAL
 
     n_replicates = len(next(iter(fit_obj.samples.values()))) if fit_obj.samples else 0
@@ -481,6 +486,11 @@ def create_prereg(
         assumptions.append(f"the {fit_obj.kind} law's relative error at the probes ({errors}) "
                            f"continues {CARRY_ASSUMPTION[corr['carry']]} to the hero: {corr['carried_rel']:+.2%} (sd {corr['carried_sd_rel']:.2%}); "
                            f"the law alone predicts {final['uncorrected']['loss']:.4f}")
+    if final.get("point_correction"):
+        corr = final["point_correction"]
+        assumptions.append(f"the {fit_obj.kind} law's bias measured on earlier studies of this design holds at this hero: "
+                           f"{corr['rel']:+.2%} (sd {corr['sd_rel']:.2%}; {corr['source']}); the law alone predicts "
+                           f"{final['uncorrected']['loss']:.4f}")
     if "E" in fit_obj.params:
         assumptions.append(f"irreducible loss E = {float(fit_obj.params['E']):.4g} nats (fitted, not pinned)")
 
@@ -528,7 +538,7 @@ def create_prereg(
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
                               rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs,
                               probe_correction=probe_correction, probe_carry=probe_carry, noise_scope=noise_scope,
-                              recipe_check=recipe_check)
+                              recipe_check=recipe_check, point_correction=point_correction)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal

@@ -36,6 +36,17 @@ AUTO_PRIMARY = "auto"
 
 
 @dataclass(frozen=True)
+class PointCorrection:
+    """A bias of this study design's primary law at its hero, measured on earlier studies of the same
+    design, sealed as a correction (delphi.prereg.predict.correct_by_design): the sealed point is the
+    law's x (1 + rel), its intervals moved with it and widened in quadrature by z x sd_rel."""
+
+    rel: float  # the measured mean relative error of the law at the hero (actual / law - 1)
+    sd_rel: float  # that mean's standard error: the correction's own uncertainty
+    source: str  # where it was measured (a sentence, sealed)
+
+
+@dataclass(frozen=True)
 class HeroSpec:
     compute: float | None = None  # FLOPs; None: compute_multiple x the largest ladder budget
     compute_multiple: float = 10.0
@@ -70,6 +81,9 @@ class HeroSpec:
     # and its seal predicts their mean final loss (issue 40; one run's seed noise is ~1% of the loss
     # at a CPU's scale). Empty: one run, at the study seed.
     seeds: tuple[int, ...] = ()
+    # A measured bias of the primary law on this design, sealed as a correction (PointCorrection);
+    # None: the law's own point. Applied after any probe correction.
+    point_correction: PointCorrection | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +197,16 @@ class StudySpec:
                               "under the law alone the hero is sealed before the study's own probes train (stage seals)")
         if len(set(hero.seeds)) != len(hero.seeds) or any(not isinstance(x, int) or x < 0 for x in hero.seeds):
             raise DelphiError(f"{where}: hero.seeds: {list(hero.seeds)}, expected distinct integers >= 0")
+        if (c := hero.point_correction) is not None:
+            if not -0.5 < c.rel < 0.5:
+                raise DelphiError(f"{where}: hero.point_correction.rel: {c.rel}, expected a relative error in (-0.5, 0.5)")
+            if not c.sd_rel >= 0:
+                raise DelphiError(f"{where}: hero.point_correction.sd_rel: must be >= 0, got {c.sd_rel}")
+            if hero.probe_correction:
+                raise DelphiError(f"{where}: hero.point_correction with hero.probe_correction: true; the probes measure the "
+                                  "law's error on this ladder, so choose one")
+            if not c.source.strip():
+                raise DelphiError(f"{where}: hero.point_correction.source: needs where the bias was measured (a sentence)")
         for gate, reason in self.gates.force.items():
             if not isinstance(reason, str) or not reason.strip():
                 raise DelphiError(f"{where}: gates.force.{gate}: needs the reason to seal (a sentence), got {reason!r}")

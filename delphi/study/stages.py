@@ -378,7 +378,7 @@ def stage_gates(study: Study) -> dict:
     probes = probe_runs(study)
     final, fit = hero_prediction(study.fit_path(study.primary_fit), hero, study.results, probes,
                                  correct, study.spec.hero.probe_carry, study.spec.hero.noise_scope,
-                                 len(study.spec.hero.seeds) or 1)  # what prereg will seal
+                                 len(study.spec.hero.seeds) or 1, study.spec.hero.point_correction)  # what prereg will seal
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
     gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
@@ -386,7 +386,7 @@ def stage_gates(study: Study) -> dict:
                           rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
                           lr_calibration=_lr_calibration(study), probe_runs=probes, probe_correction=correct,
                           probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope,
-                          recipe_check=getattr(study, "recipe_check", None))
+                          recipe_check=getattr(study, "recipe_check", None), point_correction=study.spec.hero.point_correction)
     deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
     deciding = [g for g in gates if g not in deferred]
     report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
@@ -706,7 +706,8 @@ def seal_hero(study: Study) -> dict:
         study.fit_path(study.primary_fit), study.hero_config, study.prereg,
         rationale=(study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
         force=study.spec.force, probe_correction=study.spec.hero.probe_correction,
-        trajectory_from_probes=study.spec.hero.trajectory == "probes", **_seal_evidence(study),
+        trajectory_from_probes=study.spec.hero.trajectory == "probes", point_correction=study.spec.hero.point_correction,
+        **_seal_evidence(study),
     )
     return {"prereg": str(study.prereg)} | _sealed_summary(doc)
 
