@@ -17,7 +17,7 @@ from delphi.fits import FITTERS, fit_asymptotic, load_results
 from delphi.fits.beyond import beyond_rows, bin_table, extrapolation_bin, split_sources
 from delphi.fits.calibration import (
     DEFAULT_PATH, SCHEMA_VERSION, apply_calibration, assert_out_of_sample, calibrate, choose_method, fit_method_calibration,
-    interval_for_gate, load_calibration, loso)
+    interval_for_gate, load_calibration, loso, out_of_source_errors, weighted_quantile)
 from delphi.fits.frontier import fit_frontier_arrays
 
 # A Chinchilla-form surface: its compute frontier is exactly E + K C^-(alpha beta / (alpha + beta)) (C = 6 N D).
@@ -113,6 +113,22 @@ def test_calibration_recovers_the_error_growth_and_covers() -> None:
     scored = loso(rows)
     assert 0.85 <= scored["cal_covered_90"].mean() <= 0.95
     assert 0.40 <= scored["cal_covered_50"].mean() <= 0.60
+
+
+def test_quantiles_come_from_each_source_scored_without_it() -> None:
+    """Issue 43: in-sample standardised errors understate what a new sweep meets (the public 3-10x
+    bin covered 83% with them); the quantiles are taken from out-of-source errors (jackknife+)."""
+    rows = _synthetic_rows(sources=5, per_source=30, seed=3)
+    cal = fit_method_calibration(rows, "law")
+    z = out_of_source_errors(rows, "agree")
+    weights = 1.0 / rows.loc[z.index, "source"].map(rows["source"].value_counts()).to_numpy(float)
+    assert cal.q90 == pytest.approx(weighted_quantile(z.to_numpy(), weights, 0.90))
+    assert cal.q50 == pytest.approx(weighted_quantile(z.to_numpy(), weights, 0.50))
+    in_sample = np.abs(rows["log_error"] - (cal.shift0 + cal.shift1 * np.log(rows["factor"]))) / np.sqrt(
+        rows["base_sd_rel"] ** 2 + cal.model_sd(rows["factor"].to_numpy()) ** 2)
+    assert cal.q90 > weighted_quantile(in_sample.to_numpy(), weights, 0.90)
+    with pytest.raises(DelphiError, match="need >= 3"):
+        fit_method_calibration(rows[rows["source"].isin(["s0", "s1"])], "law")
 
 
 def test_loso_never_scores_a_source_with_its_own_calibration() -> None:

@@ -211,17 +211,22 @@ def test_hand_made_files_give_exact_counts(tmp_path, capsys):
     assert code == 0 and "edition 2b: one hero per study seed (3)" in err
 
 
-def test_the_reseal_row_counts_the_shipped_resample_only(tmp_path):
+def test_the_reseal_rows_count_the_shipped_resample_once_per_correction(tmp_path):
     path = tmp_path / "reseal.csv"
     header = "run,study_seed,resample,lo90,hi90,lo50,hi50,actual\n"
     path.write_text(header + "r0,0,seeds,1.0,1.1,1.04,1.06,1.2\n" + "r0,0,cells,1.0,1.3,1.15,1.25,1.2\n"
                     + "r1,1,cells,1.0,1.04,1.01,1.03,1.05\n")
-    row = cov.reseal_row(path, tmp_path)
+    (row,) = cov.reseal_rows(path, tmp_path)  # no correction column: the law's own point
     assert row["n"] == 2 and row["covered_90"] == {"k": 1, "n": 2} and row["covered_50"] == {"k": 1, "n": 2}
-    assert "post hoc" in row["label"] and row["runs"] == ["r0", "r1"]
+    assert "post hoc" in row["label"] and "law's own point" in row["label"] and row["runs"] == ["r0", "r1"]
+    path.write_text(header.replace("\n", ",correction\n") + "r0,0,cells,1.0,1.3,1.15,1.25,1.2,none\n"
+                    + "r1,1,cells,1.0,1.04,1.01,1.03,1.05,none\n" + "r1,1,cells,1.0,1.06,1.01,1.03,1.05,leave-one-seed-out\n")
+    plain, corrected = cov.reseal_rows(path, tmp_path)
+    assert plain["n"] == 2 and corrected["n"] == 1 and corrected["covered_90"] == {"k": 1, "n": 1}
+    assert "leave-one-seed-out" in corrected["label"] and corrected["runs"] == ["r1"]
     path.write_text(header + "r0,0,cells,1.0,1.3,1.1,1.15,abc\n")
     with pytest.raises(DelphiError, match="reseal.csv.*actual"):
-        cov.reseal_row(path, tmp_path)
+        cov.reseal_rows(path, tmp_path)
 
 
 def test_a_stale_row_table_is_a_note_not_an_error(tmp_path):

@@ -11,8 +11,15 @@ seals it (`delphi.prereg.predict.hero_prediction`). "seeds" is the resample the 
 with, so its rows must reproduce the sealed interval (column `reproduces_seal`); "cells" is the
 shipped one. The point is the law's own either way; only the interval changes.
 
+Each "cells" row is also re-sealed with the design's bias corrected as the study now seals it
+(hero.point_correction, `delphi.prereg.predict.correct_by_design`), the correction measured
+leave-one-seed-out: the mean and standard error of actual / law - 1 over the table's other seeds,
+so no seed is corrected by its own error (column `correction`: "none" or "leave-one-seed-out").
+These rows need no refit: with no RUN_DIR the script only re-derives them from the table.
+
 These intervals are made after each outcome was known: a check of the interval rule, not a
-preregistration. `delphi fit coverage` reads the "cells" rows as its own, labelled row.
+preregistration. `delphi fit coverage` reads the "cells" rows (with and without the correction) as
+its own, labelled rows.
 """
 
 from __future__ import annotations
@@ -29,11 +36,13 @@ from delphi.fits import load_results
 from delphi.fits.isoflop import fit_approach2
 from delphi.ladder.plan import flops_family
 from delphi.ladder.spec import ladder_spec_from_dict
-from delphi.prereg.predict import hero_prediction
+from delphi.prereg.predict import correct_by_design, hero_prediction
+from delphi.study.spec import PointCorrection
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent
 RESAMPLES = ("seeds", "cells")  # as sealed before issue 43; as shipped since
+LEAVE_ONE_OUT = "leave-one-seed-out"
 
 
 def reseal(name: str, run: Path, resample: str) -> dict:
@@ -64,19 +73,40 @@ def reseal(name: str, run: Path, resample: str) -> dict:
     }
 
 
+def corrected_leave_one_out(table: pd.DataFrame) -> pd.DataFrame:
+    """The "cells" rows re-sealed with the bias correction, each seed's measured on the other seeds."""
+    plain = table[(table["resample"] == "cells") & (table["correction"] == "none")]
+    rows = []
+    for r in plain.itertuples():
+        others = plain.loc[plain["study_seed"] != r.study_seed, "rel_error"]
+        correction = PointCorrection(float(others.mean()), float(others.std(ddof=1) / len(others) ** 0.5), LEAVE_ONE_OUT)
+        final = correct_by_design({"loss": r.predicted, "loss_90": [r.lo90, r.hi90], "loss_50": [r.lo50, r.hi50],
+                                   "source": "isoflop"}, correction)
+        (lo90, hi90), (lo50, hi50) = final["loss_90"], final["loss_50"]
+        rows.append(r._asdict() | {
+            "correction": LEAVE_ONE_OUT, "correction_rel": correction.rel, "correction_sd_rel": correction.sd_rel,
+            "predicted": final["loss"], "lo90": lo90, "hi90": hi90, "lo50": lo50, "hi50": hi50,
+            "rel_error": r.actual / final["loss"] - 1, "covered_90": lo90 <= r.actual <= hi90,
+            "covered_50": lo50 <= r.actual <= hi50, "reproduces_seal": None})
+    return pd.DataFrame(rows).drop(columns="Index")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="[NAME=]RUN_DIR")
+    parser.add_argument("runs", nargs="*", help="[NAME=]RUN_DIR (none: only re-derive the corrected rows)")
     parser.add_argument("--out", type=Path, default=HERE / "reseal.csv")
     args = parser.parse_args()
     named = [(arg.split("=", 1) if "=" in arg else (Path(arg).name, arg)) for arg in args.runs]
-    rows = [reseal(name, Path(run), resample) for name, run in named for resample in RESAMPLES]
-    table = pd.DataFrame(rows)
+    rows = [reseal(name, Path(run), resample) | {"correction": "none"} for name, run in named for resample in RESAMPLES]
+    table = pd.DataFrame(rows, columns=None if rows else ["run"])
     if args.out.is_file():  # rows of runs not given this time are kept
         old = pd.read_csv(args.out)
+        old["correction"] = old["correction"].fillna("none") if "correction" in old else "none"
         table = pd.concat([old[~old["run"].isin(table["run"])], table], ignore_index=True)
+    table = table[table["correction"] == "none"]
+    table = pd.concat([table, corrected_leave_one_out(table)], ignore_index=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
-    table.sort_values(["study_seed", "resample"]).to_csv(tmp, index=False, float_format="%.6g")
+    table.sort_values(["study_seed", "resample", "correction"]).to_csv(tmp, index=False, float_format="%.6g")
     tmp.replace(args.out)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return 0

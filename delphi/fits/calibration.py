@@ -456,19 +456,28 @@ def calibrate_final(fit: Any, final: dict[str, Any], compute: float, table: pd.D
     return out
 
 
+def gate_uses_calibration(final: dict[str, Any]) -> bool:
+    """Whether gate interval_width judges the calibrated interval: when `final` has an applied
+    calibration and was corrected by neither probes nor a design's measured bias, whose outcomes
+    beyond this design's own ladders then stand in for the public calibration. (The default study's
+    isoFLOP law leans high where the public sweeps' leans low: the calibrated interval there is
+    centred 2% above the sealed one; issue 43.)"""
+    return bool((final.get("calibrated") or {}).get("applied")) and not {"probe_correction", "point_correction"} & set(final)
+
+
 def interval_for_gate(final: dict[str, Any]) -> tuple[Sequence[float] | None, float, str, str | None]:
     """(90% interval, its centre, a note saying which, why the hero is beyond the calibration or None)
-    for gate interval_width: the calibrated interval when `final` has an applied calibration and no
-    probe correction (the probes then stand in for the calibration), else the fit's own."""
+    for gate interval_width: the calibrated interval where `gate_uses_calibration`, else the sealed one."""
     cal = final.get("calibrated") or {}
-    if cal.get("applied") and "probe_correction" not in final:
+    if gate_uses_calibration(final):
         beyond = None
         if cal.get("beyond_calibrated_range"):
             beyond = (f"the hero lies {cal['factor']:.3g}x beyond the ladder's top budget, farther out than any calibration "
                       f"point ({cal['max_calibrated_factor']:.3g}x for {cal['method']}): the calibrated interval is an "
                       f"extrapolation of the calibration itself; refusing to seal without --force")
         return cal.get("loss_90"), float(cal["loss"]), f"calibrated ({cal['method']}, {cal['factor']:.3g}x beyond the ladder) ", beyond
-    return final.get("loss_90"), float(final["loss"]), "", None
+    note = "sealed (corrected by the design's measured bias) " if "point_correction" in final else ""
+    return final.get("loss_90"), float(final["loss"]), note, None
 
 
 def report_lines(final: dict[str, Any], primary_fit: str | None = None, primary_law: str | None = None) -> list[str]:

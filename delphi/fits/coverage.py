@@ -14,7 +14,10 @@ refitted:
 1b. The same heroes against the intervals today's code seals on their ladders
    (`benchmarks/default_study/reseal.csv`, written by `benchmarks/default_study/reseal.py`): the
    rows of the shipped resample (`resample` = RESEAL_RESAMPLE), `lo90`/`hi90` and `lo50`/`hi50`
-   against `actual`. Re-sealed after each outcome was known: labelled post hoc.
+   against `actual`. Re-sealed after each outcome was known: labelled post hoc. Where the table has
+   a `correction` column, one row per value: "none" (the law's own point) and "leave-one-seed-out"
+   (the design's bias corrected as the study seals it, hero.point_correction, each seed's
+   correction measured on the other seeds).
 2. The public sweeps, leave-one-source-out (`benchmarks/results/beyond/public_rows.csv`, written by
    `benchmarks/backtest_beyond.py` with the committed calibration): every law's prediction beyond its
    fitted budgets on each of the eight sweeps, by extrapolation bin (`beyond.EXTRAPOLATION_BINS`, from
@@ -253,13 +256,19 @@ def default_study_row(path: Path, root: Path = REPO_ROOT, edition: str | None = 
                     notes=notes, edition=chosen, runs=runs)
 
 
-def reseal_row(path: Path, root: Path = REPO_ROOT) -> dict[str, Any]:
-    """The default study's heroes against today's interval rule on their own ladders, post hoc
-    (module docstring, 1b)."""
+def reseal_rows(path: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]:
+    """The default study's heroes against today's interval rule on their own ladders, post hoc, one
+    row per value of `correction` (module docstring, 1b)."""
     path = Path(path)
     columns, rows = _read_csv(path, "default-study reseal table")
     _require(path, columns, RESEAL_COLUMNS, "default-study reseal table")
-    mine = [(line, r) for line, r in rows if (r["resample"] or "").strip() == RESEAL_RESAMPLE]
+    corrections = sorted({(r.get("correction") or "none").strip() for _, r in rows}, key=lambda c: c != "none")
+    return [reseal_row(path, rows, correction, root) for correction in corrections]
+
+
+def reseal_row(path: Path, rows: list[tuple[int, dict[str, str]]], correction: str, root: Path = REPO_ROOT) -> dict[str, Any]:
+    mine = [(line, r) for line, r in rows if (r["resample"] or "").strip() == RESEAL_RESAMPLE
+            and (r.get("correction") or "none").strip() == correction]
     if not mine:
         raise DelphiError(f"{path}: no row has resample {RESEAL_RESAMPLE!r}; nothing to count")
     hits_50, hits_90, seeds = [], [], []
@@ -268,8 +277,10 @@ def reseal_row(path: Path, root: Path = REPO_ROOT) -> dict[str, Any]:
         hits_90.append(covered(_interval(path, line, "lo90", "hi90", r["lo90"], r["hi90"]), actual))
         hits_50.append(covered(_interval(path, line, "lo50", "hi50", r["lo50"], r["hi50"]), actual))
         seeds.append((r["study_seed"] or "").strip())
-    label = (f"default study, today's intervals (isoFLOP bootstrap over {RESEAL_RESAMPLE}) re-sealed on each seed's "
-             f"ladder after its outcome ({', '.join(seeds)}): post hoc")
+    how = ("the law's own point" if correction == "none" else
+           f"the design's bias corrected as the study seals it, each seed's correction measured {correction}")
+    label = (f"default study, today's intervals (isoFLOP bootstrap over {RESEAL_RESAMPLE}; {how}) re-sealed on each "
+             f"seed's ladder after its outcome ({', '.join(seeds)}): post hoc")
     return make_row(label, shown(path, root), len(mine), hits_50, hits_90, section="default_study_reseal",
                     runs=[r["run"] for _, r in mine])
 
@@ -491,7 +502,7 @@ def coverage_table(root: Path = REPO_ROOT, *, summary: Path | None = None, beyon
     preregistrations = Path(preregistrations) if preregistrations is not None else root / PREREGISTRATIONS
     rows = [default_study_row(summary, root, edition)]
     if reseal is not None or (root / RESEAL).is_file():  # optional under another --root
-        rows.append(reseal_row(Path(reseal) if reseal is not None else root / RESEAL, root))
+        rows += reseal_rows(Path(reseal) if reseal is not None else root / RESEAL, root)
     sweep_rows, sweep_notes = public_sweep_rows(beyond_rows, calibration, root, by_method)
     rows += sweep_rows
     rows += prereg_rows(preregistrations, root)

@@ -289,8 +289,10 @@ def interval_parts(final: dict) -> dict[str, float] | None:
     bootstrap, one run's noise around the law (residual scatter (+) seed noise) and the calibration's
     model error; and the half-width left if the run's noise were zero, which says whether any hero
     (however many seeds) could pass. None without a calibrated interval or the run's noise."""
+    from delphi.fits.calibration import gate_uses_calibration
+
     cal = final.get("calibrated") or {}
-    if not cal.get("applied") or "base_sd_rel" not in cal:
+    if not gate_uses_calibration(final) or "base_sd_rel" not in cal:
         return None
     noise = [float(final[k]) for k in ("residual_scatter_nats", "seed_noise_nats")
              if isinstance(final.get(k), (int, float)) and math.isfinite(final[k])]
