@@ -10,7 +10,8 @@ cannot compute (`archived_in`, `machine`) are kept from the existing row, or lef
 90% interval it re-scores the interval with the rule `delphi prereg create` uses since this
 edition (`delphi.prereg.create.predict_final`: the fit's bootstrap interval widened in quadrature by
 z x one run's noise); for runs sealed before that rule existed this is a post-hoc re-scoring,
-labelled as such in the column name.
+labelled as such in the column name. `law_alone` is the law's own point, which a seal corrected by
+the design's measured bias (hero.point_correction) keeps beside its sealed one.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def summarize(run: Path) -> dict:
         "predicted": sealed["loss"],
         "sealed_90_lo": sealed["loss_90"][0],
         "sealed_90_hi": sealed["loss_90"][1],
+        "sealed_50_lo": sealed["loss_50"][0],
+        "sealed_50_hi": sealed["loss_50"][1],
+        # The law's own point where the seal corrected it (hero.point_correction, edition 7 on).
+        "law_alone": (sealed.get("uncorrected") or sealed)["loss"],
         "predictive_90_lo_post_hoc": final["loss_90"][0],
         "predictive_90_hi_post_hoc": final["loss_90"][1],
         "seed_noise_nats": final.get("seed_noise_nats"),
@@ -97,6 +102,7 @@ def summarize(run: Path) -> dict:
         "rehearsal_rel_error": rehearsal.get("rel_error"),
         "actual": actual,
         "rel_error": actual / sealed["loss"] - 1,
+        "law_alone_rel_error": actual / (sealed.get("uncorrected") or sealed)["loss"] - 1,
         "sealed_90_covered": sealed["loss_90"][0] <= actual <= sealed["loss_90"][1],
         "predictive_90_covered_post_hoc": final["loss_90"][0] <= actual <= final["loss_90"][1],
     }

@@ -24,7 +24,7 @@ half-widths are q50 sd and q90 sd with q the weighted quantiles of |e - shift| /
 calibration points, so the tails are the data's, not a normal's. Every source weighs the same
 (weight 1 / its points): misfitting's 14 budgets must not outvote Marin's 6.
 
-QUANTILES_FROM: each point's |e - shift| / sd is taken under the shift and sd fitted without its
+Out-of-source quantiles: each point's |e - shift| / sd is taken under the shift and sd fitted without its
 source (the jackknife+ rule: Barber et al. 2021, "Predictive inference with the jackknife+"), because
 a new sweep meets the calibration out of sample. In-sample quantiles covered 83% of the public
 points 3-10x out (79% beyond 30x) in leave-one-source-out scoring; out-of-source ones 88% (83%):
@@ -70,7 +70,6 @@ MODEL = ("ln(pred/obs) ~ shift + sd * eps; shift = b0 + b1 ln f (where the sourc
          "the shift and sd fitted without its source: jackknife+); "
          "every source weighs the same")
 SHIFT_RULES = ("agree", "always", "never")
-QUANTILES_FROM = "out-of-source standardised errors (jackknife+)"  # module docstring
 SHIFT_AGREEMENT = 0.75  # share of the calibration's weight (sources) whose mean error has the shift's sign; judgment
 SD_START = (0.005, 0.005)  # start of the likelihood search: 0.5% and 0.5% per e-fold, the public errors' scale
 SD_BOUNDS = ((0.0, 0.5), (0.0, 0.5))  # a relative sd above 50% is no longer a prediction
@@ -184,7 +183,8 @@ def _standardised_errors(rows: pd.DataFrame, b0: float, b1: float, s0: float, s1
 
 
 def out_of_source_errors(rows: pd.DataFrame, shift: str) -> pd.Series:
-    """Each row's standardised error under the shift and sd fitted without its source (QUANTILES_FROM)."""
+    """Each row's standardised error under the shift and sd fitted without its source (module docstring:
+    out-of-source quantiles)."""
     parts = []
     for source in rows["source"].unique():
         others, own = rows[rows["source"] != source], rows[rows["source"] == source]
@@ -195,7 +195,7 @@ def out_of_source_errors(rows: pd.DataFrame, shift: str) -> pd.Series:
 
 def fit_method_calibration(rows: pd.DataFrame, method: str, shift: str = "agree") -> MethodCalibration:
     """Calibrate one method on scored rows (columns source, factor, log_error, base_sd_rel). `shift`:
-    SHIFT_RULES (module docstring); the quantiles from out-of-source errors (QUANTILES_FROM)."""
+    SHIFT_RULES (module docstring); the quantiles from `out_of_source_errors`."""
     if shift not in SHIFT_RULES:
         raise DelphiError(f"calibration: shift rule {shift!r}, expected one of {SHIFT_RULES}")
     rows = rows[(rows["method"] == method) & rows["log_error"].notna()]
