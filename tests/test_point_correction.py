@@ -9,8 +9,8 @@ import pytest
 from delphi.errors import DelphiError
 from delphi.fits.backtest import Z_90
 from delphi.prereg.competing import competing_predictions
-from delphi.prereg.predict import correct_by_design
-from delphi.study.spec import GatesSpec, HeroSpec, PointCorrection, StudySpec, load_study
+from delphi.fits.intervals import PointCorrection, correct_by_design
+from delphi.study.spec import GatesSpec, HeroSpec, StudySpec, load_study
 
 FINAL = {"loss": 2.0, "loss_50": [1.98, 2.02], "loss_90": [1.95, 2.06], "source": "isoflop fit", "calibrated": {"applied": False}}
 

@@ -20,7 +20,8 @@ hero's compute (3x the top budget) is recorded with its bootstrap sd. Per design
 is divided by the mean bootstrap sd; a 90% interval on the ratio comes from the chi-square
 distribution of a sample sd with (ladders - 1) degrees of freedom. "pooled" pools the designs'
 within-design variances (each design's own mean removed). The shipped design's ladders are also split
-into study seeds 0-4 (those that chose the resample) and 5-9 (trained after the choice: held out).
+into study seeds 0-4 (those that chose the resample), 5-9 (trained after the choice: held out) and
+10-14 (edition 7's, the same ladder, trained a session later).
 Expected: "seed_noise" inside the issue's 0.7-1.4; "seeds" above it.
 Result (bootstrap_ratio.csv): "seed_noise" was not (2.5), "cells" was (docs/notebook.md §8.24).
 """
@@ -44,11 +45,15 @@ HERO_MULTIPLE = 3  # delphi/defaults/default_study.yaml hero.compute_multiple
 # Ladders of one design share budgets, sizes and recipe; they differ in study seed only. "v5": the
 # shipped centre 7.4e-4 C^0.7; "v5b": the recentred grid 5.4 C^0.34 (benchmarks/default_study/README.md).
 HELD_OUT_FROM = 5  # study seeds >= 5 of the shipped design ran after the resample was chosen on seeds 0-4
+FRESH_FROM = 10  # study seeds >= 10 (edition 7) ran after the correction of issue 43 was fixed
 DESIGN_OF = {"v5": "7.4e-4 C^0.7 (shipped)", "v5b": "5.4 C^0.34"}
+# Editions 6 and 7 train edition 5's ladder unchanged (only the seal differs): one design.
+SAME_LADDER_AS = {"v6": "v5", "v7": "v5"}
 
 
 def design_of(ladder: str) -> str | None:
     tag = ladder.split("-")[3]  # 2026-12-03-v5b-seed3 -> v5b
+    tag = SAME_LADDER_AS.get(tag, tag)
     return tag if tag in DESIGN_OF else None
 
 
@@ -141,7 +146,8 @@ def main() -> None:
         shipped = by_mode[by_mode["design"] == "v5"]
         groups = [(design, d) for design, d in by_mode.groupby("design")] + [
             ("v5, study seeds 0-4", shipped[shipped["study_seed"] < HELD_OUT_FROM]),
-            ("v5, study seeds 5-9 (held out)", shipped[shipped["study_seed"] >= HELD_OUT_FROM])]
+            ("v5, study seeds 5-9 (held out)", shipped[shipped["study_seed"].between(HELD_OUT_FROM, FRESH_FROM - 1)]),
+            ("v5, study seeds 10-14 (edition 7, fresh)", shipped[shipped["study_seed"] >= FRESH_FROM])]
         for design, d in groups:
             if len(d) >= 2:
                 summary.append({"resample": mode, **ratio_row(design, d["point"], d["bootstrap_sd"], d["bootstrap_sd_from_90"])})

@@ -12,7 +12,7 @@ with, so its rows must reproduce the sealed interval (column `reproduces_seal`);
 shipped one. The point is the law's own either way; only the interval changes.
 
 Each "cells" row is also re-sealed with the design's bias corrected as the study now seals it
-(hero.point_correction, `delphi.prereg.predict.correct_by_design`), the correction measured
+(hero.point_correction, `delphi.fits.intervals.correct_by_design`), the correction measured
 leave-one-seed-out: the mean and standard error of actual / law - 1 over the table's other seeds,
 so no seed is corrected by its own error (column `correction`: "none" or "leave-one-seed-out").
 These rows need no refit: with no RUN_DIR the script only re-derives them from the table.
@@ -36,8 +36,8 @@ from delphi.fits import load_results
 from delphi.fits.isoflop import fit_approach2
 from delphi.ladder.plan import flops_family
 from delphi.ladder.spec import ladder_spec_from_dict
-from delphi.prereg.predict import correct_by_design, hero_prediction
-from delphi.study.spec import PointCorrection
+from delphi.fits.intervals import PointCorrection, correct_by_design
+from delphi.prereg.predict import hero_prediction
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent

@@ -6,7 +6,7 @@ Entries of `prediction.competing` (all for the same outcome, the mean of the sea
 - "<primary> calibrated": the primary law's point and interval calibrated for its extrapolation
   factor on the public sweeps (`delphi.fits.calibration.calibrate_final`);
 - "<primary> alone": the primary law's own point and interval, where the sealed one is corrected by
-  the design's measured bias (`delphi.prereg.predict.correct_by_design`); ensembles use this one;
+  the design's measured bias (`delphi.fits.intervals.correct_by_design`); ensembles use this one;
 - each other law fitted by the study (isoflop, parametric, frontier, asymptotic, ...): its own point
   and predictive interval (bootstrap (+) the outcome's run noise, as the primary's), with its
   calibrated version beside it where the calibration covers the law;

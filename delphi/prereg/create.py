@@ -22,6 +22,7 @@ import numpy as np
 import delphi
 from delphi.errors import CheckFailed, DelphiError
 from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90  # noqa: F401 (importable from here)
+from delphi.fits.intervals import PointCorrection
 from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
@@ -306,7 +307,7 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
                   lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = (),
                   probe_correction: bool = False, probe_carry: str = "linear", noise_scope: str = "pooled",
-                  recipe_check: Path | None = None, point_correction=None) -> list:
+                  recipe_check: Path | None = None, point_correction: PointCorrection | None = None) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
     finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
@@ -385,7 +386,7 @@ def create_prereg(
     seeds: Sequence[int] | None = None,
     forced_gates: dict[str, str] | None = None,
     competing: Callable[[Any, dict], dict[str, dict]] | None = None,
-    point_correction=None,
+    point_correction: PointCorrection | None = None,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -404,7 +405,7 @@ def create_prereg(
     `seeds` (>= 2) seals the mean of those seeds' runs, its interval carrying the noise of that mean;
     `forced_gates` ({gate: reason}) seals over those gates alone failing, each reason sealed;
     `competing(hero, final)` returns the other laws' predictions sealed beside the primary;
-    `point_correction` (delphi.study.spec.PointCorrection) seals the primary law x (1 + its measured
+    `point_correction` (delphi.fits.intervals.PointCorrection) seals the primary law x (1 + its measured
     bias on this design) (`correct_by_design`)."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv

@@ -18,6 +18,7 @@ import numpy as np
 from delphi.errors import DelphiError
 from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90
 from delphi.fits.data import isoflop_rows
+from delphi.fits.intervals import PointCorrection, correct_by_design
 from delphi.fits.probes import NOISE_SCOPES, correct_by_probes
 
 
@@ -208,38 +209,14 @@ def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = 
 
 def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_runs: Sequence[Path] = (),
                     probe_correction: bool = False, probe_carry: str = "linear",
-                    noise_scope: str = "pooled", n_seeds: int = 1, point_correction=None) -> tuple[dict, Any]:
+                    noise_scope: str = "pooled", n_seeds: int = 1,
+                    point_correction: PointCorrection | None = None) -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
     prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`);
     one run's noise under `noise_scope` (NOISE_SCOPES); then, with `point_correction` (a
-    `delphi.study.spec.PointCorrection`), corrected by the design's measured bias (`correct_by_design`)."""
+    `delphi.fits.intervals.PointCorrection`), corrected by the design's measured bias (`correct_by_design`)."""
     final, fit = _hero_prediction(fit_path, hero, results, probe_runs, probe_correction, probe_carry, noise_scope, n_seeds)
     return (final if point_correction is None else correct_by_design(final, point_correction)), fit
-
-
-def correct_by_design(final: dict, correction) -> dict[str, Any]:
-    """`final` x (1 + correction.rel), its intervals moved with it and widened, in quadrature, by
-    z x correction.sd_rel of the corrected point. `correction` (delphi.study.spec.PointCorrection) is
-    a bias of this design's law at its hero, measured on earlier studies of the same design (the
-    default study's is in delphi/defaults/default_study.yaml, with its source). The law's own numbers
-    stay beside it (`uncorrected`)."""
-    rel, sd_rel = float(correction.rel), float(correction.sd_rel)
-    loss = float(final["loss"]) * (1 + rel)
-    out = dict(final) | {"loss": loss}
-    for key, z in (("loss_50", Z50), ("loss_90", Z90)):
-        interval = final.get(key)
-        if interval is None:
-            out[key] = None
-            continue
-        lo, hi = (float(v) * (1 + rel) for v in interval)
-        out[key] = [loss - math.hypot(loss - lo, z * sd_rel * loss), loss + math.hypot(hi - loss, z * sd_rel * loss)]
-    out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
-    out["point_correction"] = {"rel": rel, "sd_rel": sd_rel, "source": correction.source,
-                               "rule": "the primary law's point x (1 + rel): the design's measured bias at its hero"}
-    out["source"] = f"{final['source']}; x (1 {rel:+.2%}), this design's measured bias (hero.point_correction)"
-    out["interval"] = (f"{final.get('interval') or 'the fit interval'}; moved by the correction and widened in quadrature "
-                       f"by z x {sd_rel:.2%} of the loss, the measured bias's standard error")
-    return out
 
 
 def _hero_prediction(fit_path: Path, hero, results: Path | None, probe_runs: Sequence[Path], probe_correction: bool,

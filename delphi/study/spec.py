@@ -12,6 +12,7 @@ from delphi.errors import DelphiError
 from delphi.io import read_yaml
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
+from delphi.fits.intervals import PointCorrection
 from delphi.fits.probes import NOISE_SCOPES, PROBE_CARRIES
 from delphi.train.rundir import CONFIG_FILE, SUMMARY_FILE
 
@@ -33,17 +34,6 @@ PREDICTION_GATES = ("lobo_spread", "interval_width", "method_agreement", "probes
 # resolves once among them by the public-sweep evidence (delphi.fits.calibration.choose_primary).
 PRIMARY_LAWS = ("isoflop", "parametric", "vpnls")
 AUTO_PRIMARY = "auto"
-
-
-@dataclass(frozen=True)
-class PointCorrection:
-    """A bias of this study design's primary law at its hero, measured on earlier studies of the same
-    design, sealed as a correction (delphi.prereg.predict.correct_by_design): the sealed point is the
-    law's x (1 + rel), its intervals moved with it and widened in quadrature by z x sd_rel."""
-
-    rel: float  # the measured mean relative error of the law at the hero (actual / law - 1)
-    sd_rel: float  # that mean's standard error: the correction's own uncertainty
-    source: str  # where it was measured (a sentence, sealed)
 
 
 @dataclass(frozen=True)
@@ -81,7 +71,7 @@ class HeroSpec:
     # and its seal predicts their mean final loss (issue 40; one run's seed noise is ~1% of the loss
     # at a CPU's scale). Empty: one run, at the study seed.
     seeds: tuple[int, ...] = ()
-    # A measured bias of the primary law on this design, sealed as a correction (PointCorrection);
+    # A measured bias of the primary law on this design, sealed as a correction (delphi.fits.intervals);
     # None: the law's own point. Applied after any probe correction.
     point_correction: PointCorrection | None = None
 
