@@ -322,3 +322,26 @@ def test_a_running_status_whose_trainer_is_gone_is_stale(tmp_path):
     (run / LOCK_FILE).write_text(f"{gone.pid}\n")
     write_status(run, "completed", 10)
     assert stale_running(run) is None  # only a running status can be stale
+
+
+def test_a_stop_signal_that_reenters_the_handler_is_announced_once(monkeypatch):
+    """CI saw "SIGHUP received" twice after a session hang-up: the terminal's SIGHUP and the one the
+    supervising parent forwards reached the trainer together, and Python ran the second handler
+    inside the first, while it was writing and before it had recorded the signal. Here the second
+    arrives exactly there."""
+    from delphi.train import interrupt
+
+    writes = []
+
+    def write(fd, data):
+        writes.append(data)
+        if len(writes) == 1:
+            interrupt._note(signal.SIGHUP, None)  # the second signal, run at the write's bytecode boundary
+        return len(data)
+
+    monkeypatch.setattr(interrupt.os, "write", write)
+    with interrupt.deferred_signals():
+        interrupt._note(signal.SIGHUP, None)
+        assert interrupt.requested() == "SIGHUP" and interrupt._received == ["SIGHUP", "SIGHUP"]
+    assert len(writes) == 1 and b"SIGHUP received" in writes[0]
+    assert interrupt.requested() is None  # forgotten once the block ends

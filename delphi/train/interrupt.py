@@ -20,6 +20,7 @@ Python runs signal handlers only between bytecodes, so that part is not a choice
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import threading
@@ -27,6 +28,7 @@ from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[str] = []  # signal names received while deferred, in order
+_arrivals = [itertools.count()]  # numbers the signals received while deferred (next() is one C call)
 _depth = [0]  # nested deferred_signals (train_group inside `delphi train`)
 
 
@@ -35,12 +37,17 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _note(signum: int, _frame: object) -> None:
+    # Python runs a pending handler at any bytecode boundary, also inside this one: a hang-up of the
+    # session (SIGHUP from the terminal and the same signal forwarded by the supervising parent)
+    # re-entered it between a test of `_received` and the append, and said so twice. Which call is
+    # the first is decided in one step, before anything else.
+    first = next(_arrivals[0]) == 0
     name = signal.Signals(signum).name
-    if not _received:
+    _received.append(name)
+    if first:
         # os.write, not print: a handler may run while the main thread is inside a print.
         os.write(2, f"\ndelphi: {name} received; stopping at the next safe point (after the current "
                     "compilation or training step)\n".encode())
-    _received.append(name)
 
 
 @contextlib.contextmanager
@@ -58,9 +65,10 @@ def deferred_signals() -> Iterator[None]:
         finally:
             _depth[0] -= 1
         return
+    _received.clear()  # before the handlers: a signal from here on is kept
+    _arrivals[0] = itertools.count()
     previous = {s: signal.signal(s, _note) for s in STOP_SIGNALS}
     _depth[0] = 1
-    _received.clear()
     try:
         yield
     finally:
@@ -68,6 +76,7 @@ def deferred_signals() -> Iterator[None]:
         for s, handler in previous.items():
             signal.signal(s, handler)
         _received.clear()
+        _arrivals[0] = itertools.count()
 
 
 def requested() -> str | None:
