@@ -72,7 +72,7 @@ class HeroSpec:
     # at a CPU's scale). Empty: one run, at the study seed.
     seeds: tuple[int, ...] = ()
     # A measured bias of the primary law on this design, sealed as a correction (delphi.fits.intervals);
-    # None: the law's own point. Applied after any probe correction.
+    # None: the law's own point. Not with probe_correction (the probes measure the same error).
     point_correction: PointCorrection | None = None
 
 
