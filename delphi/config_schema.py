@@ -31,6 +31,10 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
         raise DelphiError(
             f"{_join(path, unknown[0])}: unknown key (expected one of: {', '.join(sorted(fields))})"
         )
+    required = [name for name, f in fields.items() if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING and name not in data]
+    if required:
+        raise DelphiError(f"{_join(path, required[0])}: missing key (required: {', '.join(sorted(required))})")
     hints = typing.get_type_hints(cls)
     kwargs = {name: _coerce(hints[name], value, _join(path, name)) for name, value in data.items()}
     try:

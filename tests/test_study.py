@@ -334,7 +334,7 @@ def test_the_report_names_the_law_that_predicts_and_why():
     fixed = primary_law_lines("isoflop", "isoflop")[0]
     assert fixed.startswith("The sealed prediction was made by the study's primary law, the isoflop law.")
     assert "the study file fixes it (`primary_fit: isoflop`)" in fixed and "may name another law" in fixed
-    auto = primary_law_lines("vpnls", "auto", corrected=True)[0]
+    auto = primary_law_lines("vpnls", "auto", {"probe_correction": {"carry": "linear"}})[0]
     assert "the vpnls law, corrected by its error trend at the probes" in auto
     assert "`primary_fit: auto`" in auto and "the fit stage chose vpnls once" in auto
 

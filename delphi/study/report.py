@@ -148,8 +148,7 @@ def render_report(study: Study) -> str:
         "",
     ]
     final = json.loads(study.gates.read_text()).get("prediction", {}) if study.gates.is_file() else {}
-    lines += primary_law_lines(study.primary_fit, study.spec.primary_fit, bool((final or {}).get("probe_correction")),
-                               (final or {}).get("point_correction"), check.get("actual_final_loss"), (final or {}).get("uncorrected"))
+    lines += primary_law_lines(study.primary_fit, study.spec.primary_fit, final, check.get("actual_final_loss"))
     lines += _gates_section(study)
     from delphi.fits.calibration import report_lines  # issue 30: the calibrated interval and the method choice
     lines += report_lines(final, primary_fit=study.spec.primary_fit, primary_law=study.primary_fit)
@@ -196,18 +195,20 @@ def verdict_table(check: dict) -> list[str]:
             f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |"]
 
 
-def primary_law_lines(law: str, setting: str, corrected: bool = False, point_correction: dict | None = None,
-                      actual: float | None = None, uncorrected: dict | None = None) -> list[str]:
+def primary_law_lines(law: str, setting: str, final: dict | None = None, actual: float | None = None) -> list[str]:
     """Which law made the sealed prediction (the study's primary law, `law`) and why: the study's
     `primary_fit` setting (`setting`), a fixed law or `auto` and the evidence. The method-choice
     table further down is public-sweep evidence and may name another law where the study fixed its own.
-    With a sealed `point_correction` (hero.point_correction), the law's own point (`uncorrected`)
-    and, once the hero has trained, its error against `actual`."""
+    `final` is the sealed prediction: corrected by the probes, or by a design's measured bias
+    (hero.point_correction), whose law-alone point it names with, once the hero has trained, its
+    error against `actual`."""
     from delphi.study.spec import AUTO_PRIMARY
 
-    made = f"the {law} law" + (", corrected by its error trend at the probes (see \"Probes beyond the ladder\")" if corrected else "")
-    if point_correction:
-        law_loss = float((uncorrected or {}).get("loss", float("nan")))
+    final = final or {}
+    made = f"the {law} law" + (", corrected by its error trend at the probes (see \"Probes beyond the ladder\")"
+                               if final.get("probe_correction") else "")
+    if point_correction := final.get("point_correction"):
+        law_loss = float(final["uncorrected"]["loss"])
         made += (f", x (1 {point_correction['rel']:+.2%}): this design's measured bias (sd {point_correction['sd_rel']:.2%}; "
                  f"{point_correction['source']}). The law alone predicted {law_loss:.4f}"
                  + (f", an error of {actual / law_loss - 1:+.2%} against the outcome" if actual is not None else ""))
