@@ -13,7 +13,9 @@ f32 peak measured in the same run.
    - v4: the committed manifest and run configs of the fourth edition
      (paper/editions/v4 study/ladder/, unpacked through `delphi.editions.edition_tree`), anchors included;
    - v8: `studies/ladder_paper_v8.yaml` planned by `delphi.ladder.plan.plan_ladder` (what
-     `delphi ladder plan` calls), in memory: nothing is written into the repository.
+     `delphi ladder plan` calls), in memory: nothing is written into the repository;
+   - default (`--ladders default`, and in benchmarks/trainer.py's table): the built-in study's
+     ladder, delphi/defaults/ladder_default.yaml, planned the same way.
 2. Every distinct (model, batch) of a ladder gets the real trainer's program: the rung's model and
    optimizer (v4 AdamW, v8 AdamH, with that rung's hyperparameters) and the trainer's train chunk
    (`delphi.train.step.make_train_chunk`, scan over the rung's own steps per call), compiled ahead
@@ -67,7 +69,8 @@ BENCHMARKS = Path(__file__).resolve().parent
 V4_EDITION = ROOT / "paper" / "editions" / "v4"
 V4_LADDER = Path("study") / "ladder"  # inside the unpacked edition
 V8_SPEC = ROOT / "studies" / "ladder_paper_v8.yaml"
-LADDERS = ("v4", "v8")
+DEFAULT_SPEC = ROOT / "delphi" / "defaults" / "ladder_default.yaml"  # what `delphi study` trains without a study file
+LADDERS = ("v4", "v8", "default")
 TARGET_FRACTION_OF_PEAK = 0.25  # issue 29: the new ladder's aggregate model FLOP/s >= 25% of the f32 peak
 # A 2048^2 f32 matmul (17 GFLOP) is well past the size where XLA:CPU's dot reaches its peak on one
 # core (delphi.train.peak: 1024 reaches ~90%); 4 chained, best of 5: a few seconds per measurement on a
@@ -121,19 +124,29 @@ def v4_rungs() -> tuple[list[LadderRung], dict[str, "TrainConfig"]]:
     return rungs, configs
 
 
-def v8_rungs() -> tuple[list[LadderRung], dict[str, "TrainConfig"]]:
-    """The eighth edition's ladder as `delphi ladder plan studies/ladder_paper_v8.yaml` plans it."""
+def planned_rungs(ladder: str, spec_path: Path) -> tuple[list[LadderRung], dict[str, "TrainConfig"]]:
+    """A ladder as `delphi ladder plan SPEC` plans it, in memory: its rungs and one train config per shape."""
     from delphi.ladder.manifest import manifest_row
     from delphi.ladder.plan import plan_ladder, rung_role
     from delphi.ladder.spec import load_ladder_spec
 
     rungs, configs = [], {}
-    for rung in plan_ladder(load_ladder_spec(V8_SPEC)):
+    for rung in plan_ladder(load_ladder_spec(spec_path)):
         row = manifest_row(rung)
         label = add_shape(configs, rung.train)
-        rungs.append(LadderRung("v8", rung.run_id, rung_role(rung.run_id), float(row["budget"]), float(row["flops"]),
+        rungs.append(LadderRung(ladder, rung.run_id, rung_role(rung.run_id), float(row["budget"]), float(row["flops"]),
                                 float(row["flops_per_token"]), int(row["batch_tokens"]), label))
     return rungs, configs
+
+
+def v8_rungs() -> tuple[list[LadderRung], dict[str, "TrainConfig"]]:
+    """The eighth edition's ladder (studies/ladder_paper_v8.yaml)."""
+    return planned_rungs("v8", V8_SPEC)
+
+
+def default_rungs() -> tuple[list[LadderRung], dict[str, "TrainConfig"]]:
+    """The built-in default study's ladder (delphi/defaults/ladder_default.yaml)."""
+    return planned_rungs("default", DEFAULT_SPEC)
 
 
 def add_shape(configs: dict[str, "TrainConfig"], cfg: "TrainConfig") -> str:
@@ -332,6 +345,27 @@ def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps:
     return peaks, shapes
 
 
+def measure_ladders(
+    ladders: Sequence[str], max_shapes: int | None, steps: int, workers: int
+) -> tuple[dict[str, list[LadderRung]], list[dict], list[dict]]:
+    """(rungs per ladder, peaks, shape timings): the ladders planned, their shapes (or `max_shapes`
+    of each, spread over their FLOPs per step) timed by `workers` pinned single-thread processes."""
+    planned = {"v4": v4_rungs, "v8": v8_rungs, "default": default_rungs}
+    rungs: dict[str, list[LadderRung]] = {}
+    jobs: list[tuple[str, str, TrainConfig]] = []
+    for name in ladders:
+        ladder_rungs, configs = planned[name]()
+        rungs[name] = ladder_rungs
+        by_cost = sorted(configs, key=lambda s: flops_per_step(ladder_rungs, s))
+        chosen = spread(by_cost, max_shapes)
+        print(f"[throughput] {name}: {len(ladder_rungs)} rungs, {len(configs)} shapes, timing {len(chosen)}",
+              file=sys.stderr, flush=True)
+        jobs += [(name, s, configs[s]) for s in chosen]
+    jobs.sort(key=lambda j: -flops_per_step(rungs[j[0]], j[1]))  # longest first: the workers finish together
+    peaks, timings = run_workers(jobs, workers, steps)
+    return rungs, peaks, timings
+
+
 # ---- the report
 
 
@@ -463,7 +497,7 @@ def summary_lines(result: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ladders", default=",".join(LADDERS), help=f"comma-separated subset of {LADDERS}")
+    parser.add_argument("--ladders", default="v4,v8", help=f"comma-separated subset of {LADDERS}")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"optimizer steps timed per shape (at least {MIN_TIMED_CALLS} calls of the train chunk)")
     parser.add_argument("--max-shapes", type=int, default=None,
@@ -495,19 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"[throughput] {result['machine']['cpu_model']}, {cpus} CPUs, {workers} worker(s); {result['uptime_before']}",
           file=sys.stderr, flush=True)
-    planned = {"v4": v4_rungs, "v8": v8_rungs}
-    rungs: dict[str, list[LadderRung]] = {}
-    jobs: list[tuple[str, str, TrainConfig]] = []
-    for name in ladders:
-        ladder_rungs, configs = planned[name]()
-        rungs[name] = ladder_rungs
-        by_cost = sorted(configs, key=lambda s: flops_per_step(ladder_rungs, s))
-        chosen = spread(by_cost, args.max_shapes)
-        print(f"[throughput] {name}: {len(ladder_rungs)} rungs, {len(configs)} shapes, timing {len(chosen)}",
-              file=sys.stderr, flush=True)
-        jobs += [(name, s, configs[s]) for s in chosen]
-    jobs.sort(key=lambda j: -flops_per_step(rungs[j[0]], j[1]))  # longest first: the workers finish together
-    peaks, timings = run_workers(jobs, workers, args.steps)
+    rungs, peaks, timings = measure_ladders(ladders, args.max_shapes, args.steps, workers)
 
     import jax  # after the workers: the version only
 

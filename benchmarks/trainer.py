@@ -19,8 +19,12 @@
    token), the lever's gain measured in the same run.
 4. A seed group: 4 seeds of the dense d32 ladder shape trained together as one vmapped program
    (`delphi.train.trainer.train_group`), each member's tokens/s against the same shape trained
-   alone: `seed_group4_d32_wall_over_one`, the group's wall time over one seed's (target <= 1.6).
-5. `--widths`: dense at d_model 32, 64, 128 at the d256 shape, with the trainer's default
+   alone: `seed_group4_d32_wall_over_one`, the group's wall time over one seed's (target <= 2).
+5. Whole ladders (`--ladders`, default: the built-in study's and the eighth edition's): every shape
+   of the ladder timed by benchmarks/ladder_throughput.py's pinned single-thread workers (one per
+   core, as the ladder runner trains), and the ladder's compute-weighted model FLOP/s against the
+   one-core f32 peak those workers measured (target >= 40%, issue 42).
+6. `--widths`: dense at d_model 32, 64, 128 at the d256 shape, with the trainer's default
    steps per call and with 1 step per jitted call (what per-call dispatch costs small models).
 
 Every JAX number is the real trainer (`delphi.train.trainer.train`) on the stdlib store:
@@ -36,8 +40,10 @@ average are part of the output: on an oversubscribed machine (load > cores) both
 frameworks slow down, the peer's OpenMP threads more than XLA's: the peer therefore runs
 with OpenMP's default and its passive wait policy and counts at the faster of the two.
 
-Targets (issue 11): dense tokens/s >= 1.5 x the peer at d32, d64 (ladder shapes) and
-d256 (f32); MoE tokens/s per active FLOP >= 0.9 x dense at d32 and d256.
+Targets (issues 11 and 42): dense tokens/s >= 1.5 x the peer at d32, d64 (ladder shapes) and
+d256 (f32 and native bf16); MoE tokens/s per active FLOP >= 0.9 x dense at d32 (capacity and
+dropless) and d256; 4 seeds in <= 2x one seed's wall; ladders at >= 40% of the f32 peak.
+The ladder-shape rows (d32) run in ROUNDS interleaved rounds and keep each row's fastest.
 """
 
 from __future__ import annotations
@@ -65,7 +71,13 @@ PEER_SCRIPT = Path(__file__).resolve().parent / "peer_torch.py"
 HEADS = 4
 TARGET_VS_PEER = 1.5  # issue 11
 TARGET_MOE_PER_ACTIVE_FLOP = 0.9  # issue 11
-SEED_GROUP, TARGET_SEED_GROUP_WALL = 4, 1.6  # issue 11: 4 seeds of a d32 rung together in <= 1.6x one seed's wall
+SEED_GROUP, TARGET_SEED_GROUP_WALL = 4, 2.0  # issue 42: 4 seeds of a d32 rung together in <= 2x one seed's wall
+TARGET_LADDER_FRACTION_OF_PEAK = 0.40  # issue 42: a whole ladder's model FLOP/s against the same-run f32 peak
+LADDERS = ("default", "v8")  # benchmarks/ladder_throughput.py: the built-in study's ladder and the eighth edition's
+# The ladder-shape rows are short (~1 s of steps) and ran at two speeds on the 2-core AMD EPYC, for
+# minutes at a time (2026-12-05: dense d32 79,000-83,000 or 131,000-140,000 tok/s, the same program),
+# so each ladder-shape row is measured in ROUNDS interleaved rounds and keeps its fastest.
+ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,33 @@ def capacity_groups_for_dropless():
     finally:
         moe.is_dropless = saved
         trainer._COMPILED.clear()
+
+
+def measure_ladders(ladders: list[str], max_shapes: int | None, steps: int) -> dict[str, dict]:
+    """Each ladder's aggregate model FLOP/s over its rungs (`ladder_throughput.aggregate`) against the
+    one-core f32 peak its pinned single-thread workers measured in this run: one worker per core, as
+    the ladder runner trains."""
+    import ladder_throughput
+
+    unknown = [name for name in ladders if name not in ladder_throughput.LADDERS]
+    if unknown:
+        raise SystemExit(f"--ladders: unknown {unknown}; choose from {ladder_throughput.LADDERS}")
+    saved_flags = os.environ.get("XLA_FLAGS")
+    try:  # run_workers sets the workers' single-thread XLA_FLAGS in this environment before spawning them
+        rungs, peaks, timings = ladder_throughput.measure_ladders(
+            ladders, max_shapes, max(steps, 8), len(os.sched_getaffinity(0)))
+    finally:
+        if saved_flags is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = saved_flags
+    peak = max(p["flops_per_s"] for p in peaks)
+    out = {}
+    for name in ladders:
+        mine = [t for t in timings if t["ladder"] == name]
+        rates = {t["shape"]: ladder_throughput.flops_per_step(rungs[name], t["shape"]) / t["s_per_step"] for t in mine}
+        out[name] = {**ladder_throughput.aggregate(rungs[name], rates, peak), "peak_flops_per_s": peak}
+    return out
 
 
 def cpu_info() -> dict:
@@ -270,6 +309,8 @@ def main() -> int:
     parser.add_argument("--widths", action="store_true", help="also the width sweep and 1-step-per-call rows")
     parser.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
     parser.add_argument("--ladder-only", action="store_true", help="only the d32 / d64 ladder shapes (no d256)")
+    parser.add_argument("--ladders", default=",".join(LADDERS),
+                        help="whole ladders timed shape by shape (benchmarks/ladder_throughput.py); '' for none")
     args = parser.parse_args()
     steps = 8 if args.quick else args.steps
 
@@ -309,10 +350,14 @@ def main() -> int:
         )
         return row
 
-    def with_peer(shape: Shape, precision: str, scale: int) -> dict:
-        row = run(dense(shape), shape, precision, scale=scale)
+    def fastest(best: dict | None, row: dict) -> dict:
+        return row if best is None or row["tokens_per_s"] > best["tokens_per_s"] else best
+
+    def peer_check(row: dict, shape: Shape, scale: int) -> dict:
+        """The peer of `row` (dense `shape`, its precision), measured now, and the `_vs_peer` check."""
         if peer_skipped:
             return row
+        precision = row["precision"]
         peer = run_peer(shape, precision, steps * scale)
         peer["shape"] = shape.name
         peers.append(peer)
@@ -324,16 +369,22 @@ def main() -> int:
             f"{peer['threads']} threads; OMP wait policy {by_policy}): JAX / peer {ratio:.2f}")
         return row
 
+    def with_peer(shape: Shape, precision: str, scale: int) -> dict:
+        return peer_check(run(dense(shape), shape, precision, scale=scale), shape, scale)
+
     def per_flop(row: dict) -> float:
         return row["tokens_per_s"] * row["palm_flops_per_token"]
 
-    d32 = with_peer(LADDER_D32, "f32", scale=4)
-    moe32 = run(moe_same_active(LADDER_D32), LADDER_D32, "f32", scale=4)
-    checks["moe_d32_vs_dense_per_active_flop_f32"] = per_flop(moe32) / per_flop(d32)
     dropless = moe_same_active(LADDER_D32, DROPLESS_CAPACITY_FACTOR)
-    blocks = run(dropless, LADDER_D32, "f32", scale=4, label="dropless, blocks")
-    with capacity_groups_for_dropless():
-        groups = run(dropless, LADDER_D32, "f32", scale=4, label="dropless, capacity groups")
+    d32 = moe32 = blocks = groups = None
+    for _ in range(ROUNDS):
+        d32 = fastest(d32, run(dense(LADDER_D32), LADDER_D32, "f32", scale=4))
+        moe32 = fastest(moe32, run(moe_same_active(LADDER_D32), LADDER_D32, "f32", scale=4))
+        blocks = fastest(blocks, run(dropless, LADDER_D32, "f32", scale=4, label="dropless, blocks"))
+        with capacity_groups_for_dropless():
+            groups = fastest(groups, run(dropless, LADDER_D32, "f32", scale=4, label="dropless, capacity groups"))
+    peer_check(d32, LADDER_D32, scale=4)
+    checks["moe_d32_vs_dense_per_active_flop_f32"] = per_flop(moe32) / per_flop(d32)
     checks["moe_dropless_d32_vs_dense_per_active_flop_f32"] = per_flop(blocks) / per_flop(d32)
     checks["moe_dropless_d32_blocks_over_capacity_groups"] = per_flop(blocks) / per_flop(groups)
     group = bench_seed_group(dense(LADDER_D32), LADDER_D32, SEED_GROUP, steps * 4, args.store)
@@ -357,10 +408,21 @@ def main() -> int:
             run(dense(shape), shape, "f32", k=1, scale=4)
         checks["mfu_w64_over_d256"] = widths[64]["mfu"] / widths[256]["mfu"]
 
+    ladder_rows = {}
+    if args.ladders:
+        ladder_rows = measure_ladders(args.ladders.split(","), 2 if args.quick else None, steps)
+        for name, row in ladder_rows.items():
+            checks[f"ladder_{name}_fraction_of_f32_peak"] = row["fraction_of_peak"]
+            say(f"ladder {name}: {row['rungs']} rungs, {row['shapes_measured']}/{row['shapes']} shapes timed "
+                f"({row['coverage']:.0%} of its FLOPs), batches {row['batch_tokens'][0]}-{row['batch_tokens'][-1]} tokens: "
+                f"{row['model_flops_per_s'] / 1e9:.1f} model GFLOP/s per core against a one-core f32 peak of "
+                f"{row['peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
+
     targets = {
         name: TARGET_VS_PEER if name.endswith("_vs_peer") else 1.0 if name.endswith("_over_capacity_groups")
         else TARGET_SEED_GROUP_WALL if name.endswith("_wall_over_one")
-        else TARGET_MOE_PER_ACTIVE_FLOP if name.startswith("moe_") else 0.5
+        else TARGET_MOE_PER_ACTIVE_FLOP if name.startswith("moe_")
+        else TARGET_LADDER_FRACTION_OF_PEAK if name.startswith("ladder_") else 0.5
         for name in checks
     }
     for name, value in checks.items():
@@ -370,7 +432,7 @@ def main() -> int:
     result = {
         "cpu": cpu, "peak_flops": peaks, "rows": rows, "peer": peers, "peer_skipped": peer_skipped,
         "bf16": "measured (native bf16)" if cpu["native_bf16"] else "not measured: no native bf16 on this CPU",
-        "seed_groups": group_rows, "checks": checks, "targets": targets,
+        "seed_groups": group_rows, "ladders": ladder_rows, "checks": checks, "targets": targets,
         "load_average_start": load_start, "load_average_end": os.getloadavg(), "wall_s": time.perf_counter() - started,
     }
     if args.json:

@@ -54,3 +54,13 @@ def test_spread_keeps_both_ends(bench):
     assert bench.spread(items, 4) == ["0", "3", "6", "9"]
     assert bench.spread(items, None) == items
     assert bench.spread(items, 20) == items
+
+
+def test_the_default_ladder_is_planned_in_memory(bench):
+    """The built-in study's ladder (issue 42's throughput row): its 40 rungs, each with a shape whose
+    config is kept, the rungs' FLOPs those of the header of delphi/defaults/ladder_default.yaml."""
+    rungs, configs = bench.default_rungs()
+    assert len(rungs) == 40 and {r.ladder for r in rungs} == {"default"}
+    assert {r.shape for r in rungs} == set(configs)
+    assert sum(r.flops for r in rungs) == pytest.approx(7.5e12, rel=0.05)
+    assert all(cfg.model.moe is not None for cfg in configs.values())

@@ -11,7 +11,8 @@ outcomes, stop everything on Ctrl-C). `delphi.ladder.runner` places rungs on
 local worker processes, `delphi.ladder.ray_executor` on Ray tasks.
 
 Seed groups: with `group_seeds` (off by default: on a 2-core CPU the vmapped
-program cost as much as the seeds alone and compiled slower; see benchmarks/ladder.py) and a placer that takes groups
+program cost as much as the seeds alone and compiled slower, at every shape of the default ladder;
+see benchmarks/ladder.py and benchmarks/seed_groups.py) and a placer that takes groups
 (`place_group`), the pending rungs of one cell (configs equal but for their
 seeds, see `cell_key`) are placed together as one job that trains them as one
 vmapped program (`delphi.train.trainer.train_group`). The job still reports
