@@ -177,6 +177,9 @@ def spread(items: list[str], keep: int | None) -> list[str]:
     return [items[round(i * step)] for i in range(keep)]
 
 
+PLANNERS = {"v4": v4_rungs, "v8": v8_rungs, "default": default_rungs}  # LADDERS' rungs and shape configs
+
+
 # ---- aggregation (pure)
 
 
@@ -299,11 +302,16 @@ def worker(core: int, jobs: Any, results: Any, steps: int) -> None:
     results.put(("done", core, None))
 
 
-def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps: int) -> tuple[list[dict], list[dict]]:
-    """(peaks, shape timings) from `workers` pinned single-thread processes sharing `jobs`."""
+def worker_xla_flags() -> str:
+    """The measuring workers' XLA_FLAGS: this process's, with XLA:CPU single-threaded."""
     from delphi.train.environment import single_thread_xla_flags
 
-    os.environ["XLA_FLAGS"] = single_thread_xla_flags(os.environ.get("XLA_FLAGS"))
+    return single_thread_xla_flags(os.environ.get("XLA_FLAGS"))
+
+
+def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps: int) -> tuple[list[dict], list[dict]]:
+    """(peaks, shape timings) from `workers` pinned single-thread processes sharing `jobs`; the
+    workers start with `worker_xla_flags()`, this process's environment is left as it was."""
     cpus = sorted(os.sched_getaffinity(0))
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: XLA reads XLA_FLAGS at its start
     job_queue, result_queue = ctx.Queue(), ctx.Queue()
@@ -313,8 +321,16 @@ def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps:
         job_queue.put(None)
     procs = [ctx.Process(target=worker, args=(cpus[i % len(cpus)], job_queue, result_queue, steps), daemon=True)
              for i in range(workers)]
-    for p in procs:
-        p.start()
+    saved_flags = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = worker_xla_flags()  # a spawned process inherits the environment at its start
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if saved_flags is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = saved_flags
     peaks, shapes, errors, done = [], [], [], 0
     try:
         while done < workers:
@@ -350,11 +366,10 @@ def measure_ladders(
 ) -> tuple[dict[str, list[LadderRung]], list[dict], list[dict]]:
     """(rungs per ladder, peaks, shape timings): the ladders planned, their shapes (or `max_shapes`
     of each, spread over their FLOPs per step) timed by `workers` pinned single-thread processes."""
-    planned = {"v4": v4_rungs, "v8": v8_rungs, "default": default_rungs}
     rungs: dict[str, list[LadderRung]] = {}
     jobs: list[tuple[str, str, TrainConfig]] = []
     for name in ladders:
-        ladder_rungs, configs = planned[name]()
+        ladder_rungs, configs = PLANNERS[name]()
         rungs[name] = ladder_rungs
         by_cost = sorted(configs, key=lambda s: flops_per_step(ladder_rungs, s))
         chosen = spread(by_cost, max_shapes)
@@ -534,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax  # after the workers: the version only
 
     peak = max(p["flops_per_s"] for p in peaks)
-    result.update(jax=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""), peaks=peaks, peak_flops_per_s=peak,
+    result.update(jax=jax.__version__, xla_flags=worker_xla_flags(), peaks=peaks, peak_flops_per_s=peak,
                   uptime_after=uptime())
     result["ladders"] = {name: ladder_result(rungs[name], [t for t in timings if t["ladder"] == name], peak)
                          for name in ladders}

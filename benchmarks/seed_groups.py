@@ -39,22 +39,22 @@ def time_shape(cfg, group_sizes: list[int], calls: int) -> dict:
     """ms per optimizer step of one seed and of each group size (best of ROUNDS), and compile seconds."""
     import step_profile  # imports jax: after main() has set the single-thread XLA_FLAGS
 
-    compiled = {}
+    programs, compile_s = {}, {}
     for n in [1, *group_sizes]:
         start = time.perf_counter()
-        compiled[n] = step_profile.compiled_chunk(cfg, n)
-        compiled[n] = (*compiled[n], time.perf_counter() - start)
-    best = {n: float("inf") for n in compiled}
+        programs[n] = list(step_profile.compiled_chunk(cfg, n))  # [chunk, state, tokens, steps per call]
+        compile_s[n] = time.perf_counter() - start
+    best = {n: float("inf") for n in programs}
     for _ in range(ROUNDS):
-        for n, (chunk, state, tokens, k, _) in compiled.items():
-            wall, state = step_profile.time_chunk(chunk, state, tokens, calls)
-            compiled[n] = (chunk, state, tokens, k, compiled[n][4])
+        for n, program in programs.items():
+            chunk, state, tokens, k = program
+            wall, program[1] = step_profile.time_chunk(chunk, state, tokens, calls)
             best[n] = min(best[n], 1e3 * wall / k)
-    row = {"ms_per_step_one_seed": round(best[1], 3), "compile_s_one_seed": round(compiled[1][4], 1)}
+    row = {"ms_per_step_one_seed": round(best[1], 3), "compile_s_one_seed": round(compile_s[1], 1)}
     for n in group_sizes:
         row[f"group{n}"] = {
             "ms_per_step": round(best[n], 3),
-            "compile_s": round(compiled[n][4], 1),
+            "compile_s": round(compile_s[n], 1),
             "group_wall_over_seeds_alone": round(best[n] / (n * best[1]), 3),
         }
     return row
@@ -87,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     host = machine()
     print(f"machine: {host}", file=sys.stderr)
-    planner = {"v4": ladder_throughput.v4_rungs, "v8": ladder_throughput.v8_rungs,
-               "default": ladder_throughput.default_rungs}[args.ladder]
-    rungs, configs = planner()
+    rungs, configs = ladder_throughput.PLANNERS[args.ladder]()
     by_cost = sorted(configs, key=lambda s: ladder_throughput.flops_per_step(rungs, s))
     rows = []
     for shape in ladder_throughput.spread(by_cost, args.max_shapes):

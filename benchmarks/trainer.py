@@ -138,22 +138,11 @@ def measure_ladders(ladders: list[str], max_shapes: int | None, steps: int) -> d
     unknown = [name for name in ladders if name not in ladder_throughput.LADDERS]
     if unknown:
         raise SystemExit(f"--ladders: unknown {unknown}; choose from {ladder_throughput.LADDERS}")
-    saved_flags = os.environ.get("XLA_FLAGS")
-    try:  # run_workers sets the workers' single-thread XLA_FLAGS in this environment before spawning them
-        rungs, peaks, timings = ladder_throughput.measure_ladders(
-            ladders, max_shapes, max(steps, 8), len(os.sched_getaffinity(0)))
-    finally:
-        if saved_flags is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = saved_flags
+    rungs, peaks, timings = ladder_throughput.measure_ladders(ladders, max_shapes, max(steps, 8), len(os.sched_getaffinity(0)))
     peak = max(p["flops_per_s"] for p in peaks)
-    out = {}
-    for name in ladders:
-        mine = [t for t in timings if t["ladder"] == name]
-        rates = {t["shape"]: ladder_throughput.flops_per_step(rungs[name], t["shape"]) / t["s_per_step"] for t in mine}
-        out[name] = {**ladder_throughput.aggregate(rungs[name], rates, peak), "peak_flops_per_s": peak}
-    return out
+    return {name: {**ladder_throughput.ladder_result(rungs[name], [t for t in timings if t["ladder"] == name], peak)["aggregate"],
+                   "peak_flops_per_s": peak}
+            for name in ladders}
 
 
 def cpu_info() -> dict:
