@@ -135,9 +135,6 @@ def measure_ladders(ladders: list[str], max_shapes: int | None, steps: int) -> d
     the ladder runner trains."""
     import ladder_throughput
 
-    unknown = [name for name in ladders if name not in ladder_throughput.LADDERS]
-    if unknown:
-        raise SystemExit(f"--ladders: unknown {unknown}; choose from {ladder_throughput.LADDERS}")
     rungs, peaks, timings = ladder_throughput.measure_ladders(ladders, max_shapes, max(steps, 8), len(os.sched_getaffinity(0)))
     peak = max(p["flops_per_s"] for p in peaks)
     return {name: {**ladder_throughput.ladder_result(rungs[name], [t for t in timings if t["ladder"] == name], peak)["aggregate"],
@@ -302,6 +299,11 @@ def main() -> int:
                         help="whole ladders timed shape by shape (benchmarks/ladder_throughput.py); '' for none")
     args = parser.parse_args()
     steps = 8 if args.quick else args.steps
+    from ladder_throughput import LADDERS as KNOWN_LADDERS
+
+    unknown = [name for name in args.ladders.split(",") if name and name not in KNOWN_LADDERS]
+    if unknown:
+        parser.error(f"--ladders: unknown {unknown}; choose from {KNOWN_LADDERS}")
 
     started = time.perf_counter()
     cpu = cpu_info()
@@ -399,7 +401,7 @@ def main() -> int:
 
     ladder_rows = {}
     if args.ladders:
-        ladder_rows = measure_ladders(args.ladders.split(","), 2 if args.quick else None, steps)
+        ladder_rows = measure_ladders([n for n in args.ladders.split(",") if n], 2 if args.quick else None, steps)
         for name, row in ladder_rows.items():
             checks[f"ladder_{name}_fraction_of_f32_peak"] = row["fraction_of_peak"]
             say(f"ladder {name}: {row['rungs']} rungs, {row['shapes_measured']}/{row['shapes']} shapes timed "
