@@ -14,7 +14,8 @@ owns the exit-code contract of docs/design.md §3.1:
 
 A handler takes the parsed arguments and returns a JSON-able dict (exit 0) or
 a `(dict, exit_code)` pair. With `--json` the dict is printed on stdout as one
-object; human-readable text always goes to stderr.
+object; human-readable text always goes to stderr. A `CheckFailed` (exit 1) prints
+one too: `ok: false`, `failed` (its message) and whatever result it carries.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except CheckFailed as e:
         print(f"delphi: failed: {message_line(e)}", file=sys.stderr)
+        emit(args, {"ok": False, "failed": message_line(e)} | (e.result or {}))  # exit 1 has a result too
         return 1
     except KeyboardInterrupt:
         print("delphi: interrupted", file=sys.stderr)

@@ -282,3 +282,55 @@ def check_provenance(prereg_doc: dict, tree: Path) -> dict:
     found = {key: by_hash.get(digest, []) for key, digest in recorded.items()}
     return {"checked": len(found), "missing": sorted(k for k, v in found.items() if not v),
             "found": {k: v[:3] for k, v in found.items() if v}}
+
+
+EDITIONS_DIR = "editions"  # PAPER_ROOT/editions/vN: the committed editions
+NEXT_DIR = "next"  # PAPER_ROOT/next: the edition being built, stage by stage
+
+
+def editions(paper_root: str | Path = "paper") -> list[Path]:
+    """Every edition directory, oldest first (v1, v2, ..., v10)."""
+    root = Path(paper_root) / EDITIONS_DIR
+    found = [p for p in root.glob("v*") if p.is_dir() and p.name[1:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[1:]))
+
+
+def edition_trees(paper_root: str | Path = "paper") -> dict[str, Path]:
+    """An unpacked copy of every edition (by name: v1, ...) and of every stage of the edition being
+    built (PAPER_ROOT/next/vN/STAGE, each a compact pack that holds the runs of its seals until it
+    becomes an edition), by name."""
+    trees = {e.name: edition_tree(e) for e in editions(paper_root)}
+    trees |= {f"{NEXT_DIR}/{pack.parent.parent.name}/{pack.parent.name}": edition_tree(pack.parent)
+              for pack in sorted((Path(paper_root) / NEXT_DIR).glob(f"v*/*/{FILES_FILE}"))}
+    return trees
+
+
+def seed_runs_of(doc: dict, run: Path) -> list[Path]:
+    """The runs a seal's outcome is the mean of: `run` (the sealed config's own seed) and, for a
+    multi-seed seal (`target.seeds`), its siblings RUN_s<seed> (the names a study gives them)."""
+    from delphi.io import read_yaml
+
+    target = doc.get("target")
+    seeds = [int(s) for s in target["seeds"]] if isinstance(target, dict) and target.get("seeds") else None
+    if not seeds:
+        return [run]
+    own = read_yaml(run / "config.yaml").get("seed") if (run / "config.yaml").is_file() else None
+    return [run] + [run.with_name(f"{run.name}_s{seed}") for seed in seeds if seed != own]
+
+
+def hero_runs(doc: dict, trees: dict[str, Path]) -> tuple[str, Path, list[Path]] | None:
+    """Where the editions hold a sealed preregistration's hero: (the edition's name, its run dir, the
+    runs its outcome is the mean of), from the first edition whose data hold every sha256 the seal
+    recorded and a finished run of the sealed hero config; None when none does."""
+    from delphi.io import sha256_file
+
+    hero_sha = (doc.get("provenance") or {}).get("hero_config_sha256")
+    for name, tree in trees.items():
+        held = check_provenance(doc, tree)
+        if not held["checked"] or held["missing"]:
+            continue
+        runs = [c.parent for c in sorted(tree.rglob("config.yaml"))
+                if (c.parent / "summary.json").is_file() and sha256_file(c) == hero_sha]
+        if runs:
+            return name, runs[0], seed_runs_of(doc, runs[0])
+    return None

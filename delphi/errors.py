@@ -21,7 +21,12 @@ class DelphiError(Exception):
 
 
 class CheckFailed(Exception):
-    """The checked thing failed (a prediction missed, a seal broke): exit status 1."""
+    """The checked thing failed (a prediction missed, a seal broke): exit status 1. `result`, when
+    given, is what the command found (a gate report, a verdict): `--json` prints it."""
+
+    def __init__(self, message: str, result: dict | None = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 def quoted(value: Any, limit: int = QUOTED_VALUE_MAX_CHARS) -> str:

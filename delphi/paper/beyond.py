@@ -85,7 +85,7 @@ def sealed_run(name: str, seal: Path, run_dir: Path, top_budget: float) -> dict[
     from delphi.prereg import format as fmt
     from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome, read_run_dir
     from delphi.prereg.create import parse_utc
-    from delphi.study.state import seed_runs_of
+    from delphi.editions import seed_runs_of
     from delphi.train.config import train_config_from_dict
 
     row: dict[str, Any] = {"run": name, "seal": str(seal), "status": NOT_SEALED, "actual": None, "rel_error": None,

@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from delphi.editions import EDITIONS_DIR, NEXT_DIR, editions
 from delphi.errors import DelphiError
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text
@@ -746,15 +747,7 @@ def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None =
 
 # ---- editions: paper/editions/vN -----------------------------------------------------------------
 
-EDITIONS_DIR = "editions"
 STUDY_DIRS = ("data", "study")  # where an edition keeps the study its text is rendered from (v1: data)
-
-
-def editions(paper_root: str | Path = "paper") -> list[Path]:
-    """Every edition directory, oldest first (v1, v2, ..., v10)."""
-    root = Path(paper_root) / EDITIONS_DIR
-    found = [p for p in root.glob("v*") if p.is_dir() and p.name[1:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[1:]))
 
 
 def current_edition(paper_root: str | Path = "paper") -> Path | None:
@@ -817,49 +810,56 @@ def snapshot(study_dir: str | Path, dest: str | Path, *, resumable: bool = False
     return {"files": len(copied), "ladder_runs": runs, "to": str(dest), "compact": packed}
 
 
-NEXT_DIR = "next"  # PAPER_ROOT/next: the edition being built, stage by stage
 
 
 def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Path = "preregistrations") -> list[dict]:
-    """Each sealed preregistration against the editions: its seal (`prereg verify`), the editions whose
-    compact data hold every file it hashed (fit, hero config, manifest, results table, probe
-    summaries), and `prereg verify --run` on its hero as unpacked from the first such edition."""
-    from delphi.editions import check_provenance, edition_tree
-    from delphi.io import sha256_file
+    """Each sealed preregistration against the editions: its seal (`prereg verify`: as first
+    committed), the editions whose compact data hold every file it hashed (fit, hero config,
+    manifest, results table, probe summaries), and `prereg verify --run` on its hero as unpacked
+    from the first such edition. A preregistration that cannot be verified (a run whose records
+    disagree) is a problem of its row, not the end of the command."""
+    from delphi.editions import check_provenance, edition_trees, hero_runs
     from delphi.prereg import format as fmt
     from delphi.prereg.check import read_outcome, verify
-    from delphi.study.state import seed_runs_of
 
+    if not Path(paper_root).is_dir():
+        raise DelphiError(f"--paper-root {paper_root}: not a directory; nothing to verify against")
     if not Path(preregistrations).is_dir():
         raise DelphiError(f"--preregistrations {preregistrations}: not a directory; nothing to verify")
     files = sorted(Path(preregistrations).glob("*.yaml"))
     if not files:
         raise DelphiError(f"--preregistrations {preregistrations}: holds no preregistration (*.yaml); nothing to verify")
-    trees = {e.name: edition_tree(e) for e in editions(paper_root)}
-    # The edition being built (paper/next/vN/STAGE, each stage a compact pack) holds the runs of its
-    # seals until it becomes an edition.
-    trees |= {f"{NEXT_DIR}/{pack.parent.parent.name}/{pack.parent.name}": edition_tree(pack.parent)
-              for pack in sorted((Path(paper_root) / NEXT_DIR).glob("v*/*/files.csv.gz"))}
+    trees = edition_trees(paper_root)
     out = []
     for path in files:
         doc = fmt.read(path)
-        plain = verify(path)
+        plain = _verified(path, verify)
         holding = {name: check_provenance(doc, tree) for name, tree in trees.items()}
         complete = [name for name, c in holding.items() if c["checked"] and not c["missing"]]
         # A seal whose run has not finished (no outcome yet) waits for its edition; it is not a failure.
         row = {"file": str(path), "seal_ok": plain["seal_ok"], "hashes": next(iter(holding.values()))["checked"] if holding else 0,
                "editions_holding_all": complete, "run": None, "run_ok": None, "pending": read_outcome(path) is None,
-               "problems": plain["problems"]}
-        hero_sha = (doc.get("provenance") or {}).get("hero_config_sha256")
-        for name in complete:
-            runs = [c.parent for c in sorted(trees[name].rglob("config.yaml"))
-                    if (c.parent / "summary.json").is_file() and sha256_file(c) == hero_sha]
-            if runs:
-                checked = verify(path, run_dirs=seed_runs_of(doc, runs[0]))
-                where = name if name.startswith(f"{NEXT_DIR}/") else f"{EDITIONS_DIR}/{name}"
-                row["run"] = f"{where}/{runs[0].relative_to(trees[name]).as_posix()}"
-                row["run_ok"] = checked["ok"] and checked.get("created_before_start") is True
-                row["problems"] = checked["problems"]
-                break
+               "problems": plain["problems"], "warnings": plain.get("warnings", []),
+               "first_commit": plain.get("first_commit")}
+        found = hero_runs(doc, {name: trees[name] for name in complete})
+        if found is not None:
+            name, run, runs = found
+            checked = _verified(path, verify, runs)
+            where = name if name.startswith(f"{NEXT_DIR}/") else f"{EDITIONS_DIR}/{name}"
+            row["run"] = f"{where}/{run.relative_to(trees[name]).as_posix()}"
+            row["run_ok"] = checked["ok"] and checked.get("created_before_start") is True
+            row["problems"] = checked["problems"]
+            row["warnings"] = checked.get("warnings", [])
         out.append(row)
     return out
+
+
+def _verified(path: Path, verify, runs: list[Path] | None = None) -> dict:
+    """`prereg verify` of one file (with its runs); a check it cannot make (CheckFailed: a run whose
+    summary disagrees with its metrics log) is the row's problem."""
+    from delphi.errors import CheckFailed
+
+    try:
+        return verify(path, run_dirs=runs)
+    except CheckFailed as e:
+        return {"seal_ok": None, "ok": False, "problems": [str(e)], "created_before_start": None}

@@ -104,5 +104,7 @@ def _verify(args: argparse.Namespace):
                 "pending: no outcome yet, its runs not in an edition" if r["pending"] else "no hero run found"))
         for problem in r["problems"]:
             _say(f"  problem: {problem}")
+        for warning in r.get("warnings", []):
+            _say(f"  note: {warning}")
     ok = all(r["seal_ok"] and not r["problems"] and (r["pending"] or (r["editions_holding_all"] and r["run_ok"])) for r in rows)
     return {"preregistrations": rows, "ok": ok}, 0 if ok else 1

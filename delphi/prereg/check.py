@@ -17,6 +17,8 @@ Verdicts and exit codes (docs/design.md §3.1: 0 ok, 1 the checked thing failed)
 Only a final verdict (passed or failed) writes NAME.outcome.json, and only for the run it scored:
 an outcome is bound to that run (its first step's time and its config's sha256), and checking
 another run reports that run's verdict without replacing it. An invalid verdict writes nothing.
+An outcome is written once: checking its run again leaves it unchanged, and a verdict or number
+that disagrees with it (the run's records edited since) is exit 1 naming both.
 
 A run stopped before its end (a signal, to be resumed) gets no final verdict and
 no outcome file: it is checked as a run in progress (status "stopped").
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from delphi.errors import CheckFailed, DelphiError
+from delphi.first_commit import FirstCommit, first_commit
 from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics,
                                  stale_running, stopped_before_end, summary_log_problem)
 from delphi.io import atomic_write_json, sha256_file
@@ -265,12 +268,26 @@ def read_outcome(prereg_path: Path) -> dict | None:
 
 def record_outcome(prereg_path: Path, result: dict, identity: dict[str, Any] | None = None) -> Path | None:
     """Write NAME.outcome.json beside the preregistration (outside the sealed file), bound to the
-    run it scored; None (and nothing written) when an outcome of another run is already there."""
+    run it scored; None (and nothing written) when an outcome of another run is already there.
+
+    An outcome is written once: the same run checked again leaves it as it is, and a check whose
+    verdict or numbers disagree with it (the run's records changed since) is CheckFailed naming both."""
     out = fmt.outcome_path(prereg_path)
     identity = identity or {"run": result.get("run")}
     existing = read_outcome(prereg_path)
     if existing is not None and not same_run(existing, identity):
         return None
+    if existing and existing.get("verdict") in FINAL_VERDICTS:
+        differ = {k: {"recorded": existing.get(k), "now": result.get(k)} for k in OUTCOME_FIELDS
+                  if k in existing and _differs(existing.get(k), result.get(k))}
+        if differ:
+            shown = "; ".join(f"{k}: recorded {v['recorded']!r}, now {v['now']!r}" for k, v in differ.items())
+            raise CheckFailed(
+                f"{out}: the outcome recorded at {existing.get('checked', '?')} says {existing.get('verdict')}, but this "
+                f"check of the same run says {result.get('verdict')} ({shown}): the run's records changed after its "
+                "outcome was written; an outcome is written once and is not replaced",
+                result={k: v for k, v in result.items() if k != "points"} | {"outcome_file": str(out), "outcome_conflict": differ})
+        return out
     keep = {k: v for k, v in result.items() if k != "points"}
     atomic_write_json(out, keep | identity | {"checked": utc_now(), "points": result["points"]}, written_by=OUTCOME_COMMAND)
     return out
@@ -562,21 +579,30 @@ def verify(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | 
 def _against_records(prereg_path: Path, result: dict, runs: list[Path]) -> dict:
     doc = fmt.read(prereg_path)
     problems, result["fingerprints"] = fingerprint_problems(doc)
+    warnings = result.setdefault("warnings", [])
+    seal_anchor = first_commit(prereg_path)
+    result["first_commit"] = seal_anchor.to_json()
+    problems += [p for p in [seal_anchor.problem("the seal")] if p]
+    warnings += [n for n in [seal_anchor.note("the seal")] if n]
     outcome = read_outcome(prereg_path)
     if outcome:
+        outcome_anchor = first_commit(fmt.outcome_path(prereg_path))
+        result["outcome_first_commit"] = outcome_anchor.to_json()
+        problems += [p for p in [outcome_anchor.problem("the outcome")] if p]
+        warnings += [n for n in [outcome_anchor.note("the outcome")] if n]
         problems += outcome_consistency(doc, outcome)
         scored = runs or outcome_run_dirs(outcome)
         if scored and len(scored) == len(target_seeds(doc) or [None]):
             problems += outcome_vs_records(prereg_path, outcome, scored)
             result["outcome_recomputed_from"] = [str(r) for r in scored]
-    commit = seal_commit(prereg_path)
+    commit = seal_commit(prereg_path, seal_anchor)
     result["seal_commit"] = commit
     starts = [r.get("run_first_step_time") for r in result.get("runs", [result])]
     starts = [t for t in starts if isinstance(t, (int, float))]
     if commit is not None and starts:
         result["commit_before_start"] = commit["epoch"] <= min(starts)
         if not result["commit_before_start"]:
-            result.setdefault("warnings", []).append(
+            warnings.append(
                 f"the seal was first committed in {commit['commit'][:12]} at {commit['time']}, after the first step of a "
                 "run it predicts: its creation time is the file's own word")
     result["problems"] = result["problems"] + problems
@@ -630,8 +656,19 @@ def outcome_consistency(doc: dict, outcome: dict) -> list[str]:
             expected[field] = bool(final[key][0] <= actual <= final[key][1])
     if outcome.get("why", "").startswith("run ") and outcome.get("verdict") == "failed":
         expected["verdict"] = "failed"  # diverged or failed runs fail whatever their last loss
-    return [f"outcome field {k} = {outcome.get(k)!r}, but its actual_final_loss {actual!r} against the sealed prediction "
-            f"gives {v!r}" for k, v in expected.items() if _differs(outcome.get(k), v)]
+    problems = [f"outcome field {k} = {outcome.get(k)!r}, but its actual_final_loss {actual!r} against the sealed prediction "
+                f"gives {v!r}" for k, v in expected.items() if _differs(outcome.get(k), v)]
+    sealed = (doc.get("seal") or {}).get("digest")
+    if outcome.get("seal") is not None and outcome.get("seal") != sealed:
+        problems.append(f"outcome field seal = {outcome.get('seal')!r}: it scored another seal, not this file's {sealed!r}")
+    seeds = outcome.get("seeds")
+    finals = [s.get("actual_final_loss") for s in seeds] if isinstance(seeds, list) and seeds else []
+    if finals and all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in finals):
+        mean = sum(float(f) for f in finals) / len(finals)
+        if _differs(float(actual), mean):
+            problems.append(f"outcome field actual_final_loss = {actual!r}, but the mean of its seeds' own final losses "
+                            f"({', '.join(f'{float(f):.6g}' for f in finals)}) is {mean!r}")
+    return problems
 
 
 def outcome_run_dirs(outcome: dict) -> list[Path]:
@@ -670,22 +707,13 @@ def fingerprint_problems(doc: dict) -> tuple[list[str], dict[str, str]]:
     return problems, checked
 
 
-def seal_commit(prereg_path: Path) -> dict[str, Any] | None:
+def seal_commit(prereg_path: Path, anchor: FirstCommit | None = None) -> dict[str, Any] | None:
     """The git commit that first added the seal file, and its commit time (epoch seconds): what anchors
     the seal's time outside the file itself. None outside a git checkout or for an uncommitted file."""
-    import subprocess
-
-    path = Path(prereg_path).resolve()
-    try:
-        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H %ct %cI", "--", path.name],
-                             cwd=path.parent, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+    anchor = anchor or first_commit(prereg_path)
+    if anchor.commit is None:
         return None
-    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
-    if not lines:
-        return None
-    commit, epoch, iso = lines[-1].split()
-    return {"commit": commit, "time": iso, "epoch": float(epoch)}
+    return {"commit": anchor.commit, "time": anchor.time, "epoch": anchor.epoch}
 
 
 def _verify_one(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None, seed: int | None = None) -> dict:

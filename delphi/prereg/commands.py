@@ -95,6 +95,9 @@ def add_commands(subparsers) -> None:
     p = sub.add_parser("index", help="regenerate DIR/README.md: every preregistration and its outcome")
     p.add_argument("dir", nargs="?", default="preregistrations")
     p.add_argument("--force", action="store_true", help="replace DIR/README.md even if `prereg index` did not write it")
+    p.add_argument("--paper-root", default="paper",
+                   help="the paper's directory: an outcome whose runs are not where it scored them is recomputed from "
+                        "the runs its editions hold, as `paper verify` does (default: paper, if it exists)")
     add_json_flag(p)
     p.set_defaults(func=_index)
 
@@ -170,12 +173,17 @@ def _verify(args: argparse.Namespace):
          + ("" if "created_before_start" not in result else
             "; THE RUN'S START CANNOT BE ESTABLISHED" if result["created_before_start"] is None else
             ("; created before the run's first step" if result["created_before_start"] else "; CREATED AFTER THE RUN STARTED")))
+    anchor = result.get("first_commit") or {}
     if result.get("seal_commit"):
         c = result["seal_commit"]
         _say(f"  first committed in {c['commit'][:12]} at {c['time']}"
+             + ("; the file is as first committed" if anchor.get("state") == "same" else "; THE FILE HAS CHANGED SINCE")
              + ("" if "commit_before_start" not in result else
                 "; before the first step of every run checked" if result["commit_before_start"] else
                 "; AFTER the first step of a run checked"))
+    else:
+        _say(f"  NOT ANCHORED ({anchor.get('state', 'unknown')}): only the file's own seal was checked, which anyone "
+             "can recompute")
     for problem in result["problems"]:
         _say(f"  problem: {problem}")
     for warning in result.get("warnings", []):
@@ -240,7 +248,7 @@ def _figure_files(out: str) -> list[Path]:
 def _index(args: argparse.Namespace):
     from delphi.prereg.index import write_index
 
-    result = write_index(args.dir, force=args.force)
+    result = write_index(args.dir, force=args.force, paper_root=args.paper_root)
     _say(f"wrote {result['index']} ({result['n']} preregistrations)")
     return result
 

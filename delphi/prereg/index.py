@@ -29,7 +29,12 @@ recomputes the seal); `NAME.outcome.json` beside it is written by
 """
 
 
-def index_rows(directory: Path) -> list[dict]:
+def index_rows(directory: Path, paper_root: Path | None = None) -> list[dict]:
+    """One row per preregistration in `directory`; an outcome whose runs are gone from where it scored
+    them is recomputed from the runs the editions under `paper_root` hold (as `paper verify` does)."""
+    from delphi.editions import edition_trees
+
+    trees = edition_trees(paper_root) if paper_root is not None and Path(paper_root).is_dir() else {}
     rows = []
     for path in sorted(directory.glob("*.yaml")):
         try:
@@ -51,7 +56,7 @@ def index_rows(directory: Path) -> list[dict]:
             "actual": outcome.get("actual_final_loss"),
             "rel_error": outcome.get("rel_error"),
             "covered_90": outcome.get("covered_90"),
-            "verdict": verified_verdict(path, doc, seal_ok, outcome),
+            "verdict": verified_verdict(path, doc, seal_ok, outcome, trees),
             "seal_ok": seal_ok,
             "forced": bool(doc.get("forced", False)),
             "gates": gates_cell(doc),
@@ -61,17 +66,23 @@ def index_rows(directory: Path) -> list[dict]:
     return rows
 
 
-def verified_verdict(path: Path, doc: dict, seal_ok: bool, outcome: dict) -> str:
+def verified_verdict(path: Path, doc: dict, seal_ok: bool, outcome: dict, trees: dict[str, Path] | None = None) -> str:
     """The verdict the index shows: the outcome's, unless `prereg verify` (with the outcome's run)
-    would fail, in which case what it would say. From the outcome's own record of when its run
-    started (written by `prereg check`) or, for an outcome from before that was recorded, by
-    verifying its run dir where it still exists; otherwise the outcome as it stands."""
+    would fail, in which case what it would say. The seal and the outcome as first committed; when
+    the run started, from the outcome's own record (written by `prereg check`) or, for an outcome
+    from before that was recorded, by verifying its run dir where it still exists; the outcome's
+    fields recomputed from its runs, where they are or where the editions (`trees`) hold them."""
+    from delphi.first_commit import first_commit
     from delphi.prereg.check import PREDATES, SEAL_BROKEN, START_UNKNOWN, verify
 
     if not seal_ok:
         return SEAL_BROKEN
+    if first_commit(path).problem("the seal"):
+        return "invalid: the seal changed after its first commit"
     if not outcome:
         return "pending"
+    if first_commit(fmt.outcome_path(path)).problem("the outcome"):
+        return "invalid: the outcome changed after its first commit"
     if outcome.get("seal") not in (None, (doc.get("seal") or {}).get("digest")):
         return "invalid: the outcome scores another seal"
     if "created_before_start" in outcome:
@@ -79,7 +90,7 @@ def verified_verdict(path: Path, doc: dict, seal_ok: bool, outcome: dict) -> str
     else:
         run_dir = outcome.get("run_dir") or outcome.get("run")
         if not isinstance(run_dir, str) or run_dir.startswith("wandb:") or not Path(run_dir).is_dir():
-            return _recomputed(path, doc, outcome)
+            return _recomputed(path, doc, outcome, trees)
         try:
             order = verify(path, run_dir=Path(run_dir))["created_before_start"]
         except DelphiError:
@@ -88,14 +99,19 @@ def verified_verdict(path: Path, doc: dict, seal_ok: bool, outcome: dict) -> str
         return PREDATES
     if order is None:
         return START_UNKNOWN
-    return _recomputed(path, doc, outcome)
+    return _recomputed(path, doc, outcome, trees)
 
 
-def _recomputed(path: Path, doc: dict, outcome: dict) -> str:
-    """The outcome's verdict, unless it contradicts the sealed rule or its runs' own records."""
+def _recomputed(path: Path, doc: dict, outcome: dict, trees: dict[str, Path] | None = None) -> str:
+    """The outcome's verdict, unless it contradicts the sealed rule or its runs' own records (where it
+    scored them, else in the editions)."""
+    from delphi.editions import hero_runs
     from delphi.prereg.check import outcome_consistency, outcome_run_dirs, outcome_vs_records, target_seeds
 
     scored = outcome_run_dirs(outcome)
+    if len(scored) != len(target_seeds(doc) or [None]) and trees:
+        found = hero_runs(doc, trees)
+        scored = found[2] if found is not None else []
     problems = outcome_consistency(doc, outcome) or (
         outcome_vs_records(path, outcome, scored) if scored and len(scored) == len(target_seeds(doc) or [None]) else [])
     if problems:
@@ -161,9 +177,10 @@ def _competing_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def write_index(directory: str | Path, *, force: bool = False) -> dict:
+def write_index(directory: str | Path, *, force: bool = False, paper_root: str | Path | None = None) -> dict:
     """Write DIR/README.md; one that `prereg index` did not write (its generated header says so) is
-    replaced only with `force` (delphi.io's output policy)."""
+    replaced only with `force` (delphi.io's output policy). `paper_root`: where the editions that
+    hold the outcomes' runs are (`index_rows`)."""
     from delphi.io import check_replaceable
 
     directory = Path(directory)
@@ -171,6 +188,6 @@ def write_index(directory: str | Path, *, force: bool = False) -> dict:
         raise DelphiError(f"{directory}: directory not found")
     out = directory / INDEX_FILE
     check_replaceable(out, COMMAND, force=force, flag=str(directory))
-    rows = index_rows(directory)
+    rows = index_rows(directory, Path(paper_root) if paper_root is not None else None)
     atomic_write_text(out, render_index(rows, str(directory)), written_by=COMMAND)
     return {"index": str(out), "n": len(rows), "rows": rows}

@@ -11,7 +11,8 @@ import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
-from delphi.study.state import Study, _fmt, _rehearsal, _say, load_table, probe_runs, seed_runs_of
+from delphi.editions import seed_runs_of
+from delphi.study.state import Study, _fmt, _rehearsal, _say, load_table, probe_runs
 
 
 def _hero_point(study: Study) -> dict:

@@ -74,19 +74,6 @@ class Study:
         return json.loads(path.read_text()) if path.is_file() else None
 
 
-def seed_runs_of(doc: dict, run: Path) -> list[Path]:
-    """The runs a seal's outcome is the mean of: `run` (the sealed config's own seed) and, for a
-    multi-seed seal, its siblings RUN_s<seed> (delphi.study.stages.seed_runs' names)."""
-    from delphi.io import read_yaml
-    from delphi.prereg.check import target_seeds
-
-    seeds = target_seeds(doc)
-    if not seeds:
-        return [run]
-    own = read_yaml(run / "config.yaml").get("seed") if (run / "config.yaml").is_file() else None
-    return [run] + [run.with_name(f"{run.name}_s{seed}") for seed in seeds if seed != own]
-
-
 def _say(text: str) -> None:
     print(f"[study] {text}", file=sys.stderr, flush=True)
 
