@@ -103,6 +103,8 @@ def test_study_stages_resume_without_redoing_finished_runs(tmp_path):
     third = _study(str(study), "--out", str(out))
     assert third.returncode == 1, third.stderr
     assert "gates failed before the hero trained" in third.stderr and "gate FAIL seeds" in third.stderr
+    refusal = json.loads(third.stdout)  # --json: the refusal is the study's result (issue 53, cause 16)
+    assert refusal["ok"] is False and refusal["stopped_at"] == "gates" and "seeds" in refusal["failed_gates"]
     # the cheap gates come first: no compute is spent on a dress rehearsal of a refused ladder
     assert "dress rehearsal at" not in third.stderr and not (out / "rehearsal").exists()
     gates = json.loads((out / "gates.json").read_text())

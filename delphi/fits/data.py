@@ -11,11 +11,14 @@ not a finite number (NaN, inf, text) in a completed row is an error naming the
 rows: dropping it quietly can remove a budget's optimum and move the exponent.
 Non-positive values are an error too: a negative loss or a zero parameter count
 means a wrong column mapping, not a run to skip. Pass `drop_invalid=True` to drop
-such rows with a count (and, given `warn`, a line naming them). A row repeating an
+such rows with a count (and, given `warn`, a line naming them). The same holds for every other
+column a fit uses (params, tokens, flops, budget, experts, granularity): text, an empty cell, a
+null, NaN or inf is an error naming the row and column, unless dropped so. A value beyond what a fit
+can compute with (FIT_MAGNITUDE_MIN .. MAX) is an error too. A row repeating an
 earlier row exactly, or a run_id given to several rows, is an error too: it would count as
 another seed and shrink every interval; `drop_duplicates=True` drops exact copies (a run_id
 with two different rows stays an error). All losses equal
-is a degenerate table, an error. NaN in other columns drops the row, counted.
+is a degenerate table, an error.
 
 N is counted under one of PARAM_CONVENTIONS (ladder tables carry every count);
 seeds of one configuration form a cell (`cell_id`), which the fits average.
@@ -137,24 +140,27 @@ def load_results(
             f"{where}: need a 'tokens' or a 'flops' column (map with --tokens-col/--flops-col); "
             f"columns are {list(raw.columns)}"
         )
-    # A loss that is not a number (NaN, inf, text) is a broken run, not a point to lose quietly:
-    # dropping it can remove a budget's optimum and move the exponent.
-    loss_numeric = pd.to_numeric(table["loss"], errors="coerce").astype(float)
-    bad_loss = ~np.isfinite(loss_numeric.to_numpy())
-    if "status" in raw.columns:
-        bad_loss &= (raw["status"].astype(str) == "completed").to_numpy()
-    invalid_rows: list[str] = []
-    if bad_loss.any():
-        shown = [f"row {i} (loss = {quoted(str(table['loss'].iloc[k]), 40)})" for k, i in enumerate(table.index) if bad_loss[k]]
+    completed = (raw["status"].astype(str) == "completed").to_numpy() if "status" in raw.columns else np.ones(len(raw), bool)
+    # A dense ladder's table carries experts = 0 (or blank): that column describes no MoE, so it
+    # is left out rather than failing every row; only the MoE law needs it.
+    for name in ("experts", "granularity"):
+        if name in table and not (pd.to_numeric(table[name], errors="coerce") > 0).any():
+            table = table.drop(columns=name)
+    # A value a fit uses that is not a number (text, empty, null, NaN, inf) is a broken row, not a
+    # point to lose quietly: dropping it can remove a budget's optimum and move the exponent.
+    used = [c for c in NUMERIC if c in table]
+    invalid_rows = _invalid_values(table, used, completed)
+    shown: list[str] = []
+    if invalid_rows:
+        shown = [f"row {i} ({col} = {quoted(str(v), 40)})" for i, col, v in invalid_rows]
         if not drop_invalid:
             raise DelphiError(
-                f"{where}: {int(bad_loss.sum())} row(s) with a loss that is not a finite number: "
-                f"{', '.join(shown[:10])}{' ...' if len(shown) > 10 else ''}; fix or remove them, "
-                f"or pass --drop-invalid to drop them"
+                f"{where}: {len(shown)} value(s) a fit uses are not finite numbers: {', '.join(shown[:10])}"
+                f"{' ...' if len(shown) > 10 else ''}; fix or remove them, or pass --drop-invalid to drop their rows"
             )
-        invalid_rows = shown
         if warn is not None:
-            warn(f"WARNING: {where}: dropped {len(shown)} row(s) with a non-finite loss: {', '.join(shown)}")
+            warn(f"WARNING: {where}: dropped {len({i for i, _, _ in invalid_rows})} row(s) with a value that is not a "
+                 f"finite number: {', '.join(shown)}")
     for name in NUMERIC:
         if name in table:
             table[name] = pd.to_numeric(table[name], errors="coerce").astype(float)
@@ -164,20 +170,13 @@ def load_results(
         table["cell_id"] = table["cell_id"].astype(str)
 
     dropped: dict[str, int] = {"duplicates": duplicates_dropped} if duplicates_dropped else {}
-    if "status" in raw.columns:
-        done = raw["status"].astype(str) == "completed"
-        if (~done).any():
-            dropped["status_not_completed"] = int((~done).sum())
-            table = table[done]
+    if (~completed).any():
+        dropped["status_not_completed"] = int((~completed).sum())
+        table = table[completed]
 
-    # A dense ladder's table carries experts = 0 (or blank): that column describes no MoE, so it
-    # is dropped rather than failing every row; only the MoE law needs it.
-    for name in ("experts", "granularity"):
-        if name in table and not (table[name] > 0).any():
-            table = table.drop(columns=name)
-    needed = [c for c in ("params", "tokens", "flops", "loss", "budget", "experts", "granularity") if c in table]
+    needed = [c for c in used if c in table]
     finite = np.isfinite(table[needed].to_numpy(dtype=float)).all(axis=1)
-    if (~finite).any():
+    if (~finite).any():  # only with drop_invalid: the rows named above
         dropped["nan_or_inf"] = int((~finite).sum())
         table = table[finite]
 
@@ -205,6 +204,7 @@ def load_results(
         table["tokens"] = table["flops"] / (FLOPS_PER_PARAM_TOKEN * table["params"])
     if "flops" not in table:
         table["flops"] = FLOPS_PER_PARAM_TOKEN * table["params"] * table["tokens"]
+    check_magnitudes(table, where)
     budget_derived = False
     if "budget" not in table and derive_budgets:
         table["budget"] = derive_budget(table["flops"].to_numpy())
@@ -234,13 +234,41 @@ def load_results(
             "source": where, "sha256": sha, "dropped": dropped, "budget_derived": budget_derived, "query": query,
             "params_convention": params_convention, "params_mapped": params_mapped,
             "flops_family": flops_family, "family_origin": family_origin, "model_family": model_family,
-            "invalid_rows_dropped": invalid_rows, "anchor_rows": anchor_rows,
+            "invalid_rows_dropped": shown, "anchor_rows": anchor_rows,
         }
     )
     return table
 
 
 ANCHOR_ROLE = "anchor"  # results column `role` of a ladder spec's anchor rungs (delphi.ladder.plan.rung_role)
+
+# The magnitudes a fit can compute with: float64 holds up to ~1.8e308, and a fit squares its values
+# and multiplies two of them (C = 6 N D, residuals squared), so each stays within 1e-150 .. 1e150. Real
+# tables sit far inside (losses ~1-10 nats, N and D up to ~1e13, C up to ~1e27).
+FIT_MAGNITUDE_MIN, FIT_MAGNITUDE_MAX = 1e-150, 1e150
+
+
+def _invalid_values(table: pd.DataFrame, columns: list[str], completed: np.ndarray) -> list[tuple[Any, str, Any]]:
+    """(row, column, value) of each value in `columns` of a completed row that is not a finite number."""
+    out = []
+    for col in columns:
+        numbers = pd.to_numeric(table[col], errors="coerce").astype(float).to_numpy()
+        bad = ~np.isfinite(numbers) & completed
+        out += [(table.index[k], col, table[col].iloc[k]) for k in np.flatnonzero(bad)]
+    return sorted(out, key=lambda x: (list(table.index).index(x[0]), columns.index(x[1])))
+
+
+def check_magnitudes(table: pd.DataFrame, where: str) -> None:
+    """Refuse a value a fit cannot compute with (FIT_MAGNITUDE_MIN..MAX), naming its row and column
+    (a derived D = C / 6N or C = 6ND that overflows included)."""
+    for col in [c for c in NUMERIC if c in table]:
+        values = table[col].to_numpy(dtype=float)
+        bad = ~((values >= FIT_MAGNITUDE_MIN) & (values <= FIT_MAGNITUDE_MAX))
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise DelphiError(f"{where}: row {table.index[k]}: {col} = {quoted(float(values[k]))} is beyond what a fit can "
+                              f"compute with ({FIT_MAGNITUDE_MIN:g} .. {FIT_MAGNITUDE_MAX:g}: float64 overflows its square); "
+                              f"{int(bad.sum())} such row(s); check the column's units")
 
 
 def with_anchors(table: pd.DataFrame) -> pd.DataFrame:

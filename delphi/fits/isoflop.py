@@ -53,7 +53,7 @@ def budget_groups(table: pd.DataFrame, method: str) -> list[tuple[float, pd.Data
         if len(g) < MIN_POINTS_PER_BUDGET:
             raise DelphiError(
                 f"{method}: budget {budget:.4g} has {len(g)} point(s), need at least {MIN_POINTS_PER_BUDGET} "
-                f"for a parabola (drop it with --query 'budget != {budget:.6g}')"
+                f"for a parabola (drop it with --query 'budget != {budget!r}')"  # repr: exactly this budget
             )
         if g["params"].nunique() < MIN_POINTS_PER_BUDGET:
             raise DelphiError(

@@ -145,9 +145,12 @@ def _create(args: argparse.Namespace):
             noise_scope=args.noise_scope, trajectory_from_probes=args.trajectory_from_probes,
             recipe_check=Path(args.recipe_check) if args.recipe_check else None,
         )
-    except CheckFailed:
-        for line in gt.gate_lines(gt.Gate.from_json(g) for g in json.loads(gates_path(Path(args.out)).read_text())["gates"]):
+    except CheckFailed as refused:
+        report = json.loads(gates_path(Path(args.out)).read_text())
+        for line in gt.gate_lines(gt.Gate.from_json(g) for g in report["gates"]):
             _say(f"  {line}")
+        refused.result = {"file": None, "sealed": False, "refused": args.out, "gates_file": str(gates_path(Path(args.out))),
+                          "failed_gates": report.get("failed", []), "gates": report["gates"]}
         raise
     for line in gt.gate_lines(gt.Gate.from_json(g) for g in doc.get("gates", [])):
         _say(f"  {line}")

@@ -14,6 +14,7 @@ from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
 from delphi.fits.intervals import PointCorrection
 from delphi.fits.probes import NOISE_SCOPES, PROBE_CARRIES
+from delphi.train.config import SEED_LIMIT
 from delphi.train.rundir import CONFIG_FILE, SUMMARY_FILE
 
 
@@ -185,8 +186,10 @@ class StudySpec:
         if hero.trajectory == "probes" and not hero.probe_correction and not self.gates.probes:
             raise DelphiError(f"{where}: hero.trajectory: probes with hero.probe_correction: false needs gates.probes: "
                               "under the law alone the hero is sealed before the study's own probes train (stage seals)")
-        if len(set(hero.seeds)) != len(hero.seeds) or any(not isinstance(x, int) or x < 0 for x in hero.seeds):
-            raise DelphiError(f"{where}: hero.seeds: {list(hero.seeds)}, expected distinct integers >= 0")
+        if len(set(hero.seeds)) != len(hero.seeds) or any(not isinstance(x, int) or not 0 <= x < SEED_LIMIT
+                                                          for x in hero.seeds):
+            raise DelphiError(f"{where}: hero.seeds: {list(hero.seeds)}, expected distinct integers in [0, 2**63) "
+                              "(a JAX key's range)")
         if (c := hero.point_correction) is not None:
             if not -0.5 < c.rel < 0.5:
                 raise DelphiError(f"{where}: hero.point_correction.rel: {c.rel}, expected a relative error in (-0.5, 0.5)")

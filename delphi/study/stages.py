@@ -484,7 +484,8 @@ def _seal_or_stop(what: str, prereg: Path, seal: Callable[[], dict]) -> dict:
         raise CheckFailed(f"gates failed before any run beyond the ladder trained: {failed} at the seal of {what}; "
                           f"{what} was NOT sealed and no probe or hero was trained (report {report_path}). Fix the "
                           f"ladder (more seeds, budgets, healthier rungs) or set `force: true` in the study file to go "
-                          f"on anyway.") from refused
+                          f"on anyway.", result={"gates_file": str(report_path), "failed_gates": report.get("failed", []),
+                                                 "gates": report.get("gates", [])}) from refused
 
 
 def _seal_evidence(study: Study) -> dict[str, Any]:
@@ -504,19 +505,27 @@ def _seal_evidence(study: Study) -> dict[str, Any]:
 
 def _competing(study: Study, hero, final: dict) -> dict:
     """Every other law's prediction for a run beyond the ladder, sealed beside the primary (issue 40):
-    the study's fits and the asymptotic frontier law (fitted here once, on the fit stage's table)."""
+    the study's fits and the asymptotic frontier law (fitted here once, on the fit stage's table). A
+    law that cannot be fitted here is sealed as such (its error), beside the primary's seal."""
     from delphi.prereg.competing import competing_predictions
 
     paths = {m: study.fit_path(m) for m in study.spec.fits if study.fit_path(m).is_file()}
+    unfitted: dict[str, dict] = {}
     if "asymptotic" not in paths:
         path = study.fit_path("asymptotic")
         if not path.is_file():
             convention = (study.done("fit") or {}).get("result", {}).get("params_convention")
-            fit = _fit_one(study, "asymptotic", load_table(study, convention), study.spec.bootstrap)
-            atomic_write_json(path, fit.to_json())
-        paths["asymptotic"] = path
+            try:
+                fit = _fit_one(study, "asymptotic", load_table(study, convention), study.spec.bootstrap)
+            except (DelphiError, ValueError, ArithmeticError) as e:
+                unfitted["asymptotic"] = {"error": f"cannot be fitted on this ladder ({e})"}
+                _say(f"competing law asymptotic: cannot be fitted ({e}); sealed as such")
+            else:
+                atomic_write_json(path, fit.to_json())
+        if "asymptotic" not in unfitted:
+            paths["asymptotic"] = path
     return competing_predictions(paths, study.primary_fit, final, hero, study.results, study.spec.hero.noise_scope,
-                                 len(study.spec.hero.seeds) or 1)
+                                 len(study.spec.hero.seeds) or 1) | unfitted
 
 
 def probe_prereg(study: Study, multiple: float) -> Path:
@@ -641,14 +650,83 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
     return summaries
 
 
-def _sealed_earlier(path: Path) -> dict:
-    """A seal written on an earlier attempt (or stage): checked intact, never rewritten."""
+def _sealed_earlier(study: Study, path: Path, config: Path, seeds: list[int] | None) -> dict:
+    """A seal written on an earlier attempt (or stage) of this study: checked to be this study's seal
+    of the run `config` at `seeds` (`foreign_seal`), never rewritten."""
+    from delphi.prereg.format import read
+
+    if problem := foreign_seal(study, path, config, seeds):
+        raise DelphiError(_foreign_seal_message(path, problem))
+    return {"prereg": str(path), "note": "sealed earlier"} | _sealed_summary(read(path))
+
+
+def foreign_seal(study: Study, path: Path, config: Path, seeds: list[int] | None) -> str | None:
+    """Why the file at `path` is not this study's seal of the run `config` at `seeds` (None: it is).
+    A study keeps a seal it finds only if the seal names this study's own ladder manifest, results
+    table, primary fit and run config by their sha256, and this spec's tolerance and seeds: anything else
+    was sealed by another study (or another version of this one) and its verdict would not be this
+    study's."""
+    from delphi.io import sha256_file
     from delphi.prereg.format import read, seal_status
 
-    doc = read(path)
+    try:
+        doc = read(path)
+    except DelphiError as e:
+        return f"it is not a preregistration ({e})"
     if not seal_status(doc)["ok"]:
-        raise DelphiError(f"{path}: exists but its seal is broken; it was edited after sealing")
-    return {"prereg": str(path), "note": "sealed earlier"} | _sealed_summary(doc)
+        return "its seal is broken: it was edited after sealing"
+    try:
+        fit = study.fit_path(study.primary_fit)
+    except DelphiError:
+        fit = None  # primary_fit: auto before the fit stage: no fit of this study yet
+    provenance = doc.get("provenance") or {}
+    for key, own in (("manifest_sha256", study.ladder_dir / "manifest.csv"), ("results_sha256", study.results),
+                     ("fit_sha256", fit), ("hero_config_sha256", config)):
+        sealed = provenance.get(key)
+        if sealed is None:
+            continue
+        if own is None or not own.is_file():
+            return (f"it seals provenance.{key} {str(sealed)[:12]}, and this study has no "
+                    f"{own if own is not None else 'primary fit'} yet: it was sealed by another study")
+        if (mine := sha256_file(own)) != sealed:
+            return f"its provenance.{key} {str(sealed)[:12]} is not that of this study's {own} ({mine[:12]})"
+    tolerance = (doc.get("decision") or {}).get("tolerance_rel")
+    if tolerance != study.spec.hero.tolerance:
+        return f"its decision.tolerance_rel {tolerance!r} is not this study's hero.tolerance {study.spec.hero.tolerance!r}"
+    sealed_seeds = (doc.get("target") or {}).get("seeds") or None
+    if sealed_seeds != seeds:
+        return f"it seals the mean of seeds {sealed_seeds}, this study's run is at seeds {seeds}"
+    return None
+
+
+def sealed_seeds(study: Study, probe: bool) -> list[int] | None:
+    """The seeds whose mean a seal of this study predicts: hero.seeds, except a probe under
+    probe_correction (evidence for the hero, sealed as one run)."""
+    if probe and study.spec.hero.probe_correction:
+        return None
+    return list(study.spec.hero.seeds) or None
+
+
+def _foreign_seal_message(path: Path, problem: str) -> str:
+    return (f"{path}: a file is already at this study's seal path, and it is not this study's seal: {problem}. "
+            "Nothing was trained or sealed; choose another `preregistration:` path (a seal is never adopted or "
+            "replaced), or remove that file if it is yours to discard")
+
+
+def check_seal_paths(study: Study, study_file: str | Path | None) -> None:
+    """Before any stage: every seal the study will write (the hero's, each of hero.probe_multiples')
+    has a path it can write, and a file already there is this study's own seal (`foreign_seal`),
+    kept as it is; otherwise exit 2 naming the difference, before the ladder trains."""
+    from delphi.io import check_output_file
+
+    where = str(study_file) if study_file is not None else "the default study"
+    seals = [(study.prereg, study.hero_config, "preregistration", sealed_seeds(study, probe=False))]
+    seals += [(probe_prereg(study, m), study.probes_dir / f"{own_probe_name(m)}.yaml", "probe_preregistration",
+               sealed_seeds(study, probe=True)) for m in study.spec.hero.probe_multiples]
+    for path, config, key, seeds in seals:
+        check_output_file(path, flag=f"{where}: {key}")
+        if path.exists() and (problem := foreign_seal(study, path, config, seeds)):
+            raise DelphiError(_foreign_seal_message(path, problem))
 
 
 def _sealed_summary(doc: dict) -> dict:
@@ -671,7 +749,7 @@ def seal_probe(study: Study, multiple: float) -> dict:
         _sized_run(study, multiple * max(_ladder_spec(study).budgets), name, config)
     out = {"name": name, "multiple": multiple, "config": str(config)}
     if seal.exists():
-        return out | _sealed_earlier(seal)
+        return out | _sealed_earlier(study, seal, config, sealed_seeds(study, probe=True))
     for _, seed_run in seed_runs(config, run, study.spec.hero.seeds):
         if (seed_run / METRICS_FILE).exists():
             raise DelphiError(f"{seed_run}: the probe started before its preregistration existed; remove it to start over")
@@ -698,7 +776,7 @@ def seal_hero(study: Study) -> dict:
     from delphi.prereg.create import create_prereg
 
     if study.prereg.exists():  # sealed on an earlier, interrupted attempt or by stage seals: never rewrite it
-        return _sealed_earlier(study.prereg)
+        return _sealed_earlier(study, study.prereg, study.hero_config, sealed_seeds(study, probe=False))
     for _, seed_run in seed_runs(study.hero_config, study.hero_run, study.spec.hero.seeds):
         if (seed_run / METRICS_FILE).exists():
             raise DelphiError(f"{seed_run}: the hero started before a preregistration existed; remove it to start over")
@@ -819,6 +897,14 @@ STAGES: tuple[tuple[str, Callable[[Study], dict]], ...] = (
 STAGE_NAMES = tuple(name for name, _ in STAGES)
 
 
+def _refusal(study: Study) -> dict:
+    """What a study that stopped on a failed check reports with it: the gate report, when there is one."""
+    if not study.gates.is_file():
+        return {}
+    report = json.loads(study.gates.read_text())
+    return {"gates_file": str(study.gates), "failed_gates": report.get("failed", []), "gates": report.get("gates", [])}
+
+
 def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str | None = None,
               accept_store: str | None = None) -> dict:
     """Run (or resume) the stages of a study; return the verdict and the report path.
@@ -839,6 +925,7 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
     from delphi.ladder.recipe_check import study_report_path
 
     study.recipe_check = study_report_path(study_path, spec.gates.recipe_check)
+    check_seal_paths(study, study_path)
     _pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:
@@ -847,7 +934,11 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
         else:
             _say(f"{name}: running")
             t0 = time.perf_counter()
-            result = stage(study)
+            try:
+                result = stage(study)
+            except CheckFailed as failed:  # a refusal is the study's result too (`--json`)
+                failed.result = {"out": str(study.out), "stopped_at": name, "verdict": None} | _refusal(study) | (failed.result or {})
+                raise
             atomic_write_json(study.marker(name), {"stage": name, "seconds": round(time.perf_counter() - t0, 2), "result": result})
             _say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
         if name == stop_after:  # also when it was done earlier: the invocation goes no further

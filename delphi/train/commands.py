@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from delphi.errors import DelphiError, quoted
-from delphi.train.config import load_train_config, naming_config
+from delphi.train.config import SEED_LIMIT, load_train_config, naming_config
 
 DEFAULT_CONFIG = "tiny.yaml"  # package data: delphi/defaults/tiny.yaml
 
@@ -121,8 +121,8 @@ def parse_seeds(text: str) -> list[int]:
         seeds = [int(part) for part in text.split(",")]
     except ValueError:
         raise DelphiError(f"--seeds: expected comma-separated integers like 0,1,2, got {quoted(text)}") from None
-    if any(s < 0 for s in seeds):
-        raise DelphiError(f"--seeds: seeds must be >= 0, got {quoted(text)}")
+    if any(not 0 <= s < SEED_LIMIT for s in seeds):
+        raise DelphiError(f"--seeds: seeds must be integers in [0, 2**63) (a JAX key's range), got {quoted(text)}")
     if len(set(seeds)) != len(seeds):
         raise DelphiError(f"--seeds: seeds must be unique, got {quoted(text)}")
     return seeds

@@ -14,6 +14,10 @@ from delphi.config_schema import from_dict, load_config, to_dict
 from delphi.errors import DelphiError
 from delphi.model.config import ModelConfig
 
+# Seeds are in [0, SEED_LIMIT): JAX makes a key from a signed 64-bit integer (jax.random.key raises
+# OverflowError from 2**63 on), so a larger seed could never train.
+SEED_LIMIT = 2**63
+
 
 # Tokens per evaluation batch by default (32 sequences at seq 128). Measured on the default ladder's
 # d24 and d72 rungs (2-core EPYC): one fused eval of 65,536 tokens takes the same time at 256 to
@@ -192,7 +196,7 @@ class TrainConfig:
         # before anything is written: a negative seed used to fail at the first batch (data.seed) or
         # in JAX's key (seed), after the run directory existed
         for key, value in (("seed", self.seed), ("data.seed", self.data.seed)):
-            need(value >= 0, key, f"must be an integer >= 0, got {value}")
+            need(0 <= value < SEED_LIMIT, key, f"must be an integer in [0, 2**63), got {value}")
         o = self.optim
         need(self.checkpoint_every_s >= 0, "checkpoint_every_s", f"must be >= 0 seconds, got {self.checkpoint_every_s}")
         need(o.lr > 0, "optim.lr", f"must be positive, got {o.lr}")
