@@ -13,6 +13,10 @@ directory behind. Two context managers (main thread only; elsewhere they do noth
                            few renames that must happen together are never cut in the middle.
 
 Training has its own deferred handling (delphi.train.interrupt): it stops at safe points.
+
+A child process that must not outlive its parent (a bootstrap worker; a study's side-by-side seed
+trainers, which `delphi train` arms from PARENT_PID_ENV) calls `die_with_parent`: on Linux the
+kernel sends it SIGTERM when the parent dies, however it dies (SIGKILL included).
 """
 
 from __future__ import annotations
@@ -20,10 +24,28 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The pid of the process whose death must stop this one (`delphi train` as a study's seed trainer).
+PARENT_PID_ENV = "DELPHI_PARENT_PID"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel send this process SIGTERM when its parent dies, however it dies (SIGKILL
+    included; Linux's PR_SET_PDEATHSIG, elsewhere nothing). False when the parent `parent` (its pid)
+    died before this was armed: the caller should stop now."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    return os.getppid() == parent
 
 
 class Stopped(BaseException):

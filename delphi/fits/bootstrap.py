@@ -100,15 +100,9 @@ def _worker_init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
+    from delphi.signals import die_with_parent
 
-            PR_SET_PDEATHSIG = 1
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent (`parent`, its pid) died before the death signal was armed
+    if not die_with_parent(parent):  # the parent died before the death signal was armed
         os._exit(1)
 
 

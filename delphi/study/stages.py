@@ -620,7 +620,9 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
                                 predicted_loss=predicted_loss_curve(seal)), what)]
     from delphi.train.environment import single_thread_xla_flags
 
-    env = dict(os.environ)
+    from delphi.signals import PARENT_PID_ENV
+
+    env = dict(os.environ) | {PARENT_PID_ENV: str(os.getpid())}  # each trainer stops when this process dies
     if len(runs) >= (os.cpu_count() or 1):
         env["XLA_FLAGS"] = single_thread_xla_flags(env.get("XLA_FLAGS"))
     procs: list[subprocess.Popen] = []

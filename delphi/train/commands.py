@@ -52,6 +52,7 @@ def run_train(args: argparse.Namespace):
 
     # From here on Ctrl-C only sets a flag, also while JAX is imported (delphi.train.interrupt).
     with deferred_signals():
+        _stop_with_parent()
         config_path = Path(args.config) if args.config else default_config_path()
         check_output_dir(args.out, inputs=(config_path, args.prereg))
         _check_run_dir(Path(args.out), (config_path, args.prereg), args.seeds, args.force)
@@ -74,6 +75,23 @@ def run_train(args: argparse.Namespace):
             return code
 
         return None, supervise.supervised(work, run_dirs)
+
+
+def _stop_with_parent() -> None:
+    """A trainer started by a study for one of its seeds (PARENT_PID_ENV set to the study's pid) stops
+    at a checkpoint, as on SIGTERM, when the study dies, however it dies (kill -9 included)."""
+    import os
+    import signal
+
+    from delphi.signals import PARENT_PID_ENV, die_with_parent
+
+    text = os.environ.get(PARENT_PID_ENV)
+    if not text:
+        return
+    if not text.isdigit():
+        raise DelphiError(f"{PARENT_PID_ENV}={quoted(text)}: expected the pid of the process this trainer stops with")
+    if not die_with_parent(int(text)):
+        os.kill(os.getpid(), signal.SIGTERM)  # the study is gone already: stop as it would have asked
 
 
 def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | None) -> tuple[dict, int]:
