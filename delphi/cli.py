@@ -7,7 +7,7 @@ owns the exit-code contract of docs/design.md §3.1:
     0    success
     1    the checked thing failed (a prediction missed, a seal broke)
     2    bad input or usage (a `DelphiError`), nothing written; also a write or read the
-         system refused (a full disk, a name too long: `_SYSTEM_ERRNOS`), one line naming the file
+         system refused (a full disk, a name too long: `delphi.errors.SYSTEM_ERRNOS`), one line naming the file
     130  Ctrl-C
     141  stdout or stderr was closed by its reader (`delphi ... --json | head -c5`): quietly,
          as a writer killed by SIGPIPE (128 + 13)
@@ -21,7 +21,6 @@ one too: `ok: false`, `failed` (its message) and whatever result it carries.
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import json
 import math
@@ -30,7 +29,7 @@ import sys
 from typing import Any, Callable
 
 from delphi import __version__
-from delphi.errors import CheckFailed, DelphiError, message_line
+from delphi.errors import SYSTEM_ERRNOS, CheckFailed, DelphiError, message_line, system_error_line
 
 # Subpackages that contribute subcommands, in the order they appear in --help.
 COMMAND_MODULES = (
@@ -141,10 +140,6 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-# An OSError with one of these errnos is the system refusing a read or write (not a bug): one line
-# naming the file, exit 2, wherever it was raised (delphi.io.WriteFailed names the file it meant).
-_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES,
-                            errno.EPERM, errno.ELOOP})
 EXIT_PIPE_CLOSED = 128 + 13  # SIGPIPE, as `yes | head` reports it
 
 
@@ -171,11 +166,6 @@ def _pipe_closed() -> int:
     return EXIT_PIPE_CLOSED
 
 
-def _system_error_line(error: OSError) -> str:
-    where = error.filename if error.filename is not None else "delphi"
-    return message_line(f"{where}: {error.strerror or error}")
-
-
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -196,9 +186,9 @@ def _main(argv: list[str] | None) -> int:
         print("delphi: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
-        if isinstance(e, BrokenPipeError) or e.errno not in _SYSTEM_ERRNOS:
+        if isinstance(e, BrokenPipeError) or e.errno not in SYSTEM_ERRNOS:
             raise
-        print(f"delphi: error: {_system_error_line(e)}", file=sys.stderr)
+        print(f"delphi: error: {system_error_line(e)}", file=sys.stderr)
         return 2
     result, code = outcome if isinstance(outcome, tuple) else (outcome, 0)
     if result is not None:

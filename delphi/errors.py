@@ -4,6 +4,7 @@ A `DelphiError` is bad input or usage: the CLI prints its message on one line
 and exits with status 2, before anything is written. Everything else is a bug.
 """
 
+import errno
 import reprlib
 from typing import Any
 
@@ -53,3 +54,16 @@ def message_line(error: BaseException, limit: int = MESSAGE_MAX_CHARS) -> str:
         return text
     half = (limit - 20) // 2
     return f"{text[:half]} ...[{len(text) - 2 * half:,} characters cut]... {text[-half:]}"
+
+
+# An OSError with one of these errnos is the system refusing a read or write (a full disk, a quota, a
+# file too large, a read-only mount, a name too long, no permission, a loop of links), not a bug: the
+# CLI prints one line naming the file and exits 2, wherever it was raised.
+SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES,
+                           errno.EPERM, errno.ELOOP})
+
+
+def system_error_line(error: OSError) -> str:
+    """The one line the CLI prints for a refused read or write: the file, then the system's words."""
+    where = error.filename if error.filename is not None else "delphi"
+    return message_line(f"{where}: {error.strerror or error}")

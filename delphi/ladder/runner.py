@@ -72,7 +72,7 @@ from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every 
     progress_line,
     rung_status,
 )
-from delphi.train.environment import single_thread_xla_flags
+from delphi.train.environment import JAX_CACHE_ENV, JAX_CACHE_SUBDIR, jax_cache_dir, single_thread_xla_flags  # noqa: F401
 
 POLL_S = 0.5
 STOP_WAIT_S = 60.0  # a stopped rung writes its checkpoint first
@@ -80,8 +80,6 @@ STOP_WAIT_S = 60.0  # a stopped rung writes its checkpoint first
 # tens of MB; with room for the compiler's peaks.
 WORKER_MEMORY_BYTES = 1024**3
 WORKER_LOG_PREFIX = "worker-slot"  # logs/worker-slot<N>.log: a persistent worker's output outside its rungs
-JAX_CACHE_ENV = "DELPHI_JAX_CACHE"
-JAX_CACHE_SUBDIR = "jax"
 # Cache every program that takes this long to compile: a train chunk takes seconds, the eval step
 # ~0.3-1 s; the many tiny eager ops of model init (milliseconds each) are not worth a file each.
 JAX_CACHE_MIN_COMPILE_S = 0.25
@@ -89,18 +87,6 @@ JAX_CACHE_MAX_BYTES = 2 * 1024**3  # LRU-evicted beyond this (ladder programs ar
 
 
 # ---- what runs inside a worker --------------------------------------------------------------------
-
-
-def jax_cache_dir() -> Path | None:
-    """The per-machine JAX compilation cache directory, or None when switched off."""
-    configured = os.environ.get(JAX_CACHE_ENV, "")
-    if configured.lower() in ("off", "0", "none", "false"):
-        return None
-    if configured:
-        return Path(configured).expanduser()
-    from delphi.data.store import cache_dir
-
-    return cache_dir() / JAX_CACHE_SUBDIR
 
 
 def enable_compilation_cache() -> Path | None:
@@ -514,6 +500,11 @@ def run_ladder(
     """
     if workers is not None and workers < 1:
         raise DelphiError(f"--workers: must be >= 1, got {workers}")
+    from delphi.train.checkpoint import check_checkpoint_path
+    from delphi.train.environment import check_cache_dirs
+
+    check_cache_dirs()  # before any rung: a cache or a run dir no worker can use would fail every rung in turn
+    check_checkpoint_path(Path(ladder_dir))
     group_seeds = group_seeds and persistent_workers
     driver = LadderDriver(Path(ladder_dir), retries=retries, progress=progress, progress_every_s=progress_every_s,
                           group_seeds=group_seeds, budgets=budgets)

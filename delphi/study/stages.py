@@ -928,6 +928,11 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
 
     study.recipe_check = study_report_path(study_path, spec.gates.recipe_check)
     check_seal_paths(study, study_path)
+    from delphi.train.checkpoint import check_checkpoint_path
+    from delphi.train.environment import check_cache_dirs
+
+    check_cache_dirs()  # the store and every rung use them: refused before the first stage
+    check_checkpoint_path(study.out)  # every run of the study checkpoints under it
     _pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:

@@ -27,8 +27,13 @@ larger than one host's memory, and the Orbax path restores onto any mesh as it d
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +42,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_json, sha256_file
 
 CHECKPOINT_PREFIX = "step_"
@@ -152,7 +158,21 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
     barrier(f"delphi_checkpoint_clear_{step}")
     arrays = _arrays(state)
     # Orbax refuses relative paths (a run dir given as `runs/study/...` is one): hand it absolute ones.
-    _checkpointer().save((final / STATE_DIR).absolute(), args=_save_args(arrays))  # returns once every process is done
+    # Orbax's writer threads print their own tracebacks of a failed write (and of its event loop
+    # closing) on stderr: held while it saves, shown unless the write was refused by the system, which
+    # is then one line (`_refused_write`).
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            _checkpointer().save((final / STATE_DIR).absolute(), args=_save_args(arrays))  # returns once every process is done
+    except Exception as e:
+        refused = _refused_write(e, final, step)
+        if refused is None:
+            sys.stderr.write(held.getvalue())
+            raise
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete checkpoint is never one to resume from
+        raise refused from None
+    sys.stderr.write(held.getvalue())
     if is_primary():
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -170,6 +190,34 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
             prune_checkpoints(run_dir, keep)
     barrier(f"delphi_checkpoint_done_{step}")
     return final
+
+
+# How tensorstore (under orbax) reports the OS error behind a failed write: "... [os_error_code='28']".
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)'?|\[Errno (\d+)\]")
+
+
+def _refused_write(error: Exception, final: Path, step: int) -> OSError | None:
+    """The OSError behind a checkpoint write the system refused (a full disk, a quota, a file too
+    large, a read-only mount), naming the checkpoint; None for any other failure."""
+    from delphi.errors import SYSTEM_ERRNOS
+
+    code = error.errno if isinstance(error, OSError) else None
+    if code is None and (match := _OS_ERROR_CODE.search(str(error))):
+        code = int(match.group(1) or match.group(2))
+    if code not in SYSTEM_ERRNOS:
+        return None
+    return OSError(code, f"cannot write the checkpoint of step {step}: {os.strerror(code)}", str(final))
+
+
+def check_checkpoint_path(run_dir: Path) -> None:
+    """A run dir the checkpoint writer can take: tensorstore (under orbax) needs its path as UTF-8
+    text, and a name that is not (bytes from another encoding) failed every checkpoint. DelphiError
+    before anything is written."""
+    try:
+        str(Path(run_dir).absolute()).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DelphiError(f"{quoted(str(run_dir))}: the run dir's path is not valid UTF-8, which the checkpoint "
+                          "writer needs; choose a name in UTF-8") from None
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:

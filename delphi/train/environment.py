@@ -23,6 +23,12 @@ PEAK_ENV = {"f32": "DELPHI_PEAK_FLOPS_F32", "bf16": "DELPHI_PEAK_FLOPS_BF16"}  #
 STEPS_PER_CALL_ENV = "DELPHI_STEPS_PER_CALL"  # an integer >= 1
 CHECKPOINT_CLOCK_ENV = "DELPHI_CHECKPOINT_CLOCK_S"  # seconds >= 0 (0: off)
 DISTRIBUTED_ENV = "DELPHI_DISTRIBUTED"  # a boolean
+CACHE_ENV = "DELPHI_CACHE"  # token stores and the compilation cache (delphi.data.store.cache_dir)
+# The persistent JAX compilation cache: $DELPHI_CACHE/jax unless DELPHI_JAX_CACHE names a directory
+# or switches it off (one of JAX_CACHE_OFF).
+JAX_CACHE_ENV = "DELPHI_JAX_CACHE"
+JAX_CACHE_SUBDIR = "jax"
+JAX_CACHE_OFF = ("off", "0", "none", "false")
 WANDB_MODE_ENV = "WANDB_MODE"
 # What wandb.init(mode=...) accepts; "dryrun" is wandb's older name of offline.
 WANDB_MODES = ("online", "offline", "disabled", "shared")
@@ -165,9 +171,40 @@ def xla_cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def jax_cache_dir() -> Path | None:
+    """The per-machine JAX compilation cache directory, or None when switched off."""
+    configured = os.environ.get(JAX_CACHE_ENV, "")
+    if configured.lower() in JAX_CACHE_OFF:
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    from delphi.data.store import cache_dir
+
+    return cache_dir() / JAX_CACHE_SUBDIR
+
+
+def check_cache_dirs() -> None:
+    """Delphi's caches (DELPHI_CACHE: token stores; DELPHI_JAX_CACHE: compiled programs) are
+    directories this process can create and write, checked before any step: otherwise every rung of
+    a ladder fails on them in turn. DelphiError naming the variable and the directory."""
+    from delphi.data.store import cache_dir
+    from delphi.io import check_output_dir
+
+    for name, path in ((CACHE_ENV, cache_dir()), (JAX_CACHE_ENV, jax_cache_dir())):
+        if path is None:
+            continue
+        shown = f"environment variable {name}" if os.environ.get(name) else f"the cache directory ({name} unset)"
+        hint = f"set {name} to a directory you can write" + (f", or {name}=off" if name == JAX_CACHE_ENV else "")
+        try:
+            check_output_dir(path, flag=shown)
+        except DelphiError as e:
+            raise DelphiError(f"{e}: Delphi's cache cannot live there; {hint}") from None
+
+
 def check_training_environment(wandb_modes: Iterable[str | None] = (None,)) -> None:
     """Every environment variable a training run reads, checked now (DelphiError naming the first
     bad one), with the W&B mode of each config (`wandb.mode`, None: follow WANDB_MODE)."""
+    check_cache_dirs()
     for precision in PEAK_ENV:
         peak_flops_env(precision)
     steps_per_call_env()

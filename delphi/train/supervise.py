@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from delphi.errors import CheckFailed, DelphiError, message_line
+from delphi.errors import SYSTEM_ERRNOS, CheckFailed, DelphiError, message_line, system_error_line
 
 SUPERVISE_ENV = "DELPHI_TRAIN_SUPERVISE"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # delphi.train.interrupt's
@@ -55,6 +55,13 @@ def _child(work: Callable[[], int]) -> None:
     except KeyboardInterrupt:
         print("delphi: interrupted", file=sys.stderr)
         code = 130
+    except OSError as e:  # the system refused a write (a full disk...): one line, as the CLI prints it
+        if isinstance(e, BrokenPipeError) or e.errno not in SYSTEM_ERRNOS:
+            traceback.print_exc()
+            code = 1
+        else:
+            print(f"delphi: error: {system_error_line(e)}", file=sys.stderr)
+            code = 2
     except BaseException:
         traceback.print_exc()
         code = 1

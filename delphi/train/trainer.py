@@ -443,6 +443,8 @@ def _train_group(
     cfgs = [cfg.validate() for cfg in cfgs]
     check_training_environment([c.wandb.mode for c in cfgs])  # DELPHI_*, WANDB_MODE and its API key
     run_dirs = [Path(d) for d in run_dirs]
+    for run_dir in run_dirs:
+        ckpt.check_checkpoint_path(run_dir)
     check_seed_group(cfgs, run_dirs)
     cfg = cfgs[0]
     sharding.initialize_distributed(cfg.mesh)  # multi-host: before any other JAX call
