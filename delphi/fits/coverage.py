@@ -151,9 +151,10 @@ def _number(path: Path, line: int | str, column: str, value: Any, *, empty_ok: b
     except (TypeError, ValueError):
         raise DelphiError(f"{path}: {_where(line)}{column!r} is {quoted(value)}; expected a number") from None
     if not math.isfinite(number):
-        if empty_ok:
+        if empty_ok and math.isnan(number):
             return None  # pandas writes a missing interval as an empty cell, but a hand edit may say nan
-        raise DelphiError(f"{path}: {_where(line)}{column!r} is {quoted(value)}; expected a finite number")
+        raise DelphiError(f"{path}: {_where(line)}{column!r} is {quoted(value)}; expected a finite number"
+                          + (" (an infinite bound is not a missing one)" if empty_ok else ""))
     return number
 
 

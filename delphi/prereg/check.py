@@ -611,6 +611,11 @@ def _against_records(prereg_path: Path, result: dict, runs: list[Path]) -> dict:
 
 
 def _verify_runs(prereg_path: Path, run_dirs: list[Path], wandb_path: str | None) -> dict:
+    seeds = target_seeds(fmt.read(prereg_path))
+    if seeds is not None and (wandb_path is not None or len(run_dirs) not in (0, len(seeds))):
+        given = "--wandb" if wandb_path is not None else f"{len(run_dirs)} --run"
+        raise DelphiError(f"--run: {prereg_path} seals the mean of seeds {', '.join(map(str, seeds))}: give one --run per "
+                          f"seed ({len(seeds)}), got {given}")
     if len(run_dirs) > 1:
         base = _verify_one(prereg_path)
         doc = fmt.read(prereg_path)
