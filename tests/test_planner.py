@@ -305,3 +305,28 @@ def test_docs_export_example_matches_an_exported_rung(tmp_path, no_store, capsys
     for key in ("hidden_lr", "embedding_lr", "logit_multiplier", "init_std_hidden", "hidden_weight_decay"):
         assert f"{key} = {rung[key]:.6g}" in text, key
     assert math.isclose(rung["tokens"] * rung["flops_per_token"], 1e17, rel_tol=0.01)
+
+
+@pytest.mark.slow  # ~1.5 min on 2 busy cores: two MoE rungs compiled and trained
+def test_an_expert_sweep_trains_and_collects_each_rung_with_its_own_experts(tmp_path, monkeypatch):
+    """A real micro ladder sweeping experts: `ladder run` trains every rung, `ladder collect` gives
+    each row its own experts and granularity (and no single FLOPs family beside the table)."""
+    from micro_ladder import micro_spec
+
+    from delphi.ladder.collect import collect_ladder, family_path, write_results
+    from delphi.ladder.manifest import write_ladder
+    from delphi.ladder.runner import run_ladder
+
+    monkeypatch.setenv("DELPHI_PEAK_FLOPS_F32", "1e11")
+    monkeypatch.setenv("DELPHI_JAX_CACHE", str(tmp_path / "jax-cache"))
+    raw = micro_spec(tmp_path, [1e9])
+    raw["shape"]["moe"] = {"experts": [2, 4], "top_k": 1, "granularity": 2, "capacity_factor": 4.0}
+    spec = ladder_spec_from_dict(raw)
+    ladder = tmp_path / "ladder"
+    write_ladder(spec, plan_ladder(spec), ladder)
+    summary = run_ladder(ladder, workers=1, progress=False)
+    assert summary["completed"] == 2 and not summary["failed"]
+    table = collect_ladder(ladder)
+    write_results(table, tmp_path / "results.csv")
+    assert sorted(table["experts"]) == [2, 4] and set(table["granularity"]) == {2.0}
+    assert table["loss"].between(0.1, 6.0).all() and not family_path(tmp_path / "results.csv").exists()
