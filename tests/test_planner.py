@@ -330,3 +330,17 @@ def test_an_expert_sweep_trains_and_collects_each_rung_with_its_own_experts(tmp_
     write_results(table, tmp_path / "results.csv")
     assert sorted(table["experts"]) == [2, 4] and set(table["granularity"]) == {2.0}
     assert table["loss"].between(0.1, 6.0).all() and not family_path(tmp_path / "results.csv").exists()
+
+
+@pytest.mark.parametrize("data", [
+    GPU_MOE,
+    {**GPU_MOE, "bounds": {"tokens_per_param": None, "min_tokens_per_param": None}},
+    {**GPU_MOE, "isoflop": {"center_coefficient": 0.1, "center_exponent": 0.5}, "defaults": "auto"},
+    {"budgets": [1e12], "defaults": "large"},
+    {"budgets": [1e17], "defaults": "cpu", "isoflop": {}},
+])
+def test_ladder_yaml_reads_back_as_the_spec_it_was_written_from(data):
+    from delphi.ladder.spec import ladder_spec_to_dict
+
+    spec = ladder_spec_from_dict(data)
+    assert ladder_spec_from_dict(yaml.safe_load(yaml.safe_dump(ladder_spec_to_dict(spec)))) == spec

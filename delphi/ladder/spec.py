@@ -618,8 +618,11 @@ ADDED_KEYS: dict[str, Any] = {"defaults": "auto", "bounds": to_dict(BoundsSpec()
 
 
 def ladder_spec_to_dict(spec: LadderSpec) -> dict:
+    """The spec as a dict that `ladder_spec_from_dict` reads back to the same spec (ladder.yaml)."""
     data = drop_owned_keys(to_dict(spec))
-    for key, unused in ADDED_KEYS.items():
+    # A key left out of a large-scale spec would read back as its large-scale default: keep them all.
+    added = ADDED_KEYS if defaults_scale(data) == "cpu" else {"defaults": "auto"}
+    for key, unused in added.items():
         node, parts = data, key.split(".")
         for part in parts[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
