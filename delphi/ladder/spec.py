@@ -543,6 +543,7 @@ LARGE_SCALE_DEFAULTS: dict[str, ScaleDefault] = {
 LARGE_SCALE_ALTERNATIVES: dict[str, tuple[str, ...]] = {
     "isoflop.center_tokens_per_param": ("isoflop.center_coefficient", "isoflop.center_exponent", "isoflop.center_at"),
     "shape.head_dim": ("shape.n_heads",),
+    "run.final_eval_tokens": ("run.eval_tokens",),  # null: the spec's own eval_tokens
 }
 
 
