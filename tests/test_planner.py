@@ -186,7 +186,7 @@ def test_the_shipped_cpu_specs_take_no_large_scale_default_and_the_default_plan_
 
 
 def test_every_large_scale_default_names_a_source_and_a_real_key():
-    from delphi.spec_reference import ladder_keys
+    from delphi.study.spec_reference import ladder_keys
 
     keys = {k.key for k in ladder_keys()}
     for key, default in LARGE_SCALE_DEFAULTS.items():

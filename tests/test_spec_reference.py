@@ -1,12 +1,12 @@
 """docs/spec-reference.md is generated from the schema: a key added, removed or re-commented without
-regenerating the page (`python -m delphi.spec_reference --write`) fails here."""
+regenerating the page (`python -m delphi.study.spec_reference --write`) fails here."""
 
 from __future__ import annotations
 
 import dataclasses
 import typing
 
-from delphi import spec_reference
+from delphi.study import spec_reference
 from delphi.ladder.spec import LadderSpec
 from delphi.study.spec import StudySpec
 

@@ -244,9 +244,9 @@ def check_store(ladder_dir: Path, rungs: list[Rung]) -> None:
     evaluation windows, vocabulary) within the ladder spec's run.max_epochs (its ladder.yaml; no
     limit without one): `delphi.ladder.plan.check_ladder_store`, a DelphiError naming the rung.
     A config that does not read is left to its rung, which fails alone in its worker."""
-    from delphi.ladder.collect import ladder_spec_of
     from delphi.ladder.manifest import SPEC_FILE
     from delphi.ladder.plan import check_ladder_store
+    from delphi.ladder.spec import load_ladder_spec
     from delphi.train.config import load_train_config
 
     runs = []
@@ -257,8 +257,9 @@ def check_store(ladder_dir: Path, rungs: list[Rung]) -> None:
             continue
     if not runs:
         return
-    spec = ladder_spec_of(ladder_dir)
-    where = ladder_dir / SPEC_FILE if spec is not None else ladder_dir
+    pinned = ladder_dir / SPEC_FILE
+    spec = load_ladder_spec(pinned) if pinned.is_file() else None
+    where = pinned if spec is not None else ladder_dir
     check_ladder_store(runs, spec.run.max_epochs if spec is not None else None, where=str(where))
 
 

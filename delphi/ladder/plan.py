@@ -644,7 +644,7 @@ def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
 
 def check_ladder_store(runs: list[tuple[str, TrainConfig]], max_epochs: float | None, where: str = "") -> dict[str, float]:
     """Epochs of its store each run reads (run id -> epochs), checked where training starts (`ladder
-    run`, a study's ladder stage): DelphiError when a store cannot feed a run (`TokenStore.check_config`:
+    run`, a study's ladder stage): DelphiError when a store cannot feed a run (`TokenStore.check_feeds`:
     batch, evaluation windows, vocabulary) or a run would read more than `max_epochs` passes over its
     train split (run.max_epochs; None: no limit). `ladder plan` reads no store."""
     from delphi.data.loader import TokenStore
@@ -655,7 +655,7 @@ def check_ladder_store(runs: list[tuple[str, TrainConfig]], max_epochs: float | 
     for run_id, cfg in runs:
         name = cfg.data.store
         store = stores[name] if name in stores else stores.setdefault(name, TokenStore(name))
-        store.check_config(cfg, where=f"{prefix}run.store ({run_id})")
+        store.check_feeds(**cfg.store_needs(), where=f"{prefix}run.store ({run_id})")
         e = store.epochs(cfg.steps, cfg.data.batch_size, cfg.data.seq_len)
         if max_epochs is not None and e > max_epochs:
             tokens = cfg.steps * cfg.data.batch_size * cfg.data.seq_len

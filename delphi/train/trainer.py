@@ -452,7 +452,7 @@ def _train_group(
     for run_dir, text in zip(run_dirs, texts):
         _check_run_dir(run_dir, text, resume)
     store = TokenStore(cfg.data.store)
-    store.check_config(cfg)  # batch, evaluation windows, vocabulary
+    store.check_feeds(**cfg.store_needs())  # batch, evaluation windows, vocabulary
     done = [(read_status(d) or {}).get("status") == "completed" for d in run_dirs]
     for run_dir, finished in zip(run_dirs, done):
         if resume and finished and (problem := summary_problem(run_dir, "completed")):

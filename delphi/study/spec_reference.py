@@ -1,7 +1,7 @@
 """docs/spec-reference.md: every key of a ladder spec and a study file, generated from the schema.
 
-    python -m delphi.spec_reference --write    # regenerate the page
-    python -m delphi.spec_reference --check    # exit 1 when the page differs from the schema
+    python -m delphi.study.spec_reference --write    # regenerate the page
+    python -m delphi.study.spec_reference --check    # exit 1 when the page differs from the schema
 
 The keys, their types and defaults are the dataclasses' (`delphi.ladder.spec.LadderSpec`,
 `delphi.study.spec.StudySpec` and the sections they hold); a key's large-scale default is
@@ -26,8 +26,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "spec-reference.md"
-COMMAND = "python -m delphi.spec_reference --write"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "spec-reference.md"
+COMMAND = "python -m delphi.study.spec_reference --write"
 
 # Units of the numeric keys ("1": a plain ratio or count of nothing in particular).
 UNITS: dict[str, str] = {
@@ -313,7 +313,7 @@ def problems() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m delphi.spec_reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m delphi.study.spec_reference", description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help=f"regenerate {PAGE.name}")
     mode.add_argument("--check", action="store_true", help="exit 1 when the page differs from the schema")
