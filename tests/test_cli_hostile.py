@@ -373,9 +373,10 @@ def test_check_accepts_the_hero_on_another_mesh(world, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("payload", [BINARY, b'{"n_train": 5'], ids=["binary", "broken-syntax"])
-@pytest.mark.parametrize("command", ["train", "ladder plan"])
+@pytest.mark.parametrize("command", ["train", "ladder run"])
 def test_garbage_token_store_meta_names_the_file(command, payload, tmp_path, capsys):
-    """The config is fine; the token store it names has a garbage meta.json (read before any work)."""
+    """The config is fine; the token store it names has a garbage meta.json (read before any work;
+    `ladder plan` reads no store, `ladder run` reads it before any rung trains)."""
     store = tmp_path / "store"
     store.mkdir()
     (store / "meta.json").write_bytes(payload)
@@ -388,7 +389,12 @@ def test_garbage_token_store_meta_names_the_file(command, payload, tmp_path, cap
         config = yaml.safe_load((DEFAULTS / "ladder_default.yaml").read_text())
         config["run"]["store"] = str(store)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    if command == "train":
+        args = ["train", tmp_path / "config.yaml", "--out", tmp_path / "out"]
+    else:
+        assert _run(["ladder", "plan", tmp_path / "config.yaml", "--out", tmp_path / "out"], capsys)[0] == 0
+        args = ["ladder", "run", tmp_path / "out"]
     before = _tree(tmp_path)
-    code, err = _run([*command.split(), tmp_path / "config.yaml", "--out", tmp_path / "out"], capsys)
+    code, err = _run(args, capsys)
     _assert_refused(code, err, store / "meta.json")
     assert _tree(tmp_path) == before

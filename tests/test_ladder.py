@@ -222,7 +222,9 @@ def test_sigterm_stops_the_ladder_driver_and_its_rungs_together(tmp_path):
     import signal
     import time
 
-    spec = _micro_spec(tmp_path)
+    raw = yaml.safe_load(_micro_spec(tmp_path).read_text())
+    raw["run"]["max_epochs"] = 1e6  # the rungs below are made long on a small store
+    spec = _write(tmp_path, raw, "long.yaml")
     ladder = tmp_path / "ladder"
     env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}
     assert subprocess.run([sys.executable, "-m", "delphi.cli", "ladder", "plan", str(spec), "--out", str(ladder)],
@@ -297,13 +299,19 @@ def test_runner_and_collect_micro_ladder(tmp_path):
     assert (tmp_path / "results.csv.family.json").is_file()
 
 
-def test_plan_refuses_a_store_too_small_and_collect_filters_incomplete(tmp_path, capsys):
+def test_run_refuses_a_store_too_small_and_collect_filters_incomplete(tmp_path, capsys):
+    """`ladder plan` reads no store; `ladder run` checks it before any rung trains (exit 2, nothing trained)."""
     spec_path = _micro_spec(tmp_path)
     raw = yaml.safe_load(spec_path.read_text())
     raw["run"]["eval_tokens"] = 10_000_000  # more validation tokens than the store holds
     bad = _write(tmp_path, raw, "bad.yaml")
-    assert cli_main(["ladder", "plan", str(bad), "--out", str(tmp_path / "bad")]) == 2
-    assert "eval_tokens" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert cli_main(["ladder", "plan", str(bad), "--out", str(tmp_path / "bad")]) == 0
+    capsys.readouterr()
+    planned = sorted(p.relative_to(tmp_path / "bad") for p in (tmp_path / "bad").rglob("*"))
+    assert cli_main(["ladder", "run", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "bad/ladder.yaml: run.store (C2e9_d" in err and "eval_tokens: 10000000 tokens need" in err
+    assert sorted(p.relative_to(tmp_path / "bad") for p in (tmp_path / "bad").rglob("*")) == planned
 
     ladder = tmp_path / "ladder"
     assert cli_main(["ladder", "plan", str(spec_path), "--out", str(ladder)]) == 0
@@ -410,8 +418,10 @@ def test_absurd_budget_and_too_many_epochs_exit_2(tmp_path, capsys):
     micro = yaml.safe_load(_micro_spec(tmp_path).read_text())
     micro["run"]["max_epochs"] = 1e-3  # the micro store is small: its rungs read more than that
     path = _write(tmp_path, micro, "epochs.yaml")
-    assert cli_main(["ladder", "plan", str(path), "--out", str(tmp_path / "b")]) == 2
-    assert "run.max_epochs" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    assert cli_main(["ladder", "plan", str(path), "--out", str(tmp_path / "b")]) == 0  # plan reads no store
+    capsys.readouterr()
+    assert cli_main(["ladder", "run", str(tmp_path / "b")]) == 2  # run does, before anything trains
+    assert "run.max_epochs: rung C2e9_d" in capsys.readouterr().err and not (tmp_path / "b" / "runs").exists()
 
 
 def test_plan_warns_about_health_bounds_it_can_see(tmp_path, capsys):

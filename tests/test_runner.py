@@ -82,10 +82,11 @@ def test_bad_workers_and_retries_write_nothing(tmp_path):
 def test_one_persistent_worker_trains_rung_after_rung_and_a_broken_rung_fails_alone(tmp_path, worker_env, capsys):
     ladder = micro_ladder(tmp_path, [1e9, 2e9])
     rows = read_manifest(ladder)
-    # A third rung whose config points at a store that does not exist: the trainer raises in the worker.
+    # A third rung whose config does not read (3 heads do not divide d_model): it fails in its worker.
+    # (A store that cannot feed a rung is refused before any rung trains: test_ladder.py.)
     broken = dict(rows[0], run_id="broken", config="configs/broken.yaml")
     cfg = yaml.safe_load((ladder / rows[0]["config"]).read_text())
-    cfg["data"]["store"] = str(tmp_path / "no-such-store")
+    cfg["model"]["n_heads"] = 3
     (ladder / "configs" / "broken.yaml").write_text(yaml.safe_dump(cfg))
     manifest = (ladder / "manifest.csv").read_text().splitlines()
     header = manifest[0].split(",")

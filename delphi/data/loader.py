@@ -163,6 +163,22 @@ class TokenStore:
             except DelphiError as e:
                 raise DelphiError(f"{prefix}{e}") from None
 
+    def check_feeds(
+        self, *, batch_size: int, seq_len: int, eval_tokens: int, final_eval_tokens: int | None, vocab_size: int,
+        store_name: str, where: str = "",
+    ) -> None:
+        """Raise DelphiError, before anything compiles or is written, when this store cannot feed a run:
+        its batch and evaluation windows (`check_run`) and its vocabulary (`vocab_size`: the model's;
+        `store_name`: the store as the run's config names it). The one check of a store against a
+        run, wherever training starts (`delphi train`, `delphi ladder run`)."""
+        prefix = f"{where}: " if where else ""
+        self.check_run(batch_size, seq_len, eval_tokens, where=where, final_eval_tokens=final_eval_tokens)
+        if self.vocab_size > vocab_size:
+            raise DelphiError(
+                f"{prefix}model.vocab_size: {vocab_size} is smaller than the vocabulary ({self.vocab_size}) of the "
+                f"token store {self.path} (data.store: {quoted(store_name)})"
+            )
+
     def _checked_eval_windows(self, n_tokens: int, batch_size: int, seq_len: int, *, prefix: str) -> int:
         """`eval_windows`, or a DelphiError when the validation split holds fewer windows."""
         k = self.eval_windows(n_tokens, batch_size, seq_len)

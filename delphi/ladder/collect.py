@@ -257,7 +257,8 @@ def write_results(frame: pd.DataFrame, out: str | Path, written_by: str | None =
     buf = io.StringIO()
     frame.to_csv(buf, index=False, float_format="%.10g")
     spec_path = frame.attrs.get("ladder_spec_path")
-    if spec_path:
-        write_family(load_ladder_spec(spec_path), family_path(out), source=f"ladder spec {spec_path}",
-                     written_by=written_by)
+    spec = load_ladder_spec(spec_path) if spec_path else None
+    # A ladder that sweeps experts or granularity holds several families: the fits read each row's shape.
+    if spec is not None and len(spec.variants()) == 1:
+        write_family(spec, family_path(out), source=f"ladder spec {spec_path}", written_by=written_by)
     atomic_write_text(out, buf.getvalue(), written_by=written_by)

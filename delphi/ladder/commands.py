@@ -54,6 +54,14 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     add_json_flag(collect)
     collect.set_defaults(func=_collect)
 
+    export = sub.add_parser("export", help="every hyperparameter of every rung, for another trainer (docs/export.md)")
+    export.add_argument("ladder_dir", metavar="LADDER_DIR", help="a ladder planned by `delphi ladder plan`")
+    export.add_argument("--out", default=None, metavar="FILE",
+                        help="FILE.csv (one row per rung) or FILE.json (with the conventions of every number)")
+    export.add_argument("--force", action="store_true", help="replace --out even if it is not a file this command wrote")
+    add_json_flag(export)  # the object is the export itself (as --out FILE.json holds it), with "out"
+    export.set_defaults(func=_export)
+
     family = sub.add_parser("family", help="the spec's exact FLOPs per token against N (FAMILY.json for delphi fit --family)")
     family.add_argument("spec", metavar="SPEC.yaml")
     family.add_argument("--out", required=True, metavar="FAMILY.json")
@@ -115,42 +123,45 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> dict:
-    from delphi.data.loader import TokenStore
+    from delphi.io import check_output_dir, read_yaml
+    from delphi.ladder import plan_report
     from delphi.ladder.manifest import format_table, write_ladder
-    from delphi.ladder.plan import plan_ladder
-    from delphi.io import check_output_dir
+    from delphi.ladder.plan import plan_health_warnings, plan_ladder
     from delphi.ladder.spec import load_ladder_spec
 
     check_output_dir(args.out, inputs=(args.spec,))
     check_ladder_dir_writes(args.out, args.spec, force=args.force)
     spec = load_ladder_spec(args.spec)
-    rungs = plan_ladder(spec)
-    # The store must feed every rung (batch and eval set) before anything is written.
-    from delphi.ladder.plan import check_ladder_store, plan_health_warnings
-
-    store = TokenStore(spec.run.store)
-    epochs = check_ladder_store(spec, rungs, store, where=str(args.spec))  # also run.max_epochs
+    raw = read_yaml(args.spec)
+    rungs = plan_ladder(spec)  # refuses an absurd plan (bounds.min_tokens_per_param) before anything is written
+    # No token store is read: `ladder run` and `train` check the store where training starts.
     rows = write_ladder(spec, rungs, args.out)
-    for row, e in zip(rows, epochs):
-        row["epochs"] = e
     print(format_table(rows), file=sys.stderr)
-    warnings = plan_health_warnings(spec, rungs)
+    notes = (plan_report.scale_default_notes(raw) + plan_report.binding_cap_notes(spec, raw, rungs)
+             + plan_report.head_size_notes(spec, rungs))
+    health = plan_health_warnings(spec, rungs)
     if spec.recipe is not None:
         from delphi.ladder.recipe import unsourced_constants
 
-        warnings += [f"{key}: no source (a citation or the measurement file it came from)" for key in unsourced_constants(spec.recipe)]
+        health += [f"{key}: no source (a citation or the measurement file it came from)" for key in unsourced_constants(spec.recipe)]
+    warnings = health + plan_report.tokens_per_param_warnings(spec, rungs) + plan_report.unused_key_warnings(raw)
+    for line in notes:
+        print(f"note: {line}", file=sys.stderr)
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     total = sum(float(r["flops"]) for r in rows)
     worst = max(abs(float(r["flops_error"])) for r in rows)
-    max_epochs = max(r["epochs"] for r in rows)
+    ratios = [float(r["tokens_per_param"]) for r in rows]
+    families = len(spec.variants())
     print(
-        f"{len(rows)} rungs over {len(spec.budgets)} budgets, {total:.3g} FLOPs in all, worst budget error "
-        f"{worst:.2%}, max {max_epochs:.2f} epochs of {spec.run.store}; wrote {args.out}/manifest.csv",
+        f"{len(rows)} rungs over {len(spec.budgets)} budgets" + (f" and {families} expert configurations" if families > 1 else "")
+        + f", {total:.3g} FLOPs in all, worst budget error {worst:.2%}, {min(ratios):.3g}-{max(ratios):.3g} tokens per "
+        f"parameter; wrote {args.out}/manifest.csv (run.store {spec.run.store} is checked when training starts)",
         file=sys.stderr,
     )
     return {"out": str(args.out), "rungs": rows, "flops_total": total, "max_flops_error": worst,
-            "health_warnings": warnings}
+            "health_warnings": health, "warnings": warnings, "notes": notes,
+            "defaults": plan_report.scale_defaults_json(raw)}
 
 
 def check_ladder_dir_writes(out: str, spec_path: str, *, force: bool) -> None:
@@ -220,6 +231,26 @@ def _collect(args: argparse.Namespace) -> dict:
     return {"out": str(args.out), "rows": len(frame), "completed": complete, "rungs": total,
             "healthy": int(health["health_ok"].sum()), "unhealthy_runs": list(health.loc[~health["health_ok"], "run_id"]),
             "family": str(family) if family.is_file() else None}
+
+
+def _export(args: argparse.Namespace) -> dict:
+    from delphi.errors import DelphiError
+    from delphi.io import check_output_file
+    from delphi.ladder.export import export_format, export_ladder, write_export
+    from delphi.ladder.manifest import ladder_own_paths
+
+    if args.out is None and not args.json:
+        raise DelphiError("ladder export: give --out FILE.csv or FILE.json, or --json to print it")
+    if args.out is not None:
+        export_format(args.out)
+        check_output_file(args.out, protected=ladder_own_paths(args.ladder_dir), command="ladder export", force=args.force)
+    doc = export_ladder(args.ladder_dir)
+    rungs = doc["rungs"]
+    if args.out is not None:
+        write_export(doc, args.out, written_by="ladder export")
+    print(f"{len(rungs)} rungs, {len(rungs[0])} numbers each, {doc['ladder']['flops_total']:.3g} FLOPs in all"
+          + (f"; wrote {args.out}" if args.out is not None else ""), file=sys.stderr)
+    return {"out": args.out, **doc}
 
 
 def _family(args: argparse.Namespace) -> dict:

@@ -239,6 +239,30 @@ def select_budgets(rungs: list[Rung], budgets: tuple[float, ...] | None) -> list
     return [r for r in rungs if any(matches(r.budget, b) for b in budgets)]
 
 
+def check_store(ladder_dir: Path, rungs: list[Rung]) -> None:
+    """Before any rung is placed: the store of every rung about to train can feed it (batch,
+    evaluation windows, vocabulary) within the ladder spec's run.max_epochs (its ladder.yaml; no
+    limit without one): `delphi.ladder.plan.check_ladder_store`, a DelphiError naming the rung.
+    A config that does not read is left to its rung, which fails alone in its worker."""
+    from delphi.ladder.manifest import SPEC_FILE
+    from delphi.ladder.plan import check_ladder_store
+    from delphi.ladder.spec import load_ladder_spec
+    from delphi.train.config import load_train_config
+
+    runs = []
+    for rung in rungs:
+        try:
+            runs.append((rung.run_id, load_train_config(rung.config)))
+        except DelphiError:
+            continue
+    if not runs:
+        return
+    pinned = ladder_dir / SPEC_FILE
+    spec = load_ladder_spec(pinned) if pinned.is_file() else None
+    where = pinned if spec is not None else ladder_dir
+    check_ladder_store(runs, spec.run.max_epochs if spec is not None else None, where=str(where))
+
+
 @dataclass
 class LadderDriver:
     """One pass over a ladder dir: skip, order, place, judge outcomes, report, summarise."""
@@ -275,6 +299,7 @@ class LadderDriver:
                     _say(f"[ladder] {r.run_id}: failed: {self.failed[r.run_id]}")
         self.done = {run_id: s for run_id, s in statuses.items() if is_finished(s)}
         self.waiting = placement_order([r for r in self.rungs if r.run_id not in self.done and r.run_id not in self.failed])
+        check_store(self.ladder_dir, self.waiting)
         self._started = time.perf_counter()
         self._last_report = 0.0
         self._flops_at_start = 0.0

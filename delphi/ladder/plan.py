@@ -10,7 +10,7 @@
     hero_ranges(spec, hero, results) -> dict       (delphi.ladder.hero: the hero against the ladder's ranges)
     flops_family(spec, convention, max_width) -> FlopsFamily  (exact FLOPs per token against N)
     plan_health_warnings(spec, rungs) -> list[str] (health bounds visible before training)
-    check_ladder_store(spec, rungs, store) -> epochs per rung (the store can feed every rung)
+    check_ladder_store(runs, max_epochs) -> epochs per run (the store can feed every run; at `ladder run`)
 
 A rung's tokens are budget / flops_per_token (exact, docs/design.md §4.5), its
 batch the largest power of two of sequences that still leaves >= min_steps
@@ -27,6 +27,7 @@ the top budget's batch, so nothing switches between the ladder and the hero.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 import re
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
     from delphi.ladder.recipe import RecipeHyperparams
 
-    from delphi.data.loader import TokenStore
     from delphi.fits.allocation import FlopsFamily
 
 
@@ -53,14 +53,21 @@ if TYPE_CHECKING:
 # ---- shape family -------------------------------------------------------------------------------
 
 
-def layers_for_width(spec: LadderSpec, d_model: int) -> int:
+def rule_layers(spec: LadderSpec, d_model: int) -> int:
+    """The depth rule's layers at `d_model`, before shape.depth's min_layers and max_layers."""
     depth = spec.shape.depth
     if depth.rule == "marin":
         # Marin scaling_laws recipe: layers = round(d / (64 + 4 log2 d - 9))
         raw = d_model / (64 + 4 * math.log2(d_model) - 9)
     else:
         raw = d_model / depth.ratio
-    return int(min(max(round(raw), depth.min_layers), depth.max_layers))
+    return int(round(raw))
+
+
+def layers_for_width(spec: LadderSpec, d_model: int) -> int:
+    depth = spec.shape.depth
+    layers = max(rule_layers(spec, d_model), depth.min_layers)
+    return layers if depth.max_layers is None else min(layers, depth.max_layers)
 
 
 def heads_for_width(d_model: int, head_dim: int) -> int:
@@ -78,7 +85,8 @@ def _round_up(x: float, multiple: int) -> int:
 
 
 def shape_for_width(spec: LadderSpec, d_model: int) -> ModelConfig:
-    s, base, t = spec.shape, spec.base, spec.transfer
+    """The family's shape at `d_model` (a spec that sweeps experts or granularity: one of `spec.variants()`)."""
+    s, base, t = spec.single_family("a shape of the family").shape, spec.base, spec.transfer
     d_ff = _round_up(s.ffn_mult * d_model, s.ffn_multiple)
     moe = None
     if s.moe is not None:
@@ -216,6 +224,10 @@ def step_quantum(steps: float, tolerance: float) -> int:
     return q
 
 
+class TooManySteps(DelphiError):
+    """A run past batch.max_steps: a units mistake in the budgets, or a shape too small for its budget."""
+
+
 @dataclass(frozen=True)
 class Rung:
     run_id: str
@@ -247,21 +259,23 @@ def format_budget(budget: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def cell_id_for(budget: float, model: ModelConfig) -> str:
-    """A cell is one (budget, shape): the runs of its seeds share it."""
+def cell_id_for(budget: float, model: ModelConfig, granularity: float | None = None) -> str:
+    """A cell is one (budget, shape): the runs of its seeds share it. `granularity` (a ladder that
+    sweeps it) joins the id, so that shapes differing only in their experts' width stay apart."""
     moe = f"_E{model.moe.experts}k{model.moe.top_k}" if model.moe is not None else ""
+    moe += f"G{granularity:g}" if model.moe is not None and granularity is not None else ""
     return f"C{format_budget(budget)}_d{model.d_model}_L{model.n_layers}{moe}"
 
 
-def run_id_for(budget: float, model: ModelConfig, seed: int) -> str:
-    return f"{cell_id_for(budget, model)}_s{seed}"
+def run_id_for(budget: float, model: ModelConfig, seed: int, granularity: float | None = None) -> str:
+    return f"{cell_id_for(budget, model, granularity)}_s{seed}"
 
 
 ANCHOR_PREFIX = "A"  # run ids of anchor rungs (spec `anchors`) start with it; isoFLOP rungs' with "C"
 
 
-def anchor_run_id(budget: float, model: ModelConfig, seed: int) -> str:
-    return ANCHOR_PREFIX + run_id_for(budget, model, seed)[1:]
+def anchor_run_id(budget: float, model: ModelConfig, seed: int, granularity: float | None = None) -> str:
+    return ANCHOR_PREFIX + run_id_for(budget, model, seed, granularity)[1:]
 
 
 def rung_role(run_id: str) -> str:
@@ -302,7 +316,7 @@ def make_rung(
         return None
     steps_raw = tokens / (batch * spec.seq_len)
     if steps_raw > spec.batch.max_steps:
-        raise DelphiError(
+        raise TooManySteps(
             f"budgets: {budget:g} FLOPs gives d_model={model.d_model} {steps_raw:.3g} steps of {batch} sequences, "
             f"past batch.max_steps={spec.batch.max_steps:,}; budgets are FLOPs (e.g. 1.0e+12), or raise batch.max_seqs"
         )
@@ -363,18 +377,58 @@ def _shapes(spec: LadderSpec) -> list[ModelConfig]:
 
 
 def expected_optimum(spec: LadderSpec, budget: float) -> float:
+    """N* the spec expects at `budget` (active non-embedding): isoflop.center_at, else the family's N
+    at isoflop.center_tokens_per_param, else center_coefficient x budget^center_exponent."""
     iso = spec.isoflop
     assert iso is not None
     for budget_at, n_star in iso.center_at:
         if math.isclose(budget, budget_at, rel_tol=1e-9):
             return n_star
+    if iso.center_tokens_per_param is not None:
+        return params_at_tokens_per_param(spec, budget, iso.center_tokens_per_param)
     return iso.center_coefficient * budget**iso.center_exponent
+
+
+@functools.lru_cache(maxsize=256)
+def params_at_tokens_per_param(spec: LadderSpec, budget: float, ratio: float) -> float:
+    """The family's N (active non-embedding) that trains `ratio` tokens per parameter on `budget` FLOPs
+    under its exact FLOPs per token: bisection over the widths the family can take (even, and split
+    into shape.n_heads even heads when that is fixed), then log-linear between the two widths that
+    bracket the ratio (tokens per parameter falls as the width grows)."""
+    step = 2 * (spec.shape.n_heads or 1)
+
+    def point(k: int) -> tuple[float, float]:
+        model = shape_for_width(spec, step * k)
+        n = count_params(model).nonembedding
+        return n, budget / flops_per_token(model, spec.seq_len) / n
+
+    lo, hi = 1, max(2, (1 << 20) // step)  # widths step .. 2^20
+    if point(lo)[1] <= ratio:
+        return point(lo)[0]
+    if point(hi)[1] >= ratio:
+        return point(hi)[0]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if point(mid)[1] > ratio else (lo, mid)
+    (n_lo, r_lo), (n_hi, r_hi) = point(lo), point(hi)
+    if n_hi == n_lo or r_hi == r_lo:
+        return n_lo
+    frac = math.log(ratio / r_lo) / math.log(r_hi / r_lo)
+    return math.exp(math.log(n_lo) + frac * math.log(n_hi / n_lo))
 
 
 def _pick_isoflop(spec: LadderSpec, i: int, budget: float, shapes: list[ModelConfig]) -> list[ModelConfig]:
     iso = spec.isoflop
     assert iso is not None
-    feasible = [m for m in shapes if make_rung(spec, m, budget, 0) is not None]
+    feasible, too_long = [], None
+    for m in shapes:
+        try:
+            if make_rung(spec, m, budget, 0) is not None:
+                feasible.append(m)
+        except TooManySteps as e:  # a shape too small for this budget: the others may still fit
+            too_long = e
+    if not feasible and too_long is not None:
+        raise too_long
     if not feasible:
         smallest = shapes[0]
         _, tokens = rung_tokens(smallest, spec.seq_len, budget)
@@ -431,6 +485,21 @@ def _pick_tokens_per_param(spec: LadderSpec, i: int, budget: float, shapes: list
 
 
 def plan_ladder(spec: LadderSpec) -> list[Rung]:
+    """Every rung of the spec: each budget's sizes (and seeds), then its anchors; a spec that sweeps
+    experts or granularity plans them for each (experts, granularity) in turn (`LadderSpec.variants`)."""
+    m = spec.shape.moe
+    tag_granularity = m is not None and len(m.granularities) > 1
+    rungs: list[Rung] = []
+    for variant in spec.variants():
+        g = variant.shape.moe.granularity if tag_granularity else None  # type: ignore[union-attr]
+        rungs += _plan_family(variant, g)
+    check_tokens_per_param_floor(spec, rungs)
+    ids = [r.run_id for r in rungs]
+    assert len(set(ids)) == len(ids), "run ids must be unique"
+    return rungs
+
+
+def _plan_family(spec: LadderSpec, granularity: float | None) -> list[Rung]:
     shapes = _shapes(spec)
     rungs: list[Rung] = []
     for i, budget in enumerate(spec.budgets):
@@ -445,7 +514,8 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
             batch = batch_for_tokens(spec, fewest)
         for model in models:
             for seed in spec.seeds_for(budget):
-                rung = make_rung(spec, model, budget, seed, batch=batch)
+                rung = make_rung(spec, model, budget, seed, batch=batch,
+                                 run_id=run_id_for(budget, model, seed, granularity))
                 assert rung is not None
                 error = rung.flops / budget - 1
                 if abs(error) > spec.tolerance:
@@ -454,13 +524,24 @@ def plan_ladder(spec: LadderSpec) -> list[Rung]:
                         f"(allowed {spec.tolerance:.2%}); raise batch.min_steps"
                     )
                 rungs.append(rung)
-    rungs += plan_anchors(spec, rungs)
-    ids = [r.run_id for r in rungs]
-    assert len(set(ids)) == len(ids), "run ids must be unique"
-    return rungs
+    return rungs + plan_anchors(spec, rungs, granularity)
 
 
-def plan_anchors(spec: LadderSpec, rungs: list[Rung]) -> list[Rung]:
+def check_tokens_per_param_floor(spec: LadderSpec, rungs: list[Rung]) -> None:
+    """DelphiError naming the first rung below bounds.min_tokens_per_param (an absurd plan)."""
+    floor = spec.bounds.min_tokens_per_param
+    if floor is None:
+        return
+    low = [r for r in rungs if r.tokens / r.params < floor]
+    if low:
+        worst = min(low, key=lambda r: r.tokens / r.params)
+        raise DelphiError(
+            f"bounds.min_tokens_per_param: rung {worst.run_id} would train {worst.tokens / worst.params:.2g} tokens per "
+            f"parameter (N={worst.params:,}, D={worst.tokens:,}; {len(low)} of {len(rungs)} rungs are below {floor:g}); "
+            "its budget is too small for its width: lower the widths (shape.widths) or the expected optimum (isoflop.center_*)")
+
+
+def plan_anchors(spec: LadderSpec, rungs: list[Rung], granularity: float | None = None) -> list[Rung]:
     """The spec's anchor rungs: each of `anchors.widths` on `anchors.multiple` x the top budget, at
     the top budget's batch (so the hero's batch continues theirs too) and (the first `anchors.seeds`
     of) its seeds."""
@@ -474,7 +555,7 @@ def plan_anchors(spec: LadderSpec, rungs: list[Rung]) -> list[Rung]:
     for width in spec.anchors.widths:
         model = shape_for_width(spec, width)
         for seed in spec.seeds_for(top)[: spec.anchors.seeds]:
-            rung = make_rung(spec, model, budget, seed, run_id=anchor_run_id(budget, model, seed), batch=top_batch)
+            rung = make_rung(spec, model, budget, seed, run_id=anchor_run_id(budget, model, seed, granularity), batch=top_batch)
             if rung is None:
                 raise DelphiError(f"anchors.widths: d_model={width} gets fewer than batch.min_steps steps on {budget:g} FLOPs")
             out.append(rung)
@@ -561,21 +642,28 @@ def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
     return warnings
 
 
-def check_ladder_store(spec: LadderSpec, rungs: list[Rung], store: "TokenStore", where: str = "") -> list[float]:
-    """Epochs of the store each rung reads; DelphiError when the store cannot feed a rung (batch, eval set)
-    or a rung would read more than run.max_epochs passes over its train split."""
+def check_ladder_store(runs: list[tuple[str, TrainConfig]], max_epochs: float | None, where: str = "") -> dict[str, float]:
+    """Epochs of its store each run reads (run id -> epochs), checked where training starts (`ladder
+    run`, a study's ladder stage): DelphiError when a store cannot feed a run (`TokenStore.check_feeds`:
+    batch, evaluation windows, vocabulary) or a run would read more than `max_epochs` passes over its
+    train split (run.max_epochs; None: no limit). `ladder plan` reads no store."""
+    from delphi.data.loader import TokenStore
+
     prefix = f"{where}: " if where else ""
-    epochs = []
-    for rung in rungs:
-        store.check_run(rung.batch_size, spec.seq_len, spec.run.eval_tokens, where=f"{prefix}run.store ({rung.run_id})",
-                        final_eval_tokens=spec.run.final_eval_tokens)
-        e = store.epochs(rung.steps, rung.batch_size, spec.seq_len)
-        if e > spec.run.max_epochs:
+    stores: dict[str, TokenStore] = {}
+    epochs = {}
+    for run_id, cfg in runs:
+        name = cfg.data.store
+        store = stores[name] if name in stores else stores.setdefault(name, TokenStore(name))
+        store.check_feeds(**cfg.store_needs(), where=f"{prefix}run.store ({run_id})")
+        e = store.epochs(cfg.steps, cfg.data.batch_size, cfg.data.seq_len)
+        if max_epochs is not None and e > max_epochs:
+            tokens = cfg.steps * cfg.data.batch_size * cfg.data.seq_len
             raise DelphiError(
-                f"{prefix}run.max_epochs: rung {rung.run_id} reads {e:.3g} epochs of {spec.run.store} "
-                f"({rung.tokens:,} tokens; run.max_epochs is {spec.run.max_epochs:g}); lower the budgets or use a larger store"
+                f"{prefix}run.max_epochs: rung {run_id} reads {e:.3g} epochs of {name} "
+                f"({tokens:,} tokens; run.max_epochs is {max_epochs:g}); lower the budgets or use a larger store"
             )
-        epochs.append(e)
+        epochs[run_id] = e
     return epochs
 
 

@@ -64,9 +64,9 @@ class RecipeCheckSpec:
     # The computes of the runs planned beyond the ladder (FLOPs); the largest is the planned hero.
     hero_computes: tuple[float, ...] = ()
     widths: tuple[int, ...] = ()  # width sweep, at `width_tokens` tokens
-    width_tokens: float = 0.0
+    width_tokens: float = 0.0  # tokens of every point of the width sweep
     horizons: tuple[float, ...] = ()  # horizon sweep (tokens), at `horizon_width`
-    horizon_width: int = 0
+    horizon_width: int = 0  # d_model of every point of the horizon sweep
     lr_multipliers: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)  # of the recipe's projection LR
     seeds: tuple[int, ...] = (0, 1)  # at multiplier 1; other multipliers train the first seed
     # Batch sweep at the widest width point and the longest horizon point: batches of the recipe's
@@ -76,6 +76,7 @@ class RecipeCheckSpec:
 
 @dataclass(frozen=True)
 class RecipeSpec:
+    # adamh: AdamH on every hidden matrix, plain Adam on the rest (delphi.train.adamh); adamw: AdamW
     optimizer: Literal["adamh", "adamw"] = "adamh"
     # Fixed-step batch rule: steps every run aims at (steps land in (target/2, target] before halving).
     target_steps: RecipeConstant = _c(4096)
@@ -90,26 +91,26 @@ class RecipeSpec:
     ref_batch_tokens: RecipeConstant = _c(1024)  # B0, tokens per step
     ref_tokens: RecipeConstant = _c(4_194_304)  # T0, token horizon
     lr: RecipeConstant = _c(3.3e-3)  # eta0: AdamH projection relative step at (B0, T0); AdamW: its LR
-    batch_exponent: RecipeConstant = _c(0.5)
+    batch_exponent: RecipeConstant = _c(0.5)  # the projection LR's (B/B0) exponent
     horizon_exponent: RecipeConstant = _c(0.3)  # p
     width_exponent: RecipeConstant = _c(0.0)  # the projection LR's (d/d0) exponent; 0: Marin's forms
     ref_d_model: RecipeConstant = _c(64)  # d0
-    lr_max: RecipeConstant = _c(0.01)
+    lr_max: RecipeConstant = _c(0.01)  # the projection LR's cap (the batch is halved while it binds)
     adam_lr: RecipeConstant = _c(1.4e-3)  # LR of the plain-Adam groups (embeddings, gains) at (B0, T0)
-    adam_lr_max: RecipeConstant = _c(0.01)
+    adam_lr_max: RecipeConstant = _c(0.01)  # the Adam-group LR's cap (the batch is halved while it binds)
     eps: RecipeConstant = _c(1e-8)  # at (B0, T0)
-    beta1: RecipeConstant = _c(0.9)
+    beta1: RecipeConstant = _c(0.9)  # Adam beta1
     beta2: RecipeConstant = _c(0.99)  # at B0
-    beta2_min: RecipeConstant = _c(0.9)
-    beta2_max: RecipeConstant = _c(0.9999)
-    grad_clip: RecipeConstant = _c(1.0)
+    beta2_min: RecipeConstant = _c(0.9)  # beta2's floor (the batch is halved while the rule falls below it)
+    beta2_max: RecipeConstant = _c(0.9999)  # beta2's ceiling
+    grad_clip: RecipeConstant = _c(1.0)  # global gradient-norm clip (0: none)
     weight_decay: RecipeConstant = _c(0.0)  # must be 0 under adamh
-    schedule: Literal["wsd", "cosine", "constant"] = "wsd"
-    warmup_frac: RecipeConstant = _c(0.1)
-    decay_frac: RecipeConstant = _c(0.2)
-    decay_shape: Literal["linear", "sqrt"] = "linear"
-    min_lr_frac: RecipeConstant = _c(0.0)
-    check: RecipeCheckSpec | None = None
+    schedule: Literal["wsd", "cosine", "constant"] = "wsd"  # LR schedule (as transfer.schedule)
+    warmup_frac: RecipeConstant = _c(0.1)  # share of the steps in linear warmup
+    decay_frac: RecipeConstant = _c(0.2)  # wsd: share of the steps in the final decay
+    decay_shape: Literal["linear", "sqrt"] = "linear"  # wsd decay: linear or 1-sqrt
+    min_lr_frac: RecipeConstant = _c(0.0)  # the LR's floor at the end, as a share of the peak
+    check: RecipeCheckSpec | None = None  # the sweep of `delphi ladder recipe-check` (null: none)
 
     def constants(self) -> dict[str, RecipeConstant]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)

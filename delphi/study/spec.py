@@ -200,7 +200,11 @@ class StudySpec:
                                   "law's error on this ladder, so choose one")
             if not c.source.strip():
                 raise DelphiError(f"{where}: hero.point_correction.source: needs where the bias was measured (a sentence)")
+        from delphi.prereg.gates import GATE_NAMES
+
         for gate, reason in self.gates.force.items():
+            if gate not in GATE_NAMES:
+                raise DelphiError(f"{where}: gates.force.{gate}: no such gate (expected one of: {', '.join(GATE_NAMES)})")
             if not isinstance(reason, str) or not reason.strip():
                 raise DelphiError(f"{where}: gates.force.{gate}: needs the reason to seal (a sentence), got {reason!r}")
         if self.probe_preregistration is not None and (

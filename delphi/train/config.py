@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from delphi.config_schema import from_dict, load_config, to_dict
 from delphi.errors import DelphiError
@@ -137,6 +137,12 @@ class TrainConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     name: str | None = None
     mesh: MeshConfig = field(default_factory=MeshConfig)
+
+    def store_needs(self) -> dict[str, Any]:
+        """What this run asks of its token store, as `TokenStore.check_feeds` takes it."""
+        return {"batch_size": self.data.batch_size, "seq_len": self.data.seq_len, "eval_tokens": self.eval_tokens,
+                "final_eval_tokens": self.final_eval_tokens, "vocab_size": self.model.vocab_size,
+                "store_name": self.data.store}
 
     @property
     def tokens_per_step(self) -> int:

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from delphi.errors import DelphiError, quoted
+from delphi.errors import DelphiError
 from delphi.io import atomic_write_json, atomic_write_text, sha256_bytes
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
@@ -454,12 +454,7 @@ def _train_group(
     for run_dir, text in zip(run_dirs, texts):
         _check_run_dir(run_dir, text, resume)
     store = TokenStore(cfg.data.store)
-    store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens, final_eval_tokens=cfg.final_eval_tokens)
-    if store.vocab_size > cfg.model.vocab_size:
-        raise DelphiError(
-            f"model.vocab_size: {cfg.model.vocab_size} is smaller than the vocabulary ({store.vocab_size}) of the "
-            f"token store {store.path} (data.store: {quoted(cfg.data.store)})"
-        )
+    store.check_feeds(**cfg.store_needs())  # batch, evaluation windows, vocabulary
     done = [(read_status(d) or {}).get("status") == "completed" for d in run_dirs]
     for run_dir, finished in zip(run_dirs, done):
         if resume and finished and (problem := summary_problem(run_dir, "completed")):
