@@ -34,53 +34,80 @@ def _residual_prediction(fit: Any, table: pd.DataFrame):
     return np.asarray(pred["loss"], float)
 
 
+class FigureSet:
+    """Figures drawn into one directory as NAME.png and NAME.svg; a figure whose input is missing or
+    unusable is named in `not_drawn` and does not lose the others."""
+
+    def __init__(self, directory: Path, written_by: str | None = None) -> None:
+        self.directory = directory
+        self.written_by = written_by
+        self.files: list[str] = []
+        self.failed: list[str] = []
+
+    def draw(self, name: str, make: Callable[[], Any]) -> None:
+        from delphi.plot.style import save_figure
+
+        try:
+            self.files.extend(save_figure(make(), str(self.directory / f"{name}.png"), written_by=self.written_by))
+        except (DelphiError, ValueError, KeyError) as e:
+            self.failed.append(f"{name} ({e})")
+
+    def result(self) -> dict:
+        for problem in self.failed:
+            _say(f"figure not drawn: {problem}")
+        return {"files": sorted(p for p in self.files if p.endswith(".png")), "not_drawn": self.failed}
+
+
+def allocation_of(table: pd.DataFrame, optima: list[dict] | None, fit: Any, hero: dict):
+    """N*(C) and D*(C): the isoFLOP optima given, else the table's own per-budget parabolas."""
+    from delphi.fits.isoflop import per_budget_optima
+    from delphi.plot import figures as pf
+
+    optima = optima or per_budget_optima(table)[0]
+    frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
+                          "tokens": [o["tokens_opt"] for o in optima]})
+    return pf.allocation_figure(frame, fit, hero.get("compute"), hero.get("params"), hero.get("tokens"))
+
+
+def frontier_of(table: pd.DataFrame, fit: Any, prereg_doc: dict | None, actual: float | None):
+    """The compute frontier with the sealed hero's 90% interval and its actual final loss."""
+    from delphi.plot import figures as pf
+
+    hero_c = interval = None
+    if prereg_doc is not None:
+        final = prereg_doc["prediction"]["final"]
+        hero_c = prereg_doc["hero"]["flops"]
+        lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
+        interval = (final["loss"], lo, hi)
+    return pf.frontier_figure(table, fit, hero_c, interval, actual)
+
+
+def residuals_of(table: pd.DataFrame, fit: Any):
+    from delphi.plot import figures as pf
+
+    return pf.residuals_figure(table, _residual_prediction(fit, table), title=f"{fit.kind} fit ({fit.method}) residuals")
+
+
 def stage_figures(study: Study) -> dict:
     """Every figure of the study, drawn by the library functions behind `delphi plot ...`."""
     from delphi.fits import curves as cv
     from delphi.fits import load_fit
-    from delphi.fits.isoflop import per_budget_optima
     from delphi.plot import figures as pf
-    from delphi.plot.style import save_figure
     from delphi.prereg.check import compare, read_run_dir
     from delphi.prereg.format import load_prereg
 
     study.figures.mkdir(parents=True, exist_ok=True)
-    fig = lambda name: str(study.figures / f"{name}.png")  # noqa: E731
+    figures = FigureSet(study.figures)
     table = load_table(study)
     primary = load_fit(study.fit_path(study.primary_fit))
     fits = {m: load_fit(study.fit_path(m)) for m in study.spec.fits if study.fit_path(m).is_file()}
-    files: list[str] = []
-    failed: list[str] = []
+    optima = fits["isoflop"].extra.get("optima") if "isoflop" in fits else None
 
-    def draw(name: str, make: Callable[[], Any]) -> None:
-        try:
-            files.extend(save_figure(make(), fig(name)))
-        except (DelphiError, ValueError, KeyError) as e:  # one figure's missing input does not lose the others
-            failed.append(f"{name} ({e})")
-
-    draw("isoflop", lambda: pf.isoflop_figure(table, fits["isoflop"].extra.get("optima") if "isoflop" in fits else None))
-
-    def allocation():
-        optima = (fits["isoflop"].extra.get("optima") if "isoflop" in fits else None) or per_budget_optima(table)[0]
-        frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
-                              "tokens": [o["tokens_opt"] for o in optima]})
-        hero = _hero_point(study)
-        return pf.allocation_figure(frame, primary, hero.get("compute"), hero.get("params"), hero.get("tokens"))
-
-    draw("allocation", allocation)
+    figures.draw("isoflop", lambda: pf.isoflop_figure(table, optima))
+    figures.draw("allocation", lambda: allocation_of(table, optima, primary, _hero_point(study)))
     prereg = load_prereg(study.prereg) if study.prereg.is_file() else None
     run = read_run_dir(study.hero_run) if study.hero_run.is_dir() else None
-
-    def frontier():
-        hero_c = interval = None
-        if prereg is not None:
-            final = prereg.doc["prediction"]["final"]
-            hero_c = prereg.doc["hero"]["flops"]
-            lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
-            interval = (final["loss"], lo, hi)
-        return pf.frontier_figure(table, primary, hero_c, interval, run.final_loss if run else None)
-
-    draw("frontier", frontier)
+    figures.draw("frontier", lambda: frontier_of(table, primary, prereg.doc if prereg else None, run.final_loss if run else None))
     if prereg is not None:
         def prediction():
             dirs = [d for d in seed_runs_of(prereg.doc, study.hero_run) if d.is_dir()]
@@ -90,21 +117,18 @@ def stage_figures(study: Study) -> dict:
             verdict = ((study.done("check") or {}).get("result") or {}).get("verdict")
             return pf.prediction_figure(prereg.doc, run, verdict, seed_runs={_seed_of(d): read_run_dir(d) for d in dirs})
 
-        draw("prediction", prediction)
+        figures.draw("prediction", prediction)
 
     def ladder_curves():
         curves = cv.load_ladder_curves(study.ladder_dir)
         law = cv.fit_curve_law(curves, bootstrap=0, seed=study.spec.seed, lr_ref=cv.ladder_lr_ref(study.ladder_dir))
         return pf.curves_figure(curves, law, None)
 
-    draw("ladder_curves", ladder_curves)
+    figures.draw("ladder_curves", ladder_curves)
     for method, f in fits.items():
         if method != "frontier":
-            draw(f"residuals_{method}", lambda f=f: pf.residuals_figure(table, _residual_prediction(f, table),
-                                                                         title=f"{f.kind} fit ({f.method}) residuals"))
-    for problem in failed:
-        _say(f"figure not drawn: {problem}")
-    return {"files": sorted(p for p in files if p.endswith(".png")), "not_drawn": failed}
+            figures.draw(f"residuals_{method}", lambda f=f: residuals_of(table, f))
+    return figures.result()
 
 
 def _seed_of(run_dir: Path) -> int:
@@ -185,12 +209,12 @@ def render_report(study: Study) -> str:
     return "\n".join(lines)
 
 
-def verdict_table(check: dict) -> list[str]:
+def verdict_table(check: dict, unit: str = "nats/byte") -> list[str]:
     """The hero's preregistered final loss against the outcome (the check stage's result): predicted
     and actual to the same 4 decimals, so that 1.5030 and 1.5000 read as the numbers they are."""
     return ["| quantity | predicted | actual | relative error | inside 90% interval | verdict |",
             "|---|---|---|---|---|---|",
-            f"| hero final val loss (nats/byte) | {_fmt(check.get('predicted_final_loss'), '.4f')} "
+            f"| hero final val loss ({unit}) | {_fmt(check.get('predicted_final_loss'), '.4f')} "
             f"| {_fmt(check.get('actual_final_loss'), '.4f')} "
             f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |"]
 
@@ -222,13 +246,18 @@ def primary_law_lines(law: str, setting: str, final: dict | None = None, actual:
 
 
 def _gates_section(study: Study) -> list[str]:
-    from delphi.prereg.gates import gate_table
-
     if not study.gates.is_file():
         return []
-    report = json.loads(study.gates.read_text())
+    return gates_lines(json.loads(study.gates.read_text()), forced_by="the study went on with force: true")
+
+
+def gates_lines(report: dict, forced_by: str) -> list[str]:
+    """The gates section of a report from a gate report (NAME.gates.json): whether every gate passed,
+    and the table; `forced_by` says how a seal went on over failed gates."""
+    from delphi.prereg.gates import gate_table
+
     verdict = "all passed" if report["passed"] else (
-        f"FAILED ({', '.join(report['failed'])})" + ("; the study went on with force: true" if report.get("forced") else ""))
+        f"FAILED ({', '.join(report['failed'])})" + (f"; {forced_by}" if report.get("forced") else ""))
     return ["## Gates (evaluated before the hero trained)", "", f"Gates: {verdict}.", "", gate_table(report["gates"]), ""]
 
 
