@@ -286,7 +286,9 @@ def _sweep_table(records, path: Path, args):
         bad = ~(np.isfinite(table[name].to_numpy(float)) & (table[name].to_numpy(float) > 0))
         if bad.any():
             row = records.index[int(np.flatnonzero(bad)[0])]
-            raise DelphiError(f"{path}: row {row}: {column} = {quoted(records[column].loc[row], 60)}, expected a finite "
+            value = records[column].loc[row]
+            value = value.item() if hasattr(value, "item") else value  # numpy scalars quoted as the numbers they are
+            raise DelphiError(f"{path}: row {row}: {column} = {quoted(value, 60)}, expected a finite "
                               f"number > 0 ({int(bad.sum())} such rows)")
     return table
 

@@ -46,6 +46,7 @@ LOSS_ALIASES = ("val_loss", "eval_loss", "eval/loss", "val/loss", "validation/lo
                 "valid_loss", "eval/val_loss")
 TIME_ALIASES = ("time", "timestamp", "_timestamp", "wall_time", "walltime", "unix_time")
 ALIASES = {"step": STEP_ALIASES, "tokens": TOKENS_ALIASES, "loss": LOSS_ALIASES, "time": TIME_ALIASES}
+LABELS = {"step": "step", "tokens": "tokens", "loss": "eval loss", "time": "time"}
 
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
 LOG_SUFFIXES = (*JSON_LINES_SUFFIXES, ".json", ".csv", ".tsv", ".tab")
@@ -56,8 +57,12 @@ DELPHI_RUN_FILES = (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE)  # a directory with 
 MIN_EPOCH_S = 1e9
 # Times above this are milliseconds (or finer) since the epoch, not seconds (year 5138).
 MAX_EPOCH_S = 1e11
-# A log reaches the hero's tokens within this relative distance: a trainer's last batch may round
-# its count, and 0.1% of the tokens moves a Chinchilla-shaped loss by ~0.003%, far inside any tolerance.
+# An eval at the hero's tokens written as text (CSV, a float's shortest repr) may read back this far below them.
+TEXT_ROUNDING_REL = 1e-9
+# A log declared finished (--finished) whose last eval lies this close below the hero's tokens has
+# reached them: a trainer's last batch may round its count, and 0.1% of the tokens moves a
+# Chinchilla-shaped loss by ~0.003%, far inside any tolerance. A live log ends only on the tokens
+# themselves: evals this close together near the end would otherwise end it one eval early.
 END_TOLERANCE_REL = 1e-3
 
 Kind = Literal["run_dir", "log", "wandb"]
@@ -332,8 +337,8 @@ def resolve_columns(where: str, found: list[str], columns: LogColumns, *, sparse
         given = getattr(columns, quantity)
         if given is not None:
             if given not in found:
-                raise ColumnNotFound(f"{where}: --{quantity}-col {quoted(given)} not found; {_columns_line(found, sparse)}",
-                                     sparse=sparse)
+                raise ColumnNotFound(f"{where}: column {quoted(given)} (mapped to the {LABELS[quantity]}) not found; "
+                                     f"{_columns_line(found, sparse)}", sparse=sparse)
             resolved[quantity] = given
             continue
         match = next((a for a in aliases if a in found), None)
@@ -497,8 +502,8 @@ class RunEnd:
         return cls(None if tokens is None else float(tokens), cfg.steps if cfg is not None else None,
                    float(cfg.tokens_per_step) if cfg is not None else None)
 
-    def reached_by(self, point: EvalPoint) -> bool:
-        return ((self.tokens is not None and point.tokens is not None and point.tokens >= self.tokens * (1 - END_TOLERANCE_REL))
+    def reached_by(self, point: EvalPoint, tolerance_rel: float = TEXT_ROUNDING_REL) -> bool:
+        return ((self.tokens is not None and point.tokens is not None and point.tokens >= self.tokens * (1 - tolerance_rel))
                 or (self.steps is not None and point.step is not None and point.step >= self.steps))
 
     def describe(self) -> str:
@@ -509,20 +514,24 @@ class RunEnd:
 
 def reach_end(run: RunState, end: RunEnd, *, finished: bool = False) -> RunState:
     """A log that has an eval at `end` as a completed run whose final loss is that eval's (the first
-    eval to reach it). `finished` declares the log complete: one that ends short of `end` is a
-    DelphiError (the run did not train what was to be judged). Any other source is returned as is:
-    its own status says when it ended."""
+    eval to reach it). `finished` declares the log complete: its last eval then ends it if it lies
+    within END_TOLERANCE_REL below `end`, and a log that ends further short is a DelphiError (the run
+    did not train what was to be judged). Any other source is returned as is: its own status says
+    when it ended."""
     if run.kind != "log":
         return run
     at_end = next((e for e in run.evals if end.reached_by(e)), None)
     if at_end is not None:
-        return replace(run, status="completed", final_loss=at_end.loss, reason=f"the log reached {end.describe()} at {_at(at_end)}")
+        return replace(run, status="completed", final_loss=at_end.loss, reason=f"the log ends at its eval at {_at(at_end)}: the first to reach {end.describe()}")
+    last = run.evals[-1] if run.evals else None
+    if finished and last is not None and end.reached_by(last, END_TOLERANCE_REL):
+        return replace(run, status="completed", final_loss=last.loss,
+                       reason=f"declared finished at {_at(last)}, within {END_TOLERANCE_REL:.1%} of {end.describe()}")
     if finished:
         latest = ", ".join(p for p in (f"{run.latest_tokens:.4g} tokens" if run.latest_tokens is not None else None,
                                        f"step {run.latest_step}" if run.latest_step is not None else None) if p)
-        last_eval = run.evals[-1] if run.evals else None
         raise DelphiError(f"{run.source}: declared finished (--finished) but its last row is at {latest or 'no step'}"
-                          + (f", its last eval at {_at(last_eval)}" if last_eval else ", with no eval")
+                          + (f", its last eval at {_at(last)}" if last else ", with no eval")
                           + f", short of {end.describe()} it was to reach; the run did not train what was sealed")
     return run
 
