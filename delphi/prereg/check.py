@@ -94,10 +94,9 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
         "predicted_final_loss": final_pred["loss"],
         "n_points": len(points),
         "n_outside_90": sum(not p["in_90"] for p in points),
-        "n_evals": len(run.evals),
-        "judged": judged(prereg, latest),
         "points": points,
     }
+    midway = {"n_evals": len(run.evals), "judged": judged(prereg, latest)}
     if run.status in ("diverged", "failed"):
         result |= {"verdict": "failed", "why": f"run {run.status}" + (f": {run.reason}" if run.reason else "")}
     elif run.status == "completed":
@@ -125,7 +124,7 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
         last = run.evals[-1]
         result |= {"verdict": "in-progress", "latest_tokens": latest,
                    "why": f"latest eval {last.loss:.4f}" + (f" at {last.tokens:.4g} tokens" if last.tokens is not None else "")
-                          + f"; {result['judged']}"}
+                          + f"; {midway['judged']}"}
     else:
         last = points[-1]
         ok = last["in_90"] or abs(last["rel_error"]) <= tol
@@ -138,7 +137,7 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
         }
     if run.status == "stopped":
         result["why"] += f" (the run is stopped, to be resumed: {run.reason})"
-    return result
+    return result if result["verdict"] in FINAL_VERDICTS else result | midway  # an outcome file records the verdict alone
 
 
 def judged(prereg: fmt.Prereg, latest_tokens: float | None) -> str:
@@ -440,8 +439,7 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
         "prereg": prereg.id, "seal": prereg.doc.get("seal", {}).get("digest"), "seal_ok": True,
         "run": ", ".join(r.source for r in runs.values()), "target_seeds": seeds, "tolerance_rel": tol,
         "predicted_final_loss": final_pred["loss"], "n_points": sum(o["n_points"] for o in per_seed),
-        "n_outside_90": sum(o["n_outside_90"] for o in per_seed), "n_evals": sum(o["n_evals"] for o in per_seed),
-        "judged": judged(prereg, _slowest(runs.values())) + f"; the verdict on the mean of the {len(seeds)} seeds' final losses",
+        "n_outside_90": sum(o["n_outside_90"] for o in per_seed),
         "points": [p | {"seed": o["seed"]} for o in per_seed for p in o["points"]],
         "seeds": [{k: v for k, v in o.items() if k != "points"} for o in per_seed],
         "created_before_start": all(o["created_before_start"] is True for o in per_seed),
@@ -480,6 +478,9 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
         worst = min(per_seed, key=lambda o: order.index(o["verdict"]) if o["verdict"] in order else len(order))
         verdict = worst["verdict"] if worst["verdict"] in order[:4] else "on-track"
         result |= {"verdict": verdict, "why": "; ".join(f"seed {o['seed']} [{o['status']}] {o['why']}" for o in per_seed)}
+    if result["verdict"] not in FINAL_VERDICTS:
+        result |= {"n_evals": sum(len(r.evals) for r in runs.values()),
+                   "judged": f"{judged(prereg, _slowest(runs.values()))}; the verdict on the mean of the {len(seeds)} seeds' final losses"}
     _mark_forced(result, prereg.doc)
     if record and result["verdict"] in FINAL_VERDICTS:
         identities = [run_identity(runs[s], by_seed[s]) for s in seeds]

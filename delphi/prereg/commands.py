@@ -224,7 +224,7 @@ def _check(args: argparse.Namespace):
         if described:
             _say(f"read {described['path']}: " + ", ".join(f"{k} = {v}" for k, v in described["columns"].items()))
     _say(f"{result['verdict']}: {result['why']}")
-    if result["verdict"] not in ck.FINAL_VERDICTS:
+    if result.get("judged"):  # while the verdict is not final: what the seal can judge, against which band
         _say(f"  judged: {result['judged']}")
     if result.get("watch"):
         _say(result["watch"])

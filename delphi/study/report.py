@@ -432,7 +432,7 @@ def render_pipeline_report(inputs: PipelineInputs, table: pd.DataFrame | None, f
                   ""]
         if checked is not None:
             lines += [checked.get("why", ""), ""]
-            if checked.get("verdict") not in ("passed", "failed"):
+            if checked.get("judged"):
                 lines += [f"What the seal judges: {checked['judged']}.", ""]
         lines += [_seal_sentence(doc, fit, inputs.fit), ""]
         lines += _seal_gates_lines(inputs.prereg, doc)

@@ -11,7 +11,8 @@ What `prereg check`, `plot prediction|frontier --run` and `delphi report` read a
 
 `read_run` picks among them. A log's columns are found by name: the mapping given (`LogColumns`),
 else the first of each quantity's aliases present (exact, then ignoring case). A log says nothing
-about its end: `reach_end` marks it completed once an eval reaches the tokens or steps it must reach.
+about its end: `reach_end` marks it completed once an eval reaches the tokens or steps it must reach
+(`RunEnd`, e.g. a preregistered hero's); `read_to_end` reads a run and does both.
 
 The rules a log must follow (each break is a DelphiError naming the file, line and column): an
 eval loss is a finite number (an empty cell, a missing key or JSON null is a row without an eval);
@@ -26,12 +27,12 @@ import io
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from delphi.errors import DelphiError, quoted
+from delphi.errors import CheckFailed, DelphiError, quoted
 from delphi.io import check_input_file, decode_utf8
 from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics,
                                  stopped_before_end, summary_log_problem)
@@ -78,8 +79,7 @@ class LogColumns:
     time: str | None = None
 
     def given(self) -> dict[str, str]:
-        return {k: v for k, v in (("step", self.step), ("tokens", self.tokens), ("loss", self.loss), ("time", self.time))
-                if v is not None}
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -163,10 +163,10 @@ def read_run(path: str | os.PathLike, columns: LogColumns = LogColumns(), *, tok
     if not path.exists():
         raise DelphiError(f"{path}: run dir or metrics log not found")
     if is_delphi_run_dir(path):
-        if columns.given():
-            flags = ", ".join(f"--{k}-col" for k in columns.given())
-            raise DelphiError(f"{flags}: {path} is a Delphi run dir, read by its own column names (step, tokens, val_loss, "
-                              "time); the mapping is for another trainer's log")
+        if given := columns.given():
+            mapping = ", ".join(f"{LABELS[k]} = {quoted(v, 60)}" for k, v in given.items())
+            raise DelphiError(f"{path} is a Delphi run dir, read by its own column names (step, tokens, val_loss, time); "
+                              f"a column mapping ({mapping}) is for another trainer's log")
         return read_run_dir(path)
     return read_log(log_path(path), columns, tokens_per_step=tokens_per_step)
 
@@ -194,8 +194,6 @@ def read_run_dir(run_dir: str | Path) -> RunState:
     """A Delphi run dir as its trainer wrote it: the evals are its metrics rows with a val_loss; the
     status and final loss are status.json's and summary.json's. A summary that disagrees with the
     metrics log is CheckFailed (an edited record must not decide a verdict)."""
-    from delphi.errors import CheckFailed
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DelphiError(f"{run_dir}: run dir not found")
