@@ -162,7 +162,7 @@ def test_a_seal_of_the_final_loss_only_says_so_midway(seals, tmp_path, capsys):
     code, result, err = _check([str(prereg), "--run", str(log)], capsys)
     assert code == 0 and result["verdict"] == "in-progress" and result["n_points"] == 0 and result["n_evals"] == 10
     assert "the seal predicts the final loss only" in result["judged"] and "50% of them" in result["judged"]
-    assert "judged: the seal predicts the final loss only" in err
+    assert "in-progress: latest eval" in err and "the seal predicts the final loss only" in err
     _jsonl(log, trainer_rows(cfg))
     code, result, _ = _check([str(prereg), "--run", str(log)], capsys)
     assert code == 0 and result["verdict"] == "passed" and result["n_points"] == 1

@@ -224,7 +224,7 @@ def _check(args: argparse.Namespace):
         if described:
             _say(f"read {described['path']}: " + ", ".join(f"{k} = {v}" for k, v in described["columns"].items()))
     _say(f"{result['verdict']}: {result['why']}")
-    if result.get("judged"):  # while the verdict is not final: what the seal can judge, against which band
+    if result.get("judged") and result["verdict"] != "in-progress":  # in-progress says it in its why
         _say(f"  judged: {result['judged']}")
     if result.get("watch"):
         _say(result["watch"])
