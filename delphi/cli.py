@@ -123,6 +123,64 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+# Columns of a results table that a command maps by flag (--params-col ...: delphi.fits.data.load_results).
+TABLE_COLUMNS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
+# delphi.fits.allocation.PARAM_CONVENTIONS, spelled out so that building the parser (every `delphi
+# --help`) does not import pandas and scipy; tests/test_cli_help.py checks they agree.
+PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
+# Quantities of a run's metrics log that a command maps by flag (--step-col ...: delphi.train.runlog).
+LOG_COLUMNS = ("step", "tokens", "loss", "time")
+
+
+def add_table_options(parser: argparse.ArgumentParser) -> None:
+    """The flags of every command that reads a results table through `delphi.fits.data.load_results`:
+    column mapping, row query, what to drop, how N is counted, the FLOPs family."""
+    from pathlib import Path
+
+    for name in TABLE_COLUMNS:
+        parser.add_argument(f"--{name.replace('_', '-')}-col", dest=f"table_{name}_col", metavar="COL",
+                            help=f"the table's column holding {name}")
+    parser.add_argument("--query", metavar="EXPR",
+                        help="select rows: columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], "
+                             "parentheses (never evaluated as Python), e.g. \"source == 'llama_3' and not outlier\"")
+    parser.add_argument("--drop-invalid", action="store_true",
+                        help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
+    parser.add_argument("--drop-duplicates", action="store_true",
+                        help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
+                             "a run_id on two different rows stays an error")
+    parser.add_argument("--params-convention", choices=PARAM_CONVENTIONS, default="nonembedding",
+                        help="how N is counted in a ladder table: active non-embedding (default), active incl. "
+                             "embeddings, or flops_per_token/6 (external tables keep their params column)")
+    parser.add_argument("--family", type=Path, metavar="FAMILY.json",
+                        help="exact FLOPs per token of the model family (delphi ladder family); default "
+                             "<results>.family.json if present, else a ladder table's own shapes, else 6ND")
+
+
+def table_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`load_results`'s keyword arguments from the flags `add_table_options` added (warnings to stderr)."""
+    return {**{f"{name}_col": getattr(args, f"table_{name}_col") for name in TABLE_COLUMNS},
+            "query": args.query, "drop_invalid": args.drop_invalid, "drop_duplicates": args.drop_duplicates,
+            "params_convention": args.params_convention, "family": args.family,
+            "warn": lambda line: print(line, file=sys.stderr)}
+
+
+def add_log_options(parser: argparse.ArgumentParser, *, flag_prefix: str = "") -> None:
+    """The column flags of every command that reads a run's metrics log (delphi.train.runlog).
+    `flag_prefix` ("log-": --log-loss-col) names them apart from a results table's in a command
+    that reads both."""
+    for name in LOG_COLUMNS:
+        parser.add_argument(f"--{flag_prefix}{name}-col", dest=f"log_{name}_col", metavar="COL",
+                            help=f"the log's column holding the {'eval loss' if name == 'loss' else name} "
+                                 "(another trainer's log; default: the first of its usual names, docs/cli.md)")
+
+
+def log_columns(args: argparse.Namespace):
+    """The `delphi.train.runlog.LogColumns` the flags of `add_log_options` give."""
+    from delphi.train.runlog import LogColumns
+
+    return LogColumns(**{name: getattr(args, f"log_{name}_col", None) for name in LOG_COLUMNS})
+
+
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 

@@ -65,10 +65,10 @@ def test_building_the_parser_imports_no_heavy_library():
 
 
 def test_the_parsers_copy_of_the_param_conventions_is_the_fitters():
-    from delphi.fits import commands
+    from delphi import cli
     from delphi.fits.allocation import PARAM_CONVENTIONS
 
-    assert commands.PARAM_CONVENTIONS == PARAM_CONVENTIONS
+    assert cli.PARAM_CONVENTIONS == PARAM_CONVENTIONS
 
 
 def test_the_parsers_copies_of_the_probe_carries_and_noise_scopes_are_the_backtests():

@@ -11,11 +11,9 @@ from typing import Any, Iterator
 
 from delphi.errors import DelphiError
 
-# delphi.fits.allocation.PARAM_CONVENTIONS, spelled out so that building the parser (every
-# `delphi --help`) does not import pandas and scipy; tests/test_cli_help.py checks they agree.
-PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
-PROBE_CARRIES = ("linear", "local_slope")  # delphi.fits.probes.PROBE_CARRIES, likewise
-COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
+# delphi.fits.probes.PROBE_CARRIES, spelled out so that building the parser (every `delphi --help`)
+# does not import pandas and scipy; tests/test_cli_help.py checks they agree.
+PROBE_CARRIES = ("linear", "local_slope")
 BEYOND_DEFAULT_METHODS = ("isoflop", "vpnls", "parametric", "frontier", "asymptotic")  # delphi.fits.beyond.BEYOND_METHODS
 METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "asymptotic", "moe")
 # `predict` warns beyond this many times the largest fitted compute budget (issue 31: the
@@ -37,7 +35,7 @@ HELP = {
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, nonnegative_int, output_path, positive_float, positive_int
+    from delphi.cli import add_json_flag, add_table_options, nonnegative_int, output_path, positive_float, positive_int
 
     fit = subparsers.add_parser("fit", help="fit scaling laws to a results table")
     fit_sub = fit.add_subparsers(dest="fit_command", metavar="METHOD", parser_class=type(fit))
@@ -45,7 +43,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     for method in METHODS + ("backtest",):
         sub = fit_sub.add_parser(method, help=HELP.get(method, "fit below a cut, predict the budgets above"))
         sub.add_argument("results", help="results table (CSV; JSON/JSONL/Parquet by suffix; Parquet needs pyarrow)")
-        _add_table_options(sub)
+        add_table_options(sub)
         if method == "backtest":
             sub.add_argument("--method", choices=METHODS, nargs="+", default=None,
                              help="law(s) to backtest (default vpnls; --beyond: isoflop vpnls parametric frontier asymptotic)")
@@ -127,26 +125,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     pred.set_defaults(func=run_predict)
 
 
-def _add_table_options(sub: argparse.ArgumentParser) -> None:
-    for name in COLUMN_OPTIONS:
-        flag = name.replace("_", "-")
-        sub.add_argument(f"--{flag}-col", dest=f"{name}_col", metavar="COL", help=f"column holding {name}")
-    sub.add_argument("--query", metavar="EXPR",
-                     help="select rows: columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], "
-                          "parentheses (never evaluated as Python), e.g. \"source == 'llama_3' and not outlier\"")
-    sub.add_argument("--drop-invalid", action="store_true",
-                     help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
-    sub.add_argument("--drop-duplicates", action="store_true",
-                     help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
-                          "a run_id on two different rows stays an error")
-    sub.add_argument("--params-convention", choices=PARAM_CONVENTIONS, default="nonembedding",
-                     help="how N is counted in a ladder table: active non-embedding (default), active incl. "
-                          "embeddings, or flops_per_token/6 (external tables keep their params column)")
-    sub.add_argument("--family", type=Path, metavar="FAMILY.json",
-                     help="exact FLOPs per token of the model family (delphi ladder family); default "
-                          "<results>.family.json if present, else a ladder table's own shapes, else 6ND")
-
-
 def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
     from delphi.cli import positive_float
 
@@ -178,14 +156,11 @@ def _naming_table(table) -> Iterator[None]:
 
 
 def _load(args: argparse.Namespace, source: Any = None, query: Any = "from-args"):
+    from delphi.cli import table_options
     from delphi.fits.data import load_results
 
-    cols = {f"{name}_col": getattr(args, f"{name}_col") for name in COLUMN_OPTIONS}
-    return load_results(
-        args.results if source is None else source, query=args.query if query == "from-args" else query,
-        drop_invalid=args.drop_invalid, drop_duplicates=args.drop_duplicates, params_convention=args.params_convention,
-        family=args.family, warn=lambda line: print(line, file=sys.stderr), **cols,
-    )
+    options = table_options(args) | ({} if query == "from-args" else {"query": query})
+    return load_results(args.results if source is None else source, **options)
 
 
 def _fit_function(args: argparse.Namespace, method: str):

@@ -169,7 +169,7 @@ def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None, se
     """The preregistered trajectory with 50%/90% bands against the hero's eval points, and the
     hero's final loss (its summary's, on the final evaluation set) beside the predicted final.
 
-    `run`: the hero's `delphi.prereg.check.RunState` (rows with tokens and val_loss, final_loss), or None.
+    `run`: the hero's `delphi.train.runlog.RunState` (its evals and final_loss), or None.
     `seed_runs` ({seed: RunState}, a multi-seed seal): each seed's curve, and the mean of their finals."""
     curves = {f"seed {s}": r for s, r in seed_runs.items()} if seed_runs else ({"hero": run} if run is not None else {})
     finals = [r.final_loss for r in curves.values()]
@@ -190,7 +190,7 @@ def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None, se
                         capsize=4, label="final loss (scaling law, 90%)")
         actual_loss = []
         for k, (label, one) in enumerate(curves.items()):
-            pts = [(r["tokens"], r["val_loss"]) for r in one.rows if r.get("val_loss") is not None and r.get("tokens")]
+            pts = [(e.tokens, e.loss) for e in one.evals if e.tokens]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if k == 0 else "s--", color=st.HERO, ms=3.5, lw=1,
                         alpha=1.0 if k == 0 else 0.6, label=f"{label}: actual eval loss")

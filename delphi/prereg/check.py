@@ -3,6 +3,8 @@
 Verdicts and exit codes (docs/design.md §3.1: 0 ok, 1 the checked thing failed):
 
     not-started  no eval point yet                                   exit 0
+    in-progress  evals, none the seal can judge yet: before its      exit 0
+                 trajectory starts, or a seal of the final loss only
     on-track     latest eval point inside the 90% band or within     exit 0
                  the tolerance of the trajectory's median
     deviating    latest eval point outside both                      exit 1
@@ -11,8 +13,12 @@ Verdicts and exit codes (docs/design.md §3.1: 0 ok, 1 the checked thing failed)
     invalid: the run predates the preregistration                    exit 1
                  its first step was logged before the seal was made
     invalid: the run's start cannot be established                  exit 1
-                 it ran, but metrics.jsonl no longer says when
+                 it ran, but its log no longer says when (or never did)
     (a broken seal is CheckFailed: exit 1, nothing compared)
+
+The run is a Delphi run dir, another trainer's metrics log or a directory holding one
+(`delphi.train.runlog`), or a W&B run. A Delphi run has ended when its status.json says so; a log
+when an eval reaches the hero's tokens or steps (`read_hero_run`), its final loss that eval's.
 
 Only a final verdict (passed or failed) writes NAME.outcome.json, and only for the run it scored:
 an outcome is bound to that run (its first step's time and its config's sha256), and checking
@@ -30,25 +36,23 @@ sets the exit code.
 from __future__ import annotations
 
 import math
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from delphi.errors import CheckFailed, DelphiError
 from delphi.first_commit import FirstCommit, first_commit
-from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics,
-                                 stale_running, stopped_before_end, summary_log_problem)
+from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, stale_running)
+from delphi.train.runlog import (TIME_ALIASES, ColumnNotFound, LogOptions, RunEnd, RunState, is_delphi_run_dir,
+                                 read_run_dir, read_to_end, read_wandb)
 from delphi.io import atomic_write_json, sha256_file
 from delphi.prereg import format as fmt
 from delphi.prereg.create import parse_utc, utc_now
 
-TERMINAL = ("completed", "diverged", "failed")
 PREDATES = "invalid: the run predates the preregistration"
 START_UNKNOWN = "invalid: the run's start cannot be established"
 SEAL_BROKEN = "invalid: the seal is broken"
-EXIT = {"not-started": 0, "on-track": 0, "passed": 0, "deviating": 1, "failed": 1, PREDATES: 1, START_UNKNOWN: 1,
+EXIT = {"not-started": 0, "in-progress": 0, "on-track": 0, "passed": 0, "deviating": 1, "failed": 1, PREDATES: 1, START_UNKNOWN: 1,
         SEAL_BROKEN: 1}
 FINAL_VERDICTS = ("passed", "failed")  # the verdicts an outcome file records
 OUTCOME_COMMAND = "prereg check"  # the outcome file's output-policy marker (delphi.io)
@@ -58,85 +62,6 @@ def exit_code(verdict: str) -> int:
     return EXIT[verdict]
 
 
-@dataclass
-class RunState:
-    """What a check needs from a run, wherever it came from (run dir or W&B)."""
-
-    source: str
-    status: str  # pending | running | stopped (resumable) | completed | diverged | failed | unknown
-    rows: list[dict]  # metrics rows in step order
-    final_loss: float | None = None  # summary's val_loss once completed
-    final_bpb: float | None = None
-    first_step_time: float | None = None  # epoch seconds of the first logged step
-    reason: str | None = None
-
-
-def first_step_time(run_dir: Path, rows: list[dict]) -> float | None:
-    """When the first step was logged: its own timestamp if the row has one, else
-    the metrics file's mtime minus the wall time elapsed since the first row
-    (the file is flushed per line, so its mtime is the last row's time)."""
-    if not rows:
-        return None
-    for key in ("time", "timestamp"):
-        if isinstance(rows[0].get(key), (int, float)):
-            return float(rows[0][key])
-    mtime = (run_dir / METRICS_FILE).stat().st_mtime
-    first, last = rows[0].get("wall_s"), rows[-1].get("wall_s")
-    if isinstance(first, (int, float)) and isinstance(last, (int, float)):
-        return mtime - (float(last) - float(first))
-    return mtime if len(rows) == 1 else None
-
-
-def read_run_dir(run_dir: str | Path) -> RunState:
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise DelphiError(f"{run_dir}: run dir not found")
-    status = read_json_object(run_dir / STATUS_FILE)  # {} while being replaced; the next poll reads it
-    rows = read_metrics(run_dir)
-    summary = read_json_object(run_dir / SUMMARY_FILE)
-    if problem := summary_log_problem(run_dir):
-        raise CheckFailed(f"{problem}; nothing compared, no outcome written")
-    return RunState(
-        source=str(run_dir),
-        status="stopped" if stopped_before_end(status) else status.get("status", "pending" if not rows else "unknown"),
-        rows=rows,
-        final_loss=summary.get("val_loss"),
-        final_bpb=summary.get("val_bpb"),
-        first_step_time=first_step_time(run_dir, rows),
-        reason=status.get("reason"),
-    )
-
-
-# W&B run states -> run dir statuses.
-WANDB_STATES = {"running": "running", "finished": "completed", "crashed": "failed", "failed": "failed", "killed": "failed", "pending": "pending"}
-
-
-def read_wandb(path: str) -> RunState:
-    """A run through the W&B public API: ENTITY/PROJECT/RUN; offline → DelphiError (exit 2)."""
-    if path.count("/") != 2 or not all(path.split("/")):
-        raise DelphiError(f"--wandb {path}: expected ENTITY/PROJECT/RUN")
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
-        raise DelphiError(f"--wandb {path}: W&B is offline (WANDB_MODE={os.environ['WANDB_MODE']}); use --run RUN_DIR")
-    try:
-        import wandb
-
-        api = wandb.Api(timeout=15)
-        run = api.run(path)
-        rows = [dict(r) for r in run.scan_history(keys=None)]
-        state = WANDB_STATES.get(run.state, "unknown")
-        summary = dict(run.summary)
-        created = parse_utc(run.created_at + ("Z" if not str(run.created_at).endswith("Z") else "")) if run.created_at else None
-    except DelphiError:
-        raise
-    except Exception as e:  # no network, no API key, no such run: all bad input here
-        raise DelphiError(f"--wandb {path}: cannot read the run from W&B ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); offline? use --run RUN_DIR") from None
-    rows = sorted((r for r in rows if "step" in r or "_step" in r), key=lambda r: r.get("step", r.get("_step")))
-    for r in rows:
-        r.setdefault("step", r.get("_step"))
-    return RunState(source=f"wandb:{path}", status=state, rows=rows, final_loss=summary.get("val_loss") if state == "completed" else None,
-                    final_bpb=summary.get("val_bpb") if state == "completed" else None, first_step_time=created)
-
-
 # --------------------------------------------------------------------------- comparison
 
 
@@ -144,25 +69,25 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
     """Every eval point against the band, and the verdict (see module docstring)."""
     tol = prereg.tolerance_rel
     points = []
-    for r in run.rows:
-        if r.get("val_loss") is None or r.get("tokens") is None:
+    for e in run.evals:
+        if e.tokens is None:
             continue
-        actual = float(r["val_loss"])
-        bands = prereg.bands_at(float(r["tokens"]))
-        if bands is None or not math.isfinite(actual):
+        bands = prereg.bands_at(e.tokens)
+        if bands is None or not math.isfinite(e.loss):
             continue  # before the first predicted point (warmup) or a non-finite loss (handled by status)
         points.append({
-            "step": int(r["step"]),
-            "tokens": float(r["tokens"]),
-            "actual": actual,
+            "step": e.step,
+            "tokens": e.tokens,
+            "actual": e.loss,
             "predicted": bands["loss"],
             "lo90": bands["lo90"],
             "hi90": bands["hi90"],
-            "rel_error": (actual - bands["loss"]) / bands["loss"],
-            "in_50": bands["lo50"] <= actual <= bands["hi50"],
-            "in_90": bands["lo90"] <= actual <= bands["hi90"],
+            "rel_error": (e.loss - bands["loss"]) / bands["loss"],
+            "in_50": bands["lo50"] <= e.loss <= bands["hi50"],
+            "in_90": bands["lo90"] <= e.loss <= bands["hi90"],
         })
     final_pred = prereg.final
+    latest = next((e.tokens for e in reversed(run.evals) if e.tokens is not None), None)
     result: dict[str, Any] = {
         "prereg": prereg.id,
         "seal": prereg.doc.get("seal", {}).get("digest"),
@@ -174,10 +99,11 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
         "n_outside_90": sum(not p["in_90"] for p in points),
         "points": points,
     }
+    midway = {"n_evals": len(run.evals), "judged": judged(prereg, latest)}
     if run.status in ("diverged", "failed"):
         result |= {"verdict": "failed", "why": f"run {run.status}" + (f": {run.reason}" if run.reason else "")}
     elif run.status == "completed":
-        actual = run.final_loss if run.final_loss is not None else (points[-1]["actual"] if points else _last_val(run.rows))
+        actual = run.final_loss if run.final_loss is not None else (points[-1]["actual"] if points else _last_val(run))
         if actual is None:
             result |= {"verdict": "failed", "why": "run completed without a final val_loss"}
         else:
@@ -193,8 +119,15 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
                 "covered_90": None if lo90 is None else bool(lo90 <= actual <= hi90),
                 "why": f"final val_loss {actual:.4f} vs predicted {final_pred['loss']:.4f}: {rel:+.2%} (tolerance {tol:.2%})",
             }
-    elif not points:
+            if run.kind == "log":
+                result["why"] += f" ({run.reason})"
+    elif not points and not run.evals:
         result |= {"verdict": "not-started", "why": "no eval point inside the predicted trajectory yet"}
+    elif not points:
+        last = run.evals[-1]
+        result |= {"verdict": "in-progress", "latest_tokens": latest,
+                   "why": f"latest eval {last.loss:.4f}" + (f" at {last.tokens:.4g} tokens" if last.tokens is not None else "")
+                          + f"; {midway['judged']}"}
     else:
         last = points[-1]
         ok = last["in_90"] or abs(last["rel_error"]) <= tol
@@ -207,7 +140,23 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
         }
     if run.status == "stopped":
         result["why"] += f" (the run is stopped, to be resumed: {run.reason})"
-    return result
+    return result if result["verdict"] in FINAL_VERDICTS else result | midway  # an outcome file records the verdict alone
+
+
+def judged(prereg: fmt.Prereg, latest_tokens: float | None) -> str:
+    """What the seal can judge of a run whose latest eval is at `latest_tokens`, and against which band:
+    the sealed trajectory's 90% band at each eval inside it, or (a seal of the final loss only, as one
+    made from a table without ladder curves) nothing until the run reaches the hero's tokens."""
+    xs, final = prereg.tokens, prereg.final
+    lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
+    verdict_at = f"the verdict on the final loss at {xs[-1]:.4g} tokens ({final['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}])"
+    share = "" if latest_tokens is None else f"; the latest eval is at {latest_tokens / xs[-1]:.0%} of them"
+    if len(xs) == 1:
+        return f"the seal predicts the final loss only: nothing to judge before {verdict_at}{share}"
+    band = f"the sealed trajectory's 90% band ({len(xs)} points, {xs[0]:.4g} to {xs[-1]:.4g} tokens)"
+    if latest_tokens is not None and latest_tokens < xs[0] * (1 - 1e-9):
+        return f"nothing to judge before {xs[0]:.4g} tokens, where {band} starts; then each eval against it, and {verdict_at}{share}"
+    return f"each eval against {band}; {verdict_at}{share}"
 
 
 def with_projection(result: dict[str, Any], prereg: fmt.Prereg, shape_run: Path) -> dict[str, Any]:
@@ -223,9 +172,8 @@ def with_projection(result: dict[str, Any], prereg: fmt.Prereg, shape_run: Path)
     return result | {"projection": {"shape_run": str(shape_run), "points": projected}}
 
 
-def _last_val(rows: list[dict]) -> float | None:
-    vals = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
-    return float(vals[-1]) if vals else None
+def _last_val(run: RunState) -> float | None:
+    return run.evals[-1].loss if run.evals else None
 
 
 def run_identity(run: RunState, run_dir: Path | None) -> dict[str, Any]:
@@ -301,17 +249,17 @@ def _mark_forced(result: dict, doc: dict) -> None:
         result["why"] = f"{result.get('why', '')} [SEALED WITH --force; failed gates: {', '.join(failed) or '?'}]"
 
 
-def ran_evidence(run_dir: Path, rows: list[dict]) -> str | None:
+def ran_evidence(run_dir: Path, n_rows: int) -> str | None:
     """Why a run dir whose first step has no time is known to have run (None: it has not started).
 
-    metrics.jsonl is the only record of when the first step happened; if it is missing, empty
-    or has no timestamps while status.json, summary.json or checkpoints show steps were taken,
-    the run's start is unknown, not "after the preregistration"."""
+    metrics.jsonl (`n_rows` rows) is the only record of when the first step happened; if it is
+    missing, empty or has no timestamps while status.json, summary.json or checkpoints show steps
+    were taken, the run's start is unknown, not "after the preregistration"."""
     from delphi.train.checkpoint import CHECKPOINTS_DIR
 
     run_dir = Path(run_dir)
     metrics = run_dir / METRICS_FILE
-    lost = (f"{metrics.name} has {len(rows)} rows without a time" if rows
+    lost = (f"{metrics.name} has {n_rows} rows without a time" if n_rows
             else f"{metrics.name} is {'empty' if metrics.is_file() else 'missing'}")
     status = read_json_object(run_dir / STATUS_FILE)
     if status.get("status") not in (None, "pending") or (status.get("step") or 0) > 0:
@@ -321,7 +269,7 @@ def ran_evidence(run_dir: Path, rows: list[dict]) -> str | None:
     checkpoints = run_dir / CHECKPOINTS_DIR
     if checkpoints.is_dir() and any(checkpoints.iterdir()):
         return f"{lost} but {CHECKPOINTS_DIR}/ holds checkpoints"
-    return lost if rows else None
+    return lost if n_rows else None
 
 
 def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path, seed: int | None = None) -> str | None:
@@ -375,10 +323,16 @@ def _differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
 def start_order(doc: dict, run: RunState, run_dir: Path | None) -> tuple[bool | None, str | None]:
     """Whether the preregistration was created before the run's first logged step: (True, None),
     (False, why) or (None, why) when the run ran but when it started is gone. A run with nothing
-    logged yet has not started: the prediction precedes it."""
-    evidence = ran_evidence(run_dir, run.rows) if run_dir is not None and run.first_step_time is None else None
+    logged yet has not started: the prediction precedes it. Another trainer's log must carry a time
+    column: nothing else in it says when its first row was written."""
+    evidence = None
+    if run.first_step_time is None and run.kind == "log" and run.n_rows:
+        evidence = (f"its {run.n_rows} rows have no time (looked for a column {', '.join(TIME_ALIASES)}; map one with "
+                    "--time-col: epoch seconds or ISO 8601 with a zone)")
+    elif run_dir is not None and run.first_step_time is None and run.kind == "run_dir":
+        evidence = ran_evidence(run_dir, run.n_rows)
     if evidence:
-        return None, (f"{run_dir}: cannot establish when the run started: {evidence}; "
+        return None, (f"{run.path if run.kind == 'log' else run_dir}: cannot establish when the run started: {evidence}; "
                       "the preregistration cannot be shown to precede it")
     if run.first_step_time is None:
         return True, None
@@ -388,6 +342,21 @@ def start_order(doc: dict, run: RunState, run_dir: Path | None) -> tuple[bool | 
                    f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(run.first_step_time))})")
 
 
+def read_hero_run(doc: dict, run_path: Path | None, wandb_path: str | None, log: LogOptions = LogOptions()) -> RunState:
+    """The hero's run: a Delphi run dir or a W&B run as they say, or another trainer's log, completed
+    once an eval reaches the sealed hero's tokens or steps (`delphi.train.runlog.read_to_end`)."""
+    if run_path is not None:
+        return read_to_end(run_path, RunEnd.of_hero(doc.get("hero") or {}), log)
+    if log.finished:
+        raise DelphiError(f"--finished: --wandb {wandb_path} is a W&B run, whose state says when it ended")
+    return read_wandb(wandb_path, log.columns)
+
+
+def log_description(run: RunState) -> dict[str, Any]:
+    """For another trainer's log: which file was read and which column gave each quantity."""
+    return {"log": {"path": str(run.path), "columns": dict(run.columns)}} if run.kind == "log" else {}
+
+
 def target_seeds(doc: dict) -> list[int] | None:
     """The seeds whose mean final loss a multi-seed seal predicts (its "target"); None: one run."""
     target = doc.get("target")
@@ -395,12 +364,14 @@ def target_seeds(doc: dict) -> list[int] | None:
 
 
 def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None,
-          record: bool = True, run_dirs: list[Path] | None = None) -> tuple[dict, fmt.Prereg, RunState]:
+          record: bool = True, run_dirs: list[Path] | None = None,
+          log: LogOptions = LogOptions()) -> tuple[dict, fmt.Prereg, RunState]:
     """Compare the run with the preregistration; a final verdict is recorded as NAME.outcome.json
     for the run it scored (module docstring), unless `record` is false (a reader of committed data,
     e.g. the paper, scores the run without writing beside the seal). A broken seal is CheckFailed
     (exit 1). A multi-seed seal (`target_seeds`) is checked on `run_dirs`, one per sealed seed
-    (`check_seeds`); `run_dirs` of one is `run_dir`."""
+    (`check_seeds`); `run_dirs` of one is `run_dir`. A run dir may be another trainer's log (or a
+    directory holding one), read by `log` (`read_hero_run`)."""
     prereg = fmt.load_prereg(prereg_path)
     seal = fmt.seal_status(prereg.doc)
     if not seal["ok"]:
@@ -410,11 +381,11 @@ def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | N
     if run_dirs is not None and len(run_dirs) == 1 and seeds is None:
         run_dir = run_dirs[0]
     elif run_dirs is not None or seeds is not None:
-        return check_seeds(prereg_path, prereg, seeds, list(run_dirs or ([run_dir] if run_dir else [])), record)
+        return check_seeds(prereg_path, prereg, seeds, list(run_dirs or ([run_dir] if run_dir else [])), record, log)
     if run_dir is not None and (mismatch := hero_mismatch(prereg.doc, prereg_path, run_dir)):
         raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
-    run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
-    result = compare(prereg, run)
+    run = read_hero_run(prereg.doc, run_dir, wandb_path, log)
+    result = compare(prereg, run) | log_description(run)
     result["seal_ok"] = seal["ok"]
     order, problem = start_order(prereg.doc, run, run_dir)
     result["created_before_start"] = order
@@ -433,12 +404,14 @@ def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | N
 
 
 def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, run_dirs: list[Path],
-                record: bool) -> tuple[dict, fmt.Prereg, RunState]:
+                record: bool, log: LogOptions = LogOptions()) -> tuple[dict, fmt.Prereg, RunState]:
     """A multi-seed seal against its runs, one per sealed seed: each seed's curve against the band,
     and the verdict on the mean of their final losses (the sealed quantity). A seed whose first step
     came before the seal makes the outcome invalid; any seed diverged or failed fails it; while any
-    trains, the verdict is the worst seed's (deviating over on-track over not-started). The RunState
-    returned is the first seed's (for a figure's axes); every seed's curve is in result["seeds"]."""
+    trains, the verdict is the worst seed's (deviating over on-track over in-progress over not-started).
+    The RunState returned is the first seed's (for a figure's axes); every seed's curve is in
+    result["seeds"]. Delphi run dirs say their seed (config.yaml); other trainers' logs, which do
+    not, are the sealed seeds in the order given."""
     if seeds is None:
         raise DelphiError(f"--run: {prereg_path} seals one run; give one --run, not {len(run_dirs)}")
     if len({Path(r).resolve() for r in run_dirs}) != len(run_dirs):
@@ -449,8 +422,15 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
                           f"seed ({len(seeds)}), got {len(run_dirs)}")
     by_seed: dict[int, Path] = {}
     for run_dir in run_dirs:
-        if not Path(run_dir).is_dir():
+        if not Path(run_dir).exists():
             raise DelphiError(f"{run_dir}: run dir not found")
+    delphi_dirs = [is_delphi_run_dir(Path(r)) for r in run_dirs]
+    if not any(delphi_dirs):
+        by_seed = dict(zip(seeds, map(Path, run_dirs)))
+    elif not all(delphi_dirs):
+        raise DelphiError(f"--run: {', '.join(str(r) for r, d in zip(run_dirs, delphi_dirs) if not d)} is another "
+                          "trainer's log and the others Delphi run dirs; give the seeds' runs in one form")
+    for run_dir in run_dirs if all(delphi_dirs) else []:
         seed = _run_seed(Path(run_dir))
         if seed not in seeds:
             raise DelphiError(f"--run {run_dir}: its seed {seed} is not one of the sealed seeds {seeds}")
@@ -460,10 +440,10 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
             raise DelphiError(f"--run {run_dir}: seed {seed} again ({by_seed[seed]} is seed {seed} too); "
                               f"give one run per sealed seed {seeds}")
         by_seed[seed] = Path(run_dir)
-    runs = {seed: read_run_dir(by_seed[seed]) for seed in seeds}
+    runs = {seed: read_hero_run(prereg.doc, by_seed[seed], None, log) for seed in seeds}
     per_seed = []
     for seed, run in runs.items():
-        one = compare(prereg, run)
+        one = compare(prereg, run) | log_description(run)
         order, problem = start_order(prereg.doc, run, by_seed[seed])
         one |= {"seed": seed, "created_before_start": order}
         if order is not True:
@@ -510,10 +490,13 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
                 from delphi.prereg.competing import score_competing
                 result["competing"] = score_competing(prereg.doc["prediction"]["competing"], actual)
     else:
-        order = ("deviating", "on-track", "not-started", "passed", "failed")
+        order = ("deviating", "on-track", "in-progress", "not-started", "passed", "failed")
         worst = min(per_seed, key=lambda o: order.index(o["verdict"]) if o["verdict"] in order else len(order))
-        verdict = worst["verdict"] if worst["verdict"] in ("deviating", "on-track", "not-started") else "on-track"
+        verdict = worst["verdict"] if worst["verdict"] in order[:4] else "on-track"
         result |= {"verdict": verdict, "why": "; ".join(f"seed {o['seed']} [{o['status']}] {o['why']}" for o in per_seed)}
+    if result["verdict"] not in FINAL_VERDICTS:
+        result |= {"n_evals": sum(len(r.evals) for r in runs.values()),
+                   "judged": f"{judged(prereg, _slowest(runs.values()))}; the verdict on the mean of the {len(seeds)} seeds' final losses"}
     _mark_forced(result, prereg.doc)
     if record and result["verdict"] in FINAL_VERDICTS:
         identities = [run_identity(runs[s], by_seed[s]) for s in seeds]
@@ -528,6 +511,12 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
     return result, prereg, runs[seeds[0]]
 
 
+def _slowest(runs: Any) -> float | None:
+    """The latest eval's tokens of the run furthest behind (None while one has no eval with tokens)."""
+    latest = [next((e.tokens for e in reversed(r.evals) if e.tokens is not None), None) for r in runs]
+    return None if any(t is None for t in latest) else min(latest)
+
+
 def _run_seed(run_dir: Path) -> int:
     from delphi.io import read_yaml
 
@@ -538,28 +527,43 @@ def _run_seed(run_dir: Path) -> int:
 
 
 def watch(prereg_path: Path, *, run_dir: Path | None, wandb_path: str | None, interval_s: float, timeout_s: float | None,
-          on_update=None, run_dirs: list[Path] | None = None) -> tuple[dict, fmt.Prereg, RunState]:
-    """Poll until the run's status is terminal (or timeout_s passes)."""
+          on_update: Callable[[dict], None] | None = None, run_dirs: list[Path] | None = None,
+          log: LogOptions = LogOptions(), on_wait: Callable[[str], None] | None = None) -> tuple[dict, fmt.Prereg, RunState]:
+    """Poll until the verdict is final (passed or failed: a multi-seed seal's once every seed has ended,
+    or one has failed) or invalid, the run is stopped to be resumed, or timeout_s passes. A JSON log
+    whose rows have not yet brought a column it needs (the eval loss before the first eval) is waited
+    for, said once through `on_wait`; still missing at timeout_s, it is the error."""
     start = time.monotonic()
-    last_n = -1
+    shown: tuple | None = None
+    waiting: str | None = None
     while True:
-        result, prereg, run = check(prereg_path, run_dir=run_dir, wandb_path=wandb_path, run_dirs=run_dirs)
-        if on_update and result["n_points"] != last_n:
+        timed_out = timeout_s is not None and time.monotonic() - start > timeout_s
+        try:
+            result, prereg, run = check(prereg_path, run_dir=run_dir, wandb_path=wandb_path, run_dirs=run_dirs, log=log)
+        except ColumnNotFound as missing:
+            if not missing.sparse or timed_out:
+                raise
+            if on_wait is not None and str(missing) != waiting:
+                on_wait(f"waiting: {missing}")
+            waiting = str(missing)
+            time.sleep(interval_s)
+            continue
+        key = (result["verdict"], result["n_points"], result.get("n_evals"))
+        if on_update and key != shown:
             on_update(result)
-            last_n = result["n_points"]
-        if run.status in TERMINAL or result["verdict"] in (PREDATES, START_UNKNOWN):
+            shown = key
+        if result["verdict"] in (*FINAL_VERDICTS, PREDATES, START_UNKNOWN):
             return result, prereg, run
-        watched = run_dirs or ([run_dir] if run_dir is not None else [])
-        statuses = [read_run_dir(d).status for d in watched] if len(watched) > 1 else [run.status]
-        if "stopped" in statuses:  # a stopped run never moves until resumed: polling it would never end
-            stopped = [str(d) for d, s in zip(watched, statuses) if s == "stopped"] or [run.source]
+        seeds = result.get("seeds") or [{"run": run.source, "status": run.status}]
+        if stopped := [s["run"] for s in seeds if s["status"] == "stopped"]:  # never moves until resumed: no end to polling it
             result["watch"] = (f"stopped watching: {', '.join(stopped)} is stopped, to be resumed ({run.reason or 'a signal'}); "
                                "resume it and watch again")
             return result, prereg, run
+        watched = [Path(d) for d in (run_dirs or ([run_dir] if run_dir is not None else [])) if is_delphi_run_dir(Path(d))]
         if stale := [why for why in map(stale_running, watched) if why]:
             raise CheckFailed("; ".join(stale) + " (nothing trains it: resume it, or stop watching)")
-        if timeout_s is not None and time.monotonic() - start > timeout_s:
-            result["watch"] = f"stopped after {timeout_s:g} s without a terminal status"
+        if timed_out:
+            result["watch"] = f"stopped after {timeout_s:g} s without a final verdict"
             return result, prereg, run
         time.sleep(interval_s)
 

@@ -20,7 +20,7 @@ NOISE_SCOPES = ("pooled", "top_budget")
 
 
 def add_commands(subparsers) -> None:
-    from delphi.cli import add_json_flag, nonnegative_int, positive_float
+    from delphi.cli import add_json_flag, add_log_options, nonnegative_int, positive_float
 
     prereg = subparsers.add_parser("prereg", help="preregister a hero run's loss, verify the seal, check a run against it")
     sub = prereg.add_subparsers(dest="prereg_command", metavar="SUBCOMMAND")
@@ -78,12 +78,19 @@ def add_commands(subparsers) -> None:
     p = sub.add_parser("check", help="compare a (live) run with the preregistered band")
     p.add_argument("file")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--run", action="append", help="the hero's run dir; a multi-seed seal: one --run per sealed seed")
+    g.add_argument("--run", action="append",
+                   help="the hero's run: a Delphi run dir, another trainer's metrics log (JSONL, CSV, TSV, a W&B history "
+                        "export as CSV or JSON) or a directory holding one; a multi-seed seal: one --run per sealed seed")
     g.add_argument("--wandb", help="ENTITY/PROJECT/RUN (W&B public API; needs network)")
+    add_log_options(p)
+    p.add_argument("--finished", action="store_true",
+                   help="the log is complete (its trainer has stopped): judge it now; a log that ends short of the "
+                        "hero's tokens is then an error (a Delphi run dir's status.json says this itself)")
     p.add_argument("--plot", help="write prediction-vs-actual figure OUT.png (+ .svg)")
     p.add_argument("--shape", metavar="RUN_DIR", help="a finished run on the hero's schedule (e.g. the longest probe): "
                                                       "project each eval point to a final loss on its curve (not a verdict)")
-    p.add_argument("--watch", action="store_true", help="poll until the run's status is terminal")
+    p.add_argument("--watch", action="store_true",
+                   help="poll until the verdict is final (a log: once an eval reaches the hero's tokens or steps)")
     p.add_argument("--interval", type=positive_float, default=10.0, help="seconds between polls with --watch")
     p.add_argument("--timeout", type=positive_float, default=None, help="stop watching after this many seconds")
     p.add_argument("--force", action="store_true",
@@ -195,14 +202,20 @@ def _verify(args: argparse.Namespace):
 
 
 def _check(args: argparse.Namespace):
+    from delphi.cli import log_columns
     from delphi.prereg import check as ck
+    from delphi.train.runlog import LogOptions
 
     from delphi.editions import resolve_data
 
     run_dirs = [resolve_data(r) for r in args.run] if args.run else None  # a run inside a compact edition: its unpacked copy
     for run_dir in run_dirs or []:
-        if not run_dir.is_dir():
-            raise DelphiError(f"{run_dir}: run dir not found")
+        if not run_dir.exists():
+            raise DelphiError(f"{run_dir}: run dir or metrics log not found")
+    if args.finished and args.watch:
+        raise DelphiError("--finished with --watch: a watch follows a log until it reaches the hero's end; "
+                          "--finished judges a complete log once")
+    log = LogOptions(log_columns(args), finished=args.finished)
     run_dir = run_dirs[0] if run_dirs else None
     if args.plot:
         from delphi.io import check_output_file
@@ -214,11 +227,16 @@ def _check(args: argparse.Namespace):
                               force=args.force)
     if args.watch:
         result, prereg, run = ck.watch(Path(args.file), run_dir=None, wandb_path=args.wandb, interval_s=args.interval,
-                                       timeout_s=args.timeout, on_update=lambda r: _say(f"[{r['status']}] {r['verdict']}: {r['why']}"),
-                                       run_dirs=run_dirs)
+                                       timeout_s=args.timeout, on_update=_say_progress, run_dirs=run_dirs, log=log,
+                                       on_wait=_say)
     else:
-        result, prereg, run = ck.check(Path(args.file), wandb_path=args.wandb, run_dirs=run_dirs)
+        result, prereg, run = ck.check(Path(args.file), wandb_path=args.wandb, run_dirs=run_dirs, log=log)
+    for described in [result.get("log"), *(s.get("log") for s in result.get("seeds") or [])]:
+        if described:
+            _say(f"read {described['path']}: " + ", ".join(f"{k} = {v}" for k, v in described["columns"].items()))
     _say(f"{result['verdict']}: {result['why']}")
+    if result.get("judged") and result["verdict"] != "in-progress":  # in-progress says it in its why
+        _say(f"  judged: {result['judged']}")
     if result.get("watch"):
         _say(result["watch"])
     for name, row in (result.get("competing") or {}).items():
@@ -236,10 +254,15 @@ def _check(args: argparse.Namespace):
         from delphi.plot.figures import prediction_figure
         from delphi.plot.style import save_figure
 
-        seed_runs = {s["seed"]: ck.read_run_dir(s["run"]) for s in result["seeds"]} if result.get("seeds") else None
+        seed_runs = ({s["seed"]: ck.read_hero_run(prereg.doc, Path(s["run"]), None, log) for s in result["seeds"]}
+                     if result.get("seeds") else None)
         fig = prediction_figure(prereg.doc, run, verdict=result["verdict"], seed_runs=seed_runs)
         result["plot"] = save_figure(fig, args.plot, written_by="prereg check")
     return result, ck.exit_code(result["verdict"])
+
+
+def _say_progress(result: dict) -> None:
+    _say(f"[{result['status']}] {result['verdict']}: {result['why']}")
 
 
 def _figure_files(out: str) -> list[Path]:

@@ -1,9 +1,12 @@
 """What a study shows: its figures (`stage_figures`) and report.md (`render_report`), every number
-read from the stage markers and the files they name."""
+read from the stage markers and the files they name; and the same report for a pipeline assembled
+by hand from a results table, a fit, a seal and a run's log (`pipeline_report`, `delphi report`)."""
 
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,6 +15,7 @@ import pandas as pd
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
 from delphi.editions import seed_runs_of
+from delphi.train.runlog import LogOptions
 from delphi.study.state import Study, _fmt, _rehearsal, _say, load_table, probe_runs
 
 
@@ -35,53 +39,81 @@ def _residual_prediction(fit: Any, table: pd.DataFrame):
     return np.asarray(pred["loss"], float)
 
 
+class FigureSet:
+    """Figures drawn into one directory as NAME.png and NAME.svg; a figure whose input is missing or
+    unusable is named in `not_drawn` and does not lose the others."""
+
+    def __init__(self, directory: Path, written_by: str | None = None, say: Callable[[str], None] = _say) -> None:
+        self.directory = directory
+        self.written_by = written_by
+        self.say = say
+        self.files: list[str] = []
+        self.failed: list[str] = []
+
+    def draw(self, name: str, make: Callable[[], Any]) -> None:
+        from delphi.plot.style import save_figure
+
+        try:
+            self.files.extend(save_figure(make(), str(self.directory / f"{name}.png"), written_by=self.written_by))
+        except (DelphiError, ValueError, KeyError) as e:
+            self.failed.append(f"{name} ({e})")
+
+    def result(self) -> dict:
+        for problem in self.failed:
+            self.say(f"figure not drawn: {problem}")
+        return {"files": sorted(p for p in self.files if p.endswith(".png")), "not_drawn": self.failed}
+
+
+def allocation_of(table: pd.DataFrame, optima: list[dict] | None, fit: Any, hero: dict):
+    """N*(C) and D*(C): the isoFLOP optima given, else the table's own per-budget parabolas."""
+    from delphi.fits.isoflop import per_budget_optima
+    from delphi.plot import figures as pf
+
+    optima = optima or per_budget_optima(table)[0]
+    frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
+                          "tokens": [o["tokens_opt"] for o in optima]})
+    return pf.allocation_figure(frame, fit, hero.get("compute"), hero.get("params"), hero.get("tokens"))
+
+
+def frontier_of(table: pd.DataFrame, fit: Any, prereg_doc: dict | None, actual: float | None):
+    """The compute frontier with the sealed hero's 90% interval and its actual final loss."""
+    from delphi.plot import figures as pf
+
+    hero_c = interval = None
+    if prereg_doc is not None:
+        final = prereg_doc["prediction"]["final"]
+        hero_c = prereg_doc["hero"]["flops"]
+        lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
+        interval = (final["loss"], lo, hi)
+    return pf.frontier_figure(table, fit, hero_c, interval, actual)
+
+
+def residuals_of(table: pd.DataFrame, fit: Any):
+    from delphi.plot import figures as pf
+
+    return pf.residuals_figure(table, _residual_prediction(fit, table), title=f"{fit.kind} fit ({fit.method}) residuals")
+
+
 def stage_figures(study: Study) -> dict:
     """Every figure of the study, drawn by the library functions behind `delphi plot ...`."""
     from delphi.fits import curves as cv
     from delphi.fits import load_fit
-    from delphi.fits.isoflop import per_budget_optima
     from delphi.plot import figures as pf
-    from delphi.plot.style import save_figure
     from delphi.prereg.check import compare, read_run_dir
     from delphi.prereg.format import load_prereg
 
     study.figures.mkdir(parents=True, exist_ok=True)
-    fig = lambda name: str(study.figures / f"{name}.png")  # noqa: E731
+    figures = FigureSet(study.figures)
     table = load_table(study)
     primary = load_fit(study.fit_path(study.primary_fit))
     fits = {m: load_fit(study.fit_path(m)) for m in study.spec.fits if study.fit_path(m).is_file()}
-    files: list[str] = []
-    failed: list[str] = []
+    optima = fits["isoflop"].extra.get("optima") if "isoflop" in fits else None
 
-    def draw(name: str, make: Callable[[], Any]) -> None:
-        try:
-            files.extend(save_figure(make(), fig(name)))
-        except (DelphiError, ValueError, KeyError) as e:  # one figure's missing input does not lose the others
-            failed.append(f"{name} ({e})")
-
-    draw("isoflop", lambda: pf.isoflop_figure(table, fits["isoflop"].extra.get("optima") if "isoflop" in fits else None))
-
-    def allocation():
-        optima = (fits["isoflop"].extra.get("optima") if "isoflop" in fits else None) or per_budget_optima(table)[0]
-        frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
-                              "tokens": [o["tokens_opt"] for o in optima]})
-        hero = _hero_point(study)
-        return pf.allocation_figure(frame, primary, hero.get("compute"), hero.get("params"), hero.get("tokens"))
-
-    draw("allocation", allocation)
+    figures.draw("isoflop", lambda: pf.isoflop_figure(table, optima))
+    figures.draw("allocation", lambda: allocation_of(table, optima, primary, _hero_point(study)))
     prereg = load_prereg(study.prereg) if study.prereg.is_file() else None
     run = read_run_dir(study.hero_run) if study.hero_run.is_dir() else None
-
-    def frontier():
-        hero_c = interval = None
-        if prereg is not None:
-            final = prereg.doc["prediction"]["final"]
-            hero_c = prereg.doc["hero"]["flops"]
-            lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
-            interval = (final["loss"], lo, hi)
-        return pf.frontier_figure(table, primary, hero_c, interval, run.final_loss if run else None)
-
-    draw("frontier", frontier)
+    figures.draw("frontier", lambda: frontier_of(table, primary, prereg.doc if prereg else None, run.final_loss if run else None))
     if prereg is not None:
         def prediction():
             dirs = [d for d in seed_runs_of(prereg.doc, study.hero_run) if d.is_dir()]
@@ -91,21 +123,18 @@ def stage_figures(study: Study) -> dict:
             verdict = ((study.done("check") or {}).get("result") or {}).get("verdict")
             return pf.prediction_figure(prereg.doc, run, verdict, seed_runs={_seed_of(d): read_run_dir(d) for d in dirs})
 
-        draw("prediction", prediction)
+        figures.draw("prediction", prediction)
 
     def ladder_curves():
         curves = cv.load_ladder_curves(study.ladder_dir)
         law = cv.fit_curve_law(curves, bootstrap=0, seed=study.spec.seed, lr_ref=cv.ladder_lr_ref(study.ladder_dir))
         return pf.curves_figure(curves, law, None)
 
-    draw("ladder_curves", ladder_curves)
+    figures.draw("ladder_curves", ladder_curves)
     for method, f in fits.items():
         if method != "frontier":
-            draw(f"residuals_{method}", lambda f=f: pf.residuals_figure(table, _residual_prediction(f, table),
-                                                                         title=f"{f.kind} fit ({f.method}) residuals"))
-    for problem in failed:
-        _say(f"figure not drawn: {problem}")
-    return {"files": sorted(p for p in files if p.endswith(".png")), "not_drawn": failed}
+            figures.draw(f"residuals_{method}", lambda f=f: residuals_of(table, f))
+    return figures.result()
 
 
 def _seed_of(run_dir: Path) -> int:
@@ -186,12 +215,12 @@ def render_report(study: Study) -> str:
     return "\n".join(lines)
 
 
-def verdict_table(check: dict) -> list[str]:
+def verdict_table(check: dict, unit: str = "nats/byte") -> list[str]:
     """The hero's preregistered final loss against the outcome (the check stage's result): predicted
     and actual to the same 4 decimals, so that 1.5030 and 1.5000 read as the numbers they are."""
     return ["| quantity | predicted | actual | relative error | inside 90% interval | verdict |",
             "|---|---|---|---|---|---|",
-            f"| hero final val loss (nats/byte) | {_fmt(check.get('predicted_final_loss'), '.4f')} "
+            f"| hero final val loss ({unit}) | {_fmt(check.get('predicted_final_loss'), '.4f')} "
             f"| {_fmt(check.get('actual_final_loss'), '.4f')} "
             f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |"]
 
@@ -223,13 +252,18 @@ def primary_law_lines(law: str, setting: str, final: dict | None = None, actual:
 
 
 def _gates_section(study: Study) -> list[str]:
-    from delphi.prereg.gates import gate_table
-
     if not study.gates.is_file():
         return []
-    report = json.loads(study.gates.read_text())
+    return gates_lines(json.loads(study.gates.read_text()), forced_by="the study went on with force: true")
+
+
+def gates_lines(report: dict, forced_by: str) -> list[str]:
+    """The gates section of a report from a gate report (NAME.gates.json): whether every gate passed,
+    and the table; `forced_by` says how a seal went on over failed gates."""
+    from delphi.prereg.gates import gate_table
+
     verdict = "all passed" if report["passed"] else (
-        f"FAILED ({', '.join(report['failed'])})" + ("; the study went on with force: true" if report.get("forced") else ""))
+        f"FAILED ({', '.join(report['failed'])})" + (f"; {forced_by}" if report.get("forced") else ""))
     return ["## Gates (evaluated before the hero trained)", "", f"Gates: {verdict}.", "", gate_table(report["gates"]), ""]
 
 
@@ -322,3 +356,170 @@ def _markdown_table(table: pd.DataFrame) -> str:
     for _, r in table[cols].iterrows():
         rows.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
     return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- a pipeline assembled by hand
+
+REPORT_COMMAND = "report"  # what report.md and its figures say wrote them (delphi.io's output policy)
+PIPELINE_FIGURES = ("isoflop", "allocation", "frontier", "prediction", "residuals")
+MAX_TABLE_ROWS = 200  # a larger results table is summarised, not copied into the report
+
+
+@dataclass(frozen=True)
+class PipelineInputs:
+    """The pieces of a pipeline assembled by hand (`delphi report`); each may be absent, and a run
+    is judged against the seal, so `runs` needs `prereg` (one run, or one per seed of a multi-seed seal)."""
+
+    results: Path | None = None
+    table_options: dict[str, Any] = field(default_factory=dict)  # delphi.fits.data.load_results's keywords
+    fit: Path | None = None
+    prereg: Path | None = None
+    runs: tuple[Path, ...] = ()
+    log: LogOptions = LogOptions()
+
+
+def pipeline_report(inputs: PipelineInputs, out: Path) -> dict:
+    """report.md and figures/ in `out` for `inputs`, drawn and written as a study's are: the verdict
+    of the run against the seal (checked, nothing recorded beside the seal), the seal's gates, its
+    calibrated interval, the fit's summary, the figures and the table."""
+    from delphi.fits import load_fit, load_results
+    from delphi.plot import figures as pf
+    from delphi.prereg.check import check, read_hero_run
+    from delphi.prereg.format import load_prereg
+
+    if inputs.runs and inputs.prereg is None:
+        raise DelphiError("--run: a run is judged against a preregistration; give --prereg too")
+    table = load_results(inputs.results, **inputs.table_options) if inputs.results is not None else None
+    fit = load_fit(inputs.fit) if inputs.fit is not None else None
+    prereg = load_prereg(inputs.prereg) if inputs.prereg is not None else None
+    checked, run, seed_runs = None, None, None
+    if prereg is not None and inputs.runs:
+        checked, _, run = check(inputs.prereg, run_dirs=list(inputs.runs), record=False, log=inputs.log)
+        if checked.get("seeds"):
+            seed_runs = {s["seed"]: read_hero_run(prereg.doc, Path(s["run"]), None, inputs.log) for s in checked["seeds"]}
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    figures = FigureSet(out / "figures", written_by=REPORT_COMMAND, say=lambda line: print(f"delphi report: {line}", file=sys.stderr))
+    hero = prereg.doc["hero"] if prereg is not None else {}
+    hero_point = {"compute": hero.get("flops"), "params": hero.get("params"), "tokens": hero.get("tokens")}
+    optima = fit.extra.get("optima") if fit is not None else None
+    actual = (checked or {}).get("actual_final_loss")
+    if table is not None:
+        figures.draw("isoflop", lambda: pf.isoflop_figure(table, optima))
+        figures.draw("frontier", lambda: frontier_of(table, fit, prereg.doc if prereg else None, actual))
+        if fit is not None and fit.kind != "frontier":
+            figures.draw("residuals", lambda: residuals_of(table, fit))
+    if fit is not None and (optima or table is not None):
+        figures.draw("allocation", lambda: allocation_of(table, optima, fit, hero_point))
+    if prereg is not None:
+        figures.draw("prediction", lambda: pf.prediction_figure(prereg.doc, run, (checked or {}).get("verdict"), seed_runs))
+    drawn = figures.result()
+    text = render_pipeline_report(inputs, table, fit, prereg, checked, [Path(p) for p in drawn["files"]], drawn["not_drawn"])
+    atomic_write_text(out / "report.md", text, written_by=REPORT_COMMAND)
+    return {"report": str(out / "report.md"), "figures": drawn["files"], "not_drawn": drawn["not_drawn"],
+            **({"check": {k: v for k, v in checked.items() if k != "points"}} if checked else {})}
+
+
+def render_pipeline_report(inputs: PipelineInputs, table: pd.DataFrame | None, fit: Any, prereg: Any,
+                           checked: dict | None, figure_files: list[Path], not_drawn: list[str] = ()) -> str:
+    """report.md of a pipeline assembled by hand, from what `pipeline_report` read."""
+    from delphi.fits.calibration import report_lines
+
+    lines = ["# Report", "", "Assembled by hand (`delphi report`) from:", "", *_input_lines(inputs, table, fit, prereg, checked), ""]
+    if prereg is not None:
+        doc = prereg.doc
+        final = doc["prediction"]["final"]
+        lines += ["## Preregistered prediction against the outcome", "",
+                  *verdict_table(checked or {"predicted_final_loss": final["loss"], "verdict": "no run given"}, _loss_unit(doc)),
+                  ""]
+        if checked is not None:
+            lines += [checked.get("why", ""), ""]
+            if checked.get("judged"):
+                lines += [f"What the seal judges: {checked['judged']}.", ""]
+        lines += [_seal_sentence(doc, fit, inputs.fit), ""]
+        lines += _seal_gates_lines(inputs.prereg, doc)
+        lines += report_lines(final, primary_law=(doc.get("provenance") or {}).get("fit_kind"))
+    if fit is not None:
+        lines += ["## Fit", "", f"`{inputs.fit}`:", "", "```text", fit.summary(), "```", ""]
+    lines += ["## Figures", ""]
+    lines += [f"![{png.stem}](figures/{png.name})" for png in figure_files] or ["(none: no input draws one)"]
+    lines += ["", *(f"Not drawn: {why}." for why in not_drawn)] if not_drawn else []
+    lines.append("")
+    if table is not None:
+        lines += ["## Results table", ""]
+        lines += ([_markdown_table(table)] if len(table) <= MAX_TABLE_ROWS else
+                  [f"{len(table)} rows (more than {MAX_TABLE_ROWS}: not copied here); budgets "
+                   f"{', '.join(f'{b:.3g}' for b in sorted(table['budget'].unique()))}."])
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _input_lines(inputs: PipelineInputs, table: pd.DataFrame | None, fit: Any, prereg: Any, checked: dict | None) -> list[str]:
+    from delphi.io import sha256_file
+    from delphi.prereg.format import seal_status
+
+    lines = []
+    if table is not None:
+        query = table.attrs.get("query")
+        lines.append(f"- results table `{inputs.results}` (sha256 {sha256_file(inputs.results)[:12]}): {len(table)} rows"
+                     + (f" selected by `{query}`" if query else ""))
+    if fit is not None:
+        lines.append(f"- fit `{inputs.fit}` (sha256 {sha256_file(inputs.fit)[:12]}): {fit.kind} ({fit.method}), "
+                     f"{fit.n_points} points, status {fit.status}")
+    if prereg is not None:
+        seal = seal_status(prereg.doc)
+        lines.append(f"- preregistration `{inputs.prereg}`: id {prereg.id}, created {prereg.doc['created']}, "
+                     f"seal {'ok' if seal['ok'] else 'BROKEN'} ({str(seal['recorded'])[:12]})")
+    described = [checked.get("log")] + [s.get("log") for s in checked.get("seeds") or []] if checked else []
+    for run in inputs.runs:
+        log = next((d for d in described if d and Path(d["path"]).resolve().is_relative_to(Path(run).resolve())), None)
+        if log is None:
+            how = "a Delphi run dir"
+        else:
+            where = "" if Path(log["path"]) == Path(run) else f" ({log['path']})"
+            how = f"a metrics log{where} read as " + ", ".join(f"{k} = {v}" for k, v in log["columns"].items())
+        lines.append(f"- run `{run}`: {how}")
+    return lines
+
+
+def _loss_unit(doc: dict) -> str:
+    """The unit of the sealed loss: per byte for a byte-level hero, per token for another vocabulary."""
+    config = (doc.get("hero") or {}).get("config")
+    vocab = ((config or {}).get("model") or {}).get("vocab_size") if isinstance(config, dict) else None
+    return "nats/byte" if vocab == 256 else "nats/token"
+
+
+def _seal_sentence(doc: dict, fit: Any, fit_path: Path | None) -> str:
+    """What the seal predicts, from which fit, and whether the fit given is that fit."""
+    from delphi.io import sha256_file
+
+    final, hero, prov = doc["prediction"]["final"], doc["hero"], doc.get("provenance") or {}
+    lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
+    text = (f"The seal `{doc['id']}` (tolerance {float(doc['decision']['tolerance_rel']):.2%}) predicts the hero's final loss "
+            f"{final['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}], at N = {_fmt(hero.get('params'))}, D = {_fmt(hero.get('tokens'))} "
+            f"tokens, C = {_fmt(hero.get('flops'), '.3g')} FLOPs, made by the {prov.get('fit_kind', '?')} fit "
+            f"`{prov.get('fit_path', '?')}` (sha256 {str(prov.get('fit_sha256'))[:12]}).")
+    if doc.get("forced"):
+        text += " It was sealed with --force over failed gates."
+    if fit is not None and fit_path is not None:
+        same = sha256_file(fit_path) == prov.get("fit_sha256")
+        text += (" The fit given here is that fit." if same else
+                 f" The fit given here (`{fit_path}`) is not the one the seal names: its sha256 differs.")
+    return text
+
+
+def _seal_gates_lines(prereg_path: Path, doc: dict) -> list[str]:
+    """The seal's gates: its gate report beside it (NAME.gates.json) where there is one, else the
+    gates sealed in the file."""
+    from delphi.io import read_json
+    from delphi.prereg.create import gates_path
+
+    beside = gates_path(prereg_path)
+    if beside.is_file():
+        report = read_json(beside, what="gate report")
+    elif doc.get("gates"):
+        gates = doc["gates"]
+        report = {"passed": all(g.get("passed") for g in gates), "gates": gates, "forced": bool(doc.get("forced")),
+                  "failed": [g.get("name") for g in gates if not g.get("passed")]}
+    else:
+        return []
+    return gates_lines(report, forced_by="sealed with --force, recorded in the seal")
