@@ -61,6 +61,7 @@ from scipy.optimize import minimize
 from delphi.errors import DelphiError
 from delphi.fits.intervals import Z_90
 from delphi.fits.beyond import ENSEMBLES
+from delphi.fits.best_point import source_likeness
 
 SCHEMA_VERSION = 1
 KIND = "delphi_beyond_calibration"
@@ -450,10 +451,29 @@ def calibrate_final(fit: Any, final: dict[str, Any], compute: float, table: pd.D
     else:
         out = calibrated_prediction(key, float(final["loss"]), final.get("loss_90"), factor, calibration)
     out["top_budget"] = top
+    out["source_likeness"] = source_likeness(table_features(table), calibration)
+    recorded = calibration.get("inputs") if isinstance(calibration.get("inputs"), dict) else {}
+    out["table_is_calibration_source"] = table.attrs.get("sha256") in recorded.values()  # its calibration is then in-sample
     out["method_choice"] = choice
     out["method_choice"]["fitted_method"] = key
     out["method_choice"]["agrees"] = key == choice["method"]
     return out
+
+
+def calibrated_status(cal: dict[str, Any] | None) -> tuple[str | None, str]:
+    """(status, reason) of a calibrated prediction, from `calibrate_point` (which says) or
+    `calibrate_final` (which says whether it applied and whether it lies beyond the calibrated
+    range): CALIBRATED, BEYOND_RANGE, NO_ENTRY; (None, "") without one."""
+    if not cal:
+        return None, ""
+    if "status" in cal:
+        return cal["status"], str(cal.get("reason") or "")
+    if not cal.get("applied"):
+        return NO_ENTRY, str(cal.get("reason") or "not calibrated")
+    if cal.get("beyond_calibrated_range"):
+        return BEYOND_RANGE, (f"{cal['factor']:.4g}x is beyond {cal['method']}'s furthest calibrated factor "
+                              f"({cal['max_calibrated_factor']:.4g}x)")
+    return CALIBRATED, ""
 
 
 def gate_uses_calibration(final: dict[str, Any]) -> bool:
