@@ -21,21 +21,14 @@ from delphi.cli import main
 from delphi.fits import load_fit
 from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
+from delphi.prereg.index import gates_cell
+from test_backtest_calibrated import _run  # (code, stdout, stderr) of one `delphi` command
 
 REPO = Path(__file__).resolve().parents[1]
 ISOFLOPS = REPO / "tests" / "data" / "isoflops.csv"
 LLAMA = "experiment == 'llama_3__exp_loss' and not outlier"
 DCLM = "source == 'marin_202603' and dataset == 'dclm' and not outlier"
 NOT_APPLICABLE = {"rung_health", "seeds", "hero_depth"}
-
-
-def _run(argv: list, capsys) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def _refused(code: int, err: str, *names: str) -> None:
@@ -73,6 +66,7 @@ def test_a_good_forecast_from_a_public_sweep_seals_without_force(llama, capsys) 
         assert not gates[name].passed and gates[name].detail.startswith("not applicable: ")
         assert f"N/A {name}: not applicable" in err
     assert "| rung_health | N/A |" in gt.gate_table(doc["gates"])
+    assert gates_cell(doc) == f"all {len(gates) - 3} passed (3 not applicable)"  # the index's gates column
     report = json.loads(out.with_name("hero-10x.gates.json").read_text())
     assert report["passed"] and report["failed"] == [] and set(report["not_applicable"]) == NOT_APPLICABLE
     # The hero as used: N, D, C, sealed and printed.

@@ -328,7 +328,7 @@ def interval_parts(final: dict) -> dict[str, float] | None:
         return None
     if isinstance(final.get("seed_noise_nats"), (int, float)) and final.get("n_seeds"):  # the noise of a seed mean
         noise[-1] /= math.sqrt(int(final["n_seeds"]))
-    run_sd_rel = math.hypot(*noise) / float(final["loss"])  # the run's noise relative to the law's uncalibrated point
+    run_sd_rel = math.hypot(*noise) / float((final.get("law") or final)["loss"])  # relative to the law's uncalibrated point
     base, model, sd = float(cal["base_sd_rel"]), float(cal["model_sd_rel"]), float(cal["sd_rel"])
     bootstrap = math.sqrt(max(base ** 2 - run_sd_rel ** 2, 0.0))
     half = (float(cal["loss_90"][1]) - float(cal["loss_90"][0])) / 2 / float(cal["loss"])
