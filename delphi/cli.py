@@ -123,6 +123,34 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+# The canonical columns a results table's flags map (delphi.fits.data.CANONICAL_COLUMNS), spelled out
+# so that building the parser does not import pandas.
+COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
+
+
+def add_column_options(sub: argparse.ArgumentParser) -> None:
+    """How a results table is read: the column mapping, the row query and what to drop (`table_options`)."""
+    for name in COLUMN_OPTIONS:
+        flag = name.replace("_", "-")
+        sub.add_argument(f"--{flag}-col", dest=f"{name}_col", metavar="COL", help=f"column holding {name}")
+    sub.add_argument("--query", metavar="EXPR",
+                     help="select rows: columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], "
+                          "parentheses (never evaluated as Python), e.g. \"source == 'llama_3' and not outlier\"")
+    sub.add_argument("--drop-invalid", action="store_true",
+                     help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
+    sub.add_argument("--drop-duplicates", action="store_true",
+                     help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
+                          "a run_id on two different rows stays an error")
+
+
+def table_options(args: argparse.Namespace):
+    """The `add_column_options` flags as a delphi.fits.data.TableOptions."""
+    from delphi.fits.data import TableOptions
+
+    columns = tuple((name, getattr(args, f"{name}_col")) for name in COLUMN_OPTIONS if getattr(args, f"{name}_col", None))
+    return TableOptions(columns=columns, query=args.query, drop_invalid=args.drop_invalid, drop_duplicates=args.drop_duplicates)
+
+
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 

@@ -46,11 +46,11 @@ def test_decide_point_follows_the_evidence() -> None:
 
 def test_the_source_check_reaches_as_far_as_the_calibration_was_tested() -> None:
     calibration = cal.load_calibration()
-    like = bp.source_likeness(calibration["sources"]["llama_3/llama_3/exp_loss"], calibration)
+    like = cal.source_likeness(calibration["sources"]["llama_3/llama_3/exp_loss"], calibration)
     assert like["like"] and like["distance"] == pytest.approx(0, abs=1e-5)
     assert like["reach"] == pytest.approx(2.37, abs=0.01)  # misfitting, scored leave-one-source-out, from Llama 3
     byte_ladder = {"log10_median_params": 5.0, "n_budgets": 4, "min_budget": 1e11, "max_budget": 1e13}
-    assert not bp.source_likeness(byte_ladder, calibration)["like"]
+    assert not cal.source_likeness(byte_ladder, calibration)["like"]
 
 
 @pytest.fixture(scope="module")

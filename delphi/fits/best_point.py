@@ -12,7 +12,8 @@ calibration decides only where the evidence says it transfers (`decide_point`):
   bias) decides where there is one: it is evidence about this very design;
 - Delphi's own ladders (a results table collected from a Delphi ladder, or a study) keep the law's
   own point: the calibration was measured not to transfer there;
-- so does a table the source check flags as unlike the calibration's sources (`source_likeness`),
+- so does a table the source check flags as unlike the calibration's sources
+  (`delphi.fits.calibration.source_likeness`),
   and a prediction the calibration has no applicable entry for (no entry for the law, not beyond the
   fit, beyond the furthest calibrated factor);
 - otherwise the calibrated centre decides, the law's own point recorded beside it.
@@ -40,7 +41,7 @@ class PointEvidence:
     prediction's status (delphi.fits.calibration.CALIBRATED, BEYOND_RANGE, NO_ENTRY, NOT_BEYOND,
     NO_PREDICTION; None: no calibration asked for) and `calibration_reason` its reason;
     `source_distance`: the table's distance to the nearest calibration source and `source_reach` the
-    farthest the calibration was carried out of sample (`source_likeness`); `corrected_by`: a
+    farthest the calibration was carried out of sample (`calibration.source_likeness`); `corrected_by`: a
     correction of this design already applied (PROBE_CORRECTION, POINT_CORRECTION or None)."""
 
     delphi_ladder: bool | None
@@ -86,30 +87,9 @@ def decide_point(evidence: PointEvidence) -> PointChoice:
     return PointChoice(CALIBRATED, f"the calibrated centre: the table is like the calibration's public sources, and {PUBLIC_EVIDENCE}")
 
 
-def source_likeness(features: dict[str, float], calibration: dict[str, Any]) -> dict[str, Any]:
-    """The source check: how far a sweep lies from the calibration's sources, and how far the
-    calibration has been carried out of sample. Distance as `calibration.similar_sources` measures it
-    (decades of median model size, and budgets / BUDGETS_PER_SIZE_DECADE); the reach is the largest
-    distance from any source to its nearest other source: leave-one-source-out scoring applied the
-    calibration that far from what it was fitted on (the committed file: misfitting, 2.37 from Llama 3).
-    `like` is whether the sweep lies within that reach."""
-    from delphi.fits.calibration import similar_sources
-
-    sources = calibration["sources"]
-    nearest = similar_sources(features, calibration, 1)
-    reach = 0.0
-    for name, f in sources.items():
-        others = {"sources": {n: g for n, g in sources.items() if n != name}}
-        if others["sources"]:
-            reach = max(reach, similar_sources(f, others, 1)[0][1])
-    distance = nearest[0][1] if nearest else math.inf
-    return {"nearest_source": nearest[0][0] if nearest else None, "distance": float(distance), "reach": float(reach),
-            "like": bool(distance <= reach)}
-
-
 def table_evidence(table: Any, calibration: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     """(whether the table is Delphi's own rung records, its `source_likeness`) for `decide_point`."""
-    from delphi.fits.calibration import table_features
+    from delphi.fits.calibration import source_likeness, table_features
 
     return bool(table.attrs.get("ladder_records", False)), source_likeness(table_features(table), calibration)
 

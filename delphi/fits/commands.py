@@ -9,13 +9,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
+from delphi.cli import COLUMN_OPTIONS, add_column_options, table_options  # noqa: F401 (a results table's flags)
 from delphi.errors import DelphiError
 
 # delphi.fits.allocation.PARAM_CONVENTIONS, spelled out so that building the parser (every
 # `delphi --help`) does not import pandas and scipy; tests/test_cli_help.py checks they agree.
 PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
 PROBE_CARRIES = ("linear", "local_slope")  # delphi.fits.probes.PROBE_CARRIES, likewise
-COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
 BEYOND_DEFAULT_METHODS = ("isoflop", "vpnls", "parametric", "frontier", "asymptotic")  # delphi.fits.beyond.BEYOND_METHODS
 METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "asymptotic", "moe")
 E_LAWS = ("frontier", "asymptotic", "parametric", "vpnls")  # the laws with an irreducible loss E a lab may pin or give a prior
@@ -132,29 +132,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                       help="laws further apart than this (relative) are reported as disagreeing (default 0.01, a seal's)")
     add_json_flag(pred)
     pred.set_defaults(func=run_predict)
-
-
-def add_column_options(sub: argparse.ArgumentParser) -> None:
-    """How a results table is read: the column mapping, the row query and what to drop (`table_options`)."""
-    for name in COLUMN_OPTIONS:
-        flag = name.replace("_", "-")
-        sub.add_argument(f"--{flag}-col", dest=f"{name}_col", metavar="COL", help=f"column holding {name}")
-    sub.add_argument("--query", metavar="EXPR",
-                     help="select rows: columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], "
-                          "parentheses (never evaluated as Python), e.g. \"source == 'llama_3' and not outlier\"")
-    sub.add_argument("--drop-invalid", action="store_true",
-                     help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
-    sub.add_argument("--drop-duplicates", action="store_true",
-                     help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
-                          "a run_id on two different rows stays an error")
-
-
-def table_options(args: argparse.Namespace):
-    """The `add_column_options` flags as a delphi.fits.data.TableOptions."""
-    from delphi.fits.data import TableOptions
-
-    columns = tuple((name, getattr(args, f"{name}_col")) for name in COLUMN_OPTIONS if getattr(args, f"{name}_col", None))
-    return TableOptions(columns=columns, query=args.query, drop_invalid=args.drop_invalid, drop_duplicates=args.drop_duplicates)
 
 
 def _add_table_options(sub: argparse.ArgumentParser) -> None:

@@ -479,13 +479,14 @@ def provenance(table: pd.DataFrame) -> dict[str, Any]:
 def table_record(table: pd.DataFrame) -> dict[str, Any]:
     """What a fit keeps about its table for the readers that no longer have it (`delphi predict`'s
     choice of point, delphi.fits.best_point): whether it is Delphi's own rung records, the column
-    mapping it was read with, and its sweep features (`beyond.sweep_features`)."""
-    from delphi.fits.beyond import sweep_features
-
+    mapping it was read with, and what the sweep features are made of (`beyond.record_features`):
+    the median model size and the distinct sizes at each budget."""
     out: dict[str, Any] = {"ladder_records": bool(table.attrs.get("ladder_records", False)),
                            "columns": dict(table.attrs.get("columns") or {})}
     if "budget" in table and "params" in table and len(table):
-        out["features"] = sweep_features(isoflop_rows(table))
+        rows = isoflop_rows(table)
+        out["log10_median_params"] = float(np.log10(rows["params"].median()))
+        out["sizes_per_budget"] = {f"{b:.6g}": int(n) for b, n in rows.groupby("budget")["params"].nunique().items()}
     return out
 
 

@@ -16,6 +16,23 @@ from typing import Any, Callable
 
 from delphi.errors import DelphiError
 
+# Laws the primary prediction is checked against (gate method_agreement): the isoFLOP frontier is a
+# pure power law in C (no asymptote), VPNLS the Chinchilla surface with one. On a ladder spanning one
+# decade the two bracket what the data cannot decide: whether the loss is bending toward an E.
+CROSS_CHECK_METHODS = ("isoflop", "vpnls")
+# `delphi fit` method (or kind) -> the FITTERS name that refits it. A law fitted under a lab's E prior
+# is the same law ("vpnls-E-prior" refits as vpnls, with the prior: delphi.prereg.create.refit_options);
+# the weighted frontier through the vertices is the asymptotic law.
+REFIT_NAMES = {"vpnls": "vpnls", "approach3": "parametric", "approach2": "isoflop", "approach1": "envelope",
+               "frontier-free-weighted": "asymptotic", "frontier-fixed-weighted": "asymptotic",
+               "frontier-prior-weighted": "asymptotic"}
+
+
+def law_name(fit: Any) -> str:
+    """The `delphi.fits.FITTERS` key of the law a fit was made with."""
+    return REFIT_NAMES.get(str(fit.method).split("-E-")[0]) or fit.kind
+
+
 # `predict --tolerance`'s default: a seal's default tolerance (delphi.prereg.create.DEFAULT_TOLERANCE_REL),
 # which gate method_agreement applies to the same laws.
 AGREEMENT_TOLERANCE_REL = 0.01
@@ -41,11 +58,12 @@ def point_choice(fit: Any, calibrated: dict[str, Any] | None, calibration: dict[
     records about its table (`diagnostics.table`: whether it is Delphi's own ladder, its features) and
     the prediction's calibrated centre (`calibrate_point`): {decides, why, loss, loss_90}."""
     from delphi.fits import best_point as bp
+    from delphi.fits.beyond import record_features
+    from delphi.fits.calibration import source_likeness
 
     record = (fit.diagnostics or {}).get("table")
-    likeness = {}
-    if record and calibration is not None and record.get("features"):
-        likeness = bp.source_likeness(record["features"], calibration)
+    features = record_features(record) if record else None
+    likeness = source_likeness(features, calibration) if features and calibration is not None else {}
     choice = bp.decide_point(bp.PointEvidence(
         delphi_ladder=None if record is None else bool(record.get("ladder_records")),
         calibration_status=None if calibrated is None else calibrated["status"],
@@ -94,7 +112,6 @@ def law_comparison(fit: Any, table: Any, predict: Callable[[Any], float], tolera
     centre decides (like with like, as gate method_agreement; each law's own point beside it as
     "law_loss"). {"laws": {name: {loss, rel} | {error}}, "primary", "tolerance_rel", "disagree": bool, "text"}."""
     from delphi.fits import FITTERS
-    from delphi.prereg.create import CROSS_CHECK_METHODS, law_name
 
     own = float(predict(fit))
     primary = calibrate(fit, own) if calibrate else own

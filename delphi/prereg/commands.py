@@ -20,8 +20,7 @@ NOISE_SCOPES = ("pooled", "top_budget")
 
 
 def add_commands(subparsers) -> None:
-    from delphi.cli import add_json_flag, nonnegative_int, positive_float
-    from delphi.fits.commands import add_column_options
+    from delphi.cli import add_column_options, add_json_flag, nonnegative_int, positive_float
 
     prereg = subparsers.add_parser("prereg", help="preregister a hero run's loss, verify the seal, check a run against it")
     sub = prereg.add_subparsers(dest="prereg_command", metavar="SUBCOMMAND")
@@ -134,7 +133,7 @@ def _create(args: argparse.Namespace):
                                  ("agreement_tolerance_rel", args.agreement_tolerance)) if v is not None}
     from delphi.io import check_output_file, read_json
 
-    from delphi.fits.commands import table_options
+    from delphi.cli import table_options
 
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
     check_output_file(args.out, inputs=(args.fit, args.hero, args.results, args.curve_fit, args.backtest, args.rehearsal,

@@ -24,6 +24,7 @@ from delphi.errors import CheckFailed, DelphiError
 from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90  # noqa: F401 (importable from here)
 from delphi.fits.data import TableOptions
 from delphi.fits.intervals import PointCorrection
+from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, REFIT_NAMES, law_name  # noqa: F401 (importable from here)
 from delphi.prereg.hero import HeroSpec
 from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.io import atomic_write_json, read_json, sha256_file
@@ -205,19 +206,6 @@ def gates_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".yaml").removesuffix(".yml") + ".gates.json")
 
 
-# `delphi fit` method (or kind) -> the FITTERS name that refits it. A law fitted under a lab's E prior
-# is the same law ("vpnls-E-prior" refits as vpnls, with the prior: `refit_options`); the weighted
-# frontier through the vertices is the asymptotic law.
-REFIT_NAMES = {"vpnls": "vpnls", "approach3": "parametric", "approach2": "isoflop", "approach1": "envelope",
-               "frontier-free-weighted": "asymptotic", "frontier-fixed-weighted": "asymptotic",
-               "frontier-prior-weighted": "asymptotic"}
-
-
-def law_name(fit) -> str:
-    """The `delphi.fits.FITTERS` key of the law a fit was made with."""
-    return REFIT_NAMES.get(str(fit.method).split("-E-")[0]) or fit.kind
-
-
 def refit_options(fit) -> dict[str, Any]:
     """What a refit of `fit` keeps besides its law: its E prior (delphi.fits.e_prior), and a frontier
     fit's points; a frontier refit skips the E profile (the gates read its point only)."""
@@ -251,12 +239,6 @@ def refit_with(name: str, family, seed: int = 0, what: str | None = None, **opti
         return refitted.with_family(family) if family is not None else refitted
 
     return refit
-
-
-# Laws the primary prediction is checked against (gate method_agreement): the isoFLOP frontier is a
-# pure power law in C (no asymptote), VPNLS the Chinchilla surface with one. On a ladder spanning one
-# decade the two bracket what the data cannot decide: whether the loss is bending toward an E.
-CROSS_CHECK_METHODS = ("isoflop", "vpnls")
 
 
 def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = None,
