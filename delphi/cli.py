@@ -123,22 +123,19 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
-# Columns of a results table that a command maps by flag (--params-col ...: delphi.fits.data.load_results).
-TABLE_COLUMNS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
-# delphi.fits.allocation.PARAM_CONVENTIONS, spelled out so that building the parser (every `delphi
-# --help`) does not import pandas and scipy; tests/test_cli_help.py checks they agree.
+# Columns of a results table that a command maps by flag (--params-col ...: delphi.fits.data.load_results),
+# spelled out so that building the parser (every `delphi --help`) does not import pandas.
+COLUMN_OPTIONS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
+# delphi.fits.allocation.PARAM_CONVENTIONS, likewise; tests/test_cli_help.py checks they agree.
 PARAM_CONVENTIONS = ("nonembedding", "active", "fpt6")
 # Quantities of a run's metrics log that a command maps by flag (--step-col ...: delphi.train.runlog).
 LOG_COLUMNS = ("step", "tokens", "loss", "time")
 
 
-def add_table_options(parser: argparse.ArgumentParser) -> None:
-    """The flags of every command that reads a results table through `delphi.fits.data.load_results`:
-    column mapping, row query, what to drop, how N is counted, the FLOPs family."""
-    from pathlib import Path
-
-    for name in TABLE_COLUMNS:
-        parser.add_argument(f"--{name.replace('_', '-')}-col", dest=f"table_{name}_col", metavar="COL",
+def add_column_options(parser: argparse.ArgumentParser) -> None:
+    """How a results table is read: the column mapping, the row query and what to drop (`table_options`)."""
+    for name in COLUMN_OPTIONS:
+        parser.add_argument(f"--{name.replace('_', '-')}-col", dest=f"{name}_col", metavar="COL",
                             help=f"the table's column holding {name}")
     parser.add_argument("--query", metavar="EXPR",
                         help="select rows: columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], "
@@ -148,6 +145,14 @@ def add_table_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drop-duplicates", action="store_true",
                         help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
                              "a run_id on two different rows stays an error")
+
+
+def add_table_options(parser: argparse.ArgumentParser) -> None:
+    """`add_column_options` plus how N is counted and the FLOPs family: the flags of every command that
+    fits or draws a results table (`table_load_kwargs`)."""
+    from pathlib import Path
+
+    add_column_options(parser)
     parser.add_argument("--params-convention", choices=PARAM_CONVENTIONS, default="nonembedding",
                         help="how N is counted in a ladder table: active non-embedding (default), active incl. "
                              "embeddings, or flops_per_token/6 (external tables keep their params column)")
@@ -156,12 +161,19 @@ def add_table_options(parser: argparse.ArgumentParser) -> None:
                              "<results>.family.json if present, else a ladder table's own shapes, else 6ND")
 
 
-def table_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`load_results`'s keyword arguments from the flags `add_table_options` added (warnings to stderr)."""
-    return {**{f"{name}_col": getattr(args, f"table_{name}_col") for name in TABLE_COLUMNS},
-            "query": args.query, "drop_invalid": args.drop_invalid, "drop_duplicates": args.drop_duplicates,
-            "params_convention": args.params_convention, "family": args.family,
-            "warn": lambda line: print(line, file=sys.stderr)}
+def table_options(args: argparse.Namespace):
+    """The `add_column_options` flags as a delphi.fits.data.TableOptions."""
+    from delphi.fits.data import TableOptions
+
+    columns = tuple((name, getattr(args, f"{name}_col")) for name in COLUMN_OPTIONS if getattr(args, f"{name}_col", None))
+    return TableOptions(columns=columns, query=args.query, drop_invalid=args.drop_invalid,
+                        drop_duplicates=args.drop_duplicates)
+
+
+def table_load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """`load_results`' keyword arguments from the flags `add_table_options` added (warnings to stderr)."""
+    return {**table_options(args).load_kwargs(), "params_convention": args.params_convention,
+            "family": args.family, "warn": lambda line: print(line, file=sys.stderr)}
 
 
 def add_log_options(parser: argparse.ArgumentParser, *, flag_prefix: str = "") -> None:

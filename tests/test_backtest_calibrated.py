@@ -99,11 +99,12 @@ def test_calibrate_point_is_the_calibrated_prediction_with_its_status() -> None:
 
 
 def _without_calibration(result: dict) -> dict:
-    """The result less what calibration adds."""
-    out = {k: v for k, v in result.items() if k not in ("calibration", "interval_coverage")}
+    """The result less what calibration adds (the calibrated intervals, and the point that decides beside the law's)."""
+    out = {k: v for k, v in result.items() if k not in ("calibration", "interval_coverage", "best_point")}
     for key in ("budgets", "rows"):
         if key in out:
-            out[key] = [{k: v for k, v in b.items() if k != "calibrated"} if isinstance(b, dict) else b for b in out[key]]
+            out[key] = [{k: v for k, v in b.items() if k not in ("calibrated", "best_point", "loss_is")} if isinstance(b, dict)
+                        else b for b in out[key]]
     return out
 
 

@@ -100,6 +100,18 @@ def sweep_features(table: pd.DataFrame) -> dict[str, float]:
             "min_budget": float(table["budget"].min()), "max_budget": float(table["budget"].max())}
 
 
+def record_features(record: dict[str, Any]) -> dict[str, float] | None:
+    """`sweep_features` from what a fit records of its table (delphi.fits.data.table_record); None
+    where it records none."""
+    sizes = (record or {}).get("sizes_per_budget")
+    if not sizes or record.get("log10_median_params") is None:
+        return None
+    budgets = [float(b) for b in sizes]
+    return {"log10_median_params": float(record["log10_median_params"]),
+            "n_budgets": int(sum(1 for n in sizes.values() if n >= MIN_POINTS_PER_BUDGET)),
+            "min_budget": min(budgets), "max_budget": max(budgets)}
+
+
 def beyond_rows(table: pd.DataFrame, fit_fns: dict[str, Callable[[pd.DataFrame], FitResult]],
                 source: str = "table") -> list[dict[str, Any]]:
     """Every (method, k, held-out budget) of the table: factor, bin, error and fit-only sd (module

@@ -334,6 +334,25 @@ def similar_sources(features: dict[str, float], calibration: dict[str, Any], k: 
     return sorted(dist, key=lambda t: (t[1], t[0]))[:k]
 
 
+def source_likeness(features: dict[str, float], calibration: dict[str, Any]) -> dict[str, Any]:
+    """The source check: how far a sweep lies from the calibration's sources, and how far the
+    calibration has been carried out of sample. Distance as `calibration.similar_sources` measures it
+    (decades of median model size, and budgets / BUDGETS_PER_SIZE_DECADE); the reach is the largest
+    distance from any source to its nearest other source: leave-one-source-out scoring applied the
+    calibration that far from what it was fitted on (the committed file: misfitting, 2.37 from Llama 3).
+    `like` is whether the sweep lies within that reach."""
+    sources = calibration["sources"]
+    nearest = similar_sources(features, calibration, 1)
+    reach = 0.0
+    for name, f in sources.items():
+        others = {"sources": {n: g for n, g in sources.items() if n != name}}
+        if others["sources"]:
+            reach = max(reach, similar_sources(f, others, 1)[0][1])
+    distance = nearest[0][1] if nearest else math.inf
+    return {"nearest_source": nearest[0][0] if nearest else None, "distance": float(distance), "reach": float(reach),
+            "like": bool(distance <= reach)}
+
+
 def choose_method(features: dict[str, float], calibration: dict[str, Any], methods: Sequence[str] | None = None,
                   k: int = SIMILAR_SOURCES) -> dict[str, Any]:
     """The method with the lowest calibrated out-of-sample (LOSO) mean |error| on the k public sources
@@ -450,10 +469,29 @@ def calibrate_final(fit: Any, final: dict[str, Any], compute: float, table: pd.D
     else:
         out = calibrated_prediction(key, float(final["loss"]), final.get("loss_90"), factor, calibration)
     out["top_budget"] = top
+    out["source_likeness"] = source_likeness(table_features(table), calibration)
+    recorded = calibration.get("inputs") if isinstance(calibration.get("inputs"), dict) else {}
+    out["table_is_calibration_source"] = table.attrs.get("sha256") in recorded.values()  # its calibration is then in-sample
     out["method_choice"] = choice
     out["method_choice"]["fitted_method"] = key
     out["method_choice"]["agrees"] = key == choice["method"]
     return out
+
+
+def calibrated_status(cal: dict[str, Any] | None) -> tuple[str | None, str]:
+    """(status, reason) of a calibrated prediction, from `calibrate_point` (which says) or
+    `calibrate_final` (which says whether it applied and whether it lies beyond the calibrated
+    range): CALIBRATED, BEYOND_RANGE, NO_ENTRY; (None, "") without one."""
+    if not cal:
+        return None, ""
+    if "status" in cal:
+        return cal["status"], str(cal.get("reason") or "")
+    if not cal.get("applied"):
+        return NO_ENTRY, str(cal.get("reason") or "not calibrated")
+    if cal.get("beyond_calibrated_range"):
+        return BEYOND_RANGE, (f"{cal['factor']:.4g}x is beyond {cal['method']}'s furthest calibrated factor "
+                              f"({cal['max_calibrated_factor']:.4g}x)")
+    return CALIBRATED, ""
 
 
 def gate_uses_calibration(final: dict[str, Any]) -> bool:

@@ -16,6 +16,7 @@ from delphi.errors import DelphiError
 PROBE_CARRIES = ("linear", "local_slope")
 BEYOND_DEFAULT_METHODS = ("isoflop", "vpnls", "parametric", "frontier", "asymptotic")  # delphi.fits.beyond.BEYOND_METHODS
 METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "asymptotic", "moe")
+E_LAWS = ("frontier", "asymptotic", "parametric", "vpnls")  # the laws with an irreducible loss E a lab may pin or give a prior
 # `predict` warns beyond this many times the largest fitted compute budget (issue 31: the
 # published laws were backtested at most ~100x beyond their fits; 1,000x is past any evidence).
 EXTRAPOLATION_WARN_FACTOR = 1_000.0
@@ -35,7 +36,7 @@ HELP = {
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, add_table_options, nonnegative_int, output_path, positive_float, positive_int
+    from delphi.cli import add_column_options, add_json_flag, add_table_options, nonnegative_int, output_path, positive_float, positive_int
 
     fit = subparsers.add_parser("fit", help="fit scaling laws to a results table")
     fit_sub = fit.add_subparsers(dest="fit_command", metavar="METHOD", parser_class=type(fit))
@@ -121,6 +122,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                       help="calibration of extrapolation (default: the committed public-sweep calibration)")
     pred.add_argument("--no-calibration", action="store_true",
                       help="the law's own interval only, as before calibrated intervals were shown")
+    pred.add_argument("--results", type=Path, metavar="TABLE",
+                      help="the fit's table, to compare the seal's cross-check laws on (default: the table the fit records, "
+                           "where it is still there unchanged); read with the column flags below")
+    add_column_options(pred)
+    pred.add_argument("--tolerance", type=positive_float, default=0.01,
+                      help="laws further apart than this (relative) are reported as disagreeing (default 0.01, a seal's)")
     add_json_flag(pred)
     pred.set_defaults(func=run_predict)
 
@@ -132,12 +139,22 @@ def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
         sub.add_argument("--robust", action="store_true", help="isoflop: Huber instead of least-squares parabolas")
     if method in ("parametric", "backtest"):
         sub.add_argument("--full-grid", action="store_true", help="parametric: L-BFGS-B from all 4500 grid starts (slow)")
-    if method == "asymptotic":
-        sub.add_argument("--target-compute", type=positive_float, nargs="+", help="compute(s) for the E-sensitivity table")
+    if method in ("asymptotic", "parametric", "vpnls"):
+        sub.add_argument("--target-compute", type=positive_float, nargs="+",
+                         help="compute(s) at which the forecast under an E prior is shown (default 10x the largest budget)")
+    if method in ("asymptotic", "parametric", "vpnls"):
+        sub.add_argument("--E", dest="e_mode", default="free", metavar="free|NUMBER",
+                         help="the irreducible loss E: free (default) or a number (pinned, nats)")
     if method in ("frontier", "backtest"):
-        sub.add_argument("--E", dest="e_mode", default="free", help="frontier asymptote: free, profile, or a number")
+        sub.add_argument("--E", dest="e_mode", default="free", metavar="free|profile|NUMBER",
+                         help="the irreducible loss E: free, profile (frontier only) or a number (pinned, nats)"
+                              + ("; every law with an E" if method == "backtest" else ""))
         sub.add_argument("--points", choices=("min", "vertex"), default="min", help="frontier: best observed loss or parabola vertex per budget")
         sub.add_argument("--target-compute", type=positive_float, nargs="+", help="frontier: compute(s) for the E-sensitivity table")
+    if method in E_LAWS + ("backtest",):
+        sub.add_argument("--E-prior", dest="e_prior", metavar="MEAN,SD",
+                         help="a Gaussian prior on the irreducible loss E (nats), e.g. 1.6,0.1: the maximum a posteriori fit, "
+                              "and the forecast refitted at E -+ SD" + ("; every law with an E" if method == "backtest" else ""))
     if method in ("moe", "backtest"):
         sub.add_argument("--term", choices=("granularity", "experts"), default="granularity", help="moe: the expert term")
 
@@ -156,11 +173,31 @@ def _naming_table(table) -> Iterator[None]:
 
 
 def _load(args: argparse.Namespace, source: Any = None, query: Any = "from-args"):
-    from delphi.cli import table_options
+    from delphi.cli import table_load_kwargs
     from delphi.fits.data import load_results
 
-    options = table_options(args) | ({} if query == "from-args" else {"query": query})
+    options = table_load_kwargs(args) | ({} if query == "from-args" else {"query": query})
     return load_results(args.results if source is None else source, **options)
+
+
+def e_prior_of(args: argparse.Namespace, method: str):
+    """The lab's E for `method` from --E and --E-prior (delphi.fits.e_prior): None (E free, or a law
+    without an E: `backtest` says so once), pinned, or a Gaussian prior. DelphiError (exit 2) for both
+    flags at once or a value that is not one."""
+    from delphi.fits.e_prior import parse_pinned, parse_prior
+
+    e_mode, e_prior = getattr(args, "e_mode", "free"), getattr(args, "e_prior", None)
+    if e_prior is not None and e_mode != "free":
+        raise DelphiError(f"--E {e_mode} and --E-prior {e_prior} contradict each other: pin E or give it a prior, not both")
+    if method not in E_LAWS:
+        return None
+    if e_prior is not None:
+        return parse_prior(e_prior)
+    if e_mode == "profile":
+        if method != "frontier":
+            raise DelphiError(f"--E profile: only the frontier law profiles E (not {method}); give free or a number")
+        return None
+    return parse_pinned(e_mode)
 
 
 def _fit_function(args: argparse.Namespace, method: str):
@@ -168,13 +205,16 @@ def _fit_function(args: argparse.Namespace, method: str):
 
     options: dict[str, Any] = {"n_bootstrap": args.bootstrap, "seed": args.seed, "workers": args.workers}
     _check_bootstrap(args)
+    prior = e_prior_of(args, method)
+    if method in ("parametric", "vpnls", "asymptotic") or method == "frontier" and getattr(args, "e_prior", None):
+        options["E_prior"] = prior
     if method == "isoflop":
         options["robust"] = args.robust
     elif method == "parametric":
         if args.full_grid:
             options["top_starts"] = None
     elif method == "frontier":
-        options.update(E=args.e_mode, points=args.points, target_compute=args.target_compute)
+        options.update(E="free" if options.get("E_prior") else args.e_mode, points=args.points, target_compute=args.target_compute)
     elif method == "asymptotic":
         options["target_compute"] = getattr(args, "target_compute", None)
     if method in ("frontier", "asymptotic") and getattr(args, "beyond", False):
@@ -217,12 +257,18 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     from delphi.io import atomic_write_json
 
     _check_out(args)
+    e_prior_of(args, args.fit_method)  # a bad --E / --E-prior before the table is read
     table = _load(args)
     _check_bootstrap(args, rows=len(table))
     with _naming_table(table):
         fit = _fit_function(args, args.fit_method)(table)
     data = fit.to_json()
     print(fit.summary(), file=sys.stderr)
+    decided = prior_forecasts(fit, getattr(args, "target_compute", None))
+    if decided:
+        data["E_prior_forecasts"] = decided
+        for row in decided:
+            print(f"  at C={row['compute']:.3g} FLOPs: {row['text']}", file=sys.stderr)
     if args.out:
         atomic_write_json(args.out, data, written_by=_command(args))
         print(f"wrote {args.out}", file=sys.stderr)
@@ -231,10 +277,33 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def prior_forecasts(fit, computes: list[float] | None = None) -> list[dict[str, Any]]:
+    """How much of the forecast a fit's E prior decides (delphi.fits.e_prior.forecast_at_refits) at
+    each of `computes` (default: 10x the largest fitted budget); [] for a fit without a prior."""
+    from delphi.fits.e_prior import forecast_at_refits, prior_of
+
+    if prior_of(fit) is None:
+        return []
+    if not computes:
+        computes = [10 * fit.fitted_compute[1]] if fit.fitted_compute else []
+    rows = []
+    for compute in computes:
+        decided = forecast_at_refits(fit, lambda f, c=compute: f.predict(compute=float(c))["loss"])
+        if decided is not None:
+            rows.append({"compute": float(compute), **decided})
+    return rows
+
+
 def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
     _check_out(args)
     if args.method is None:
         args.method = list(BEYOND_DEFAULT_METHODS) if args.beyond else ["vpnls"]
+    for method in args.method:  # a bad --E / --E-prior before the table is read
+        e_prior_of(args, method)
+    no_e = [m for m in args.method if m not in E_LAWS]
+    if no_e and (args.e_prior is not None or args.e_mode != "free"):
+        print(f"note: --E/--E-prior applies to the laws with an E ({', '.join(m for m in args.method if m in E_LAWS) or 'none given'}); "
+              f"{', '.join(no_e)} {'has' if len(no_e) == 1 else 'have'} none", file=sys.stderr)
     if args.beyond:
         return _beyond(args)
     for flag in ("source_col", "loso"):
@@ -301,6 +370,7 @@ def _calibrated_backtest(args: argparse.Namespace, table, calibration: dict[str,
     method, seen = args.method[0], {}
     result = backtest(table, _fits_seen(_fit_function(args, method), seen, method), cut=args.cut, holdout=args.holdout)
     result = cal.calibrate_backtest(result, calibration, method=method, kind=seen[method][0], fit_method=seen[method][1])
+    result = with_best_points(result, table, calibration)
     print(_calibration_line(result["calibration"]), file=sys.stderr)
     top = result["train_budgets"][-1]
     for b in result["budgets"]:
@@ -311,12 +381,27 @@ def _calibrated_backtest(args: argparse.Namespace, table, calibration: dict[str,
               f"{b['observed_best_loss']:.4f}, predicted {b['predicted_loss']:.4f} (the law's point, {100 * b['rel_error']:+.2f}%)\n"
               f"  law's own 90% (uncalibrated): {own}\n"
               f"  {cal.describe_calibrated(c)}" + (f" covered={c['covered_90']}" if c["applied"] else ""), file=sys.stderr)
+        best = b["best_point"]
+        print(f"  the point that decides: {best['loss']:.4f} ({best['decides']}, {100 * best['rel_error']:+.2f}%)", file=sys.stderr)
     print(f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}% (allocation {result['allocation']})",
           file=sys.stderr)
     print(_coverage_line(method, result["interval_coverage"][method]), file=sys.stderr)
+    print(_best_point_line(result["best_point"]), file=sys.stderr)
     if args.out:
         atomic_write_json(args.out, result, written_by=_command(args))
     return result
+
+
+def with_best_points(result: dict[str, Any], table, calibration: dict[str, Any], key: str = "budgets") -> dict[str, Any]:
+    from delphi.fits.best_point import with_best_points as add
+
+    return add(result, table, calibration, key)
+
+
+def _best_point_line(best: dict[str, Any]) -> str:
+    pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+    return (f"the point that decides: {best['why']}; mean |error| {pct(best['mean_abs_rel_error'])} "
+            f"(the law's own point: {pct(best['law_mean_abs_rel_error'])})")
 
 
 def _calibration_line(provenance: dict[str, Any]) -> str:
@@ -352,8 +437,9 @@ def _all_holdouts(args: argparse.Namespace, table, calibration: dict[str, Any] |
     if calibration is not None:
         from delphi.fits.calibration import calibrate_all_holdouts
 
-        result = calibrate_all_holdouts(result, calibration, seen)
+        result = with_best_points(calibrate_all_holdouts(result, calibration, seen), table, calibration, key="rows")
         print(_calibration_line(result["calibration"]), file=sys.stderr)
+        print(_best_point_line(result["best_point"]), file=sys.stderr)
     pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     for method, s in result["summary"].items():
         print(f"{method}: {s['n']} held-out points ({s['failed_fits']} failed fits): mean |error| "
@@ -471,12 +557,23 @@ def run_coverage(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_predict(args: argparse.Namespace) -> dict[str, Any]:
+    """`delphi predict`: per prediction, the point that decides first (the calibrated centre where the
+    evidence says the calibration transfers, else the law's own; delphi.fits.best_point), then the
+    law's own numbers, its extrapolation, both intervals, how much a lab's E prior decides, and whether
+    the seal's cross-check laws agree on the fit's table (delphi.fits.prediction_checks). A fitted
+    parameter on a bound is a warning."""
+    from delphi.cli import table_options
+    from delphi.fits import prediction_checks as pc
+    from delphi.fits.e_prior import forecast_at_refits
     from delphi.fits.results import _plain, check_sizing_exponents, load_fit
 
     from delphi.fits.calibration import calibrate_point, calibration_key, describe_calibrated, load_checked_calibration
 
     if args.no_calibration and args.calibration is not None:
         raise DelphiError("predict: --no-calibration and --calibration FILE contradict each other; give one")
+    reading = table_options(args)
+    if args.results is None and not reading.is_default:
+        raise DelphiError("predict: the column mapping and --query read the fit's table: give --results TABLE")
     calibration = None if args.no_calibration else load_checked_calibration(args.calibration)
     fit = load_fit(args.fit)
     check_sizing_exponents(fit, str(args.fit))
@@ -490,30 +587,80 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
         queries.append({"params": args.params, "tokens": args.tokens})
     if not queries and not args.config:
         raise DelphiError("predict: give --compute C, --params N --tokens D, or --config HERO.yaml")
+    table, not_compared = pc.fit_table(fit, args.fit, args.results, reading)
     predictions = []
     if args.config:
         predictions.append(_plain(_config_prediction(fit, args.config, terms)))
     predictions += [_plain({**q, **fit.predict(**q, **terms)}) for q in queries]
     warnings = []
+    bound = pc.bound_warning(fit)
+    if bound:
+        warnings.append(bound)
+        print(f"warning: {bound}", file=sys.stderr)
     for p in predictions:
         p["extrapolation"] = extrapolation(fit, p)
-        shown = {k: v for k, v in p.items() if not isinstance(v, (list, dict)) and k != "extrapolation"}
-        print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr)
-        print(f"  {extrapolation_text(p['extrapolation'])}", file=sys.stderr)
         factor = (p["extrapolation"] or {}).get("factor_over_largest")
         if calibration is not None and factor is not None and factor > 1 and p.get("loss") is not None:
             # Beyond the fitted budgets the law's own interval covers far less than it says (issue 30):
-            # the calibrated one sits beside it; the point stays the law's.
+            # the calibrated one sits beside it.
             p["calibrated"] = calibrate_point(calibration_key(fit.kind, fit.method), p["loss"], p.get("loss_interval_90"),
                                               factor, calibration, fit_label=f"a {fit.kind} fit by {fit.method}")
+        if p.get("loss") is not None:
+            p["point"] = pc.point_choice(fit, p.get("calibrated"), calibration)
+            p["loss_is"] = "the law's own point (loss_interval_90: the law's own interval, uncalibrated); point: the one that decides"
+            law_loss = p["loss"]
+            print("point: " + (f"{p['point']['loss']:.4f}, {p['point']['why']}; the law's own point {law_loss:.4f}"
+                               if "loss" in p["point"] else f"{law_loss:.4f}, {p['point']['why']}"), file=sys.stderr)
+        shown = {k: v for k, v in p.items() if not isinstance(v, (list, dict)) and k not in ("extrapolation", "loss_is")}
+        print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr)
+        print(f"  {extrapolation_text(p['extrapolation'])}", file=sys.stderr)
+        if "calibrated" in p:
             own = p.get("loss_interval_90")
             print("  law's own 90% (uncalibrated): " + (f"[{own[0]:.4f}, {own[1]:.4f}]" if own else "none")
                   + f"; {describe_calibrated(p['calibrated'])}", file=sys.stderr)
         if p["extrapolation"] and p["extrapolation"]["warning"]:
             warnings.append(p["extrapolation"]["warning"])
             print(f"warning: {p['extrapolation']['warning']}", file=sys.stderr)
+        if p.get("loss") is None:
+            continue
+        ask = _question(fit, p, terms)
+        decided = forecast_at_refits(fit, ask)
+        if decided is not None:
+            p["E_prior"] = decided
+            print(f"  E prior: {decided['text']}", file=sys.stderr)
+        if table is None:
+            p["laws"] = {"compared": False, "why": not_compared}
+            print(f"  laws not compared: {not_compared}", file=sys.stderr)
+            continue
+        calibrate = None
+        if "loss" in p["point"]:
+            calibrate = lambda law, loss, f=factor: _calibrated_loss(law, loss, f, calibration)  # noqa: E731
+        p["laws"] = pc.law_comparison(fit, table, ask, args.tolerance, calibrate)
+        print(f"  {p['laws']['text']}", file=sys.stderr)
+        if p["laws"]["disagree"]:
+            warnings.append(p["laws"]["text"])
     result = predictions[0] if len(predictions) == 1 else {"predictions": predictions}
     return {"fit": str(args.fit), "kind": fit.kind, "method": fit.method, **result, "warnings": warnings}
+
+
+def _question(fit, prediction: dict[str, Any], terms: dict[str, Any]):
+    """The prediction's question as a function of a law (the fit, a refit of it, another law): the
+    compute-optimal loss at C, or a run's loss at its N, D and FLOPs."""
+    from delphi.fits.allocation import flops_of
+
+    if prediction.get("config") is None and prediction.get("compute") is not None:
+        return lambda law: law.predict(compute=float(prediction["compute"]))["loss"]
+    n, d = float(prediction["params"]), float(prediction["tokens"])
+    c = float(prediction["compute"]) if prediction.get("compute") is not None else float(flops_of(fit.family, n, d))
+    return lambda law: law.predict_run(params=n, tokens=d, flops=c, **{k: v for k, v in terms.items() if k in law.law_terms})["loss"]
+
+
+def _calibrated_loss(law, loss: float, factor: float, calibration: dict[str, Any]) -> float:
+    """A law's calibrated centre at `factor` (its own point where its calibration does not apply)."""
+    from delphi.fits.calibration import calibrate_point, calibration_key
+
+    point = calibrate_point(calibration_key(law.kind, law.method), loss, None, factor, calibration)
+    return float(point["loss"]) if point["applied"] else float(loss)
 
 
 def extrapolation(fit, prediction: dict[str, Any]) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,9 @@ NUMERIC = ("params", "tokens", "flops", "loss", "budget", "experts", "granularit
 FAMILY_SUFFIX = ".family.json"  # `delphi ladder collect` writes <results>.family.json beside the table
 # Losses this close together (relative) carry no scaling signal: a degenerate table, not a fit.
 MIN_LOSS_SPREAD_REL = 1e-9
+# Columns only `delphi ladder collect` writes (delphi.ladder.collect.RESULT_COLUMNS): a table with any of
+# them holds Delphi's own rung records; any other table is external (a lab's, a public sweep).
+LADDER_RECORD_COLUMNS = ("params_nonembedding", "health_ok", "cell_id", "config_sha256")
 
 
 def load_results(
@@ -235,6 +239,8 @@ def load_results(
             "params_convention": params_convention, "params_mapped": params_mapped,
             "flops_family": flops_family, "family_origin": family_origin, "model_family": model_family,
             "invalid_rows_dropped": shown, "anchor_rows": anchor_rows,
+            "ladder_records": bool(set(LADDER_RECORD_COLUMNS) & set(raw.columns)),
+            "columns": {name: col for name, col in mapping.items() if col is not None},
         }
     )
     return table
@@ -494,7 +500,22 @@ def provenance(table: pd.DataFrame) -> dict[str, Any]:
         "query": table.attrs.get("query"),
         "params_convention": table.attrs.get("params_convention"),
         "flops_family_origin": table.attrs.get("family_origin"),
+        "table": table_record(table),
     }
+
+
+def table_record(table: pd.DataFrame) -> dict[str, Any]:
+    """What a fit keeps about its table for the readers that no longer have it (`delphi predict`'s
+    choice of point, delphi.fits.best_point): whether it is Delphi's own rung records, the column
+    mapping it was read with, and what the sweep features are made of (`beyond.record_features`):
+    the median model size and the distinct sizes at each budget."""
+    out: dict[str, Any] = {"ladder_records": bool(table.attrs.get("ladder_records", False)),
+                           "columns": dict(table.attrs.get("columns") or {})}
+    if "budget" in table and "params" in table and len(table):
+        rows = isoflop_rows(table)
+        out["log10_median_params"] = float(np.log10(rows["params"].median()))
+        out["sizes_per_budget"] = {f"{b:.6g}": int(n) for b, n in rows.groupby("budget")["params"].nunique().items()}
+    return out
 
 
 def cell_points(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -528,3 +549,27 @@ def cell_points(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
     points.attrs = dict(table.attrs)
     info.update({"n_cells": len(points), "seed_noise_nats": pooled, "seeds_per_cell_max": int(points["n_seeds"].max())})
     return points, info
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """How a user asked for a results table to be read: `load_results`' column mapping (canonical name,
+    the table's column), row query and what to drop. `delphi fit` and `delphi prereg create` build one
+    from the same flags (delphi.fits.commands.table_options)."""
+
+    columns: tuple[tuple[str, str], ...] = ()
+    query: str | None = None
+    drop_invalid: bool = False
+    drop_duplicates: bool = False
+
+    def load_kwargs(self) -> dict[str, Any]:
+        return {**{f"{name}_col": col for name, col in self.columns}, "query": self.query,
+                "drop_invalid": self.drop_invalid, "drop_duplicates": self.drop_duplicates}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"columns": dict(self.columns), "query": self.query, "drop_invalid": self.drop_invalid,
+                "drop_duplicates": self.drop_duplicates}
+
+    @property
+    def is_default(self) -> bool:
+        return self == TableOptions()

@@ -40,6 +40,7 @@ from scipy.stats import chi2
 from delphi.errors import DelphiError, quoted
 from delphi.fits.bootstrap import bootstrap
 from delphi.fits.data import cell_points, provenance
+from delphi.fits.e_prior import REFIT_FREE, EPrior, check_below_loss, noise_scale, pinned_refits, record
 from delphi.fits.isoflop import per_budget_optima
 from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 
@@ -129,12 +130,32 @@ def e_profile(compute: np.ndarray, loss: np.ndarray, targets: np.ndarray,
     return rows
 
 
-def _frontier_refit(table: pd.DataFrame, points: str, E: float | None, weighted: bool = False) -> dict[str, float]:
+def fit_frontier_prior(compute: np.ndarray, loss: np.ndarray, prior: EPrior, scale: float,
+                       sigma: np.ndarray | None = None) -> dict[str, float]:
+    """The maximum a posteriori frontier under a Gaussian prior on E (delphi.fits.e_prior): RSS(E)
+    profiled over (A, gamma), plus scale x ((E - mean) / sd)^2, minimised over E in [0, the lowest
+    loss) on the profile grid, then between its grid neighbours."""
+    objective = lambda e: fit_frontier_arrays(compute, loss, E=float(e), sigma=sigma)["rss"] + scale * prior.z2(e)  # noqa: E731
+    grid = np.linspace(0.0, E_MAX_FRACTION * loss.min(), E_PROFILE_POINTS)
+    values = [objective(e) for e in grid]
+    i = int(np.argmin(values))
+    res = minimize_scalar(objective, bounds=(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]), method="bounded",
+                          options={"xatol": 1e-10})
+    e = float(res.x) if res.fun <= values[i] else float(grid[i])
+    fit = fit_frontier_arrays(compute, loss, E=e, sigma=sigma)
+    return fit | {"objective": fit["rss"] + scale * prior.z2(e)}
+
+
+def _frontier_refit(table: pd.DataFrame, points: str, E: float | None, weighted: bool = False,
+                    prior: EPrior | None = None, scale: float | None = None) -> dict[str, float]:
     if weighted:
         compute, loss, sigma = frontier_points(table, points, with_sigma=True)
-        f = fit_frontier_arrays(compute, loss, E=E, sigma=sigma)
     else:
-        f = fit_frontier_arrays(*frontier_points(table, points), E=E)
+        (compute, loss), sigma = frontier_points(table, points), None
+    if prior is not None and not prior.pinned:
+        f = fit_frontier_prior(compute, loss, prior, scale, sigma)
+    else:
+        f = fit_frontier_arrays(compute, loss, E=E, sigma=sigma)
     return {"E": f["E"], "A": f["A"], "gamma": f["gamma"]}
 
 
@@ -149,10 +170,14 @@ def fit_frontier(
     workers: int | None = None,
     weighted: bool = False,
     with_sensitivity: bool = True,
+    E_prior: EPrior | None = None,
 ) -> FitResult:
     """`E`: "free", "profile", or a number (fixed asymptote). `weighted`: weigh each point by
     1/sigma^2 of its vertex (`vertex_sigma`; needs points="vertex"). `with_sensitivity=False` skips
-    the E profile and the sensitivity table (41 refits; a backtest needs neither)."""
+    the E profile and the sensitivity table (41 refits; a backtest needs neither). `E_prior`
+    (delphi.fits.e_prior.EPrior): E pinned (as a number `E`), or the maximum a posteriori fit under
+    a Gaussian prior on E (method "frontier-prior"); either way the fit records the prior and the
+    law refitted with E free (and, for a prior, at E = mean -+ sd) in `extra["E_prior"]`."""
     if weighted and points != "vertex":
         raise DelphiError(f"frontier: weighted fits need points = 'vertex' (the vertices carry an uncertainty), got {points!r}")
     compute, loss, sigma = frontier_points(table, points, with_sigma=True)
@@ -165,8 +190,17 @@ def fit_frontier(
             raise DelphiError(f"frontier: E = {quoted(E)}, expected 'free', 'profile' or a number") from None
     if not isinstance(E, str) and not 0 <= E < loss.min():
         raise DelphiError(f"frontier: fixed E = {E} must be in [0, lowest loss {loss.min():.4g})")
+    if E_prior is not None:
+        if E != "free":
+            raise DelphiError(f"frontier: E = {quoted(E)} and an E prior ({E_prior.describe()}) contradict each other; give one")
+        check_below_loss(E_prior, float(loss.min()), "frontier")
+        if E_prior.pinned:
+            E = float(E_prior.mean)
+    elif not isinstance(E, str):
+        E_prior = EPrior(float(E))
 
     profile = e_profile(compute, loss, targets, sigma) if (with_sensitivity or E == "profile") else []
+    scale = None  # s2 of a prior's objective (delphi.fits.e_prior)
     n = len(compute)
     if E == "profile":
         # Refine the profile minimum between its grid neighbours.
@@ -175,6 +209,10 @@ def fit_frontier(
         res = minimize_scalar(lambda e: fit_frontier_arrays(compute, loss, E=e, sigma=sigma)["rss"], bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
         fit = fit_frontier_arrays(compute, loss, E=float(res.x), sigma=sigma)
         mode, fixed_E = "profile", float(res.x)
+    elif E == "free" and E_prior is not None:  # a Gaussian prior on E: the maximum a posteriori fit
+        scale = noise_scale(fit_frontier_arrays(compute, loss, sigma=sigma)["rss"], len(compute), 3, "frontier --E-prior")
+        fit = fit_frontier_prior(compute, loss, E_prior, scale, sigma)
+        mode, fixed_E = "prior", None
     elif E == "free":
         fit = fit_frontier_arrays(compute, loss, sigma=sigma)
         mode, fixed_E = "free", None
@@ -214,7 +252,7 @@ def fit_frontier(
     weights_note = ({"weights": "1/sigma^2 of the vertices (delta-method SE + seed noise)",
                      "vertex_sigma_nats": sigma.tolist()} if sigma is not None else {})
     at_bound = []
-    if mode == "free" and params["E"] <= 0:
+    if mode in ("free", "prior") and params["E"] <= 0:
         at_bound.append("E")
     if params["A"] <= 0:
         at_bound.append("A")
@@ -240,12 +278,14 @@ def fit_frontier(
                                 for c, l, s in zip(compute, loss, sigma if sigma is not None else loss)],
             "E_profile": profile,
             "sensitivity": sensitivity,
+            **({"E_prior": _prior_record(E_prior, scale, compute, loss, sigma)} if E_prior is not None else {}),
         },
         input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
         status=fit_status(True, at_bound), **table_context(table),
     )
     if n_bootstrap:
-        refit = partial(_frontier_refit, points=points, E=fixed_E if mode == "fixed" else None, weighted=sigma is not None)
+        refit = partial(_frontier_refit, points=points, E=fixed_E if mode == "fixed" else None, weighted=sigma is not None,
+                        prior=E_prior, scale=scale)
         samples, info = bootstrap(refit, table, n_bootstrap, seed, strata="budget", workers=workers)
         result.samples = samples
         boot = percentile_intervals(samples)
@@ -256,6 +296,17 @@ def fit_frontier(
     return result
 
 
+def _prior_record(prior: EPrior, scale: float | None, compute: np.ndarray, loss: np.ndarray,
+                  sigma: np.ndarray | None) -> dict[str, Any]:
+    """extra["E_prior"] of a frontier fit: the prior, its scale and the law refitted with E free and
+    at E = mean -+ sd (delphi.fits.e_prior)."""
+    keep = lambda f: {"E": f["E"], "A": f["A"], "gamma": f["gamma"]}  # noqa: E731
+    refits = {REFIT_FREE: keep(fit_frontier_arrays(compute, loss, sigma=sigma))}
+    for name, e in pinned_refits(prior, E_MAX_FRACTION * float(loss.min())).items():
+        refits[name] = keep(fit_frontier_arrays(compute, loss, E=e, sigma=sigma))
+    return record(prior, scale, refits)
+
+
 def fit_asymptotic(
     table: pd.DataFrame,
     *,
@@ -264,10 +315,13 @@ def fit_asymptotic(
     seed: int = 0,
     workers: int | None = None,
     with_sensitivity: bool = True,
+    E_prior: EPrior | None = None,
 ) -> FitResult:
     """The asymptotic frontier law L*(C) = E + A C^-alpha through the isoFLOP vertices, E free,
     weighted by the vertices' uncertainty (module docstring). A frontier fit, method
     "frontier-free-weighted"; its bootstrap resamples within budgets (seed noise included when the
-    table has replicates: the bootstrap is hierarchical)."""
+    table has replicates: the bootstrap is hierarchical). `E_prior`: E pinned ("frontier-fixed-weighted")
+    or a Gaussian prior on it ("frontier-prior-weighted"), as `fit_frontier`."""
     return fit_frontier(table, E="free", points="vertex", weighted=True, target_compute=target_compute,
-                        n_bootstrap=n_bootstrap, seed=seed, workers=workers, with_sensitivity=with_sensitivity)
+                        n_bootstrap=n_bootstrap, seed=seed, workers=workers, with_sensitivity=with_sensitivity,
+                        E_prior=E_prior)

@@ -38,6 +38,7 @@ from scipy.optimize import minimize, nnls
 from delphi.errors import DelphiError, quoted
 from delphi.fits.bootstrap import bootstrap
 from delphi.fits.data import cell_points, check_points, provenance, with_anchors
+from delphi.fits.e_prior import REFIT_FREE, EPrior, check_below_loss, noise_scale, pinned_refits, record
 from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 from delphi.fits.laws import derived_quantities
 
@@ -189,15 +190,29 @@ def approach3_arrays(
     top_starts: int | None = TOP_STARTS,
     options: dict[str, Any] = LBFGS_OPTIONS,
     weights: np.ndarray | None = None,
+    prior: EPrior | None = None,
+    scale: float | None = None,
 ) -> dict[str, Any]:
     """Fit theta = (a, b, e, alpha, beta). `starts` defaults to Epoch's grid; L-BFGS-B runs
-    from the `top_starts` starts with the lowest objective (all of them if None)."""
+    from the `top_starts` starts with the lowest objective (all of them if None). `prior`
+    (delphi.fits.e_prior.EPrior): E pinned (e held at log E), or the Huber sum plus
+    `scale` x ((E - mean) / sd)^2, the maximum a posteriori fit under a Gaussian prior on E."""
     starts = epoch_grid() if starts is None else np.atleast_2d(np.asarray(starts, float))
+    pinned = prior is not None and prior.pinned
+    penalised = prior is not None and not prior.pinned
+    if pinned:
+        starts = starts.copy()
+        starts[:, 2] = np.log(prior.mean)
+
+    def penalty(e: np.ndarray) -> np.ndarray:
+        return scale * ((np.exp(e) - prior.mean) / prior.sd) ** 2 if penalised else 0.0 * e
+
     if top_starts is not None and len(starts) > top_starts:
         # One vectorised pass over every start, in chunks to bound memory.
         values = np.concatenate(
             [
                 (huber(log_loss_prediction(chunk, log_n, log_d) - log_loss) * (1.0 if weights is None else weights)).sum(axis=-1)
+                + penalty(chunk[:, 2])
                 for chunk in np.array_split(starts, max(1, len(starts) // 500))
             ]
         )
@@ -205,13 +220,26 @@ def approach3_arrays(
     # Optimise in centred coordinates: a - alpha log N = (a - alpha mean) - alpha (log N - mean).
     # Same objective and minimum, but it removes most of the a-alpha and b-beta correlation
     # that makes the problem ill-conditioned: L-BFGS-B then converges in ~40 iterations
-    # instead of ~100 (and does not stop short of the minimum).
+    # instead of ~100 (and does not stop short of the minimum). e is the same coordinate in both.
     shift = centring(log_n, log_d)
     design = stacked_design(log_n - log_n.mean(), log_d - log_d.mean())
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        value, grad = _huber_on_design(x, design, log_loss, weights)
+        if penalised:
+            e = float(np.exp(x[2]))
+            value += scale * prior.z2(e)
+            grad = grad.copy()
+            grad[2] += scale * 2.0 * (e - prior.mean) / prior.sd**2 * e
+        return value, grad
+
+    bounds = [(None, None)] * 5
+    if pinned:
+        bounds[2] = (float(np.log(prior.mean)),) * 2
     best, objectives = None, []
     with _BlasThreads(1):
         for x0 in starts @ shift.T:  # each start in centred coordinates
-            res = minimize(_huber_on_design, x0, args=(design, log_loss, weights), jac=True, method="L-BFGS-B", options=options)
+            res = minimize(objective, x0, jac=True, method="L-BFGS-B", options=options, bounds=bounds if pinned else None)
             objectives.append(res.fun)
             if best is None or res.fun < best.fun:
                 best = res
@@ -248,40 +276,46 @@ def warm_starts(theta: Float[np.ndarray, "5"], log_n: np.ndarray, log_d: np.ndar
     return np.linalg.solve(shift, np.vstack([centred, centred + PERTURBED_STARTS]).T).T
 
 
-def _approach3_refit(table: pd.DataFrame, start: np.ndarray, starts: str = "warm") -> dict[str, float]:
+def _approach3_refit(table: pd.DataFrame, start: np.ndarray, starts: str = "warm", prior: EPrior | None = None,
+                     scale: float | None = None) -> dict[str, float]:
     """Bootstrap refit. "warm": L-BFGS-B from the full-data optimum `start` and the perturbed
     starts around it; "grid": the full fit's procedure (Epoch's grid, best TOP_STARTS), the slow
-    reference the warm refit is checked against."""
+    reference the warm refit is checked against. `prior`, `scale`: the full fit's E prior."""
     points, _ = cell_points(with_anchors(table))
     log_n, log_d, log_loss = _log_arrays(points)
     if starts == "grid":
-        out = approach3_arrays(log_n, log_d, log_loss, weights=_weights(points))
+        out = approach3_arrays(log_n, log_d, log_loss, weights=_weights(points), prior=prior, scale=scale)
     else:
         out = approach3_arrays(
             log_n, log_d, log_loss, starts=warm_starts(start, log_n, log_d), top_starts=None,
-            options=BOOTSTRAP_LBFGS_OPTIONS, weights=_weights(points),
+            options=BOOTSTRAP_LBFGS_OPTIONS, weights=_weights(points), prior=prior, scale=scale,
         )
     return theta_to_params(out["theta"])
 
 
 # --------------------------------------------------------------------------- VPNLS
 def nnls_coefficients(
-    exponents: tuple[float, ...], columns_log: list[np.ndarray], loss: np.ndarray, weights: np.ndarray | None = None
+    exponents: tuple[float, ...], columns_log: list[np.ndarray], loss: np.ndarray, weights: np.ndarray | None = None,
+    intercept: float | None = None,
 ) -> tuple[np.ndarray, float]:
     """For fixed exponents, the law is linear in its coefficients (all >= 0): solve by NNLS.
 
     columns_log[i] is log of the variable the i-th exponent applies to; the design is
     [1, exp(-e_i * log x_i) ...]. Columns are scaled to unit norm for conditioning.
-    Returns (coefficients, residual sum of squares).
+    `intercept` (E pinned): held at that value, the other coefficients fitted to loss - E.
+    Returns (coefficients, the intercept first, and the residual sum of squares).
     """
-    design = np.column_stack([np.ones_like(loss)] + [np.exp(-e * lx) for e, lx in zip(exponents, columns_log)])
+    powers = [np.exp(-e * lx) for e, lx in zip(exponents, columns_log)]
+    design = np.column_stack(([np.ones_like(loss)] if intercept is None else []) + powers)
+    target = loss if intercept is None else loss - intercept
     if weights is not None:  # weighted least squares: rows scaled by sqrt(weight)
         root = np.sqrt(weights)
-        design, loss = design * root[:, None], loss * root
+        design, target = design * root[:, None], target * root
     scale = np.linalg.norm(design, axis=0)
     scale[scale == 0] = 1.0
-    coef, rnorm = nnls(design / scale, loss)
-    return coef / scale, float(rnorm**2)
+    coef, rnorm = nnls(design / scale, target)
+    coef = coef / scale
+    return (coef if intercept is None else np.concatenate([[intercept], coef])), float(rnorm**2)
 
 
 def vpnls_arrays(
@@ -290,13 +324,15 @@ def vpnls_arrays(
     loss: np.ndarray,
     start: tuple[float, float] | None = None,
     weights: np.ndarray | None = None,
+    E: float | None = None,
 ) -> dict[str, Any]:
+    """VPNLS: (alpha, beta) searched, (E, A, B) >= 0 by NNLS; `E` given: held there (pinned)."""
     cols = [log_n, log_d]
 
     def rss(x: np.ndarray) -> float:
         if not (EXPONENT_BOUNDS[0] <= x[0] <= EXPONENT_BOUNDS[1] and EXPONENT_BOUNDS[0] <= x[1] <= EXPONENT_BOUNDS[1]):
             return np.inf
-        return nnls_coefficients(tuple(x), cols, loss, weights)[1]
+        return nnls_coefficients(tuple(x), cols, loss, weights, intercept=E)[1]
 
     with _BlasThreads(1):  # NNLS on 240 x 3: BLAS threads only add wake-up latency
         if start is None:
@@ -307,7 +343,7 @@ def vpnls_arrays(
             options=NELDER_MEAD_OPTIONS,
         )
     alpha, beta = (float(v) for v in res.x)
-    (E, A, B), value = nnls_coefficients((alpha, beta), cols, loss, weights)
+    (E, A, B), value = nnls_coefficients((alpha, beta), cols, loss, weights, intercept=E)
     return {
         "params": {"E": float(E), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta},
         "rss": value,
@@ -316,10 +352,37 @@ def vpnls_arrays(
     }
 
 
-def _vpnls_refit(table: pd.DataFrame, start: tuple[float, float]) -> dict[str, float]:
+def vpnls_prior_arrays(log_n: np.ndarray, log_d: np.ndarray, loss: np.ndarray, prior: EPrior, scale: float,
+                       starts: list[tuple[float, float, float]], weights: np.ndarray | None = None) -> dict[str, Any]:
+    """The maximum a posteriori VPNLS fit under a Gaussian prior on E (delphi.fits.e_prior):
+    (alpha, beta, E) searched by Nelder-Mead from each start, (A, B) >= 0 by NNLS on loss - E,
+    objective RSS + scale x ((E - mean) / sd)^2; the best start kept."""
+    cols, upper = [log_n, log_d], float(loss.min())
+
+    def objective(x: np.ndarray) -> float:
+        if not (EXPONENT_BOUNDS[0] <= x[0] <= EXPONENT_BOUNDS[1] and EXPONENT_BOUNDS[0] <= x[1] <= EXPONENT_BOUNDS[1]
+                and 0.0 <= x[2] < upper):
+            return np.inf
+        return nnls_coefficients(tuple(x[:2]), cols, loss, weights, intercept=float(x[2]))[1] + scale * prior.z2(x[2])
+
+    with _BlasThreads(1):
+        best = min((minimize(objective, np.array(x0, float), method="Nelder-Mead", options=NELDER_MEAD_OPTIONS)
+                    for x0 in starts), key=lambda r: r.fun)
+    alpha, beta, e = (float(v) for v in best.x)
+    (E, A, B), value = nnls_coefficients((alpha, beta), cols, loss, weights, intercept=e)
+    return {"params": {"E": float(E), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta}, "rss": value,
+            "objective": float(best.fun), "converged": bool(best.success), "n_evaluations": int(best.nfev)}
+
+
+def _vpnls_refit(table: pd.DataFrame, start: tuple[float, ...], prior: EPrior | None = None,
+                 scale: float | None = None) -> dict[str, float]:
     points, _ = cell_points(with_anchors(table))
     log_n, log_d, _ = _log_arrays(points)
-    return vpnls_arrays(log_n, log_d, points["loss"].to_numpy(float), start=start, weights=_weights(points))["params"]
+    loss = points["loss"].to_numpy(float)
+    if prior is not None and not prior.pinned:
+        return vpnls_prior_arrays(log_n, log_d, loss, prior, scale, [tuple(start)], _weights(points))["params"]
+    return vpnls_arrays(log_n, log_d, loss, start=tuple(start[:2]), weights=_weights(points),
+                        E=None if prior is None else prior.mean)["params"]
 
 
 def _weights(points: pd.DataFrame) -> np.ndarray | None:
@@ -384,6 +447,23 @@ def _with_bootstrap(
     return fit
 
 
+def _check_prior(prior: EPrior | None, points: pd.DataFrame, method: str) -> None:
+    if prior is None:
+        return
+    check_below_loss(prior, float(points["loss"].min()), method)
+    if method == "approach3" and prior.pinned and prior.mean <= 0:
+        raise DelphiError("approach3: E pinned at 0; Approach 3 fits log E, so a pinned E must be > 0 "
+                          "(fit vpnls for a law with no asymptote)")
+
+
+def _at_bound(params: dict[str, float], points: pd.DataFrame, prior: EPrior | None, exponents: bool) -> list[str]:
+    """Parameters on a bound of the search: an exponent at EXPONENT_BOUNDS (VPNLS) or a coefficient at 0;
+    a pinned E is the lab's value, not a bound the fit ran into."""
+    held = {"E"} if prior is not None and prior.pinned else set()
+    out = [k for k in ("alpha", "beta") if exponents and min(abs(params[k] - b) for b in EXPONENT_BOUNDS) < 1e-6]
+    return out + [k for k in ("E", "A", "B") if k not in held and params[k] < E_AT_ZERO_REL * float(points["loss"].min())]
+
+
 def fit_approach3(
     table: pd.DataFrame,
     *,
@@ -392,17 +472,28 @@ def fit_approach3(
     top_starts: int | None = TOP_STARTS,
     workers: int | None = None,
     bootstrap_starts: str = "warm",
+    E_prior: EPrior | None = None,
 ) -> FitResult:
     """Approach 3 (see module docstring). `top_starts=None` runs L-BFGS-B from the full grid.
-    `bootstrap_starts`: "warm" (default, fast) or "grid" (each resample fitted like the full data)."""
+    `bootstrap_starts`: "warm" (default, fast) or "grid" (each resample fitted like the full data).
+    `E_prior` (delphi.fits.e_prior.EPrior): E pinned (method "approach3-E-pinned") or a Gaussian
+    prior on it ("approach3-E-prior"); recorded with the law refitted with E free and at E = mean -+ sd."""
     if bootstrap_starts not in BOOTSTRAP_START_MODES:
         raise DelphiError(f"fit_approach3: bootstrap_starts = {quoted(bootstrap_starts)}, expected one of {BOOTSTRAP_START_MODES}")
     points, seeds = cell_points(with_anchors(table))
     check_points(points, 6, "approach3")
+    _check_prior(E_prior, points, "approach3")
     log_n, log_d, log_loss = _log_arrays(points)
-    out = approach3_arrays(log_n, log_d, log_loss, top_starts=top_starts, weights=_weights(points))
+    weights = _weights(points)
+    fit_at = lambda prior, scale=None: approach3_arrays(log_n, log_d, log_loss, top_starts=top_starts,  # noqa: E731
+                                                        weights=weights, prior=prior, scale=scale)
+    free = fit_at(None)
+    scale = None
+    if E_prior is not None and not E_prior.pinned:
+        scale = noise_scale(free["objective"], len(points), len(PARAM_NAMES), "approach3 --E-prior")
+    out = free if E_prior is None else fit_at(E_prior, scale)
     params = theta_to_params(out["theta"])
-    at_bound = [k for k in ("E", "A", "B") if params[k] < E_AT_ZERO_REL * float(points["loss"].min())]
+    at_bound = _at_bound(params, points, E_prior, exponents=False)
     diagnostics = {
         "at_bound": at_bound,
         **seeds,
@@ -415,12 +506,19 @@ def fit_approach3(
         **residual_diagnostics(points, params),
         **provenance(table),
     }
+    extra = {}
+    if E_prior is not None:
+        refits = {REFIT_FREE: theta_to_params(free["theta"])}
+        for name, e in pinned_refits(E_prior, float(points["loss"].min())).items():
+            if e > 0:
+                refits[name] = theta_to_params(fit_at(EPrior(e))["theta"])
+        extra["E_prior"] = record(E_prior, scale, refits)
     fit = FitResult(
-        kind="parametric", method="approach3", params=params, diagnostics=diagnostics,
+        kind="parametric", method="approach3" + _prior_suffix(E_prior), params=params, diagnostics=diagnostics, extra=extra,
         input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed,
         status=fit_status(out["converged"], at_bound), **table_context(table),
     )
-    refit = partial(_approach3_refit, start=out["theta"], starts=bootstrap_starts)
+    refit = partial(_approach3_refit, start=out["theta"], starts=bootstrap_starts, prior=E_prior, scale=scale)
     fit = _with_bootstrap(fit, refit, table, n_bootstrap, seed, workers)
     if n_bootstrap:
         fit.diagnostics["bootstrap_starts"] = (
@@ -430,20 +528,40 @@ def fit_approach3(
     return fit
 
 
+def _prior_suffix(prior: EPrior | None) -> str:
+    """A fit with an E prior is another method ("vpnls-E-prior"): the public calibration, fitted on the
+    laws with E free, has no entry for it."""
+    return "" if prior is None else f"-E-{prior.mode}"
+
+
 def fit_vpnls(
     table: pd.DataFrame,
     *,
     n_bootstrap: int = 0,
     seed: int = 0,
     workers: int | None = None,
+    E_prior: EPrior | None = None,
 ) -> FitResult:
+    """VPNLS (module docstring). `E_prior` (delphi.fits.e_prior.EPrior): E pinned (NNLS on loss - E,
+    method "vpnls-E-pinned") or the maximum a posteriori fit under a Gaussian prior on E
+    ("vpnls-E-prior", `vpnls_prior_arrays`); recorded with the law refitted with E free and at E = mean -+ sd."""
     points, seeds = cell_points(with_anchors(table))
     check_points(points, 6, "vpnls")
+    _check_prior(E_prior, points, "vpnls")
     log_n, log_d, _ = _log_arrays(points)
-    out = vpnls_arrays(log_n, log_d, points["loss"].to_numpy(float), weights=_weights(points))
+    loss, weights = points["loss"].to_numpy(float), _weights(points)
+    free = vpnls_arrays(log_n, log_d, loss, weights=weights)
+    scale, out = None, free
+    if E_prior is not None and E_prior.pinned:
+        out = vpnls_arrays(log_n, log_d, loss, weights=weights, E=E_prior.mean)
+    elif E_prior is not None:
+        scale = noise_scale(free["rss"], len(points), len(PARAM_NAMES), "vpnls --E-prior")
+        at_mean = vpnls_arrays(log_n, log_d, loss, weights=weights, E=E_prior.mean)["params"]
+        starts = [(at_mean["alpha"], at_mean["beta"], E_prior.mean),
+                  (free["params"]["alpha"], free["params"]["beta"], free["params"]["E"])]
+        out = vpnls_prior_arrays(log_n, log_d, loss, E_prior, scale, starts, weights)
     params = out["params"]
-    at_bound = [k for k in ("alpha", "beta") if min(abs(params[k] - b) for b in EXPONENT_BOUNDS) < 1e-6]
-    at_bound += [k for k in ("E", "A", "B") if params[k] < E_AT_ZERO_REL * float(points["loss"].min())]
+    at_bound = _at_bound(params, points, E_prior, exponents=True)
     diagnostics = {
         "rss": out["rss"],
         "converged": out["converged"],
@@ -453,10 +571,17 @@ def fit_vpnls(
         **residual_diagnostics(points, params),
         **provenance(table),
     }
+    extra = {}
+    if E_prior is not None:
+        refits = {REFIT_FREE: free["params"]}
+        for name, e in pinned_refits(E_prior, float(loss.min())).items():
+            refits[name] = vpnls_arrays(log_n, log_d, loss, weights=weights, E=e)["params"]
+        extra["E_prior"] = record(E_prior, scale, refits)
     fit = FitResult(
-        kind="parametric", method="vpnls", params=params, diagnostics=diagnostics,
+        kind="parametric", method="vpnls" + _prior_suffix(E_prior), params=params, diagnostics=diagnostics, extra=extra,
         input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed,
         status=fit_status(out["converged"], at_bound), **table_context(table),
     )
-    refit = partial(_vpnls_refit, start=(params["alpha"], params["beta"]))
+    start = (params["alpha"], params["beta"], params["E"])
+    refit = partial(_vpnls_refit, start=start, prior=E_prior, scale=scale)
     return _with_bootstrap(fit, refit, table, n_bootstrap, seed, workers)

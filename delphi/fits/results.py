@@ -274,7 +274,7 @@ class FitResult:
 
 
 EXTRA_KEYS = ("optima", "term", "E_profile", "sensitivity", "frontier_points", "skipped_budgets", "ols_intervals", "e_mode",
-              "curvature_law")
+              "curvature_law", "E_prior")
 
 
 # What each law's parameters may be, as its fitters bound them: coefficients and the asymptote are
@@ -372,6 +372,10 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
     if curvature is not None:
         for key in ("log10_K0", "exponent"):
             _real(_mapping(curvature, "curvature_law", where).get(key), f"curvature_law.{key}", where)
+    if data.get("E_prior") is not None:  # a lab's prior on E (delphi.fits.e_prior): checked as the fit reads it
+        from delphi.fits.e_prior import EPrior
+
+        EPrior.from_json(data["E_prior"], f"{where}: E_prior")
     n_points = data.get("n_points", 0)
     if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 0:
         raise DelphiError(f"{where}: n_points = {quoted(n_points)}, expected an integer >= 0")

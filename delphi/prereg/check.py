@@ -165,6 +165,8 @@ def with_projection(result: dict[str, Any], prereg: fmt.Prereg, shape_run: Path)
     from delphi.fits.shape_trajectory import project_finals
     from delphi.train.config import train_config_from_dict
 
+    if not isinstance(prereg.doc["hero"].get("config"), dict):
+        raise DelphiError(f"--shape: {prereg.path}'s hero is given as N and D, with no schedule to project its evals along")
     hero = train_config_from_dict(prereg.doc["hero"]["config"])
     projected = project_finals(result["points"], shape_run, hero)
     for p in projected:
@@ -245,7 +247,7 @@ def _mark_forced(result: dict, doc: dict) -> None:
     """A preregistration sealed with --force over failing gates says so in every verdict."""
     result["forced"] = bool(doc.get("forced", False))
     if result["forced"]:
-        failed = [g.get("name") for g in doc.get("gates") or [] if not g.get("passed")]
+        failed = [g.get("name") for g in doc.get("gates") or [] if not g.get("passed") and g.get("applicable", True)]
         result["why"] = f"{result.get('why', '')} [SEALED WITH --force; failed gates: {', '.join(failed) or '?'}]"
 
 
@@ -744,7 +746,7 @@ def _verify_one(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: s
             result["problems"].append(problem)
     result["forced"] = bool(doc.get("forced", False))
     if result["forced"]:
-        failed = [g.get("name", "?") for g in doc.get("gates") or [] if not g.get("passed")]
+        failed = [g.get("name", "?") for g in doc.get("gates") or [] if not g.get("passed") and g.get("applicable", True)]
         forced_gates = doc.get("forced_gates") or {}
         result["warnings"] = [f"sealed with {'gate(s) forced by the study' if set(failed) <= set(forced_gates) else '--force'} "
                               f"although gates failed: {', '.join(failed)}"

@@ -20,16 +20,25 @@ NOISE_SCOPES = ("pooled", "top_budget")
 
 
 def add_commands(subparsers) -> None:
-    from delphi.cli import add_json_flag, add_log_options, nonnegative_int, positive_float
+    from delphi.cli import add_column_options, add_json_flag, add_log_options, nonnegative_int, positive_float
 
     prereg = subparsers.add_parser("prereg", help="preregister a hero run's loss, verify the seal, check a run against it")
     sub = prereg.add_subparsers(dest="prereg_command", metavar="SUBCOMMAND")
 
     p = sub.add_parser("create", help="write a sealed preregistration (refuses to overwrite)")
     p.add_argument("--fit", required=True, help="FIT.json written by `delphi fit` (parametric, moe, isoflop, envelope, frontier)")
-    p.add_argument("--hero", required=True, help="HERO.yaml: the hero's train config")
+    p.add_argument("--hero", help="HERO.yaml: the hero's train config (or give it by --hero-params and --hero-tokens, "
+                                  "or --hero-compute)")
+    p.add_argument("--hero-params", metavar="N", help="the hero's N, counted as the results table counts params "
+                                                      "(with --hero-tokens): a hero trained elsewhere, with no Delphi config")
+    p.add_argument("--hero-tokens", metavar="D", help="the hero's training tokens D (with --hero-params)")
+    p.add_argument("--hero-flops", metavar="C", help="the hero's exact training FLOPs (default: the fit's FLOPs family "
+                                                     "at N and D, else 6ND)")
+    p.add_argument("--hero-compute", metavar="C", help="a hero sized by the fit's own allocation at C FLOPs (N*, D*)")
     p.add_argument("--ladder", help="ladder dir: its runs' curves fit the trajectory law; its manifest is hashed")
-    p.add_argument("--results", help="results table (hashed; default LADDER/results.csv if present)")
+    p.add_argument("--results", help="results table (hashed; default LADDER/results.csv if present); CSV, JSON, "
+                                     "JSONL or Parquet, read with the column mapping below as `delphi fit` reads it")
+    add_column_options(p)
     p.add_argument("--curve-fit", help="a curve-law JSON from `delphi prereg curves` instead of fitting --ladder")
     p.add_argument("--out", required=True, help="preregistrations/NAME.yaml")
     p.add_argument("--tolerance", type=positive_float, default=0.01, help="relative tolerance of the decision rule (default 0.01)")
@@ -134,13 +143,20 @@ def _create(args: argparse.Namespace):
                                  ("agreement_tolerance_rel", args.agreement_tolerance)) if v is not None}
     from delphi.io import check_output_file, read_json
 
+    from delphi.cli import table_options
+
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
     check_output_file(args.out, inputs=(args.fit, args.hero, args.results, args.curve_fit, args.backtest, args.rehearsal,
                                         *(args.lr_calibration or ()), *args.probe, args.recipe_check))
+    reading = table_options(args)
+    if args.results is None and args.ladder is None and not reading.is_default:
+        raise DelphiError("prereg create: the column mapping and --query read the results table: give --results (or --ladder)")
+    hero_numbers = {"params": args.hero_params, "tokens": args.hero_tokens, "flops": args.hero_flops,
+                    "compute": args.hero_compute}
     backtest = read_json(args.backtest, what="backtest JSON") if args.backtest else None
     try:
         doc = create_prereg(
-            Path(args.fit), Path(args.hero), Path(args.out),
+            Path(args.fit), Path(args.hero) if args.hero else None, Path(args.out),
             ladder=Path(args.ladder) if args.ladder else None,
             results=Path(args.results) if args.results else None,
             curve_fit_path=Path(args.curve_fit) if args.curve_fit else None,
@@ -151,6 +167,7 @@ def _create(args: argparse.Namespace):
             probe_runs=[Path(p) for p in args.probe], probe_correction=args.probe_correction, probe_carry=args.probe_carry,
             noise_scope=args.noise_scope, trajectory_from_probes=args.trajectory_from_probes,
             recipe_check=Path(args.recipe_check) if args.recipe_check else None,
+            hero_numbers=hero_numbers, options=reading,
         )
     except CheckFailed as refused:
         report = json.loads(gates_path(Path(args.out)).read_text())
@@ -165,11 +182,35 @@ def _create(args: argparse.Namespace):
         _say("SEALED WITH --force: gates failed (recorded in the sealed file)")
     final = doc["prediction"]["final"]
     i90 = final.get("loss_90") or [float("nan")] * 2
+    for line in forecast_lines(doc):
+        _say(line)
     _say(f"wrote {args.out}: final loss {final['loss']:.4f} (90% [{i90[0]:.4f}, {i90[1]:.4f}]), "
          f"{len(doc['prediction']['trajectory']['points'])} trajectory points, seal {doc['seal']['digest'][:12]}")
     return {"file": args.out, "id": doc["id"], "seal": doc["seal"]["digest"], "final": final, "forced": doc.get("forced", False),
-            "gates": doc.get("gates", []),
+            "gates": doc.get("gates", []), "hero": {k: v for k, v in doc["hero"].items() if k != "config"},
             "trajectory_points": len(doc["prediction"]["trajectory"]["points"])}
+
+
+def forecast_lines(doc: dict) -> list[str]:
+    """What a sealed forecast rests on, for the terminal: the hero's N, D and C as used (a config's
+    defaults, e.g. d_ff, show here), which point decides and why, and how much a lab's E prior decides."""
+    hero, final = doc["hero"], doc["prediction"]["final"]
+    shape = ""
+    if isinstance(hero.get("config"), dict):
+        m = hero["config"].get("model") or {}
+        shape = " from the config: " + ", ".join(f"{k} {m[k]}" for k in ("d_model", "n_layers", "n_heads", "d_ff") if k in m)
+    lines = [f"hero: N = {hero['params']:.4g}, D = {hero['tokens']:.4g} ({hero['tokens'] / hero['params']:.3g} tokens per "
+             f"parameter), C = {hero['flops']:.4g} FLOPs" + (f" ({hero['flops_how']})" if hero.get("flops_how") else "") + shape]
+    point = final.get("point")
+    if point:
+        law = final.get("law")
+        lines.append(f"point: {point['why']}" + (f"; the law's own point {law['loss']:.4f}" if law else ""))
+    if point and point.get("decides") == "calibrated" and (final.get("calibrated") or {}).get("table_is_calibration_source"):
+        lines.append("note: the table's file is the data the calibration was made from: where its sweep is one of the "
+                     "calibration's sources, the calibrated centre is in-sample for it")
+    if final.get("E_prior"):
+        lines.append(f"E prior: {final['E_prior']['text']}")
+    return lines
 
 
 def _verify(args: argparse.Namespace):

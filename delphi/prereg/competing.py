@@ -6,7 +6,8 @@ Entries of `prediction.competing` (all for the same outcome, the mean of the sea
 - "<primary> calibrated": the primary law's point and interval calibrated for its extrapolation
   factor on the public sweeps (`delphi.fits.calibration.calibrate_final`);
 - "<primary> alone": the primary law's own point and interval, where the sealed one is corrected by
-  the design's measured bias (`delphi.fits.intervals.correct_by_design`); ensembles use this one;
+  the design's measured bias (`delphi.fits.intervals.correct_by_design`) or is its calibrated centre
+  (delphi.fits.best_point); ensembles use this one;
 - each other law fitted by the study (isoflop, parametric, frontier, asymptotic, ...): its own point
   and predictive interval (bootstrap (+) the outcome's run noise, as the primary's), with its
   calibrated version beside it where the calibration covers the law;
@@ -75,6 +76,9 @@ def competing_predictions(fit_paths: Mapping[str, Path], primary: str, primary_f
     if primary_final.get("point_correction"):
         laws[primary] = primary_final["uncorrected"]
         out[primary + ALONE_SUFFIX] = _entry(primary_final["uncorrected"])
+    elif primary_final.get("law"):  # the calibrated centre decides: the law's own point competes beside it
+        laws[primary] = primary_final["law"]
+        out[primary + ALONE_SUFFIX] = _entry(primary_final["law"])
     for law, path in fit_paths.items():
         if law == primary:
             continue

@@ -22,7 +22,10 @@ import numpy as np
 import delphi
 from delphi.errors import CheckFailed, DelphiError
 from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90  # noqa: F401 (importable from here)
+from delphi.fits.data import TableOptions
 from delphi.fits.intervals import PointCorrection
+from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, REFIT_NAMES, law_name  # noqa: F401 (importable from here)
+from delphi.prereg.hero import HeroSpec
 from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
@@ -73,7 +76,8 @@ def trajectory_from_final(final: dict, hero) -> dict:
     """A one-point trajectory (no ladder curves given): the final prediction at the last step."""
     lo50, hi50 = final["loss_50"] or (final["loss"],) * 2
     lo90, hi90 = final["loss_90"] or (final["loss"],) * 2
-    point = {"step": hero.steps, "tokens": hero.tokens, "loss": final["loss"], "lo50": lo50, "hi50": hi50, "lo90": lo90, "hi90": hi90}
+    step = {} if isinstance(hero, HeroSpec) else {"step": hero.steps}  # a hero given as N and D has no schedule
+    point = {**step, "tokens": hero.tokens, "loss": final["loss"], "lo50": lo50, "hi50": hi50, "lo90": lo90, "hi90": hi90}
     return {"model": None, "points": [point], "note": "no ladder curves given: only the final point is predicted"}
 
 
@@ -202,43 +206,44 @@ def gates_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".yaml").removesuffix(".yml") + ".gates.json")
 
 
-# `delphi fit` method (or kind) -> the FITTERS name that refits it.
-REFIT_NAMES = {"vpnls": "vpnls", "approach3": "parametric", "approach2": "isoflop", "approach1": "envelope"}
+def refit_options(fit) -> dict[str, Any]:
+    """What a refit of `fit` keeps besides its law: its E prior (delphi.fits.e_prior), and a frontier
+    fit's points; a frontier refit skips the E profile (the gates read its point only)."""
+    from delphi.fits.e_prior import prior_of
 
-
-def law_name(fit) -> str:
-    """The `delphi.fits.FITTERS` key of the law a fit was made with."""
-    return REFIT_NAMES.get(fit.method) or fit.kind
+    prior = prior_of(fit)
+    options: dict[str, Any] = {} if prior is None else {"E_prior": prior}
+    if law_name(fit) == "frontier":
+        options |= {"points": (fit.diagnostics or {}).get("points", "min"), "with_sensitivity": False}
+    elif law_name(fit) == "asymptotic":
+        options["with_sensitivity"] = False
+    return options
 
 
 def refit_function(fit) -> Callable[[Any], Any]:
     """Refit the same law (no bootstrap) on another table, with the fit's FLOPs family attached."""
     name = law_name(fit)
-    return refit_with(name, getattr(fit, "family", None), fit.seed or 0, f"a {fit.kind!r} fit (method {fit.method!r})")
+    return refit_with(name, getattr(fit, "family", None), fit.seed or 0, f"a {fit.kind!r} fit (method {fit.method!r})",
+                      **refit_options(fit))
 
 
-def refit_with(name: str, family, seed: int = 0, what: str | None = None) -> Callable[[Any], Any]:
-    """Fit law `name` (a `delphi.fits.FITTERS` key, no bootstrap) on a table, `family` attached."""
+def refit_with(name: str, family, seed: int = 0, what: str | None = None, **options: Any) -> Callable[[Any], Any]:
+    """Fit law `name` (a `delphi.fits.FITTERS` key, no bootstrap, with `options`) on a table, `family` attached."""
     from delphi.fits import FITTERS
 
     if name not in FITTERS:
         raise DelphiError(f"fit: cannot refit {what or repr(name)} for the gates")
 
     def refit(table):
-        refitted = FITTERS[name](table, n_bootstrap=0, seed=seed)
+        refitted = FITTERS[name](table, n_bootstrap=0, seed=seed, **options)
         return refitted.with_family(family) if family is not None else refitted
 
     return refit
 
 
-# Laws the primary prediction is checked against (gate method_agreement): the isoFLOP frontier is a
-# pure power law in C (no asymptote), VPNLS the Chinchilla surface with one. On a ladder spanning one
-# decade the two bracket what the data cannot decide: whether the loss is bending toward an E.
-CROSS_CHECK_METHODS = ("isoflop", "vpnls")
-
-
 def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = None,
-                            probe_runs: Sequence[Path] = (), noise_scope: str = "pooled") -> dict[str, dict[str, Any]]:
+                            probe_runs: Sequence[Path] = (), noise_scope: str = "pooled",
+                            calibrated_at: float | None = None) -> dict[str, dict[str, Any]]:
     """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss",
     "backtest_rel_error", "probes"}} or {method: {"error"}}.
 
@@ -249,7 +254,9 @@ def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = N
     {run: {"rel_error", "noise_rel"}}, "noise_rel" being one run's noise around this law relative
     to the run's loss. They decide whether gate method_agreement counts it: a law the data already
     contradict is no competing explanation. The primary's own law (VPNLS for Approach 3 too) is
-    skipped."""
+    skipped. `calibrated_at` (the hero's extrapolation factor, where the primary's calibrated centre
+    decides the seal): each law's point is its own calibrated centre there ("law_loss" beside it),
+    so that the gate compares like with like."""
     from delphi.fits import backtest as run_backtest
 
     primary_own = law_name(fit)
@@ -273,7 +280,42 @@ def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = N
                      "backtest_rel_error": float(held_out[0]["rel_error"]) if held_out else None,
                      "probes": {run: {"rel_error": float(r["rel_error"]), "noise_rel": noise / float(r["actual"])}
                                 for run, r in scored.items()}}
+        if calibrated_at is not None and out[name]["loss"] is not None:
+            out[name] |= _calibrated_cross_check(other, out[name]["loss"], calibrated_at)
     return out
+
+
+def _calibrated_cross_check(fit, loss: float, factor: float) -> dict[str, Any]:
+    """A cross-check law's calibrated centre at `factor` (delphi.fits.calibration.calibrate_point), as
+    {"loss", "law_loss"}; its own point where its calibration does not apply."""
+    from delphi.fits.calibration import calibrate_point, calibration_key, load_checked_calibration
+
+    point = calibrate_point(calibration_key(fit.kind, fit.method), loss, None, factor, load_checked_calibration())
+    return {"loss": float(point["loss"]), "law_loss": loss} if point["applied"] else {"law_loss": loss, "calibrated": False}
+
+
+def backtest_of_point(backtest: dict | None, final: dict, fit) -> dict | None:
+    """The held-out-budget backtest of the point that decides the seal: where the calibrated centre
+    decides (`final["point"]`), each held-out budget is scored at the law's calibrated centre there
+    (`calibrate_backtest`; "law_rel_error" keeps the law's own error), as gate backtest reads it."""
+    from delphi.fits import best_point as bp
+    from delphi.fits.calibration import calibrate_backtest, load_checked_calibration
+
+    if not backtest or backtest.get("error") or (final.get("point") or {}).get("decides") != bp.CALIBRATED:
+        return backtest
+    key = (final.get("calibrated") or {}).get("method")
+    calibrated = calibrate_backtest(backtest, load_checked_calibration(), method=key or fit.method, kind=fit.kind,
+                                    fit_method=fit.method)
+    budgets = []
+    for b in calibrated["budgets"]:
+        c = b["calibrated"]
+        if not c["applied"]:
+            budgets.append(b)
+            continue
+        truth = float(b["observed_best_loss"])
+        budgets.append(b | {"rel_error": float(c["loss"]) / truth - 1, "law_rel_error": b["rel_error"],
+                            "covered_90": c["covered_90"], "point": bp.CALIBRATED})
+    return calibrated | {"budgets": budgets}
 
 
 def ladder_spec_ranges(ladder: Path | None, gate_table) -> dict | None:
@@ -307,7 +349,8 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
                   rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
                   lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = (),
                   probe_correction: bool = False, probe_carry: str = "linear", noise_scope: str = "pooled",
-                  recipe_check: Path | None = None, point_correction: PointCorrection | None = None) -> list:
+                  recipe_check: Path | None = None, point_correction: PointCorrection | None = None,
+                  options: TableOptions | None = None) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
     finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
@@ -315,8 +358,13 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     corrected prediction (`hero_prediction`) and each leave-one-budget-out law is corrected by its
     own errors at the probes. `noise_scope` (NOISE_SCOPES) sets one run's noise at the probes and
     in the cross-checks. With `point_correction` (`final` corrected by the design's bias), each
-    leave-one-budget-out law is corrected by the same factor, so the gate compares like with like."""
+    leave-one-budget-out law is corrected by the same factor, so the gate compares like with like;
+    where the calibrated centre decides (`final["point"]`), so is each refit by the same calibration,
+    the backtest scores the calibrated centre and the cross-checks are their own calibrated centres.
+    The table is read with `options`; one that is not a Delphi ladder's (no `ladder`, no rung records)
+    is external: the gates it cannot hold the evidence for are not applicable (delphi.prereg.gates)."""
     from delphi.fits import backtest as run_backtest
+    from delphi.fits import best_point as bp
     from delphi.fits.probes import probe_trend
     from delphi.prereg import gates as gt
 
@@ -329,7 +377,8 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
             raise DelphiError("--probe: needs the results table (--results or --ladder) to score the laws on the probes")
         return gt.evaluate_gates(fit=fit, table=None, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
                                  backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift, recipe_check=recipe)
-    fit_table, gate_table = load_tables(results, fit_convention(fit))
+    fit_table, gate_table = load_tables(results, fit_convention(fit), options)
+    external = ladder is None and not gate_table.attrs.get("ladder_records", False)
     noise = run_noise_nats(fit, fit_table, noise_scope)[0] if probe_runs else None
     probes = score_probes(fit, probe_runs, noise)
     refit = refit_function(fit)
@@ -341,25 +390,30 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
             backtest = run_backtest(fit_table, refit, **kwargs)
         except (DelphiError, ValueError) as e:
             backtest = {"error": str(e)}
+    calibrated = (final.get("point") or {}).get("decides") == bp.CALIBRATED
+    point_factor = float(final["loss"]) / float(final["law"]["loss"]) if calibrated else 1.0
 
     def hero_loss(f) -> float:
         loss = float(predict_hero(f, hero)[0]["loss"])
         trend = (probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table), probe_carry)
                  if probe_correction else None)
         loss = loss * (1 + trend.at(float(hero.flops))) if trend is not None else loss
+        loss = loss * point_factor
         return loss * (1 + point_correction.rel) if point_correction is not None else loss
 
     lobo = gt.leave_one_budget_out(fit_table, refit, hero_loss)
+    cross = cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs, noise_scope,
+                                    calibrated_at=final["calibrated"]["factor"] if calibrated else None)
     return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
-                             backtest=backtest, lobo=lobo, rehearsal=rehearsal, ranges=ladder_spec_ranges(ladder, gate_table),
-                             cross_checks=cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs, noise_scope),
+                             backtest=backtest_of_point(backtest, final, fit), lobo=lobo, rehearsal=rehearsal,
+                             ranges=ladder_spec_ranges(ladder, gate_table), cross_checks=cross,
                              lr_drift=lr_drift, probes=probes, probe_correction=probe_correction, probe_carry=probe_carry,
-                             recipe_check=recipe)
+                             recipe_check=recipe, external=external)
 
 
 def create_prereg(
     fit_path: Path,
-    hero_path: Path,
+    hero_path: Path | None,
     out: Path,
     *,
     ladder: Path | None = None,
@@ -387,6 +441,8 @@ def create_prereg(
     forced_gates: dict[str, str] | None = None,
     competing: Callable[[Any, dict], dict[str, dict]] | None = None,
     point_correction: PointCorrection | None = None,
+    hero_numbers: dict[str, str | None] | None = None,
+    options: TableOptions | None = None,
 ) -> dict:
     """Validate every input, evaluate the gates, build and seal the document, then write it
     (refusing to overwrite). The gate report goes to NAME.gates.json in any case; when a gate
@@ -406,7 +462,9 @@ def create_prereg(
     `forced_gates` ({gate: reason}) seals over those gates alone failing, each reason sealed;
     `competing(hero, final)` returns the other laws' predictions sealed beside the primary;
     `point_correction` (delphi.fits.intervals.PointCorrection) seals the primary law x (1 + its measured
-    bias on this design) (`correct_by_design`)."""
+    bias on this design) (`correct_by_design`). `hero_numbers` gives the hero without a config, as
+    `delphi.prereg.hero.hero_from_numbers` reads them ({params, tokens, flops, compute}; `hero_path`
+    None); `options` how the results table is read (column mapping, query)."""
     from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params
@@ -422,9 +480,7 @@ def create_prereg(
 
     check_output_file(gates_path(out), inputs=(fit_path, hero_path, results), flag="gate report",
                       command=GATES_COMMAND, force=force)
-    if not Path(hero_path).is_file():
-        raise DelphiError(f"{hero_path}: hero config not found")
-    hero = load_train_config(hero_path)
+    hero = load_hero(fit_path, hero_path, hero_numbers)
     run_dirs: list[Path] = []
     if ladder is not None:
         if not Path(ladder).is_dir():
@@ -440,28 +496,35 @@ def create_prereg(
     if results is not None and not Path(results).is_file():
         raise DelphiError(f"{results}: results table not found")
     final, fit_obj = hero_prediction(Path(fit_path), hero, Path(results) if results is not None else None,
-                                     probe_runs, probe_correction, probe_carry, noise_scope, n_seeds, point_correction)
+                                     probe_runs, probe_correction, probe_carry, noise_scope, n_seeds, point_correction,
+                                     options, ladder_given=ladder is not None)
     from delphi.fits.bootstrap import MIN_BOOTSTRAP_FOR_INTERVAL
 
     n_replicates = len(next(iter(fit_obj.samples.values()))) if fit_obj.samples else 0
     if 0 < n_replicates < MIN_BOOTSTRAP_FOR_INTERVAL:
         raise DelphiError(f"--fit {fit_path}: a bootstrap of {n_replicates} replicates; a sealed 90% interval needs at least "
                           f"{MIN_BOOTSTRAP_FOR_INTERVAL} (refit with --bootstrap {MIN_BOOTSTRAP_FOR_INTERVAL} or more)")
-    family, hero_family = fit_family(fit_obj, ladder_families), model_family(hero.model)
+    family = fit_family(fit_obj, ladder_families)
+    hero_family = family if isinstance(hero, HeroSpec) else model_family(hero.model)
     if family is not None and family != hero_family:
         raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
 
     assumptions = list(assumptions or [])
-    n = count_params(hero.model).nonembedding
     hero_flops = hero.flops
     provenance: dict[str, Any] = {
         "fit_path": str(fit_path),
         "fit_sha256": sha256_file(fit_path),
         "fit_kind": str(fit_obj.kind),
         "fit_family": family,
-        "hero_config_path": str(hero_path),
-        "hero_config_sha256": sha256_file(hero_path),
     }
+    if isinstance(hero, HeroSpec):
+        provenance["hero_given"] = hero.given
+        assumptions.append(f"the hero is given as numbers ({hero.given}), not a train config: N = {hero.params:.4g} "
+                           f"(counted as the table counts params), D = {hero.tokens:.4g}, C = {hero.flops:.4g} FLOPs ({hero.flops_how})")
+    else:
+        provenance |= {"hero_config_path": str(hero_path), "hero_config_sha256": sha256_file(hero_path)}
+    if options is not None and not options.is_default:
+        provenance["results_reading"] = options.to_json()
     for name, run in beyond_ladder_runs(None, probe_runs).items():
         if not (run / "summary.json").is_file():
             raise DelphiError(f"--probe {run}: no summary.json; not a finished run")
@@ -475,7 +538,7 @@ def create_prereg(
         recorded = fit_obj.input_sha256
         provenance["results_sha256"] = recorded
         provenance["results_note"] = "taken from the fit file" if recorded else "no results table given"
-    ladder_compute = _ladder_max_flops(results, run_dirs)
+    ladder_compute = _ladder_max_flops(results, run_dirs, options)
     if ladder_compute:
         provenance["ladder_max_flops"] = ladder_compute
         assumptions.append(f"extrapolation: the hero's compute {hero_flops:.3g} FLOPs is {hero_flops / ladder_compute:.1f}x the largest ladder run ({ladder_compute:.3g})")
@@ -492,8 +555,12 @@ def create_prereg(
         assumptions.append(f"the {fit_obj.kind} law's bias measured on earlier studies of this design holds at this hero: "
                            f"{corr['rel']:+.2%} (sd {corr['sd_rel']:.2%}; {corr['source']}); the law alone predicts "
                            f"{final['uncorrected']['loss']:.4f}")
-    if "E" in fit_obj.params:
+    if final.get("E_prior"):
+        assumptions.append(f"irreducible loss: the lab's {final['E_prior']['text']}")
+    elif "E" in fit_obj.params:
         assumptions.append(f"irreducible loss E = {float(fit_obj.params['E']):.4g} nats (fitted, not pinned)")
+    if (final.get("point") or {}).get("decides") == "calibrated":
+        assumptions.append(f"the sealed point is {final['point']['why']}; the law's own point is {final['law']['loss']:.4f}")
 
     # Trajectory: the shape of the longest run beyond the ladder, or the curve law fitted on the
     # ladder's curves (or given), anchored to the scaling law's end.
@@ -505,10 +572,13 @@ def create_prereg(
     elif curve_fit_path is not None:
         curve_fit = cv.CurveLawFit.from_json(read_json(curve_fit_path, what="curve-law JSON"))
         provenance["curve_fit_sha256"] = sha256_file(curve_fit_path)
-    elif run_dirs:
+    elif run_dirs and not isinstance(hero, HeroSpec):
         curves = cv.load_ladder_curves(ladder)
         if curves:
             curve_fit = cv.fit_curve_law(curves, bootstrap=bootstrap, seed=seed, lr_ref=cv.ladder_lr_ref(ladder))
+    if curve_fit is not None and isinstance(hero, HeroSpec):
+        raise DelphiError("--curve-fit: a trajectory needs the hero's schedule; a hero given as N and D has none "
+                          "(give --hero HERO.yaml, or leave out --curve-fit)")
     if curve_fit is not None:
         traj = cv.predict_trajectory(curve_fit, hero, final_anchor=final["loss"])
         if any("lo90" not in p for p in traj["points"]):  # a curve law without a bootstrap has no bands
@@ -532,14 +602,14 @@ def create_prereg(
         thresholds = dataclasses.replace(thresholds, tolerance_rel=tolerance_rel)
     thresholds.validate("gates")
     if rehearsal is None and rehearsal_run is not None:
-        noise = (run_noise_nats(fit_obj, load_tables(Path(results), fit_convention(fit_obj))[0], noise_scope)[0]
+        noise = (run_noise_nats(fit_obj, load_tables(Path(results), fit_convention(fit_obj), options)[0], noise_scope)[0]
                  if results is not None else None)
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run, noise)
     gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
                               thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
                               rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs,
                               probe_correction=probe_correction, probe_carry=probe_carry, noise_scope=noise_scope,
-                              recipe_check=recipe_check, point_correction=point_correction)
+                              recipe_check=recipe_check, point_correction=point_correction, options=options)
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal
@@ -566,12 +636,17 @@ def create_prereg(
                            f"the hero config; the interval's seed-noise term is one run's / sqrt({n_seeds})")
     competing_doc = competing(hero, final) if competing is not None else None
 
-    bpb_per_nat = _ladder_bpb_per_nat(run_dirs) or (1 / math.log(2) if hero.model.vocab_size == 256 else None)
+    byte_level = not isinstance(hero, HeroSpec) and hero.model.vocab_size == 256
+    bpb_per_nat = _ladder_bpb_per_nat(run_dirs) or (1 / math.log(2) if byte_level else None)
     final = bpb_from_loss(final, bpb_per_nat)
-    hero_summary = {"params": int(n), "tokens": int(hero.tokens), "flops": float(hero_flops), "family": hero_family}
+    if isinstance(hero, HeroSpec):
+        hero_summary = hero.summary(hero_family)
+    else:
+        hero_summary = {"params": int(count_params(hero.model).nonembedding), "tokens": int(hero.tokens),
+                        "flops": float(hero_flops), "family": hero_family}
     doc = build_prereg(
         prereg_id=out.name.removesuffix(".yaml").removesuffix(".yml"),
-        hero_config=train_config_to_dict(hero),
+        hero_config=None if isinstance(hero, HeroSpec) else train_config_to_dict(hero),
         hero_summary=hero_summary,
         final=final,
         trajectory=trajectory,
@@ -606,7 +681,27 @@ def _agreement(curve_end: float, final: dict) -> dict:
     return {"curve_end": curve_end, "scaling_law": final["loss"], "difference": diff, "agree": bool(agree), "note": note}
 
 
-def _ladder_max_flops(results: Path | None, run_dirs: list[Path]) -> float | None:
+def load_hero(fit_path: Path, hero_path: Path | None, hero_numbers: dict[str, str | None] | None):
+    """The hero: its train config (`hero_path`), or a HeroSpec from `hero_numbers` (delphi.prereg.hero),
+    sized by the fit where it is given as a compute budget."""
+    from delphi.fits.results import load_fit
+    from delphi.prereg.hero import hero_from_numbers
+    from delphi.train.config import load_train_config
+
+    numbers = {k: v for k, v in (hero_numbers or {}).items() if v is not None}
+    if hero_path is not None and numbers:
+        raise DelphiError(f"--hero {hero_path} and --hero-{next(iter(numbers))}: give the hero one way (a train config, or "
+                          "its N and D, or a compute budget)")
+    if hero_path is None:
+        return hero_from_numbers(load_fit(fit_path), **numbers)
+    if not Path(hero_path).is_file():
+        raise DelphiError(f"{hero_path}: hero config not found")
+    return load_train_config(hero_path)
+
+
+def _ladder_max_flops(results: Path | None, run_dirs: list[Path], options: TableOptions | None = None) -> float | None:
+    if results is not None and options is not None and not options.is_default:
+        return float(load_tables(Path(results), "nonembedding", options)[0]["flops"].max())
     if results is not None:
         try:
             import pandas as pd

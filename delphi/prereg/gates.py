@@ -8,6 +8,13 @@ name, whether it passed, the measured value, the threshold and one line of
 detail. A gate whose evidence is missing fails: a prediction is sealed on
 evidence, not on its absence (`--force` seals anyway and says so forever).
 
+Gates judge what exists. On an external table (a lab's own, a public sweep: no rung records of
+a Delphi ladder, `delphi.fits.data.LADDER_RECORD_COLUMNS`) a gate that reads only the ladder's
+records (rung health, seeds without a seed column, the hero's steps and batch, depth) is "not
+applicable" (`Gate.applicable` False), with its reason: recorded and shown, never a pass and never
+a failure. On Delphi's own ladders the same missing evidence is a failure, as before, and so is a
+hero given as N and D where the ladder could have judged its config.
+
 Why these gates: the first paper's hero missed by +3.99% at 10x after a ladder
 whose leave-one-budget-out hero predictions spread -5.8% .. +7.2%, whose E sat
 on its bound, whose frontier slopes steepened budget by budget and whose hero
@@ -24,7 +31,7 @@ held-out budget.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -74,18 +81,32 @@ class Gate:
     value: float | str | None
     threshold: str
     detail: str
+    applicable: bool = True  # False: the table cannot hold this gate's evidence (module docstring); never a pass
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         if isinstance(self.value, (float, np.floating)):
             out["value"] = float(self.value) if math.isfinite(float(self.value)) else None
         out["passed"] = bool(self.passed)
+        if self.applicable:
+            del out["applicable"]  # a judged gate's JSON is what it always was
         return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Gate":
         return cls(name=str(d["name"]), passed=bool(d["passed"]), value=d.get("value"),
-                   threshold=str(d.get("threshold", "")), detail=str(d.get("detail", "")))
+                   threshold=str(d.get("threshold", "")), detail=str(d.get("detail", "")),
+                   applicable=bool(d.get("applicable", True)))
+
+    @property
+    def result(self) -> str:
+        """PASS, FAIL or N/A (not applicable: neither)."""
+        return "N/A" if not self.applicable else "PASS" if self.passed else "FAIL"
+
+
+def not_applicable(name: str, threshold: str, why: str) -> Gate:
+    """A gate whose evidence the table cannot hold (an external table): recorded with its reason, not passed."""
+    return Gate(name, False, None, threshold, f"not applicable: {why}", applicable=False)
 
 
 @dataclass(frozen=True)
@@ -127,11 +148,16 @@ def _join(items: list[str], limit: int = 5) -> str:
 
 
 def all_passed(gates: Iterable[Gate]) -> bool:
-    return all(g.passed for g in gates)
+    """Every gate that could be judged passed (a gate not applicable neither passes nor fails)."""
+    return all(g.passed or not g.applicable for g in gates)
 
 
 def failed_names(gates: Iterable[Gate]) -> list[str]:
-    return [g.name for g in gates if not g.passed]
+    return [g.name for g in gates if not g.passed and g.applicable]
+
+
+def not_applicable_names(gates: Iterable[Gate]) -> list[str]:
+    return [g.name for g in gates if not g.applicable]
 
 
 # --------------------------------------------------------------------------- cells and seed noise
@@ -208,9 +234,11 @@ def gate_backtest(backtest: dict | None, tolerance_rel: float, *, exact_required
     allocations = {b.get("allocation") or backtest.get("allocation") for b in entries} - {None}
     not_exact = exact_required and "6ND" in allocations
     cover = [b.get("covered_90") for b in entries if b.get("covered_90") is not None]
-    parts = [f"{b['budget']:.3g}: {float(b['rel_error']):+.2%}" + ("" if b.get("covered_90") is None else
-             (" (covered)" if b["covered_90"] else " (not covered)")) for b in entries]
-    detail = ", ".join(parts) + f"; allocation {', '.join(sorted(allocations)) or 'unrecorded'}"
+    parts = [f"{b['budget']:.3g}: {float(b['rel_error']):+.2%}"
+             + ("" if b.get("law_rel_error") is None else f" (the law's own {float(b['law_rel_error']):+.2%})")
+             + ("" if b.get("covered_90") is None else (" (covered)" if b["covered_90"] else " (not covered)")) for b in entries]
+    detail = ("the calibrated centre, the point that decides: " if any("law_rel_error" in b for b in entries) else "") \
+        + ", ".join(parts) + f"; allocation {', '.join(sorted(allocations)) or 'unrecorded'}"
     if cover:
         detail += f"; 90% coverage {sum(cover)}/{len(cover)}"
     if not_exact:
@@ -300,7 +328,7 @@ def interval_parts(final: dict) -> dict[str, float] | None:
         return None
     if isinstance(final.get("seed_noise_nats"), (int, float)) and final.get("n_seeds"):  # the noise of a seed mean
         noise[-1] /= math.sqrt(int(final["n_seeds"]))
-    run_sd_rel = math.hypot(*noise) / float(final["loss"])  # the run's noise relative to the law's uncalibrated point
+    run_sd_rel = math.hypot(*noise) / float((final.get("law") or final)["loss"])  # relative to the law's uncalibrated point
     base, model, sd = float(cal["base_sd_rel"]), float(cal["model_sd_rel"]), float(cal["sd_rel"])
     bootstrap = math.sqrt(max(base ** 2 - run_sd_rel ** 2, 0.0))
     half = (float(cal["loss_90"][1]) - float(cal["loss_90"][0])) / 2 / float(cal["loss"])
@@ -369,9 +397,12 @@ def gate_frontier_slopes(slopes: list[dict[str, float]], z: float) -> Gate:
     return Gate("frontier_slopes", not (monotone and significant), trend, threshold, detail)
 
 
-def gate_rung_health(table: pd.DataFrame) -> Gate:
+def gate_rung_health(table: pd.DataFrame, external: bool = False) -> Gate:
     """Every rung inside the health bounds its ladder spec set (columns health_ok / health_issues)."""
     threshold = "every rung within the ladder spec's health bounds"
+    if "health_ok" not in table.columns and external:
+        return not_applicable("rung_health", threshold, "an external table has no rung health records (health_ok is "
+                                                        "written by `delphi ladder collect`); the lab's own checks stand in")
     if "health_ok" not in table.columns:
         return Gate("rung_health", False, None, threshold, "not evaluated: the results table has no health_ok column "
                     "(collect it with `delphi ladder collect`)")
@@ -393,9 +424,13 @@ def gate_rung_health(table: pd.DataFrame) -> Gate:
     return Gate("rung_health", len(bad) == 0, f"{len(bad)}/{len(table)} unhealthy", threshold, detail)
 
 
-def gate_seeds(table: pd.DataFrame, min_seeds: int) -> Gate:
-    """Every cell trained with at least `min_seeds` seeds, so seed noise is measured, not assumed."""
+def gate_seeds(table: pd.DataFrame, min_seeds: int, external: bool = False) -> Gate:
+    """Every cell trained with at least `min_seeds` seeds, so seed noise is measured, not assumed.
+    `external` without a seed column: not applicable (which rows are seeds of one run is not recorded)."""
     threshold = f">= {min_seeds} seeds in every cell"
+    if external and "seed" not in table.columns:
+        return not_applicable("seeds", threshold, "an external table without a seed column does not record which rows "
+                                                  "are seeds of one run; the interval carries the law's scatter about the table")
     c = cells(table)
     fewest = int(c["n_seeds"].min())
     noise = pooled_seed_noise(table)
@@ -406,9 +441,13 @@ def gate_seeds(table: pd.DataFrame, min_seeds: int) -> Gate:
 
 def hero_facts(cfg) -> dict[str, float]:
     """What the ranges and depth gates compare: the hero's tokens per (non-embedding) parameter, steps,
-    batch, beta2, its n_layers and its exact FLOPs."""
+    batch, beta2, its n_layers and its exact FLOPs. A hero given as N and D (delphi.prereg.hero.HeroSpec)
+    has its tokens per parameter, tokens and FLOPs only."""
     from delphi.model.flops import count_params
+    from delphi.prereg.hero import HeroSpec
 
+    if isinstance(cfg, HeroSpec):
+        return cfg.facts()
     n = count_params(cfg.model).nonembedding
     return {"tokens_per_param": cfg.tokens / n, "steps": float(cfg.steps),
             "batch_tokens": float(cfg.data.batch_size * cfg.data.seq_len), "beta2": float(cfg.optim.beta2),
@@ -438,13 +477,25 @@ def ladder_ranges(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
     return out
 
 
-def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, float]], slack_rel: float) -> Gate:
-    """The hero's tokens/param and steps inside the ladder's ranges; batch and beta2 inside the top budget's."""
+def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, float]], slack_rel: float,
+                     external: bool = False) -> Gate:
+    """The hero's tokens/param and steps inside the ladder's ranges; batch and beta2 inside the top budget's.
+    `external`: the table is not a Delphi ladder's: the ranges it records are judged (tokens per
+    parameter, from its N and D), the others named as not recorded; none at all is not applicable."""
     threshold = ("tokens/param, steps inside the ladder's [min, max]; batch, beta2 inside the top budget's"
                  + (f" (+-{slack_rel:.0%})" if slack_rel else ""))
     missing = [c for c in RANGE_COLUMNS if c not in ranges]
-    if missing:
+    unknown = [c for c in RANGE_COLUMNS if c in ranges and c not in hero]
+    if external:
+        ranges = {c: r for c, r in ranges.items() if c in hero}
+        if not ranges:
+            return not_applicable("hero_ranges", threshold, "the external table records none of the ranges "
+                                                            f"({', '.join(RANGE_COLUMNS)}) the hero could be compared with")
+    elif missing:
         return Gate("hero_ranges", False, None, threshold, f"not evaluated: the ladder has no {', '.join(missing)}")
+    elif unknown:
+        return Gate("hero_ranges", False, None, threshold, f"not evaluated: the hero is given as N and D: its {', '.join(unknown)} "
+                                                           "are unknown (give --hero HERO.yaml, the config it trains)")
     outside, parts = [], []
     for col, (lo, hi) in ranges.items():
         if col not in hero:
@@ -455,10 +506,12 @@ def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, floa
         parts.append(f"{col} {v:.4g} in [{lo:.4g}, {hi:.4g}]" if inside else f"{col} {v:.4g} OUTSIDE [{lo:.4g}, {hi:.4g}]")
         if not inside:
             outside.append(col)
+    if external and (missing or unknown):
+        parts.append(f"not judged: {', '.join(missing + unknown)} (not recorded in an external table, or unknown for the hero)")
     return Gate("hero_ranges", not outside, ", ".join(outside) if outside else "inside", threshold, "; ".join(parts))
 
 
-def gate_hero_depth(table: pd.DataFrame, hero_layers: int, factor: float) -> Gate:
+def gate_hero_depth(table: pd.DataFrame, hero_layers: int | None, factor: float, external: bool = False) -> Gate:
     """The hero's depth is one the ladder trained within `factor` of some budget's compute optimum.
 
     The law's N-term is identified by the rungs near each optimum; a depth seen only far from it
@@ -466,7 +519,12 @@ def gate_hero_depth(table: pd.DataFrame, hero_layers: int, factor: float) -> Gat
     The second paper's 10x hero (d112 L4, every near-optimal rung L3) missed by -6.99%."""
     threshold = f"the hero's n_layers among the depths of cells within {factor:g}x of a budget's optimal N"
     if "n_layers" not in table.columns:
+        if external:
+            return not_applicable("hero_depth", threshold, "the external table records no depth (no n_layers column)")
         return Gate("hero_depth", False, None, threshold, "not evaluated: the results table has no n_layers column")
+    if hero_layers is None:
+        return Gate("hero_depth", False, None, threshold, "not evaluated: the hero is given as N and D: its depth is unknown "
+                                                          "(give --hero HERO.yaml, the config it trains)")
     from delphi.fits.isoflop import near_optimum_cells
 
     near = near_optimum_cells(isoflop_rows(table), factor)
@@ -519,6 +577,8 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
             if abs(float(p["rel_error"])) > allowed:
                 rejected_by.append(f"{run} beyond +-{allowed:.2%}")
         why_not = ([] if backtest is None or abs(float(backtest)) <= tolerance_rel else ["its backtest"]) + rejected_by
+        if v.get("law_loss") is not None and v.get("calibrated", True):
+            shown = f"; its calibrated centre, the law's own {float(v['law_loss']):.4f}" + shown
         parts.append(f"{name} {float(v['loss']):.4f} ({dev:+.2%}{shown}"
                      + (f"; not counted: {', '.join(why_not)})" if why_not else ")"))
         if not why_not:
@@ -681,6 +741,7 @@ def evaluate_gates(
     probe_correction: bool = False,
     probe_carry: str = "linear",
     recipe_check: dict | None = None,
+    external: bool = False,
 ) -> list[Gate]:
     """Every gate, in a fixed order. `fit` is the primary FitResult; `table` the results table
     (one row per run and seed); `final` the hero's prediction {loss, loss_90}; `hero` from
@@ -691,7 +752,8 @@ def evaluate_gates(
     the ladder's LR rule against a calibration (`gate_lr_transfer`; no gate without one); `probes`
     the primary law against finished runs beyond the ladder (`gate_probes`; no gate without any);
     `probe_correction` whether `final` is the primary law corrected by the probes' trend, carried by
-    `probe_carry`; `recipe_check` a `delphi ladder recipe-check` report (`gate_recipe`; no gate without one)."""
+    `probe_carry`; `recipe_check` a `delphi ladder recipe-check` report (`gate_recipe`; no gate without one);
+    `external`: the table is not a Delphi ladder's (module docstring: what is not applicable)."""
     from delphi.ladder.hero import HERO_MAX_OFF_OPTIMUM
 
     agreement = gate_method_agreement(float(final["loss"]), cross_checks, thresholds.tol("agreement"))
@@ -716,16 +778,21 @@ def evaluate_gates(
         return gates
     noise = (getattr(fit, "diagnostics", None) or {}).get("seed_noise_nats")
     noise = float(noise) if isinstance(noise, (int, float)) and math.isfinite(noise) else pooled_seed_noise(table)
+    noise_note = ""
+    scatter = final.get("residual_scatter_nats")
+    if external and noise is None and isinstance(scatter, (int, float)) and math.isfinite(scatter):
+        # No seeds to measure noise with: the scatter of the table's points about the law is the noise it shows.
+        noise, noise_note = float(scatter), f"; noise per point: the law's residual scatter {float(scatter):.4f} nats (no seeds)"
     gates = [
         gate_isoflop_vertices(table),
         gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
         gate_lobo_spread(lobo, float(final["loss"]), thresholds.tol("lobo")),
         gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor),
-        _frontier_gate(table, noise, fit, thresholds.trend_z),
-        gate_rung_health(table),
-        gate_seeds(table, thresholds.min_seeds),
-        gate_hero_ranges(hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel),
-        gate_hero_depth(table, int(hero["n_layers"]), HERO_MAX_OFF_OPTIMUM),
+        _frontier_gate(table, noise, fit, thresholds.trend_z, noise_note),
+        gate_rung_health(table, external),
+        gate_seeds(table, thresholds.min_seeds, external),
+        gate_hero_ranges(hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel, external),
+        gate_hero_depth(table, None if "n_layers" not in hero else int(hero["n_layers"]), HERO_MAX_OFF_OPTIMUM, external),
         agreement,
         gate_fit_status(fit),
     ]
@@ -741,11 +808,12 @@ def evaluate_gates(
     return gates
 
 
-def _frontier_gate(table: pd.DataFrame, noise: float | None, fit: Any, z: float) -> Gate:
+def _frontier_gate(table: pd.DataFrame, noise: float | None, fit: Any, z: float, noise_note: str = "") -> Gate:
     params = getattr(fit, "params", None) or {}
     e = float(params.get("E", 0.0))  # laws without an asymptote (isoflop) have no E: slopes of ln L
     try:
-        return gate_frontier_slopes(frontier_slopes(table, noise, e), z)
+        gate = gate_frontier_slopes(frontier_slopes(table, noise, e), z)
+        return replace(gate, detail=gate.detail + noise_note) if noise_note else gate
     except DelphiError as err:
         return Gate("frontier_slopes", False, None, f"no monotone trend beyond {z:.3g} standard errors", str(err))
 
@@ -753,6 +821,8 @@ def _frontier_gate(table: pd.DataFrame, noise: float | None, fit: Any, z: float)
 def gate_report(gates: list[Gate], *, forced: bool, thresholds: GateThresholds | None = None) -> dict[str, Any]:
     out = {"passed": all_passed(gates), "forced": bool(forced), "failed": failed_names(gates),
            "gates": [g.to_json() for g in gates]}
+    if not_applicable_names(gates):
+        out["not_applicable"] = not_applicable_names(gates)
     if thresholds is not None:
         out["thresholds"] = asdict(thresholds)
     return out
@@ -772,11 +842,11 @@ def gate_table(gates: Iterable[Gate | dict]) -> str:
     for g in gates:
         g = g if isinstance(g, Gate) else Gate.from_json(g)
         cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731  (a '|' inside a cell ends it)
-        rows.append(f"| {g.name} | {'PASS' if g.passed else 'FAIL'} | {cell(_value_text(g.value))} | {cell(g.threshold)} | "
+        rows.append(f"| {g.name} | {g.result} | {cell(_value_text(g.value))} | {cell(g.threshold)} | "
                     f"{cell(g.detail)} |")
     return "\n".join(rows)
 
 
 def gate_lines(gates: Iterable[Gate]) -> list[str]:
-    """One line per gate for a terminal: PASS/FAIL name: detail."""
-    return [f"{'PASS' if g.passed else 'FAIL'} {g.name}: {g.detail}" for g in gates]
+    """One line per gate for a terminal: PASS/FAIL/N/A name: detail."""
+    return [f"{g.result} {g.name}: {g.detail}" for g in gates]

@@ -124,10 +124,12 @@ def gates_cell(doc: dict) -> str:
     gates = doc.get("gates")
     if not gates:
         return "not recorded"
-    failed = [g.get("name", "?") for g in gates if not g.get("passed")]
+    failed = [g.get("name", "?") for g in gates if not g.get("passed") and g.get("applicable", True)]
+    judged = sum(1 for g in gates if g.get("applicable", True))
     if doc.get("forced"):
         return f"FORCED: failed {', '.join(failed)}"
-    return f"all {len(gates)} passed" if not failed else f"failed {', '.join(failed)}"
+    na = "" if judged == len(gates) else f" ({len(gates) - judged} not applicable)"  # an external table's
+    return (f"all {judged} passed" if not failed else f"failed {', '.join(failed)}") + na
 
 
 def _fmt(v, spec: str) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from delphi.errors import DelphiError
 from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90
-from delphi.fits.data import isoflop_rows
+from delphi.fits.data import TableOptions, isoflop_rows
 from delphi.fits.intervals import PointCorrection, correct_by_design
 from delphi.fits.probes import NOISE_SCOPES, correct_by_probes
 
@@ -141,7 +141,18 @@ def fit_convention(fit) -> str:
 
 def predict_hero(fit, hero) -> tuple[dict, str]:
     """(the fit's prediction, how) for the hero: `FitResult.predict_run` decides whether the law is
-    evaluated at the hero's own N and D or at its exact compute."""
+    evaluated at the hero's own N and D or at its exact compute. `hero`: a train config, or a hero
+    given as N and D (delphi.prereg.hero.HeroSpec: its N as the table counts it, its C as given)."""
+    from delphi.prereg.hero import HeroSpec
+
+    if isinstance(hero, HeroSpec):
+        if fit.law_terms:
+            raise DelphiError(f"a {fit.kind} law needs the hero's {', '.join(fit.law_terms)}: give the hero as a train config "
+                              "(--hero HERO.yaml)")
+        pred = dict(fit.predict_run(params=hero.params, tokens=hero.tokens, flops=hero.flops))
+        how = pred.pop("how")
+        return pred, how + (f" (N = {hero.params:.4g}, D = {hero.tokens:.4g}, as given)" if fit.law_in_nd else
+                            f" (C = {hero.flops:.4g} FLOPs, {hero.flops_how})")
     convention = fit_convention(fit)
     n = hero_params(hero.model, hero.data.seq_len, convention)
     terms = {}
@@ -158,10 +169,12 @@ def predict_hero(fit, hero) -> tuple[dict, str]:
 
 
 def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope: str = "pooled",
-                  n_seeds: int = 1) -> tuple[dict, Any]:
+                  n_seeds: int = 1, options: TableOptions | None = None) -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero from a fit file written by `delphi fit`; with
-    the ladder's `results`, its intervals are predictive for the mean of `n_seeds` runs
-    (`run_noise_nats` under `noise_scope`)."""
+    the ladder's `results` (read with `options`: column mapping, query), its intervals are predictive
+    for the mean of `n_seeds` runs (`run_noise_nats` under `noise_scope`) and its calibrated version
+    is beside it (`final["calibrated"]`). A fit with a lab's E prior says how much of the forecast the
+    prior decides (`final["E_prior"]`, delphi.fits.e_prior)."""
     from delphi.fits.laws import SURFACES
     from delphi.fits.results import load_fit
 
@@ -172,8 +185,8 @@ def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope
         pred, how = predict_hero(fit, hero)
     except (TypeError, ValueError, KeyError) as e:
         raise DelphiError(f"{fit_path}: cannot predict the hero's loss with a {fit.kind!r} fit ({e})") from None
-    noise, parts = (run_noise_nats(fit, load_tables(results, fit_convention(fit))[0], noise_scope, n_seeds)
-                    if results is not None else (None, {}))
+    tables = load_tables(results, fit_convention(fit), options) if results is not None else None
+    noise, parts = run_noise_nats(fit, tables[0], noise_scope, n_seeds) if tables is not None else (None, {})
     final = final_from_prediction(predictive(pred, noise), how)
     if noise is not None:
         whose = "one run's" if n_seeds == 1 else f"the mean of {n_seeds} seeds' runs'"
@@ -185,9 +198,14 @@ def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope
         final["allocation"] = pred["allocation"]
     if not math.isfinite(final["loss"]):
         raise DelphiError(f"{fit_path}: the fit predicts a non-finite loss for the hero")
-    if results is not None:  # issue 30: the interval calibrated for how far beyond the ladder the hero lies
+    if tables is not None:  # the interval calibrated for how far beyond the ladder the hero lies
         from delphi.fits.calibration import calibrate_final
-        final["calibrated"] = calibrate_final(fit, final, float(hero.flops), load_tables(results, fit_convention(fit))[1])
+        final["calibrated"] = calibrate_final(fit, final, float(hero.flops), tables[1])
+    from delphi.fits.e_prior import forecast_at_refits
+
+    decided = forecast_at_refits(fit, lambda f: float(predict_hero(f, hero)[0]["loss"]))
+    if decided is not None:
+        final["E_prior"] = decided
     return final, fit
 
 
@@ -210,26 +228,60 @@ def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = 
 def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_runs: Sequence[Path] = (),
                     probe_correction: bool = False, probe_carry: str = "linear",
                     noise_scope: str = "pooled", n_seeds: int = 1,
-                    point_correction: PointCorrection | None = None) -> tuple[dict, Any]:
+                    point_correction: PointCorrection | None = None, options: TableOptions | None = None,
+                    ladder_given: bool = False) -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
     prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`);
     one run's noise under `noise_scope` (NOISE_SCOPES); then, with `point_correction` (a
-    `delphi.fits.intervals.PointCorrection`), corrected by the design's measured bias (`correct_by_design`)."""
-    final, fit = _hero_prediction(fit_path, hero, results, probe_runs, probe_correction, probe_carry, noise_scope, n_seeds)
-    return (final if point_correction is None else correct_by_design(final, point_correction)), fit
+    `delphi.fits.intervals.PointCorrection`), corrected by the design's measured bias (`correct_by_design`).
+    Last, the point that decides (`decide_final_point`): the calibrated centre on a table like the
+    calibration's public sources, else the law's own or its correction; `final["point"]` says which and why.
+    `ladder_given`: the table is a Delphi ladder's (its dir was given), whatever its columns."""
+    final, fit = _hero_prediction(fit_path, hero, results, probe_runs, probe_correction, probe_carry, noise_scope, n_seeds,
+                                  options)
+    final = final if point_correction is None else correct_by_design(final, point_correction)
+    ladder = ladder_given or (load_tables(results, fit_convention(fit), options)[1].attrs.get("ladder_records", False)
+                              if results is not None else None)
+    return decide_final_point(final, ladder), fit
+
+
+def decide_final_point(final: dict, delphi_ladder: bool | None) -> dict:
+    """`final` with the point that decides it (delphi.fits.best_point.decide_point) in `final["point"]`;
+    where the calibrated centre decides, its loss and intervals become the sealed ones and the law's
+    own stand beside them (`final["law"]`)."""
+    from delphi.fits import best_point as bp
+    from delphi.fits.calibration import calibrated_status
+
+    cal = final.get("calibrated") or {}
+    corrected = (bp.PROBE_CORRECTION if final.get("probe_correction") else
+                 bp.POINT_CORRECTION if final.get("point_correction") else None)
+    likeness = cal.get("source_likeness") or {}
+    status, reason = calibrated_status(cal)
+    choice = bp.decide_point(bp.PointEvidence(
+        delphi_ladder=delphi_ladder, calibration_status=status, calibration_reason=reason,
+        source_distance=likeness.get("distance"), source_reach=likeness.get("reach"), corrected_by=corrected))
+    out = dict(final) | {"point": choice.to_json()}
+    if choice.decides == bp.CALIBRATED:
+        out["law"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
+        out |= {"loss": float(cal["loss"]), "loss_50": list(cal["loss_50"]), "loss_90": list(cal["loss_90"]),
+                "source": f"{final['source']}; its calibrated centre ({cal['method']} calibration at {cal['factor']:.3g}x the "
+                          f"table's top budget, delphi.fits.calibration)",
+                "interval": (f"the calibrated 50% and 90% intervals: the law's own ({final.get('interval') or 'the fit interval'}) "
+                             f"widened by the calibration's model error at {cal['factor']:.3g}x, around the calibrated centre")}
+    return out
 
 
 def _hero_prediction(fit_path: Path, hero, results: Path | None, probe_runs: Sequence[Path], probe_correction: bool,
-                     probe_carry: str, noise_scope: str, n_seeds: int) -> tuple[dict, Any]:
+                     probe_carry: str, noise_scope: str, n_seeds: int, options: TableOptions | None = None) -> tuple[dict, Any]:
     from delphi.fits.probes import probe_trend
     from delphi.prereg import gates as gt
 
-    final, fit = predict_final(fit_path, hero, results, noise_scope, n_seeds)
+    final, fit = predict_final(fit_path, hero, results, noise_scope, n_seeds, options)
     if not probe_correction:
         return final, fit
     if results is None:
         raise DelphiError("--probe-correction: needs the results table (--results or --ladder) to score the law on the probes")
-    fit_table, gate_table = load_tables(results, fit_convention(fit))
+    fit_table, gate_table = load_tables(results, fit_convention(fit), options)
     probes = score_probes(fit, probe_runs)
     trend = probe_trend(probes, gt.ladder_top_budget(gate_table), probe_carry)
     if trend is None:
@@ -248,26 +300,27 @@ def beyond_ladder_runs(rehearsal_run: Path | None = None, probe_runs: Sequence[P
     return runs
 
 
-def load_tables(results: Path, convention: str = "nonembedding"):
+def load_tables(results: Path, convention: str = "nonembedding", options: TableOptions | None = None):
     """(fit table, gate table): the canonical table the fits read (N in `convention`; anchor rungs
-    in its attrs), and every completed row, anchors included, with every other column of the
-    results CSV (seeds, cells, health, steps, batch, role), matched by run_id where it is unique."""
-    import pandas as pd
-
+    in its attrs; read with `options`: column mapping, query, what to drop), and every completed row,
+    anchors included, with every other column of the results table (seeds, cells, health, steps,
+    batch, role), matched by run_id where it is unique. A table without unique run ids keeps its other
+    columns only where its rows are the file's rows in order (no query, nothing dropped): otherwise
+    which row is which cannot be told, and the gates judge its canonical columns alone."""
     from delphi.fits import load_results
-    from delphi.fits.data import with_anchors
+    from delphi.fits.data import _read, with_anchors
 
-    fit_table = load_results(results, params_convention=convention)
-    try:
-        raw = pd.read_csv(results)
-    except (UnicodeDecodeError, pd.errors.ParserError) as e:
-        raise DelphiError(f"{results}: not a readable CSV ({e})") from None
+    options = options or TableOptions()
+    fit_table = load_results(results, params_convention=convention, **options.load_kwargs())
+    raw = _read(results)[1]
     rows = with_anchors(fit_table)
     extra = [c for c in raw.columns if c not in rows.columns]
     if "run_id" in rows.columns and "run_id" in raw.columns and raw["run_id"].is_unique:
         gate_table = rows.merge(raw[["run_id", *extra]].astype({"run_id": str}), on="run_id", how="left")
-    else:  # an external table without unique run ids: its rows in order (load_results keeps them)
+    elif len(raw) == len(rows) and options.query is None:  # the file's rows, in order (load_results keeps them)
         gate_table = rows.join(raw.loc[raw.index.isin(rows.index), extra], how="left")
+    else:
+        gate_table = rows.copy()
     gate_table.attrs = dict(rows.attrs)
     return fit_table, gate_table
 
