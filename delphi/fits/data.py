@@ -555,7 +555,7 @@ def cell_points(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
 class TableOptions:
     """How a user asked for a results table to be read: `load_results`' column mapping (canonical name,
     the table's column), row query and what to drop. `delphi fit` and `delphi prereg create` build one
-    from the same flags (delphi.fits.commands.table_options)."""
+    from the same flags (delphi.cli.table_options)."""
 
     columns: tuple[tuple[str, str], ...] = ()
     query: str | None = None

@@ -93,10 +93,10 @@ def _check_out(args) -> None:
 
 def _table(path: str, args):
     """The results table through `delphi fit`'s loader, with the command's mapping, query and drop flags."""
-    from delphi.cli import table_options
+    from delphi.cli import table_load_kwargs
     from delphi.fits.data import load_results
 
-    return load_results(path, **table_options(args))
+    return load_results(path, **table_load_kwargs(args))
 
 
 def _fit(path: str):

@@ -54,7 +54,7 @@ def _study(args: argparse.Namespace):
 def _report(args: argparse.Namespace):
     from pathlib import Path
 
-    from delphi.cli import log_columns, table_options
+    from delphi.cli import log_columns, table_load_kwargs
     from delphi.errors import DelphiError
     from delphi.io import check_output_dir, check_output_file
     from delphi.study.report import PIPELINE_FIGURES, REPORT_COMMAND, PipelineInputs, pipeline_report
@@ -67,7 +67,7 @@ def _report(args: argparse.Namespace):
     for path in [out / "report.md", *(out / "figures" / f"{name}{ext}" for name in PIPELINE_FIGURES for ext in (".png", ".svg"))]:
         check_output_file(path, inputs=inputs, command=REPORT_COMMAND, force=args.force)
     pipeline = PipelineInputs(results=Path(args.results) if args.results else None,
-                              table_options=table_options(args) if args.results else {},
+                              table_options=table_load_kwargs(args) if args.results else {},
                               fit=Path(args.fit) if args.fit else None, prereg=Path(args.prereg) if args.prereg else None,
                               runs=tuple(Path(r) for r in args.run or ()),
                               log=LogOptions(log_columns(args), finished=args.finished))
