@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from jaxtyping import Int
+from jaxtyping import Int, UInt
 
 from delphi.data.store import META_FILE, resolve_store
 from delphi.errors import DelphiError, quoted
+
+STORE_DTYPES = ("uint8", "uint16", "uint32")  # bytes; BPE below 65,536 tokens; larger vocabularies
 
 
 @functools.lru_cache(maxsize=4)
@@ -45,9 +47,38 @@ class TokenStore:
         if missing:
             raise DelphiError(f"{self.path / META_FILE}: no {quoted(missing[0])}; not a token store (rebuild it with `delphi data prepare`)")
         self.meta: dict = meta
-        dtype = np.dtype(self.meta.get("tokenizer", {}).get("dtype", "uint8"))
+        dtype = self._dtype()
         self.train = self._map("train.bin", dtype, self.meta["n_train"])
         self.val = self._map("val.bin", dtype, self.meta["n_val"])
+        self.token_bytes = self._token_bytes()
+
+    def _dtype(self) -> np.dtype:
+        """The token dtype meta.json names; DelphiError when it is not one or cannot hold the vocabulary."""
+        tokenizer = self.meta.get("tokenizer") or {}
+        name = tokenizer.get("dtype", "uint8")
+        if name not in STORE_DTYPES:
+            raise DelphiError(f"{self.path / META_FILE}: tokenizer.dtype {quoted(name)}, expected one of {', '.join(STORE_DTYPES)}")
+        dtype = np.dtype(name)
+        vocab = tokenizer.get("vocab_size", 256)
+        if not isinstance(vocab, int) or vocab < 1 or vocab > np.iinfo(dtype).max + 1:
+            raise DelphiError(f"{self.path / META_FILE}: a vocabulary of {quoted(vocab)} tokens does not fit the store's "
+                              f"dtype {name} (ids up to {np.iinfo(dtype).max}); prepare the store again")
+        return dtype
+
+    def _token_bytes(self) -> UInt[np.ndarray, " vocab"] | None:
+        """Bytes of text per token id (a BPE store's token_bytes.npy); None for bytes (one each)."""
+        name = (self.meta.get("tokenizer") or {}).get("token_bytes")
+        if name is None:
+            return None
+        file = self.path / str(name)
+        try:
+            table = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DelphiError(f"{file}: not the store's table of bytes per token ({e}); prepare the store again") from None
+        if table.shape != (self.vocab_size,) or not np.issubdtype(table.dtype, np.integer):
+            raise DelphiError(f"{file}: {table.shape} {table.dtype}, expected {self.vocab_size} integers (one per token id); "
+                              "prepare the store again")
+        return table
 
     def _map(self, name: str, dtype: np.dtype, expected: int) -> np.ndarray:
         file = self.path / name
@@ -71,6 +102,25 @@ class TokenStore:
     @property
     def sha256(self) -> str:
         return str(self.meta["sha256"])
+
+    @property
+    def tokenizer_kind(self) -> str:
+        return str((self.meta.get("tokenizer") or {}).get("kind", "byte"))
+
+    def eval_bytes(self, windows: Int[np.ndarray, "windows seq_plus_1"]) -> float:
+        """Bytes of the text that the next-token targets of `windows` stand for: the count of targets
+        for bytes; for BPE the sum of their tokens' byte lengths, scaled by the validation split's
+        measured bytes over the same sum (meta bytes_val / val_token_bytes: exactly 1 for a
+        byte-level vocabulary, whose token lengths are exact). Bits per byte = nats per token x
+        targets / eval_bytes / ln 2."""
+        targets = windows[:, 1:]
+        if self.token_bytes is None:
+            return float(targets.size)
+        counted = float(self.token_bytes[targets].sum(dtype=np.int64))
+        measured, through_vocab = self.meta.get("bytes_val"), self.meta.get("val_token_bytes")
+        if measured and through_vocab and measured != through_vocab:
+            counted *= measured / through_vocab
+        return counted
 
     def n_train_windows(self, seq_len: int) -> int:
         return self.n_train // (seq_len + 1)
