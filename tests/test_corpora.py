@@ -489,3 +489,43 @@ def test_a_corpus_20x_the_memory_limit_is_prepared(tmp_path):
             p.unlink(missing_ok=True)
         for out in tmp_path.glob("store_*"):
             shutil.rmtree(out, ignore_errors=True)
+
+
+# ---- the results table says its loss unit; the fits take bits per byte as well
+
+
+def test_collect_says_the_loss_unit_and_tokenizer(tmp_path):
+    from micro_ladder import micro_ladder
+
+    from delphi.ladder.collect import collect_ladder
+    from delphi.ladder.manifest import read_manifest
+
+    ladder = micro_ladder(tmp_path, [1e9, 2e9])
+    rows = read_manifest(ladder)
+    for row, summary_extra in zip(rows[:2], ({}, {"tokenizer": "bpe", "loss_unit": "nats/token"})):
+        run = ladder / "runs" / row["run_id"]
+        run.mkdir(parents=True)
+        (run / "status.json").write_text(json.dumps({"status": "completed"}))
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "val_loss": 2.0, "val_bpb": 1.1,
+                                                      "tokens": int(row["tokens"]), "flops": float(row["flops"]),
+                                                      **summary_extra}))
+    table = collect_ladder(ladder).set_index("run_id")
+    assert list(table["loss_unit"]) == ["nats/token"] * 2
+    # a summary without the key is a run from before BPE existed: bytes
+    assert list(table["tokenizer"]) == ["byte", "bpe"] and list(table["bpb"]) == [1.1, 1.1]
+
+
+def test_fits_take_bits_per_byte(tmp_path, capsys):
+    """The eighth edition's table (bytes: bpb = loss / ln 2) fitted on `loss` and on `bpb`: the same
+    exponents and optima, the loss scale moved by exactly 1 / ln 2."""
+    table = Path(__file__).resolve().parents[1] / "paper" / "editions" / "v8" / "study" / "results.csv"
+    fits = {}
+    for col in ("loss", "bpb"):
+        assert cli_main(["fit", "isoflop", str(table), "--loss-col", col, "--out", str(tmp_path / f"{col}.json")]) == 0
+        fits[col] = json.loads((tmp_path / f"{col}.json").read_text())
+    loss, bpb = fits["loss"]["params"], fits["bpb"]["params"]
+    assert bpb["a"] == pytest.approx(loss["a"], rel=1e-6) and bpb["b"] == pytest.approx(loss["b"], rel=1e-6)
+    assert bpb["log10_L0"] - loss["log10_L0"] == pytest.approx(-math.log10(math.log(2)), abs=1e-6)
+    for a, b in zip(fits["loss"]["optima"], fits["bpb"]["optima"]):
+        assert b["params_opt"] == pytest.approx(a["params_opt"], rel=1e-6)
+        assert b["best_observed_loss"] == pytest.approx(a["best_observed_loss"] / math.log(2), rel=1e-9)
