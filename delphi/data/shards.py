@@ -230,6 +230,19 @@ def _arrow_records(
             raise DelphiError(f"{path}: unreadable Arrow data ({' '.join(str(e).split())[:160]})") from None
 
 
+def check_readers(shards: list[tuple[Path, str, str | None]]) -> None:
+    """DelphiError, before anything is read, when a (path, format, compression) shard needs a
+    package that is not installed (pyarrow for Parquet and Arrow, zstandard for zstd)."""
+    for path, fmt, compression in shards:
+        if fmt in ("parquet", "arrow"):
+            _pyarrow(path, "Parquet" if fmt == "parquet" else "Arrow files")
+        elif compression == "zstd":
+            try:
+                import zstandard  # noqa: F401
+            except ImportError:
+                raise DelphiError(f"{path}: reading zstd shards needs the zstandard package ({EXTRA_HINT})") from None
+
+
 def datasets_data_files(directory: Path) -> list[str] | None:
     """The .arrow files `datasets.save_to_disk` listed in `directory`/state.json, in order; None
     when the directory is not such a save."""

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from delphi import __version__
 from delphi.data.bpe import TOKENIZER_FILE, BpeTokenizer, check_tokenizer_arg, texts_of
-from delphi.data.shards import DEFAULT_TEXT_FIELD
+from delphi.data.shards import DEFAULT_TEXT_FIELD, check_readers
 from delphi.data.sources import (
     BUILTIN_SOURCES,
     DOCUMENT_SEPARATOR,
@@ -177,6 +177,7 @@ def prepare_store(source: str, out_dir: str | os.PathLike, *, force: bool = Fals
     check_tokenizer_arg(options.tokenizer, options.vocab_size)
     files = list_files(source)
     check_out_outside_source(out, source, files)
+    check_readers([(f.path, f.format, f.compression) for f in files if f.is_shard])
     loaded = None if options.tokenizer in ("byte", "bpe") else BpeTokenizer.load(options.tokenizer)
     with stop_signals_raise("no token store was left half-built"):
         tmp = _new_build_dir(out)

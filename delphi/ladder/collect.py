@@ -3,8 +3,8 @@
 One row per rung of the manifest, with the canonical columns first (docs/design.md
 §3.3): params (N, active non-embedding), tokens (D), flops (C, exact),
 loss (final validation loss, nats per token: `loss_unit`, of the run's `tokenizer`),
-budget, run_id, experts, granularity; then status, bpb (bits per byte of text), the 6ND FLOPs, every parameter count, the shape
-and the transferred hyperparameters. By default only completed rungs are
+budget, run_id, experts, granularity; then status, bpb (bits per byte of text), the 6ND
+FLOPs, every parameter count, the shape and the transferred hyperparameters. By default only completed rungs are
 written (a fit must not see a half-trained or diverged run); `include_all`
 adds the others with an empty loss.
 
