@@ -21,10 +21,8 @@ from typing import Iterator
 import numpy as np
 from jaxtyping import Int, UInt
 
-from delphi.data.store import META_FILE, resolve_store
+from delphi.data.store import META_FILE, check_token_file, resolve_store, store_dtype
 from delphi.errors import DelphiError, quoted
-
-STORE_DTYPES = ("uint8", "uint16", "uint32")  # bytes; BPE below 65,536 tokens; larger vocabularies
 
 
 @functools.lru_cache(maxsize=4)
@@ -53,17 +51,7 @@ class TokenStore:
         self.token_bytes = self._token_bytes()
 
     def _dtype(self) -> np.dtype:
-        """The token dtype meta.json names; DelphiError when it is not one or cannot hold the vocabulary."""
-        tokenizer = self.meta.get("tokenizer") or {}
-        name = tokenizer.get("dtype", "uint8")
-        if name not in STORE_DTYPES:
-            raise DelphiError(f"{self.path / META_FILE}: tokenizer.dtype {quoted(name)}, expected one of {', '.join(STORE_DTYPES)}")
-        dtype = np.dtype(name)
-        vocab = tokenizer.get("vocab_size", 256)
-        if not isinstance(vocab, int) or vocab < 1 or vocab > np.iinfo(dtype).max + 1:
-            raise DelphiError(f"{self.path / META_FILE}: a vocabulary of {quoted(vocab)} tokens does not fit the store's "
-                              f"dtype {name} (ids up to {np.iinfo(dtype).max}); prepare the store again")
-        return dtype
+        return np.dtype(store_dtype(self.path, self.meta))
 
     def _token_bytes(self) -> UInt[np.ndarray, " vocab"] | None:
         """Bytes of text per token id (a BPE store's token_bytes.npy); None for bytes (one each)."""
@@ -82,10 +70,8 @@ class TokenStore:
 
     def _map(self, name: str, dtype: np.dtype, expected: int) -> np.ndarray:
         file = self.path / name
-        n = file.stat().st_size // dtype.itemsize
-        if n != expected:
-            raise DelphiError(f"{file}: holds {n} tokens but meta.json says {expected}; prepare the store again")
-        return np.memmap(file, dtype=dtype, mode="r", shape=(n,))
+        check_token_file(file, dtype.itemsize, expected)
+        return np.memmap(file, dtype=dtype, mode="r", shape=(expected,))
 
     @property
     def n_train(self) -> int:

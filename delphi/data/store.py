@@ -2,7 +2,7 @@
 
     prepare_store(source, out_dir) -> meta      build a store from a source (streamed)
     resolve_store("stdlib" | "environment" | PATH) -> Path
-    check_store_for_config(cfg) -> TokenStore   the store a run trains on, checked before its first step
+    check_store_for_config(cfg) -> Path         the store a run trains on, checked before its first step
 
 Layout of a store directory:
     train.bin   the train documents' tokens, each document followed by the separator: the bytes and
@@ -61,12 +61,10 @@ from delphi.io import atomic_write_bytes, atomic_write_text
 if TYPE_CHECKING:  # numpy is imported where it is used: a byte store is prepared without it (a smaller process)
     import numpy as np
 
-    from delphi.data.loader import TokenStore
-    from delphi.train.config import TrainConfig
-
 VAL_FRACTION = 0.02  # ~2% of documents: ~40 stdlib files, enough variety for a stable val loss
 STORE_FORMAT = 1
 META_FILE = "meta.json"
+STORE_DTYPES = {"uint8": 1, "uint16": 2, "uint32": 4}  # token dtype -> bytes: bytes; BPE below 65,536 tokens; larger
 TOKEN_BYTES_FILE = "token_bytes.npy"  # a BPE store's bytes of text per token id (uint32, numpy's .npy)
 # A trained vocabulary learns from at most this much of the train split's text: BPE merges settle
 # long before a lab-sized corpus is read through (GPT-2's vocabulary came from ~40 GB of WebText).
@@ -634,13 +632,13 @@ def verify_store_bytes(store_dir: Path, meta: dict) -> None:
         atomic_write_json(marker, key)
 
 
-def check_vocabulary(store: "TokenStore", vocab_size: int, tokenizer: str | None, where: str = "") -> None:
+def check_vocabulary(store_dir: Path, meta: dict, vocab_size: int, tokenizer: str | None, where: str = "") -> None:
     """DelphiError unless a model of `vocab_size` tokens (and the tokenizer a config names, if any:
     "byte", "bpe" or a tokenizer.json path) matches the vocabulary the store was built with."""
     prefix = f"{where}: " if where else ""
-    recorded = store.meta.get("tokenizer") or {}
-    kind = recorded.get("kind", "byte")
-    described = f"the token store {store.path} ({kind}, {store.vocab_size} tokens" + (
+    recorded = meta.get("tokenizer") or {}
+    kind, store_vocab = recorded.get("kind", "byte"), recorded.get("vocab_size", 256)
+    described = f"the token store {store_dir} ({kind}, {store_vocab} tokens" + (
         f", tokenizer sha256 {str(recorded.get('sha256'))[:12]})" if recorded.get("sha256") else ")")
     if tokenizer is not None:
         if tokenizer in ("byte", "bpe"):
@@ -656,21 +654,51 @@ def check_vocabulary(store: "TokenStore", vocab_size: int, tokenizer: str | None
             if sha != recorded.get("sha256"):
                 raise DelphiError(f"{prefix}data.tokenizer: {tokenizer} (sha256 {sha[:12]}) is not the tokenizer of "
                                   f"{described}; prepare a store with `--tokenizer {tokenizer}`")
-    if vocab_size != store.vocab_size:
+    if vocab_size != store_vocab:
         raise DelphiError(f"{prefix}model.vocab_size: {vocab_size}, but {described}; the model's vocabulary must be "
-                          f"the store's: set model.vocab_size: {store.vocab_size}, or point data.store at another store")
+                          f"the store's: set model.vocab_size: {store_vocab}, or point data.store at another store")
 
 
-def check_store_for_config(cfg: "TrainConfig", *, where: str = "") -> "TokenStore":
-    """The store `cfg` trains on, checked before its first step: the one check the trainer and
-    `ladder run` make. Opens `cfg.data.store` (sizes against meta.json), verifies its bytes
-    against meta.json's sha256 (`verify_store_bytes`), refuses a vocabulary or a named tokenizer
-    that is not the store's, and a batch or an eval set the store cannot feed."""
-    from delphi.data.loader import TokenStore
+def store_dtype(store_dir: Path, meta: dict) -> str:
+    """The token dtype meta.json names; DelphiError when it is not one or cannot hold the vocabulary."""
+    tokenizer = meta.get("tokenizer") or {}
+    name = tokenizer.get("dtype", "uint8")
+    if name not in STORE_DTYPES:
+        raise DelphiError(f"{store_dir / META_FILE}: tokenizer.dtype {quoted(name)}, expected one of {', '.join(STORE_DTYPES)}")
+    vocab = tokenizer.get("vocab_size", 256)
+    largest = (1 << (8 * STORE_DTYPES[name])) - 1
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1 or vocab > largest + 1:
+        raise DelphiError(f"{store_dir / META_FILE}: a vocabulary of {quoted(vocab)} tokens does not fit the store's "
+                          f"dtype {name} (ids up to {largest}); prepare the store again")
+    return str(name)
 
-    store = TokenStore(cfg.data.store)
-    verify_store_bytes(store.path, store.meta)
-    check_vocabulary(store, cfg.model.vocab_size, cfg.data.tokenizer, where)
-    store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens, where=where,
-                    final_eval_tokens=cfg.final_eval_tokens)
-    return store
+
+def check_token_file(file: Path, itemsize: int, expected: int) -> None:
+    """DelphiError unless `file` holds `expected` tokens of `itemsize` bytes (meta.json's count)."""
+    try:
+        size = file.stat().st_size
+    except OSError as e:
+        raise DelphiError(f"{file}: cannot read it ({e.strerror}); prepare the store again") from None
+    if size != expected * itemsize:
+        raise DelphiError(f"{file}: holds {size // itemsize} tokens but meta.json says {expected}; prepare the store again")
+
+
+def check_store_for_config(cfg: Any, *, where: str = "") -> Path:
+    """The directory of the store `cfg` (a delphi.train.config.TrainConfig) trains on, checked
+    before its first step: the one store check the trainer and `ladder run` make. Resolves
+    `cfg.data.store`, refuses a dtype that cannot hold the vocabulary and files whose sizes or
+    sha256 are not meta.json's (`verify_store_bytes`), and a `model.vocab_size` or a
+    `data.tokenizer` that is not the store's (`check_vocabulary`). Whether the store can feed the
+    run's batches and eval set is TokenStore.check_run."""
+    from delphi.io import read_json
+
+    store_dir = resolve_store(cfg.data.store)
+    meta = read_json(store_dir / META_FILE, what="token store meta.json")
+    if not isinstance(meta, dict) or not all(k in meta for k in ("n_train", "n_val")):
+        raise DelphiError(f"{store_dir / META_FILE}: no 'n_train' or 'n_val'; not a token store (rebuild it with `delphi data prepare`)")
+    itemsize = STORE_DTYPES[store_dtype(store_dir, meta)]
+    for name, key in (("train.bin", "n_train"), ("val.bin", "n_val")):
+        check_token_file(store_dir / name, itemsize, int(meta[key]))
+    verify_store_bytes(store_dir, meta)
+    check_vocabulary(store_dir, meta, cfg.model.vocab_size, cfg.data.tokenizer, where)
+    return store_dir

@@ -444,6 +444,7 @@ def _train_group(
     cfgs: list[TrainConfig], run_dirs: list[Path], resume: bool, predicted_loss: PredictedLoss | None,
     progress: bool, max_steps: int | None,
 ) -> list[dict]:
+    from delphi.data.loader import TokenStore
     from delphi.data.store import check_store_for_config
 
     # ---- validate everything before writing anything
@@ -458,7 +459,8 @@ def _train_group(
     texts = [config_yaml(c) for c in cfgs]
     for run_dir, text in zip(run_dirs, texts):
         _check_run_dir(run_dir, text, resume)
-    store = check_store_for_config(cfg)  # its bytes, vocabulary, batch and eval set, before any step
+    store = TokenStore(check_store_for_config(cfg))  # its bytes and vocabulary, before any step
+    store.check_run(cfg.data.batch_size, cfg.data.seq_len, cfg.eval_tokens, final_eval_tokens=cfg.final_eval_tokens)
     done = [(read_status(d) or {}).get("status") == "completed" for d in run_dirs]
     for run_dir, finished in zip(run_dirs, done):
         if resume and finished and (problem := summary_problem(run_dir, "completed")):
