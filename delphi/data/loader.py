@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from jaxtyping import Int
+from jaxtyping import Int, UInt
 
-from delphi.data.store import META_FILE, resolve_store
+from delphi.data.store import META_FILE, check_token_file, resolve_store, store_dtype
 from delphi.errors import DelphiError, quoted
 
 
@@ -45,16 +45,33 @@ class TokenStore:
         if missing:
             raise DelphiError(f"{self.path / META_FILE}: no {quoted(missing[0])}; not a token store (rebuild it with `delphi data prepare`)")
         self.meta: dict = meta
-        dtype = np.dtype(self.meta.get("tokenizer", {}).get("dtype", "uint8"))
+        dtype = self._dtype()
         self.train = self._map("train.bin", dtype, self.meta["n_train"])
         self.val = self._map("val.bin", dtype, self.meta["n_val"])
+        self.token_bytes = self._token_bytes()
+
+    def _dtype(self) -> np.dtype:
+        return np.dtype(store_dtype(self.path, self.meta))
+
+    def _token_bytes(self) -> UInt[np.ndarray, " vocab"] | None:
+        """Bytes of text per token id (a BPE store's token_bytes.npy); None for bytes (one each)."""
+        name = (self.meta.get("tokenizer") or {}).get("token_bytes")
+        if name is None:
+            return None
+        file = self.path / str(name)
+        try:
+            table = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DelphiError(f"{file}: not the store's table of bytes per token ({e}); prepare the store again") from None
+        if table.shape != (self.vocab_size,) or not np.issubdtype(table.dtype, np.integer):
+            raise DelphiError(f"{file}: {table.shape} {table.dtype}, expected {self.vocab_size} integers (one per token id); "
+                              "prepare the store again")
+        return table
 
     def _map(self, name: str, dtype: np.dtype, expected: int) -> np.ndarray:
         file = self.path / name
-        n = file.stat().st_size // dtype.itemsize
-        if n != expected:
-            raise DelphiError(f"{file}: holds {n} tokens but meta.json says {expected}; prepare the store again")
-        return np.memmap(file, dtype=dtype, mode="r", shape=(n,))
+        check_token_file(file, dtype.itemsize, expected)
+        return np.memmap(file, dtype=dtype, mode="r", shape=(expected,))
 
     @property
     def n_train(self) -> int:
@@ -71,6 +88,25 @@ class TokenStore:
     @property
     def sha256(self) -> str:
         return str(self.meta["sha256"])
+
+    @property
+    def tokenizer_kind(self) -> str:
+        return str((self.meta.get("tokenizer") or {}).get("kind", "byte"))
+
+    def eval_bytes(self, windows: Int[np.ndarray, "windows seq_plus_1"]) -> float:
+        """Bytes of the text that the next-token targets of `windows` stand for: the count of targets
+        for bytes; for BPE the sum of their tokens' byte lengths, scaled by the validation split's
+        measured bytes over the same sum (meta bytes_val / val_token_bytes: exactly 1 for a
+        byte-level vocabulary, whose token lengths are exact). Bits per byte = nats per token x
+        targets / eval_bytes / ln 2."""
+        targets = windows[:, 1:]
+        if self.token_bytes is None:
+            return float(targets.size)
+        counted = float(self.token_bytes[targets].sum(dtype=np.int64))
+        measured, through_vocab = self.meta.get("bytes_val"), self.meta.get("val_token_bytes")
+        if measured and through_vocab and measured != through_vocab:
+            counted *= measured / through_vocab
+        return counted
 
     def n_train_windows(self, seq_len: int) -> int:
         return self.n_train // (seq_len + 1)
@@ -164,20 +200,12 @@ class TokenStore:
                 raise DelphiError(f"{prefix}{e}") from None
 
     def check_feeds(
-        self, *, batch_size: int, seq_len: int, eval_tokens: int, final_eval_tokens: int | None, vocab_size: int,
-        store_name: str, where: str = "",
+        self, *, batch_size: int, seq_len: int, eval_tokens: int, final_eval_tokens: int | None, where: str = ""
     ) -> None:
-        """Raise DelphiError, before anything compiles or is written, when this store cannot feed a run:
-        its batch and evaluation windows (`check_run`) and its vocabulary (`vocab_size`: the model's;
-        `store_name`: the store as the run's config names it). The one check of a store against a
-        run, wherever training starts (`delphi train`, `delphi ladder run`)."""
-        prefix = f"{where}: " if where else ""
+        """Raise DelphiError, before anything compiles or is written, when this store cannot feed a run's
+        batches and evaluation windows (`check_run`), wherever training starts (`delphi train`,
+        `delphi ladder run`). Its bytes and vocabulary are `delphi.data.store.check_store_for_config`."""
         self.check_run(batch_size, seq_len, eval_tokens, where=where, final_eval_tokens=final_eval_tokens)
-        if self.vocab_size > vocab_size:
-            raise DelphiError(
-                f"{prefix}model.vocab_size: {vocab_size} is smaller than the vocabulary ({self.vocab_size}) of the "
-                f"token store {self.path} (data.store: {quoted(store_name)})"
-            )
 
     def _checked_eval_windows(self, n_tokens: int, batch_size: int, seq_len: int, *, prefix: str) -> int:
         """`eval_windows`, or a DelphiError when the validation split holds fewer windows."""

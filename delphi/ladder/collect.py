@@ -2,9 +2,9 @@
 
 One row per rung of the manifest, with the canonical columns first (docs/design.md
 §3.3): params (N, active non-embedding), tokens (D), flops (C, exact),
-loss (final validation loss, nats per byte-token), budget, run_id, experts,
-granularity; then status, bpb, the 6ND FLOPs, every parameter count, the shape
-and the transferred hyperparameters. By default only completed rungs are
+loss (final validation loss, nats per token: `loss_unit`, of the run's `tokenizer`),
+budget, run_id, experts, granularity; then status, bpb (bits per byte of text), the 6ND
+FLOPs, every parameter count, the shape and the transferred hyperparameters. By default only completed rungs are
 written (a fit must not see a half-trained or diverged run); `include_all`
 adds the others with an empty loss.
 
@@ -36,7 +36,7 @@ from delphi.ladder.plan import cell_id_of, flops_family, rung_role
 from delphi.ladder.runner import rung_status
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
 from delphi.fits.data import CANONICAL_COLUMNS
-from delphi.train.rundir import CONFIG_FILE, read_metrics, read_summary, summary_problem
+from delphi.train.rundir import CONFIG_FILE, LOSS_UNIT, read_metrics, read_summary, summary_problem
 
 EXTRA_COLUMNS = (
     "status", "bpb", "seed", "flops_6nd", "flops_planned", "params_active", "params_total", "params_nonembedding",
@@ -48,7 +48,11 @@ CELL_COLUMNS = ("cell_id", "loss_mean", "loss_std", "n_seeds")
 HEALTH_COLUMNS = ("drop_frac_mean", "n_evals", "eval_tokens", "health_ok", "health_issues", "health_relaxed")
 # "anchor" for the spec's long rungs (anchors), "isoflop" for the rest (delphi.fits.data reads it)
 ROLE_COLUMNS = ("role",)
-RESULT_COLUMNS = CANONICAL_COLUMNS + EXTRA_COLUMNS + CELL_COLUMNS + HEALTH_COLUMNS + ROLE_COLUMNS
+# What the loss is measured in: `loss` (and loss_mean, loss_std) in nats per token of the run's
+# tokenizer ("byte" or "bpe"), `bpb` in bits per byte of text; tables of different tokenizers
+# compare on bpb (`delphi fit ... --loss-col bpb`). Runs from before the columns were byte runs.
+UNIT_COLUMNS = ("loss_unit", "tokenizer")
+RESULT_COLUMNS = CANONICAL_COLUMNS + EXTRA_COLUMNS + CELL_COLUMNS + HEALTH_COLUMNS + ROLE_COLUMNS + UNIT_COLUMNS
 # The per-row view of rung health (the report's and the gates' table).
 HEALTH_TABLE_COLUMNS = (
     "run_id", "cell_id", "budget", "seed", "d_model", "n_layers", "steps", "tokens_per_param", "n_evals",
@@ -193,6 +197,8 @@ def collect_ladder(ladder_dir: str | Path, *, include_all: bool = False) -> pd.D
         row["health_issues"] = ";".join(issues)
         row["health_relaxed"] = relaxed_bounds(health)
         row["role"] = rung_role(m["run_id"])
+        row["loss_unit"] = summary.get("loss_unit", LOSS_UNIT)
+        row["tokenizer"] = summary.get("tokenizer", "byte")
         rows.append(row)
     frame = pd.DataFrame(rows, columns=[c for c in RESULT_COLUMNS if c not in CELL_COLUMNS])
     frame = add_cell_columns(frame)

@@ -32,6 +32,7 @@ import importlib
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from delphi.errors import DelphiError, quoted
@@ -644,18 +645,22 @@ def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
 
 def check_ladder_store(runs: list[tuple[str, TrainConfig]], max_epochs: float | None, where: str = "") -> dict[str, float]:
     """Epochs of its store each run reads (run id -> epochs), checked where training starts (`ladder
-    run`, a study's ladder stage): DelphiError when a store cannot feed a run (`TokenStore.check_feeds`:
-    batch, evaluation windows, vocabulary) or a run would read more than `max_epochs` passes over its
+    run`, a study's ladder stage): DelphiError when a store's bytes or vocabulary are not what a run
+    needs (`delphi.data.store.check_store_for_config`), it cannot feed a run's batches and evaluation
+    windows (`TokenStore.check_feeds`), or a run would read more than `max_epochs` passes over its
     train split (run.max_epochs; None: no limit). `ladder plan` reads no store."""
     from delphi.data.loader import TokenStore
+    from delphi.data.store import check_store_for_config
 
     prefix = f"{where}: " if where else ""
-    stores: dict[str, TokenStore] = {}
+    stores: dict[Path, TokenStore] = {}
     epochs = {}
     for run_id, cfg in runs:
         name = cfg.data.store
-        store = stores[name] if name in stores else stores.setdefault(name, TokenStore(name))
-        store.check_feeds(**cfg.store_needs(), where=f"{prefix}run.store ({run_id})")
+        at = f"{prefix}run.store ({run_id})"
+        store_dir = check_store_for_config(cfg, where=at)
+        store = stores[store_dir] if store_dir in stores else stores.setdefault(store_dir, TokenStore(store_dir))
+        store.check_feeds(**cfg.store_needs(), where=at)
         e = store.epochs(cfg.steps, cfg.data.batch_size, cfg.data.seq_len)
         if max_epochs is not None and e > max_epochs:
             tokens = cfg.steps * cfg.data.batch_size * cfg.data.seq_len

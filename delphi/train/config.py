@@ -34,6 +34,11 @@ class DataConfig:
     seq_len: int = 128
     batch_size: int = 32  # sequences per optimizer step
     seed: int = 0  # the batch at step s is a pure function of (seed, s)
+    # The tokenizer the run expects its store to have been built with: "byte", "bpe" or a
+    # tokenizer.json path (its sha256 must be the store's); None: whatever the store holds, the
+    # model's vocab_size must still match (delphi.data.store.check_store_for_config). Unset, it is
+    # left out of the config's dict (DATA_KEYS_ADDED), so every config keeps its bytes and hash.
+    tokenizer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class OptimConfig:
 # at that value is written without the key (train_config_to_dict), so its YAML and its
 # config_sha256 are those of the same config before the key existed.
 OPTIM_KEYS_ADDED: dict[str, object] = {"optimizer": "adamw", "adam_lr": None}
+DATA_KEYS_ADDED: dict[str, object] = {"tokenizer": None}  # the same for data keys
 
 
 @dataclass(frozen=True)
@@ -141,8 +147,7 @@ class TrainConfig:
     def store_needs(self) -> dict[str, Any]:
         """What this run asks of its token store, as `TokenStore.check_feeds` takes it."""
         return {"batch_size": self.data.batch_size, "seq_len": self.data.seq_len, "eval_tokens": self.eval_tokens,
-                "final_eval_tokens": self.final_eval_tokens, "vocab_size": self.model.vocab_size,
-                "store_name": self.data.store}
+                "final_eval_tokens": self.final_eval_tokens}
 
     @property
     def tokens_per_step(self) -> int:
@@ -282,4 +287,5 @@ def train_config_to_dict(cfg: TrainConfig) -> dict:
     are left out, so an AdamW config is written byte for byte as before AdamH existed."""
     data = to_dict(cfg)
     data["optim"] = {k: v for k, v in data["optim"].items() if k not in OPTIM_KEYS_ADDED or v != OPTIM_KEYS_ADDED[k]}
+    data["data"] = {k: v for k, v in data["data"].items() if k not in DATA_KEYS_ADDED or v != DATA_KEYS_ADDED[k]}
     return data

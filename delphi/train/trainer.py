@@ -49,6 +49,7 @@ from delphi.train.progress import PredictedLoss, Progress
 from delphi.train.rundir import (
     CONFIG_FILE,
     LOCK_FILE,
+    LOSS_UNIT,
     METRICS_FILE,
     RESUME_HINT,
     SUMMARY_FILE,
@@ -206,6 +207,9 @@ class EvalSet:
 
     chunks: tuple[tuple[jax.Array, jax.Array], ...]  # (tokens (batches, eval batch, seq+1), weights (batches, eval batch))
     n_targets: int  # next-token targets of the real windows of one chunk
+    # bytes of eval text per target (TokenStore.eval_bytes): of chunk 0 (the curve) and of all chunks
+    # (the final evaluation); exactly 1.0 for a byte store
+    bytes_per_target: tuple[float, float] = (1.0, 1.0)
 
 
 def eval_set(cfg: TrainConfig, store: Any, batch_sharding: Any) -> EvalSet:
@@ -219,7 +223,10 @@ def eval_set(cfg: TrainConfig, store: Any, batch_sharding: Any) -> EvalSet:
         windows = store.final_eval_chunks(cfg.eval_tokens, cfg.final_eval_tokens, b, t)
     per_batch = cfg.eval_batch_sequences(len(windows[0]))
     chunks = tuple(tuple(sharding.place(a, batch_sharding) for a in eval_blocks(w, per_batch)) for w in windows)
-    return EvalSet(chunks, windows[0].shape[0] * (windows[0].shape[1] - 1))
+    n_targets = windows[0].shape[0] * (windows[0].shape[1] - 1)
+    curve_bytes = store.eval_bytes(windows[0])
+    all_bytes = curve_bytes + sum(store.eval_bytes(w) for w in windows[1:])
+    return EvalSet(chunks, n_targets, (curve_bytes / n_targets, all_bytes / (len(windows) * n_targets)))
 
 
 def evaluate(eval_step: Callable, state: TrainState, data: EvalSet, *, final: bool = False) -> tuple[list[float], list[float]]:
@@ -438,6 +445,7 @@ def _train_group(
     progress: bool, max_steps: int | None,
 ) -> list[dict]:
     from delphi.data.loader import TokenStore
+    from delphi.data.store import check_store_for_config
 
     # ---- validate everything before writing anything
     cfgs = [cfg.validate() for cfg in cfgs]
@@ -453,8 +461,8 @@ def _train_group(
     texts = [config_yaml(c) for c in cfgs]
     for run_dir, text in zip(run_dirs, texts):
         _check_run_dir(run_dir, text, resume)
-    store = TokenStore(cfg.data.store)
-    store.check_feeds(**cfg.store_needs())  # batch, evaluation windows, vocabulary
+    store = TokenStore(check_store_for_config(cfg))  # its bytes and vocabulary, before any step
+    store.check_feeds(**cfg.store_needs())  # its batches and evaluation windows
     done = [(read_status(d) or {}).get("status") == "completed" for d in run_dirs]
     for run_dir, finished in zip(run_dirs, done):
         if resume and finished and (problem := summary_problem(run_dir, "completed")):
@@ -639,6 +647,9 @@ def _summary_header(cfg: TrainConfig, store: Any, config_sha: str, start_step: i
         "flops_per_token_palm": palm_flops_per_token(cfg.model, cfg.data.seq_len),
         "wall_time_s": wall_before,
         "data_sha256": store.sha256,
+        "tokenizer": store.tokenizer_kind,
+        "vocab_size": store.vocab_size,
+        "loss_unit": LOSS_UNIT,
         "config_sha256": config_sha,
         "precision": cfg.precision,
         "steps_per_call": steps_per_call(cfg),
@@ -764,12 +775,14 @@ def _evaluate_into(ctx: RunContext, loop: LoopState, records: dict[int, tuple[di
     for i, _ in _active(ctx, loop):
         record = records[i][0]
         record["val_loss"] = val_losses[i]  # the curve: every evaluation on one set
-        record["val_bpb"] = bits_per_byte(val_losses[i])
+        record["val_bpb"] = bits_per_byte(val_losses[i], ctx.eval_data.bytes_per_target[0])
         record["eval_s"] = eval_s
         if final:  # the final loss on the larger set, the number the fits use
             record["val_loss_final_set"] = full_losses[i]
             loop.summaries[i].update(final_eval_targets=len(ctx.eval_data.chunks) * ctx.eval_data.n_targets)
-        loop.summaries[i].update(val_loss=full_losses[i], val_bpb=bits_per_byte(full_losses[i]))
+        full_bytes_per_target = ctx.eval_data.bytes_per_target[1 if final else 0]
+        loop.summaries[i].update(val_loss=full_losses[i], val_bpb=bits_per_byte(full_losses[i], full_bytes_per_target),
+                                 eval_bytes_per_token=full_bytes_per_target)
 
 
 def _checkpoint(ctx: RunContext, loop: LoopState) -> None:
