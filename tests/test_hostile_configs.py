@@ -199,7 +199,7 @@ def test_a_negative_seed_in_a_train_config_writes_nothing(store, tmp_path, capsy
     out = tmp_path / "run"
     code, _, err = run(["train", config, "--out", out, "--no-progress"], capsys)
     assert code == 2
-    one_error(err, config, f"{key}: must be an integer >= 0, got -1")
+    one_error(err, config, f"{key}: must be an integer in [0, 2**63), got -1")
     assert not out.exists()
 
 
