@@ -18,11 +18,13 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 from delphi.errors import DelphiError, quoted
+from delphi.train.config import DEVICE_CHOICES
 
 PEAK_ENV = {"f32": "DELPHI_PEAK_FLOPS_F32", "bf16": "DELPHI_PEAK_FLOPS_BF16"}  # FLOP/s, > 0
 STEPS_PER_CALL_ENV = "DELPHI_STEPS_PER_CALL"  # an integer >= 1
 CHECKPOINT_CLOCK_ENV = "DELPHI_CHECKPOINT_CLOCK_S"  # seconds >= 0 (0: off)
 DISTRIBUTED_ENV = "DELPHI_DISTRIBUTED"  # a boolean
+DEVICE_ENV = "DELPHI_DEVICE"  # auto, cpu or gpu: the command line's --device, inherited by ladder workers
 WANDB_MODE_ENV = "WANDB_MODE"
 # What wandb.init(mode=...) accepts; "dryrun" is wandb's older name of offline.
 WANDB_MODES = ("online", "offline", "disabled", "shared")
@@ -101,6 +103,16 @@ def distributed_env() -> bool:
     return env_bool(DISTRIBUTED_ENV)
 
 
+def device_env() -> str | None:
+    """DELPHI_DEVICE (auto, cpu or gpu; it overrides a config's `device`), or None when unset."""
+    text = _raw(DEVICE_ENV)
+    if text is None:
+        return None
+    if text.lower() not in DEVICE_CHOICES:
+        raise DelphiError(f"environment variable {DEVICE_ENV}={quoted(text)}: expected one of {', '.join(DEVICE_CHOICES)}")
+    return text.lower()
+
+
 def wandb_mode(configured: str | None) -> str:
     """The config's wandb.mode, else WANDB_MODE, else disabled (no account, no network); a
     WANDB_MODE that W&B does not know is a DelphiError naming it."""
@@ -173,5 +185,6 @@ def check_training_environment(wandb_modes: Iterable[str | None] = (None,)) -> N
     steps_per_call_env()
     checkpoint_clock_env()
     distributed_env()
+    device_env()
     for mode in dict.fromkeys(wandb_modes):
         check_wandb(mode)
