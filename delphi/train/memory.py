@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
+from delphi.errors import DelphiError
 from delphi.train.config import TrainConfig
 
 PARAM_BYTES = 4  # f32 master weights
@@ -91,6 +93,115 @@ def estimate_train_memory(cfg: TrainConfig, seeds: int = 1) -> MemoryEstimate:
         activations=int(seeds * activations),
         runtime=JAX_RUNTIME_BYTES,
     )
+
+
+@dataclass(frozen=True)
+class CompiledMemory:
+    """XLA's memory analysis of a compiled program (`compiled.memory_analysis()`), in bytes: its
+    arguments, its outputs, the outputs that reuse a donated argument's buffer (alias) and its
+    temporaries. At its peak the program holds arguments + outputs - aliases + temporaries."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+
+    @property
+    def total(self) -> int:
+        return self.argument + self.output - self.alias + self.temp
+
+    @classmethod
+    def of(cls, compiled: Any) -> "CompiledMemory | None":
+        """The analysis of a jax `Compiled` program, or None where the backend gives none."""
+        try:
+            m = compiled.memory_analysis()
+        except Exception:  # noqa: BLE001  a backend without the analysis raises or returns None
+            return None
+        if m is None:
+            return None
+        return cls(*(int(getattr(m, f"{name}_size_in_bytes", 0) or 0) for name in ("argument", "output", "alias", "temp")))
+
+    def as_dict(self) -> dict[str, int]:
+        return {"argument": self.argument, "output": self.output, "alias": self.alias, "temp": self.temp,
+                "total": self.total}
+
+
+@dataclass(frozen=True)
+class Available:
+    """Memory a run may use: one accelerator's (`per_device`: each device has its own), or the
+    host's, shared by every local CPU device and the JAX runtime."""
+
+    bytes: int
+    what: str  # for a message: whose memory, e.g. "one gpu device's free (NVIDIA H100 80GB HBM3)"
+    per_device: bool
+    devices: int  # local devices
+
+    def need(self, per_device_bytes: int, runtime: int) -> int:
+        """Bytes these devices need for `per_device_bytes` each (and the runtime in host memory)."""
+        return per_device_bytes if self.per_device else self.devices * per_device_bytes + runtime
+
+
+def available_memory(local_devices: list[Any]) -> Available:
+    """What the run's devices on this host have free now: an accelerator's memory stats (what
+    JAX's allocator may still take: its limit less what it holds), else the host's MemAvailable."""
+    from delphi.train.device import device_memory_bytes
+
+    first = local_devices[0]
+    stats = device_memory_bytes(first) if first.platform != "cpu" else None
+    if stats is not None:
+        limit, in_use = stats
+        return Available(limit - in_use, f"one {first.platform} device's free ({first.device_kind}; JAX may allocate "
+                         f"{limit / 1e9:.3g} GB of it, see XLA_PYTHON_CLIENT_MEM_FRACTION)", True, len(local_devices))
+    n = len(local_devices)
+    have = host_available_bytes()
+    what = f"this machine's available ({n} CPU device{'s' if n > 1 else ''}; MemAvailable)"
+    if have is None:
+        have, what = host_memory_bytes(), f"this machine's ({n} CPU device{'s' if n > 1 else ''})"
+    return Available(have, what, False, n)
+
+
+def run_shape(cfg: TrainConfig, seeds: int) -> str:
+    """The run's shape as a refusal names it."""
+    return (f"model: d_model={cfg.model.d_model}, n_layers={cfg.model.n_layers} at data.batch_size="
+            f"{cfg.data.batch_size} x data.seq_len={cfg.data.seq_len}{f' x {seeds} seeds' if seeds > 1 else ''}")
+
+
+def check_estimate_fits(cfg: TrainConfig, local_devices: list[Any], seeds: int = 1) -> MemoryEstimate:
+    """DelphiError when the trainer's estimate of one step (estimate_train_memory) exceeds what the
+    devices have free: made before anything is compiled, allocated or written."""
+    estimate = estimate_train_memory(cfg, seeds)
+    available = available_memory(local_devices)
+    need = available.need(estimate.total - estimate.runtime, estimate.runtime)
+    if need > available.bytes:
+        raise DelphiError(
+            f"{run_shape(cfg, seeds)} needs about {need / 1e9:.3g} GB per step, more than {available.what} "
+            f"{available.bytes / 1e9:.3g} GB of memory; estimate: {estimate.describe()}; expected a smaller model or "
+            f"batch, or more devices"
+        )
+    return estimate
+
+
+def check_program_fits(cfg: TrainConfig, memory: CompiledMemory | None, local_devices: list[Any], seeds: int = 1) -> None:
+    """DelphiError when the compiled train step (XLA's memory analysis, per device) exceeds what the
+    devices have free, naming both numbers and the trainer's own estimate beside them."""
+    if memory is None:
+        return
+    available = available_memory(local_devices)
+    need = available.need(memory.total, JAX_RUNTIME_BYTES)
+    if need > available.bytes:
+        gb = lambda b: f"{b / 1e9:.3g} GB"  # noqa: E731
+        estimate = estimate_train_memory(cfg, seeds)
+        raise DelphiError(
+            f"{run_shape(cfg, seeds)}: its compiled train step needs {gb(need)} (XLA's memory analysis per device: "
+            f"arguments {gb(memory.argument)}, outputs {gb(memory.output - memory.alias)} beyond them, temporaries "
+            f"{gb(memory.temp)}; the trainer's estimate {gb(estimate.total)}), more than {available.what} "
+            f"{gb(available.bytes)}; expected a smaller model or batch, or more devices"
+        )
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def host_available_bytes() -> int | None:
