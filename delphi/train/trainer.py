@@ -193,13 +193,23 @@ COMPILED_CACHE_SIZE = 8
 
 
 def _cache(key: tuple, build: Callable[[], Callable]) -> tuple[Callable, float]:
-    if key not in _COMPILED:
+    """The cached program of `key` (the most recently used last), built on a miss."""
+    if key in _COMPILED:
+        _COMPILED[key] = _COMPILED.pop(key)
+    else:
         start = time.perf_counter()
         program = build()
         while len(_COMPILED) >= COMPILED_CACHE_SIZE:
             _COMPILED.pop(next(iter(_COMPILED)))
         _COMPILED[key] = (program, time.perf_counter() - start)
     return _COMPILED[key]
+
+
+def latest_train_program() -> Callable | None:
+    """The compiled train chunk used last in this process (benchmarks and tests read its HLO, cost
+    and memory analyses), or None."""
+    programs = [program for key, (program, _) in _COMPILED.items() if key[0] == "train"]
+    return programs[-1] if programs else None
 
 
 def _program_key(cfg: TrainConfig, mesh: jax.sharding.Mesh, seeds: int) -> tuple:
