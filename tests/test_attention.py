@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 
 from delphi.model.config import ModelConfig, MoEConfig
-from delphi.model.transformer import Attention, Transformer, lm_loss, rope_tables
+from delphi.model.transformer import Attention, lm_loss, rope_tables
 
 TOLERANCE = {"f32": 1e-5, "bf16": 1e-2}
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
@@ -88,24 +88,29 @@ def test_fused_attention_is_causal() -> None:
         assert not np.allclose(np.asarray(before[:, 40:]), np.asarray(after[:, 40:]))
 
 
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
-def test_a_whole_moe_model_trains_the_same_through_either_kernel(precision) -> None:
-    """The ladder family's MoE block on top: the loss and every parameter's gradient agree."""
-    cfg = ModelConfig(d_model=48, n_layers=3, n_heads=2, moe=MoEConfig(experts=8, top_k=2, d_expert=48, capacity_factor=4.0))
+def test_a_whole_moe_model_trains_the_same_through_either_kernel() -> None:
+    """The ladder family's MoE model as the trainer builds it (`attention: blocked` and `fused`, which
+    is JAX's XLA kernel on a CPU): the loss and every parameter's gradient agree (f32: in bf16 a
+    rounding difference can flip a top-k routing choice, which no tolerance describes)."""
+    from delphi.train.config import TrainConfig
+    from delphi.train.trainer import attention_kernel, init_model
+
+    model_cfg = ModelConfig(d_model=48, n_layers=3, n_heads=2, moe=MoEConfig(experts=8, top_k=2, d_expert=48, capacity_factor=4.0))
     tokens = jax.random.randint(jax.random.key(5), (2, 129), 0, 256)
     results = []
-    for kernel in ("blocked", "xla"):
-        model = Transformer(cfg, rngs=nnx.Rngs(0), compute_dtype=DTYPES[precision], attention=kernel)
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    for attention in ("blocked", "fused"):
+        cfg = TrainConfig(model=model_cfg, attention=attention)
+        graphdef, params, rest = nnx.split(init_model(cfg), nnx.Param, ...)
 
         def loss(params):
             return lm_loss(nnx.merge(graphdef, params, rest), tokens)[0]
 
         results.append(jax.jit(jax.value_and_grad(loss))(params))
+    assert attention_kernel(TrainConfig(attention="fused")) == "xla"  # on this CPU
     (loss_b, grads_b), (loss_f, grads_f) = results
-    assert abs(float(loss_f) / float(loss_b) - 1) < TOLERANCE[precision] / 10
+    assert abs(float(loss_f) / float(loss_b) - 1) < 1e-6
     for g_b, g_f in zip(jax.tree.leaves(grads_b), jax.tree.leaves(grads_f)):
-        assert relative_error(g_f, g_b) < TOLERANCE[precision]
+        assert relative_error(g_f, g_b) < TOLERANCE["f32"]
 
 
 def test_an_unknown_kernel_is_refused() -> None:

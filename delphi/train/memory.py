@@ -21,14 +21,12 @@ The estimate, per device, counts what autodiff keeps for the backward pass as JA
   of delphi.model.moe.DROPLESS_BLOCK rows plus E blocks when dropless, E x capacity otherwise);
 - per layer and token, in the compute dtype (each matmul's input): d + h d_head for attention,
   d + d_ff for a dense FFN, d + (d + d_expert) per routed row for a MoE;
-- per token once: the final norm's input, the unembedding's input, the logits and the loss's
-  softmax (f32, 2 V);
+- per token once: the final norm's input, the unembedding's input, and the logits, the loss's
+  softmax and, in the backward pass, their gradients (f32, 4 V);
 - a dropless MoE's expert blocks: every dispatch block multiplies its rows by its own expert's
   weights, gathered per block ([blocks, d, 2 d_expert] and [blocks, d_expert, d] in the compute
   dtype) and kept for the backward pass in every layer, and one layer's f32 gradient of them. At
-  a ladder's d1024 rung (16,384 tokens a step) this is 3/4 of the step's memory: what the dropless
-  MoE's 70.6 GiB peak on the H200 was, against an estimate of 14.5 GiB that counted per-token
-  activations only;
+  the default ladder family's d1024 rung (16,384 tokens a step) this is 3/4 of the step's memory;
 - the JAX/XLA runtime itself (JAX_RUNTIME_BYTES, host memory).
 Against XLA:CPU's analysis of every shape of the default and eighth-edition ladders and of the GPU
 check's shapes, in f32 and bf16, the estimate is within ESTIMATE_TOLERANCE
@@ -53,7 +51,7 @@ F32_BYTES = 4  # norms, softmaxes, the residual stream and every saved non-matmu
 # ladder workers, delphi.ladder.runner.WORKER_MEMORY_BYTES allows 1 GB with the compiler's peaks).
 JAX_RUNTIME_BYTES = 400 * 1024**2
 MEMINFO = "/proc/meminfo"
-# How close the estimate is held to XLA's memory analysis of the compiled step (issue 51).
+# How close the estimate is held to XLA's memory analysis of the compiled step.
 ESTIMATE_TOLERANCE = 0.25
 # Saved attention probabilities per query, per head, in units of the sequence length: the blocked
 # kernel's three query blocks see 1/3, 2/3 and all of the keys (delphi.model.transformer), JAX's

@@ -13,7 +13,6 @@ reduction over the data axis itself; a model built for a mesh of more than one d
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
