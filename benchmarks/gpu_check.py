@@ -23,14 +23,14 @@ shape, delphi.train.device):
 - moe-dropless-d1024: the default ladder family's own d1024 rung (8 layers, 2 heads of 512,
   dropless MoE, the ladder recipe's AdamH) at sequence 128 and 64 sequences: the dispatch whose peak
   memory was 2-5x the trainer's old estimate on the H200;
-- ladder: a small ladder in the default ladder's family (widths LADDER_WIDTHS, LADDER_SEEDS seeds
-  each, sequence 128, LADDER_BATCH sequences, the recipe's AdamH): first every rung alone (the
+- ladder: a small ladder in the default ladder's family (d128 and d256, 4 seeds each, sequence 128,
+  32 sequences a step, the recipe's AdamH; FULL below): first every rung alone (the
   seeds of a width share one compiled program), then each width's seeds as one vmapped program
   (`train_group`, what `ladder run --group-seeds` trains): the wall time of both, and whether the
   shared program pays on this device (it did not on a 2-core CPU, benchmarks/seed_groups.py).
 Memory, per item: the device's `peak_bytes_in_use` (the process's peak so far: JAX cannot reset
-it, so the items run from the smallest estimate up and each row says whether its figure is its
-own), XLA's memory analysis of the item's compiled train step and the trainer's own estimate
+it, so the three items run from the smallest estimate up, the ladder last, and each row says
+whether its figure is its own), XLA's memory analysis of the item's compiled train step and the trainer's own estimate
 (delphi.train.memory), and their ratios; target: the estimate within 25% of the peak.
 
 `--budget-s` (default 480 s = 8 minutes): an item whose predicted time would pass it is skipped
@@ -108,16 +108,17 @@ class Sizes:
     ladder_seeds: int
     ladder_batch: int
     ladder_steps: int
-    setup_s: float  # predicted set-up (init, compile, evaluation, checkpoint) per program
+    setup_s: float  # predicted compilation per program (a train chunk and its eval step)
+    run_s: float  # predicted set-up per run besides compilation (init, evaluation, checkpoint)
 
 
 FULL = Sizes(precision="bf16", peak_size=8192, wide=1024, wide_layers=8, wide_heads=8, wide_seq=1024, wide_batch=16,
-             dropless_width=1024, dropless_batch=64, steps=48, ladder_widths=(128, 256, 512), ladder_seeds=4,
-             ladder_batch=32, ladder_steps=64, setup_s=35.0)
+             dropless_width=1024, dropless_batch=64, steps=48, ladder_widths=(128, 256), ladder_seeds=4,
+             ladder_batch=32, ladder_steps=64, setup_s=35.0, run_s=4.0)
 # --smoke: the dropless item is the ladder's first rung (the same config: one program for both)
 SMOKE = Sizes(precision="f32", peak_size=256, wide=32, wide_layers=1, wide_heads=2, wide_seq=64, wide_batch=4,
               dropless_width=32, dropless_batch=2, steps=16, ladder_widths=(32,), ladder_seeds=2,
-              ladder_batch=2, ladder_steps=16, setup_s=8.0)
+              ladder_batch=2, ladder_steps=16, setup_s=8.0, run_s=2.0)
 # Predicted MFU for the time budget only (the H200's first run measured 2-7% at 128 tokens a
 # sequence: a prediction that overestimates the time skips an item needlessly, which is cheaper
 # than a run cut by the session's limit)
@@ -331,10 +332,17 @@ def ladder_item(configs: dict[int, list[TrainConfig]], peak: float) -> dict:
     return row
 
 
-def predicted_s(cfgs: list[TrainConfig], sizes: Sizes, peak: float, programs: int) -> float:
-    """Time an item should take: its model FLOPs at PREDICTED_MFU of the peak, and set-up per program."""
+def predicted_s(cfgs: list[TrainConfig], sizes: Sizes, peak: float, programs: int, runs: int) -> float:
+    """Time an item should take: its model FLOPs at PREDICTED_MFU of the peak, its programs'
+    compilation and each run's set-up."""
     flops = sum(c.tokens * palm_flops_per_token(c.model, c.data.seq_len) for c in cfgs)
-    return flops / (peak * PREDICTED_MFU) + programs * sizes.setup_s
+    return flops / (peak * PREDICTED_MFU) + programs * sizes.setup_s + runs * sizes.run_s
+
+
+def ladder_predicted_s(ladder: dict[int, list[TrainConfig]], sizes: Sizes, peak: float) -> float:
+    """Every rung alone (one program per width), then one seed group per width (one program each)."""
+    rungs = [c for cfgs in ladder.values() for c in cfgs]
+    return 2 * predicted_s(rungs, sizes, peak, len(ladder), 0) + (len(rungs) + len(ladder)) * sizes.run_s
 
 
 def targets(result: dict) -> dict[str, dict]:
@@ -496,14 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     configs = item_configs(sizes, args.store)
     ladder = ladder_configs(sizes, args.store)
     plan: list[tuple[str, int, float]] = []  # (item, memory estimate, predicted seconds)
-    if "ladder" in wanted:
-        rungs = [c for cfgs in ladder.values() for c in cfgs]
-        memory = max(estimate_train_memory(cfgs[0], len(cfgs)).total for cfgs in ladder.values())
-        plan.append(("ladder", memory, 2 * predicted_s(rungs, sizes, peak, 2 * len(ladder))))
     for name, cfg in configs.items():
         if name in wanted:
-            plan.append((name, estimate_train_memory(cfg).total, predicted_s([cfg], sizes, peak, 1)))
+            plan.append((name, estimate_train_memory(cfg).total, predicted_s([cfg], sizes, peak, 1, 1)))
     plan.sort(key=lambda item: item[1])  # smallest first: peak_bytes_in_use only grows
+    if "ladder" in wanted:  # last: its memory is not a target, and the measured items come first
+        memory = max(estimate_train_memory(cfgs[0], len(cfgs)).total for cfgs in ladder.values())
+        plan.append(("ladder", memory, ladder_predicted_s(ladder, sizes, peak)))
     for name, memory, seconds in plan:
         say(f"plan: {name:20s} estimate {gib(memory)}, ~{seconds:.0f} s")
     largest = 0

@@ -75,8 +75,6 @@ def test_the_full_run_is_planned_to_fit_the_budget_on_an_h100(gpu_check) -> None
     sizes = gpu_check.FULL
     peak = 798e12
     configs = gpu_check.item_configs(sizes, "stdlib")
-    ladder = gpu_check.ladder_configs(sizes, "stdlib")
-    rungs = [c for cfgs in ladder.values() for c in cfgs]
-    total = 2 * gpu_check.predicted_s(rungs, sizes, peak, 2 * len(ladder))
-    total += sum(gpu_check.predicted_s([c], sizes, peak, 1) for c in configs.values())
-    assert total < gpu_check.BUDGET_S, total
+    total = gpu_check.ladder_predicted_s(gpu_check.ladder_configs(sizes, "stdlib"), sizes, peak)
+    total += sum(gpu_check.predicted_s([c], sizes, peak, 1, 1) for c in configs.values())
+    assert total < gpu_check.BUDGET_S - 60, total  # a minute for JAX's start and the peak
