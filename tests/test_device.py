@@ -112,6 +112,15 @@ def test_a_bad_delphi_device_is_named(store, tmp_path, capsys, monkeypatch) -> N
     _one_error_line(code, err, f"{DEVICE_ENV}='quantum'", "auto, cpu, gpu")
 
 
+def test_a_ladder_asked_for_a_gpu_on_a_machine_without_one_stops_before_its_rungs(tmp_path, capsys) -> None:
+    from micro_ladder import micro_ladder
+
+    ladder = micro_ladder(tmp_path, [1e9])
+    code, err = _run(["ladder", "run", ladder, "--device", "gpu"], capsys)
+    _one_error_line(code, err, "--device gpu", "no GPU", "delphi[cuda]")
+    assert not (ladder / "runs").exists() or not any((ladder / "runs").iterdir())
+
+
 def test_every_training_command_takes_device(capsys) -> None:
     for command in (["train"], ["ladder", "run"], ["ladder", "lr-calibrate"], ["ladder", "recipe-check"], ["study"]):
         with pytest.raises(SystemExit):

@@ -75,7 +75,7 @@ from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every 
     progress_line,
     rung_status,
 )
-from delphi.train.device import CUDA_VISIBLE_ENV, worker_gpus
+from delphi.train.device import CUDA_VISIBLE_ENV, check_gpu_host, worker_gpus
 from delphi.train.environment import device_env, single_thread_xla_flags
 
 POLL_S = 0.5
@@ -527,7 +527,9 @@ def run_ladder(
     driver = LadderDriver(Path(ladder_dir), retries=retries, progress=progress, progress_every_s=progress_every_s,
                           group_seeds=group_seeds, budgets=budgets)
     cpus = sorted(os.sched_getaffinity(0))
-    gpus = worker_gpus(device_env() or "auto")  # on a GPU machine: one worker per GPU, each on its own
+    device = device_env() or "auto"
+    gpus = worker_gpus(device)  # on a GPU machine: one worker per GPU, each on its own
+    check_gpu_host(device, gpus)
     if workers is None:
         workers = (max(1, min(len(gpus), driver.pending_jobs())) if gpus
                    else default_workers(driver.pending_jobs(), len(cpus), available_memory_bytes()))

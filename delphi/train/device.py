@@ -175,3 +175,14 @@ def worker_gpus(device: str, *, gpus_dir: str = NVIDIA_GPUS_DIR) -> list[str]:
         return [str(i) for i in range(len(os.listdir(gpus_dir)))]
     except OSError:
         return []
+
+
+def check_gpu_host(device: str, gpus: list[str]) -> None:
+    """Before a ladder starts workers for `gpu`: a DelphiError where this machine shows no sign of a
+    GPU JAX could use (no GPU for the workers and no CUDA build of JAX), instead of every rung
+    failing on its own."""
+    if device == "gpu" and not gpus and not jax_has_cuda():
+        raise DelphiError(
+            f"--device gpu: this machine shows no GPU (none listed in {NVIDIA_GPUS_DIR}, and no CUDA build of JAX "
+            f"installed); on a machine with an NVIDIA GPU install it: {CUDA_INSTALL_HINT}; or use --device cpu"
+        )

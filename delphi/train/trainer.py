@@ -92,7 +92,8 @@ def config_yaml(cfg: TrainConfig) -> str:
 
 def identity_yaml(text: str) -> str:
     """The config without the keys that only say how the maths is laid out (MATHS_FREE_KEYS): a
-    run keeps its config_sha256 on any mesh or eval batch and may be resumed on a different one."""
+    run keeps its config_sha256 on any mesh, eval batch, device or attention kernel and may be
+    resumed on a different one."""
     import yaml
 
     data = yaml.safe_load(text) or {}
