@@ -5,7 +5,8 @@
 
 For every shape of the chosen ladders (the built-in study's, delphi/defaults/ladder_default.yaml;
 the eighth edition's, studies/ladder_paper_v8.yaml, both planned in memory by
-benchmarks/ladder_throughput.py; `gpu`: benchmarks/gpu_check.py's full-mode shapes) in each
+benchmarks/ladder_throughput.py; `gpu`: benchmarks/gpu_check.py's full-size items; `h200`: the shapes
+the first GPU run measured, benchmarks/results/gpu-check-2026-12-04-nvidia-h200/) in each
 precision: the train chunk the trainer would run, compiled from abstract shapes on this machine's
 first device (`delphi.train.trainer.compile_train_chunk`: nothing is allocated, so shapes far
 larger than this machine's memory compile too), XLA's memory analysis of it (arguments, outputs,
@@ -32,16 +33,35 @@ if str(BENCHMARKS) not in sys.path:
 
 from delphi.train.config import MeshConfig, TrainConfig  # noqa: E402
 
-LADDER_CHOICES = ("default", "v8", "gpu")
+LADDER_CHOICES = ("default", "v8", "gpu", "h200")
 TOLERANCE = 0.25  # the estimate within 25% of the compiled program (issue 51)
+
+
+# The shapes of the first GPU run (benchmarks/results/gpu-check-2026-12-04-nvidia-h200/): the
+# nanoGPT comparison shape and the default ladder family at these widths, 128 x 128 tokens a step
+H200_WIDTHS = (128, 256, 512, 768, 1024)
+H200_BATCH = 128
 
 
 def ladder_shapes(name: str) -> dict[str, TrainConfig]:
     """Shape label -> a train config of that shape (one per distinct program)."""
-    if name == "gpu":
-        import gpu_check
+    import gpu_check
 
-        return {s.name: gpu_check.train_config(s, "bf16", "stdlib", 1) for s in gpu_check.shapes(False)}
+    if name == "gpu":  # what benchmarks/gpu_check.py trains in full
+        configs = gpu_check.item_configs(gpu_check.FULL, "stdlib")
+        for width, cfgs in gpu_check.ladder_configs(gpu_check.FULL, "stdlib").items():
+            configs[f"ladder-d{width}"] = cfgs[0]
+        return configs
+    if name == "h200":
+        import trainer as bench
+
+        d256 = bench.NANOGPT_D256
+        configs = {"bench-d256": bench.bench_config(bench.dense(d256), d256, "bf16", 256, "stdlib")}
+        for width in H200_WIDTHS:
+            model = gpu_check.ladder_model(width)
+            shape = bench.Shape(f"ladder-d{width}", width, model.n_layers, gpu_check.LADDER_SEQ_LEN, H200_BATCH)
+            configs[shape.name] = gpu_check.ladder_optim(bench.bench_config(model, shape, "bf16", 256, "stdlib"))
+        return configs
     import ladder_throughput
 
     return ladder_throughput.PLANNERS[name]()[1]

@@ -24,27 +24,11 @@ from delphi.errors import DelphiError
 from delphi.train import device as dev
 from delphi.train.config import TrainConfig, load_train_config, train_config_to_dict
 from delphi.train.environment import DEVICE_ENV
+from tests.test_hostile_inputs import _refused as _one_error_line
+from tests.test_hostile_inputs import _run
 from tests.test_train import tiny_config, write_config
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _run(argv: list, capsys) -> tuple[int, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
-
-
-def _one_error_line(code: int, err: str, *names: str) -> str:
-    assert code == 2, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    lines = [line for line in err.strip().splitlines() if line.startswith("delphi: error:")]
-    assert len(lines) == 1, err[-3000:]
-    for name in names:
-        assert name in lines[0], (name, lines[0])
-    return lines[0]
 
 
 def gpu(kind: str = "NVIDIA H100 80GB HBM3", capability: str = "9.0", limit: int = 80 * 10**9, in_use: int = 0):
