@@ -56,6 +56,7 @@ from delphi.train.rundir import (
     MetricsLog,
     RunLock,
     WandbLog,
+    check_not_locked,
     read_status,
     summary_problem,
     wandb_mode,
@@ -571,6 +572,9 @@ def _train_group(
     if resume and all(done):
         return [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
 
+    if jax.process_index() == 0:
+        for run_dir in run_dirs:
+            check_not_locked(run_dir)  # a second trainer is refused before it compiles
     check_compiled_memory(cfgs, mesh)  # the compiled program against the device's memory
     interrupt.check("start-up (nothing was written)")
     primary = jax.process_index() == 0
