@@ -95,7 +95,7 @@ def test_a_whole_moe_model_trains_the_same_through_either_kernel() -> None:
     from delphi.train.config import TrainConfig
     from delphi.train.trainer import attention_kernel, init_model
 
-    model_cfg = ModelConfig(d_model=48, n_layers=3, n_heads=2, moe=MoEConfig(experts=8, top_k=2, d_expert=48, capacity_factor=4.0))
+    model_cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, moe=MoEConfig(experts=8, top_k=2, d_expert=32, capacity_factor=4.0))
     tokens = jax.random.randint(jax.random.key(5), (2, 129), 0, 256)
     results = []
     for attention in ("blocked", "fused"):
