@@ -226,9 +226,9 @@ def arithmetic_intensity() -> float | None:
     """
     from delphi.train import trainer
 
-    if not trainer._COMPILED:
+    compiled = trainer.latest_train_program()
+    if compiled is None:
         return None
-    compiled = list(trainer._COMPILED.values())[-1][0]
     analysis = compiled.cost_analysis()
     if isinstance(analysis, list):
         analysis = analysis[0]

@@ -21,12 +21,14 @@ one too: `ok: false`, `failed` (its message) and whatever result it carries.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
 import json
 import math
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from delphi import __version__
 from delphi.errors import SYSTEM_ERRNOS, CheckFailed, DelphiError, message_line, system_error_line
@@ -197,6 +199,36 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
+def add_device_flag(parser: argparse.ArgumentParser) -> None:
+    """`--device auto|cpu|gpu` of a command that trains (delphi.train.device)."""
+    from delphi.train.config import DEVICE_CHOICES
+
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default=None,
+                        help="train on the CPU, on a GPU (exit 2 if JAX sees none), or on what JAX finds (auto); "
+                             "default: each config's `device` (auto). Every run this command starts follows it")
+
+
+@contextlib.contextmanager
+def _device_from_flag(args: argparse.Namespace) -> Iterator[None]:
+    """--device as DELPHI_DEVICE while the command runs, so that the processes it starts (ladder
+    workers) inherit it; the environment as it was afterwards."""
+    device = getattr(args, "device", None)
+    if device is None:
+        yield
+        return
+    from delphi.train.environment import DEVICE_ENV
+
+    saved = os.environ.get(DEVICE_ENV)
+    os.environ[DEVICE_ENV] = device
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(DEVICE_ENV, None)
+        else:
+            os.environ[DEVICE_ENV] = saved
+
+
 def emit(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if getattr(args, "json", False):
         json.dump(result, sys.stdout, default=_plain)
@@ -244,7 +276,8 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        outcome = handler(args)
+        with _device_from_flag(args):
+            outcome = handler(args)
     except DelphiError as e:
         print(f"delphi: error: {message_line(e)}", file=sys.stderr)
         return 2

@@ -58,7 +58,7 @@ WORKER = textwrap.dedent(
     for data, expert in MESHES:
         cfg = sharded_config(store, data, expert)
         summary = trainer.train(cfg, work / f"run_{data}x{expert}", progress=False)
-        train_chunk, _ = trainer._COMPILED[next(reversed(trainer._COMPILED))]
+        train_chunk = trainer.latest_train_program()
         count, nbytes = sharding.all_to_all_bytes(train_chunk.as_text())
         out["runs"][f"{data}x{expert}"] = {
             "train_loss": [r["train_loss"] for r in read_metrics(work / f"run_{data}x{expert}")],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, nonnegative_int, positive_float, positive_int
+    from delphi.cli import add_device_flag, add_json_flag, nonnegative_int, positive_float, positive_int
 
     ladder = subparsers.add_parser("ladder", help="plan, run and collect a ladder of compute-optimal runs")
     sub = ladder.add_subparsers(dest="ladder_command", metavar="SUBCOMMAND")
@@ -42,6 +42,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ray_opts.add_argument("--gpus-per-rung", type=float, default=None, help="Ray num_gpus of each rung (default 0)")
     ray_opts.add_argument("--worker-retries", type=nonnegative_int, default=None,
                           help="Ray max_retries: resubmits after a worker dies (default 3)")
+    add_device_flag(run)
     add_json_flag(run)
     run.set_defaults(func=_run)
 
@@ -102,6 +103,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--workers", type=positive_int, default=None, help="parallel runs (default: as `ladder run`)")
     cal.add_argument("--force", action="store_true",
                      help="plan into a directory with no manifest.csv even if it holds a ladder.yaml or configs/*.yaml")
+    add_device_flag(cal)
     add_json_flag(cal)
     cal.set_defaults(func=_lr_calibrate)
 
@@ -116,6 +118,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                             "join the sweep at their LR, and the multipliers they cover are not trained again")
     check.add_argument("--plan-only", action="store_true", help="plan the sweep and report its cost; train nothing")
     check.add_argument("--workers", type=positive_int, default=None, help="parallel runs (default: as `ladder run`)")
+    add_device_flag(check)
     add_json_flag(check)
     check.set_defaults(func=_recipe_check)
 

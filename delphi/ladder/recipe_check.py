@@ -104,7 +104,7 @@ SAME_LR_REL = 1e-9
 # Trainer-config keys that name or place a run rather than set its maths (the trainer's own
 # MATHS_FREE_KEYS, delphi.train.trainer, and the bookkeeping name and wandb), plus the seeds: a prior
 # run equal to a planned one outside these and optim.lr trains the same experiment at another LR.
-RUN_IDENTITY_KEYS = ("name", "wandb", "seed", "mesh", "eval_batch_size", "checkpoint_every_s")
+RUN_IDENTITY_KEYS = ("name", "wandb", "seed", "mesh", "eval_batch_size", "checkpoint_every_s", "device", "attention")
 # A prior run in one of these states has its result (diverged: the LR is too high, NaN loss).
 PRIOR_ENDED = ("completed", "diverged")
 # The hero may train this share more tokens than the longest horizon (or be this share wider than the

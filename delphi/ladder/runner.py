@@ -9,6 +9,9 @@ a one-thread XLA runtime, so workers x threads = cores (no oversubscription);
 with fewer pending rungs than cores, fewer workers with several cores each, still
 one thread each: a rung's numbers do not depend on how many workers ran beside it
 (XLA's CPU sums round differently over another thread count; docs/design.md §4.6).
+On a machine with GPUs (DELPHI_DEVICE=gpu, set by `--device gpu`; or auto where JAX's CUDA
+build is installed) there is one worker per GPU instead, each seeing only its own
+(CUDA_VISIBLE_DEVICES; delphi.train.device.worker_gpus).
 
 A worker is a persistent process (`python -m delphi.ladder.runner --serve CORES`)
 that trains the rungs it is sent one after another, so the interpreter start,
@@ -72,7 +75,8 @@ from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every 
     progress_line,
     rung_status,
 )
-from delphi.train.environment import JAX_CACHE_ENV, JAX_CACHE_SUBDIR, jax_cache_dir, single_thread_xla_flags  # noqa: F401
+from delphi.train.device import CUDA_VISIBLE_ENV, check_gpu_host, worker_gpus
+from delphi.train.environment import JAX_CACHE_ENV, JAX_CACHE_SUBDIR, device_env, jax_cache_dir, single_thread_xla_flags  # noqa: F401
 
 POLL_S = 0.5
 STOP_WAIT_S = 60.0  # a stopped rung writes its checkpoint first
@@ -269,13 +273,16 @@ def default_workers(pending_rungs: int, cpus: int, memory_bytes: int | None = No
     return max(1, workers)
 
 
-def worker_env(pin_cores: bool) -> dict[str, str]:
+def worker_env(pin_cores: bool, gpu: str | None = None) -> dict[str, str]:
     """A worker's environment: with pinning, a one-thread XLA runtime whatever its slot's cores.
     Before issue 41 a slot of several cores (fewer rungs than cores, or --workers 1) ran XLA's thread
-    pool over them, and `ladder run --workers 1` against `--workers 2` changed 5 of 9 rungs by up to 3.5%."""
+    pool over them, and `ladder run --workers 1` against `--workers 2` changed 5 of 9 rungs by up to 3.5%.
+    `gpu`: the one GPU the worker sees (CUDA_VISIBLE_DEVICES), so that each rung has a GPU to itself."""
     env = dict(os.environ)
     if pin_cores:  # one core per worker: no intra-op thread pool to fight over it
         env["XLA_FLAGS"] = single_thread_xla_flags(env.get("XLA_FLAGS"))
+    if gpu is not None:
+        env[CUDA_VISIBLE_ENV] = gpu
     return env
 
 
@@ -289,6 +296,7 @@ class _Job:
 @dataclass
 class _Slot:
     cores: list[int]
+    gpu: str | None = None  # CUDA_VISIBLE_DEVICES of its worker (None: what the environment says)
     proc: subprocess.Popen | None = None  # persistent worker, when started
     job: _Job | None = None
     buffer: bytes = b""
@@ -318,9 +326,10 @@ class LocalPlacer:
     """
 
     def __init__(
-        self, slots: list[list[int]], log_dir: Path, *, persistent: bool = True, pin_cores: bool = True
+        self, slots: list[list[int]], log_dir: Path, *, persistent: bool = True, pin_cores: bool = True,
+        gpus: list[str] | None = None,
     ) -> None:
-        self.slots = [_Slot(cores) for cores in slots]
+        self.slots = [_Slot(cores, gpus[i % len(gpus)] if gpus else None) for i, cores in enumerate(slots)]
         self.log_dir = log_dir
         self._closed = False
         self.persistent = persistent
@@ -340,7 +349,7 @@ class LocalPlacer:
             log.flush()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "delphi.ladder.runner", "--serve", self._cores_arg(slot)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=worker_env(self.pin_cores),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=worker_env(self.pin_cores, slot.gpu),
             )
         os.set_blocking(proc.stdout.fileno(), False)
         self.selector.register(proc.stdout, selectors.EVENT_READ, slot)
@@ -369,7 +378,7 @@ class LocalPlacer:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "delphi.ladder.runner", str(rung.config), str(rung.run_dir), str(lock_path),
                  self._cores_arg(slot)],
-                stdout=log, stderr=subprocess.STDOUT, env=worker_env(self.pin_cores),
+                stdout=log, stderr=subprocess.STDOUT, env=worker_env(self.pin_cores, slot.gpu),
             )
             slot.job = _Job([rung], proc, log)
             return
@@ -509,17 +518,23 @@ def run_ladder(
     driver = LadderDriver(Path(ladder_dir), retries=retries, progress=progress, progress_every_s=progress_every_s,
                           group_seeds=group_seeds, budgets=budgets)
     cpus = sorted(os.sched_getaffinity(0))
-    workers = workers if workers is not None else default_workers(driver.pending_jobs(), len(cpus), available_memory_bytes())
+    device = device_env() or "auto"
+    gpus = worker_gpus(device)  # on a GPU machine: one worker per GPU, each on its own
+    check_gpu_host(device, gpus)
+    if workers is None:
+        workers = (max(1, min(len(gpus), driver.pending_jobs())) if gpus
+                   else default_workers(driver.pending_jobs(), len(cpus), available_memory_bytes()))
     slots = core_slots(workers, cpus)
     driver.make_dirs()
-    placer = LocalPlacer(slots, driver.ladder_dir / LOGS_DIR, persistent=persistent_workers, pin_cores=pin_cores)
+    placer = LocalPlacer(slots, driver.ladder_dir / LOGS_DIR, persistent=persistent_workers, pin_cores=pin_cores,
+                         gpus=gpus)
     try:
         driver.drive(placer, POLL_S)
     finally:
         placer.close()
     return driver.summary(
         executor="local", workers=workers, cores_per_worker=[len(s) for s in slots],
-        persistent_workers=persistent_workers, pinned=pin_cores, group_seeds=group_seeds,
+        persistent_workers=persistent_workers, pinned=pin_cores, group_seeds=group_seeds, gpus=gpus,
     )
 
 

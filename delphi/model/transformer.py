@@ -5,7 +5,8 @@
            -> RMSNorm -> unembedding x alpha_out / m -> logits
 
 Attention: fused QKV, QK-norm (RMSNorm over the head dimension), RoPE, causal softmax computed in
-query blocks (see `causal_attention`).
+query blocks (`causal_attention`, the CPU's kernel), or by `jax.nn.dot_product_attention` (`fused`:
+cuDNN's flash attention on a GPU in bf16; the trainer chooses, delphi.train.device).
 FFN: SwiGLU, dense or Mixture-of-Experts (delphi.model.moe). Embeddings are untied.
 
 muP (multiplier form; m = d_model / base_d_model, m_L = n_layers / base_n_layers, both 1 under
@@ -144,10 +145,41 @@ def _attend_block_bwd(
 
 attend_block.defvjp(_attend_block_fwd, _attend_block_bwd)
 
+# The attention kernels Attention takes: this file's query-blocked one, or jax.nn.dot_product_attention
+# with one of its implementations (delphi.train.device.resolve_attention chooses).
+ATTENTION_KERNELS = ("blocked", "cudnn", "xla")
+
+
+def fused_causal_attention(
+    q: Float[Array, "batch seq heads d_head"], k: Float[Array, "batch seq heads d_head"],
+    v: Float[Array, "batch seq heads d_head"], compute_dtype: jnp.dtype, implementation: str,
+) -> Float[Array, "batch seq heads d_head"]:
+    """softmax(q k^T, causal) v by jax.nn.dot_product_attention (its [batch, seq, heads, d_head]
+    layout; q carries the attention scale already). Inputs in the compute dtype, softmax in f32,
+    the output back in f32 as `causal_attention`'s. cuDNN refuses some shapes (a head size over
+    its limit, a sequence it cannot tile): it raises while the program is traced, and JAX's XLA
+    implementation, which takes any shape, is used instead."""
+    q, k, v = (t.astype(compute_dtype) for t in (q, k, v))
+
+    def attend(how: str) -> Array:
+        return jax.nn.dot_product_attention(q, k, v, scale=1.0, is_causal=True, implementation=how)
+
+    if implementation == "cudnn":
+        try:
+            return attend("cudnn").astype(jnp.float32)
+        except (ValueError, NotImplementedError, RuntimeError, TypeError):
+            pass
+    return attend("xla").astype(jnp.float32)
+
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32):
+    def __init__(
+        self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32, kernel: str = "blocked"
+    ):
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel {kernel!r}: expected one of {ATTENTION_KERNELS}")
         d, kh = cfg.d_model, cfg.n_heads * cfg.d_head
+        self.kernel = kernel
         std = cfg.mup.init_std / math.sqrt(cfg.width_mult)  # hidden matrices: sigma / sqrt(m)
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
         self.compute_dtype = compute_dtype
@@ -168,9 +200,12 @@ class Attention(nnx.Module):
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each [batch, seq, heads, d_head]
         q = apply_rope(self.q_norm(q), *rope) * self.scale  # scale q (seq d) rather than the scores (seq^2)
         k = apply_rope(self.k_norm(k), *rope)
-        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # head-major [batch, heads, seq, d_head]
-        out = causal_attention(q, k, v, self.compute_dtype)
-        out = out.transpose(0, 2, 1, 3).reshape(batch, seq, -1)
+        if self.kernel == "blocked":
+            q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # head-major [batch, heads, seq, d_head]
+            out = causal_attention(q, k, v, self.compute_dtype).transpose(0, 2, 1, 3)
+        else:
+            out = fused_causal_attention(q, k, v, self.compute_dtype, self.kernel)
+        out = out.reshape(batch, seq, -1)
         return linear(out, self.w_out[...], self.compute_dtype)
 
 
@@ -200,10 +235,10 @@ def feed_forward(
 class Block(nnx.Module):
     def __init__(
         self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32,
-        mesh: jax.sharding.Mesh | None = None,
+        mesh: jax.sharding.Mesh | None = None, attention: str = "blocked",
     ):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, rngs=rngs, compute_dtype=compute_dtype)
+        self.attn = Attention(cfg, rngs=rngs, compute_dtype=compute_dtype, kernel=attention)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = feed_forward(cfg, rngs=rngs, compute_dtype=compute_dtype, mesh=mesh)
         self.branch_mult = 1.0 / cfg.depth_mult  # CompleteP: residual branches x 1/m_L
@@ -225,11 +260,13 @@ def mean_abs(x: Array) -> Float[Array, ""]:
 
 class Transformer(nnx.Module):
     """`mesh`: the device mesh the model will run on (None: one device). Only the MoE block
-    depends on it; the parameters and the numbers are the same on every mesh."""
+    depends on it; the parameters and the numbers are the same on every mesh. `attention`: the
+    attention kernel (ATTENTION_KERNELS); the parameters are the same for each, the numbers equal
+    up to rounding (tests/test_attention.py)."""
 
     def __init__(
         self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32,
-        mesh: jax.sharding.Mesh | None = None,
+        mesh: jax.sharding.Mesh | None = None, attention: str = "blocked",
     ):
         cfg.validate()
         self.cfg = cfg
@@ -238,7 +275,7 @@ class Transformer(nnx.Module):
         d, V = cfg.d_model, cfg.vocab_size
         self.embedding = nnx.Param(mup.init_std * jax.random.normal(rngs.params(), (V, d)))  # constant std
         self.blocks = nnx.List(
-            [Block(cfg, rngs=rngs, compute_dtype=compute_dtype, mesh=mesh) for _ in range(cfg.n_layers)]
+            [Block(cfg, rngs=rngs, compute_dtype=compute_dtype, mesh=mesh, attention=attention) for _ in range(cfg.n_layers)]
         )
         self.final_norm = RMSNorm(d, cfg.norm_eps)
         if mup.enabled and mup.zero_init_unembedding:

@@ -8,7 +8,7 @@ import sys
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, add_log_options, add_table_options
+    from delphi.cli import add_device_flag, add_json_flag, add_log_options, add_table_options
 
     sub = subparsers.add_parser("study", help="run (or resume) a whole study: ladder, fits, preregistration, hero, report")
     sub.add_argument("study", nargs="?", help="study YAML (default: the built-in CPU study, ~8-11 min on 2 cores)")
@@ -19,6 +19,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                           "(a study continued on a machine whose installed packages differ; recorded in the study dir)")
     sub.add_argument("--force", action="store_true",
                      help="write into a non-empty --out that is not a study directory (no study.json)")
+    add_device_flag(sub)
     add_json_flag(sub)
     sub.set_defaults(func=_study)
 

@@ -21,7 +21,7 @@ def default_config_path() -> Path:
 
 
 def add_commands(subparsers) -> None:
-    from delphi.cli import add_json_flag
+    from delphi.cli import add_device_flag, add_json_flag
 
     sub = subparsers.add_parser(
         "train",
@@ -38,6 +38,7 @@ def add_commands(subparsers) -> None:
     )
     sub.add_argument("--prereg", help="preregistration file: show the predicted loss beside the actual one")
     sub.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_flag(sub)
     sub.add_argument("--force", action="store_true",
                      help="train into a non-empty --out that is not a run dir (its config.yaml etc. are replaced)")
     add_json_flag(sub)

@@ -113,6 +113,16 @@ class MeshConfig:
         return self.data * self.expert * self.model
 
 
+# Which devices train the run, and which attention kernel: settings of the machine, not of the
+# maths (numbers equal up to rounding), so like `mesh` they are left out of config_sha256
+# (delphi.train.trainer.MATHS_FREE_KEYS). delphi.train.device resolves and checks them.
+DEVICE_CHOICES = ("auto", "cpu", "gpu")  # auto: what JAX sees (its accelerator if it has one)
+ATTENTION_CHOICES = ("auto", "blocked", "fused")  # auto: fused on a GPU, blocked elsewhere
+# Top-level keys added after configs were on disk, with the value that reproduces them: left out of
+# the config's dict at that value (train_config_to_dict), so older configs keep their bytes.
+KEYS_ADDED: dict[str, object] = {"device": "auto", "attention": "auto"}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -143,6 +153,8 @@ class TrainConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     name: str | None = None
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    attention: Literal["auto", "blocked", "fused"] = "auto"
 
     def store_needs(self) -> dict[str, Any]:
         """What this run asks of its token store, as `TokenStore.check_feeds` takes it."""
@@ -284,8 +296,10 @@ def naming_config(error: DelphiError, path: str | Path) -> DelphiError:
 
 def train_config_to_dict(cfg: TrainConfig) -> dict:
     """The config as plain data, for YAML and hashing; optim keys at their OPTIM_KEYS_ADDED value
-    are left out, so an AdamW config is written byte for byte as before AdamH existed."""
+    and top-level keys at their KEYS_ADDED value are left out, so an AdamW config on the default
+    device is written byte for byte as before AdamH, `device` and `attention` existed."""
     data = to_dict(cfg)
+    data = {k: v for k, v in data.items() if k not in KEYS_ADDED or v != KEYS_ADDED[k]}
     data["optim"] = {k: v for k, v in data["optim"].items() if k not in OPTIM_KEYS_ADDED or v != OPTIM_KEYS_ADDED[k]}
     data["data"] = {k: v for k, v in data["data"].items() if k not in DATA_KEYS_ADDED or v != DATA_KEYS_ADDED[k]}
     return data

@@ -18,6 +18,7 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 from delphi.errors import DelphiError, quoted
+from delphi.train.config import DEVICE_CHOICES
 
 PEAK_ENV = {"f32": "DELPHI_PEAK_FLOPS_F32", "bf16": "DELPHI_PEAK_FLOPS_BF16"}  # FLOP/s, > 0
 STEPS_PER_CALL_ENV = "DELPHI_STEPS_PER_CALL"  # an integer >= 1
@@ -29,6 +30,7 @@ CACHE_ENV = "DELPHI_CACHE"  # token stores and the compilation cache (delphi.dat
 JAX_CACHE_ENV = "DELPHI_JAX_CACHE"
 JAX_CACHE_SUBDIR = "jax"
 JAX_CACHE_OFF = ("off", "0", "none", "false")
+DEVICE_ENV = "DELPHI_DEVICE"  # auto, cpu or gpu: the command line's --device, inherited by ladder workers
 WANDB_MODE_ENV = "WANDB_MODE"
 # What wandb.init(mode=...) accepts; "dryrun" is wandb's older name of offline.
 WANDB_MODES = ("online", "offline", "disabled", "shared")
@@ -105,6 +107,16 @@ def checkpoint_clock_env() -> float:
 
 def distributed_env() -> bool:
     return env_bool(DISTRIBUTED_ENV)
+
+
+def device_env() -> str | None:
+    """DELPHI_DEVICE (auto, cpu or gpu; it overrides a config's `device`), or None when unset."""
+    text = _raw(DEVICE_ENV)
+    if text is None:
+        return None
+    if text.lower() not in DEVICE_CHOICES:
+        raise DelphiError(f"environment variable {DEVICE_ENV}={quoted(text)}: expected one of {', '.join(DEVICE_CHOICES)}")
+    return text.lower()
 
 
 def wandb_mode(configured: str | None) -> str:
@@ -210,5 +222,6 @@ def check_training_environment(wandb_modes: Iterable[str | None] = (None,)) -> N
     steps_per_call_env()
     checkpoint_clock_env()
     distributed_env()
+    device_env()
     for mode in dict.fromkeys(wandb_modes):
         check_wandb(mode)

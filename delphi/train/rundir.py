@@ -57,10 +57,7 @@ class RunLock:
                 f.close()
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-                raise DelphiError(
-                    f"--out: {self.path.parent} is being trained by another process (it holds {self.path}); "
-                    "wait for it to finish or use another directory"
-                ) from None
+                raise _held_elsewhere(self.path) from None
             try:
                 same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
             except FileNotFoundError:
@@ -86,6 +83,28 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _held_elsewhere(path: Path) -> DelphiError:
+    return DelphiError(f"--out: {path.parent} is being trained by another process (it holds {path}); "
+                       "wait for it to finish or use another directory")
+
+
+def check_not_locked(run_dir: Path) -> None:
+    """DelphiError if another process holds run_dir's lock now; creates nothing (a trainer asks
+    before its slower checks, and takes the lock itself after them)."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        f = open(path, "r")
+    except OSError:
+        return
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise _held_elsewhere(path) from None
+            raise
 
 
 def clear_stale_lock(run_dir: Path) -> bool:

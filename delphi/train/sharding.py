@@ -13,7 +13,6 @@ reduction over the data axis itself; a model built for a mesh of more than one d
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
@@ -67,39 +66,23 @@ def make_mesh(mesh_cfg: MeshConfig, devices: list | None = None) -> Mesh:
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
-def host_memory_bytes() -> int:
-    """Physical memory of this machine."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_fits_in_memory(cfg: TrainConfig, seeds: int = 1) -> None:
-    """Refuse, before anything is written or allocated, a run that cannot fit: the estimate of
-    delphi.train.memory (parameters, gradients, optimizer state, activations, runtime) on one
-    device against what that device has free (its memory stats), or for CPU devices (which share
-    the host's memory) against what this machine has available now (MemAvailable)."""
+def check_fits_in_memory(cfg: TrainConfig, seeds: int = 1, devices: list | None = None) -> None:
+    """Refuse, before anything is compiled, written or allocated, a run whose estimate
+    (delphi.train.memory: parameters, gradients, optimizer state, activations, runtime) exceeds what
+    one of its devices has free (its memory stats), or for CPU devices (which share the host's
+    memory) what this machine has available now (MemAvailable). The compiled program is checked
+    after (delphi.train.trainer.check_compiled_memory)."""
     from delphi.model.flops import check_plausible_size
-    from delphi.train.memory import estimate_train_memory, host_available_bytes
+    from delphi.train.memory import check_estimate_fits
 
     check_plausible_size(cfg.model)
-    estimate = estimate_train_memory(cfg, seeds)
-    local = jax.local_devices()
-    stats = local[0].memory_stats() if local[0].platform != "cpu" else None
-    if stats and stats.get("bytes_limit"):
-        need = estimate.total - estimate.runtime  # the runtime lives in host memory
-        have = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-        what = f"one {local[0].platform} device's free"
-    else:
-        need, have = estimate.total + (len(local) - 1) * (estimate.total - estimate.runtime), host_available_bytes()
-        what = f"this machine's available ({len(local)} CPU device{'s' if len(local) > 1 else ''}; MemAvailable)"
-        if have is None:
-            have, what = host_memory_bytes(), f"this machine's ({len(local)} CPU devices)"
-    if need > have:
-        raise DelphiError(
-            f"model: d_model={cfg.model.d_model}, n_layers={cfg.model.n_layers} at data.batch_size="
-            f"{cfg.data.batch_size} x data.seq_len={cfg.data.seq_len}{f' x {seeds} seeds' if seeds > 1 else ''} "
-            f"needs about {need / 1e9:.3g} GB per step, more than {what} {have / 1e9:.3g} GB of memory; estimate: "
-            f"{estimate.describe()}; expected a smaller model or batch, or more devices"
-        )
+    check_estimate_fits(cfg, local_devices(devices), seeds)
+
+
+def local_devices(devices: list | None = None) -> list:
+    """This process's share of `devices` (default: every device of the job)."""
+    devices = jax.devices() if devices is None else list(devices)
+    return [d for d in devices if d.process_index == jax.process_index()] or devices
 
 
 def _names(path: tuple) -> list:

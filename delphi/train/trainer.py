@@ -43,6 +43,7 @@ from delphi.model.flops import count_params, flops_per_token, palm_flops_per_tok
 from delphi.train import checkpoint as ckpt
 from delphi.train import interrupt, sharding
 from delphi.train.config import OPTIM_KEYS_ADDED, TrainConfig, train_config_to_dict
+from delphi.train.device import check_precision, effective_device, request_platform, resolve_attention, select_devices
 from delphi.train.optim import make_optimizer
 from delphi.train.peak import peak_flops
 from delphi.train.progress import PredictedLoss, Progress
@@ -56,6 +57,7 @@ from delphi.train.rundir import (
     MetricsLog,
     RunLock,
     WandbLog,
+    check_not_locked,
     read_status,
     summary_problem,
     wandb_mode,
@@ -79,7 +81,7 @@ MAX_STEPS_PER_CALL = 16  # scan length cap: d_model 32, 1 -> 4 -> 8 -> 16 steps 
 # long after its last save, so a hard kill of a long run (a hero outlasting a working session) loses
 # at most this much. A setting of the machine, not of the experiment: an environment variable, out
 # of every config. It and STEPS_PER_CALL_ENV are read and checked in delphi.train.environment.
-MATHS_FREE_KEYS = ("mesh", "eval_batch_size", "checkpoint_every_s")  # config keys left out of config_sha256
+MATHS_FREE_KEYS = ("mesh", "eval_batch_size", "checkpoint_every_s", "device", "attention")  # left out of config_sha256
 # Keys added after runs were on disk: unset (None), they are left out, so older runs keep their identity.
 UNSET_SINCE_ADDED_KEYS = ("final_eval_tokens",)
 
@@ -92,7 +94,8 @@ def config_yaml(cfg: TrainConfig) -> str:
 
 def identity_yaml(text: str) -> str:
     """The config without the keys that only say how the maths is laid out (MATHS_FREE_KEYS): a
-    run keeps its config_sha256 on any mesh or eval batch and may be resumed on a different one."""
+    run keeps its config_sha256 on any mesh, eval batch, device or attention kernel and may be
+    resumed on a different one."""
     import yaml
 
     data = yaml.safe_load(text) or {}
@@ -159,44 +162,143 @@ def _check_run_dir(run_dir: Path, text: str, resume: bool) -> None:
 INIT_PRNG_IMPL = "rbg"
 
 
-@functools.partial(nnx.jit, static_argnums=(1, 2, 3))
-def _build_model(key: jax.Array, model: ModelConfig, compute_dtype: Any, mesh: jax.sharding.Mesh | None) -> nnx.Module:
+@functools.partial(nnx.jit, static_argnums=(1, 2, 3, 4))
+def _build_model(
+    key: jax.Array, model: ModelConfig, compute_dtype: Any, mesh: jax.sharding.Mesh | None, attention: str
+) -> nnx.Module:
     from delphi.model.transformer import Transformer
 
-    return Transformer(model, rngs=nnx.Rngs(key), compute_dtype=compute_dtype, mesh=mesh)
+    return Transformer(model, rngs=nnx.Rngs(key), compute_dtype=compute_dtype, mesh=mesh, attention=attention)
+
+
+def platform_of(mesh: jax.sharding.Mesh | None) -> str:
+    """The platform a model built for `mesh` runs on (None: JAX's default device's)."""
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
+def attention_kernel(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None) -> str:
+    """The attention kernel of `cfg` on `mesh`'s platform (delphi.train.device.resolve_attention)."""
+    return resolve_attention(cfg.attention, platform_of(mesh), cfg.precision)
 
 
 def init_model(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None) -> nnx.Module:
     compute_dtype = jnp.bfloat16 if cfg.precision == "bf16" else jnp.float32
-    return _build_model(jax.random.key(cfg.seed, impl=INIT_PRNG_IMPL), cfg.model, compute_dtype, mesh)
+    key = jax.random.key(cfg.seed, impl=INIT_PRNG_IMPL)
+    return _build_model(key, cfg.model, compute_dtype, mesh, attention_kernel(cfg, mesh))
 
 
-_COMPILED: dict[tuple, tuple[Callable, Callable]] = {}
-COMPILED_CACHE_SIZE = 4  # a resumed or repeated run in the same process reuses its executables
+# AOT-compiled programs, ("train", ...) -> (train chunk, compile seconds) and ("eval", ...) ->
+# (eval step, compile seconds): a resumed or repeated run in the same process reuses its
+# executables, and a run's train chunk, compiled by the memory check before anything is written
+# (`check_compiled_memory`), is the one it trains with.
+_COMPILED: dict[tuple, tuple[Callable, float]] = {}
+COMPILED_CACHE_SIZE = 8
+
+
+def _cache(key: tuple, build: Callable[[], Callable]) -> tuple[Callable, float]:
+    """The cached program of `key` (the most recently used last), built on a miss."""
+    if key in _COMPILED:
+        _COMPILED[key] = _COMPILED.pop(key)
+    else:
+        start = time.perf_counter()
+        program = build()
+        while len(_COMPILED) >= COMPILED_CACHE_SIZE:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = (program, time.perf_counter() - start)
+    return _COMPILED[key]
+
+
+def latest_train_program() -> Callable | None:
+    """The compiled train chunk used last in this process (benchmarks and tests read its HLO, cost
+    and memory analyses), or None."""
+    programs = [program for key, (program, _) in _COMPILED.items() if key[0] == "train"]
+    return programs[-1] if programs else None
+
+
+def _program_key(cfg: TrainConfig, mesh: jax.sharding.Mesh, seeds: int) -> tuple:
+    devices = tuple((d.platform, d.id) for d in mesh.devices.flat)
+    return (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, seeds, cfg.mesh,
+            attention_kernel(cfg, mesh), devices)
+
+
+def _train_chunk_program(
+    cfg: TrainConfig, k: int, graphdef, tx, state: Any, tokens: Any, mesh, shardings, *, seeds: int = 0
+) -> tuple[Callable, float]:
+    """The compiled train chunk (and its compile seconds) for `state` and `tokens`, concrete arrays
+    or jax.ShapeDtypeStructs of the same shapes, dtypes and shardings."""
+    state_sh, train_batch_sh, _, replicated = shardings
+
+    def build() -> Callable:
+        with jax.set_mesh(mesh):
+            chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, train_batch_sh, replicated), seed_axis=seeds > 0)
+            return chunk.lower(state, tokens).compile()
+
+    return _cache(("train", k, *_program_key(cfg, mesh, seeds)), build)
 
 
 def _compiled_steps(
     cfg: TrainConfig, k: int, graphdef, tx, state: TrainState, tokens, eval_set, mesh, shardings, *, seeds: int = 0
 ):
-    """AOT-compiled (train chunk, eval step), cached per process by everything they depend on;
-    `seeds` > 0: a seed group's, vmapped over a leading axis of that many seeds.
+    """AOT-compiled (train chunk, eval step, compile seconds of both), cached per process by
+    everything they depend on; `seeds` > 0: a seed group's, vmapped over a leading axis of that
+    many seeds.
 
     Traced under `jax.set_mesh(mesh)`; the model's MoE block was given the mesh when it was built
     (`init_model(cfg, mesh)`, delphi.model.moe_parallel)."""
-    devices = tuple(d.id for d in mesh.devices.flat)
-    eval_shape = eval_set[0].shape
-    key = (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, k, eval_shape, seeds, cfg.mesh, devices)
-    if key not in _COMPILED:
-        state_sh, train_batch_sh, eval_batch_sh, replicated = shardings
+    state_sh, _, eval_batch_sh, replicated = shardings
+    train_chunk, train_s = _train_chunk_program(cfg, k, graphdef, tx, state, tokens, mesh, shardings, seeds=seeds)
+
+    def build_eval() -> Callable:
         with jax.set_mesh(mesh):
-            train_chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, train_batch_sh, replicated), seed_axis=seeds > 0)
-            train_chunk = train_chunk.lower(state, tokens).compile()
             eval_step = make_eval_step(graphdef, (state_sh, eval_batch_sh, replicated), seed_axis=seeds > 0)
-            eval_step = eval_step.lower(state, *eval_set).compile()
-        while len(_COMPILED) >= COMPILED_CACHE_SIZE:
-            _COMPILED.pop(next(iter(_COMPILED)))
-        _COMPILED[key] = (train_chunk, eval_step)
-    return _COMPILED[key]
+            return eval_step.lower(state, *eval_set).compile()
+
+    eval_step, eval_s = _cache(("eval", eval_set[0].shape, *_program_key(cfg, mesh, seeds)), build_eval)
+    return train_chunk, eval_step, train_s + eval_s
+
+
+def abstract_train_state(cfgs: list[TrainConfig], tx, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
+    """(graphdef, the train state as jax.ShapeDtypeStructs) of `cfgs` (a seed group: stacked on a
+    leading axis), each leaf with the sharding the trainer places it with; nothing is allocated."""
+    cfg = cfgs[0]
+    graphdef = split_model(nnx.eval_shape(lambda: init_model(cfg, mesh)))[0]
+
+    def fresh() -> TrainState:
+        _, params, router_bias, other = split_model(init_model(cfg, mesh))
+        return TrainState(params, tx.init(params), router_bias, other)
+
+    state = jax.eval_shape(fresh)
+    if len(cfgs) > 1:
+        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(cfgs), *x.shape), x.dtype), state)
+    shardings = sharding.state_shardings(state, mesh)
+    return graphdef, jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state, shardings)
+
+
+def compile_train_chunk(cfgs: list[TrainConfig], mesh: jax.sharding.Mesh) -> tuple[Callable, float]:
+    """The train chunk of `cfgs` (one run, or a seed group) on `mesh`, compiled from abstract
+    shapes (nothing allocated) and cached: the program the run then trains with, and its compile
+    seconds."""
+    cfg = cfgs[0]
+    stacked = len(cfgs) > 1
+    tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
+    graphdef, state = abstract_train_state(cfgs, tx, mesh)
+    k = steps_per_call(cfg)
+    batch_sh = sharding.batch_sharding(mesh, 2 if stacked else 1)
+    shape = ((len(cfgs),) if stacked else ()) + (k, cfg.data.batch_size, cfg.data.seq_len + 1)
+    tokens = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sh)
+    shardings = (jax.tree.map(lambda x: x.sharding, state), batch_sh, None, sharding.replicated(mesh))
+    return _train_chunk_program(cfg, k, graphdef, tx, state, tokens, mesh, shardings, seeds=len(cfgs) if stacked else 0)
+
+
+def check_compiled_memory(cfgs: list[TrainConfig], mesh: jax.sharding.Mesh) -> Any:
+    """Refuse (DelphiError) a run whose compiled train chunk needs more memory than its device has
+    (delphi.train.memory.check_program_fits), before anything is written; returns the program's
+    memory (delphi.train.memory.CompiledMemory, None where XLA reports none)."""
+    from delphi.train.memory import CompiledMemory, check_program_fits
+
+    memory = CompiledMemory.of(compile_train_chunk(cfgs, mesh)[0])
+    check_program_fits(cfgs[0], memory, sharding.local_devices(list(mesh.devices.flat)), seeds=len(cfgs))
+    return memory
 
 
 @dataclass(frozen=True)
@@ -455,9 +557,13 @@ def _train_group(
         ckpt.check_checkpoint_path(run_dir)
     check_seed_group(cfgs, run_dirs)
     cfg = cfgs[0]
+    device = effective_device(cfg.device)
+    request_platform(device)  # before JAX starts its backends
     sharding.initialize_distributed(cfg.mesh)  # multi-host: before any other JAX call
-    mesh = sharding.make_mesh(cfg.mesh)
-    sharding.check_fits_in_memory(cfg, seeds=len(cfgs))
+    devices = select_devices(device)
+    check_precision(cfg.precision, devices)
+    mesh = sharding.make_mesh(cfg.mesh, devices)
+    sharding.check_fits_in_memory(cfg, seeds=len(cfgs), devices=devices)
     texts = [config_yaml(c) for c in cfgs]
     for run_dir, text in zip(run_dirs, texts):
         _check_run_dir(run_dir, text, resume)
@@ -471,6 +577,10 @@ def _train_group(
     if resume and all(done):
         return [json.loads((d / SUMMARY_FILE).read_text()) for d in run_dirs]
 
+    if jax.process_index() == 0:
+        for run_dir in run_dirs:
+            check_not_locked(run_dir)  # a second trainer is refused before it compiles
+    check_compiled_memory(cfgs, mesh)  # the compiled program against the device's memory
     interrupt.check("start-up (nothing was written)")
     primary = jax.process_index() == 0
     ckpt.barrier("delphi_train_validated")  # every process has read the run dir before process 0 writes it
@@ -566,14 +676,15 @@ def _train_locked(
         k = summaries[0]["steps_per_call"]
         eval_data = eval_set(cfg, store, eval_sh)
         first_tokens = _train_batches(cfgs, store, start_step, k, batch_sh)
-        train_chunk, eval_step = _compiled_steps(
+        train_chunk, eval_step, compiled_s = _compiled_steps(
             cfg, k, graphdef, tx, state, first_tokens, eval_data.chunks[0], mesh, shardings,
             seeds=len(cfgs) if stacked else 0,
         )
         interrupt.check("compilation")
         peak = peak_flops(cfg.precision)
         for summary in summaries:
-            summary["compile_s"] = round(time.perf_counter() - compile_start, 3)
+            # the train chunk may have been compiled by the memory check before the run started
+            summary["compile_s"] = round(max(time.perf_counter() - compile_start, compiled_s), 3)
             summary["peak_flops"] = peak
             summary["seed_group"] = len(cfgs)
         ctx = RunContext(
