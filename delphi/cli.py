@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import importlib
 import json
 import math

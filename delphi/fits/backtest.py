@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from delphi.errors import DelphiError, quoted
+from delphi.errors import DelphiError
 from delphi.fits.allocation import FlopsFamily, flops_of
 from delphi.fits.data import cell_points
 from delphi.fits.intervals import Z_50, Z_90, predictive_interval  # noqa: F401 (moved there; importable from here)

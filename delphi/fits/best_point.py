@@ -21,7 +21,6 @@ calibration decides only where the evidence says it transfers (`decide_point`):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
