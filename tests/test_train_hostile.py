@@ -89,7 +89,7 @@ def test_second_trainer_is_refused_and_deleted_metrics_are_recreated(store, tmp_
     """A real trainer in a subprocess. While it runs: its metrics.jsonl is deleted (it must recreate
     it with every record and warn once), and a second `delphi train` on the same directory, with and
     without --resume, is refused. When it exits its lock is gone."""
-    cfg = tiny_config(store, steps=80, log_every=2, eval_every=40, checkpoint_every=40)
+    cfg = tiny_config(store, steps=320, log_every=2, eval_every=160, checkpoint_every=160)
     config = write_config(tmp_path / "cfg.yaml", cfg)
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -114,7 +114,7 @@ def test_second_trainer_is_refused_and_deleted_metrics_are_recreated(store, tmp_
     assert proc.returncode == 0, err[-2000:]
     warnings = [line for line in err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "metrics.jsonl" in warnings[0] and "recreated" in warnings[0]
-    assert [r["step"] for r in read_metrics(run)] == list(range(2, 81, 2))
+    assert [r["step"] for r in read_metrics(run)] == list(range(2, cfg.steps + 1, 2))
     assert read_status(run)["status"] == "completed"
     assert not (run / LOCK_FILE).exists()
-    assert json.loads((run / "summary.json").read_text())["steps"] == 80
+    assert json.loads((run / "summary.json").read_text())["steps"] == cfg.steps
