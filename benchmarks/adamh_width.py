@@ -27,9 +27,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from machine import cpu_model  # noqa: E402
+
 from delphi.experiments.lrsweep import LRSweepSpec, run_sweep  # noqa: E402
 from delphi.io import atomic_write_json, atomic_write_text  # noqa: E402
-from machine import cpu_model  # noqa: E402
 
 # The grid: 2x apart around a pilot's optimum (300 steps, eta 4e-3, 1.6e-2, 6.4e-2: eta* 0.027 at w32, 0.017 at w64).
 DEFAULT_ETAS = (5e-3, 1e-2, 2e-2, 4e-2, 8e-2)
@@ -63,19 +64,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="init and data order")
     args = ap.parse_args(argv)
 
-    spec = AdamHSweepSpec(widths=tuple(args.widths), lrs=tuple(args.etas), steps=args.steps, ffn="moe",
-                          adam_lr=args.adam_lr, seed=args.seed)
+    spec = AdamHSweepSpec(
+        widths=tuple(args.widths),
+        lrs=tuple(args.etas),
+        steps=args.steps,
+        ffn="moe",
+        adam_lr=args.adam_lr,
+        seed=args.seed,
+    )
     runs = args.runs or args.out / "runs"
     cpu0, wall0 = time.process_time(), time.perf_counter()
     result = run_sweep(spec, runs)
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
-    text = result.summary().replace("LR sweep (muP", "AdamH eta sweep (adam_lr %g, muP" % spec.adam_lr)
-    machine = {"cpu_s": cpu_s, "wall_s": wall_s, "load_avg": os.getloadavg(), "cpus": os.cpu_count(),
-               "machine": cpu_model()}
-    text += (f"\n  (this process: {cpu_s:.0f} CPU-s, {wall_s:.0f} s wall, load average {machine['load_avg'][0]:.1f}"
-             f" on {machine['cpus']} cores; a rerun skips completed runs, so only a first run's times are the sweep's)")
-    report = {**result.to_json(), "optimizer": "adamh", "adam_lr": spec.adam_lr, "machine": machine,
-              "command": "benchmarks/adamh_width.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    text = result.summary().replace("LR sweep (muP", f"AdamH eta sweep (adam_lr {spec.adam_lr:g}, muP")
+    machine = {
+        "cpu_s": cpu_s,
+        "wall_s": wall_s,
+        "load_avg": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "machine": cpu_model(),
+    }
+    text += (
+        f"\n  (this process: {cpu_s:.0f} CPU-s, {wall_s:.0f} s wall, load average {machine['load_avg'][0]:.1f}"
+        f" on {machine['cpus']} cores; a rerun skips completed runs, so only a first run's times are the sweep's)"
+    )
+    report = {
+        **result.to_json(),
+        "optimizer": "adamh",
+        "adam_lr": spec.adam_lr,
+        "machine": machine,
+        "command": "benchmarks/adamh_width.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "sweep.json", report)
     atomic_write_text(args.out / "summary.txt", text + "\n")

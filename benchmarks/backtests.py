@@ -31,7 +31,10 @@ from delphi.fits import FITTERS, load_results
 from delphi.fits.backtest import all_holdouts, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_CANDIDATES = (ROOT / "tests" / "data" / "isoflops.csv", ROOT.parent / "shared" / "reference-data" / "isoflops.csv")
+REFERENCE_CANDIDATES = (
+    ROOT / "tests" / "data" / "isoflops.csv",
+    ROOT.parent / "shared" / "reference-data" / "isoflops.csv",
+)
 PAPER_LADDER = ROOT / "paper" / "v1" / "data" / "results.csv"
 METHODS = ("isoflop", "vpnls", "parametric", "frontier")
 MIN_BUDGETS = 4  # at least one budget above the third
@@ -78,13 +81,23 @@ def main(argv: list[str] | None = None) -> int:
         for r in result["rows"]:
             rows.append({"group": name, **r})
         for method, s in summarise(result["rows"]).items():
-            summary.append({"group": name, "method": method, "budgets": table["budget"].nunique(),
-                            "allocation": "exact" if table.attrs.get("flops_family") else "6ND", **s})
+            summary.append(
+                {
+                    "group": name,
+                    "method": method,
+                    "budgets": table["budget"].nunique(),
+                    "allocation": "exact" if table.attrs.get("flops_family") else "6ND",
+                    **s,
+                }
+            )
         print(f"{name}: {table['budget'].nunique()} budgets, {time.perf_counter() - start:.0f} s", file=sys.stderr)
-        for s in summary[-len(fit_fns):]:
-            print(f"  {s['method']:>10}: n={s['n']:3d} mean|err|={_pct(s['mean_abs_rel_error'])} "
-                  f"cov90={_pct(s['coverage_90'])}  one-step: mean|err|={_pct(s['one_step_mean_abs_rel_error'])} "
-                  f"cov90={_pct(s['one_step_coverage_90'])}", file=sys.stderr)
+        for s in summary[-len(fit_fns) :]:
+            print(
+                f"  {s['method']:>10}: n={s['n']:3d} mean|err|={_pct(s['mean_abs_rel_error'])} "
+                f"cov90={_pct(s['coverage_90'])}  one-step: mean|err|={_pct(s['one_step_mean_abs_rel_error'])} "
+                f"cov90={_pct(s['one_step_coverage_90'])}",
+                file=sys.stderr,
+            )
     overall = summarise([{**r, "method": r["method"]} for r in rows if r["group"] != "delphi_paper_ladder_2026"])
     for method, s in overall.items():
         summary.append({"group": "ALL_PUBLIC", "method": method, "budgets": None, "allocation": "6ND", **s})

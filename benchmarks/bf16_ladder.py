@@ -26,18 +26,27 @@ CELL = ("budget", "d_model", "n_layers")
 
 def compare(f32_results: Path, bf16_ladder: Path) -> tuple[pd.DataFrame, dict]:
     f32 = pd.read_csv(f32_results)
-    bf16 = pd.DataFrame([{"run_id": p.parent.name, "loss_bf16": json.loads(p.read_text())["val_loss"]}
-                         for p in sorted((bf16_ladder / "runs").glob("*/summary.json"))])
+    bf16 = pd.DataFrame(
+        [
+            {"run_id": p.parent.name, "loss_bf16": json.loads(p.read_text())["val_loss"]}
+            for p in sorted((bf16_ladder / "runs").glob("*/summary.json"))
+        ]
+    )
     rungs = f32[["run_id", *CELL, "seed", "loss"]].rename(columns={"loss": "loss_f32"}).merge(bf16, on="run_id")
     if len(rungs) != len(f32):
         raise SystemExit(f"{bf16_ladder}: {len(rungs)} of the {len(f32)} rungs of {f32_results} have a bf16 run")
     rungs["rel_diff"] = rungs["loss_bf16"] / rungs["loss_f32"] - 1
     seed_sd = float(np.sqrt((f32.groupby(list(CELL))["loss"].std(ddof=1) ** 2).mean()))
     diff = rungs["loss_bf16"] - rungs["loss_f32"]
-    summary = {"rungs": len(rungs), "mean_rel_diff": float(rungs["rel_diff"].mean()),
-               "sd_rel_diff": float(rungs["rel_diff"].std(ddof=1)), "max_abs_rel_diff": float(rungs["rel_diff"].abs().max()),
-               "rms_diff_nats": float(np.sqrt((diff ** 2).mean())), "seed_sd_nats": seed_sd,
-               "rungs_within_one_seed_sd": int((diff.abs() <= seed_sd).sum())}
+    summary = {
+        "rungs": len(rungs),
+        "mean_rel_diff": float(rungs["rel_diff"].mean()),
+        "sd_rel_diff": float(rungs["rel_diff"].std(ddof=1)),
+        "max_abs_rel_diff": float(rungs["rel_diff"].abs().max()),
+        "rms_diff_nats": float(np.sqrt((diff**2).mean())),
+        "seed_sd_nats": seed_sd,
+        "rungs_within_one_seed_sd": int((diff.abs() <= seed_sd).sum()),
+    }
     return rungs, summary
 
 

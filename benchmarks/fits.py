@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from machine import cpu_model
 
 from delphi.fits import fit_approach2, fit_approach3, fit_vpnls, load_results
-from machine import cpu_model
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
 # Besiroglu et al. 2024 (Epoch), grid fit of the Hoffmann et al. Figure 4 data (reference-data/README.md).
@@ -71,14 +71,11 @@ def compare_refits(table: pd.DataFrame, n: int, seed: int) -> dict:
     slow, t_slow, c_slow = timed_cpu(fit_approach3, table, n_bootstrap=n, seed=seed, bootstrap_starts="grid")
     per_resample = {}
     if fast.diagnostics["bootstrap_failed"] == slow.diagnostics["bootstrap_failed"] == 0:
-        per_resample = {
-            k: max(rel_diff(x, y) for x, y in zip(fast.samples[k], slow.samples[k])) for k in fast.samples
-        }
-    endpoints = {
-        k: [rel_diff(fast.intervals[k][i], slow.intervals[k][i]) for i in (0, 1)] for k in slow.intervals
-    }
+        per_resample = {k: max(rel_diff(x, y) for x, y in zip(fast.samples[k], slow.samples[k])) for k in fast.samples}
+    endpoints = {k: [rel_diff(fast.intervals[k][i], slow.intervals[k][i]) for i in (0, 1)] for k in slow.intervals}
     return {
-        "n": n, "seed": seed,
+        "n": n,
+        "seed": seed,
         "warm": {"seconds": t_fast, "cpu_seconds": c_fast, "intervals": fast.intervals},
         "grid": {"seconds": t_slow, "cpu_seconds": c_slow, "intervals": slow.intervals},
         "speedup_cpu": c_slow / c_fast,
@@ -102,8 +99,12 @@ def baseline_lstsq_seconds(table: pd.DataFrame, repeats: int = 2000) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", type=int, default=1000)
-    parser.add_argument("--full-grid", action="store_true", help="also time L-BFGS-B from all 4,500 grid starts (~20 s)")
-    parser.add_argument("--compare", type=int, default=100, help="resamples refitted both warm and from the grid (0: skip)")
+    parser.add_argument(
+        "--full-grid", action="store_true", help="also time L-BFGS-B from all 4,500 grid starts (~20 s)"
+    )
+    parser.add_argument(
+        "--compare", type=int, default=100, help="resamples refitted both warm and from the grid (0: skip)"
+    )
     parser.add_argument("--no-vpnls-bootstrap", action="store_true")
     parser.add_argument("--no-isoflops", action="store_true")
     parser.add_argument("--reference", type=Path, default=REFERENCE)
@@ -113,7 +114,9 @@ def main() -> None:
     raw = pd.read_csv(args.reference / "chinchilla_epoch.csv").sort_values("loss").iloc[:-5]
     table = load_results(raw, params_col="Model Size", flops_col="Training FLOP")
     report: dict = {
-        "n_points": len(table), "cores": os.cpu_count(), "cpu_model": cpu_model(),
+        "n_points": len(table),
+        "cores": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "load_average_start": os.getloadavg(),
     }
     base = baseline_lstsq_seconds(table)
@@ -123,7 +126,10 @@ def main() -> None:
     vp, t_vp = timed(fit_vpnls, table)
     point_rel = {k: rel_diff(a3.params[k], v) for k, v in EPOCH_GRID_FIT.items()}
     report["approach3"] = {
-        "seconds": t_a3, "ratio_to_lstsq": t_a3 / base, "params": a3.params, "a": a3.derived["a"],
+        "seconds": t_a3,
+        "ratio_to_lstsq": t_a3 / base,
+        "params": a3.params,
+        "a": a3.derived["a"],
         # Epoch publish 4-5 significant digits: this is the difference to the rounded numbers
         "rel_diff_to_epoch_grid_fit": point_rel,
     }
@@ -131,8 +137,12 @@ def main() -> None:
     if args.full_grid:
         full, t_full = timed(fit_approach3, table, top_starts=None)
         report["approach3_full_grid"] = {
-            "seconds": t_full, "ratio_to_top_starts": t_full / t_a3, "params": full.params,
-            "same_minimum": bool(a3.diagnostics["objective_huber_sum"] <= full.diagnostics["objective_huber_sum"] * (1 + 1e-9)),
+            "seconds": t_full,
+            "ratio_to_top_starts": t_full / t_a3,
+            "params": full.params,
+            "same_minimum": bool(
+                a3.diagnostics["objective_huber_sum"] <= full.diagnostics["objective_huber_sum"] * (1 + 1e-9)
+            ),
         }
     if args.bootstrap:
         fits = [("approach3", fit_approach3, t_a3)] + ([] if args.no_vpnls_bootstrap else [("vpnls", fit_vpnls, t_vp)])
@@ -173,45 +183,66 @@ def main() -> None:
         for label, subset in (("all", group), ("no_outliers", group[~group["outlier"]])):
             t = load_results(subset)
             a2, vp_i = fit_approach2(t), fit_vpnls(t)
-            rows.append({
-                "experiment": experiment, "points": label, "n": len(t),
-                "approach2_a": a2.params["a"], "approach2_b": a2.params["b"],
-                "approach2_a_ci90": a2.intervals.get("a"), "budgets_skipped": a2.diagnostics["n_budgets_skipped"],
-                "vpnls_a": vp_i.derived["a"], "vpnls_alpha": vp_i.params["alpha"], "vpnls_beta": vp_i.params["beta"],
-                "vpnls_E": vp_i.params["E"],
-            })
+            rows.append(
+                {
+                    "experiment": experiment,
+                    "points": label,
+                    "n": len(t),
+                    "approach2_a": a2.params["a"],
+                    "approach2_b": a2.params["b"],
+                    "approach2_a_ci90": a2.intervals.get("a"),
+                    "budgets_skipped": a2.diagnostics["n_budgets_skipped"],
+                    "vpnls_a": vp_i.derived["a"],
+                    "vpnls_alpha": vp_i.params["alpha"],
+                    "vpnls_beta": vp_i.params["beta"],
+                    "vpnls_E": vp_i.params["E"],
+                }
+            )
     report["isoflops"] = rows
     report["load_average_end"] = os.getloadavg()
 
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=float) + "\n")
-    print(f"{report['n_points']} Epoch points, {report['cores']} cores ({report['cpu_model']}), "
-          f"load {report['load_average_start'][0]:.1f}; baseline lstsq {base * 1e6:.1f} us")
-    print("approach3 vs Epoch grid fit, relative difference: "
-          + ", ".join(f"{k} {v:.1e}" for k, v in point_rel.items()))
+    print(
+        f"{report['n_points']} Epoch points, {report['cores']} cores ({report['cpu_model']}), "
+        f"load {report['load_average_start'][0]:.1f}; baseline lstsq {base * 1e6:.1f} us"
+    )
+    print(
+        "approach3 vs Epoch grid fit, relative difference: " + ", ".join(f"{k} {v:.1e}" for k, v in point_rel.items())
+    )
     for name in ("approach3", "vpnls", "approach3_full_grid"):
         if name in report:
             r = report[name]
-            print(f"{name:>20}: {r['seconds']:.3f} s  params {json.dumps({k: round(v, 5) for k, v in r['params'].items()})}")
+            print(
+                f"{name:>20}: {r['seconds']:.3f} s  params {json.dumps({k: round(v, 5) for k, v in r['params'].items()})}"
+            )
     for name in ("approach3_bootstrap", "vpnls_bootstrap"):
         if name in report:
             r = report[name]
             lo, hi = r["a_interval_90"]
-            print(f"{name:>20}: {r['n']} refits in {r['seconds']:.1f} s wall, {r['cpu_seconds']:.1f} CPU s "
-                  f"(~{r['seconds_if_quiet']:.1f} s on a quiet machine) on {r['workers']} workers "
-                  f"({r['ratio_to_single_fit']:.0f}x one fit, {r['ratio_to_lstsq']:.3g}x lstsq); a 90% [{lo:.4f}, {hi:.4f}], failed {r['failed']}")
+            print(
+                f"{name:>20}: {r['n']} refits in {r['seconds']:.1f} s wall, {r['cpu_seconds']:.1f} CPU s "
+                f"(~{r['seconds_if_quiet']:.1f} s on a quiet machine) on {r['workers']} workers "
+                f"({r['ratio_to_single_fit']:.0f}x one fit, {r['ratio_to_lstsq']:.3g}x lstsq); a 90% [{lo:.4f}, {hi:.4f}], failed {r['failed']}"
+            )
     if "approach3_compare" in report:
         c = report["approach3_compare"]
-        print(f"warm vs grid refits, {c['n']} resamples: CPU {c['warm']['cpu_seconds']:.1f} s vs {c['grid']['cpu_seconds']:.1f} s "
-              f"({c['speedup_cpu']:.0f}x); largest per-resample difference "
-              + ", ".join(f"{k} {v:.1e}" for k, v in c["max_rel_diff_per_resample"].items())
-              + f"; largest 90% endpoint difference {c['max_interval_endpoint_rel_diff']:.1e}")
+        print(
+            f"warm vs grid refits, {c['n']} resamples: CPU {c['warm']['cpu_seconds']:.1f} s vs {c['grid']['cpu_seconds']:.1f} s "
+            f"({c['speedup_cpu']:.0f}x); largest per-resample difference "
+            + ", ".join(f"{k} {v:.1e}" for k, v in c["max_rel_diff_per_resample"].items())
+            + f"; largest 90% endpoint difference {c['max_interval_endpoint_rel_diff']:.1e}"
+        )
     if not rows:
         return
-    print(f"\n{'experiment':44} {'points':11} {'n':>4} {'A2 a':>6} {'A2 b':>6} {'VPNLS a':>8} {'alpha':>6} {'beta':>6} {'E':>6}")
+    print(
+        f"\n{'experiment':44} {'points':11} {'n':>4} {'A2 a':>6} {'A2 b':>6} {'VPNLS a':>8} {'alpha':>6} {'beta':>6} {'E':>6}"
+    )
     for r in rows:
-        print(f"{r['experiment']:44} {r['points']:11} {r['n']:4d} {r['approach2_a']:6.3f} {r['approach2_b']:6.3f} "
-              f"{r['vpnls_a']:8.3f} {r['vpnls_alpha']:6.3f} {r['vpnls_beta']:6.3f} {r['vpnls_E']:6.3f}")
+        print(
+            f"{r['experiment']:44} {r['points']:11} {r['n']:4d} {r['approach2_a']:6.3f} {r['approach2_b']:6.3f} "
+            f"{r['vpnls_a']:8.3f} {r['vpnls_alpha']:6.3f} {r['vpnls_beta']:6.3f} {r['vpnls_E']:6.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -60,9 +60,10 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parent
 ROOT = BENCHMARKS.parent
@@ -112,13 +113,43 @@ class Sizes:
     run_s: float  # predicted set-up per run besides compilation (init, evaluation, checkpoint)
 
 
-FULL = Sizes(precision="bf16", peak_size=8192, wide=1024, wide_layers=8, wide_heads=8, wide_seq=1024, wide_batch=16,
-             dropless_width=1024, dropless_batch=64, steps=48, ladder_widths=(128, 256), ladder_seeds=4,
-             ladder_batch=32, ladder_steps=64, setup_s=35.0, run_s=4.0)
+FULL = Sizes(
+    precision="bf16",
+    peak_size=8192,
+    wide=1024,
+    wide_layers=8,
+    wide_heads=8,
+    wide_seq=1024,
+    wide_batch=16,
+    dropless_width=1024,
+    dropless_batch=64,
+    steps=48,
+    ladder_widths=(128, 256),
+    ladder_seeds=4,
+    ladder_batch=32,
+    ladder_steps=64,
+    setup_s=35.0,
+    run_s=4.0,
+)
 # --smoke: the dropless item is the ladder's first rung (the same config: one program for both)
-SMOKE = Sizes(precision="f32", peak_size=256, wide=32, wide_layers=1, wide_heads=2, wide_seq=64, wide_batch=4,
-              dropless_width=32, dropless_batch=2, steps=16, ladder_widths=(32,), ladder_seeds=2,
-              ladder_batch=2, ladder_steps=16, setup_s=8.0, run_s=2.0)
+SMOKE = Sizes(
+    precision="f32",
+    peak_size=256,
+    wide=32,
+    wide_layers=1,
+    wide_heads=2,
+    wide_seq=64,
+    wide_batch=4,
+    dropless_width=32,
+    dropless_batch=2,
+    steps=16,
+    ladder_widths=(32,),
+    ladder_seeds=2,
+    ladder_batch=2,
+    ladder_steps=16,
+    setup_s=8.0,
+    run_s=2.0,
+)
 # Predicted MFU for the time budget only (the H200's first run measured 2-7% at 128 tokens a
 # sequence: a prediction that overestimates the time skips an item needlessly, which is cheaper
 # than a run cut by the session's limit)
@@ -135,12 +166,15 @@ def device_info() -> dict:
     devices = jax.devices()
     first = devices[0]
     info = {
-        "platform": first.platform, "device_kind": first.device_kind, "count": len(devices),
+        "platform": first.platform,
+        "device_kind": first.device_kind,
+        "count": len(devices),
         "name": f"{len(devices)} x {cpu_model() if first.platform == 'cpu' else first.device_kind} ({first.platform})",
         "cpu_model": cpu_model() if first.platform == "cpu" else None,
         "platform_version": getattr(first.client, "platform_version", None),
         "compute_capability": getattr(first, "compute_capability", None),
-        "jax": jax.__version__, "memory_limit_bytes": None,
+        "jax": jax.__version__,
+        "memory_limit_bytes": None,
     }
     from delphi.train.device import device_memory_bytes
 
@@ -210,7 +244,9 @@ def item_configs(sizes: Sizes, store: str) -> dict[str, TrainConfig]:
     return configs
 
 
-def bench_config(model: ModelConfig, shape: Any, sizes: Sizes, store: str, steps: int | None = None, seed: int = 0) -> TrainConfig:
+def bench_config(
+    model: ModelConfig, shape: Any, sizes: Sizes, store: str, steps: int | None = None, seed: int = 0
+) -> TrainConfig:
     cfg = bench.bench_config(model, shape, sizes.precision, steps or sizes.steps, store, seed=seed)
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seed=seed)).validate()
 
@@ -221,8 +257,10 @@ def ladder_configs(sizes: Sizes, store: str) -> dict[int, list[TrainConfig]]:
     for width in sizes.ladder_widths:
         model = ladder_model(width)
         shape = bench.Shape(f"ladder-d{width}", width, model.n_layers, LADDER_SEQ_LEN, sizes.ladder_batch)
-        out[width] = [ladder_optim(bench_config(model, shape, sizes, store, sizes.ladder_steps, seed=s))
-                      for s in range(sizes.ladder_seeds)]
+        out[width] = [
+            ladder_optim(bench_config(model, shape, sizes, store, sizes.ladder_steps, seed=s))
+            for s in range(sizes.ladder_seeds)
+        ]
     return out
 
 
@@ -238,8 +276,11 @@ def memory_of(cfg: TrainConfig, attention: str) -> dict:
 
     estimate = estimate_train_memory(cfg, attention=attention)
     compiled = CompiledMemory.of(compile_train_chunk([cfg], make_mesh(cfg.mesh))[0])
-    return {"estimate": estimate.total - estimate.runtime, "estimate_parts": dataclasses.asdict(estimate),
-            "compiled": compiled.as_dict() if compiled else NOT_REPORTED}
+    return {
+        "estimate": estimate.total - estimate.runtime,
+        "estimate_parts": dataclasses.asdict(estimate),
+        "compiled": compiled.as_dict() if compiled else NOT_REPORTED,
+    }
 
 
 def rates(run_dir: Path) -> list[float]:
@@ -255,11 +296,21 @@ def train_item(name: str, cfg: TrainConfig, peak: float, largest_estimate: int) 
     attention = attention_kernel(cfg)
     counts = count_params(cfg.model)
     row: dict[str, Any] = {
-        "item": name, "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers, "n_heads": cfg.model.n_heads,
-        "moe": None if cfg.model.moe is None else dataclasses.asdict(cfg.model.moe), "seq_len": cfg.data.seq_len,
-        "batch": cfg.data.batch_size, "precision": cfg.precision, "optimizer": cfg.optim.optimizer, "steps": cfg.steps,
-        "attention": attention, "params_total": counts.total, "params_active": counts.active,
-        "palm_flops_per_token": palm_flops_per_token(cfg.model, cfg.data.seq_len), "error": None,
+        "item": name,
+        "d_model": cfg.model.d_model,
+        "n_layers": cfg.model.n_layers,
+        "n_heads": cfg.model.n_heads,
+        "moe": None if cfg.model.moe is None else dataclasses.asdict(cfg.model.moe),
+        "seq_len": cfg.data.seq_len,
+        "batch": cfg.data.batch_size,
+        "precision": cfg.precision,
+        "optimizer": cfg.optim.optimizer,
+        "steps": cfg.steps,
+        "attention": attention,
+        "params_total": counts.total,
+        "params_active": counts.active,
+        "palm_flops_per_token": palm_flops_per_token(cfg.model, cfg.data.seq_len),
+        "error": None,
     }
     started = time.perf_counter()
     try:
@@ -272,11 +323,16 @@ def train_item(name: str, cfg: TrainConfig, peak: float, largest_estimate: int) 
             raise RuntimeError(f"trainer status {summary.get('status')}: {summary.get('reason', '')}")
         tokens_per_s = statistics.median(measured)
         row.update(
-            tokens_per_s=tokens_per_s, tokens_per_s_spread=[min(measured), max(measured)],
+            tokens_per_s=tokens_per_s,
+            tokens_per_s_spread=[min(measured), max(measured)],
             model_flops_per_s=tokens_per_s * row["palm_flops_per_token"],
-            mfu=tokens_per_s * row["palm_flops_per_token"] / peak, compile_s=summary.get("compile_s"),
-            train_s=summary.get("train_s"), eval_s=summary.get("eval_s"), checkpoint_s=summary.get("checkpoint_s"),
-            val_loss=summary.get("val_loss"), xla_flops_per_byte=bench.arithmetic_intensity(),
+            mfu=tokens_per_s * row["palm_flops_per_token"] / peak,
+            compile_s=summary.get("compile_s"),
+            train_s=summary.get("train_s"),
+            eval_s=summary.get("eval_s"),
+            checkpoint_s=summary.get("checkpoint_s"),
+            val_loss=summary.get("val_loss"),
+            xla_flops_per_byte=bench.arithmetic_intensity(),
         )
     except Exception as e:  # noqa: BLE001  an item's failure is a result: the other items still run
         traceback.print_exc()
@@ -300,8 +356,13 @@ def ladder_item(configs: dict[int, list[TrainConfig]], peak: float) -> dict:
     """Every rung alone, then each width's seeds as one vmapped program: the wall time of both."""
     from delphi.train.trainer import train, train_group
 
-    row: dict[str, Any] = {"item": "ladder", "widths": list(configs), "seeds": len(next(iter(configs.values()))),
-                           "steps": next(iter(configs.values()))[0].steps, "error": None}
+    row: dict[str, Any] = {
+        "item": "ladder",
+        "widths": list(configs),
+        "seeds": len(next(iter(configs.values()))),
+        "steps": next(iter(configs.values()))[0].steps,
+        "error": None,
+    }
     flops = sum(c.tokens * palm_flops_per_token(c.model, c.data.seq_len) for cfgs in configs.values() for c in cfgs)
     row["model_flops"] = flops
     started = time.perf_counter()
@@ -313,13 +374,17 @@ def ladder_item(configs: dict[int, list[TrainConfig]], peak: float) -> dict:
                     train(c, Path(tmp) / f"alone-d{width}-s{c.seed}", progress=False)
             row["alone_wall_s"] = time.perf_counter() - t0
             row["alone_tokens_per_s"] = {
-                width: statistics.median(rates(Path(tmp) / f"alone-d{width}-s{cfgs[0].seed}")) for width, cfgs in configs.items()}
+                width: statistics.median(rates(Path(tmp) / f"alone-d{width}-s{cfgs[0].seed}"))
+                for width, cfgs in configs.items()
+            }
             t0 = time.perf_counter()
             for width, cfgs in configs.items():
                 train_group(cfgs, [Path(tmp) / f"group-d{width}-s{c.seed}" for c in cfgs], progress=False)
             row["grouped_wall_s"] = time.perf_counter() - t0
             row["grouped_member_tokens_per_s"] = {
-                width: statistics.median(rates(Path(tmp) / f"group-d{width}-s{cfgs[0].seed}")) for width, cfgs in configs.items()}
+                width: statistics.median(rates(Path(tmp) / f"group-d{width}-s{cfgs[0].seed}"))
+                for width, cfgs in configs.items()
+            }
         row["grouped_over_alone_wall"] = row["grouped_wall_s"] / row["alone_wall_s"]
         row["shared_program_pays"] = row["grouped_wall_s"] < row["alone_wall_s"]
         row["alone_mfu"] = flops / row["alone_wall_s"] / peak
@@ -355,8 +420,12 @@ def targets(result: dict) -> dict[str, dict]:
     for name in ("dense-d1024", "moe-d1024", "moe-dropless-d1024"):
         ratio = rows.get(name, {}).get("estimate_over_peak")
         out[f"{name} memory estimate / peak"] = {
-            "value": ratio, "within": TARGET_MEMORY,
-            "met": None if ratio is None or not rows[name].get("memory_peak_is_this_item") else abs(ratio - 1) <= TARGET_MEMORY}
+            "value": ratio,
+            "within": TARGET_MEMORY,
+            "met": None
+            if ratio is None or not rows[name].get("memory_peak_is_this_item")
+            else abs(ratio - 1) <= TARGET_MEMORY,
+        }
     return out
 
 
@@ -379,25 +448,31 @@ def progress_line(row: dict) -> str:
     if row["error"]:
         return f"{row['item']:15s} FAILED after {row['wall_s']:.1f} s: {row['error']}"
     if row["item"] == "ladder":
-        return (f"ladder          widths {row['widths']} x {row['seeds']} seeds: alone {row['alone_wall_s']:.1f} s "
-                f"(MFU {row['alone_mfu']:.3f}), seed groups {row['grouped_wall_s']:.1f} s (MFU {row['grouped_mfu']:.3f}): "
-                f"{'pays' if row['shared_program_pays'] else 'does not pay'} ({row['grouped_over_alone_wall']:.2f}x the wall)")
+        return (
+            f"ladder          widths {row['widths']} x {row['seeds']} seeds: alone {row['alone_wall_s']:.1f} s "
+            f"(MFU {row['alone_mfu']:.3f}), seed groups {row['grouped_wall_s']:.1f} s (MFU {row['grouped_mfu']:.3f}): "
+            f"{'pays' if row['shared_program_pays'] else 'does not pay'} ({row['grouped_over_alone_wall']:.2f}x the wall)"
+        )
     memory = row["memory"]
     compiled = memory["compiled"]["total"] if isinstance(memory["compiled"], dict) else memory["compiled"]
-    return (f"{row['item']:15s} d{row['d_model']} L{row['n_layers']} B{row['batch']}x{row['seq_len']} {row['precision']} "
-            f"{row['attention']}: {row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.3f}; memory peak "
-            f"{gib(row['peak_memory_bytes'])}, compiled {gib(compiled)}, estimate {gib(memory['estimate'])} "
-            f"(compile {fmt(row['compile_s'], '.1f')} s, wall {row['wall_s']:.1f} s)")
+    return (
+        f"{row['item']:15s} d{row['d_model']} L{row['n_layers']} B{row['batch']}x{row['seq_len']} {row['precision']} "
+        f"{row['attention']}: {row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.3f}; memory peak "
+        f"{gib(row['peak_memory_bytes'])}, compiled {gib(compiled)}, estimate {gib(memory['estimate'])} "
+        f"(compile {fmt(row['compile_s'], '.1f')} s, wall {row['wall_s']:.1f} s)"
+    )
 
 
 def markdown(result: dict) -> str:
     dev = result["device"]
     lines = [
-        f"# GPU check, {result['date']}: {dev['name']}", "",
+        f"# GPU check, {result['date']}: {dev['name']}",
+        "",
         f"`{result['command']}`, {result['mode']} mode; jax {dev['jax']} ({dev['platform_version']}); host "
         f"{result['host']['cpu_model']}, {result['host']['cpus']} CPUs. MFU: PaLM model FLOPs x tokens/s over the "
         f"same-run {result['precision']} matmul peak ({fmt(result['peak_flops'] and result['peak_flops'] / 1e12, '.1f')} "
-        f"TFLOP/s). Took {result['wall_s']:.0f} s of a {result['budget_s']:.0f} s budget.", "",
+        f"TFLOP/s). Took {result['wall_s']:.0f} s of a {result['budget_s']:.0f} s budget.",
+        "",
         "| item | shape | attention | tokens/s | MFU | peak memory | compiled | estimate | estimate / peak | compile s | wall s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -405,8 +480,10 @@ def markdown(result: dict) -> str:
         if r["item"] in ("peak", "ladder"):
             continue
         if r.get("skipped") or r["error"]:
-            lines.append(f"| {r['item']} | | | {'skipped: ' + r['skipped'] if r.get('skipped') else 'failed: ' + r['error']} |"
-                         " | | | | | | |")
+            lines.append(
+                f"| {r['item']} | | | {'skipped: ' + r['skipped'] if r.get('skipped') else 'failed: ' + r['error']} |"
+                " | | | | | | |"
+            )
             continue
         m = r["memory"]
         compiled = m["compiled"]["total"] if isinstance(m["compiled"], dict) else m["compiled"]
@@ -414,7 +491,8 @@ def markdown(result: dict) -> str:
             f"| {r['item']} | d{r['d_model']} L{r['n_layers']} H{r['n_heads']} {r['batch']} x {r['seq_len']} {r['precision']} | "
             f"{r['attention']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.3f} | {gib(r['peak_memory_bytes'])}"
             f"{'' if r.get('memory_peak_is_this_item') else ' (an earlier item)'} | {gib(compiled)} | {gib(m['estimate'])} | "
-            f"{fmt(r.get('estimate_over_peak'), '.2f')} | {fmt(r['compile_s'], '.1f')} | {r['wall_s']:.1f} |")
+            f"{fmt(r.get('estimate_over_peak'), '.2f')} | {fmt(r['compile_s'], '.1f')} | {r['wall_s']:.1f} |"
+        )
     ladder = next((r for r in result["rows"] if r["item"] == "ladder"), None)
     if ladder:
         lines += ["", f"Ladder: {progress_line(ladder).removeprefix('ladder').strip()}"]
@@ -422,7 +500,11 @@ def markdown(result: dict) -> str:
     for name, t in result["targets"].items():
         bound = f">= {t['at_least']}" if "at_least" in t else f"within {t['within']:.0%}"
         lines.append(f"| {name} | {fmt(t['value'])} | {bound} | {t['met']} |")
-    lines += ["", "Peak memory is `peak_bytes_in_use`, the process's peak so far (items run smallest estimate first).", ""]
+    lines += [
+        "",
+        "Peak memory is `peak_bytes_in_use`, the process's peak so far (items run smallest estimate first).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -447,9 +529,13 @@ def write_results(out: Path, result: dict) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="results directory (default benchmarks/results/gpu-check-DATE-DEVICE/)")
+    parser.add_argument(
+        "--out", type=Path, help="results directory (default benchmarks/results/gpu-check-DATE-DEVICE/)"
+    )
     parser.add_argument("--smoke", action="store_true", help="every item at the smallest sizes, f32 (automatic on CPU)")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"the whole run's seconds (default {BUDGET_S:.0f})")
+    parser.add_argument(
+        "--budget-s", type=float, default=BUDGET_S, help=f"the whole run's seconds (default {BUDGET_S:.0f})"
+    )
     parser.add_argument("--store", default="stdlib", help="token store (a built-in source name or a prepared store)")
     parser.add_argument("--only", help=f"comma-separated items of {', '.join(ITEMS)} (peak always runs)")
     args = parser.parse_args(argv)
@@ -468,23 +554,38 @@ def main(argv: list[str] | None = None) -> int:
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     device = device_info()
     if device["count"] > 1:
-        print(f"gpu_check: JAX sees {device['count']} devices; the check measures one: run it with "
-              "CUDA_VISIBLE_DEVICES=0", file=sys.stderr)
+        print(
+            f"gpu_check: JAX sees {device['count']} devices; the check measures one: run it with "
+            "CUDA_VISIBLE_DEVICES=0",
+            file=sys.stderr,
+        )
         return 2
     smoke = args.smoke or device["platform"] == "cpu"
     sizes = SMOKE if smoke else FULL
     today = datetime.date.today().isoformat()
     out = args.out or default_out(device, today)
-    say(f"device: {device['name']}; jax {device['jax']}, {device['platform_version']}"
-        + (f"; JAX may allocate {gib(device['memory_limit_bytes'])}" if device["memory_limit_bytes"] else ""))
+    say(
+        f"device: {device['name']}; jax {device['jax']}, {device['platform_version']}"
+        + (f"; JAX may allocate {gib(device['memory_limit_bytes'])}" if device["memory_limit_bytes"] else "")
+    )
     if smoke and not args.smoke:
         say("no accelerator: --smoke (every item at the smallest sizes)")
     wanted = set(args.only.split(",")) if args.only else set(ITEMS)
     result = {
-        "issue": 51, "date": today, "command": " ".join(["benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)]),
-        "mode": "smoke" if smoke else "full", "precision": sizes.precision, "sizes": dataclasses.asdict(sizes),
-        "device": device, "host": machine(), "budget_s": args.budget_s, "store": args.store, "out": str(out),
-        "peak_flops": None, "rows": [], "wall_s": 0.0,
+        "issue": 51,
+        "date": today,
+        "command": " ".join(["benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)]),
+        "mode": "smoke" if smoke else "full",
+        "precision": sizes.precision,
+        "sizes": dataclasses.asdict(sizes),
+        "device": device,
+        "host": machine(),
+        "budget_s": args.budget_s,
+        "store": args.store,
+        "out": str(out),
+        "peak_flops": None,
+        "rows": [],
+        "wall_s": 0.0,
     }
 
     def record(row: dict) -> None:
@@ -517,8 +618,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, memory, seconds in plan:
         elapsed = time.perf_counter() - started
         if elapsed + seconds > args.budget_s:
-            record({"item": name, "error": None, "wall_s": 0.0,
-                    "skipped": f"predicted {seconds:.0f} s, {args.budget_s - elapsed:.0f} s of the budget left"})
+            record(
+                {
+                    "item": name,
+                    "error": None,
+                    "wall_s": 0.0,
+                    "skipped": f"predicted {seconds:.0f} s, {args.budget_s - elapsed:.0f} s of the budget left",
+                }
+            )
             continue
         row = ladder_item(ladder, peak) if name == "ladder" else train_item(name, configs[name], peak, largest)
         largest = max(largest, memory)
@@ -527,8 +634,10 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
     failed = [r["item"] for r in result["rows"] if r.get("error")]
     missed = [name for name, t in result["targets"].items() if t["met"] is False]
-    say(f"total wall {result['wall_s']:.0f} s of {args.budget_s:.0f}; failed: {failed or 'none'}; "
-        f"targets missed: {missed or 'none'}{' (smoke sizes: targets are for the full run)' if smoke else ''}")
+    say(
+        f"total wall {result['wall_s']:.0f} s of {args.budget_s:.0f}; failed: {failed or 'none'}; "
+        f"targets missed: {missed or 'none'}{' (smoke sizes: targets are for the full run)' if smoke else ''}"
+    )
     say(f"results: {out / JSON_FILE}, {out / MARKDOWN_FILE}")
     return 1 if failed or (missed and not smoke) else 0
 

@@ -46,7 +46,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from machine import machine, uptime  # benchmarks/machine.py; ladder_bench().machine() in other scripts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,9 +183,12 @@ def run_one(name: str, ladder_dir: Path, cache: Path | None, peak: float, **opti
         "checkpoint_share_max": max(r["checkpoint_share"] for r in rungs.values()),
         "per_rung": rungs,
     }
-    print(f"[bench] {name}: {result['flops_total']:.3g} FLOPs in {result['wall_s']:.1f} s = "
-          f"{result['aggregate_gflops']:.1f} GFLOP/s = {result['aggregate_fraction_of_peak']:.1%} of the f32 peak",
-          file=sys.stderr, flush=True)
+    print(
+        f"[bench] {name}: {result['flops_total']:.3g} FLOPs in {result['wall_s']:.1f} s = "
+        f"{result['aggregate_gflops']:.1f} GFLOP/s = {result['aggregate_fraction_of_peak']:.1%} of the f32 peak",
+        file=sys.stderr,
+        flush=True,
+    )
     return result
 
 
@@ -206,22 +208,30 @@ def health_eval_share(ladder_dir: Path) -> dict:
 
 
 def phase_table(result: dict) -> str:
-    lines = [f"  {'rung':24s} {'wall':>7s} {'start':>6s} {'comp':>6s} {'train':>7s} {'eval':>6s} {'ckpt':>6s} "
-             f"{'GF/s':>6s}"]
+    lines = [
+        f"  {'rung':24s} {'wall':>7s} {'start':>6s} {'comp':>6s} {'train':>7s} {'eval':>6s} {'ckpt':>6s} {'GF/s':>6s}"
+    ]
     for run_id, r in sorted(result["per_rung"].items(), key=lambda kv: -kv[1]["flops"]):
-        lines.append(f"  {run_id:24s} {r['wall_s']:7.1f} {r['startup_s']:6.1f} {r['compile_s']:6.1f} "
-                     f"{r['train_s']:7.1f} {r['eval_s']:6.2f} {r['checkpoint_s']:6.2f} {r['model_gflops_in_train']:6.2f}")
+        lines.append(
+            f"  {run_id:24s} {r['wall_s']:7.1f} {r['startup_s']:6.1f} {r['compile_s']:6.1f} "
+            f"{r['train_s']:7.1f} {r['eval_s']:6.2f} {r['checkpoint_s']:6.2f} {r['model_gflops_in_train']:6.2f}"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--ladders", default="default,paper-min",
-                        help="comma-separated: default, paper-min, lever (the levers' small ladder: then also "
-                             "their baseline)")
-    parser.add_argument("--budgets-default", default="",
-                        help="run only these budgets of the default ladder (a reduced copy; default: all)")
+    parser.add_argument(
+        "--ladders",
+        default="default,paper-min",
+        help="comma-separated: default, paper-min, lever (the levers' small ladder: then also their baseline)",
+    )
+    parser.add_argument(
+        "--budgets-default",
+        default="",
+        help="run only these budgets of the default ladder (a reduced copy; default: all)",
+    )
     parser.add_argument("--seeds-default", default="", help="run only these seeds of the default ladder")
     parser.add_argument("--rungs-default", type=int, default=None, help="run only this many default rungs")
     parser.add_argument("--rungs-paper", type=int, default=None, help="run only this many paper-min rungs")
@@ -231,7 +241,9 @@ def main() -> int:
     args = parser.parse_args()
     ladders = [x for x in args.ladders.split(",") if x]
     levers = [x for x in args.levers.split(",") if x and x != "none"]
-    unknown = [x for x in levers if x not in LEVERS] + [x for x in ladders if x not in ("default", "paper-min", "lever")]
+    unknown = [x for x in levers if x not in LEVERS] + [
+        x for x in ladders if x not in ("default", "paper-min", "lever")
+    ]
     if unknown:
         parser.error(f"unknown ladder or lever: {unknown}")
     budgets = [float(b) for b in args.budgets_default.split(",") if b]
@@ -241,12 +253,18 @@ def main() -> int:
 
     started = time.perf_counter()
     out: dict = {"machine": machine(), "uptime_before": uptime()}
-    print(f"[bench] {out['machine']['cpu_model']}, {out['machine']['cpus']} CPUs; {out['uptime_before']}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[bench] {out['machine']['cpu_model']}, {out['machine']['cpus']} CPUs; {out['uptime_before']}",
+        file=sys.stderr,
+        flush=True,
+    )
     peak = max(measure_matmul_flops("f32", 1024), measure_matmul_flops("f32", 2048, repeats=3))
     out["peak_f32_flops"] = peak
-    print(f"[bench] f32 matmul peak {peak / 1e9:.1f} GFLOP/s (all {out['machine']['cpus']} CPUs)",
-          file=sys.stderr, flush=True)
+    print(
+        f"[bench] f32 matmul peak {peak / 1e9:.1f} GFLOP/s (all {out['machine']['cpus']} CPUs)",
+        file=sys.stderr,
+        flush=True,
+    )
 
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="delphi-bench-ladder-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -266,7 +284,9 @@ def main() -> int:
     if not args.no_alone and ladders:
         inside_ladder = ladders[0]
         inside = out["ladders"][inside_ladder]["per_rung"]
-        rung_id = ALONE_RUNG if ALONE_RUNG in inside else sorted(inside, key=lambda k: inside[k]["flops"])[len(inside) // 2]
+        rung_id = (
+            ALONE_RUNG if ALONE_RUNG in inside else sorted(inside, key=lambda k: inside[k]["flops"])[len(inside) // 2]
+        )
         alone_dir = tmp / "alone"
         plan(raws[inside_ladder], alone_dir, only=rung_id)
         alone = run_one("alone", alone_dir, caches / "alone", peak)
@@ -277,25 +297,34 @@ def main() -> int:
             "alone": alone["per_rung"][rung_id],
             "alone_cores": alone["cores_per_worker"][0],
             "inside_over_alone": round(inside[rung_id]["wall_s"] / alone["per_rung"][rung_id]["wall_s"], 3),
-            "inside_over_alone_train_only": round(inside[rung_id]["train_s"] / alone["per_rung"][rung_id]["train_s"], 3),
+            "inside_over_alone_train_only": round(
+                inside[rung_id]["train_s"] / alone["per_rung"][rung_id]["train_s"], 3
+            ),
         }
-        print(f"[bench] {rung_id}: inside {inside[rung_id]['wall_s']:.1f} s, alone {alone['wall_s']:.1f} s "
-              f"on {out['alone']['alone_cores']} cores: inside/alone {out['alone']['inside_over_alone']:.2f}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] {rung_id}: inside {inside[rung_id]['wall_s']:.1f} s, alone {alone['wall_s']:.1f} s "
+            f"on {out['alone']['alone_cores']} cores: inside/alone {out['alone']['inside_over_alone']:.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     if levers:
         runs = {"baseline": out["ladders"]["lever"]} if "lever" in out["ladders"] else {}
         options = {
-            "baseline": {}, "warm_cache": {}, "unpinned": {"pin_cores": False},
-            "one_shot": {"persistent_workers": False}, "one_worker": {"workers": 1},
+            "baseline": {},
+            "warm_cache": {},
+            "unpinned": {"pin_cores": False},
+            "one_shot": {"persistent_workers": False},
+            "one_worker": {"workers": 1},
         }
         seed_runs: dict[str, dict] = {}
         if "group_seeds" in levers:
             for mode, grouped in (("grouped", True), ("alone", False)):
                 ladder_dir = tmp / f"lever-group_seeds-{mode}"
                 plan(lever_raw(GROUP_SEEDS), ladder_dir)
-                seed_runs[mode] = run_one(f"lever group_seeds {mode}", ladder_dir, caches / ladder_dir.name, peak,
-                                          group_seeds=grouped)
+                seed_runs[mode] = run_one(
+                    f"lever group_seeds {mode}", ladder_dir, caches / ladder_dir.name, peak, group_seeds=grouped
+                )
                 seed_runs[mode]["val_loss"] = {
                     run_id: json.loads((ladder_dir / "runs" / run_id / "summary.json").read_text())["val_loss"]
                     for run_id in seed_runs[mode]["per_rung"]
@@ -318,7 +347,9 @@ def main() -> int:
                 "gain": round(r["wall_s"] / base["wall_s"], 3) if lever != "warm_cache" else None,
                 "compile_s_total": r["compile_s_total"],
                 "startup_s_total": r["startup_s_total"],
-                "median_rung_train_gflops": statistics.median(x["model_gflops_in_train"] for x in r["per_rung"].values()),
+                "median_rung_train_gflops": statistics.median(
+                    x["model_gflops_in_train"] for x in r["per_rung"].values()
+                ),
                 "uptime_before": r["uptime_before"],
                 "per_rung": r["per_rung"],
             }
@@ -333,24 +364,34 @@ def main() -> int:
                 "gain": round(alone["wall_s"] / grouped["wall_s"], 3),  # > 1: grouping seeds is faster
                 "aggregate_fraction_of_peak": grouped["aggregate_fraction_of_peak"],
                 "alone_aggregate_fraction_of_peak": alone["aggregate_fraction_of_peak"],
-                "workers": grouped["workers"], "alone_workers": alone["workers"],
+                "workers": grouped["workers"],
+                "alone_workers": alone["workers"],
                 "compile_s_total": grouped["compile_s_total"],
                 "startup_s_total": grouped["startup_s_total"],
                 "median_rung_train_gflops": statistics.median(
-                    x["model_gflops_in_train"] for x in grouped["per_rung"].values()),
+                    x["model_gflops_in_train"] for x in grouped["per_rung"].values()
+                ),
                 "val_loss_max_relative_difference": max(
-                    abs(grouped["val_loss"][k] - v) / abs(v) for k, v in alone["val_loss"].items()),
-                "uptime_before": grouped["uptime_before"], "alone_uptime_before": alone["uptime_before"],
-                "per_rung": grouped["per_rung"], "alone_per_rung": alone["per_rung"],
+                    abs(grouped["val_loss"][k] - v) / abs(v) for k, v in alone["val_loss"].items()
+                ),
+                "uptime_before": grouped["uptime_before"],
+                "alone_uptime_before": alone["uptime_before"],
+                "per_rung": grouped["per_rung"],
+                "alone_per_rung": alone["per_rung"],
             }
         if "warm_cache" in runs:
             warm = out["levers"]["warm_cache"]
             warm["gain"] = round(base["wall_s"] / runs["warm_cache"]["wall_s"], 3)  # > 1: the warm cache is faster
-            warm["compile_cold_over_warm"] = round(base["compile_s_total"] / max(runs["warm_cache"]["compile_s_total"], 1e-9), 2)
+            warm["compile_cold_over_warm"] = round(
+                base["compile_s_total"] / max(runs["warm_cache"]["compile_s_total"], 1e-9), 2
+            )
         for lever, r in out["levers"].items():
-            print(f"[bench] lever {lever:11s}: {r['wall_s']:6.1f} s, gain {r['gain']}, compile {r['compile_s_total']:.1f} s, "
-                  f"start-up {r['startup_s_total']:.1f} s, median rung {r['median_rung_train_gflops']:.2f} GFLOP/s in train",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[bench] lever {lever:11s}: {r['wall_s']:6.1f} s, gain {r['gain']}, compile {r['compile_s_total']:.1f} s, "
+                f"start-up {r['startup_s_total']:.1f} s, median rung {r['median_rung_train_gflops']:.2f} GFLOP/s in train",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # The machine may be shared: the peak again at the end, so a load change during the run shows.
     out["peak_f32_flops_end"] = max(measure_matmul_flops("f32", 1024), measure_matmul_flops("f32", 2048, repeats=3))
@@ -361,18 +402,27 @@ def main() -> int:
     out["bench_wall_s"] = round(time.perf_counter() - started, 1)
     out["targets"] = {
         "aggregate_fraction_of_peak": {
-            name: {"value": r["aggregate_fraction_of_peak"], "target": TARGET_FRACTION_OF_PEAK,
-                   "met": r["aggregate_fraction_of_peak"] >= TARGET_FRACTION_OF_PEAK}
+            name: {
+                "value": r["aggregate_fraction_of_peak"],
+                "target": TARGET_FRACTION_OF_PEAK,
+                "met": r["aggregate_fraction_of_peak"] >= TARGET_FRACTION_OF_PEAK,
+            }
             for name, r in out["ladders"].items()
         },
     }
     if "alone" in out:
         value = out["alone"]["inside_over_alone"]
-        out["targets"]["inside_over_alone"] = {"value": value, "target": TARGET_INSIDE_OVER_ALONE,
-                                               "met": value <= TARGET_INSIDE_OVER_ALONE}
+        out["targets"]["inside_over_alone"] = {
+            "value": value,
+            "target": TARGET_INSIDE_OVER_ALONE,
+            "met": value <= TARGET_INSIDE_OVER_ALONE,
+        }
     out["eval_checkpoint_over_limit"] = {
-        name: {k: {"eval_share": v["eval_share"], "checkpoint_share": v["checkpoint_share"]}
-               for k, v in r["per_rung"].items() if v["eval_share"] + v["checkpoint_share"] > EVAL_SHARE_LIMIT}
+        name: {
+            k: {"eval_share": v["eval_share"], "checkpoint_share": v["checkpoint_share"]}
+            for k, v in r["per_rung"].items()
+            if v["eval_share"] + v["checkpoint_share"] > EVAL_SHARE_LIMIT
+        }
         for name, r in out["ladders"].items()
     }
     print(f"[bench] {out['uptime_after']}; {out['bench_wall_s']:.0f} s in all", file=sys.stderr)

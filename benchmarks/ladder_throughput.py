@@ -119,8 +119,18 @@ def v4_rungs() -> tuple[list[LadderRung], dict[str, "TrainConfig"]]:
     rungs, configs = [], {}
     for row in read_manifest(ladder_dir):
         label = add_shape(configs, load_train_config(ladder_dir / row["config"]))
-        rungs.append(LadderRung("v4", row["run_id"], rung_role(row["run_id"]), float(row["budget"]), float(row["flops"]),
-                                float(row["flops_per_token"]), int(row["batch_tokens"]), label))
+        rungs.append(
+            LadderRung(
+                "v4",
+                row["run_id"],
+                rung_role(row["run_id"]),
+                float(row["budget"]),
+                float(row["flops"]),
+                float(row["flops_per_token"]),
+                int(row["batch_tokens"]),
+                label,
+            )
+        )
     return rungs, configs
 
 
@@ -134,8 +144,18 @@ def planned_rungs(ladder: str, spec_path: Path) -> tuple[list[LadderRung], dict[
     for rung in plan_ladder(load_ladder_spec(spec_path)):
         row = manifest_row(rung)
         label = add_shape(configs, rung.train)
-        rungs.append(LadderRung(ladder, rung.run_id, rung_role(rung.run_id), float(row["budget"]), float(row["flops"]),
-                                float(row["flops_per_token"]), int(row["batch_tokens"]), label))
+        rungs.append(
+            LadderRung(
+                ladder,
+                rung.run_id,
+                rung_role(rung.run_id),
+                float(row["budget"]),
+                float(row["flops"]),
+                float(row["flops_per_token"]),
+                int(row["batch_tokens"]),
+                label,
+            )
+        )
     return rungs, configs
 
 
@@ -156,7 +176,11 @@ def add_shape(configs: dict[str, "TrainConfig"], cfg: "TrainConfig") -> str:
     label = shape_label(cfg)
     kept = configs.setdefault(label, cfg)
     if (kept.model, kept.data.batch_size, kept.data.seq_len, kept.precision, kept.optim.optimizer) != (
-        cfg.model, cfg.data.batch_size, cfg.data.seq_len, cfg.precision, cfg.optim.optimizer
+        cfg.model,
+        cfg.data.batch_size,
+        cfg.data.seq_len,
+        cfg.precision,
+        cfg.optim.optimizer,
     ):
         raise SystemExit(f"ladder_throughput: shape label {label} names two programs ({cfg.name}, {kept.name})")
     return label
@@ -227,8 +251,11 @@ def overhead_fit(points: Sequence[tuple[float, float]]) -> dict | None:
     mean_f = sum(f for f, _ in points) / n
     mean_s = sum(s for _, s in points) / n
     slope = sum((f - mean_f) * (s - mean_s) for f, s in points) / sum((f - mean_f) ** 2 for f, _ in points)
-    return {"overhead_ms_per_step": 1e3 * (mean_s - slope * mean_f),
-            "marginal_flops_per_s": 1.0 / slope if slope > 0 else None, "points": n}
+    return {
+        "overhead_ms_per_step": 1e3 * (mean_s - slope * mean_f),
+        "marginal_flops_per_s": 1.0 / slope if slope > 0 else None,
+        "points": n,
+    }
 
 
 # ---- measuring (in pinned worker processes)
@@ -258,7 +285,9 @@ def measure_shape(cfg: "TrainConfig", steps: int) -> dict:
     state = TrainState(params, tx.init(params), router_bias, other)
     k = steps_per_call(cfg)
     rng = np.random.default_rng(TOKEN_SEED)
-    tokens = jnp.asarray(rng.integers(0, cfg.model.vocab_size, (k, cfg.data.batch_size, cfg.data.seq_len + 1)), jnp.int32)
+    tokens = jnp.asarray(
+        rng.integers(0, cfg.model.vocab_size, (k, cfg.data.batch_size, cfg.data.seq_len + 1)), jnp.int32
+    )
     jax.block_until_ready((state, tokens))
     init_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -319,8 +348,10 @@ def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps:
         job_queue.put(job)
     for _ in range(workers):
         job_queue.put(None)
-    procs = [ctx.Process(target=worker, args=(cpus[i % len(cpus)], job_queue, result_queue, steps), daemon=True)
-             for i in range(workers)]
+    procs = [
+        ctx.Process(target=worker, args=(cpus[i % len(cpus)], job_queue, result_queue, steps), daemon=True)
+        for i in range(workers)
+    ]
     saved_flags = os.environ.get("XLA_FLAGS")
     os.environ["XLA_FLAGS"] = worker_xla_flags()  # a spawned process inherits the environment at its start
     try:
@@ -338,17 +369,25 @@ def run_workers(jobs: list[tuple[str, str, "TrainConfig"]], workers: int, steps:
                 kind, core, payload = result_queue.get(timeout=5.0)
             except queue.Empty:
                 if not any(p.is_alive() for p in procs):
-                    raise SystemExit("ladder_throughput: every worker exited before reporting (killed for memory?)")
+                    raise SystemExit(
+                        "ladder_throughput: every worker exited before reporting (killed for memory?)"
+                    ) from None
                 continue
             if kind == "peak":
                 peaks.append({"core": core, **payload})
-                print(f"[throughput] core {core}: f32 peak {payload['when']} {payload['flops_per_s'] / 1e9:.1f} GFLOP/s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[throughput] core {core}: f32 peak {payload['when']} {payload['flops_per_s'] / 1e9:.1f} GFLOP/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             elif kind == "shape":
                 shapes.append({"core": core, **payload})
-                print(f"[throughput] core {core}: {payload['ladder']} {payload['shape']}: "
-                      f"{1e3 * payload['s_per_step']:.2f} ms/step (compile {payload['compile_s']:.1f} s)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[throughput] core {core}: {payload['ladder']} {payload['shape']}: "
+                    f"{1e3 * payload['s_per_step']:.2f} ms/step (compile {payload['compile_s']:.1f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             elif kind == "error":
                 errors.append(payload)
             else:
@@ -373,8 +412,11 @@ def measure_ladders(
         rungs[name] = ladder_rungs
         by_cost = sorted(configs, key=lambda s: flops_per_step(ladder_rungs, s))
         chosen = spread(by_cost, max_shapes)
-        print(f"[throughput] {name}: {len(ladder_rungs)} rungs, {len(configs)} shapes, timing {len(chosen)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[throughput] {name}: {len(ladder_rungs)} rungs, {len(configs)} shapes, timing {len(chosen)}",
+            file=sys.stderr,
+            flush=True,
+        )
         jobs += [(name, s, configs[s]) for s in chosen]
     jobs.sort(key=lambda j: -flops_per_step(rungs[j[0]], j[1]))  # longest first: the workers finish together
     peaks, timings = run_workers(jobs, workers, steps)
@@ -406,16 +448,18 @@ def shape_rows(rungs: Sequence[LadderRung], timings: list[dict], peak: float) ->
     for t in timings:
         mine = [r for r in rungs if r.shape == t["shape"]]
         per_step = flops_per_step(rungs, t["shape"])
-        rows.append({
-            **t,
-            "batch_tokens": mine[0].batch_tokens,
-            "flops_per_token": mine[0].flops_per_token,
-            "flops_per_step": per_step,
-            "model_flops_per_s": per_step / t["s_per_step"],
-            "fraction_of_peak": per_step / t["s_per_step"] / peak,
-            "rungs": len(mine),
-            "ladder_flops_share": sum(r.flops for r in mine) / sum(r.flops for r in rungs),
-        })
+        rows.append(
+            {
+                **t,
+                "batch_tokens": mine[0].batch_tokens,
+                "flops_per_token": mine[0].flops_per_token,
+                "flops_per_step": per_step,
+                "model_flops_per_s": per_step / t["s_per_step"],
+                "fraction_of_peak": per_step / t["s_per_step"] / peak,
+                "rungs": len(mine),
+                "ladder_flops_share": sum(r.flops for r in mine) / sum(r.flops for r in rungs),
+            }
+        )
     return sorted(rows, key=lambda r: r["flops_per_step"])
 
 
@@ -444,19 +488,28 @@ def percent(fraction: float | None) -> str:
 def markdown(result: dict) -> str:
     m, dev = result["machine"], result["max_shapes"] is not None
     peaks = ", ".join(f"{p['flops_per_s'] / 1e9:.1f}" for p in result["peaks"])
-    lines = [f"# Ladder throughput: {' against '.join(reversed(result['ladders']))} ({result['date']}{', DEVELOPMENT RUN: sampled shapes' if dev else ''})", ""]
+    lines = [
+        f"# Ladder throughput: {' against '.join(reversed(result['ladders']))} ({result['date']}{', DEVELOPMENT RUN: sampled shapes' if dev else ''})",
+        "",
+    ]
     if dev:
-        lines += [f"**A development run**: {result['max_shapes']} shape(s) per ladder, {result['steps']} steps each, "
-                  "on a shared machine; the aggregates cover only the sampled shapes' rungs (`coverage`). "
-                  "Not the measurement.", ""]
+        lines += [
+            f"**A development run**: {result['max_shapes']} shape(s) per ladder, {result['steps']} steps each, "
+            "on a shared machine; the aggregates cover only the sampled shapes' rungs (`coverage`). "
+            "Not the measurement.",
+            "",
+        ]
     lines += [
         f"CPU: {m['cpu_model']} ({m['cpus']} CPUs usable; {', '.join(m['simd_flags'])}). jax {result['jax']}. "
         f"{result['workers']} worker process(es), each pinned to one core, XLA_FLAGS `{result['xla_flags']}`.",
-        f"Load before: `{result['uptime_before']}`; after: `{result['uptime_after']}`.", "",
-        "    " + result["command"], "",
+        f"Load before: `{result['uptime_before']}`; after: `{result['uptime_after']}`.",
+        "",
+        "    " + result["command"],
+        "",
         f"f32 peak: {PEAK_MATMUL_SIZE}x{PEAK_MATMUL_SIZE} matmul on one core, best of {PEAK_REPEATS}, per worker before "
         f"and after its shapes: {peaks} GFLOP/s; "
-        f"peak used: **{result['peak_flops_per_s'] / 1e9:.1f} GFLOP/s** per core.", "",
+        f"peak used: **{result['peak_flops_per_s'] / 1e9:.1f} GFLOP/s** per core.",
+        "",
         "| ladder | rungs | shapes timed | batch tokens | FLOPs covered | one-worker wall | model GFLOP/s per core | of f32 peak |",
         "|---|---:|---:|---|---:|---:|---:|---:|",
     ]
@@ -472,21 +525,36 @@ def markdown(result: dict) -> str:
     if "v8_over_v4" in result:
         lines += ["", f"v8 / v4 aggregate model FLOP/s: **{result['v8_over_v4']:.2f}x**."]
     if "v8_meets_target" in result:
-        lines += [f"Target (issue 29): v8 >= {TARGET_FRACTION_OF_PEAK:.0%} of the peak: "
-                  f"**{'met' if result['v8_meets_target'] else 'not met'}**."]
+        lines += [
+            f"Target (issue 29): v8 >= {TARGET_FRACTION_OF_PEAK:.0%} of the peak: "
+            f"**{'met' if result['v8_meets_target'] else 'not met'}**."
+        ]
     for name, lad in result["ladders"].items():
-        lines += ["", f"## {name} per budget", "",
-                  "| budget | rungs | batch tokens | shapes timed | model GFLOP/s | of peak |", "|---|---:|---|---:|---:|---:|"]
+        lines += [
+            "",
+            f"## {name} per budget",
+            "",
+            "| budget | rungs | batch tokens | shapes timed | model GFLOP/s | of peak |",
+            "|---|---:|---|---:|---:|---:|",
+        ]
         for label, a in lad["per_budget"].items():
-            lines.append(f"| {label} | {a['rungs']} | {', '.join(map(str, a['batch_tokens']))} | "
-                         f"{a['shapes_measured']}/{a['shapes']} | {gflops(a['model_flops_per_s'])} | "
-                         f"{percent(a['fraction_of_peak'])} |")
+            lines.append(
+                f"| {label} | {a['rungs']} | {', '.join(map(str, a['batch_tokens']))} | "
+                f"{a['shapes_measured']}/{a['shapes']} | {gflops(a['model_flops_per_s'])} | "
+                f"{percent(a['fraction_of_peak'])} |"
+            )
         fit = lad["overhead_fit"]
         if fit is not None:
-            lines += ["", f"Per-step overhead (least squares of ms/step on GFLOP/step over {fit['points']} shapes): "
-                          f"{fit['overhead_ms_per_step']:.2f} ms; marginal rate {gflops(fit['marginal_flops_per_s'])} GFLOP/s."]
-        lines += ["", "| shape | batch tokens | GFLOP/step | ms/step (min-max) | GFLOP/s | of peak | share of ladder FLOPs | compile s |",
-                  "|---|---:|---:|---|---:|---:|---:|---:|"]
+            lines += [
+                "",
+                f"Per-step overhead (least squares of ms/step on GFLOP/step over {fit['points']} shapes): "
+                f"{fit['overhead_ms_per_step']:.2f} ms; marginal rate {gflops(fit['marginal_flops_per_s'])} GFLOP/s.",
+            ]
+        lines += [
+            "",
+            "| shape | batch tokens | GFLOP/step | ms/step (min-max) | GFLOP/s | of peak | share of ladder FLOPs | compile s |",
+            "|---|---:|---:|---|---:|---:|---:|---:|",
+        ]
         for s in lad["shapes"]:
             lines.append(
                 f"| {s['shape']} | {s['batch_tokens']} | {s['flops_per_step'] / 1e9:.3f} | {1e3 * s['s_per_step']:.2f} "
@@ -501,24 +569,40 @@ def summary_lines(result: dict) -> list[str]:
     out = []
     for name, lad in result["ladders"].items():
         a = lad["aggregate"]
-        out.append(f"[throughput] {name}: {gflops(a['model_flops_per_s'])} GFLOP/s per core = {percent(a['fraction_of_peak'])} "
-                   f"of the f32 peak ({a['shapes_measured']}/{a['shapes']} shapes, {a['coverage']:.0%} of its FLOPs; "
-                   f"one worker {a['wall_s_one_worker'] / 3600:.2f} h)")
+        out.append(
+            f"[throughput] {name}: {gflops(a['model_flops_per_s'])} GFLOP/s per core = {percent(a['fraction_of_peak'])} "
+            f"of the f32 peak ({a['shapes_measured']}/{a['shapes']} shapes, {a['coverage']:.0%} of its FLOPs; "
+            f"one worker {a['wall_s_one_worker'] / 3600:.2f} h)"
+        )
     if "v8_over_v4" in result:
-        out.append(f"[throughput] v8 / v4: {result['v8_over_v4']:.2f}x; target v8 >= {TARGET_FRACTION_OF_PEAK:.0%}: "
-                   f"{'met' if result['v8_meets_target'] else 'not met'}")
+        out.append(
+            f"[throughput] v8 / v4: {result['v8_over_v4']:.2f}x; target v8 >= {TARGET_FRACTION_OF_PEAK:.0%}: "
+            f"{'met' if result['v8_meets_target'] else 'not met'}"
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ladders", default="v4,v8", help=f"comma-separated subset of {LADDERS}")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                        help=f"optimizer steps timed per shape (at least {MIN_TIMED_CALLS} calls of the train chunk)")
-    parser.add_argument("--max-shapes", type=int, default=None,
-                        help="measure only this many shapes per ladder, spread over their FLOPs per step (a dev run)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="pinned single-thread measuring processes (default: one per usable core)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"optimizer steps timed per shape (at least {MIN_TIMED_CALLS} calls of the train chunk)",
+    )
+    parser.add_argument(
+        "--max-shapes",
+        type=int,
+        default=None,
+        help="measure only this many shapes per ladder, spread over their FLOPs per step (a dev run)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="pinned single-thread measuring processes (default: one per usable core)",
+    )
     parser.add_argument("--out", help="write ladder_throughput.json and README.md into this directory")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     args = parser.parse_args(argv)
@@ -537,27 +621,37 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     result: dict = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python benchmarks/ladder_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": machine(), "uptime_before": uptime(), "workers": workers, "steps": args.steps,
+        "machine": machine(),
+        "uptime_before": uptime(),
+        "workers": workers,
+        "steps": args.steps,
         "max_shapes": args.max_shapes,
     }
-    print(f"[throughput] {result['machine']['cpu_model']}, {cpus} CPUs, {workers} worker(s); {result['uptime_before']}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[throughput] {result['machine']['cpu_model']}, {cpus} CPUs, {workers} worker(s); {result['uptime_before']}",
+        file=sys.stderr,
+        flush=True,
+    )
     rungs, peaks, timings = measure_ladders(ladders, args.max_shapes, args.steps, workers)
 
     import jax  # after the workers: the version only
 
     peak = max(p["flops_per_s"] for p in peaks)
-    result.update(jax=jax.__version__, xla_flags=worker_xla_flags(), peaks=peaks, peak_flops_per_s=peak,
-                  uptime_after=uptime())
-    result["ladders"] = {name: ladder_result(rungs[name], [t for t in timings if t["ladder"] == name], peak)
-                         for name in ladders}
+    result.update(
+        jax=jax.__version__, xla_flags=worker_xla_flags(), peaks=peaks, peak_flops_per_s=peak, uptime_after=uptime()
+    )
+    result["ladders"] = {
+        name: ladder_result(rungs[name], [t for t in timings if t["ladder"] == name], peak) for name in ladders
+    }
     if "v8" in result["ladders"]:
         result["v8_meets_target"] = result["ladders"]["v8"]["aggregate"]["fraction_of_peak"] >= TARGET_FRACTION_OF_PEAK
     if {"v4", "v8"} <= set(result["ladders"]):
-        result["v8_over_v4"] = (result["ladders"]["v8"]["aggregate"]["model_flops_per_s"]
-                                / result["ladders"]["v4"]["aggregate"]["model_flops_per_s"])
+        result["v8_over_v4"] = (
+            result["ladders"]["v8"]["aggregate"]["model_flops_per_s"]
+            / result["ladders"]["v4"]["aggregate"]["model_flops_per_s"]
+        )
     result["bench_wall_s"] = round(time.perf_counter() - started, 1)
     for line in summary_lines(result):
         print(line, file=sys.stderr)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -88,10 +87,19 @@ def row(ladder: str, label: str, cfg: TrainConfig) -> dict:
     estimate = estimate_train_memory(cfg)
     program_estimate = estimate.total - estimate.runtime
     return {
-        "ladder": ladder, "shape": label, "precision": cfg.precision, "d_model": cfg.model.d_model,
-        "n_layers": cfg.model.n_layers, "n_heads": cfg.model.n_heads, "moe": cfg.model.moe is not None,
-        "batch": cfg.data.batch_size, "seq_len": cfg.data.seq_len, "config": cfg_dict(cfg),
-        "compiled": memory.as_dict(), "estimate": program_estimate, "ratio": program_estimate / memory.total,
+        "ladder": ladder,
+        "shape": label,
+        "precision": cfg.precision,
+        "d_model": cfg.model.d_model,
+        "n_layers": cfg.model.n_layers,
+        "n_heads": cfg.model.n_heads,
+        "moe": cfg.model.moe is not None,
+        "batch": cfg.data.batch_size,
+        "seq_len": cfg.data.seq_len,
+        "config": cfg_dict(cfg),
+        "compiled": memory.as_dict(),
+        "estimate": program_estimate,
+        "ratio": program_estimate / memory.total,
         "compile_s": round(compile_s, 2),
     }
 
@@ -120,19 +128,29 @@ def main(argv: list[str] | None = None) -> int:
             for precision in args.precisions:
                 r = row(ladder, label, dataclasses.replace(cfg, precision=precision))
                 rows.append(r)
-                print(f"{ladder:8s} {label:40s} {precision:5s} compiled {r['compiled']['total'] / 1e6:10.2f} MB "
-                      f"(temp {r['compiled']['temp'] / 1e6:9.2f}) estimate {r['estimate'] / 1e6:10.2f} MB "
-                      f"ratio {r['ratio']:.3f} ({r['compile_s']:.1f} s)", flush=True)
+                print(
+                    f"{ladder:8s} {label:40s} {precision:5s} compiled {r['compiled']['total'] / 1e6:10.2f} MB "
+                    f"(temp {r['compiled']['temp'] / 1e6:9.2f}) estimate {r['estimate'] / 1e6:10.2f} MB "
+                    f"ratio {r['ratio']:.3f} ({r['compile_s']:.1f} s)",
+                    flush=True,
+                )
     ratios = [r["ratio"] for r in rows]
     outside = [r for r in rows if abs(r["ratio"] - 1) > TOLERANCE]
-    print(f"{len(rows)} programs: estimate / compiled {min(ratios):.3f} .. {max(ratios):.3f}; "
-          f"{len(outside)} outside {1 - TOLERANCE:.2f} .. {1 + TOLERANCE:.2f}; {time.perf_counter() - started:.0f} s")
+    print(
+        f"{len(rows)} programs: estimate / compiled {min(ratios):.3f} .. {max(ratios):.3f}; "
+        f"{len(outside)} outside {1 - TOLERANCE:.2f} .. {1 + TOLERANCE:.2f}; {time.perf_counter() - started:.0f} s"
+    )
     if args.write:
-        atomic_write_json(args.write, {
-            "written_by": "benchmarks/memory_estimate.py",
-            "jax": jax.__version__, "platform": jax.devices()[0].platform,
-            "device_kind": jax.devices()[0].device_kind, "rows": rows,
-        })
+        atomic_write_json(
+            args.write,
+            {
+                "written_by": "benchmarks/memory_estimate.py",
+                "jax": jax.__version__,
+                "platform": jax.devices()[0].platform,
+                "device_kind": jax.devices()[0].device_kind,
+                "rows": rows,
+            },
+        )
     return 1 if outside else 0
 
 

@@ -67,6 +67,7 @@ def shipped_forward(moe: MoE, x: Float[Array, "batch seq d"]) -> Float[Array, "b
 
 def timed_grad(forward, moe: MoE, x: Array, reps: int) -> tuple[float, list[np.ndarray]]:
     """(median ms per value-and-grad call, [d loss / d x, d loss / d each parameter])."""
+
     def loss(moe: MoE, x: Array) -> Array:
         return jnp.sum(forward(moe, x) ** 2)
 
@@ -89,10 +90,19 @@ def measure(shape: Shape, reps: int) -> dict:
     ragged_ms, ragged_grads = timed_grad(ragged_forward, moe, x, reps)
     # The router's gradient flows through the gates only in both paths; every array must agree.
     diff = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-30)) for a, b in zip(blocks_grads, ragged_grads))
-    return {"shape": shape.name, "d_model": shape.d_model, "tokens": shape.batch * shape.seq_len,
-            "experts": cfg.moe.experts, "top_k": cfg.moe.top_k, "d_expert": cfg.moe.d_expert,
-            "blocks_ms": blocks_ms, "ragged_dot_ms": ragged_ms, "ragged_over_blocks": ragged_ms / blocks_ms,
-            "max_rel_grad_diff": diff, "same_function": diff <= AGREEMENT_RTOL}
+    return {
+        "shape": shape.name,
+        "d_model": shape.d_model,
+        "tokens": shape.batch * shape.seq_len,
+        "experts": cfg.moe.experts,
+        "top_k": cfg.moe.top_k,
+        "d_expert": cfg.moe.d_expert,
+        "blocks_ms": blocks_ms,
+        "ragged_dot_ms": ragged_ms,
+        "ragged_over_blocks": ragged_ms / blocks_ms,
+        "max_rel_grad_diff": diff,
+        "same_function": diff <= AGREEMENT_RTOL,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,11 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     for shape in SHAPES[:1] if args.quick else SHAPES:
         row = measure(shape, 2 if args.quick else args.reps)
         rows.append(row)
-        print(f"{row['shape']:4s} d{row['d_model']} {row['tokens']} tokens: blocks {row['blocks_ms']:.2f} ms, ragged_dot "
-              f"{row['ragged_dot_ms']:.2f} ms, ragged / blocks {row['ragged_over_blocks']:.2f}; gradients agree to "
-              f"{row['max_rel_grad_diff']:.1e}{'' if row['same_function'] else ' (NOT the same function)'}", file=sys.stderr)
-    result = {"machine": host, "jax": jax.__version__, "backend": jax.default_backend(), "rows": rows,
-              "wall_s": time.perf_counter() - started}
+        print(
+            f"{row['shape']:4s} d{row['d_model']} {row['tokens']} tokens: blocks {row['blocks_ms']:.2f} ms, ragged_dot "
+            f"{row['ragged_dot_ms']:.2f} ms, ragged / blocks {row['ragged_over_blocks']:.2f}; gradients agree to "
+            f"{row['max_rel_grad_diff']:.1e}{'' if row['same_function'] else ' (NOT the same function)'}",
+            file=sys.stderr,
+        )
+    result = {
+        "machine": host,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "rows": rows,
+        "wall_s": time.perf_counter() - started,
+    }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({r["shape"]: round(r["ragged_over_blocks"], 3) for r in rows}))

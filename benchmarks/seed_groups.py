@@ -91,16 +91,29 @@ def main(argv: list[str] | None = None) -> int:
     by_cost = sorted(configs, key=lambda s: ladder_throughput.flops_per_step(rungs, s))
     rows = []
     for shape in ladder_throughput.spread(by_cost, args.max_shapes):
-        row = {"shape": shape, "d_model": configs[shape].model.d_model,
-               "batch_tokens": configs[shape].data.batch_size * configs[shape].data.seq_len,
-               "ladder_flops_share": sum(r.flops for r in rungs if r.shape == shape) / sum(r.flops for r in rungs),
-               **time_shape(configs[shape], group_sizes, args.calls)}
+        row = {
+            "shape": shape,
+            "d_model": configs[shape].model.d_model,
+            "batch_tokens": configs[shape].data.batch_size * configs[shape].data.seq_len,
+            "ladder_flops_share": sum(r.flops for r in rungs if r.shape == shape) / sum(r.flops for r in rungs),
+            **time_shape(configs[shape], group_sizes, args.calls),
+        }
         rows.append(row)
         groups = ", ".join(f"{n} seeds {row[f'group{n}']['group_wall_over_seeds_alone']:.2f}" for n in group_sizes)
-        print(f"{shape}: one seed {row['ms_per_step_one_seed']:.2f} ms/step; group wall / seeds alone: {groups}",
-              file=sys.stderr, flush=True)
-    result = {"machine": host, "ladder": args.ladder, "group_sizes": group_sizes, "calls": args.calls,
-              "rounds": ROUNDS, "rows": rows, "wall_s": round(time.perf_counter() - started, 1)}
+        print(
+            f"{shape}: one seed {row['ms_per_step_one_seed']:.2f} ms/step; group wall / seeds alone: {groups}",
+            file=sys.stderr,
+            flush=True,
+        )
+    result = {
+        "machine": host,
+        "ladder": args.ladder,
+        "group_sizes": group_sizes,
+        "calls": args.calls,
+        "rounds": ROUNDS,
+        "rows": rows,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     for n in group_sizes:
         result[f"group{n}_flops_weighted_wall_over_alone"] = round(flops_weighted(rows, n), 3)
     if args.json:

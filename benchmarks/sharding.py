@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
     from delphi.train.step import TrainState, make_eval_step, make_train_chunk, split_model
     from delphi.train.trainer import init_model
 
-    moe = MoEConfig(experts=args.experts, top_k=args.top_k, d_expert=args.d_expert, capacity_factor=args.capacity_factor)
+    moe = MoEConfig(
+        experts=args.experts, top_k=args.top_k, d_expert=args.d_expert, capacity_factor=args.capacity_factor
+    )
     cfg = TrainConfig(
         model=ModelConfig(d_model=args.d_model, n_layers=args.layers, n_heads=max(1, args.d_model // 32), moe=moe),
         data=DataConfig(seq_len=args.seq, batch_size=args.batch),
@@ -74,12 +76,20 @@ def main(argv: list[str] | None = None) -> dict:
     replicated = sharding.replicated(mesh)
     tokens = np.zeros((1, args.batch, args.seq + 1), np.int32)
     with jax.set_mesh(mesh):
-        train_chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, sharding.batch_sharding(mesh, 1), replicated))
-        train_hlo = train_chunk.lower(state, sharding.place(tokens, sharding.batch_sharding(mesh, 1))).compile().as_text()
+        train_chunk = make_train_chunk(
+            graphdef, tx, cfg.model, (state_sh, sharding.batch_sharding(mesh, 1), replicated)
+        )
+        train_hlo = (
+            train_chunk.lower(state, sharding.place(tokens, sharding.batch_sharding(mesh, 1))).compile().as_text()
+        )
         eval_sh = sharding.batch_sharding(mesh, 1)
         eval_step = make_eval_step(graphdef, (state_sh, eval_sh, replicated))
         weights = np.ones(tokens.shape[:2], np.float32)
-        eval_hlo = eval_step.lower(state, sharding.place(tokens, eval_sh), sharding.place(weights, eval_sh)).compile().as_text()
+        eval_hlo = (
+            eval_step.lower(state, sharding.place(tokens, eval_sh), sharding.place(weights, eval_sh))
+            .compile()
+            .as_text()
+        )
 
     local_tokens = cfg.tokens_per_step // devices
     capacity_train = expert_capacity(local_tokens, args.top_k, args.experts, args.capacity_factor, train=True)
@@ -100,15 +110,20 @@ def main(argv: list[str] | None = None) -> dict:
         "eval_all_to_all_bytes": eval_bytes,
         "eval_expected_bytes": expected_eval,
     }
-    print(f"mesh data x expert = {result['mesh']} ({jax.device_count()} {jax.devices()[0].platform} devices), "
-          f"E={args.experts} k={args.top_k} d_model={args.d_model} layers={args.layers} "
-          f"tokens/step={cfg.tokens_per_step} ({local_tokens}/device)")
+    print(
+        f"mesh data x expert = {result['mesh']} ({jax.device_count()} {jax.devices()[0].platform} devices), "
+        f"E={args.experts} k={args.top_k} d_model={args.d_model} layers={args.layers} "
+        f"tokens/step={cfg.tokens_per_step} ({local_tokens}/device)"
+    )
     for phase, c in (("train step", capacity_train), ("eval step", capacity_eval)):
         key = phase.split()[0]
-        got, want, ops = result[f"{key}_all_to_all_bytes"], result[f"{key}_expected_bytes"], result[f"{key}_all_to_all_ops"]
+        got, want, ops = (
+            result[f"{key}_all_to_all_bytes"],
+            result[f"{key}_expected_bytes"],
+            result[f"{key}_all_to_all_ops"],
+        )
         verdict = "match" if got == want else "MISMATCH"
-        print(f"  {phase}: {ops} all-to-all, {got:,} bytes/device; expected {want:,} "
-              f"(capacity {c}) -> {verdict}")
+        print(f"  {phase}: {ops} all-to-all, {got:,} bytes/device; expected {want:,} (capacity {c}) -> {verdict}")
     return result
 
 

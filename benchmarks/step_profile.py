@@ -115,7 +115,7 @@ def _instruction(line: str) -> tuple[str, str] | None:
         for i, ch in enumerate(rest):
             depth += {"(": 1, ")": -1}.get(ch, 0)
             if depth == 0:
-                rest = rest[i + 1:]
+                rest = rest[i + 1 :]
                 break
     else:
         rest = rest.split(" ", 1)[-1]
@@ -217,7 +217,8 @@ def profile_rung(name: str, cfg: TrainConfig, seeds: int, peak_one_core: float) 
     row["group_wall_over_one"] = round(group["ms_per_step"] / one["ms_per_step"], 3)
     row["kind_group_over_one"] = {  # time per step of each kind in the group over one seed's (seeds: no gain)
         kd: round(group["profiled_ms_per_step_by_kind"].get(kd, 0) / v, 2)
-        for kd, v in one["profiled_ms_per_step_by_kind"].items() if v > 0
+        for kd, v in one["profiled_ms_per_step_by_kind"].items()
+        if v > 0
     }
     return row
 
@@ -231,15 +232,19 @@ def loss_gaps(cfg: TrainConfig, tmp: Path, label: str) -> dict:
 
     def member(seed: int) -> TrainConfig:
         return dataclasses.replace(
-            cfg, seed=seed, data=dataclasses.replace(cfg.data, seed=seed), log_every=EQUALITY_LOG_EVERY,
+            cfg,
+            seed=seed,
+            data=dataclasses.replace(cfg.data, seed=seed),
+            log_every=EQUALITY_LOG_EVERY,
         ).validate()
 
     start = time.perf_counter()
     alone = {s: train_group([member(s)], [tmp / label / f"alone{s}"], progress=False)[0] for s in EQUALITY_SEEDS}
     alone_s = time.perf_counter() - start
     start = time.perf_counter()
-    grouped = train_group([member(s) for s in EQUALITY_SEEDS], [tmp / label / f"group{s}" for s in EQUALITY_SEEDS],
-                          progress=False)
+    grouped = train_group(
+        [member(s) for s in EQUALITY_SEEDS], [tmp / label / f"group{s}" for s in EQUALITY_SEEDS], progress=False
+    )
     group_s = time.perf_counter() - start
     seeds = {}
     for i, s in enumerate(EQUALITY_SEEDS):
@@ -249,26 +254,37 @@ def loss_gaps(cfg: TrainConfig, tmp: Path, label: str) -> dict:
         seeds[s] = {
             "first_step_gap_over_1e-5": first,
             "train_gap_at_first_logs": [f"{gap:.1e}" for _, gap in gaps[:5]],
-            "train_gap_median_last_10pct": float(statistics.median(gap for _, gap in gaps[-max(1, len(gaps) // 10):])),
+            "train_gap_median_last_10pct": float(statistics.median(gap for _, gap in gaps[-max(1, len(gaps) // 10) :])),
             "val_loss_alone": alone[s]["val_loss"],
             "val_loss_grouped": grouped[i]["val_loss"],
             "val_gap": abs(grouped[i]["val_loss"] / alone[s]["val_loss"] - 1),
         }
     vals = [alone[s]["val_loss"] for s in EQUALITY_SEEDS]
-    return {"model": label, "steps": cfg.steps, "seeds": seeds, "alone_wall_s": round(alone_s, 1),
-            "group_wall_s": round(group_s, 1), "seed_spread_alone": abs(vals[1] / vals[0] - 1)}
+    return {
+        "model": label,
+        "steps": cfg.steps,
+        "seeds": seeds,
+        "alone_wall_s": round(alone_s, 1),
+        "group_wall_s": round(group_s, 1),
+        "seed_spread_alone": abs(vals[1] / vals[0] - 1),
+    }
 
 
 def dense_twin(cfg: TrainConfig) -> TrainConfig:
     """The same rung with a dense SwiGLU FFN as wide as the active experts (top_k x d_expert)."""
     moe = cfg.model.moe
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe=None, d_ff=moe.top_k * moe.d_expert)).validate()
+    return dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, moe=None, d_ff=moe.top_k * moe.d_expert)
+    ).validate()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rungs", default=",".join(r.split("_L")[0] for r in DEFAULT_RUNGS),
-                        help="rungs of the default ladder, by run id or its prefix (C8e11_d40)")
+    parser.add_argument(
+        "--rungs",
+        default=",".join(r.split("_L")[0] for r in DEFAULT_RUNGS),
+        help="rungs of the default ladder, by run id or its prefix (C8e11_d40)",
+    )
     parser.add_argument("--seeds", type=int, default=4, help="members of the vmapped group")
     parser.add_argument("--equality", action="store_true", help="also train the levers' rung alone and grouped")
     parser.add_argument("--json", help="also write the results here")
@@ -278,10 +294,16 @@ def main() -> int:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as a ladder worker
     wanted = [r if r.endswith(tuple(f"_s{s}" for s in range(10))) else f"{r}_L3_E8k2_s0" for r in args.rungs.split(",")]
     started = time.perf_counter()
-    result: dict = {"machine": ladder_bench.machine(), "uptime_before": ladder_bench.uptime(),
-                    "xla_flags": os.environ["XLA_FLAGS"], "jax": jax.__version__}
-    print(f"[profile] {result['machine']['cpu_model']}, {result['machine']['simd_flags']}, jax {jax.__version__}",
-          file=sys.stderr)
+    result: dict = {
+        "machine": ladder_bench.machine(),
+        "uptime_before": ladder_bench.uptime(),
+        "xla_flags": os.environ["XLA_FLAGS"],
+        "jax": jax.__version__,
+    }
+    print(
+        f"[profile] {result['machine']['cpu_model']}, {result['machine']['simd_flags']}, jax {jax.__version__}",
+        file=sys.stderr,
+    )
     from delphi.train.peak import measure_matmul_flops
 
     peak = measure_matmul_flops("f32")  # on the one core this process runs on
@@ -295,12 +317,18 @@ def main() -> int:
             row = profile_rung(name, configs[name], args.seeds, peak)
             rows.append(row)
             one, group = row["seeds1"], row[f"seeds{args.seeds}"]
-            print(f"[profile] {name}: one seed {one['ms_per_step']:.2f} ms/step ({one['ops_per_step']} ops), "
-                  f"{args.seeds} vmapped {group['ms_per_step']:.2f} ms/step = {row['group_member_over_one']:.2f} "
-                  f"of one seed per member; one seed {row['model_gflops_one_seed']:.1f} model GFLOP/s = "
-                  f"{row['fraction_of_one_core_peak']:.1%} of the one-core peak", file=sys.stderr)
-            print(f"          one seed, share of op time by kind: {one['share_by_kind']} (profiled / timed "
-                  f"{one['profiled_over_timed']})", file=sys.stderr)
+            print(
+                f"[profile] {name}: one seed {one['ms_per_step']:.2f} ms/step ({one['ops_per_step']} ops), "
+                f"{args.seeds} vmapped {group['ms_per_step']:.2f} ms/step = {row['group_member_over_one']:.2f} "
+                f"of one seed per member; one seed {row['model_gflops_one_seed']:.1f} model GFLOP/s = "
+                f"{row['fraction_of_one_core_peak']:.1%} of the one-core peak",
+                file=sys.stderr,
+            )
+            print(
+                f"          one seed, share of op time by kind: {one['share_by_kind']} (profiled / timed "
+                f"{one['profiled_over_timed']})",
+                file=sys.stderr,
+            )
             print(f"          by phase: {one['profiled_ms_per_step_by_phase']}", file=sys.stderr)
             print(f"          group / one per kind: {row['kind_group_over_one']}", file=sys.stderr)
         result["rungs"] = rows
@@ -309,12 +337,18 @@ def main() -> int:
             result["equality"] = [loss_gaps(cfg, Path(tmp), "moe"), loss_gaps(dense_twin(cfg), Path(tmp), "dense")]
             for eq in result["equality"]:
                 for s, g in eq["seeds"].items():
-                    print(f"[equality] {eq['model']} seed {s}: train-loss gap first > 1e-5 at step "
-                          f"{g['first_step_gap_over_1e-5']} (first logs {g['train_gap_at_first_logs']}), "
-                          f"{g['train_gap_median_last_10pct']:.2%} over the last 10%; val {g['val_loss_alone']:.4f} "
-                          f"alone, {g['val_loss_grouped']:.4f} grouped: {g['val_gap']:.2%}", file=sys.stderr)
-                print(f"[equality] {eq['model']}: seed 0 vs seed 1 alone differ {eq['seed_spread_alone']:.2%}; "
-                      f"wall alone {eq['alone_wall_s']} s, grouped {eq['group_wall_s']} s", file=sys.stderr)
+                    print(
+                        f"[equality] {eq['model']} seed {s}: train-loss gap first > 1e-5 at step "
+                        f"{g['first_step_gap_over_1e-5']} (first logs {g['train_gap_at_first_logs']}), "
+                        f"{g['train_gap_median_last_10pct']:.2%} over the last 10%; val {g['val_loss_alone']:.4f} "
+                        f"alone, {g['val_loss_grouped']:.4f} grouped: {g['val_gap']:.2%}",
+                        file=sys.stderr,
+                    )
+                print(
+                    f"[equality] {eq['model']}: seed 0 vs seed 1 alone differ {eq['seed_spread_alone']:.2%}; "
+                    f"wall alone {eq['alone_wall_s']} s, grouped {eq['group_wall_s']} s",
+                    file=sys.stderr,
+                )
     result["uptime_after"] = ladder_bench.uptime()
     result["bench_wall_s"] = round(time.perf_counter() - started, 1)
     if args.json:

@@ -60,12 +60,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from machine import BF16_FLAGS, cpu_flags, cpu_model, native_bf16
+
 from delphi.model.config import SWITCH_CAPACITY_FACTOR, ModelConfig, MoEConfig
 from delphi.model.flops import palm_flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig
 from delphi.train.peak import measure_matmul_flops
 from delphi.train.rundir import read_metrics
-from machine import BF16_FLAGS, cpu_flags, cpu_model, native_bf16
 
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_torch.py"
 HEADS = 4
@@ -105,7 +106,9 @@ def dense(shape: Shape) -> ModelConfig:
 
 def moe_same_active(shape: Shape, capacity_factor: float = SWITCH_CAPACITY_FACTOR) -> ModelConfig:
     return ModelConfig(
-        d_model=shape.d_model, n_layers=shape.n_layers, n_heads=HEADS,
+        d_model=shape.d_model,
+        n_layers=shape.n_layers,
+        n_heads=HEADS,
         moe=MoEConfig(experts=8, top_k=2, d_expert=d_ff_for(shape.d_model) // 2, capacity_factor=capacity_factor),
     )
 
@@ -135,18 +138,27 @@ def measure_ladders(ladders: list[str], max_shapes: int | None, steps: int) -> d
     the ladder runner trains."""
     import ladder_throughput
 
-    rungs, peaks, timings = ladder_throughput.measure_ladders(ladders, max_shapes, max(steps, 8), len(os.sched_getaffinity(0)))
+    rungs, peaks, timings = ladder_throughput.measure_ladders(
+        ladders, max_shapes, max(steps, 8), len(os.sched_getaffinity(0))
+    )
     peak = max(p["flops_per_s"] for p in peaks)
-    return {name: {**ladder_throughput.ladder_result(rungs[name], [t for t in timings if t["ladder"] == name], peak)["aggregate"],
-                   "peak_flops_per_s": peak}
-            for name in ladders}
+    return {
+        name: {
+            **ladder_throughput.ladder_result(rungs[name], [t for t in timings if t["ladder"] == name], peak)[
+                "aggregate"
+            ],
+            "peak_flops_per_s": peak,
+        }
+        for name in ladders
+    }
 
 
 def cpu_info() -> dict:
     model, flags = cpu_model(), cpu_flags()
     of_interest = ("avx2", "fma", "avx512f", "avx512_vnni", *BF16_FLAGS)
     return {
-        "model": model, "cores": os.cpu_count(),
+        "model": model,
+        "cores": os.cpu_count(),
         "flags": {f: f in flags for f in of_interest},
         "native_bf16": native_bf16(),
     }
@@ -155,12 +167,21 @@ def cpu_info() -> dict:
 LOG_EVERY = 8  # steps between metrics records: each record is one tokens/s sample
 
 
-def bench_config(model: ModelConfig, shape: Shape, precision: str, steps: int, store: str, seed: int = 0) -> TrainConfig:
+def bench_config(
+    model: ModelConfig, shape: Shape, precision: str, steps: int, store: str, seed: int = 0
+) -> TrainConfig:
     steps = -(-steps // LOG_EVERY) * LOG_EVERY
     return TrainConfig(
-        model=model, data=DataConfig(store=store, seq_len=shape.seq_len, batch_size=shape.batch, seed=seed),
-        optim=OptimConfig(lr=1e-3, warmup_frac=0.0, decay_frac=0.0), steps=steps, precision=precision, seed=seed,
-        log_every=LOG_EVERY, eval_every=steps, eval_tokens=shape.seq_len * shape.batch, checkpoint_every=steps,
+        model=model,
+        data=DataConfig(store=store, seq_len=shape.seq_len, batch_size=shape.batch, seed=seed),
+        optim=OptimConfig(lr=1e-3, warmup_frac=0.0, decay_frac=0.0),
+        steps=steps,
+        precision=precision,
+        seed=seed,
+        log_every=LOG_EVERY,
+        eval_every=steps,
+        eval_tokens=shape.seq_len * shape.batch,
+        checkpoint_every=steps,
     ).validate()
 
 
@@ -174,8 +195,12 @@ def bench_seed_group(model: ModelConfig, shape: Shape, n_seeds: int, steps: int,
         dirs = [Path(tmp) / f"s{s}" for s in range(n_seeds)]
         summaries = train_group(cfgs, dirs, progress=False)
         rates = [statistics.median(r["tokens_per_s"] for r in read_metrics(d)) for d in dirs]
-    return {"shape": shape.name, "seeds": n_seeds, "member_tokens_per_s": statistics.median(rates),
-            "compile_s": summaries[0]["compile_s"]}
+    return {
+        "shape": shape.name,
+        "seeds": n_seeds,
+        "member_tokens_per_s": statistics.median(rates),
+        "compile_s": summaries[0]["compile_s"],
+    }
 
 
 def bench(model: ModelConfig, shape: Shape, precision: str, steps: int, steps_per_call: int | None, store: str) -> dict:
@@ -266,8 +291,11 @@ def run_peer(shape: Shape, precision: str, steps: int) -> dict:
     done = {policy: a for policy, a in attempts.items() if a is not None}
     best = max(done, key=lambda policy: done[policy]["tokens_per_s"])
     return {
-        **done[best], "omp_wait_policy": best,
-        "tokens_per_s_by_omp_policy": {policy: a["tokens_per_s"] if a else "timed out" for policy, a in attempts.items()},
+        **done[best],
+        "omp_wait_policy": best,
+        "tokens_per_s_by_omp_policy": {
+            policy: a["tokens_per_s"] if a else "timed out" for policy, a in attempts.items()
+        },
     }
 
 
@@ -277,9 +305,22 @@ def run_peer_once(shape: Shape, precision: str, steps: int, omp_policy: str, tim
     if omp_policy != "default":
         env["OMP_WAIT_POLICY"] = omp_policy
     cmd = [
-        sys.executable, str(PEER_SCRIPT), "--d-model", str(shape.d_model), "--layers", str(shape.n_layers),
-        "--heads", str(HEADS), "--d-ff", str(d_ff_for(shape.d_model)), "--seq", str(shape.seq_len),
-        "--batch", str(shape.batch), "--steps", str(steps),
+        sys.executable,
+        str(PEER_SCRIPT),
+        "--d-model",
+        str(shape.d_model),
+        "--layers",
+        str(shape.n_layers),
+        "--heads",
+        str(HEADS),
+        "--d-ff",
+        str(d_ff_for(shape.d_model)),
+        "--seq",
+        str(shape.seq_len),
+        "--batch",
+        str(shape.batch),
+        "--steps",
+        str(steps),
         *(["--bf16"] if precision == "bf16" else []),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, timeout=timeout)
@@ -295,8 +336,11 @@ def main() -> int:
     parser.add_argument("--widths", action="store_true", help="also the width sweep and 1-step-per-call rows")
     parser.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
     parser.add_argument("--ladder-only", action="store_true", help="only the d32 / d64 ladder shapes (no d256)")
-    parser.add_argument("--ladders", default=",".join(LADDERS),
-                        help="whole ladders timed shape by shape (benchmarks/ladder_throughput.py); '' for none")
+    parser.add_argument(
+        "--ladders",
+        default=",".join(LADDERS),
+        help="whole ladders timed shape by shape (benchmarks/ladder_throughput.py); '' for none",
+    )
     args = parser.parse_args()
     steps = 8 if args.quick else args.steps
     from ladder_throughput import LADDERS as KNOWN_LADDERS
@@ -318,7 +362,9 @@ def main() -> int:
     if not cpu["native_bf16"]:
         say("bf16 not measured: this CPU has no native bf16 (no avx512_bf16 / amx_bf16), bf16 would be emulated")
     if cpu["cores"] and load_start[0] > cpu["cores"]:
-        say(f"warning: load average {load_start[0]:.1f} > {cpu['cores']} cores: the machine is shared, figures are noisy")
+        say(
+            f"warning: load average {load_start[0]:.1f} > {cpu['cores']} cores: the machine is shared, figures are noisy"
+        )
 
     peer_skipped = None
     if args.no_peer:
@@ -330,7 +376,9 @@ def main() -> int:
 
     rows, peers, group_rows, checks = [], [], [], {}
 
-    def run(model: ModelConfig, shape: Shape, precision: str, k: int | None = None, scale: int = 1, label: str = "") -> dict:
+    def run(
+        model: ModelConfig, shape: Shape, precision: str, k: int | None = None, scale: int = 1, label: str = ""
+    ) -> dict:
         row = bench(model, shape, precision, steps * scale, k, args.store) | {"label": label}
         rows.append(row)
         say(
@@ -354,10 +402,14 @@ def main() -> int:
         peers.append(peer)
         ratio = row["tokens_per_s"] / peer["tokens_per_s"]
         checks[f"dense_{shape.name}_{precision}_vs_peer"] = ratio
-        by_policy = ", ".join(f"{k} {v:,.0f}" if isinstance(v, float) else f"{k} {v}"
-                              for k, v in peer["tokens_per_s_by_omp_policy"].items())
-        say(f"peer  {shape.name:4s} {precision:4s}: {peer['tokens_per_s']:>9,.0f} tok/s (torch {peer['torch']}, "
-            f"{peer['threads']} threads; OMP wait policy {by_policy}): JAX / peer {ratio:.2f}")
+        by_policy = ", ".join(
+            f"{k} {v:,.0f}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in peer["tokens_per_s_by_omp_policy"].items()
+        )
+        say(
+            f"peer  {shape.name:4s} {precision:4s}: {peer['tokens_per_s']:>9,.0f} tok/s (torch {peer['torch']}, "
+            f"{peer['threads']} threads; OMP wait policy {by_policy}): JAX / peer {ratio:.2f}"
+        )
         return row
 
     def with_peer(shape: Shape, precision: str, scale: int) -> dict:
@@ -382,8 +434,10 @@ def main() -> int:
     group_rows.append(group)
     # the wall time of SEED_GROUP seeds trained together over that of one seed trained alone
     checks[f"seed_group{SEED_GROUP}_d32_wall_over_one"] = d32["tokens_per_s"] / group["member_tokens_per_s"]
-    say(f"seed group of {SEED_GROUP}, dense d32: {group['member_tokens_per_s']:,.0f} tok/s per member against "
-        f"{d32['tokens_per_s']:,.0f} alone (compile {group['compile_s']:.1f} s)")
+    say(
+        f"seed group of {SEED_GROUP}, dense d32: {group['member_tokens_per_s']:,.0f} tok/s per member against "
+        f"{d32['tokens_per_s']:,.0f} alone (compile {group['compile_s']:.1f} s)"
+    )
     with_peer(LADDER_D64, "f32", scale=4)
     for precision in precisions if not args.ladder_only else []:
         d256 = with_peer(NANOGPT_D256, precision, scale=1)
@@ -404,16 +458,25 @@ def main() -> int:
         ladder_rows = measure_ladders([n for n in args.ladders.split(",") if n], 2 if args.quick else None, steps)
         for name, row in ladder_rows.items():
             checks[f"ladder_{name}_fraction_of_f32_peak"] = row["fraction_of_peak"]
-            say(f"ladder {name}: {row['rungs']} rungs, {row['shapes_measured']}/{row['shapes']} shapes timed "
+            say(
+                f"ladder {name}: {row['rungs']} rungs, {row['shapes_measured']}/{row['shapes']} shapes timed "
                 f"({row['coverage']:.0%} of its FLOPs), batches {row['batch_tokens'][0]}-{row['batch_tokens'][-1]} tokens: "
                 f"{row['model_flops_per_s'] / 1e9:.1f} model GFLOP/s per core against a one-core f32 peak of "
-                f"{row['peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
+                f"{row['peak_flops_per_s'] / 1e9:.1f} GFLOP/s"
+            )
 
     targets = {
-        name: TARGET_VS_PEER if name.endswith("_vs_peer") else 1.0 if name.endswith("_over_capacity_groups")
-        else TARGET_SEED_GROUP_WALL if name.endswith("_wall_over_one")
-        else TARGET_MOE_PER_ACTIVE_FLOP if name.startswith("moe_")
-        else TARGET_LADDER_FRACTION_OF_PEAK if name.startswith("ladder_") else 0.5
+        name: TARGET_VS_PEER
+        if name.endswith("_vs_peer")
+        else 1.0
+        if name.endswith("_over_capacity_groups")
+        else TARGET_SEED_GROUP_WALL
+        if name.endswith("_wall_over_one")
+        else TARGET_MOE_PER_ACTIVE_FLOP
+        if name.startswith("moe_")
+        else TARGET_LADDER_FRACTION_OF_PEAK
+        if name.startswith("ladder_")
+        else 0.5
         for name in checks
     }
     for name, value in checks.items():
@@ -421,10 +484,19 @@ def main() -> int:
         ok = value <= targets[name] if at_most else value >= targets[name]
         say(f"{name}: {value:.2f} (target {'<=' if at_most else '>='} {targets[name]}) {'ok' if ok else 'MISSED'}")
     result = {
-        "cpu": cpu, "peak_flops": peaks, "rows": rows, "peer": peers, "peer_skipped": peer_skipped,
+        "cpu": cpu,
+        "peak_flops": peaks,
+        "rows": rows,
+        "peer": peers,
+        "peer_skipped": peer_skipped,
         "bf16": "measured (native bf16)" if cpu["native_bf16"] else "not measured: no native bf16 on this CPU",
-        "seed_groups": group_rows, "ladders": ladder_rows, "checks": checks, "targets": targets,
-        "load_average_start": load_start, "load_average_end": os.getloadavg(), "wall_s": time.perf_counter() - started,
+        "seed_groups": group_rows,
+        "ladders": ladder_rows,
+        "checks": checks,
+        "targets": targets,
+        "load_average_start": load_start,
+        "load_average_end": os.getloadavg(),
+        "wall_s": time.perf_counter() - started,
     }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

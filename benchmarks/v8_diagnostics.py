@@ -50,8 +50,11 @@ CONVENTION = "nonembedding"  # the convention the study's fit stage chose (lowes
 
 
 def unpack(packed: Path, dest: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "delphi.cli", "paper", "unpack", str(packed), "--to", str(dest)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "delphi.cli", "paper", "unpack", str(packed), "--to", str(dest)],
+        check=True,
+        capture_output=True,
+    )
     return dest
 
 
@@ -67,26 +70,45 @@ def top_lr_probe(ladder_runs: Path, probe_runs: Path) -> list[dict[str, Any]]:
         width, multiplier = re.search(r"C1e13_d(\d+)_L3_E8k2_s0_lrx([\d.]+)", name).groups()
         seeds = [v for k, v in ladder.items() if k.startswith(f"C1e13_d{width}_L3_E8k2_s")]
         seed0 = ladder[f"C1e13_d{width}_L3_E8k2_s0"]
-        rows.append({"d_model": int(width), "lr_multiplier": float(multiplier), "loss": loss,
-                     "vs_seed_mean": loss / np.mean(seeds) - 1, "seeds": len(seeds), "vs_seed0": loss / seed0 - 1})
+        rows.append(
+            {
+                "d_model": int(width),
+                "lr_multiplier": float(multiplier),
+                "loss": loss,
+                "vs_seed_mean": loss / np.mean(seeds) - 1,
+                "seeds": len(seeds),
+                "vs_seed0": loss / seed0 - 1,
+            }
+        )
     return rows
 
 
 def law_checks(raw: pd.DataFrame, family: Any) -> dict[str, Any]:
     """Per law: the top budget held out, and the all-budget law at 3x/10x/30x; VPNLS's LOBO spread at 30x."""
     table = load_results(raw, params_convention=CONVENTION, family=family)
-    out: dict[str, Any] = {"budgets": sorted(float(b) for b in table["budget"].unique()), "runs": len(table), "laws": {}}
+    out: dict[str, Any] = {
+        "budgets": sorted(float(b) for b in table["budget"].unique()),
+        "runs": len(table),
+        "laws": {},
+    }
     for name in LAWS:
+
         def refit(t: pd.DataFrame, n: str = name) -> Any:
             return FITTERS[n](t, n_bootstrap=0, seed=0).with_family(family)
+
         full = refit(table)
-        out["laws"][name] = {"backtest_top": float(backtest(table, refit)["budgets"][0]["rel_error"]),
-                             "beyond": [float(full.predict(compute=c)["loss"]) for c in BEYOND],
-                             "E": full.params.get("E"), "residual_sd_nats": full.diagnostics.get("residual_std_nats")}
+        out["laws"][name] = {
+            "backtest_top": float(backtest(table, refit)["budgets"][0]["rel_error"]),
+            "beyond": [float(full.predict(compute=c)["loss"]) for c in BEYOND],
+            "E": full.params.get("E"),
+            "residual_sd_nats": full.diagnostics.get("residual_std_nats"),
+        }
         if name == "vpnls":
             at_30x = out["laws"][name]["beyond"][-1]
-            out["vpnls_lobo_30x"] = {f"{b:.3g}": float(refit(table[table["budget"] != b]).predict(compute=BEYOND[-1])["loss"])
-                                     / at_30x - 1 for b in out["budgets"]}
+            out["vpnls_lobo_30x"] = {
+                f"{b:.3g}": float(refit(table[table["budget"] != b]).predict(compute=BEYOND[-1])["loss"]) / at_30x - 1
+                for b in out["budgets"]
+            }
     return out
 
 
@@ -99,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         study = unpack(V8 / "ladder", Path(tmp) / "study")
         probe = unpack(V8 / "diag_top_lr", Path(tmp) / "probe")
         ladder = collect_ladder(study / "ladder")
-        result = {"top_lr_probe": top_lr_probe(study / "ladder" / "runs", probe / "runs"),
-                  "ladder": law_checks(ladder[ladder["budget"] >= FIRST_LADDER_BUDGET], family),
-                  "ladder_and_below": law_checks(ladder, family)}
+        result = {
+            "top_lr_probe": top_lr_probe(study / "ladder" / "runs", probe / "runs"),
+            "ladder": law_checks(ladder[ladder["budget"] >= FIRST_LADDER_BUDGET], family),
+            "ladder_and_below": law_checks(ladder, family),
+        }
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

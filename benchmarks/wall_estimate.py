@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_model, uptime
 
 from delphi.ladder.recipe_check import RUN_FIXED_S, STEP_OVERHEAD_S, WORKER_FLOPS_PER_S
-from machine import cpu_model, uptime
 
 
 def completed_runs(parents: list[Path]) -> list[dict]:
@@ -33,8 +33,16 @@ def completed_runs(parents: list[Path]) -> list[dict]:
         for path in sorted(parent.glob("runs/*/summary.json")):
             s = json.loads(path.read_text())
             if s.get("status") == "completed":
-                rows.append({"source": str(parent), "run": path.parent.name, "steps": s["steps"], "flops": s["flops"],
-                             "train_s": s["train_s"], "wall_s": s["wall_time_s"]})
+                rows.append(
+                    {
+                        "source": str(parent),
+                        "run": path.parent.name,
+                        "steps": s["steps"],
+                        "flops": s["flops"],
+                        "train_s": s["train_s"],
+                        "wall_s": s["wall_time_s"],
+                    }
+                )
     return rows
 
 
@@ -46,7 +54,9 @@ def fit(rows: list[dict]) -> dict[str, float]:
 
 
 def total_s(rows: list[dict], c: dict[str, float]) -> float:
-    return sum(r["steps"] * c["step_overhead_s"] + r["flops"] / c["worker_flops_per_s"] + c["run_fixed_s"] for r in rows)
+    return sum(
+        r["steps"] * c["step_overhead_s"] + r["flops"] / c["worker_flops_per_s"] + c["run_fixed_s"] for r in rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,9 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     new = fit(rows)
     old = {"step_overhead_s": STEP_OVERHEAD_S, "worker_flops_per_s": WORKER_FLOPS_PER_S, "run_fixed_s": RUN_FIXED_S}
     wall = sum(r["wall_s"] for r in rows)
-    result = {"cpu_model": cpu_model(), "uptime": uptime(), "runs": len(rows), "sources": sorted({r["source"] for r in rows}),
-              "fitted": new, "current": old, "wall_s": wall,
-              "fitted_over_actual": total_s(rows, new) / wall, "current_over_actual": total_s(rows, old) / wall}
+    result = {
+        "cpu_model": cpu_model(),
+        "uptime": uptime(),
+        "runs": len(rows),
+        "sources": sorted({r["source"] for r in rows}),
+        "fitted": new,
+        "current": old,
+        "wall_s": wall,
+        "fitted_over_actual": total_s(rows, new) / wall,
+        "current_over_actual": total_s(rows, old) / wall,
+    }
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -27,7 +27,8 @@ import json
 import math
 import os
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from delphi import __version__
 from delphi.errors import SYSTEM_ERRNOS, CheckFailed, DelphiError, message_line, system_error_line
@@ -136,16 +137,29 @@ LOG_COLUMNS = ("step", "tokens", "loss", "time")
 def add_column_options(parser: argparse.ArgumentParser) -> None:
     """How a results table is read: the column mapping, the row query and what to drop (`table_options`)."""
     for name in COLUMN_OPTIONS:
-        parser.add_argument(f"--{name.replace('_', '-')}-col", dest=f"{name}_col", metavar="COL",
-                            help=f"the table's column holding {name}")
-    parser.add_argument("--query", metavar="EXPR",
-                        help="select rows: columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], "
-                             "parentheses (never evaluated as Python), e.g. \"source == 'llama_3' and not outlier\"")
-    parser.add_argument("--drop-invalid", action="store_true",
-                        help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing")
-    parser.add_argument("--drop-duplicates", action="store_true",
-                        help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
-                             "a run_id on two different rows stays an error")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}-col",
+            dest=f"{name}_col",
+            metavar="COL",
+            help=f"the table's column holding {name}",
+        )
+    parser.add_argument(
+        "--query",
+        metavar="EXPR",
+        help="select rows: columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], "
+        "parentheses (never evaluated as Python), e.g. \"source == 'llama_3' and not outlier\"",
+    )
+    parser.add_argument(
+        "--drop-invalid",
+        action="store_true",
+        help="drop rows with a non-finite or non-positive value (named on stderr) instead of failing",
+    )
+    parser.add_argument(
+        "--drop-duplicates",
+        action="store_true",
+        help="drop rows that repeat an earlier row exactly (named on stderr) instead of failing; "
+        "a run_id on two different rows stays an error",
+    )
 
 
 def add_table_options(parser: argparse.ArgumentParser) -> None:
@@ -154,27 +168,42 @@ def add_table_options(parser: argparse.ArgumentParser) -> None:
     from pathlib import Path
 
     add_column_options(parser)
-    parser.add_argument("--params-convention", choices=PARAM_CONVENTIONS, default="nonembedding",
-                        help="how N is counted in a ladder table: active non-embedding (default), active incl. "
-                             "embeddings, or flops_per_token/6 (external tables keep their params column)")
-    parser.add_argument("--family", type=Path, metavar="FAMILY.json",
-                        help="exact FLOPs per token of the model family (delphi ladder family); default "
-                             "<results>.family.json if present, else a ladder table's own shapes, else 6ND")
+    parser.add_argument(
+        "--params-convention",
+        choices=PARAM_CONVENTIONS,
+        default="nonembedding",
+        help="how N is counted in a ladder table: active non-embedding (default), active incl. "
+        "embeddings, or flops_per_token/6 (external tables keep their params column)",
+    )
+    parser.add_argument(
+        "--family",
+        type=Path,
+        metavar="FAMILY.json",
+        help="exact FLOPs per token of the model family (delphi ladder family); default "
+        "<results>.family.json if present, else a ladder table's own shapes, else 6ND",
+    )
 
 
 def table_options(args: argparse.Namespace):
     """The `add_column_options` flags as a delphi.fits.data.TableOptions."""
     from delphi.fits.data import TableOptions
 
-    columns = tuple((name, getattr(args, f"{name}_col")) for name in COLUMN_OPTIONS if getattr(args, f"{name}_col", None))
-    return TableOptions(columns=columns, query=args.query, drop_invalid=args.drop_invalid,
-                        drop_duplicates=args.drop_duplicates)
+    columns = tuple(
+        (name, getattr(args, f"{name}_col")) for name in COLUMN_OPTIONS if getattr(args, f"{name}_col", None)
+    )
+    return TableOptions(
+        columns=columns, query=args.query, drop_invalid=args.drop_invalid, drop_duplicates=args.drop_duplicates
+    )
 
 
 def table_load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`load_results`' keyword arguments from the flags `add_table_options` added (warnings to stderr)."""
-    return {**table_options(args).load_kwargs(), "params_convention": args.params_convention,
-            "family": args.family, "warn": lambda line: print(line, file=sys.stderr)}
+    return {
+        **table_options(args).load_kwargs(),
+        "params_convention": args.params_convention,
+        "family": args.family,
+        "warn": lambda line: print(line, file=sys.stderr),
+    }
 
 
 def add_log_options(parser: argparse.ArgumentParser, *, flag_prefix: str = "") -> None:
@@ -182,9 +211,13 @@ def add_log_options(parser: argparse.ArgumentParser, *, flag_prefix: str = "") -
     `flag_prefix` ("log-": --log-loss-col) names them apart from a results table's in a command
     that reads both."""
     for name in LOG_COLUMNS:
-        parser.add_argument(f"--{flag_prefix}{name}-col", dest=f"log_{name}_col", metavar="COL",
-                            help=f"the log's column holding the {'eval loss' if name == 'loss' else name} "
-                                 "(another trainer's log; default: the first of its usual names, docs/cli.md)")
+        parser.add_argument(
+            f"--{flag_prefix}{name}-col",
+            dest=f"log_{name}_col",
+            metavar="COL",
+            help=f"the log's column holding the {'eval loss' if name == 'loss' else name} "
+            "(another trainer's log; default: the first of its usual names, docs/cli.md)",
+        )
 
 
 def log_columns(args: argparse.Namespace):
@@ -202,9 +235,13 @@ def add_device_flag(parser: argparse.ArgumentParser) -> None:
     """`--device auto|cpu|gpu` of a command that trains (delphi.train.device)."""
     from delphi.train.config import DEVICE_CHOICES
 
-    parser.add_argument("--device", choices=DEVICE_CHOICES, default=None,
-                        help="train on the CPU, on a GPU (exit 2 if JAX sees none), or on what JAX finds (auto); "
-                             "default: each config's `device` (auto). Every run this command starts follows it")
+    parser.add_argument(
+        "--device",
+        choices=DEVICE_CHOICES,
+        default=None,
+        help="train on the CPU, on a GPU (exit 2 if JAX sees none), or on what JAX finds (auto); "
+        "default: each config's `device` (auto). Every run this command starts follows it",
+    )
 
 
 @contextlib.contextmanager

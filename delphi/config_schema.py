@@ -11,7 +11,8 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from delphi.errors import DelphiError, quoted
 
@@ -28,11 +29,12 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise DelphiError(
-            f"{_join(path, unknown[0])}: unknown key (expected one of: {', '.join(sorted(fields))})"
-        )
-    required = [name for name, f in fields.items() if f.init and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING and name not in data]
+        raise DelphiError(f"{_join(path, unknown[0])}: unknown key (expected one of: {', '.join(sorted(fields))})")
+    required = [
+        name
+        for name, f in fields.items()
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and name not in data
+    ]
     if required:
         raise DelphiError(f"{_join(path, required[0])}: missing key (required: {', '.join(sorted(required))})")
     hints = typing.get_type_hints(cls)

@@ -41,8 +41,20 @@ RUN_MARKERS = ("config.yaml", "status.json", "summary.json", METRICS_FILE)  # a 
 
 # Small files kept as they are: what a reader opens, what a seal's sha256 covers (results.csv, fits,
 # hero.yaml, probe summaries through files.csv.gz) and what the build reads most.
-PLAIN_NAMES = frozenset({"results.csv", "results.csv.family.json", "study.json", "gates.json", "hero.yaml", "rehearsal.yaml",
-                         "report.md", "lr_calibration.json", "preregistration.yaml", "store_accepted.json"})
+PLAIN_NAMES = frozenset(
+    {
+        "results.csv",
+        "results.csv.family.json",
+        "study.json",
+        "gates.json",
+        "hero.yaml",
+        "rehearsal.yaml",
+        "report.md",
+        "lr_calibration.json",
+        "preregistration.yaml",
+        "store_accepted.json",
+    }
+)
 PLAIN_SUFFIXES_TOP = frozenset({".md", ".py", ".csv", ".json", ".log"})  # an edition's own notebook, scripts and tables
 FIGURE_SUFFIXES = frozenset({".png", ".svg"})
 CACHE_ENV = "DELPHI_EDITIONS_CACHE"  # where unpacked editions are kept (default: the system temp dir)
@@ -102,7 +114,9 @@ def curves_table(runs: dict[str, list[dict]]) -> str:
                 if key not in seen:
                     seen.add(key)
                     columns.append(key)
-    rows = [[run] + [json.dumps(r[k]) if k in r else "" for k in columns] for run, records in runs.items() for r in records]
+    rows = [
+        [run] + [json.dumps(r[k]) if k in r else "" for k in columns] for run, records in runs.items() for r in records
+    ]
     return _csv_text(["run", *columns], rows)
 
 
@@ -121,8 +135,12 @@ def pack(source: str | Path, dest: str | Path, *, skip: tuple[str, ...] = ()) ->
     stale copy). Refuses unless unpacking the result gives every file back."""
     source, dest = Path(source), Path(dest)
     skipped = {Path(s) for s in skip}
-    paths = sorted(p for p in source.rglob("*") if (p.is_file() or p.is_symlink())
-                   and not any(s == p.relative_to(source) or s in p.relative_to(source).parents for s in skipped))
+    paths = sorted(
+        p
+        for p in source.rglob("*")
+        if (p.is_file() or p.is_symlink())
+        and not any(s == p.relative_to(source) or s in p.relative_to(source).parents for s in skipped)
+    )
     run_dirs = {p.parent.relative_to(source) for p in paths if not p.is_symlink() and _is_run_dir(p.parent)}
     # A symlinked directory (the fifth edition's hero30x -> study/hero) is one entry, not a second copy.
     paths = [p for p in paths if not _under_link(source, p.relative_to(source))]
@@ -151,7 +169,12 @@ def pack(source: str | Path, dest: str | Path, *, skip: tuple[str, ...] = ()) ->
         differ = compare_trees(source, Path(tmp) / "tree", skip=skipped)
     if differ:
         raise DelphiError(f"{dest}: the compact copy does not give {source} back: {', '.join(differ[:5])}")
-    return {"plain_files": plain, "runs": len(runs), "records": sum(len(r) for r in runs.values()), "archived_files": len(files)}
+    return {
+        "plain_files": plain,
+        "runs": len(runs),
+        "records": sum(len(r) for r in runs.values()),
+        "archived_files": len(files),
+    }
 
 
 def unpack(edition: str | Path, dest: str | Path) -> Path:
@@ -171,7 +194,9 @@ def unpack(edition: str | Path, dest: str | Path) -> Path:
         if row["encoding"] == "symlink":
             links.append((target, row["content"]))
         else:
-            target.write_bytes(base64.b64decode(row["content"]) if row["encoding"] == "base64" else row["content"].encode())
+            target.write_bytes(
+                base64.b64decode(row["content"]) if row["encoding"] == "base64" else row["content"].encode()
+            )
     for run, records in read_curves(edition / CURVES_FILE).items():
         (dest / run).mkdir(parents=True, exist_ok=True)
         (dest / run / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -275,13 +300,18 @@ def check_provenance(prereg_doc: dict, tree: Path) -> dict:
 
     provenance = prereg_doc.get("provenance") or {}
     recorded = {k: v for k, v in provenance.items() if k.endswith("_sha256") and isinstance(v, str)}
-    recorded |= {f"probe_summaries_sha256.{name}": v for name, v in (provenance.get("probe_summaries_sha256") or {}).items()}
+    recorded |= {
+        f"probe_summaries_sha256.{name}": v for name, v in (provenance.get("probe_summaries_sha256") or {}).items()
+    }
     by_hash: dict[str, list[str]] = {}
     for path in sorted(p for p in tree.rglob("*") if p.is_file() and p.suffix in (".csv", ".json", ".yaml")):
         by_hash.setdefault(sha256_file(path), []).append(path.relative_to(tree).as_posix())
     found = {key: by_hash.get(digest, []) for key, digest in recorded.items()}
-    return {"checked": len(found), "missing": sorted(k for k, v in found.items() if not v),
-            "found": {k: v[:3] for k, v in found.items() if v}}
+    return {
+        "checked": len(found),
+        "missing": sorted(k for k, v in found.items() if not v),
+        "found": {k: v[:3] for k, v in found.items() if v},
+    }
 
 
 EDITIONS_DIR = "editions"  # PAPER_ROOT/editions/vN: the committed editions
@@ -300,8 +330,10 @@ def edition_trees(paper_root: str | Path = "paper") -> dict[str, Path]:
     built (PAPER_ROOT/next/vN/STAGE, each a compact pack that holds the runs of its seals until it
     becomes an edition), by name."""
     trees = {e.name: edition_tree(e) for e in editions(paper_root)}
-    trees |= {f"{NEXT_DIR}/{pack.parent.parent.name}/{pack.parent.name}": edition_tree(pack.parent)
-              for pack in sorted((Path(paper_root) / NEXT_DIR).glob(f"v*/*/{FILES_FILE}"))}
+    trees |= {
+        f"{NEXT_DIR}/{pack.parent.parent.name}/{pack.parent.name}": edition_tree(pack.parent)
+        for pack in sorted((Path(paper_root) / NEXT_DIR).glob(f"v*/*/{FILES_FILE}"))
+    }
     return trees
 
 
@@ -329,8 +361,11 @@ def hero_runs(doc: dict, trees: dict[str, Path]) -> tuple[str, Path, list[Path]]
         held = check_provenance(doc, tree)
         if not held["checked"] or held["missing"]:
             continue
-        runs = [c.parent for c in sorted(tree.rglob("config.yaml"))
-                if (c.parent / "summary.json").is_file() and sha256_file(c) == hero_sha]
+        runs = [
+            c.parent
+            for c in sorted(tree.rglob("config.yaml"))
+            if (c.parent / "summary.json").is_file() and sha256_file(c) == hero_sha
+        ]
         if runs:
             return name, runs[0], seed_runs_of(doc, runs[0])
     return None

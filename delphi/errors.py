@@ -59,8 +59,9 @@ def message_line(error: BaseException, limit: int = MESSAGE_MAX_CHARS) -> str:
 # An OSError with one of these errnos is the system refusing a read or write (a full disk, a quota, a
 # file too large, a read-only mount, a name too long, no permission, a loop of links), not a bug: the
 # CLI prints one line naming the file and exits 2, wherever it was raised.
-SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES,
-                           errno.EPERM, errno.ELOOP})
+SYSTEM_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ELOOP}
+)
 
 
 def system_error_line(error: OSError) -> str:

@@ -45,25 +45,39 @@ class FirstCommit:
         """A line saying why `what` (e.g. "the seal") cannot be trusted, or None."""
         if self.state != CHANGED:
             return None
-        return (f"{what} {self.path} differs from its content in the commit that first added it ({self.commit[:12]}, "
-                f"{self.time}): what was first committed is what counts; a changed file is a new one (give it a new name)")
+        return (
+            f"{what} {self.path} differs from its content in the commit that first added it ({self.commit[:12]}, "
+            f"{self.time}): what was first committed is what counts; a changed file is a new one (give it a new name)"
+        )
 
     def note(self, what: str) -> str | None:
         """A line saying what is not anchored (not a failure), or None."""
         if self.state == NOT_COMMITTED:
-            return (f"{what} {self.path} is not committed: nothing outside the file anchors it (its own sha256 anyone "
-                    "can recompute); commit it to anchor it")
+            return (
+                f"{what} {self.path} is not committed: nothing outside the file anchors it (its own sha256 anyone "
+                "can recompute); commit it to anchor it"
+            )
         if self.state == NO_CHECKOUT:
-            return (f"{what} {self.path} is outside a git checkout: nothing outside the file anchors it (its own sha256 "
-                    "anyone can recompute)")
+            return (
+                f"{what} {self.path} is outside a git checkout: nothing outside the file anchors it (its own sha256 "
+                "anyone can recompute)"
+            )
         if self.shallow and self.state == SAME:
-            return (f"{what} {self.path}: this checkout's history is shallow, so {self.commit[:12]} is the oldest commit "
-                    "found, not necessarily the first (fetch the whole history to anchor it)")
+            return (
+                f"{what} {self.path}: this checkout's history is shallow, so {self.commit[:12]} is the oldest commit "
+                "found, not necessarily the first (fetch the whole history to anchor it)"
+            )
         return None
 
     def to_json(self) -> dict:
-        return {"path": self.path, "state": self.state, "commit": self.commit, "time": self.time, "epoch": self.epoch,
-                "shallow": self.shallow}
+        return {
+            "path": self.path,
+            "state": self.state,
+            "commit": self.commit,
+            "time": self.time,
+            "epoch": self.epoch,
+            "shallow": self.shallow,
+        }
 
 
 def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess | None:
@@ -92,6 +106,11 @@ def first_commit(path: str | Path) -> FirstCommit:
     is_shallow = shallow is not None and shallow.stdout.decode().strip() == "true"
     then = _git(["rev-parse", f"{commit}:{rel}"], root)
     now = _git(["hash-object", "--", rel], root) if resolved.is_file() else None
-    same = (then is not None and now is not None and then.returncode == 0 and now.returncode == 0
-            and then.stdout.strip() == now.stdout.strip())
+    same = (
+        then is not None
+        and now is not None
+        and then.returncode == 0
+        and now.returncode == 0
+        and then.stdout.strip() == now.stdout.strip()
+    )
     return FirstCommit(shown, SAME if same else CHANGED, commit, iso, float(epoch), is_shallow)

@@ -245,7 +245,7 @@ def _png_marker(path: Path) -> str | None:
             body = f.read(length)
             f.seek(4, os.SEEK_CUR)  # CRC
             if kind == b"tEXt" and body.startswith(PNG_MARKER_KEYWORD + b"\x00"):
-                return body[len(PNG_MARKER_KEYWORD) + 1:].decode("latin-1")
+                return body[len(PNG_MARKER_KEYWORD) + 1 :].decode("latin-1")
     return None
 
 
@@ -289,10 +289,11 @@ def check_replaceable(path: str | os.PathLike, command: str, *, force: bool = Fa
     writer = written_by(path)
     if writer == command:
         return
-    said = (f"it was written by `delphi {writer}`" if writer is not None
-            else "it does not say that delphi wrote it")
-    raise DelphiError(f"{flag} {path}: exists and {said}; `delphi {command}` replaces only its own files: "
-                      "choose another name, or pass --force to replace it")
+    said = f"it was written by `delphi {writer}`" if writer is not None else "it does not say that delphi wrote it"
+    raise DelphiError(
+        f"{flag} {path}: exists and {said}; `delphi {command}` replaces only its own files: "
+        "choose another name, or pass --force to replace it"
+    )
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
@@ -391,8 +392,11 @@ def _expanded_chars(root: yaml.Node, limit: int) -> int | None:
         key = id(node)
         if key in sizes:
             continue
-        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else (
-            node.value if isinstance(node, yaml.SequenceNode) else [])
+        children = (
+            [c for pair in node.value for c in pair]
+            if isinstance(node, yaml.MappingNode)
+            else (node.value if isinstance(node, yaml.SequenceNode) else [])
+        )
         if not children_done:
             if key in in_progress:
                 return None
@@ -519,10 +523,14 @@ def refuse_non_regular(path: str | os.PathLike, *, flag: str | None = "--out", s
         where += f" ({path})"
     if kind == "a directory":
         raise DelphiError(f"{where}: is a directory; expected a file name")
-    advice = ("give the path of the file it points to, or another name" if kind.startswith("a symbolic link")
-              else "choose a regular file name")
-    raise DelphiError(f"{where}: exists and is {kind}, not a regular file; delphi writes only regular files, "
-                      f"--force or not: {advice}")
+    advice = (
+        "give the path of the file it points to, or another name"
+        if kind.startswith("a symbolic link")
+        else "choose a regular file name"
+    )
+    raise DelphiError(
+        f"{where}: exists and is {kind}, not a regular file; delphi writes only regular files, --force or not: {advice}"
+    )
 
 
 def ends_in_separator(path: str | os.PathLike) -> bool:
@@ -541,8 +549,10 @@ def refuse_directory_name(path: str | os.PathLike, *, flag: str | None = None) -
     where = f"{flag} {text}" if flag else text
     if Path(text).is_dir():
         raise DelphiError(f"{where}: is a directory; expected a file name")
-    raise DelphiError(f"{where}: ends in {text[-1]!r}, so it names a directory, and {Path(text)} does not exist; "
-                      f"expected a file name: drop the {text[-1]!r}, or create {Path(text)} and name a file in it")
+    raise DelphiError(
+        f"{where}: ends in {text[-1]!r}, so it names a directory, and {Path(text)} does not exist; "
+        f"expected a file name: drop the {text[-1]!r}, or create {Path(text)} and name a file in it"
+    )
 
 
 def _name_max(path: Path) -> int:
@@ -563,13 +573,20 @@ def _check_name_lengths(path: Path, flag: str, *, extra: int = 0) -> None:
         size = len(os.fsencode(part)) + (extra if i == len(parts) - 1 else 0)
         if part != os.sep and size > limit:
             sidecar = f" with its {SIDECAR_SUFFIX} sidecar" if extra and i == len(parts) - 1 else ""
-            raise DelphiError(f"{flag} {quoted(str(path), 80)}: the name {quoted(part, 40)} is {size} bytes long{sidecar}; "
-                              f"the file system allows at most {limit} per name: choose a shorter name")
+            raise DelphiError(
+                f"{flag} {quoted(str(path), 80)}: the name {quoted(part, 40)} is {size} bytes long{sidecar}; "
+                f"the file system allows at most {limit} per name: choose a shorter name"
+            )
 
 
 def check_output_file(
-    path: str | os.PathLike | None, *, inputs: tuple = (), protected: tuple = (), flag: str = "--out",
-    command: str | None = None, force: bool = False,
+    path: str | os.PathLike | None,
+    *,
+    inputs: tuple = (),
+    protected: tuple = (),
+    flag: str = "--out",
+    command: str | None = None,
+    force: bool = False,
 ) -> Path:
     """Refuse, before any work, an output file that cannot be written or must not be.
 
@@ -595,8 +612,9 @@ def check_output_file(
         raise DelphiError(f"{flag} {quoted(str(path), 120)}: {e.strerror or e}") from None
 
 
-def _check_output_file(text: str, out: Path, inputs: tuple, protected: tuple, flag: str, command: str | None,
-                       force: bool) -> Path:
+def _check_output_file(
+    text: str, out: Path, inputs: tuple, protected: tuple, flag: str, command: str | None, force: bool
+) -> Path:
     sidecar = _marker_format(out) == "sidecar" and command is not None
     _check_name_lengths(out, flag, extra=len(SIDECAR_SUFFIX) if sidecar else 0)
     refuse_directory_name(text, flag=flag)
@@ -605,11 +623,15 @@ def _check_output_file(text: str, out: Path, inputs: tuple, protected: tuple, fl
         refuse_non_regular(file, flag=flag, shown=text)
         for p, original in _with_sidecars(inputs):
             if _same_file(file, p):
-                what = (f"is an input of this command ({original})" if p == Path(original)
-                        else f"is read beside {original}, an input of this command")
+                what = (
+                    f"is an input of this command ({original})"
+                    if p == Path(original)
+                    else f"is read beside {original}, an input of this command"
+                )
                 also = "" if file == out else f" (its sidecar {file.name})"
-                raise DelphiError(f"{flag} {text}{also}: {what}; it would be overwritten, --force or not: "
-                                  "choose another name")
+                raise DelphiError(
+                    f"{flag} {text}{also}: {what}; it would be overwritten, --force or not: choose another name"
+                )
     for p in protected:
         if p is not None and (_same_file(out, Path(p)) or (Path(p).is_dir() and _inside(out, Path(p)))):
             raise DelphiError(f"{flag} {text}: would overwrite {p}, which delphi maintains; choose another file")
@@ -636,8 +658,10 @@ def check_input_file(path: str | os.PathLike, what: str = "file", *, not_found: 
         raise DelphiError(f"{p}: {not_found or f'{what} not found'}") from None
     except OSError as e:
         if e.errno == errno.ENAMETOOLONG:
-            raise DelphiError(f"{quoted(text, 80)}: file name too long (at most {_name_max(Path('.'))} bytes per name); "
-                              f"expected a {what}") from None
+            raise DelphiError(
+                f"{quoted(text, 80)}: file name too long (at most {_name_max(Path('.'))} bytes per name); "
+                f"expected a {what}"
+            ) from None
         raise DelphiError(f"{p}: cannot read ({e.strerror})") from None
     if stat.S_ISDIR(mode):
         raise DelphiError(f"{p}: is a directory, expected a {what}")
@@ -652,9 +676,13 @@ def check_not_an_input(paths: Any, inputs: tuple = (), *, flag: str = "--out") -
     inside an input directory."""
     for written in paths:
         for p, original in _with_sidecars(inputs):
-            if _same_file(Path(written), p) or (p == Path(original) and Path(written).is_dir() and _inside(p, Path(written))):
-                raise DelphiError(f"{flag}: would write {written}, which is an input of this command ({original}); "
-                                  "choose another directory")
+            if _same_file(Path(written), p) or (
+                p == Path(original) and Path(written).is_dir() and _inside(p, Path(written))
+            ):
+                raise DelphiError(
+                    f"{flag}: would write {written}, which is an input of this command ({original}); "
+                    "choose another directory"
+                )
 
 
 def check_output_dir(path: str | os.PathLike | None, *, inputs: tuple = (), flag: str = "--out") -> Path:
@@ -683,8 +711,9 @@ def check_output_dir(path: str | os.PathLike | None, *, inputs: tuple = (), flag
     return out
 
 
-def check_owned_dir(path: str | os.PathLike, owner_files: tuple[str, ...], command: str, *, force: bool = False,
-                    flag: str = "--out") -> None:
+def check_owned_dir(
+    path: str | os.PathLike, owner_files: tuple[str, ...], command: str, *, force: bool = False, flag: str = "--out"
+) -> None:
     """Refuse (DelphiError, exit 2) to write into an existing non-empty directory that holds none
     of `owner_files`, the files that mark a directory `command` made (a study's study.json, a run
     dir's status.json), unless `force`: whatever is there is the user's. Creates nothing."""
@@ -693,5 +722,7 @@ def check_owned_dir(path: str | os.PathLike, owner_files: tuple[str, ...], comma
         return
     if any((directory / name).exists() for name in owner_files):
         return
-    raise DelphiError(f"{flag} {path}: a non-empty directory that `delphi {command}` did not make (no "
-                      f"{' or '.join(owner_files)}); choose a new or empty directory, or pass --force")
+    raise DelphiError(
+        f"{flag} {path}: a non-empty directory that `delphi {command}` did not make (no "
+        f"{' or '.join(owner_files)}); choose a new or empty directory, or pass --force"
+    )

@@ -26,9 +26,10 @@ import bisect
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import yaml
 
@@ -88,7 +89,9 @@ def read(path: str | Path) -> dict:
     if missing:
         raise DelphiError(f"{path}: missing key {quoted(missing[0])}; not a Delphi preregistration")
     if doc["schema_version"] != SCHEMA_VERSION:
-        raise DelphiError(f"{path}: schema_version {quoted(doc['schema_version'])}, this toolkit reads {SCHEMA_VERSION}")
+        raise DelphiError(
+            f"{path}: schema_version {quoted(doc['schema_version'])}, this toolkit reads {SCHEMA_VERSION}"
+        )
     return doc
 
 

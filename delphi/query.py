@@ -42,13 +42,31 @@ WORDS = ("and", "or", "not", "in", "True", "False")
 # Parentheses and `not` nest; each level is a few Python frames while parsing and evaluating.
 MAX_NESTING = 50
 SUMMARY = "columns, numbers, 'strings', == != < <= > >=, and/or/not, in [...], ( )"
-COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
-HINTS = {"&": "use 'and'", "|": "use 'or'", "~": "use 'not'", "=": "use '=='", "!": "use '!=' or 'not'",
-         "@": "variables cannot be referenced", ".": "attribute access is not allowed",
-         "\\": "backslashes are not allowed, not even in strings", **{c: "arithmetic is not allowed" for c in "+-*/%"},
-         "'": "unterminated string", '"': "unterminated string", "`": "unterminated or empty backtick name"}
+COMPARE = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+HINTS = {
+    "&": "use 'and'",
+    "|": "use 'or'",
+    "~": "use 'not'",
+    "=": "use '=='",
+    "!": "use '!=' or 'not'",
+    "@": "variables cannot be referenced",
+    ".": "attribute access is not allowed",
+    "\\": "backslashes are not allowed, not even in strings",
+    **{c: "arithmetic is not allowed" for c in "+-*/%"},
+    "'": "unterminated string",
+    '"': "unterminated string",
+    "`": "unterminated or empty backtick name",
+}
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<space>\s+)
   | (?P<number>-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])
   | (?P<string>'[^'\\\n]*'|"[^"\\\n]*")
@@ -56,7 +74,9 @@ _TOKEN = re.compile(r"""
   | (?P<op>==|!=|<=|>=|<|>)
   | (?P<punct>[()\[\],])
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)(?![\w'"`])
-""", re.VERBOSE | re.ASCII)
+""",
+    re.VERBOSE | re.ASCII,
+)
 
 
 class Token(NamedTuple):
@@ -86,12 +106,18 @@ def tokenize(expr: str) -> list[Token]:
                 inside = re.compile(rf"[^{bad}\n]*").match(expr, pos + 1).group()
                 if "\\" in inside:
                     pos, bad = pos + 1 + inside.index("\\"), "\\"
-            follows = expr[pos + len(bad):pos + len(bad) + 1]
-            hint = HINTS.get(bad[0]) or ("string prefixes such as f'...' are not allowed" if follows and follows in "'\"`"
-                                         else "numbers are decimal" if bad[0].isdigit() else None)
+            follows = expr[pos + len(bad) : pos + len(bad) + 1]
+            hint = HINTS.get(bad[0]) or (
+                "string prefixes such as f'...' are not allowed"
+                if follows and follows in "'\"`"
+                else "numbers are decimal"
+                if bad[0].isdigit()
+                else None
+            )
             hint = f" ({hint})" if hint else ""
-            raise DelphiError(f"{quoted(bad)} {_where(expr, pos)} is not part of the query language{hint}; "
-                              f"allowed: {SUMMARY}")
+            raise DelphiError(
+                f"{quoted(bad)} {_where(expr, pos)} is not part of the query language{hint}; allowed: {SUMMARY}"
+            )
         kind, text = m.lastgroup, m.group()
         if kind == "number":
             try:
@@ -108,8 +134,10 @@ def tokenize(expr: str) -> list[Token]:
                 tokens.append(Token("word", text, pos, {"True": True, "False": False}.get(text)))
             elif text.startswith("__") or keyword.iskeyword(text):
                 what = "a name starting with '__'" if text.startswith("__") else "a Python keyword"
-                raise DelphiError(f"{quoted(text)} {_where(expr, pos)} is not part of the query language ({what}; "
-                                  f"a column so named goes in backticks); allowed: {SUMMARY}")
+                raise DelphiError(
+                    f"{quoted(text)} {_where(expr, pos)} is not part of the query language ({what}; "
+                    f"a column so named goes in backticks); allowed: {SUMMARY}"
+                )
             else:
                 tokens.append(Token("column", text, pos, text))
         elif kind != "space":
@@ -146,8 +174,11 @@ class _Parser:
         token = self.peek()
         got = "the end" if token.kind == "end" else quoted(token.text)
         after = self.tokens[self.i - 1] if self.i > 0 else None
-        hint = (" (calls and subscripts are not allowed)"
-                if token.text in ("(", "[") and after is not None and (after.kind == "column" or after.text in ")]") else "")
+        hint = (
+            " (calls and subscripts are not allowed)"
+            if token.text in ("(", "[") and after is not None and (after.kind == "column" or after.text in ")]")
+            else ""
+        )
         return DelphiError(f"expected {expected}, got {got} {_where(self.expr, token.pos)}{hint}; allowed: {SUMMARY}")
 
     def expect(self, kind: str, text: str, expected: str) -> Token:
@@ -264,8 +295,10 @@ def _mask(value: Any, node: Node, frame: pd.DataFrame, expr: str) -> pd.Series:
     if isinstance(value, pd.Series):
         if pd.api.types.is_bool_dtype(value.dtype) or pd.api.types.infer_dtype(value, skipna=True) == "boolean":
             return value.astype("boolean").fillna(False).astype(bool)
-        raise DelphiError(f"query {quoted(expr)}: {_describe(node)} (dtype {value.dtype}) is not a condition "
-                          f"of true/false values; compare it, e.g. with ==")
+        raise DelphiError(
+            f"query {quoted(expr)}: {_describe(node)} (dtype {value.dtype}) is not a condition "
+            f"of true/false values; compare it, e.g. with =="
+        )
     raise DelphiError(f"query {quoted(expr)}: {_describe(node)} is not a condition; compare it, e.g. with ==")
 
 
@@ -294,8 +327,10 @@ def _evaluate(node: Node, frame: pd.DataFrame, expr: str) -> Any:
         try:
             result = COMPARE[op](left, right)
         except (TypeError, ValueError) as e:
-            raise DelphiError(f"query {quoted(expr)}: cannot compare {_describe(node[2])} {op} {_describe(node[3])} "
-                              f"({type(e).__name__})") from None
+            raise DelphiError(
+                f"query {quoted(expr)}: cannot compare {_describe(node[2])} {op} {_describe(node[3])} "
+                f"({type(e).__name__})"
+            ) from None
         return bool(result) if not isinstance(result, pd.Series) else result
     raise AssertionError(f"unknown node {kind}")
 
@@ -312,7 +347,9 @@ def query_mask(frame: pd.DataFrame, expr: str) -> pd.Series:
             more = f" ... ({len(frame.columns)} in all)" if len(frame.columns) > 40 else ""
             raise DelphiError(f"unknown column {quoted(name)} {_where(expr, pos)}; the table has: {have}{more}")
         if list(view.columns).count(name) > 1:
-            raise DelphiError(f"column {quoted(name)} {_where(expr, pos)} is not one column: the table has it more than once")
+            raise DelphiError(
+                f"column {quoted(name)} {_where(expr, pos)} is not one column: the table has it more than once"
+            )
     return _mask(_evaluate(tree, view, expr), tree, view, expr)
 
 

@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # The pid of the process whose death must stop this one (`delphi train` as a study's seed trainer).

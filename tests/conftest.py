@@ -25,7 +25,9 @@ def load_benchmark(name: str):
     import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"{name}_under_test", Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

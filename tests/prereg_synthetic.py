@@ -29,8 +29,15 @@ SEQ = 64
 
 def train_config(d_model: int, steps: int, batch: int, name: str, eval_every: int | None = None) -> TrainConfig:
     model = ModelConfig(d_model=d_model, n_layers=2, n_heads=4, d_ff=4 * d_model)
-    return TrainConfig(model=model, data=DataConfig(seq_len=SEQ, batch_size=batch), optim=OPTIM, steps=steps,
-                       eval_every=eval_every or max(steps // 20, 1), log_every=max(steps // 20, 1), name=name)
+    return TrainConfig(
+        model=model,
+        data=DataConfig(seq_len=SEQ, batch_size=batch),
+        optim=OPTIM,
+        steps=steps,
+        eval_every=eval_every or max(steps // 20, 1),
+        log_every=max(steps // 20, 1),
+        name=name,
+    )
 
 
 def true_curve(cfg: TrainConfig, rng: np.random.Generator, noise: float = NOISE):
@@ -47,9 +54,22 @@ def metrics_rows(cfg: TrainConfig, steps, tokens, loss) -> list[dict]:
     fpt = flops_per_token(cfg.model, cfg.data.seq_len)
     rows, now = [], time.time()
     for k, (s, t, l) in enumerate(zip(steps, tokens, loss)):
-        rows.append({"step": int(s), "tokens": int(t), "flops": float(fpt * t), "lr": OPTIM.lr, "train_loss": float(l) + 0.01,
-                     "grad_norm": 1.0, "tokens_per_s": 1e5, "mfu": 0.3, "wall_s": 0.01 * (k + 1), "time": now + 0.01 * (k + 1),
-                     "val_loss": float(l), "val_bpb": float(l) / np.log(2)})
+        rows.append(
+            {
+                "step": int(s),
+                "tokens": int(t),
+                "flops": float(fpt * t),
+                "lr": OPTIM.lr,
+                "train_loss": float(l) + 0.01,
+                "grad_norm": 1.0,
+                "tokens_per_s": 1e5,
+                "mfu": 0.3,
+                "wall_s": 0.01 * (k + 1),
+                "time": now + 0.01 * (k + 1),
+                "val_loss": float(l),
+                "val_bpb": float(l) / np.log(2),
+            }
+        )
     return rows
 
 
@@ -61,13 +81,28 @@ def write_run(run_dir: Path, cfg: TrainConfig, rng: np.random.Generator, *, stat
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     counts = count_params(cfg.model)
     fpt = flops_per_token(cfg.model, cfg.data.seq_len)
-    summary = {"status": status, "steps": cfg.steps, "tokens": cfg.tokens, "flops": fpt * cfg.tokens, "val_loss": float(loss[-1]),
-               "val_bpb": float(loss[-1]) / np.log(2), "params_total": counts.total, "params_active": counts.active,
-               "params_nonembedding": counts.nonembedding, "flops_per_token": fpt}
+    summary = {
+        "status": status,
+        "steps": cfg.steps,
+        "tokens": cfg.tokens,
+        "flops": fpt * cfg.tokens,
+        "val_loss": float(loss[-1]),
+        "val_bpb": float(loss[-1]) / np.log(2),
+        "params_total": counts.total,
+        "params_active": counts.active,
+        "params_nonembedding": counts.nonembedding,
+        "flops_per_token": fpt,
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary))
     (run_dir / "status.json").write_text(json.dumps({"status": status, "reason": "", "step": cfg.steps, "updated": ""}))
-    return {"run_id": run_dir.name, "params": counts.nonembedding, "tokens": cfg.tokens, "flops": fpt * cfg.tokens,
-            "loss": float(loss[-1]), "budget": None}
+    return {
+        "run_id": run_dir.name,
+        "params": counts.nonembedding,
+        "tokens": cfg.tokens,
+        "flops": fpt * cfg.tokens,
+        "loss": float(loss[-1]),
+        "budget": None,
+    }
 
 
 WIDTHS = (32, 48, 64, 96, 128)

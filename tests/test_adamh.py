@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 import jax
@@ -18,7 +17,13 @@ from flax import nnx
 from delphi.cli import main as cli_main
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 from delphi.train.adamh import ADAMH_GROUPS, adamh, matrix_norms, project_to_sphere, scale_by_sphere_projection
-from delphi.train.config import OptimConfig, TrainConfig, load_train_config, train_config_from_dict, train_config_to_dict
+from delphi.train.config import (
+    OptimConfig,
+    TrainConfig,
+    load_train_config,
+    train_config_from_dict,
+    train_config_to_dict,
+)
 from delphi.train.optim import group_hyperparams, make_optimizer, param_labels
 from delphi.train.step import split_model
 from tests.test_train import tiny_config, write_config
@@ -32,7 +37,10 @@ def moe_model() -> ModelConfig:
     """Routed experts [E, d, f] and shared experts: every kind of hidden matrix the model has. The
     unembedding starts random so that every matrix gets a gradient on step 1 (zero, it gets none)."""
     return ModelConfig(
-        d_model=32, n_layers=1, n_heads=2, mup=MuPConfig(base_d_model=16, zero_init_unembedding=False),
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        mup=MuPConfig(base_d_model=16, zero_init_unembedding=False),
         moe=MoEConfig(experts=4, top_k=2, d_expert=16, shared_experts=1),
     )
 
@@ -184,7 +192,9 @@ def test_one_trainer_step_moves_each_matrix_by_eta(moe):
     eps = group_hyperparams(cfg, optim)["hidden"]["eps"]
     for (name, w), (_, u), (_, g) in zip(hidden_leaves(params), hidden_leaves(updates), hidden_leaves(grads)):
         direction = g / (jnp.abs(g) + eps)
-        cos = np.asarray(jnp.sum(w * direction, axis=(-2, -1)) / (matrix_norms(w) * matrix_norms(direction))[..., 0, 0], np.float64)
+        cos = np.asarray(
+            jnp.sum(w * direction, axis=(-2, -1)) / (matrix_norms(w) * matrix_norms(direction))[..., 0, 0], np.float64
+        )
         moved = np.asarray(matrix_norms(u) / matrix_norms(w))[..., 0, 0]
         np.testing.assert_allclose(moved, relative_move(eta, cos), rtol=1e-3, err_msg=name)
         np.testing.assert_allclose(moved, eta, rtol=0.05, err_msg=name)
@@ -221,13 +231,19 @@ def test_adamh_resume_is_bit_identical(store, tmp_path):
     assert train(cfg, whole, progress=False)["status"] == "completed"
     assert train(cfg, parts, progress=False, max_steps=6)["status"] == "failed"
     assert train(cfg, parts, resume=True, progress=False)["status"] == "completed"
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in {"tokens_per_s", "mfu", "wall_s", "eval_s", "time"}} for r in rs]
+    strip = lambda rs: [
+        {k: v for k, v in r.items() if k not in {"tokens_per_s", "mfu", "wall_s", "eval_s", "time"}} for r in rs
+    ]
     assert strip(read_metrics(whole)) == strip(read_metrics(parts))  # exactly, not approximately
     a, b = final_state(whole, cfg), final_state(parts, cfg)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     # and the run's AdamH matrices are still on their spheres after 12 steps of real training
-    radius = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(a.opt_state) if leaf.ndim >= 2 and leaf.shape[-2:] == (1, 1)]
+    radius = [
+        leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(a.opt_state)
+        if leaf.ndim >= 2 and leaf.shape[-2:] == (1, 1)
+    ]
     assert radius and all(np.all(np.asarray(r) > 0) for r in radius)
     for _, w in hidden_leaves(a.params):
         assert any(matrix_norms(w).shape == r.shape and np.allclose(matrix_norms(w), r, rtol=NORM_RTOL) for r in radius)
@@ -240,7 +256,11 @@ def test_adamh_resume_is_bit_identical(store, tmp_path):
     "override, key, wanted",
     [
         ({"optim.optimizer": "sgd"}, "optim.optimizer", "'sgd' is not one of"),
-        ({"optim.optimizer": "adamh", "optim.adam_lr": 1e-2, "optim.weight_decay": 0.1}, "optim.weight_decay", "no weight decay"),
+        (
+            {"optim.optimizer": "adamh", "optim.adam_lr": 1e-2, "optim.weight_decay": 0.1},
+            "optim.weight_decay",
+            "no weight decay",
+        ),
         ({"optim.optimizer": "adamh", "optim.weight_decay": 0.0}, "optim.adam_lr", "required"),
         ({"optim.optimizer": "adamh", "optim.adam_lr": 0.0}, "optim.adam_lr", "must be positive"),
         ({"optim.adam_lr": 1e-3}, "optim.adam_lr", "only for optim.optimizer adamh"),
@@ -258,7 +278,10 @@ def test_bad_optimizer_config_exits_2_naming_the_key(store, tmp_path, capsys, ov
 
 def test_adamh_yaml_round_trip_and_omitted_weight_decay(store, tmp_path):
     data = train_config_to_dict(tiny_config(store))
-    data["optim"] = {k: v for k, v in data["optim"].items() if k != "weight_decay"} | {"optimizer": "adamh", "adam_lr": 3e-3}
+    data["optim"] = {k: v for k, v in data["optim"].items() if k != "weight_decay"} | {
+        "optimizer": "adamh",
+        "adam_lr": 3e-3,
+    }
     cfg = train_config_from_dict(data)
     assert cfg.optim.optimizer == "adamh" and cfg.optim.weight_decay == 0.0 and cfg.optim.adam_lr == 3e-3
     written = train_config_to_dict(cfg)
@@ -298,7 +321,9 @@ def test_adamw_configs_keep_their_config_sha256(tmp_path):
 
     v7 = edition_tree(REPO / "paper/editions/v7") / "lr_calibration/runs/LR_T4.2e+06_d192_L3_x1_s0"
     pinned = "8cfb58f21f984c438d7cdf319eacc5dddbe1ea510dddec59cd2f4093f9c48ca6"
-    explicit = write_config(tmp_path / "explicit.yaml", load_train_config(v7 / "config.yaml"), **{"optim.optimizer": "adamw"})
+    explicit = write_config(
+        tmp_path / "explicit.yaml", load_train_config(v7 / "config.yaml"), **{"optim.optimizer": "adamw"}
+    )
     assert "optimizer: adamw" in explicit.read_text()
     assert sha256_bytes(identity_yaml(explicit.read_text()).encode()) == pinned
     assert sha256_bytes(identity_yaml(config_yaml(load_train_config(explicit))).encode()) == pinned

@@ -22,7 +22,7 @@ TRUTH = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoff
 def small_model_family() -> FlopsFamily:
     """fpt(N) far from 6N: attention and embedding FLOPs dominate small models (C/6ND ~ 5 at 1e3)."""
     n = np.geomspace(1e3, 1e9, 25)
-    fpt = 6 * n + 2.4e5 * n ** 0.2
+    fpt = 6 * n + 2.4e5 * n**0.2
     return FlopsFamily(tuple(n), tuple(fpt), "nonembedding", "synthetic 6N + 2.4e5 N^0.2")
 
 
@@ -55,7 +55,9 @@ def test_without_family_matches_closed_form():
 
 def test_no_interior_optimum_is_nan():
     # B = 0: loss falls with N forever; no allocation within any plausible D/N range
-    out = optimal_allocation(lambda n, d: 2 + 400 * np.asarray(n) ** -0.3 + 0 * np.asarray(d), 1e20, small_model_family())
+    out = optimal_allocation(
+        lambda n, d: 2 + 400 * np.asarray(n) ** -0.3 + 0 * np.asarray(d), 1e20, small_model_family()
+    )
     assert np.isnan(out["params"]) and np.isnan(out["loss"])
 
 
@@ -116,4 +118,6 @@ def test_family_file_beside_results_is_used_and_checked(tmp_path):
     fit = fit_vpnls(loaded)
     assert fit.to_json()["allocation"] == "exact" and fit.to_json()["family"] == "moe"
     with pytest.raises(DelphiError, match="counts N as 'nonembedding'"):
-        load_results(path, family=fam.__class__(fam.params, fam.flops_per_token, "nonembedding", "x"), params_convention="active")
+        load_results(
+            path, family=fam.__class__(fam.params, fam.flops_per_token, "nonembedding", "x"), params_convention="active"
+        )

@@ -69,7 +69,9 @@ def test_fused_attention_matches_blocked(d_model, n_heads, seq, precision) -> No
     tolerance = TOLERANCE[precision]
     assert relative_error(out_f, out_b) < tolerance
     assert relative_error(dx_f, dx_b) < tolerance
-    for (path, g_b), (_, g_f) in zip(jax.tree_util.tree_leaves_with_path(dp_b), jax.tree_util.tree_leaves_with_path(dp_f)):
+    for (path, g_b), (_, g_f) in zip(
+        jax.tree_util.tree_leaves_with_path(dp_b), jax.tree_util.tree_leaves_with_path(dp_f)
+    ):
         assert relative_error(g_f, g_b) < tolerance, jax.tree_util.keystr(path)
 
 
@@ -82,7 +84,7 @@ def test_fused_attention_is_causal() -> None:
     changed = x.at[:, 40:].set(jax.random.normal(jax.random.key(4), (1, seq - 40, 32)))
     for layer in attention_pair(cfg, jnp.float32):
         graphdef, state = nnx.split(layer)
-        apply = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x, rope))
+        apply = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x, rope))  # noqa: B023  (called at once, inside the loop)
         before, after = apply(state, x), apply(state, changed)
         np.testing.assert_array_equal(np.asarray(before[:, :40]), np.asarray(after[:, :40]))
         assert not np.allclose(np.asarray(before[:, 40:]), np.asarray(after[:, 40:]))
@@ -95,7 +97,9 @@ def test_a_whole_moe_model_trains_the_same_through_either_kernel() -> None:
     from delphi.train.config import TrainConfig
     from delphi.train.trainer import attention_kernel, init_model
 
-    model_cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, moe=MoEConfig(experts=8, top_k=2, d_expert=32, capacity_factor=4.0))
+    model_cfg = ModelConfig(
+        d_model=32, n_layers=2, n_heads=2, moe=MoEConfig(experts=8, top_k=2, d_expert=32, capacity_factor=4.0)
+    )
     tokens = jax.random.randint(jax.random.key(5), (2, 129), 0, 256)
     results = []
     for attention in ("blocked", "fused"):
@@ -103,7 +107,7 @@ def test_a_whole_moe_model_trains_the_same_through_either_kernel() -> None:
         graphdef, params, rest = nnx.split(init_model(cfg), nnx.Param, ...)
 
         def loss(params):
-            return lm_loss(nnx.merge(graphdef, params, rest), tokens)[0]
+            return lm_loss(nnx.merge(graphdef, params, rest), tokens)[0]  # noqa: B023  (called at once, inside the loop)
 
         results.append(jax.jit(jax.value_and_grad(loss))(params))
     assert attention_kernel(TrainConfig(attention="fused")) == "xla"  # on this CPU

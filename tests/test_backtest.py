@@ -21,7 +21,9 @@ PAPER_RESULTS = REPO / "paper" / "editions" / "v1" / "data" / "results.csv"
 TRUTH = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al. 2022, rounded
 
 
-def seeded_design(seeds: int = 3, noise: float = 0.02, budgets=(1e18, 1e19, 1e20, 1e21, 1e22), e: float = TRUTH["E"]) -> pd.DataFrame:
+def seeded_design(
+    seeds: int = 3, noise: float = 0.02, budgets=(1e18, 1e19, 1e20, 1e21, 1e22), e: float = TRUTH["E"]
+) -> pd.DataFrame:
     """IsoFLOP curves about the true optimum, `seeds` noisy runs per cell."""
     rng = np.random.default_rng(0)
     truth = dict(TRUTH, E=e)
@@ -33,8 +35,17 @@ def seeded_design(seeds: int = 3, noise: float = 0.02, budgets=(1e18, 1e19, 1e20
             d = c / (6 * n)
             clean = truth["E"] + truth["A"] * n ** -truth["alpha"] + truth["B"] * d ** -truth["beta"]
             for s in range(seeds):
-                rows.append({"params": n, "tokens": d, "flops": c, "budget": c, "seed": s,
-                             "loss": clean + noise * rng.standard_normal(), "run_id": f"r{len(rows)}"})
+                rows.append(
+                    {
+                        "params": n,
+                        "tokens": d,
+                        "flops": c,
+                        "budget": c,
+                        "seed": s,
+                        "loss": clean + noise * rng.standard_normal(),
+                        "run_id": f"r{len(rows)}",
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -96,8 +107,12 @@ def test_resampling_only_seeds_gives_a_two_seed_cell_mean_half_its_variance():
     table = load_results(seeded_design(seeds=2, noise=0.02))
     cells, loss = table["cell_id"].to_numpy(), table["loss"].to_numpy()
     one_run_var = float(table.groupby("cell_id")["loss"].var(ddof=1).mean())
-    means = np.array([pd.Series(loss[i]).groupby(cells[i]).mean().to_numpy()
-                      for i in resample_indices(table, 4000, seed=0, resample="seeds")])
+    means = np.array(
+        [
+            pd.Series(loss[i]).groupby(cells[i]).mean().to_numpy()
+            for i in resample_indices(table, 4000, seed=0, resample="seeds")
+        ]
+    )
     assert means.var(axis=0).mean() == pytest.approx(one_run_var / 2 / 2, rel=0.1)
 
 
@@ -195,7 +210,10 @@ def test_probe_holdouts_correct_the_isoflop_law_on_llama3():
     assert result["summary"]["all"]["corrected_coverage_90"] == 1.0
     with pytest.raises(DelphiError, match="need >= 2 probes"):
         probe_holdouts(table, fit_approach2, probes=6)
-    assert main(["fit", "backtest", str(REPO / "tests" / "data" / "isoflops.csv"), "--method", "isoflop", "--probes", "1"]) == 2
+    assert (
+        main(["fit", "backtest", str(REPO / "tests" / "data" / "isoflops.csv"), "--method", "isoflop", "--probes", "1"])
+        == 2
+    )
 
 
 def test_the_public_probe_trend_table_regenerates(tmp_path):
@@ -227,4 +245,3 @@ def test_the_alternative_rules_table_regenerates(tmp_path):
     pd.testing.assert_frame_equal(table, pd.read_csv(script.with_name("alternative_rules_public.csv")))
     own = table[table["reach_in_spans"] == module.OWN].iloc[0]
     assert own["linear_mean"] == pytest.approx(0.9752 / 0.9852 - 1, abs=2e-4)
-

@@ -26,8 +26,18 @@ CHINCHILLA = "experiment == 'epochai_chinchilla__massivetext__chinchilla' and no
 CASES = {
     "llama3_exp_vpnls_holdout3": ["--query", LLAMA, "--method", "vpnls", "--holdout", "3"],
     "chinchilla_isoflop_cut3e19": ["--query", CHINCHILLA, "--method", "isoflop", "--cut", "3e19"],
-    "llama3_exp_isoflop_bootstrap20": ["--query", LLAMA, "--method", "isoflop", "--holdout", "2", "--bootstrap", "20",
-                                       "--workers", "1"],
+    "llama3_exp_isoflop_bootstrap20": [
+        "--query",
+        LLAMA,
+        "--method",
+        "isoflop",
+        "--holdout",
+        "2",
+        "--bootstrap",
+        "20",
+        "--workers",
+        "1",
+    ],
     "llama3_exp_all_holdouts": ["--query", LLAMA, "--method", "isoflop", "vpnls", "envelope", "--all-holdouts"],
     "llama3_exp_envelope_holdout2": ["--query", LLAMA, "--method", "envelope", "--holdout", "2"],
 }
@@ -103,8 +113,12 @@ def _without_calibration(result: dict) -> dict:
     out = {k: v for k, v in result.items() if k not in ("calibration", "interval_coverage", "best_point")}
     for key in ("budgets", "rows"):
         if key in out:
-            out[key] = [{k: v for k, v in b.items() if k not in ("calibrated", "best_point", "loss_is")} if isinstance(b, dict)
-                        else b for b in out[key]]
+            out[key] = [
+                {k: v for k, v in b.items() if k not in ("calibrated", "best_point", "loss_is")}
+                if isinstance(b, dict)
+                else b
+                for b in out[key]
+            ]
     return out
 
 
@@ -136,11 +150,16 @@ def test_beyond_the_calibrated_limit_prints_the_laws_interval_uncalibrated(tmp_p
     result, err, _ = _backtest(tmp_path, capsys, *CHINCHILLA_CUT)
     assert _without_calibration(result) == json.loads((GOLDEN / "chinchilla_isoflop_cut3e19.out.json").read_text())
     status = {round(b["calibrated"]["factor"]): b["calibrated"]["status"] for b in result["budgets"]}
-    assert status == {3: "calibrated", 6: "calibrated", 30: "calibrated", 60: "beyond_calibrated_range",
-                      100: "beyond_calibrated_range"}
+    assert status == {
+        3: "calibrated",
+        6: "calibrated",
+        30: "calibrated",
+        60: "beyond_calibrated_range",
+        100: "beyond_calibrated_range",
+    }
     for factor in (60, 100):
         line = next(line for line in err.splitlines() if f"({factor}x the largest fitted budget" in line)
-        block = err[err.index(line):].splitlines()[:3]
+        block = err[err.index(line) :].splitlines()[:3]
         assert block[1].startswith("  law's own 90% (uncalibrated): [")
         assert "calibrated 90%: none" in block[2] and "uncalibrated" in block[2]
         assert f"{factor}x is beyond isoflop's furthest calibrated factor (max_calibrated_factor 33.33x)" in block[2]
@@ -156,10 +175,18 @@ def test_a_method_without_a_calibration_entry_keeps_its_own_interval(tmp_path: P
     result, err, _ = _backtest(tmp_path, capsys, *CASES["llama3_exp_envelope_holdout2"])
     for b in result["budgets"]:
         assert b["calibrated"]["status"] == "no_calibration_entry" and b["loss_interval_90"] is not None
-    assert err.count("calibrated 90%: none; the law's own interval stands, uncalibrated: no calibration entry for "
-                     "the envelope fit by approach1") == 2
+    assert (
+        err.count(
+            "calibrated 90%: none; the law's own interval stands, uncalibrated: no calibration entry for "
+            "the envelope fit by approach1"
+        )
+        == 2
+    )
     assert result["interval_coverage"]["envelope"]["calibrated_90"] == {
-        "with_interval": 0, "covered": 0, "not_calibrated": {"no_calibration_entry": 2}}
+        "with_interval": 0,
+        "covered": 0,
+        "not_calibrated": {"no_calibration_entry": 2},
+    }
 
 
 def test_all_holdouts_counts_both_intervals_per_method(tmp_path: Path, capsys) -> None:
@@ -196,8 +223,11 @@ def test_source_data_not_in_this_checkout_is_reported_unchecked(tmp_path: Path, 
     path = _calibration_copy(tmp_path, elsewhere)
     result, err, _ = _backtest(tmp_path, capsys, *CHINCHILLA_CUT, "--calibration", path)
     assert result["calibration"]["source_check"] == {
-        "inputs": [{"path": "somewhere/else.csv", "sha256": "0" * 64, "verified": False, "note": "not found here; not checked"}],
-        "verified": False}
+        "inputs": [
+            {"path": "somewhere/else.csv", "sha256": "0" * 64, "verified": False, "note": "not found here; not checked"}
+        ],
+        "verified": False,
+    }
     assert "not found here, not checked" in err and result["calibration"]["table_is_calibration_source"] is False
 
 
@@ -207,7 +237,9 @@ def test_source_data_not_in_this_checkout_is_reported_unchecked(tmp_path: Path, 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_no_calibration_is_the_output_of_before(name: str, tmp_path: Path, capsys) -> None:
     out = tmp_path / "bt.json"
-    code, stdout, err = _run(["fit", "backtest", ISOFLOPS, *CASES[name], "--no-calibration", "--json", "--out", out], capsys)
+    code, stdout, err = _run(
+        ["fit", "backtest", ISOFLOPS, *CASES[name], "--no-calibration", "--json", "--out", out], capsys
+    )
     assert code == 0, err
     assert out.read_bytes() == (GOLDEN / f"{name}.out.json").read_bytes()
     assert stdout == (GOLDEN / f"{name}.stdout.json").read_text()
@@ -257,8 +289,23 @@ def test_a_bad_calibration_file_is_refused_before_any_fit(case: str, mode: list,
     change, name = BAD_CALIBRATIONS[case]
     path = _calibration_copy(tmp_path, change)
     out = tmp_path / "bt.json"
-    code, stdout, err = _run(["fit", "backtest", ISOFLOPS, "--query", CHINCHILLA, "--method", "isoflop", *mode,
-                              "--calibration", path, "--out", out], capsys)
+    code, stdout, err = _run(
+        [
+            "fit",
+            "backtest",
+            ISOFLOPS,
+            "--query",
+            CHINCHILLA,
+            "--method",
+            "isoflop",
+            *mode,
+            "--calibration",
+            path,
+            "--out",
+            out,
+        ],
+        capsys,
+    )
     _refused(code, err, name)
     assert str(path) in err and not out.exists() and stdout == ""
     assert "budget" not in err  # no fit ran
@@ -275,18 +322,23 @@ def test_source_data_with_other_bytes_is_refused(tmp_path: Path, capsys) -> None
     assert str(changed) in err and recorded[:12] in err and not out.exists()
 
 
-@pytest.mark.parametrize("argv, name", [
-    (["--no-calibration", "--calibration", "{cal}"], "--no-calibration"),
-    (["--calibration", "{missing}"], "not found"),
-    (["--loso"], "--loso goes with --beyond"),
-    (["--probes", "1", "--calibration", "{cal}"], "--calibration goes with"),
-], ids=["both", "missing file", "loso", "probes"])
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (["--no-calibration", "--calibration", "{cal}"], "--no-calibration"),
+        (["--calibration", "{missing}"], "not found"),
+        (["--loso"], "--loso goes with --beyond"),
+        (["--probes", "1", "--calibration", "{cal}"], "--calibration goes with"),
+    ],
+    ids=["both", "missing file", "loso", "probes"],
+)
 def test_conflicting_flags_are_refused(argv: list, name: str, tmp_path: Path, capsys) -> None:
     good = _calibration_copy(tmp_path, lambda data: None)
     argv = [a.format(cal=good, missing=tmp_path / "missing.json") for a in argv]
     out = tmp_path / "bt.json"
-    code, _, err = _run(["fit", "backtest", ISOFLOPS, "--query", CHINCHILLA, "--method", "isoflop", *argv, "--out", out],
-                        capsys)
+    code, _, err = _run(
+        ["fit", "backtest", ISOFLOPS, "--query", CHINCHILLA, "--method", "isoflop", *argv, "--out", out], capsys
+    )
     _refused(code, err, name)
     assert not out.exists()
 
@@ -302,5 +354,7 @@ def test_predict_shows_the_calibrated_interval_beside_the_laws_own(tmp_path, cap
     assert result["calibrated"]["applied"] and result["calibrated"]["uncalibrated_loss"] == result["loss"]
     code, stdout, err = _run(["predict", str(fit), "--compute", "1e22", "--json", "--no-calibration"], capsys)
     assert code == 0 and "calibrated" not in json.loads(stdout) and "calibrated" not in err
-    code, _, err = _run(["predict", str(fit), "--compute", "1e22", "--no-calibration", "--calibration", str(fit)], capsys)
+    code, _, err = _run(
+        ["predict", str(fit), "--compute", "1e22", "--no-calibration", "--calibration", str(fit)], capsys
+    )
     assert code == 2 and "contradict" in err

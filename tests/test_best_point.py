@@ -40,7 +40,9 @@ def test_decide_point_follows_the_evidence() -> None:
     assert beyond.decides == bp.LAW and "60x is beyond" in beyond.why
     assert bp.decide_point(_evidence(calibration_status=None)).decides == bp.LAW
     assert "does not record" in bp.decide_point(_evidence(delphi_ladder=None)).why
-    assert bp.decide_point(_evidence(corrected_by=bp.POINT_CORRECTION, delphi_ladder=True)).decides == bp.POINT_CORRECTION
+    assert (
+        bp.decide_point(_evidence(corrected_by=bp.POINT_CORRECTION, delphi_ladder=True)).decides == bp.POINT_CORRECTION
+    )
     assert bp.decide_point(_evidence(corrected_by=bp.PROBE_CORRECTION)).decides == bp.PROBE_CORRECTION
 
 
@@ -75,7 +77,10 @@ def test_predict_prints_the_deciding_point_first_and_the_law_beside_it(fits, cap
     assert point["decides"] == "calibrated" and point["loss"] == pytest.approx(result["calibrated"]["loss"])
     assert result["loss"] > point["loss"] and "law's own point" in result["loss_is"]  # loss stays the law's
     first = err.splitlines()[0]
-    assert first.startswith(f"point: {point['loss']:.4f}, the calibrated centre") and f"the law's own point {result['loss']:.4f}" in first
+    assert (
+        first.startswith(f"point: {point['loss']:.4f}, the calibrated centre")
+        and f"the law's own point {result['loss']:.4f}" in first
+    )
     assert result["laws"]["disagree"] is False and "the laws agree within the 1.00% tolerance" in err
 
 
@@ -98,11 +103,20 @@ def test_predict_without_the_table_or_its_record(fits, tmp_path, capsys) -> None
     old.write_text(json.dumps(data))
     result, err = _predict(capsys, old, "--compute", "1e22")
     assert result["point"]["decides"] == "law" and "does not record what table" in result["point"]["why"]
-    assert result["laws"] == {"compared": False, "why": f"{old} does not record its table's reading; give --results TABLE"}
+    assert result["laws"] == {
+        "compared": False,
+        "why": f"{old} does not record its table's reading; give --results TABLE",
+    }
     # Given the table, the laws are compared at their own points (no calibrated centre decides here).
     result, _ = _predict(capsys, old, "--compute", "1e22", "--results", ISOFLOPS, "--query", LLAMA)
-    assert result["laws"]["laws"]["isoflop"]["rel"] == pytest.approx(-0.044, abs=0.005) and "law_loss" not in result["laws"]["laws"]["isoflop"]
-    moved = dict(data, diagnostics=data["diagnostics"] | {"table": {"ladder_records": False, "columns": {}}, "source": "gone.csv"})
+    assert (
+        result["laws"]["laws"]["isoflop"]["rel"] == pytest.approx(-0.044, abs=0.005)
+        and "law_loss" not in result["laws"]["laws"]["isoflop"]
+    )
+    moved = dict(
+        data,
+        diagnostics=data["diagnostics"] | {"table": {"ladder_records": False, "columns": {}}, "source": "gone.csv"},
+    )
     old.write_text(json.dumps(moved))
     result, _ = _predict(capsys, old, "--compute", "1e22")
     assert "gone.csv is not here" in result["laws"]["why"]
@@ -119,7 +133,24 @@ def test_predict_refuses_a_mapping_without_a_table(fits, capsys) -> None:
 
 def test_backtest_labels_the_law_point_and_adds_the_deciding_one(tmp_path, capsys) -> None:
     out = tmp_path / "bt.json"
-    assert main(["fit", "backtest", str(ISOFLOPS), "--query", LLAMA, "--method", "vpnls", "--holdout", "3", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "backtest",
+                str(ISOFLOPS),
+                "--query",
+                LLAMA,
+                "--method",
+                "vpnls",
+                "--holdout",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     for b in result["budgets"]:
         assert "law's own point" in b["loss_is"] and b["best_point"]["decides"] == "calibrated"

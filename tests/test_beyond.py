@@ -16,15 +16,28 @@ from delphi.errors import DelphiError
 from delphi.fits import FITTERS, fit_asymptotic, load_results
 from delphi.fits.beyond import beyond_rows, bin_table, extrapolation_bin, split_sources
 from delphi.fits.calibration import (
-    DEFAULT_PATH, SCHEMA_VERSION, apply_calibration, assert_out_of_sample, calibrate, choose_method, fit_method_calibration,
-    interval_for_gate, load_calibration, loso, out_of_source_errors, weighted_quantile)
+    DEFAULT_PATH,
+    SCHEMA_VERSION,
+    apply_calibration,
+    assert_out_of_sample,
+    calibrate,
+    choose_method,
+    fit_method_calibration,
+    interval_for_gate,
+    load_calibration,
+    loso,
+    out_of_source_errors,
+    weighted_quantile,
+)
 from delphi.fits.frontier import fit_frontier_arrays
 
 # A Chinchilla-form surface: its compute frontier is exactly E + K C^-(alpha beta / (alpha + beta)) (C = 6 N D).
 E, A, B, ALPHA, BETA = 1.8, 400.0, 2000.0, 0.34, 0.36
 
 
-def surface_table(budgets: list[float], points: int = 9, width_ln: float = 1.2, noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
+def surface_table(
+    budgets: list[float], points: int = 9, width_ln: float = 1.2, noise: float = 0.0, seed: int = 0
+) -> pd.DataFrame:
     """isoFLOP rows of the surface: `points` sizes spread over +-width_ln around each budget's optimum."""
     rng = np.random.default_rng(seed)
     g = (ALPHA * A / (BETA * B)) ** (1 / (ALPHA + BETA))
@@ -69,8 +82,16 @@ def _frontier(c: np.ndarray) -> np.ndarray:
 
 
 def test_extrapolation_bins() -> None:
-    assert [extrapolation_bin(f) for f in (1.01, 3.0, 3.01, 10.0, 29.9, 30.0, 30.1, 1e4)] == \
-        ["1-3x", "1-3x", "3-10x", "3-10x", "10-30x", "10-30x", ">30x", ">30x"]
+    assert [extrapolation_bin(f) for f in (1.01, 3.0, 3.01, 10.0, 29.9, 30.0, 30.1, 1e4)] == [
+        "1-3x",
+        "1-3x",
+        "3-10x",
+        "3-10x",
+        "10-30x",
+        "10-30x",
+        ">30x",
+        ">30x",
+    ]
     with pytest.raises(DelphiError):
         extrapolation_bin(1.0)
 
@@ -85,7 +106,9 @@ def test_beyond_rows_fit_the_first_k_budgets_and_predict_every_higher_one() -> N
         top = budgets[r.n_train_budgets - 1]
         assert r.factor == pytest.approx(r.budget / top)
         assert r.bin == extrapolation_bin(r.factor)
-    assert sorted(rows["factor"].round(6)) == sorted(round(b / budgets[k - 1], 6) for k in (3, 4, 5) for b in budgets[k:])
+    assert sorted(rows["factor"].round(6)) == sorted(
+        round(b / budgets[k - 1], 6) for k in (3, 4, 5) for b in budgets[k:]
+    )
     table_bins = bin_table(rows)
     assert set(table_bins["bin"]) == {"1-3x", "3-10x", "10-30x", ">30x", "all"}  # factors 3, 10, 40; 3.3, 13; 4
     assert int(table_bins.loc[table_bins["bin"] == "all", "n"].iloc[0]) == 6
@@ -99,9 +122,22 @@ def _synthetic_rows(sources: int = 4, per_source: int = 40, seed: int = 0) -> pd
         for _ in range(per_source):
             f = float(np.exp(rng.uniform(0.05, math.log(40))))
             e = 0.003 * math.log(f) + (0.002 + 0.004 * math.log(f)) * rng.standard_normal()
-            rows.append({"source": f"s{s}", "method": "law", "factor": f, "bin": extrapolation_bin(f), "budget": f,
-                         "predicted_loss": 2.0 * math.exp(e), "observed_best_loss": 2.0, "rel_error": math.exp(e) - 1,
-                         "log_error": e, "base_sd_rel": 0.001, "covered_50": False, "covered_90": False})
+            rows.append(
+                {
+                    "source": f"s{s}",
+                    "method": "law",
+                    "factor": f,
+                    "bin": extrapolation_bin(f),
+                    "budget": f,
+                    "predicted_loss": 2.0 * math.exp(e),
+                    "observed_best_loss": 2.0,
+                    "rel_error": math.exp(e) - 1,
+                    "log_error": e,
+                    "base_sd_rel": 0.001,
+                    "covered_50": False,
+                    "covered_90": False,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -125,7 +161,8 @@ def test_quantiles_come_from_each_source_scored_without_it() -> None:
     assert cal.q90 == pytest.approx(weighted_quantile(z.to_numpy(), weights, 0.90))
     assert cal.q50 == pytest.approx(weighted_quantile(z.to_numpy(), weights, 0.50))
     in_sample = np.abs(rows["log_error"] - (cal.shift0 + cal.shift1 * np.log(rows["factor"]))) / np.sqrt(
-        rows["base_sd_rel"] ** 2 + cal.model_sd(rows["factor"].to_numpy()) ** 2)
+        rows["base_sd_rel"] ** 2 + cal.model_sd(rows["factor"].to_numpy()) ** 2
+    )
     assert cal.q90 > weighted_quantile(in_sample.to_numpy(), weights, 0.90)
     with pytest.raises(DelphiError, match="need >= 3"):
         fit_method_calibration(rows[rows["source"].isin(["s0", "s1"])], "law")
@@ -163,13 +200,17 @@ def test_committed_calibration_has_provenance_and_every_method() -> None:
 def test_gate_reads_the_calibrated_interval_and_refuses_beyond_the_calibration() -> None:
     cal = load_calibration()
     m = cal["methods_parsed"]["isoflop"]
-    inside = {"loss": 1.0, "loss_90": [0.99, 1.01],
-              "calibrated": {"applied": True, "method": "isoflop", **m.predict(1.0, 10.0, 0.006)}}
+    inside = {
+        "loss": 1.0,
+        "loss_90": [0.99, 1.01],
+        "calibrated": {"applied": True, "method": "isoflop", **m.predict(1.0, 10.0, 0.006)},
+    }
     interval, centre, note, beyond = interval_for_gate(inside)
     assert interval == inside["calibrated"]["loss_90"] and "calibrated" in note and beyond is None
     far = dict(inside, calibrated={"applied": True, "method": "isoflop", **m.predict(1.0, 10 * m.max_factor, 0.006)})
     assert "refusing to seal without --force" in interval_for_gate(far)[3]
     from delphi.prereg.gates import gate_interval_width
+
     assert not gate_interval_width(far, 0.5, 1.5).passed
     assert gate_interval_width(inside, 0.5, 1.5).passed
 
@@ -196,7 +237,10 @@ def test_beyond_with_too_few_fittable_budgets(tmp_path: Path, capsys) -> None:
     csv = tmp_path / "r.csv"
     surface_table([1e18, 1e19, 1e20]).to_csv(csv, index=False)
     out = tmp_path / "out.json"
-    _refused(*_run(["fit", "backtest", csv, "--beyond", "--method", "isoflop", "--no-calibration", "--out", out], capsys), "'budget'")
+    _refused(
+        *_run(["fit", "backtest", csv, "--beyond", "--method", "isoflop", "--no-calibration", "--out", out], capsys),
+        "'budget'",
+    )
     assert not out.exists()
 
 
@@ -206,8 +250,10 @@ def test_beyond_with_a_calibration_of_another_schema(tmp_path: Path, capsys) -> 
     bad = tmp_path / "cal.json"
     bad.write_text(json.dumps({**json.loads(DEFAULT_PATH.read_text()), "schema_version": SCHEMA_VERSION + 1}))
     out = tmp_path / "out.json"
-    _refused(*_run(["fit", "backtest", csv, "--beyond", "--method", "isoflop", "--calibration", bad, "--out", out], capsys),
-             "schema_version")
+    _refused(
+        *_run(["fit", "backtest", csv, "--beyond", "--method", "isoflop", "--calibration", bad, "--out", out], capsys),
+        "schema_version",
+    )
     assert not out.exists()
 
 
@@ -217,8 +263,25 @@ def test_beyond_with_a_source_of_one_budget(tmp_path: Path, capsys) -> None:
     csv = tmp_path / "r.csv"
     pd.concat([good, lonely]).to_csv(csv, index=False)
     out = tmp_path / "out.json"
-    _refused(*_run(["fit", "backtest", csv, "--beyond", "--method", "isoflop", "--source-col", "source", "--no-calibration",
-                    "--out", out], capsys), "'source'")
+    _refused(
+        *_run(
+            [
+                "fit",
+                "backtest",
+                csv,
+                "--beyond",
+                "--method",
+                "isoflop",
+                "--source-col",
+                "source",
+                "--no-calibration",
+                "--out",
+                out,
+            ],
+            capsys,
+        ),
+        "'source'",
+    )
     assert not out.exists()
     with pytest.raises(DelphiError, match="'b'"):
         split_sources(pd.concat([good, lonely]), ["source"], load_results)

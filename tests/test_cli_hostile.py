@@ -15,12 +15,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import prereg_synthetic as ps
 import pytest
 import yaml
 
 from delphi.cli import main
-
-import prereg_synthetic as ps
 
 DEFAULTS = Path(__file__).resolve().parents[1] / "delphi" / "defaults"
 
@@ -60,13 +59,40 @@ def world(tmp_path_factory) -> dict[str, Path]:
     hero_cfg = ps.hero_config()
     hero = ps.write_hero(root / "hero.yaml", hero_cfg)
     prereg = root / "regs" / "sealed.yaml"
-    assert main(["prereg", "create", "--fit", str(fit), "--hero", str(hero), "--ladder", str(ladder),
-                 "--out", str(prereg), "--bootstrap", "5", "--force"]) == 0
+    assert (
+        main(
+            [
+                "prereg",
+                "create",
+                "--fit",
+                str(fit),
+                "--hero",
+                str(hero),
+                "--ladder",
+                str(ladder),
+                "--out",
+                str(prereg),
+                "--bootstrap",
+                "5",
+                "--force",
+            ]
+        )
+        == 0
+    )
     coord = root / "coordcheck.json"
     coord.write_text(json.dumps({"results": [{"width": 32}]}))
-    return {"root": root, "ladder": ladder, "results": ladder / "results.csv", "fit": fit, "hero": hero,
-            "hero_cfg": hero_cfg, "prereg": prereg, "coord": coord, "train": DEFAULTS / "tiny.yaml",
-            "spec": DEFAULTS / "ladder_default.yaml"}
+    return {
+        "root": root,
+        "ladder": ladder,
+        "results": ladder / "results.csv",
+        "fit": fit,
+        "hero": hero,
+        "hero_cfg": hero_cfg,
+        "prereg": prereg,
+        "coord": coord,
+        "train": DEFAULTS / "tiny.yaml",
+        "spec": DEFAULTS / "ladder_default.yaml",
+    }
 
 
 @pytest.fixture
@@ -90,8 +116,14 @@ OUT_IS_INPUT = {
     "fit isoflop": (["fit", "isoflop", "{results}", "--out", "{out}"], "results"),
     "fit vpnls": (["fit", "vpnls", "{results}", "--out", "{out}"], "results"),
     "fit backtest": (["fit", "backtest", "{results}", "--out", "{out}"], "results"),
-    "ladder hero (fit)": (["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", "{spec}", "--out", "{out}"], "fit"),
-    "ladder hero (spec)": (["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", "{spec}", "--out", "{out}"], "spec"),
+    "ladder hero (fit)": (
+        ["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", "{spec}", "--out", "{out}"],
+        "fit",
+    ),
+    "ladder hero (spec)": (
+        ["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", "{spec}", "--out", "{out}"],
+        "spec",
+    ),
     "prereg create (hero)": (["prereg", "create", "--fit", "{fit}", "--hero", "{hero}", "--out", "{out}"], "hero"),
     "prereg create (fit)": (["prereg", "create", "--fit", "{fit}", "--hero", "{hero}", "--out", "{out}"], "fit"),
     "plot coordcheck": (["plot", "coordcheck", "{coord}", "--out", "{out}"], "coord"),
@@ -111,13 +143,18 @@ def test_out_that_is_an_input_is_refused_and_the_input_kept(name, work, capsys):
         work["spec"] = work["tmp"] / "in" / "spec.yaml"
     before = _tree(work["tmp"])
     # spelled differently from the input (./ and the absolute path): the same file all the same
-    out = Path(os.path.relpath(work[target], Path.cwd())) if target != "fit" else Path(str(work[target]).replace("/in/", "/in/./"))
+    out = (
+        Path(os.path.relpath(work[target], Path.cwd()))
+        if target != "fit"
+        else Path(str(work[target]).replace("/in/", "/in/./"))
+    )
     code, err = _run(_fill(template, {**work, "out": out}), capsys)
     _assert_refused(code, err, "--out", "input")
     assert _tree(work["tmp"]) == before
 
 
 # ------------------------------------------------------------- a ladder's own files as --out (row 2)
+
 
 @pytest.mark.parametrize("own", ["manifest.csv", "ladder.yaml", "configs/d32_k10.yaml", "runs/d32_k10/metrics.jsonl"])
 @pytest.mark.parametrize("command", ["ladder collect", "prereg curves"])
@@ -126,8 +163,11 @@ def test_out_inside_a_ladders_own_files_is_refused(command, own, world, tmp_path
     shutil.copytree(world["ladder"], ladder)
     (ladder / "ladder.yaml").write_text("name: x\n")
     before = _tree(tmp_path)
-    argv = (["ladder", "collect", ladder, "--out", ladder / own] if command == "ladder collect"
-            else ["prereg", "curves", ladder, "--out", ladder / own, "--bootstrap", "0"])
+    argv = (
+        ["ladder", "collect", ladder, "--out", ladder / own]
+        if command == "ladder collect"
+        else ["prereg", "curves", ladder, "--out", ladder / own, "--bootstrap", "0"]
+    )
     code, err = _run(argv, capsys)
     _assert_refused(code, err, "--out", own.split("/")[-1])
     assert _tree(tmp_path) == before
@@ -140,7 +180,10 @@ def test_a_clobbered_manifest_is_a_clear_error_not_a_key_error(world, tmp_path, 
     ladder = tmp_path / "ladder"
     shutil.copytree(world["ladder"], ladder)
     (ladder / "manifest.csv").write_text(json.dumps({"kind": "isoflop"}) + "\n")  # what row 2 left behind
-    for argv in (["ladder", "run", ladder, "--workers", "1"], ["ladder", "collect", ladder, "--out", tmp_path / "r.csv"]):
+    for argv in (
+        ["ladder", "run", ladder, "--workers", "1"],
+        ["ladder", "collect", ladder, "--out", tmp_path / "r.csv"],
+    ):
         code, err = _run(argv, capsys)
         _assert_refused(code, err, "manifest.csv")
     assert not (tmp_path / "r.csv").exists()
@@ -156,8 +199,14 @@ GARBAGE_READERS = {
     "flops": (["flops", "{bad}"], None),
     "train": (["train", "{bad}", "--out", "{out}"], None),
     "ladder plan": (["ladder", "plan", "{bad}", "--out", "{out}"], None),
-    "ladder hero --spec": (["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", "{bad}", "--out", "{out}"], None),
-    "ladder hero --fit": (["ladder", "hero", "--fit", "{bad}", "--compute", "1e15", "--spec", "{spec}", "--out", "{out}"], None),
+    "ladder hero --spec": (
+        ["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", "{bad}", "--out", "{out}"],
+        None,
+    ),
+    "ladder hero --fit": (
+        ["ladder", "hero", "--fit", "{bad}", "--compute", "1e15", "--spec", "{spec}", "--out", "{out}"],
+        None,
+    ),
     "predict": (["predict", "{bad}", "--compute", "1e15"], None),
     "prereg create --fit": (["prereg", "create", "--fit", "{bad}", "--hero", "{hero}", "--out", "{out}"], None),
     "prereg create --hero": (["prereg", "create", "--fit", "{fit}", "--hero", "{bad}", "--out", "{out}"], None),
@@ -186,6 +235,7 @@ def test_garbage_yaml_or_json_names_the_file(name, payload, work, capsys):
 
 # ------------------------------------------------- --out not writable, a directory, or empty (rows 6-7)
 
+
 def _unwritable_dir(tmp_path: Path) -> Path:
     """A directory this process cannot create files in (root ignores mode bits: use sysfs)."""
     if os.geteuid() != 0:
@@ -210,7 +260,10 @@ OUT_COMMANDS = {
     "data prepare": (["data", "prepare", "--source", "{train}", "--out", "{out}"], True),
     "ladder plan": (["ladder", "plan", "{spec}", "--out", "{out}"], True),
     "ladder collect": (["ladder", "collect", "{ladder}", "--out", "{out}"], False),
-    "ladder hero": (["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", "{spec}", "--out", "{out}"], False),
+    "ladder hero": (
+        ["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", "{spec}", "--out", "{out}"],
+        False,
+    ),
     "prereg create": (["prereg", "create", "--fit", "{fit}", "--hero", "{hero}", "--out", "{out}"], False),
     "prereg curves": (["prereg", "curves", "{ladder}", "--out", "{out}"], False),
     "plot isoflop": (["plot", "isoflop", "{results}", "--out", "{out}"], False),
@@ -275,9 +328,31 @@ def test_empty_out_is_refused(name, work, capsys, monkeypatch):
 NUMBER_FLAGS = {
     "predict --compute": ["predict", "{fit}", "--compute", "{v}"],
     "predict --params": ["predict", "{fit}", "--params", "{v}", "--tokens", "1e9"],
-    "ladder hero --compute": ["ladder", "hero", "--fit", "{fit}", "--compute", "{v}", "--spec", "{spec}", "--out", "{tmp}/h.yaml"],
+    "ladder hero --compute": [
+        "ladder",
+        "hero",
+        "--fit",
+        "{fit}",
+        "--compute",
+        "{v}",
+        "--spec",
+        "{spec}",
+        "--out",
+        "{tmp}/h.yaml",
+    ],
     "fit backtest --cut": ["fit", "backtest", "{results}", "--cut", "{v}"],
-    "prereg create --tolerance": ["prereg", "create", "--fit", "{fit}", "--hero", "{hero}", "--out", "{tmp}/p.yaml", "--tolerance", "{v}"],
+    "prereg create --tolerance": [
+        "prereg",
+        "create",
+        "--fit",
+        "{fit}",
+        "--hero",
+        "{hero}",
+        "--out",
+        "{tmp}/p.yaml",
+        "--tolerance",
+        "{v}",
+    ],
     "ladder run --workers": ["ladder", "run", "{ladder}", "--workers", "{v}"],
 }
 
@@ -301,6 +376,7 @@ def test_a_non_positive_or_non_finite_number_is_refused(name, value, work, capsy
 
 # ----------------------------------------------------- prereg verify / check against the wrong run (rows 3-4)
 
+
 def _hero_run(run_dir: Path, cfg) -> None:
     """The hero's run dir as the trainer leaves it when it completed."""
     run_dir.mkdir(parents=True)
@@ -308,8 +384,12 @@ def _hero_run(run_dir: Path, cfg) -> None:
     steps, tokens, loss = ps.true_curve(cfg, np.random.default_rng(5))
     rows = ps.metrics_rows(cfg, steps, tokens, loss)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "status.json").write_text(json.dumps({"status": "completed", "reason": "", "step": int(steps[-1]), "updated": ""}))
-    (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "val_loss": float(loss[-1]), "val_bpb": 1.0}))
+    (run_dir / "status.json").write_text(
+        json.dumps({"status": "completed", "reason": "", "step": int(steps[-1]), "updated": ""})
+    )
+    (run_dir / "summary.json").write_text(
+        json.dumps({"status": "completed", "val_loss": float(loss[-1]), "val_bpb": 1.0})
+    )
 
 
 @pytest.mark.parametrize("damage", ["deleted", "emptied", "no-timestamps"])
@@ -323,7 +403,9 @@ def test_verify_cannot_establish_the_start_of_a_run_whose_metrics_are_gone(damag
         metrics.write_text("")
     else:
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-        metrics.write_text("".join(json.dumps({k: v for k, v in r.items() if k not in ("time", "wall_s")}) + "\n" for r in rows))
+        metrics.write_text(
+            "".join(json.dumps({k: v for k, v in r.items() if k not in ("time", "wall_s")}) + "\n" for r in rows)
+        )
     before = _tree(tmp_path)
     code, err = _run(["prereg", "verify", world["prereg"], "--run", run], capsys)
     assert code == 1, err

@@ -34,6 +34,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 tokenizers = pytest.importorskip("tokenizers")
 zstandard = pytest.importorskip("zstandard")
 
+
 def _words(n: int = 600, seed: int = 11) -> list[str]:
     """Pseudo-words from syllables: a vocabulary rich enough for a few hundred BPE merges."""
     rng = random.Random(seed)
@@ -49,8 +50,11 @@ def _documents(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     docs = []
     for _ in range(n):
-        sentences = [" ".join(rng.choice(WORDS[: rng.randint(50, len(WORDS))]) for _ in range(rng.randint(4, 14))).capitalize() + "."
-                     for _ in range(rng.randint(3, 12))]
+        sentences = [
+            " ".join(rng.choice(WORDS[: rng.randint(50, len(WORDS))]) for _ in range(rng.randint(4, 14))).capitalize()
+            + "."
+            for _ in range(rng.randint(3, 12))
+        ]
         docs.append(" ".join(sentences))
     return docs
 
@@ -91,7 +95,8 @@ def test_plain_text_stores_are_byte_identical_to_before(tmp_path):
     (src / "sub").mkdir(parents=True)
     for i in range(40):
         (src / ("sub" if i % 2 else "") / f"doc{i:02d}.txt").write_text(
-            "".join(f"line {j} of document {i}: héllo wörld\n" for j in range(i * 7 + 1)))
+            "".join(f"line {j} of document {i}: héllo wörld\n" for j in range(i * 7 + 1))
+        )
     (src / "blob.bin").write_bytes(bytes(range(256)))
     lone = tmp_path / "lone.txt"
     lone.write_text("".join(f"row {j}: the quick brown fox\n" for j in range(30000)))
@@ -103,7 +108,11 @@ def test_plain_text_stores_are_byte_identical_to_before(tmp_path):
         meta = prepare_store(str(source), tmp_path / f"store_{name}")
         assert (meta["sha256"], meta["n_train"], meta["n_val"]) == expected[name]
         assert meta["tokenizer"] == {"kind": "byte", "vocab_size": 256, "dtype": "uint8"}
-        assert (meta["bytes_train"], meta["bytes_val"], meta["val_token_bytes"]) == (meta["n_train"], meta["n_val"], meta["n_val"])
+        assert (meta["bytes_train"], meta["bytes_val"], meta["val_token_bytes"]) == (
+            meta["n_train"],
+            meta["n_val"],
+            meta["n_val"],
+        )
 
 
 # ---- record shards
@@ -133,8 +142,9 @@ def _shards(root: Path, docs: list[str]) -> dict[str, Path]:
             for batch in table.to_batches(max_chunksize=10):
                 writer.write_batch(batch)
     # what `datasets.Dataset.save_to_disk` writes beside its Arrow stream (its bookkeeping is not corpus)
-    (root / "datasets" / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}],
-                                                              "_fingerprint": "abc", "_split": None}))
+    (root / "datasets" / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_fingerprint": "abc", "_split": None})
+    )
     (root / "datasets" / "dataset_info.json").write_text(json.dumps({"features": {"text": {"dtype": "string"}}}))
     return made
 
@@ -147,9 +157,17 @@ def test_every_shard_format_gives_the_same_documents(tmp_path):
         assert sorted(train + val) == sorted(d.encode() for d in docs), name  # every record, as its text, once
         assert meta["files"] == len(docs) and meta["documents_val"] >= 1 and meta["text_field"] == "text"
         # ids: the shard's id and the line (JSONL, from 1) or the row (from 0); the split is by id
-        ids = [line.split("\t")[0] for line in (tmp_path / f"store_{name}" / "documents.tsv").read_text().splitlines()[1:]]
-        first = {"jsonl": "part-0.jsonl#1", "gzip": "part-0.jsonl.gz#1", "zstd": "part-0.jsonl.zst#1",
-                 "parquet": "part-0.parquet#0", "arrow": "part-0.arrow#0", "datasets": "data-00000-of-00001.arrow#0"}[name]
+        ids = [
+            line.split("\t")[0] for line in (tmp_path / f"store_{name}" / "documents.tsv").read_text().splitlines()[1:]
+        ]
+        first = {
+            "jsonl": "part-0.jsonl#1",
+            "gzip": "part-0.jsonl.gz#1",
+            "zstd": "part-0.jsonl.zst#1",
+            "parquet": "part-0.parquet#0",
+            "arrow": "part-0.arrow#0",
+            "datasets": "data-00000-of-00001.arrow#0",
+        }[name]
         assert ids[0] == first and len(ids) == len(docs)
     # A directory with two formats reads each file by its name; a glob of shards works too.
     glob_meta = prepare_store(str(tmp_path / "corpus" / "*" / "part-0.*"), tmp_path / "store_glob")
@@ -162,12 +180,27 @@ def test_text_field_names_the_field(tmp_path, capsys):
     assert cli_main(["data", "prepare", "--source", str(src), "--out", str(out)]) == 2
     _one_line_refusal(capsys, f"{src}: line 1: no field 'text'", "'content'", "--text-field")
     _nothing_written(out)
-    assert cli_main(["data", "prepare", "--source", str(src), "--out", str(out), "--text-field", "content", "--json"]) == 0
+    assert (
+        cli_main(["data", "prepare", "--source", str(src), "--out", str(out), "--text-field", "content", "--json"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["documents_train"] >= 28
 
 
-@pytest.mark.parametrize("case", ["not_json", "missing_field", "not_a_string", "null_text", "empty_jsonl",
-                                  "parquet_column", "parquet_null", "parquet_empty", "bad_gzip", "not_parquet"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "not_json",
+        "missing_field",
+        "not_a_string",
+        "null_text",
+        "empty_jsonl",
+        "parquet_column",
+        "parquet_null",
+        "parquet_empty",
+        "bad_gzip",
+        "not_parquet",
+    ],
+)
 def test_a_bad_shard_is_one_line_naming_file_line_and_field(tmp_path, capsys, case):
     good = [{"text": d} for d in _documents(10)]
     src = tmp_path / "corpus"
@@ -258,8 +291,8 @@ def bpe_corpus(tmp_path_factory) -> Path:
     docs = _documents(3600, seed=7)
     third = len(docs) // 3
     _write_jsonl(root / "web.jsonl", [{"text": d} for d in docs[:third]])
-    _write_jsonl(root / "web.jsonl.gz", [{"text": d} for d in docs[third:2 * third]], gzip.open)
-    pq.write_table(pa.table({"text": docs[2 * third:]}), root / "web.parquet", row_group_size=100)
+    _write_jsonl(root / "web.jsonl.gz", [{"text": d} for d in docs[third : 2 * third]], gzip.open)
+    pq.write_table(pa.table({"text": docs[2 * third :]}), root / "web.parquet", row_group_size=100)
     (root / "plain.txt").write_text("\n".join(docs) + "\n")
     return root
 
@@ -289,12 +322,16 @@ def test_bpe_store_records_its_tokenizer_and_is_deterministic(bpe_corpus, tmp_pa
     assert len(first.encode()) == int(val_docs[0].split("\t")[2])
     # bytes per token: exact for byte-level BPE (the table reproduces the split's text bytes)
     assert meta["val_token_bytes"] == meta["bytes_val"] == int(store.token_bytes[ids].sum())
-    assert store.eval_bytes(np.stack([ids[:33], ids[33:66]])) == float(store.token_bytes[ids[1:33]].sum() + store.token_bytes[ids[34:66]].sum())
+    assert store.eval_bytes(np.stack([ids[:33], ids[33:66]])) == float(
+        store.token_bytes[ids[1:33]].sum() + store.token_bytes[ids[34:66]].sum()
+    )
 
     # a user's tokenizer.json: loaded, copied into the store, the same sha256
     user = tmp_path / "mine.json"
     user.write_bytes((tmp_path / "a" / "tokenizer.json").read_bytes())
-    loaded_meta = prepare_store(str(bpe_corpus / "web.parquet"), tmp_path / "c", options=PrepareOptions(tokenizer=str(user)))
+    loaded_meta = prepare_store(
+        str(bpe_corpus / "web.parquet"), tmp_path / "c", options=PrepareOptions(tokenizer=str(user))
+    )
     assert loaded_meta["tokenizer"]["sha256"] == tok["sha256"] and loaded_meta["tokenizer"]["origin"] == str(user)
 
 
@@ -325,7 +362,11 @@ def tiny_config(store: Path, vocab_size: int, **changes) -> TrainConfig:
         model=ModelConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2, d_ff=64),
         data=DataConfig(store=str(store), seq_len=32, batch_size=8, seed=0),
         optim=OptimConfig(lr=1e-2, warmup_frac=0.1, decay_frac=0.2),
-        steps=40, log_every=10, eval_every=20, eval_tokens=512, checkpoint_every=40,
+        steps=40,
+        log_every=10,
+        eval_every=20,
+        eval_tokens=512,
+        checkpoint_every=40,
     )
     return dataclasses.replace(cfg, **changes).validate()
 
@@ -342,14 +383,20 @@ def test_acceptance_bpe_on_three_shard_formats_reports_bits_per_byte(bpe_corpus,
     results = {}
     for name in ("web.jsonl", "web.jsonl.gz", "web.parquet"):
         store = tmp_path / f"store_{name}"
-        meta = prepare_store(str(bpe_corpus / name), store, options=PrepareOptions(tokenizer="bpe", vocab_size=BPE_VOCAB))
+        meta = prepare_store(
+            str(bpe_corpus / name), store, options=PrepareOptions(tokenizer="bpe", vocab_size=BPE_VOCAB)
+        )
         summary = train(tiny_config(store, meta["tokenizer"]["vocab_size"]), tmp_path / f"run_{name}", progress=False)
         # bits per byte = nats per token x tokens / bytes of the eval text / ln 2, from the store's own windows
         windows = TokenStore(store).eval_set(512, 8, 32)
         targets, eval_bytes = windows[:, 1:].size, TokenStore(store).eval_bytes(windows)
         assert summary["val_bpb"] == pytest.approx(summary["val_loss"] * targets / eval_bytes / math.log(2), rel=1e-12)
         assert eval_bytes / targets > 1.5  # a BPE token stands for more than a byte of this text
-        assert summary["tokenizer"] == "bpe" and summary["vocab_size"] == BPE_VOCAB and summary["loss_unit"] == "nats/token"
+        assert (
+            summary["tokenizer"] == "bpe"
+            and summary["vocab_size"] == BPE_VOCAB
+            and summary["loss_unit"] == "nats/token"
+        )
         last = [json.loads(line) for line in (tmp_path / f"run_{name}" / "metrics.jsonl").read_text().splitlines()][-1]
         assert last["val_bpb"] == pytest.approx(summary["val_bpb"], rel=1e-12)
         results[name] = summary["val_bpb"]
@@ -365,16 +412,24 @@ def test_acceptance_bpe_on_three_shard_formats_reports_bits_per_byte(bpe_corpus,
 
 def test_a_config_whose_vocabulary_or_tokenizer_is_not_the_stores_is_refused(bpe_corpus, tmp_path, capsys):
     store = tmp_path / "store"
-    meta = prepare_store(str(bpe_corpus / "web.parquet"), store, options=PrepareOptions(tokenizer="bpe", vocab_size=300))
+    meta = prepare_store(
+        str(bpe_corpus / "web.parquet"), store, options=PrepareOptions(tokenizer="bpe", vocab_size=300)
+    )
     vocab = meta["tokenizer"]["vocab_size"]
     other = tmp_path / "other.json"
     other.write_text((store / "tokenizer.json").read_text().replace('"<|endoftext|>"', '"<|endoftext|>" ', 1))
     cases = [
         (tiny_config(store, 256), "model.vocab_size: 256, but the token store"),
-        (tiny_config(store, vocab, data=DataConfig(store=str(store), seq_len=32, batch_size=8, tokenizer="byte")),
-         "data.tokenizer: byte, but the token store"),
-        (tiny_config(store, vocab, data=DataConfig(store=str(store), seq_len=32, batch_size=8, tokenizer=str(other))),
-         f"data.tokenizer: {other} (sha256"),
+        (
+            tiny_config(store, vocab, data=DataConfig(store=str(store), seq_len=32, batch_size=8, tokenizer="byte")),
+            "data.tokenizer: byte, but the token store",
+        ),
+        (
+            tiny_config(
+                store, vocab, data=DataConfig(store=str(store), seq_len=32, batch_size=8, tokenizer=str(other))
+            ),
+            f"data.tokenizer: {other} (sha256",
+        ),
     ]
     for i, (cfg, needle) in enumerate(cases):
         config = _write_config(tmp_path / f"c{i}.yaml", cfg)
@@ -383,7 +438,11 @@ def test_a_config_whose_vocabulary_or_tokenizer_is_not_the_stores_is_refused(bpe
         _one_line_refusal(capsys, needle)
         assert not run.exists() or not any(run.iterdir())
     # naming the store's own tokenizer file, and its vocabulary, passes the check
-    ok = tiny_config(store, vocab, data=DataConfig(store=str(store), seq_len=32, batch_size=8, tokenizer=str(store / "tokenizer.json")))
+    ok = tiny_config(
+        store,
+        vocab,
+        data=DataConfig(store=str(store), seq_len=32, batch_size=8, tokenizer=str(store / "tokenizer.json")),
+    )
     assert check_store_for_config(ok) == store
     # an unset data.tokenizer is left out of config.yaml: every existing config keeps its bytes and hash
     assert "tokenizer" not in train_config_to_dict(tiny_config(store, vocab))["data"]
@@ -445,11 +504,21 @@ def _run_limited(args: list[str], limit: int) -> subprocess.CompletedProcess:
     def limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {
+        **os.environ,
+        "OPENBLAS_NUM_THREADS": "1",
+        "MALLOC_ARENA_MAX": "2",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
     code = "import sys; from delphi.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, preexec_fn=limit_memory,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        preexec_fn=limit_memory,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_a_corpus_20x_the_memory_limit_is_prepared(tmp_path):
@@ -463,21 +532,27 @@ def test_a_corpus_20x_the_memory_limit_is_prepared(tmp_path):
         for _ in range(size // len(block) + 1):
             f.write(block)
     shard = tmp_path / "big.jsonl"  # records of ~8 KB, as web pages are
-    pages = [b" ".join(docs[i:i + 20]).decode() for i in range(0, len(docs), 20)]
+    pages = [b" ".join(docs[i : i + 20]).decode() for i in range(0, len(docs), 20)]
     lines = b"".join(json.dumps({"text": page}).encode() + b"\n" for page in pages)
     with open(shard, "wb") as f:
         for _ in range(size // len(lines) + 1):
             f.write(lines)
     try:
         # the limit bites: what prepare_store did before streaming (the whole corpus in memory) fails under it
-        whole = subprocess.run([sys.executable, "-c", f"open({str(lone)!r}, 'rb').read()"],
-                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES,) * 2),
-                               capture_output=True, text=True, timeout=120)
+        whole = subprocess.run(
+            [sys.executable, "-c", f"open({str(lone)!r}, 'rb').read()"],
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES,) * 2),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert whole.returncode != 0 and "MemoryError" in whole.stderr
         for source in (lone, shard):
             out = tmp_path / f"store_{source.suffix[1:]}"
             assert source.stat().st_size >= size
-            done = _run_limited(["data", "prepare", "--source", str(source), "--out", str(out), "--json"], MEMORY_LIMIT_BYTES)
+            done = _run_limited(
+                ["data", "prepare", "--source", str(source), "--out", str(out), "--json"], MEMORY_LIMIT_BYTES
+            )
             assert done.returncode == 0, done.stderr[-2000:]
             meta = json.loads(done.stdout)
             assert meta["n_train"] + meta["n_val"] == meta["bytes"] + meta["files"]  # every byte, one NUL per document
@@ -506,9 +581,18 @@ def test_collect_says_the_loss_unit_and_tokenizer(tmp_path):
         run = ladder / "runs" / row["run_id"]
         run.mkdir(parents=True)
         (run / "status.json").write_text(json.dumps({"status": "completed"}))
-        (run / "summary.json").write_text(json.dumps({"status": "completed", "val_loss": 2.0, "val_bpb": 1.1,
-                                                      "tokens": int(row["tokens"]), "flops": float(row["flops"]),
-                                                      **summary_extra}))
+        (run / "summary.json").write_text(
+            json.dumps(
+                {
+                    "status": "completed",
+                    "val_loss": 2.0,
+                    "val_bpb": 1.1,
+                    "tokens": int(row["tokens"]),
+                    "flops": float(row["flops"]),
+                    **summary_extra,
+                }
+            )
+        )
     table = collect_ladder(ladder).set_index("run_id")
     assert list(table["loss_unit"]) == ["nats/token"] * 2
     # a summary without the key is a run from before BPE existed: bytes

@@ -38,8 +38,11 @@ def test_every_row_names_a_file_of_the_repository(committed):
     for r in rows:
         assert (ROOT / r["source"]).exists(), r["source"]
         assert r["covered_90"] is not None and r["covered_90"]["n"] <= r["n"]
-        expected = cov.TOO_FEW if r["covered_90"]["n"] < cov.MIN_POINTS else (
-            cov.WITHIN if 0.85 <= r["covered_90"]["k"] / r["covered_90"]["n"] <= 0.95 else cov.OUTSIDE)
+        expected = (
+            cov.TOO_FEW
+            if r["covered_90"]["n"] < cov.MIN_POINTS
+            else (cov.WITHIN if 0.85 <= r["covered_90"]["k"] / r["covered_90"]["n"] <= 0.95 else cov.OUTSIDE)
+        )
         assert r["flag"] == expected
     assert committed["markdown"].count("\n") == len(rows) + 1
 
@@ -81,7 +84,9 @@ def test_public_sweep_rows_match_the_committed_bin_tables(committed):
 
 def test_prereg_rows_count_every_sealed_outcome(committed):
     directory = ROOT / cov.PREREGISTRATIONS
-    outcomes = [p for p in directory.glob("*.outcome.json") if (directory / p.name.replace(".outcome.json", ".yaml")).is_file()]
+    outcomes = [
+        p for p in directory.glob("*.outcome.json") if (directory / p.name.replace(".outcome.json", ".yaml")).is_file()
+    ]
     row = next(r for r in committed["rows"] if r["section"] == "preregistrations")
     assert row["n"] == len(outcomes) == row["covered_90"]["n"]
     assert row["covered_90"]["k"] == sum(json.loads(p.read_text())["covered_90"] for p in outcomes)
@@ -106,8 +111,19 @@ def test_the_command_prints_the_table_and_json(capsys):
 
 # --------------------------------------------------------------------------- hand-made files, exact counts
 
-SUMMARY_HEAD = ["run", "edition", "study_seed", "predicted", "sealed_50_lo", "sealed_50_hi", "sealed_90_lo", "sealed_90_hi",
-                "actual", "sealed_90_covered", "verdict"]
+SUMMARY_HEAD = [
+    "run",
+    "edition",
+    "study_seed",
+    "predicted",
+    "sealed_50_lo",
+    "sealed_50_hi",
+    "sealed_90_lo",
+    "sealed_90_hi",
+    "actual",
+    "sealed_90_covered",
+    "verdict",
+]
 
 
 def _summary(path: Path, rows: list[list]) -> Path:
@@ -121,33 +137,57 @@ def _summary(path: Path, rows: list[list]) -> Path:
 def _world(root: Path) -> Path:
     """A repository tree with a tiny summary, public-sweep rows, calibration and preregistrations."""
     (root / "benchmarks/default_study").mkdir(parents=True)
-    _summary(root / cov.SUMMARY, [
-        ["e1-s0", "1", "0", 1.0, 0.99, 1.01, 0.9, 1.1, 1.0, "True", "passed"],
-        ["e2-s0-old", "2", "0", 1.0, 0.99, 1.01, 0.9, 1.1, 1.0, "True", "passed"],          # superseded by e2-s0
-        ["e2-s1", "2", "1", 1.0, 0.99, 1.01, 0.9, 1.1, 1.05, "False", "passed"],            # 90 in, 50 out; boolean wrong
-        ["e2-s2-refused", "2", "2", 1.0, 0.99, 1.01, 0.9, 1.1, "", "", "refused by gates"],
-        ["e2-s0", "2", "0", 1.0, 0.99, 1.01, 0.9, 1.1, 1.2, "False", "failed"],             # newest seed 0: out, out
-        ["e2b-s3", "2b", "3", 1.0, 0.99, 1.01, 0.9, 1.1, 1.0, "True", "passed"],           # a variant round
-    ])
+    _summary(
+        root / cov.SUMMARY,
+        [
+            ["e1-s0", "1", "0", 1.0, 0.99, 1.01, 0.9, 1.1, 1.0, "True", "passed"],
+            ["e2-s0-old", "2", "0", 1.0, 0.99, 1.01, 0.9, 1.1, 1.0, "True", "passed"],  # superseded by e2-s0
+            ["e2-s1", "2", "1", 1.0, 0.99, 1.01, 0.9, 1.1, 1.05, "False", "passed"],  # 90 in, 50 out; boolean wrong
+            ["e2-s2-refused", "2", "2", 1.0, 0.99, 1.01, 0.9, 1.1, "", "", "refused by gates"],
+            ["e2-s0", "2", "0", 1.0, 0.99, 1.01, 0.9, 1.1, 1.2, "False", "failed"],  # newest seed 0: out, out
+            ["e2b-s3", "2b", "3", 1.0, 0.99, 1.01, 0.9, 1.1, 1.0, "True", "passed"],  # a variant round
+        ],
+    )
     # Public sweeps: two sources, one law; factors in 1-3x (3 points), 3-10x (1), >30x (1).
     (root / "benchmarks/results/beyond").mkdir(parents=True)
-    head = ["source", "method", "factor", "bin", "observed_best_loss", "lo_50", "hi_50", "lo_90", "hi_90",
-            "cal_lo_50", "cal_hi_50", "cal_lo_90", "cal_hi_90", "calibration_sources"]
+    head = [
+        "source",
+        "method",
+        "factor",
+        "bin",
+        "observed_best_loss",
+        "lo_50",
+        "hi_50",
+        "lo_90",
+        "hi_90",
+        "cal_lo_50",
+        "cal_hi_50",
+        "cal_lo_90",
+        "cal_hi_90",
+        "calibration_sources",
+    ]
     rows = [  # observed 1.0 throughout: (fit-only 50, 90), (calibrated 50, 90) covered as noted
-        ["a", "iso", 2.0, "1-3x", 1.0, 0.9, 1.1, 0.8, 1.2, 0.9, 1.1, 0.8, 1.2, "b"],      # T T / T T
-        ["a", "iso", 3.0, "1-3x", 1.0, 1.01, 1.1, 0.8, 1.2, 0.95, 1.05, 0.9, 1.1, "b"],   # F T / T T
+        ["a", "iso", 2.0, "1-3x", 1.0, 0.9, 1.1, 0.8, 1.2, 0.9, 1.1, 0.8, 1.2, "b"],  # T T / T T
+        ["a", "iso", 3.0, "1-3x", 1.0, 1.01, 1.1, 0.8, 1.2, 0.95, 1.05, 0.9, 1.1, "b"],  # F T / T T
         ["b", "iso", 2.5, "1-3x", 1.0, 1.01, 1.1, 1.01, 1.2, 1.01, 1.05, 0.9, 1.1, "a"],  # F F / F T
         ["b", "iso", 5.0, "3-10x", 1.0, 1.01, 1.1, 1.01, 1.2, 1.01, 1.05, 1.01, 1.1, "a"],  # F F / F F
-        ["b", "iso", 40.0, ">30x", 1.0, 0.9, 1.1, "", "", 0.9, 1.1, 0.8, 1.2, "a"],        # T - / T T (no fit-only 90%)
+        ["b", "iso", 40.0, ">30x", 1.0, 0.9, 1.1, "", "", 0.9, 1.1, 0.8, 1.2, "a"],  # T - / T T (no fit-only 90%)
     ]
     with (root / cov.BEYOND_ROWS).open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
         w.writerows(rows)
     (root / cov.CALIBRATION).parent.mkdir(parents=True)
-    (root / cov.CALIBRATION).write_text(json.dumps({"loso": [
-        {"source": "a", "method": "iso", "n": 2, "coverage_50": 1.0, "coverage_90": 1.0},
-        {"source": "b", "method": "iso", "n": 3, "coverage_50": 1 / 3, "coverage_90": 2 / 3}]}))
+    (root / cov.CALIBRATION).write_text(
+        json.dumps(
+            {
+                "loso": [
+                    {"source": "a", "method": "iso", "n": 2, "coverage_50": 1.0, "coverage_90": 1.0},
+                    {"source": "b", "method": "iso", "n": 3, "coverage_50": 1 / 3, "coverage_90": 2 / 3},
+                ]
+            }
+        )
+    )
     pre = root / cov.PREREGISTRATIONS
     pre.mkdir()
 
@@ -159,12 +199,25 @@ def _world(root: Path) -> Path:
         if outcome is not None:
             (pre / f"{name}.outcome.json").write_text(json.dumps(outcome))
 
-    seal("a", [0.99, 1.01], [0.9, 1.1], {"actual_final_loss": 1.05, "covered_50": False, "covered_90": False})  # 90 wrong
-    seal("b", [0.95, 1.05], [0.9, 1.1], {"actual_final_loss": 1.0, "covered_50": True, "covered_90": True,
-                                         "competing": {"x": {"covered_90": True}, "y": {"covered_90": False}}},
-         competing={"x": {"loss": 1.0, "loss_50": [0.99, 1.01], "loss_90": [0.9, 1.1]},
-                    "y": {"loss": 1.3, "loss_50": [1.2, 1.4], "loss_90": [1.1, 1.5]},
-                    "z": {"error": "no prediction (a fit failed)"}})
+    seal(
+        "a", [0.99, 1.01], [0.9, 1.1], {"actual_final_loss": 1.05, "covered_50": False, "covered_90": False}
+    )  # 90 wrong
+    seal(
+        "b",
+        [0.95, 1.05],
+        [0.9, 1.1],
+        {
+            "actual_final_loss": 1.0,
+            "covered_50": True,
+            "covered_90": True,
+            "competing": {"x": {"covered_90": True}, "y": {"covered_90": False}},
+        },
+        competing={
+            "x": {"loss": 1.0, "loss_50": [0.99, 1.01], "loss_90": [0.9, 1.1]},
+            "y": {"loss": 1.3, "loss_50": [1.2, 1.4], "loss_90": [1.1, 1.5]},
+            "z": {"error": "no prediction (a fit failed)"},
+        },
+    )
     seal("c", [0.95, 1.05], [0.9, 1.1], None)  # sealed, not yet run
     seal("d", None, [0.8, 0.9], {"actual_final_loss": 1.0})  # no 50% interval sealed; 90 out
     seal("e", [0.95, 1.05], [0.9, 1.1], {"verdict": "invalid: the run predates the preregistration"})
@@ -188,9 +241,13 @@ def test_hand_made_files_give_exact_counts(tmp_path, capsys):
     sweeps = {(r["bin"], r["interval"]): r for r in rows if r["section"] == "public_sweeps"}
     assert set(sweeps) == {(b, i) for b in ("1-3x", "3-10x", ">30x", "all") for i in ("calibrated", "fit-only")}
     assert (sweeps[("1-3x", "calibrated")]["covered_50"], sweeps[("1-3x", "calibrated")]["covered_90"]) == (
-        {"k": 2, "n": 3}, {"k": 3, "n": 3})
+        {"k": 2, "n": 3},
+        {"k": 3, "n": 3},
+    )
     assert (sweeps[("1-3x", "fit-only")]["covered_50"], sweeps[("1-3x", "fit-only")]["covered_90"]) == (
-        {"k": 1, "n": 3}, {"k": 2, "n": 3})
+        {"k": 1, "n": 3},
+        {"k": 2, "n": 3},
+    )
     assert sweeps[("3-10x", "calibrated")]["covered_90"] == {"k": 0, "n": 1}
     assert sweeps[(">30x", "fit-only")]["covered_90"] is None and sweeps[(">30x", "fit-only")]["n"] == 1
     assert sweeps[("all", "calibrated")]["covered_90"] == {"k": 4, "n": 5}
@@ -203,7 +260,11 @@ def test_hand_made_files_give_exact_counts(tmp_path, capsys):
     assert any("a.outcome.json: covered_90 says False, recomputed True" in n for n in data["notes"])
     assert any("orphan.outcome.json" in n for n in data["notes"]) and any("e.outcome.json" in n for n in data["notes"])
     competing = next(r for r in rows if r["section"] == "competing")
-    assert competing["n"] == 2 and competing["covered_90"] == {"k": 1, "n": 2} and competing["covered_50"] == {"k": 1, "n": 2}
+    assert (
+        competing["n"] == 2
+        and competing["covered_90"] == {"k": 1, "n": 2}
+        and competing["covered_50"] == {"k": 1, "n": 2}
+    )
     assert any("'z'" in n for n in data["notes"])
     assert "| 2/3 (67%) |" in data["markdown"] and data["markdown"].count("| not recorded |") == 1  # >30x fit-only 90%
 
@@ -214,13 +275,21 @@ def test_hand_made_files_give_exact_counts(tmp_path, capsys):
 def test_the_reseal_rows_count_the_shipped_resample_once_per_correction(tmp_path):
     path = tmp_path / "reseal.csv"
     header = "run,study_seed,resample,lo90,hi90,lo50,hi50,actual\n"
-    path.write_text(header + "r0,0,seeds,1.0,1.1,1.04,1.06,1.2\n" + "r0,0,cells,1.0,1.3,1.15,1.25,1.2\n"
-                    + "r1,1,cells,1.0,1.04,1.01,1.03,1.05\n")
+    path.write_text(
+        header
+        + "r0,0,seeds,1.0,1.1,1.04,1.06,1.2\n"
+        + "r0,0,cells,1.0,1.3,1.15,1.25,1.2\n"
+        + "r1,1,cells,1.0,1.04,1.01,1.03,1.05\n"
+    )
     (row,) = cov.reseal_rows(path, tmp_path)  # no correction column: the law's own point
     assert row["n"] == 2 and row["covered_90"] == {"k": 1, "n": 2} and row["covered_50"] == {"k": 1, "n": 2}
     assert "post hoc" in row["label"] and "law's own point" in row["label"] and row["runs"] == ["r0", "r1"]
-    path.write_text(header.replace("\n", ",correction\n") + "r0,0,cells,1.0,1.3,1.15,1.25,1.2,none\n"
-                    + "r1,1,cells,1.0,1.04,1.01,1.03,1.05,none\n" + "r1,1,cells,1.0,1.06,1.01,1.03,1.05,leave-one-seed-out\n")
+    path.write_text(
+        header.replace("\n", ",correction\n")
+        + "r0,0,cells,1.0,1.3,1.15,1.25,1.2,none\n"
+        + "r1,1,cells,1.0,1.04,1.01,1.03,1.05,none\n"
+        + "r1,1,cells,1.0,1.06,1.01,1.03,1.05,leave-one-seed-out\n"
+    )
     plain, corrected = cov.reseal_rows(path, tmp_path)
     assert plain["n"] == 2 and corrected["n"] == 1 and corrected["covered_90"] == {"k": 1, "n": 1}
     assert "leave-one-seed-out" in corrected["label"] and corrected["runs"] == ["r1"]
@@ -231,9 +300,16 @@ def test_the_reseal_rows_count_the_shipped_resample_once_per_correction(tmp_path
 
 def test_a_stale_row_table_is_a_note_not_an_error(tmp_path):
     root = _world(tmp_path)
-    (root / cov.CALIBRATION).write_text(json.dumps({"loso": [
-        {"source": "a", "method": "iso", "n": 2, "coverage_50": 1.0, "coverage_90": 1.0},
-        {"source": "b", "method": "iso", "n": 4, "coverage_50": 0.25, "coverage_90": 0.5}]}))
+    (root / cov.CALIBRATION).write_text(
+        json.dumps(
+            {
+                "loso": [
+                    {"source": "a", "method": "iso", "n": 2, "coverage_50": 1.0, "coverage_90": 1.0},
+                    {"source": "b", "method": "iso", "n": 4, "coverage_50": 0.25, "coverage_90": 0.5},
+                ]
+            }
+        )
+    )
     notes = cov.coverage_table(root)["notes"]
     assert any("disagree with the LOSO table" in n and "b iso" in n for n in notes)
 
@@ -273,8 +349,12 @@ def test_a_summary_without_a_needed_column(tmp_path, capsys):
 @pytest.mark.parametrize("what", ["summary", "beyond", "calibration", "preregistrations"])
 def test_a_missing_input(tmp_path, capsys, what):
     root = _world(tmp_path)
-    path = {"summary": cov.SUMMARY, "beyond": cov.BEYOND_ROWS, "calibration": cov.CALIBRATION,
-            "preregistrations": cov.PREREGISTRATIONS}[what]
+    path = {
+        "summary": cov.SUMMARY,
+        "beyond": cov.BEYOND_ROWS,
+        "calibration": cov.CALIBRATION,
+        "preregistrations": cov.PREREGISTRATIONS,
+    }[what]
     target = root / path
     if target.is_dir():
         for p in target.iterdir():

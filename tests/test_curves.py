@@ -7,20 +7,22 @@ import json
 from pathlib import Path
 
 import numpy as np
+import prereg_synthetic as ps
 import pytest
 
 from delphi.errors import DelphiError
 from delphi.fits import curves as cv
-from delphi.train.schedules import warmup_steps
 from delphi.train.config import OptimConfig
+from delphi.train.schedules import warmup_steps
 
-import prereg_synthetic as ps
 
-
-@pytest.mark.parametrize("optim", [
-    OptimConfig(lr=3e-3, schedule="wsd", warmup_frac=0.1, decay_frac=0.3, decay_shape="sqrt", min_lr_frac=0.1),
-    OptimConfig(lr=3e-3, schedule="cosine", warmup_frac=0.15, min_lr_frac=0.05),
-])
+@pytest.mark.parametrize(
+    "optim",
+    [
+        OptimConfig(lr=3e-3, schedule="wsd", warmup_frac=0.1, decay_frac=0.3, decay_shape="sqrt", min_lr_frac=0.1),
+        OptimConfig(lr=3e-3, schedule="cosine", warmup_frac=0.15, min_lr_frac=0.05),
+    ],
+)
 def test_curve_law_schedule_is_the_trained_one(store, tmp_path, optim):
     """The LR the curve law integrates (lr_factors x peak) is the LR the trainer logged at every step."""
     from delphi.model.config import ModelConfig
@@ -32,7 +34,12 @@ def test_curve_law_schedule_is_the_trained_one(store, tmp_path, optim):
     cfg = TrainConfig(
         model=ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32),
         data=DataConfig(store=str(store), seq_len=16, batch_size=2, seed=0),
-        optim=optim, steps=steps, log_every=1, eval_every=steps, eval_tokens=64, checkpoint_every=steps,
+        optim=optim,
+        steps=steps,
+        log_every=1,
+        eval_every=steps,
+        eval_tokens=64,
+        checkpoint_every=steps,
     ).validate()
     train(cfg, tmp_path / "run", progress=False)
     records = read_metrics(tmp_path / "run")
@@ -64,8 +71,17 @@ def _synthetic_curves(seed=0, noise=ps.NOISE):
             steps, tokens, loss = ps.true_curve(cfg, rng, noise)
             from delphi.model.flops import count_params
 
-            curves.append(cv.curve_from_schedule(cfg.name, count_params(cfg.model).nonembedding, cv.lr_factors(cfg.optim, cfg.steps),
-                                                 cfg.tokens_per_step, tokens, loss, warmup_updates=warmup_steps(cfg.optim, cfg.steps)))
+            curves.append(
+                cv.curve_from_schedule(
+                    cfg.name,
+                    count_params(cfg.model).nonembedding,
+                    cv.lr_factors(cfg.optim, cfg.steps),
+                    cfg.tokens_per_step,
+                    tokens,
+                    loss,
+                    warmup_updates=warmup_steps(cfg.optim, cfg.steps),
+                )
+            )
     return curves
 
 
@@ -117,7 +133,10 @@ def test_trajectory_anchors_and_orders_bands():
     anchored = cv.predict_trajectory(fit, hero, final_anchor=free["points"][-1]["loss"] + 0.05)
     assert anchored["points"][-1]["loss"] == pytest.approx(free["points"][-1]["loss"] + 0.05)
     assert anchored["anchor_offset"] == pytest.approx(0.05)
-    assert all(a["lo90"] == pytest.approx(f["lo90"]) and a["hi90"] == pytest.approx(f["hi90"] + 0.05) for a, f in zip(anchored["points"], free["points"]))
+    assert all(
+        a["lo90"] == pytest.approx(f["lo90"]) and a["hi90"] == pytest.approx(f["hi90"] + 0.05)
+        for a, f in zip(anchored["points"], free["points"])
+    )
     assert [p["step"] for p in free["points"]] == cv.eval_steps(hero.steps, hero.eval_every)
     for p in free["points"]:
         assert p["lo90"] <= p["lo50"] <= p["loss"] <= p["hi50"] <= p["hi90"]
@@ -140,10 +159,9 @@ def test_trajectory_from_the_probes_shape_on_the_v5_hero():
     """The fifth edition's 30x hero, its curve's shape taken from the v4 probes (3x, 10x) and its
     actual final loss: within 3.3% of every eval point after warmup (the curve law fitted on the
     ladder was 6-9% off through the constant-LR phase), 9 of 10 points inside the 90% band."""
+    from delphi.editions import edition_tree
     from delphi.train.config import load_train_config
     from delphi.train.rundir import read_metrics
-
-    from delphi.editions import edition_tree
 
     editions = Path(__file__).resolve().parents[1] / "paper" / "editions"
     hero_dir = edition_tree(editions / "v5") / "study" / "hero"

@@ -181,7 +181,9 @@ def test_resolve_builtin_stdlib_prepared_once_into_cache(tmp_path):
     """The real stdlib source, prepared by two processes at once: one build, same store."""
     env = {**os.environ, "DELPHI_CACHE": str(tmp_path / "cache")}
     code = "from delphi.data.store import resolve_store; print(resolve_store('stdlib'))"
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     target = tmp_path / "cache" / "stores" / "stdlib"
@@ -222,6 +224,9 @@ def test_a_store_counts_its_bytes_by_package_to_tell_two_builds_apart(tmp_path):
     assert meta["bytes_by_package"] == {"pkg/a.py": 6, "pkg/b.py": 7, "top.py": 6}
     before = {"site-packages/numpy": 100, "site-packages/old": 5, "stdlib/json": 7}
     after = {"site-packages/numpy": 173, "stdlib/json": 7, "site-packages/new": 2}
-    assert package_differences(before, after) == "site-packages/numpy +73 bytes, site-packages/old -5 bytes, site-packages/new +2 bytes"
+    assert (
+        package_differences(before, after)
+        == "site-packages/numpy +73 bytes, site-packages/old -5 bytes, site-packages/new +2 bytes"
+    )
     assert package_differences(before, before) == "none"
     assert package_differences(before, after, limit=1).endswith("and 2 more")

@@ -33,8 +33,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def gpu(kind: str = "NVIDIA H100 80GB HBM3", capability: str = "9.0", limit: int = 80 * 10**9, in_use: int = 0):
     """A description of a JAX GPU device: the attributes the device rules read."""
-    return SimpleNamespace(platform="gpu", device_kind=kind, compute_capability=capability, id=0, process_index=0,
-                           memory_stats=lambda: {"bytes_limit": limit, "bytes_in_use": in_use})
+    return SimpleNamespace(
+        platform="gpu",
+        device_kind=kind,
+        compute_capability=capability,
+        id=0,
+        process_index=0,
+        memory_stats=lambda: {"bytes_limit": limit, "bytes_in_use": in_use},
+    )
 
 
 # ---- the command line: a GPU where none is visible, a JAX_PLATFORMS that JAX cannot start
@@ -68,20 +74,32 @@ def test_a_config_asking_for_a_gpu_is_refused_the_same_way(store, tmp_path, caps
 def test_jax_platforms_naming_an_absent_backend_is_one_line(store, tmp_path, platforms) -> None:
     """`JAX_PLATFORMS=cuda delphi train` ended in JAX's AssertionError (exit 1, a traceback)."""
     config = write_config(tmp_path / "cfg.yaml", tiny_config(store))
-    env = {**os.environ, "JAX_PLATFORMS": platforms, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": platforms,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop(DEVICE_ENV, None)
-    proc = subprocess.run([sys.executable, "-m", "delphi.cli", "train", str(config), "--out", str(tmp_path / "run")],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "delphi.cli", "train", str(config), "--out", str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     line = _one_error_line(proc.returncode, proc.stderr, f"JAX_PLATFORMS='{platforms}'", "delphi[cuda]")
     assert "AssertionError" not in proc.stderr and "could not start" in line
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"device": "tpu"}, "device"),
-    ({"attention": "flash"}, "attention"),
-    ({"precision": "fp16"}, "precision"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"device": "tpu"}, "device"),
+        ({"attention": "flash"}, "attention"),
+        ({"precision": "fp16"}, "precision"),
+    ],
+)
 def test_an_unknown_device_attention_or_precision_is_one_line(store, tmp_path, capsys, override, message) -> None:
     config = write_config(tmp_path / "cfg.yaml", tiny_config(store), **override)
     code, err = _run(["train", config, "--out", tmp_path / "run"], capsys)
@@ -137,7 +155,9 @@ def test_bf16_is_refused_on_a_gpu_without_bf16_tensor_cores() -> None:
         dev.check_precision("bf16", [t4])
     dev.check_precision("f32", [t4])
     dev.check_precision("bf16", [gpu()])  # an H100
-    dev.check_precision("bf16", [SimpleNamespace(platform="cpu", device_kind="cpu")])  # the CPU runs bf16 (emulated or native)
+    dev.check_precision(
+        "bf16", [SimpleNamespace(platform="cpu", device_kind="cpu")]
+    )  # the CPU runs bf16 (emulated or native)
 
 
 def test_attention_auto_is_fused_on_a_gpu_and_blocked_on_the_cpu() -> None:

@@ -52,7 +52,8 @@ def test_readme_is_a_front_page() -> None:
 def test_design_is_the_design() -> None:
     lines = DESIGN.read_text().count("\n")
     assert lines <= DESIGN_MAX_LINES, (
-        f"docs/design.md has {lines} lines (at most {DESIGN_MAX_LINES}): history goes to docs/notebook.md")
+        f"docs/design.md has {lines} lines (at most {DESIGN_MAX_LINES}): history goes to docs/notebook.md"
+    )
 
 
 @pytest.mark.parametrize("doc", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -88,9 +89,15 @@ def test_design_sections_cited_by_the_code_exist() -> None:
     """Comments cite `docs/design.md §N`: each N is a heading, or a row of §8's index of the notebook."""
     text = DESIGN.read_text()
     sections = {a or b for a, b in DESIGN_HEADING.findall(text)} | set(DESIGN_INDEX_ROW.findall(text))
-    sources = [README, *(ROOT / "docs").glob("*.md"), *(ROOT / "delphi").rglob("*.py"),
-               *(ROOT / "delphi").rglob("*.yaml"), *(ROOT / "studies").rglob("*.yaml"),
-               *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    sources = [
+        README,
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "delphi").rglob("*.py"),
+        *(ROOT / "delphi").rglob("*.yaml"),
+        *(ROOT / "studies").rglob("*.yaml"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "benchmarks").glob("*.py"),
+    ]
     cited = {(p, n) for p in sources for n in DESIGN_CITE.findall(p.read_text())}
     missing = sorted(f"{p.relative_to(ROOT)}: §{n}" for p, n in cited if n not in sections)
     assert not missing, "docs/design.md sections cited but missing:\n" + "\n".join(missing)

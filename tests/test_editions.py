@@ -68,8 +68,16 @@ def test_the_committed_editions_are_compact():
 
 def test_prereg_verify_runs_on_a_hero_inside_a_compact_edition(capsys):
     """`prereg verify --run` takes a run inside a compact edition as before (its unpacked copy)."""
-    code = cli_main(["prereg", "verify", str(REPO / "preregistrations" / "paper-v3-hero-30x.yaml"),
-                     "--run", str(EDITIONS / "v3" / "study" / "hero"), "--json"])
+    code = cli_main(
+        [
+            "prereg",
+            "verify",
+            str(REPO / "preregistrations" / "paper-v3-hero-30x.yaml"),
+            "--run",
+            str(EDITIONS / "v3" / "study" / "hero"),
+            "--json",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     result = json.loads(capsys.readouterr().out)
     assert result["seal_ok"] and result["created_before_start"] is True
@@ -78,8 +86,17 @@ def test_prereg_verify_runs_on_a_hero_inside_a_compact_edition(capsys):
 def test_paper_verify_finds_every_sealed_hash_in_the_editions(capsys):
     """Every preregistration's recorded sha256s (fit, hero config, manifest, results, probe summaries)
     are files of its edition's compact copy, and its hero verifies from there."""
-    code = cli_main(["paper", "verify", "--paper-root", str(REPO / "paper"),
-                     "--preregistrations", str(REPO / "preregistrations"), "--json"])
+    code = cli_main(
+        [
+            "paper",
+            "verify",
+            "--paper-root",
+            str(REPO / "paper"),
+            "--preregistrations",
+            str(REPO / "preregistrations"),
+            "--json",
+        ]
+    )
     rows = {Path(r["file"]).stem: r for r in json.loads(capsys.readouterr().out)["preregistrations"]}
     assert code == 0
     assert rows["paper-v7-hero-90x"]["editions_holding_all"] == ["v7"] and rows["paper-v7-hero-90x"]["hashes"] == 8
@@ -92,5 +109,7 @@ def test_paper_verify_finds_every_sealed_hash_in_the_editions(capsys):
 def test_an_unpacked_edition_is_the_committed_tree():
     """The cache copy of an edition is what unpacking gives, and it holds the run dirs the study named."""
     tree = edition_tree(EDITIONS / "v4")
-    assert (tree / "probe3x" / "metrics.jsonl").is_file() and len(list((tree / "study" / "ladder" / "runs").iterdir())) == 67
+    assert (tree / "probe3x" / "metrics.jsonl").is_file() and len(
+        list((tree / "study" / "ladder" / "runs").iterdir())
+    ) == 67
     assert (tree.parent / "preregistrations").resolve() == (REPO / "preregistrations").resolve()

@@ -13,8 +13,17 @@ from delphi.errors import DelphiError
 from delphi.fits import curves as cv
 from delphi.fits.allocation import FlopsFamily, flops_of, optimal_allocation
 from delphi.fits.laws import (
-    ND_KINDS, SURFACES, ChinchillaSurface, FrontierSurface, IsoflopSurface, LawKind, MoeSurface, chinchilla_loss,
-    chinchilla_optimum, point_prediction, surface_class,
+    ND_KINDS,
+    SURFACES,
+    ChinchillaSurface,
+    FrontierSurface,
+    IsoflopSurface,
+    LawKind,
+    MoeSurface,
+    chinchilla_loss,
+    chinchilla_optimum,
+    point_prediction,
+    surface_class,
 )
 from delphi.fits.results import FitLike, FitResult, FitStatus, fit_from_json, fit_status
 
@@ -98,20 +107,30 @@ def test_laws_in_compute_alone_have_no_loss_at_n_and_d(surface_type):
 @pytest.mark.parametrize("kind", [k.value for k in LawKind])
 def test_fit_result_predicts_through_its_surface(kind):
     family = FAMILY if kind in ND_KINDS else None
-    fit = FitResult(kind=kind, method="test", params=PARAMS[kind], family=family, extra={"term": "granularity"} if kind == "moe" else {})
+    fit = FitResult(
+        kind=kind,
+        method="test",
+        params=PARAMS[kind],
+        family=family,
+        extra={"term": "granularity"} if kind == "moe" else {},
+    )
     assert fit.kind == LawKind(kind) and fit.law_in_nd == (kind in ND_KINDS)
     terms = {"granularity": 4.0} if kind == "moe" else {}
     pred = fit.predict(compute=1e21, **terms)
     opt = fit.surface.optimum(1e21, family, **terms)
     assert pred["loss"] == float(opt.loss)
-    assert pred == fit.predict(compute=1e21, **terms) and pred["allocation"] == ("exact" if family else "6ND" if kind in ND_KINDS else "fitted in C")
+    assert pred == fit.predict(compute=1e21, **terms) and pred["allocation"] == (
+        "exact" if family else "6ND" if kind in ND_KINDS else "fitted in C"
+    )
     assert point_prediction(kind, PARAMS[kind], family=family, compute=1e21, **terms)["loss"] == opt.loss
 
 
 def test_status_is_a_str_enum_and_the_json_stays_plain(tmp_path):
     assert fit_status(False, ["E"]) is FitStatus.NOT_CONVERGED
     assert fit_status(True, ["E"]) is FitStatus.AT_BOUND and fit_status(True, []) is FitStatus.OK
-    fit = FitResult(kind="parametric", method="vpnls", params=CHINCHILLA, status="at_bound", diagnostics={"at_bound": ["E"]})
+    fit = FitResult(
+        kind="parametric", method="vpnls", params=CHINCHILLA, status="at_bound", diagnostics={"at_bound": ["E"]}
+    )
     assert fit.status is FitStatus.AT_BOUND and fit.status == "at_bound" and f"{fit.status}" == "at_bound"
     data = fit.to_json()
     assert type(data["status"]) is str and type(data["kind"]) is str
@@ -134,9 +153,16 @@ def _curve_law(**params: float) -> cv.CurveLawFit:
     theta = {"E": 1.8, "A": 50.0, "alpha": 0.3, "B": 30.0, "beta": 0.25, "C": 0.001, **params}
     samples = np.array([[theta[k] * (1 + 0.01 * i) for k in cv.PARAM_NAMES] for i in range(-5, 6)])
     return cv.CurveLawFit(
-        params=theta, samples=samples, residual_sd=0.003, momentum_decay=cv.TISSUE_MOMENTUM_DECAY,
-        min_progress=cv.DEFAULT_MIN_PROGRESS, n_points=40, n_runs=4, run_params=[1e6, 3e6, 1e7, 3e7],
-        bootstrap="runs", seed=0,
+        params=theta,
+        samples=samples,
+        residual_sd=0.003,
+        momentum_decay=cv.TISSUE_MOMENTUM_DECAY,
+        min_progress=cv.DEFAULT_MIN_PROGRESS,
+        n_points=40,
+        n_runs=4,
+        run_params=[1e6, 3e6, 1e7, 3e7],
+        bootstrap="runs",
+        seed=0,
     )
 
 
@@ -154,8 +180,9 @@ def _check_fit_like(fit: FitLike) -> None:
 
 
 def test_fit_result_and_curve_law_conform_to_one_result_protocol():
-    fit = FitResult(kind="parametric", method="vpnls", params=CHINCHILLA, intervals={"E": (1.6, 1.8)},
-                    diagnostics={"at_bound": []})
+    fit = FitResult(
+        kind="parametric", method="vpnls", params=CHINCHILLA, intervals={"E": (1.6, 1.8)}, diagnostics={"at_bound": []}
+    )
     _check_fit_like(fit)
     curve = _curve_law()
     _check_fit_like(curve)

@@ -12,7 +12,14 @@ import pytest
 from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.fits import (
-    backtest, fit_approach1, fit_approach2, fit_frontier, fit_moe, fit_vpnls, load_fit, load_results,
+    backtest,
+    fit_approach1,
+    fit_approach2,
+    fit_frontier,
+    fit_moe,
+    fit_vpnls,
+    load_fit,
+    load_results,
 )
 from delphi.fits.bootstrap import bootstrap, resample_indices
 from delphi.fits.laws import chinchilla_optimum
@@ -21,7 +28,9 @@ REFERENCE = Path(__file__).resolve().parent / "data"  # copies of the public ref
 TRUTH = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al. 2022, rounded
 
 
-def isoflop_design(truth: dict[str, float], budgets=(1e18, 1e19, 1e20, 1e21), half_width=1.0, points=9, drift=0.0) -> pd.DataFrame:
+def isoflop_design(
+    truth: dict[str, float], budgets=(1e18, 1e19, 1e20, 1e21), half_width=1.0, points=9, drift=0.0
+) -> pd.DataFrame:
     """Noise-free isoFLOP curves sampled symmetrically in log N about the true optimum."""
     rows = []
     for i, c in enumerate(budgets):
@@ -101,7 +110,9 @@ def test_approach2_recovers_exponents_and_shows_intercept_bias():
     # equal exponents: no bias
     equal = dict(TRUTH, beta=TRUTH["alpha"])
     fit_e = fit_approach2(load_results(isoflop_design(equal)))
-    assert fit_e.predict(compute=1e20)["params"] / chinchilla_optimum(equal, 1e20)["params"] == pytest.approx(1, abs=1e-6)
+    assert fit_e.predict(compute=1e20)["params"] / chinchilla_optimum(equal, 1e20)["params"] == pytest.approx(
+        1, abs=1e-6
+    )
 
 
 def test_approach2_drifting_grid_biases_exponent():
@@ -112,7 +123,9 @@ def test_approach2_drifting_grid_biases_exponent():
 def test_approach2_per_budget_optima_and_intervals():
     fit = fit_approach2(load_results(isoflop_design(TRUTH)))
     data = fit.to_json()
-    assert len(data["optima"]) == 4 and {"params_opt", "tokens_opt", "loss_opt", "loss_opt_se"} <= set(data["optima"][0])
+    assert len(data["optima"]) == 4 and {"params_opt", "tokens_opt", "loss_opt", "loss_opt_se"} <= set(
+        data["optima"][0]
+    )
     lo, hi = fit.intervals["a"]
     assert lo <= fit.params["a"] <= hi
 
@@ -176,7 +189,13 @@ def frontier_table(E=1.5, A=40.0, gamma=0.08, noise=0.0) -> pd.DataFrame:
     budgets = np.geomspace(1e17, 1e21, 7)
     wiggle = noise * np.sin(2.3 * np.arange(7))  # deterministic "noise"
     rows = [
-        {"params": 1e7 * (i + 1), "tokens": c / 6e7 / (i + 1), "flops": c, "budget": c, "loss": (E + A * c ** -gamma) * (1 + wiggle[i])}
+        {
+            "params": 1e7 * (i + 1),
+            "tokens": c / 6e7 / (i + 1),
+            "flops": c,
+            "budget": c,
+            "loss": (E + A * c**-gamma) * (1 + wiggle[i]),
+        }
         for i, c in enumerate(budgets)
     ]
     return load_results(pd.DataFrame(rows))
@@ -190,7 +209,7 @@ def test_frontier_free_fixed_profile():
     assert fixed.params["E"] == 1.0 and fixed.diagnostics["rss"] > free.diagnostics["rss"]
     prof = fit_frontier(table, E="profile", target_compute=[1e23])
     assert prof.params["E"] == pytest.approx(1.5, rel=1e-4)
-    assert prof.predict(compute=1e23)["loss"] == pytest.approx(1.5 + 40 * 1e23 ** -0.08, rel=1e-4)
+    assert prof.predict(compute=1e23)["loss"] == pytest.approx(1.5 + 40 * 1e23**-0.08, rel=1e-4)
     noisy = fit_frontier(frontier_table(noise=0.002), E="profile", target_compute=[1e23])
     lo, hi = noisy.intervals["E"]
     assert lo < noisy.params["E"] < hi and hi - lo > 0.01
@@ -209,8 +228,15 @@ def test_frontier_needs_three_budgets():
 # ----------------------------------------------------------------------------- MoE
 def test_moe_granularity_law_recovery():
     truth = {"E": 1.7, "G": 150.0, "gamma": 0.5, "A": 300.0, "B": 400.0, "alpha": 0.33, "beta": 0.3}
-    n, d, g = (a.ravel() for a in np.meshgrid(np.geomspace(1e7, 1e10, 6), np.geomspace(1e9, 1e12, 6), [1.0, 2.0, 4.0, 8.0, 16.0]))
-    loss = truth["E"] + (truth["G"] * g ** -truth["gamma"] + truth["A"]) * n ** -truth["alpha"] + truth["B"] * d ** -truth["beta"]
+    n, d, g = (
+        a.ravel()
+        for a in np.meshgrid(np.geomspace(1e7, 1e10, 6), np.geomspace(1e9, 1e12, 6), [1.0, 2.0, 4.0, 8.0, 16.0])
+    )
+    loss = (
+        truth["E"]
+        + (truth["G"] * g ** -truth["gamma"] + truth["A"]) * n ** -truth["alpha"]
+        + truth["B"] * d ** -truth["beta"]
+    )
     fit = fit_moe(load_results(pd.DataFrame({"params": n, "tokens": d, "granularity": g, "loss": loss})))
     for k, v in truth.items():
         assert fit.params[k] == pytest.approx(v, rel=1e-3), k
@@ -258,7 +284,17 @@ def test_json_round_trip_keeps_intervals(tmp_path):
     assert back.params == fit.params and back.kind == "isoflop"
     assert back.predict(compute=1e22) == fit.predict(compute=1e22)
     data = fit.to_json()
-    assert {"kind", "method", "params", "intervals", "diagnostics", "input_sha256", "n_points", "seed", "version"} <= set(data)
+    assert {
+        "kind",
+        "method",
+        "params",
+        "intervals",
+        "diagnostics",
+        "input_sha256",
+        "n_points",
+        "seed",
+        "version",
+    } <= set(data)
 
 
 def test_cli_fit_and_predict(tmp_path, capsys):

@@ -17,8 +17,11 @@ REFERENCE = Path(__file__).resolve().parent / "data"  # copies of the public ref
 EPOCH_GRID_FIT = {"A": 477.84, "B": 2143.86, "E": 1.8172, "alpha": 0.3473, "beta": 0.3672}
 # Hoffmann et al. 2022 Approach 3, unrounded (tests/data/README.md).
 HOFFMANN = {
-    "A": float(np.exp(6.0073404)), "B": float(np.exp(6.0179186)), "E": float(np.exp(0.5267228)),
-    "alpha": 0.33917084, "beta": 0.2849083,
+    "A": float(np.exp(6.0073404)),
+    "B": float(np.exp(6.0179186)),
+    "E": float(np.exp(0.5267228)),
+    "alpha": 0.33917084,
+    "beta": 0.2849083,
 }
 
 
@@ -99,12 +102,23 @@ def test_huber_objective_gradient_matches_finite_differences():
     weights = np.random.default_rng(0).uniform(0.5, 2.0, len(log_n))
     for w in (None, weights):
         value, grad = huber_objective(theta, log_n, log_d, log_loss, w)
-        r = np.logaddexp.reduce([theta[0] - theta[3] * log_n, theta[1] - theta[4] * log_d, np.full_like(log_n, theta[2])]) - log_loss
+        r = (
+            np.logaddexp.reduce(
+                [theta[0] - theta[3] * log_n, theta[1] - theta[4] * log_d, np.full_like(log_n, theta[2])]
+            )
+            - log_loss
+        )
         huber = np.where(np.abs(r) <= 1e-3, 0.5 * r**2, 1e-3 * (np.abs(r) - 0.5e-3))
         assert value == pytest.approx(float((huber if w is None else w * huber).sum()), rel=1e-12)
         step = 1e-7
-        numeric = [(huber_objective(theta + step * e, log_n, log_d, log_loss, w)[0]
-                    - huber_objective(theta - step * e, log_n, log_d, log_loss, w)[0]) / (2 * step) for e in np.eye(5)]
+        numeric = [
+            (
+                huber_objective(theta + step * e, log_n, log_d, log_loss, w)[0]
+                - huber_objective(theta - step * e, log_n, log_d, log_loss, w)[0]
+            )
+            / (2 * step)
+            for e in np.eye(5)
+        ]
         np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-9)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -55,7 +56,9 @@ def nnx_param_count(cfg: ModelConfig) -> int:
     "cfg",
     [
         ModelConfig(d_model=64, n_layers=3, n_heads=4, d_ff=160),
-        ModelConfig(d_model=48, n_layers=2, n_heads=3, moe=MoEConfig(experts=5, top_k=2, d_expert=24, shared_experts=2)),
+        ModelConfig(
+            d_model=48, n_layers=2, n_heads=3, moe=MoEConfig(experts=5, top_k=2, d_expert=24, shared_experts=2)
+        ),
     ],
     ids=["dense", "moe"],
 )
@@ -97,8 +100,21 @@ def padded_expert_flops(cfg: ModelConfig, tokens: int) -> float:
 
 XLA_CASES = [
     ("dense", ModelConfig(d_model=256, n_layers=2, n_heads=4, d_ff=1024)),
-    ("moe-cf1", ModelConfig(d_model=256, n_layers=2, n_heads=4, moe=MoEConfig(experts=8, top_k=2, d_expert=256, capacity_factor=1.0))),
-    ("moe-cf1.25-shared", ModelConfig(d_model=256, n_layers=2, n_heads=4, moe=MoEConfig(experts=8, top_k=2, d_expert=128, shared_experts=1, capacity_factor=1.25))),
+    (
+        "moe-cf1",
+        ModelConfig(
+            d_model=256, n_layers=2, n_heads=4, moe=MoEConfig(experts=8, top_k=2, d_expert=256, capacity_factor=1.0)
+        ),
+    ),
+    (
+        "moe-cf1.25-shared",
+        ModelConfig(
+            d_model=256,
+            n_layers=2,
+            n_heads=4,
+            moe=MoEConfig(experts=8, top_k=2, d_expert=128, shared_experts=1, capacity_factor=1.25),
+        ),
+    ),
 ]
 
 

@@ -37,16 +37,25 @@ def test_the_smoke_run_covers_the_whole_table(gpu_check, store, tmp_path, capsys
         assert row["memory"]["compiled"]["total"] > 0 and row["memory"]["estimate"] > 0
         assert row["peak_memory_bytes"] == gpu_check.NOT_REPORTED  # the CPU keeps no device peak
         assert name in printed
-    assert rows["moe-d1024"]["moe"]["capacity_factor"] == 1.25 and rows["moe-dropless-d1024"]["moe"]["capacity_factor"] == 4.0
+    assert (
+        rows["moe-d1024"]["moe"]["capacity_factor"] == 1.25
+        and rows["moe-dropless-d1024"]["moe"]["capacity_factor"] == 4.0
+    )
     ladder = rows["ladder"]
-    assert ladder["alone_wall_s"] > 0 and ladder["grouped_wall_s"] > 0 and isinstance(ladder["shared_program_pays"], bool)
+    assert (
+        ladder["alone_wall_s"] > 0 and ladder["grouped_wall_s"] > 0 and isinstance(ladder["shared_program_pays"], bool)
+    )
     assert set(result["targets"]) >= {"dense-d1024 MFU", "moe-d1024 MFU", "moe-dropless-d1024 memory estimate / peak"}
 
 
 def test_an_item_past_the_budget_is_skipped_not_cut(gpu_check, store, tmp_path) -> None:
     out = tmp_path / "results"
-    assert gpu_check.main(["--smoke", "--store", str(store), "--out", str(out), "--budget-s", "1",
-                           "--only", "dense-d1024"]) == 0
+    assert (
+        gpu_check.main(
+            ["--smoke", "--store", str(store), "--out", str(out), "--budget-s", "1", "--only", "dense-d1024"]
+        )
+        == 0
+    )
     rows = {r["item"]: r for r in json.loads((out / gpu_check.JSON_FILE).read_text())["rows"]}
     assert set(rows) == {"peak", "dense-d1024"} and "budget" in rows["dense-d1024"]["skipped"]
 

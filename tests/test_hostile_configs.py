@@ -42,11 +42,14 @@ def one_error(err: str, *names: str) -> str:
 # --------------------------------------------------------------------------- duplicate YAML keys
 
 
-@pytest.mark.parametrize("text, key, first, again", [
-    ("steps: 10\nlog_every: 2\nsteps: 20\n", "steps", 1, 3),
-    ("optim:\n  lr: 0.01\n  beta1: 0.9\n  lr: 0.1\n", "lr", 2, 4),
-    ("runs:\n  - {seed: 1, seed: 2}\n", "seed", 2, 2),
-])
+@pytest.mark.parametrize(
+    "text, key, first, again",
+    [
+        ("steps: 10\nlog_every: 2\nsteps: 20\n", "steps", 1, 3),
+        ("optim:\n  lr: 0.01\n  beta1: 0.9\n  lr: 0.1\n", "lr", 2, 4),
+        ("runs:\n  - {seed: 1, seed: 2}\n", "seed", 2, 2),
+    ],
+)
 def test_a_repeated_key_is_refused_with_both_lines(text, key, first, again):
     """Before: the last value won, without a word."""
     with pytest.raises(DelphiError) as e:
@@ -65,7 +68,8 @@ def test_strict_yaml_keeps_merges_and_the_other_checks():
         with pytest.raises(DelphiError, match=wanted):
             load_yaml_strict(text, "c.yaml")
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefg", "bcdefgh"))
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefg", "bcdefgh")
+    )
     with pytest.raises(DelphiError, match="alias bomb"):
         load_yaml_strict(bomb, "c.yaml")
 
@@ -73,7 +77,9 @@ def test_strict_yaml_keeps_merges_and_the_other_checks():
 def test_every_committed_yaml_is_free_of_repeated_keys():
     import subprocess
 
-    files = subprocess.run(["git", "ls-files", "*.yaml", "*.yml"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "*.yaml", "*.yml"], cwd=REPO, capture_output=True, text=True
+    ).stdout.split()
     for name in files:
         try:
             load_yaml_strict((REPO / name).read_text(), name)
@@ -167,11 +173,28 @@ def test_a_fit_with_an_impossible_exponent_is_refused(fits, tmp_path, capsys, ki
 # --------------------------------------------------------------------------- seeds and the environment
 
 
-@pytest.mark.parametrize("argv", [
-    ["fit", "isoflop", ISOFLOPS, "--seed", "-1", "--bootstrap", "20"],
-    ["ladder", "hero", "--fit", "f.json", "--compute", "1e15", "--spec", "s.yaml", "--out", "h.yaml", "--seed", "-1"],
-    ["mup", "lr-sweep", "--out", "sweep", "--seed", "-1"],
-], ids=["fit", "ladder-hero", "mup-lr-sweep"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fit", "isoflop", ISOFLOPS, "--seed", "-1", "--bootstrap", "20"],
+        [
+            "ladder",
+            "hero",
+            "--fit",
+            "f.json",
+            "--compute",
+            "1e15",
+            "--spec",
+            "s.yaml",
+            "--out",
+            "h.yaml",
+            "--seed",
+            "-1",
+        ],
+        ["mup", "lr-sweep", "--out", "sweep", "--seed", "-1"],
+    ],
+    ids=["fit", "ladder-hero", "mup-lr-sweep"],
+)
 def test_a_negative_seed_is_refused(tmp_path, capsys, monkeypatch, argv):
     """Before: `fit --seed -1 --bootstrap N` ended in numpy's ValueError traceback."""
     monkeypatch.chdir(tmp_path)
@@ -203,17 +226,21 @@ def test_a_negative_seed_in_a_train_config_writes_nothing(store, tmp_path, capsy
     assert not out.exists()
 
 
-@pytest.mark.parametrize("env, name", [
-    ({"WANDB_MODE": "garbage"}, "WANDB_MODE"),
-    ({"WANDB_MODE": "online"}, "WANDB_MODE"),  # no key anywhere: wandb.init would stop to ask
-    ({"DELPHI_STEPS_PER_CALL": "abc"}, "DELPHI_STEPS_PER_CALL"),
-    ({"DELPHI_STEPS_PER_CALL": "0"}, "DELPHI_STEPS_PER_CALL"),
-    ({"DELPHI_CHECKPOINT_CLOCK_S": "soon"}, "DELPHI_CHECKPOINT_CLOCK_S"),
-    ({"DELPHI_PEAK_FLOPS_F32": "-1"}, "DELPHI_PEAK_FLOPS_F32"),  # before: a negative MFU
-    ({"DELPHI_PEAK_FLOPS_BF16": "fast"}, "DELPHI_PEAK_FLOPS_BF16"),
-    ({"DELPHI_PEAK_FLOPS_F32": "inf"}, "DELPHI_PEAK_FLOPS_F32"),
-    ({"DELPHI_DISTRIBUTED": "maybe"}, "DELPHI_DISTRIBUTED"),
-], ids=lambda v: v if isinstance(v, str) else "=".join(next(iter(v.items()))))
+@pytest.mark.parametrize(
+    "env, name",
+    [
+        ({"WANDB_MODE": "garbage"}, "WANDB_MODE"),
+        ({"WANDB_MODE": "online"}, "WANDB_MODE"),  # no key anywhere: wandb.init would stop to ask
+        ({"DELPHI_STEPS_PER_CALL": "abc"}, "DELPHI_STEPS_PER_CALL"),
+        ({"DELPHI_STEPS_PER_CALL": "0"}, "DELPHI_STEPS_PER_CALL"),
+        ({"DELPHI_CHECKPOINT_CLOCK_S": "soon"}, "DELPHI_CHECKPOINT_CLOCK_S"),
+        ({"DELPHI_PEAK_FLOPS_F32": "-1"}, "DELPHI_PEAK_FLOPS_F32"),  # before: a negative MFU
+        ({"DELPHI_PEAK_FLOPS_BF16": "fast"}, "DELPHI_PEAK_FLOPS_BF16"),
+        ({"DELPHI_PEAK_FLOPS_F32": "inf"}, "DELPHI_PEAK_FLOPS_F32"),
+        ({"DELPHI_DISTRIBUTED": "maybe"}, "DELPHI_DISTRIBUTED"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "=".join(next(iter(v.items()))),
+)
 def test_an_unusable_environment_variable_is_refused_before_training(store, tmp_path, capsys, monkeypatch, env, name):
     """Before: a traceback (WANDB_MODE, DELPHI_* not numbers) after the run directory was written."""
     from tests.test_train import tiny_config, write_config
@@ -235,8 +262,16 @@ def test_environment_values_that_work(monkeypatch, tmp_path):
     from delphi.train import environment as envmod
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "NETRC", "WANDB_MODE", "DELPHI_PEAK_FLOPS_F32",
-                "DELPHI_STEPS_PER_CALL", "DELPHI_CHECKPOINT_CLOCK_S", "DELPHI_DISTRIBUTED"):
+    for var in (
+        "WANDB_API_KEY",
+        "WANDB_IDENTITY_TOKEN_FILE",
+        "NETRC",
+        "WANDB_MODE",
+        "DELPHI_PEAK_FLOPS_F32",
+        "DELPHI_STEPS_PER_CALL",
+        "DELPHI_CHECKPOINT_CLOCK_S",
+        "DELPHI_DISTRIBUTED",
+    ):
         monkeypatch.delenv(var, raising=False)
     envmod.check_training_environment()
     assert envmod.wandb_mode(None) == "disabled" and envmod.steps_per_call_env() is None
@@ -258,8 +293,10 @@ def test_environment_values_that_work(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- Parquet
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is not None or importlib.util.find_spec("fastparquet") is not None,
-                    reason="a Parquet engine is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("pyarrow") is not None or importlib.util.find_spec("fastparquet") is not None,
+    reason="a Parquet engine is installed",
+)
 def test_parquet_without_pyarrow_says_what_to_install(tmp_path, capsys):
     table = tmp_path / "results.parquet"
     table.write_bytes(b"PAR1" + b"\0" * 16 + b"PAR1")

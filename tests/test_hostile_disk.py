@@ -71,9 +71,14 @@ def test_a_checkpoint_the_disk_refuses_is_one_line_exit_2_and_a_failed_status(tm
     """Cause 12: a full disk (here: a file-size limit, the same refusal to the writer) at a checkpoint
     was a traceback, and failed every rung of a study."""
     env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT), "DELPHI_PEAK_FLOPS_F32": "1e11", "DELPHI_JAX_CACHE": "off"}
-    done = subprocess.run([sys.executable, "-m", "delphi.cli", "train", str(_tiny(tmp_path, store)), "--out",
-                           str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=600,
-                          preexec_fn=_limit_file_size)
+    done = subprocess.run(
+        [sys.executable, "-m", "delphi.cli", "train", str(_tiny(tmp_path, store)), "--out", str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=_limit_file_size,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("delphi: error: ") and "checkpoint" in done.stderr

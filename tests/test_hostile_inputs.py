@@ -9,9 +9,7 @@ names the file, the key and (at most ~200 characters of) the value. Ctrl-C at an
 from __future__ import annotations
 
 import json
-import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,14 +17,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import prereg_synthetic as ps
 import pytest
 import yaml
+from micro_ladder import micro_ladder
 
 from delphi.cli import main
 from delphi.train.rundir import LOCK_FILE, read_status
-
-import prereg_synthetic as ps
-from micro_ladder import micro_ladder
 from tests.test_train import tiny_config, write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +62,7 @@ def ladder_world(tmp_path_factory) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------- YAML alias bombs
 
+
 def _alias_bomb(levels: int = 7) -> str:
     """A "billion laughs" value in YAML flow style: 9 ** levels strings (33 MB as text) from a few
     hundred bytes, each level an alias of the one before."""
@@ -81,8 +79,12 @@ def test_yaml_alias_bomb_is_refused_quickly_with_a_short_line(command, tmp_path,
     path = tmp_path / "bomb.yaml"
     path.write_text(key[command] % _alias_bomb() + "\n")
     assert path.stat().st_size < 700
-    argv = {"train": ["train", path, "--out", tmp_path / "run"], "flops": ["flops", path],
-            "study": ["study", path, "--out", tmp_path / "study"], "ladder plan": ["ladder", "plan", path, "--out", tmp_path / "l"]}[command]
+    argv = {
+        "train": ["train", path, "--out", tmp_path / "run"],
+        "flops": ["flops", path],
+        "study": ["study", path, "--out", tmp_path / "study"],
+        "ladder plan": ["ladder", "plan", path, "--out", tmp_path / "l"],
+    }[command]
     start = time.perf_counter()
     code, err = _run(argv, capsys)
     assert time.perf_counter() - start < 10
@@ -92,14 +94,18 @@ def test_yaml_alias_bomb_is_refused_quickly_with_a_short_line(command, tmp_path,
 
 # --------------------------------------------------------------------------- fit JSON
 
-@pytest.mark.parametrize("edit, key", [
-    (lambda p: p.update(alpha="0.3"), "params.alpha"),  # wrong type: used to crash with a traceback
-    (lambda p: p.update(alpha=-0.3), "params.alpha"),  # wrong sign: used to print loss=None, exit 0
-    (lambda p: p.update(E=float("nan")), "params.E"),  # NaN: likewise
-    (lambda p: p.update(B=float("inf")), "params.B"),
-    (lambda p: p.pop("beta"), "params.beta"),
-    (lambda p: p.update(A=True), "params.A"),
-])
+
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda p: p.update(alpha="0.3"), "params.alpha"),  # wrong type: used to crash with a traceback
+        (lambda p: p.update(alpha=-0.3), "params.alpha"),  # wrong sign: used to print loss=None, exit 0
+        (lambda p: p.update(E=float("nan")), "params.E"),  # NaN: likewise
+        (lambda p: p.update(B=float("inf")), "params.B"),
+        (lambda p: p.pop("beta"), "params.beta"),
+        (lambda p: p.update(A=True), "params.A"),
+    ],
+)
 def test_fit_json_with_a_wrong_parameter_is_exit_2_naming_the_key(edit, key, ladder_world, tmp_path, capsys):
     data = json.loads(ladder_world["fit"].read_text())
     edit(data["params"])
@@ -113,6 +119,7 @@ def test_fit_json_with_a_wrong_parameter_is_exit_2_naming_the_key(edit, key, lad
 
 # --------------------------------------------------------------------------- manifests and summaries
 
+
 @pytest.fixture
 def planned_ladder(tmp_path) -> Path:
     """A planned micro ladder whose rungs are all finished (constructed run dirs, no training)."""
@@ -123,11 +130,24 @@ def planned_ladder(tmp_path) -> Path:
         run_dir = ladder / "runs" / row["run_id"]
         run_dir.mkdir(parents=True)
         (run_dir / "config.yaml").write_text((ladder / row["config"]).read_text())
-        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": int(row["steps"]), "val_loss": 3.0 - 0.1 * i}) + "\n")
-        (run_dir / "summary.json").write_text(json.dumps({
-            "status": "completed", "val_loss": 3.0 - 0.1 * i, "val_bpb": 4.0, "steps": int(row["steps"]),
-            "tokens": int(row["tokens"]), "flops": float(row["flops"])}))
-        (run_dir / "status.json").write_text(json.dumps({"status": "completed", "reason": "", "step": int(row["steps"])}))
+        (run_dir / "metrics.jsonl").write_text(
+            json.dumps({"step": int(row["steps"]), "val_loss": 3.0 - 0.1 * i}) + "\n"
+        )
+        (run_dir / "summary.json").write_text(
+            json.dumps(
+                {
+                    "status": "completed",
+                    "val_loss": 3.0 - 0.1 * i,
+                    "val_bpb": 4.0,
+                    "steps": int(row["steps"]),
+                    "tokens": int(row["tokens"]),
+                    "flops": float(row["flops"]),
+                }
+            )
+        )
+        (run_dir / "status.json").write_text(
+            json.dumps({"status": "completed", "reason": "", "step": int(row["steps"])})
+        )
     return ladder
 
 
@@ -139,7 +159,10 @@ def test_truncated_manifest_and_corrupt_summary_are_named(planned_ladder, tmp_pa
     assert len(rows) >= 3
     # A manifest cut in the middle of its last row used to be a TypeError traceback from `ladder run`.
     manifest.write_text(text[: len(text) - len(rows[-1]) // 2 - 1])
-    for argv in (["ladder", "run", ladder, "--workers", "1"], ["ladder", "collect", ladder, "--out", tmp_path / "r.csv"]):
+    for argv in (
+        ["ladder", "run", ladder, "--workers", "1"],
+        ["ladder", "collect", ladder, "--out", tmp_path / "r.csv"],
+    ):
         code, err = _run(argv, capsys)
         _refused(code, err, "manifest.csv", f"line {len(rows)}")
     manifest.write_text(text)
@@ -158,6 +181,7 @@ def test_truncated_manifest_and_corrupt_summary_are_named(planned_ladder, tmp_pa
 
 
 # --------------------------------------------------------------------------- duplicate rows in a results table
+
 
 def test_duplicate_rows_and_run_ids_are_refused_unless_dropped(ladder_world, tmp_path, capsys):
     """Duplicates used to count as extra seeds (E's 90% interval narrowed from [0.957, 1.427] to
@@ -185,11 +209,18 @@ def test_duplicate_rows_and_run_ids_are_refused_unless_dropped(ladder_world, tmp
 
 # --------------------------------------------------------------------------- infinities in configs
 
-@pytest.mark.parametrize("key, value", [
-    ("optim.lr", ".inf"), ("optim.weight_decay", ".inf"), ("optim.grad_clip", ".inf"), ("model.rope_theta", ".inf"),
-    ("checkpoint_every_s", ".inf"),
-    ("optim.lr", ".nan"),  # refused before as well: the rule infinities now follow
-])
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("optim.lr", ".inf"),
+        ("optim.weight_decay", ".inf"),
+        ("optim.grad_clip", ".inf"),
+        ("model.rope_theta", ".inf"),
+        ("checkpoint_every_s", ".inf"),
+        ("optim.lr", ".nan"),  # refused before as well: the rule infinities now follow
+    ],
+)
 def test_infinite_float_in_a_config_is_refused_like_nan(key, value, store, tmp_path, capsys):
     config = write_config(tmp_path / "cfg.yaml", tiny_config(store))
     data = yaml.safe_load(config.read_text())
@@ -206,6 +237,7 @@ def test_infinite_float_in_a_config_is_refused_like_nan(key, value, store, tmp_p
 
 # --------------------------------------------------------------------------- values quoted in full
 
+
 def test_error_messages_quote_at_most_about_200_characters_of_a_value(tmp_path, capsys):
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump({"optim": {"lr": "x" * 100_000}, "steps": list(range(20_000))}))
@@ -219,6 +251,7 @@ def test_error_messages_quote_at_most_about_200_characters_of_a_value(tmp_path, 
 
 
 # --------------------------------------------------------------------------- messages that name the file
+
 
 def test_messages_name_the_file(ladder_world, store, tmp_path, capsys):
     # the vocabulary check names the config
@@ -248,6 +281,7 @@ def test_messages_name_the_file(ladder_world, store, tmp_path, capsys):
 
 # --------------------------------------------------------------------------- memory
 
+
 def test_a_run_too_big_for_available_memory_is_refused_with_the_numbers(store, tmp_path, capsys):
     """Parameters small enough for the old check (16 bytes per parameter against the machine's RAM),
     activations far beyond any machine's memory: refused before anything is written."""
@@ -260,16 +294,22 @@ def test_a_run_too_big_for_available_memory_is_refused_with_the_numbers(store, t
 
 # --------------------------------------------------------------------------- signals: Ctrl-C and deaths
 
+
 def _train_process(config: Path, out: Path, *extra: str) -> subprocess.Popen:
     """`delphi train` as a user runs it, with Ctrl-C's default action (a test runner may ignore it)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     # A process started in the background inherits SIGINT ignored: restore Python's own handler
     # first (in the child, not by preexec_fn, which would fork this process's JAX threads).
-    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             "sys.argv[0] = 'delphi'; runpy.run_module('delphi.cli', run_name='__main__')")
+    start = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'delphi'; runpy.run_module('delphi.cli', run_name='__main__')"
+    )
     return subprocess.Popen(
         [sys.executable, "-c", start, "train", str(config), "--out", str(out), "--no-progress", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -332,7 +372,9 @@ def test_ctrl_c_at_any_moment_exits_130_and_the_run_resumes(moment, store, tmp_p
 def test_a_trainer_killed_by_an_uncatchable_signal_is_recorded_failed_without_a_stale_lock(store, tmp_path):
     """An abort inside XLA (SIGABRT) used to leave `status: pending` and train.lock behind: the
     `delphi train` supervisor records the death; `--resume` then finishes the run."""
-    config = write_config(tmp_path / "cfg.yaml", tiny_config(store, steps=160, log_every=4, eval_every=80, checkpoint_every=80))
+    config = write_config(
+        tmp_path / "cfg.yaml", tiny_config(store, steps=160, log_every=4, eval_every=80, checkpoint_every=80)
+    )
     run = tmp_path / "run"
     proc = _train_process(config, run)
     try:

@@ -69,6 +69,7 @@ def _snapshot(root: Path) -> dict[str, tuple]:
 @contextmanager
 def _deadline(seconds: int = 60):
     """Turn a hang (opening a FIFO nobody writes to) into a failure instead of a stuck suite."""
+
     def hung(*_):
         raise TimeoutError(f"the command did not return within {seconds} s (blocked on a FIFO?)")
 
@@ -173,8 +174,11 @@ def test_a_symlinked_out_is_refused_and_stays_a_link(force, work, capsys):
 def test_out_with_a_trailing_slash_never_becomes_a_file(command, work, capsys):
     """`--out newdir/` (no such directory) wrote a file named `newdir`."""
     newdir = str(work / "newdir") + os.sep
-    argv = (["fit", "isoflop", work / "T.csv", "--out", newdir] if command == "fit"
-            else ["ladder", "family", SPEC, "--out", newdir])
+    argv = (
+        ["fit", "isoflop", work / "T.csv", "--out", newdir]
+        if command == "fit"
+        else ["ladder", "family", SPEC, "--out", newdir]
+    )
     before = _snapshot(work)
     code, err = _run(argv, capsys)
     _refused(code, err, "--out", newdir, "does not exist")
@@ -268,9 +272,11 @@ def test_write_failed_is_still_the_oserror_it_was(tmp_path):
 @pytest.mark.parametrize("where", ["out", "input table", "input config"])
 def test_a_300_character_name_is_one_line(where, work, capsys):
     long = work / f"{LONG_NAME}.json"
-    argv = {"out": ["fit", "isoflop", work / "T.csv", "--out", long],
-            "input table": ["fit", "isoflop", work / f"{LONG_NAME}.csv"],
-            "input config": ["flops", work / f"{LONG_NAME}.yaml"]}[where]
+    argv = {
+        "out": ["fit", "isoflop", work / "T.csv", "--out", long],
+        "input table": ["fit", "isoflop", work / f"{LONG_NAME}.csv"],
+        "input config": ["flops", work / f"{LONG_NAME}.yaml"],
+    }[where]
     before = _snapshot(work)
     code, err = _run(argv, capsys)
     line = _refused(code, err, *(["--out", "shorter name"] if where == "out" else ["too long"]))

@@ -12,13 +12,12 @@ import shutil
 import stat
 from pathlib import Path
 
+import prereg_synthetic as ps
 import pytest
 import yaml
+from test_cli_hostile import _hero_run, _run, _tree
 
 from delphi.cli import main
-
-import prereg_synthetic as ps
-from test_cli_hostile import _hero_run, _run, _tree
 
 DEFAULTS = Path(__file__).resolve().parents[1] / "delphi" / "defaults"
 USER_TEXT = "my notes: the sources and rationale of this study\n"
@@ -36,10 +35,35 @@ def world(tmp_path_factory) -> dict[str, Path]:
     hero_cfg = ps.hero_config()
     hero = ps.write_hero(root / "hero.yaml", hero_cfg)
     prereg = root / "regs" / "sealed.yaml"
-    assert main(["prereg", "create", "--fit", str(fit), "--hero", str(hero), "--ladder", str(ladder),
-                 "--out", str(prereg), "--bootstrap", "5", "--force"]) == 0
-    return {"root": root, "ladder": ladder, "results": ladder / "results.csv", "fit": fit, "hero": hero,
-            "hero_cfg": hero_cfg, "prereg": prereg}
+    assert (
+        main(
+            [
+                "prereg",
+                "create",
+                "--fit",
+                str(fit),
+                "--hero",
+                str(hero),
+                "--ladder",
+                str(ladder),
+                "--out",
+                str(prereg),
+                "--bootstrap",
+                "5",
+                "--force",
+            ]
+        )
+        == 0
+    )
+    return {
+        "root": root,
+        "ladder": ladder,
+        "results": ladder / "results.csv",
+        "fit": fit,
+        "hero": hero,
+        "hero_cfg": hero_cfg,
+        "prereg": prereg,
+    }
 
 
 def _refused(code: int, err: str, *names: object) -> None:
@@ -56,8 +80,21 @@ def _refused(code: int, err: str, *names: object) -> None:
 FILE_WRITERS = {
     "fit vpnls": (["fit", "vpnls", "{results}", "--out", "{out}.json"], [".json"]),
     "ladder family": (["ladder", "family", str(DEFAULTS / "ladder_default.yaml"), "--out", "{out}.json"], [".json"]),
-    "ladder hero": (["ladder", "hero", "--fit", "{fit}", "--compute", "1e15", "--spec", str(DEFAULTS / "ladder_default.yaml"),
-                     "--out", "{out}.yaml"], [".yaml"]),
+    "ladder hero": (
+        [
+            "ladder",
+            "hero",
+            "--fit",
+            "{fit}",
+            "--compute",
+            "1e15",
+            "--spec",
+            str(DEFAULTS / "ladder_default.yaml"),
+            "--out",
+            "{out}.yaml",
+        ],
+        [".yaml"],
+    ),
     "plot residuals": (["plot", "residuals", "{results}", "--fit", "{fit}", "--out", "{out}.png"], [".png", ".svg"]),
 }
 
@@ -99,12 +136,14 @@ def test_ladder_collect_refuses_to_replace_a_users_table(world, tmp_path, capsys
 
 # ------------------------------------- class 1b: a command never writes over one of its inputs
 
+
 def test_ladder_plan_never_rewrites_its_spec_or_a_users_ladder_files(tmp_path, capsys):
     ladder = tmp_path / "ladder"
     ladder.mkdir()
     spec = ladder / "ladder.yaml"
-    spec.write_text("# sources and rationale, which a normalised copy would drop\n"
-                    + (DEFAULTS / "ladder_default.yaml").read_text())
+    spec.write_text(
+        "# sources and rationale, which a normalised copy would drop\n" + (DEFAULTS / "ladder_default.yaml").read_text()
+    )
     text = spec.read_text()
     for extra in ([], ["--force"]):  # --force never makes an input writable
         code, err = _run(["ladder", "plan", spec, "--out", ladder, *extra], capsys)
@@ -120,6 +159,7 @@ def test_ladder_plan_never_rewrites_its_spec_or_a_users_ladder_files(tmp_path, c
 
 
 # ------------------------------------------------------ class 1c: a token store of another source
+
 
 def _corpus(root: Path, word: str) -> Path:
     root.mkdir()
@@ -144,6 +184,7 @@ def test_data_prepare_replaces_a_store_only_of_the_same_source(tmp_path, capsys)
 
 # ----------------------------------------------------------------- class 1d: the user's umask
 
+
 def test_written_files_get_the_users_umask(world, tmp_path, capsys):
     old = os.umask(0o022)
     try:
@@ -160,6 +201,7 @@ def test_written_files_get_the_users_umask(world, tmp_path, capsys):
 
 
 # ------------------------------------------------ class 2a: a run that started before the seal
+
 
 def _copy_prereg(world, tmp_path: Path) -> Path:
     prereg = tmp_path / "regs" / world["prereg"].name
@@ -198,6 +240,7 @@ def test_check_refuses_a_run_that_predates_the_preregistration(world, tmp_path, 
 
 # ------------------------------------------- class 2b: one outcome, bound to the run it scored
 
+
 def test_checking_another_run_never_replaces_the_outcome(world, tmp_path, capsys):
     prereg = _copy_prereg(world, tmp_path)
     first, second = tmp_path / "hero", tmp_path / "hero_again"
@@ -217,6 +260,7 @@ def test_checking_another_run_never_replaces_the_outcome(world, tmp_path, capsys
 
 # ----------------------------------------------------- class 2c: the index says what verify says
 
+
 def test_index_shows_what_verify_would_say(world, tmp_path, capsys):
     """An outcome written before checks refused a predating run (as main's `prereg check` wrote
     it) is listed as invalid, not as passed; the committed kind of outcome keeps its verdict."""
@@ -224,14 +268,24 @@ def test_index_shows_what_verify_would_say(world, tmp_path, capsys):
     run = _predating_run(world, tmp_path / "hero")
     doc = yaml.safe_load(prereg.read_text())
     predicted = doc["prediction"]["final"]["loss"]  # consistent with the seal: only its run's start is wrong
-    outcome = {"prereg": doc["id"], "seal": doc["seal"]["digest"], "run": str(run), "verdict": "passed",
-               "actual_final_loss": predicted, "rel_error": 0.0, "covered_90": True, "points": []}
+    outcome = {
+        "prereg": doc["id"],
+        "seal": doc["seal"]["digest"],
+        "run": str(run),
+        "verdict": "passed",
+        "actual_final_loss": predicted,
+        "rel_error": 0.0,
+        "covered_90": True,
+        "points": [],
+    }
     prereg.with_name(prereg.stem + ".outcome.json").write_text(json.dumps(outcome))
     code, err = _run(["prereg", "verify", prereg, "--run", run], capsys)
     assert code == 1 and "CREATED AFTER THE RUN STARTED" in err
     code, err = _run(["prereg", "index", prereg.parent], capsys)
     assert code == 0, err
-    row = [line for line in (prereg.parent / "README.md").read_text().splitlines() if line.startswith(f"| [{doc['id']}]")]
+    row = [
+        line for line in (prereg.parent / "README.md").read_text().splitlines() if line.startswith(f"| [{doc['id']}]")
+    ]
     assert len(row) == 1 and PREDATES in row[0] and "| passed" not in row[0]
     shutil.rmtree(run)  # the run is gone: the outcome stands as recorded
     assert _run(["prereg", "index", prereg.parent], capsys)[0] == 0
@@ -248,6 +302,7 @@ def test_index_never_replaces_a_readme_it_did_not_write(world, tmp_path, capsys)
 
 # -------------------------------------------------------- class 5: predict says how far it goes
 
+
 def test_predict_says_how_far_beyond_the_fitted_budgets(world, tmp_path, capsys):
     fit = tmp_path / "fit.json"
     assert _run(["fit", "vpnls", world["results"], "--out", fit], capsys)[0] == 0
@@ -260,12 +315,15 @@ def test_predict_says_how_far_beyond_the_fitted_budgets(world, tmp_path, capsys)
     assert code == 0, captured.err
     far, near = json.loads(captured.out)["predictions"]
     assert far["extrapolation"]["factor_over_largest"] == pytest.approx(1e60 / largest)
-    assert near["extrapolation"]["factor_over_largest"] == pytest.approx(2.0) and near["extrapolation"]["warning"] is None
+    assert (
+        near["extrapolation"]["factor_over_largest"] == pytest.approx(2.0) and near["extrapolation"]["warning"] is None
+    )
     assert far["extrapolation"]["warning"] and "warning:" in captured.err and f"{1e60 / largest:.3g}x" in captured.err
     assert captured.err.count("warning:") == 1
 
 
 # ------------------------------------------- messages: a broken seal is exit 1 from check and verify
+
 
 def test_a_broken_seal_is_exit_1_from_check_and_verify(world, tmp_path, capsys):
     prereg = _copy_prereg(world, tmp_path)

@@ -101,7 +101,9 @@ def finish(proc: subprocess.Popen) -> str:
         proc.send_signal(signal.SIGUSR1)
         time.sleep(2)
         proc.kill()
-        raise AssertionError(f"still running {EXIT_AFTER_SIGNAL_S} s after the signal; its stacks:\n{proc.communicate()[1]}")
+        raise AssertionError(
+            f"still running {EXIT_AFTER_SIGNAL_S} s after the signal; its stacks:\n{proc.communicate()[1]}"
+        ) from None
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -117,7 +119,9 @@ def stop(proc: subprocess.Popen) -> None:
 # Runs `delphi ARGS` with the store's last write before the swap slowed down: once train.bin and
 # val.bin of the rebuild are written aside, READY appears and the process sleeps, so the signal
 # lands in the middle of the rebuild.
-SLOW_PREPARE = DUMP_STACKS_ON_SIGUSR1 + """
+SLOW_PREPARE = (
+    DUMP_STACKS_ON_SIGUSR1
+    + """
 import sys, time, pathlib
 import delphi.data.store as store
 ready = pathlib.Path(sys.argv[1])
@@ -130,6 +134,7 @@ store.atomic_write_text = slow
 from delphi.cli import main
 sys.exit(main(sys.argv[2:]))
 """
+)
 
 
 @pytest.fixture
@@ -153,9 +158,24 @@ def test_interrupted_rebuild_leaves_the_store_intact(corpus, tmp_path, signum, c
     script = tmp_path / "slow_prepare.py"
     script.write_text(SLOW_PREPARE)
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, str(script), str(ready), "data", "prepare", "--source", str(corpus),
-                             "--out", str(out), "--force"], env=ENV, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_stop_signals)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            str(ready),
+            "data",
+            "prepare",
+            "--source",
+            str(corpus),
+            "--out",
+            str(out),
+            "--force",
+        ],
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_stop_signals,
+    )
     try:
         wait_until(ready.exists, 60, "the rebuild to write its files aside")
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".building")], "not built aside"
@@ -196,15 +216,37 @@ def test_held_signals_arrive_after_the_block():
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores for 2 workers")
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129),
-                                          (signal.SIGKILL, -signal.SIGKILL)], ids=["SIGTERM", "SIGINT", "SIGHUP", "SIGKILL"])
+@pytest.mark.parametrize(
+    "signum, code",
+    [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129), (signal.SIGKILL, -signal.SIGKILL)],
+    ids=["SIGTERM", "SIGINT", "SIGHUP", "SIGKILL"],
+)
 def test_bootstrap_workers_die_with_the_fit(tmp_path, signum, code):
     """Before: SIGTERM to `delphi fit --bootstrap N` ended the parent alone; its workers lived on."""
     out = tmp_path / "fit.json"
     cli = DUMP_STACKS_ON_SIGUSR1 + "import sys\nfrom delphi.cli import main\nsys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", cli, "fit", "isoflop", str(ISOFLOPS), "--query", QUERY,
-                             "--bootstrap", "4000", "--workers", "2", "--out", str(out)],
-                            env=ENV, stderr=subprocess.PIPE, text=True, preexec_fn=default_stop_signals)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            cli,
+            "fit",
+            "isoflop",
+            str(ISOFLOPS),
+            "--query",
+            QUERY,
+            "--bootstrap",
+            "4000",
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+        ],
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_stop_signals,
+    )
     try:
         wait_until(lambda: len(children(proc.pid)) >= 2 or proc.poll() is not None, 60, "two bootstrap workers")
         workers = children(proc.pid)
@@ -240,8 +282,8 @@ def test_bootstrap_workers_are_capped_by_the_cores(monkeypatch):
 
 def test_a_bootstrap_larger_than_memory_is_refused(tmp_path, capsys):
     """Before: --bootstrap 1000000000 grew memory until MemoryError."""
-    from delphi.fits.bootstrap import bootstrap_memory_bytes, check_bootstrap_memory
     from delphi.errors import DelphiError
+    from delphi.fits.bootstrap import bootstrap_memory_bytes, check_bootstrap_memory
 
     assert bootstrap_memory_bytes(1000, 85) == 1000 * (2 * 8 * 85 + 1024)
     check_bootstrap_memory(1000, 85)  # ~2 MB: fine anywhere
@@ -282,9 +324,14 @@ def test_sighup_stops_training_and_releases_the_lock(store, tmp_path, to):
 
     config = write_config(tmp_path / "cfg.yaml", tiny_config(store, steps=400, eval_every=200, checkpoint_every=200))
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "delphi.cli", "train", str(config), "--out", str(run), "--no-progress"],
-                            env={**ENV, "DELPHI_PEAK_FLOPS_F32": "1e11"}, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=default_stop_signals)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "delphi.cli", "train", str(config), "--out", str(run), "--no-progress"],
+        env={**ENV, "DELPHI_PEAK_FLOPS_F32": "1e11"},
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=default_stop_signals,
+    )
     try:
         wait_until(lambda: (run / LOCK_FILE).exists() or proc.poll() is not None, 60, "the trainer to lock its run")
         trainers = children(proc.pid)

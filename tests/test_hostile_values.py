@@ -29,9 +29,13 @@ def _table(tmp_path: Path, column: str, value) -> tuple[Path, int]:
     return path, 5
 
 
-@pytest.mark.parametrize("column, value", [("params", "abc"), ("budget", "1e19x"), ("tokens", float("inf")),
-                                           ("params", ""), ("budget", None)])
-def test_a_value_a_fit_uses_that_is_not_a_number_is_an_error_naming_file_column_and_row(tmp_path, capsys, column, value):
+@pytest.mark.parametrize(
+    "column, value",
+    [("params", "abc"), ("budget", "1e19x"), ("tokens", float("inf")), ("params", ""), ("budget", None)],
+)
+def test_a_value_a_fit_uses_that_is_not_a_number_is_an_error_naming_file_column_and_row(
+    tmp_path, capsys, column, value
+):
     """Cause 7: a text params or budget, inf, an empty cell were dropped without a word ("132 points")."""
     path, row = _table(tmp_path, column, value)
     with pytest.raises(DelphiError, match=rf"{path.name}.*row {row} \({column} = "):
@@ -42,7 +46,7 @@ def test_a_value_a_fit_uses_that_is_not_a_number_is_an_error_naming_file_column_
     assert f"row {row} ({column}" in err and "--drop-invalid" in err
     assert main(["fit", "isoflop", str(path), "--drop-invalid", "--out", str(tmp_path / "fit.json"), "--json"]) == 0
     captured = capsys.readouterr()
-    assert f"dropped 1 row(s)" in captured.err and f"row {row} ({column}" in captured.err
+    assert "dropped 1 row(s)" in captured.err and f"row {row} ({column}" in captured.err
     assert json.loads(captured.out)["n_points"] == len(pd.read_csv(path)) - 1
 
 

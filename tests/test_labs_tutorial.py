@@ -35,10 +35,15 @@ def test_the_labs_tutorial_runs_as_written(tmp_path):
         (work / name).symlink_to(ROOT / name)
     cache = tmp_path / "cache"
     bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "DELPHI_CACHE": str(cache), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-           "WANDB_MODE": "disabled"}
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = {
+        **os.environ,
+        "DELPHI_CACHE": str(cache),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "WANDB_MODE": "disabled",
+    }
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     lab = work / "lab"
 

@@ -18,6 +18,7 @@ import yaml
 
 from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
+from delphi.ladder.collect import relaxed_bounds
 from delphi.ladder.plan import (
     HERO_MAX_OFF_OPTIMUM,
     batch_for_tokens,
@@ -38,7 +39,6 @@ from delphi.ladder.plan import (
     shape_for_width,
     transfer,
 )
-from delphi.ladder.collect import relaxed_bounds
 from delphi.ladder.spec import ladder_spec_from_dict, load_ladder_spec
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import load_train_config
@@ -158,7 +158,10 @@ def test_tokens_per_param_mode():
         (lambda d: d.update(budgets=[-1e12, 1e13]), "budgets[0]"),
         (lambda d: d.update(budgets=[1e8, 1e12]), "budgets[0]"),  # too small for the smallest shape
         (lambda d: d["shape"].update(widths=[16, 256]), "shape.widths"),  # cannot make 5 sizes
-        (lambda d: d["isoflop"].update(sizes=3, span=10.0, min_span=10.0) or d["shape"].update(widths=[8, 64, 512]), "shape.widths"),
+        (
+            lambda d: d["isoflop"].update(sizes=3, span=10.0, min_span=10.0) or d["shape"].update(widths=[8, 64, 512]),
+            "shape.widths",
+        ),
         (lambda d: d["shape"].update(widthz=[8]), "shape.widthz"),
         (lambda d: d["transfer"]["beta2"].update(rule="sqrt"), "transfer.beta2.rule"),
         (lambda d: d["base"].update(lr=-1.0), "base.lr"),
@@ -182,10 +185,26 @@ def test_bad_specs_name_the_field_and_write_nothing(tmp_path, capsys, edit, fiel
 
 
 def test_hero_from_fit(tmp_path, capsys):
-    fit = {"kind": "parametric", "method": "vpnls", "params": {"E": 0.8, "A": 40.0, "B": 300.0, "alpha": 0.34, "beta": 0.3}}
+    fit = {
+        "kind": "parametric",
+        "method": "vpnls",
+        "params": {"E": 0.8, "A": 40.0, "B": 300.0, "alpha": 0.34, "beta": 0.3},
+    }
     (tmp_path / "fit.json").write_text(json.dumps(fit))
     out = tmp_path / "hero.yaml"
-    args = ["ladder", "hero", "--fit", str(tmp_path / "fit.json"), "--compute", "3e14", "--spec", str(TINY), "--out", str(out), "--json"]
+    args = [
+        "ladder",
+        "hero",
+        "--fit",
+        str(tmp_path / "fit.json"),
+        "--compute",
+        "3e14",
+        "--spec",
+        str(TINY),
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert cli_main(args) == 0
     result = json.loads(capsys.readouterr().out)
     cfg = load_train_config(out)
@@ -194,7 +213,23 @@ def test_hero_from_fit(tmp_path, capsys):
     flops = cfg.tokens * flops_per_token(cfg.model, cfg.data.seq_len)
     assert abs(flops / 3e14 - 1) <= 0.01 and cfg.model.mup.base_d_model == 64
     assert cfg.steps >= 300
-    assert cli_main(["ladder", "hero", "--fit", str(tmp_path / "nope.json"), "--compute", "3e14", "--spec", str(TINY), "--out", str(tmp_path / "h2.yaml")]) == 2
+    assert (
+        cli_main(
+            [
+                "ladder",
+                "hero",
+                "--fit",
+                str(tmp_path / "nope.json"),
+                "--compute",
+                "3e14",
+                "--spec",
+                str(TINY),
+                "--out",
+                str(tmp_path / "h2.yaml"),
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "h2.yaml").exists()
 
 
@@ -212,7 +247,9 @@ def _micro_spec(tmp_path: Path) -> Path:
     raw["tokens_per_param"] = {"ratio": 2.0, "max_ratio_error": 0.9}
     raw["shape"]["widths"] = [8, 16]
     raw["batch"].update(min_steps=16, min_seqs=2, max_seqs=8)
-    raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=1, logs_per_run=2, checkpoints_per_run=2)
+    raw["run"].update(
+        store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=1, logs_per_run=2, checkpoints_per_run=2
+    )
     return _write(tmp_path, raw)
 
 
@@ -227,13 +264,24 @@ def test_sigterm_stops_the_ladder_driver_and_its_rungs_together(tmp_path):
     spec = _write(tmp_path, raw, "long.yaml")
     ladder = tmp_path / "ladder"
     env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}
-    assert subprocess.run([sys.executable, "-m", "delphi.cli", "ladder", "plan", str(spec), "--out", str(ladder)],
-                          env=env, capture_output=True, timeout=120).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "delphi.cli", "ladder", "plan", str(spec), "--out", str(ladder)],
+            env=env,
+            capture_output=True,
+            timeout=120,
+        ).returncode
+        == 0
+    )
     for row in read_manifest(ladder):  # long enough to be stopped mid-run
         config = ladder / row["config"]
         config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "steps": 100_000}))
-    proc = subprocess.Popen([sys.executable, "-m", "delphi.cli", "ladder", "run", str(ladder), "--workers", "1"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "delphi.cli", "ladder", "run", str(ladder), "--workers", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list(ladder.glob("runs/*/status.json")):
         time.sleep(0.1)
@@ -249,7 +297,9 @@ def test_runner_and_collect_micro_ladder(tmp_path):
     spec = _micro_spec(tmp_path)
     ladder = tmp_path / "ladder"
     env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}  # skip the per-run matmul peak measurement
-    run = lambda *a: subprocess.run([sys.executable, "-m", "delphi.cli", *a], env=env, capture_output=True, text=True, timeout=120)  # noqa: E731
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "delphi.cli", *a], env=env, capture_output=True, text=True, timeout=120
+    )  # noqa: E731
     assert run("ladder", "plan", str(spec), "--out", str(ladder)).returncode == 0
     rows = read_manifest(ladder)
     assert len(rows) == 2
@@ -260,9 +310,19 @@ def test_runner_and_collect_micro_ladder(tmp_path):
     with open(lock_path, "a+") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         worker = subprocess.run(
-            [sys.executable, "-m", "delphi.ladder.runner", str(ladder / rows[0]["config"]),
-             str(ladder / "runs" / rows[0]["run_id"]), str(lock_path), ""],
-            env=env, capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "delphi.ladder.runner",
+                str(ladder / rows[0]["config"]),
+                str(ladder / "runs" / rows[0]["run_id"]),
+                str(lock_path),
+                "",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert worker.returncode == 75 and not (ladder / "runs" / rows[0]["run_id"]).exists()
 
@@ -286,7 +346,16 @@ def test_runner_and_collect_micro_ladder(tmp_path):
     results = tmp_path / "results.csv"
     assert run("ladder", "collect", str(ladder), "--out", str(results)).returncode == 0
     table = pd.read_csv(results)
-    assert list(table.columns[:8]) == ["params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity"]
+    assert list(table.columns[:8]) == [
+        "params",
+        "tokens",
+        "flops",
+        "loss",
+        "budget",
+        "run_id",
+        "experts",
+        "granularity",
+    ]
     assert sorted(table["run_id"]) == sorted(r["run_id"] for r in rows)  # each rung exactly once
     assert (table["status"] == "completed").all() and table["loss"].between(0.1, 6.0).all()
     for _, r in table.iterrows():
@@ -321,8 +390,17 @@ def test_run_refuses_a_store_too_small_and_collect_filters_incomplete(tmp_path, 
     done.mkdir(parents=True)
     cut.mkdir(parents=True)
     (done / "status.json").write_text(json.dumps({"status": "completed"}))
-    (done / "summary.json").write_text(json.dumps({"status": "completed", "val_loss": 2.0, "val_bpb": 2.0 / math.log(2),
-                                                   "tokens": int(rows[0]["tokens"]), "flops": float(rows[0]["flops"])}))
+    (done / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "val_loss": 2.0,
+                "val_bpb": 2.0 / math.log(2),
+                "tokens": int(rows[0]["tokens"]),
+                "flops": float(rows[0]["flops"]),
+            }
+        )
+    )
     (cut / "status.json").write_text(json.dumps({"status": "failed", "reason": "stopped by signal SIGTERM"}))
     from delphi.ladder.collect import collect_ladder
 
@@ -365,11 +443,14 @@ def test_issue10_specs_plan_healthy_rungs_and_a_hero_inside_their_ranges(path, h
     else:  # one rule for every run: the fixed-step batch puts rungs and hero in the same steps
         target = spec.recipe.target_steps.value
         floor = spec.recipe.min_seqs
-        assert all(r.train.steps <= target and (r.train.steps > target / 2 or r.batch_size == floor)
-                   for r in [*rungs, hero]), sorted(r.train.steps for r in rungs)
+        assert all(
+            r.train.steps <= target and (r.train.steps > target / 2 or r.batch_size == floor) for r in [*rungs, hero]
+        ), sorted(r.train.steps for r in rungs)
     if path in (PAPER, PAPER_V4):
         assert len(spec.budgets) >= 4 and min(spec.budgets) >= 1e12 and len(spec.seeds_for(top)) >= 3
-        assert spec.run.store == "environment" and spec.run.max_epochs <= 1.0 and spec.run.final_eval_tokens >= 1_000_000
+        assert (
+            spec.run.store == "environment" and spec.run.max_epochs <= 1.0 and spec.run.final_eval_tokens >= 1_000_000
+        )
         assert relaxed_bounds(spec.health) == ""  # the paper keeps issue 10's default bounds
     else:  # the default says which bounds it relaxes (its header says why)
         assert relaxed_bounds(spec.health) == "min_d_model 12 < 24;min_eval_tokens 32768 < 1e+06"
@@ -395,7 +476,11 @@ def test_seeds_expand_to_one_run_per_rung_and_seed(tmp_path):
 
 @pytest.mark.parametrize(
     "run, key",
-    [({"seeds": []}, "run.seeds"), ({"seeds": [1, 1]}, "run.seeds"), ({"seeds": [0, 1], "top_seeds": [2, 2]}, "run.top_seeds")],
+    [
+        ({"seeds": []}, "run.seeds"),
+        ({"seeds": [1, 1]}, "run.seeds"),
+        ({"seeds": [0, 1], "top_seeds": [2, 2]}, "run.top_seeds"),
+    ],
 )
 def test_empty_or_duplicated_seeds_exit_2_naming_the_key(tmp_path, capsys, run, key):
     raw = _raw()
@@ -446,11 +531,22 @@ def _fake_run(ladder: Path, row: dict, loss: float, drops: list[float], n_evals:
         if i >= len(drops) - n_evals:
             record["val_loss"] = loss
         records.append(record)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 9')  # torn last line
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records) + '{"step": 9'
+    )  # torn last line
     (run_dir / "status.json").write_text(json.dumps({"status": "completed"}))
-    (run_dir / "summary.json").write_text(json.dumps({
-        "status": "completed", "val_loss": loss, "val_bpb": loss / math.log(2), "steps": steps,
-        "tokens": int(row["tokens"]), "flops": float(row["flops"])}))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "val_loss": loss,
+                "val_bpb": loss / math.log(2),
+                "steps": steps,
+                "tokens": int(row["tokens"]),
+                "flops": float(row["flops"]),
+            }
+        )
+    )
 
 
 def test_health_flags_and_seed_cells_from_constructed_runs(tmp_path, capsys):
@@ -476,7 +572,11 @@ def test_health_flags_and_seed_cells_from_constructed_runs(tmp_path, capsys):
     assert [x["drop_frac_mean"] for x in r] == pytest.approx([0.01, 0.025, 0.0, 0.005])
     assert [x["n_evals"] for x in r] == [4, 4, 2, 4]
     assert [x["health_ok"] for x in r] == [True, False, False, True]
-    assert r[1]["health_issues"] == "max_drop_frac" and r[2]["health_issues"] == "min_evals" and r[0]["health_issues"] == ""
+    assert (
+        r[1]["health_issues"] == "max_drop_frac"
+        and r[2]["health_issues"] == "min_evals"
+        and r[0]["health_issues"] == ""
+    )
     assert all(x["eval_tokens"] == 512 and x["n_layers"] == 2 for x in r)
     assert "_E4k2" in r[0]["cell_id"]
     for pair in ((0, 1), (2, 3)):
@@ -495,7 +595,9 @@ def test_health_flags_and_seed_cells_from_constructed_runs(tmp_path, capsys):
     spec = load_ladder_spec(ladder / "ladder.yaml")
     assert family.convention == "nonembedding" and family.params == flops_family(spec).params
     written = pd.read_csv(results)
-    assert {"cell_id", "loss_mean", "loss_std", "n_seeds", "drop_frac_mean", "health_ok", "health_issues"} <= set(written.columns)
+    assert {"cell_id", "loss_mean", "loss_std", "n_seeds", "drop_frac_mean", "health_ok", "health_issues"} <= set(
+        written.columns
+    )
     # One seed: loss_std is NaN, n_seeds 1.
     (ladder / "runs" / rows[1]["run_id"] / "status.json").write_text(json.dumps({"status": "failed"}))
     single = collect_ladder(ladder).set_index("run_id").loc[rows[0]["run_id"]]
@@ -511,7 +613,10 @@ def test_flops_family_is_exact_at_the_planned_shapes(path):
         assert family(r.params) == pytest.approx(flops_per_token(r.model, spec.seq_len), rel=1e-12)
     widest = shape_for_width(spec, 64 * max(spec.shape.widths))  # default reach: 64x the widest rung
     assert family.params[-1] == count_params(widest).nonembedding
-    for convention, n_of in (("active", lambda m: count_params(m).active), ("fpt6", lambda m: flops_per_token(m, spec.seq_len) / 6)):
+    for convention, n_of in (
+        ("active", lambda m: count_params(m).active),
+        ("fpt6", lambda m: flops_per_token(m, spec.seq_len) / 6),
+    ):
         other = flops_family(spec, convention, max_width=2 * max(spec.shape.widths))
         for w in spec.shape.widths:
             m = shape_for_width(spec, w)
@@ -573,7 +678,6 @@ def test_fixed_head_count_holds_at_every_width(tmp_path):
     rungs = plan_ladder(load_ladder_spec(_write(tmp_path, raw)))
     assert {r.model.n_heads for r in rungs} == {2}
     assert len({r.model.d_model for r in rungs}) > 1
-
 
 
 def test_hero_sized_off_its_optimum_to_stay_inside_the_ranges():
@@ -661,12 +765,17 @@ def test_anchor_rungs_extend_the_steps_range_and_join_only_the_nd_laws(tmp_path)
     path = tmp_path / "results.csv"
     pd.concat([table, extra], ignore_index=True).to_csv(path, index=False)
     with_anchor = load_results(path, params_convention="fpt6")
-    plain = load_results(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v2" / "study" / "results.csv", params_convention="fpt6")
+    plain = load_results(
+        Path(__file__).resolve().parents[1] / "paper" / "editions" / "v2" / "study" / "results.csv",
+        params_convention="fpt6",
+    )
     assert len(with_anchor) == len(plain) and len(with_anchor.attrs["anchor_rows"]) == 2
     assert fit_vpnls(with_anchor).n_points == fit_vpnls(plain).n_points + 1  # one more cell: the anchor's
     assert fit_approach2(with_anchor).params == pytest.approx(fit_approach2(plain).params)
     held_out = backtest(with_anchor, lambda t: fit_vpnls(t))
-    assert held_out["budgets"][0]["rel_error"] == pytest.approx(backtest(plain, lambda t: fit_vpnls(t))["budgets"][0]["rel_error"])
+    assert held_out["budgets"][0]["rel_error"] == pytest.approx(
+        backtest(plain, lambda t: fit_vpnls(t))["budgets"][0]["rel_error"]
+    )
 
 
 def test_anchor_rung_trains_as_its_own_stage_and_is_collected_as_an_anchor(tmp_path):
@@ -683,12 +792,19 @@ def test_anchor_rung_trains_as_its_own_stage_and_is_collected_as_an_anchor(tmp_p
     anchor = [r for r in rows if r["run_id"].startswith("A")]
     assert len(rows) == 3 and len(anchor) == 1 and float(anchor[0]["budget"]) == 4e9
     env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}
-    done = subprocess.run([sys.executable, "-m", "delphi.cli", "ladder", "run", str(ladder), "--budgets", "4e9", "--json"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "delphi.cli", "ladder", "run", str(ladder), "--budgets", "4e9", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["completed"] == 1
     table = collect_ladder(ladder, include_all=True).set_index("run_id")
-    assert table.loc[anchor[0]["run_id"], "role"] == "anchor" and table.loc[anchor[0]["run_id"], "status"] == "completed"
+    assert (
+        table.loc[anchor[0]["run_id"], "role"] == "anchor" and table.loc[anchor[0]["run_id"], "status"] == "completed"
+    )
     assert set(table.drop(index=anchor[0]["run_id"])["role"]) == {"isoflop"}
     with pytest.raises(DelphiError, match="only anchor rungs"):  # the isoFLOP rungs have not trained
         load_results(collect_ladder(ladder))
@@ -705,7 +821,9 @@ def test_a_budget_below_the_width_grid_gets_its_own_centre_and_leaves_the_other_
     low = sorted({r.model.d_model for r in rungs if r.budget == 5.2e10})
     assert len(low) == raw["isoflop"]["sizes"] and low[0] == 16 and 20 <= low[len(low) // 2] <= 32
     upper = {**raw, "budgets": [b for b in raw["budgets"] if b >= 3e11], "isoflop": formula_only}
-    assert {r.run_id for r in rungs if r.budget >= 3e11} == {r.run_id for r in plan_ladder(ladder_spec_from_dict(upper))}
+    assert {r.run_id for r in rungs if r.budget >= 3e11} == {
+        r.run_id for r in plan_ladder(ladder_spec_from_dict(upper))
+    }
     below = {**raw, "isoflop": {**raw["isoflop"], "center_at": [[5.0e10, 2.7e4]]}}
     with pytest.raises(DelphiError, match=r"isoflop.center_at\[0\]: budget 5e\+10 is not one of budgets"):
         ladder_spec_from_dict(below)

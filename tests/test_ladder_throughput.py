@@ -18,8 +18,11 @@ def rung(bench, run_id: str, budget: float, flops: float, shape: str, role: str 
 
 
 def test_aggregate_is_the_compute_weighted_harmonic_mean(bench):
-    rungs = [rung(bench, "a", 1e12, 1e12, "small"), rung(bench, "b", 1e12, 3e12, "large"),
-             rung(bench, "c", 4e12, 4e12, "unmeasured", role="anchor")]
+    rungs = [
+        rung(bench, "a", 1e12, 1e12, "small"),
+        rung(bench, "b", 1e12, 3e12, "large"),
+        rung(bench, "c", 4e12, 4e12, "unmeasured", role="anchor"),
+    ]
     rates = {"small": 1e10, "large": 4e10}  # 100 s + 75 s for 4e12 FLOPs
     out = bench.aggregate(rungs, rates, peak_flops_per_s=1e11)
     assert out["wall_s_one_worker"] == pytest.approx(175.0)

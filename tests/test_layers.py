@@ -111,14 +111,21 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
 def _is_import_module(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and (
         (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-        or (isinstance(node.func, ast.Name) and node.func.id == "import_module"))
+        or (isinstance(node.func, ast.Name) and node.func.id == "import_module")
+    )
 
 
 def _lazy_imports_of(module: str, tree: ast.Module, modules: dict[str, Path]) -> set[str]:
     """The `delphi` modules `module` imports lazily (see the module docstring)."""
-    found = {_resolve(node.args[0].value, modules) for node in ast.walk(tree)
-             if _is_import_module(node) and node.args and isinstance(node.args[0], ast.Constant)
-             and isinstance(node.args[0].value, str) and node.args[0].value.split(".")[0] == "delphi"}
+    found = {
+        _resolve(node.args[0].value, modules)
+        for node in ast.walk(tree)
+        if _is_import_module(node)
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+        and node.args[0].value.split(".")[0] == "delphi"
+    }
     if any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for node in tree.body):
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -154,7 +161,11 @@ def violation(importer: str, imported: str) -> str | None:
     if imported == CLI_HUB:  # the argparse helpers: for command modules only
         return None if is_command_module(importer) else "a library module imports the command line"
     if is_command_module(imported):
-        return "imports another part's command module" if is_command_module(importer) else "a library module imports a command module"
+        return (
+            "imports another part's command module"
+            if is_command_module(importer)
+            else "a library module imports a command module"
+        )
     (low_layer, low_part), (high_layer, high_part) = layer_of(imported), layer_of(importer)
     if low_layer < high_layer:
         return None
@@ -220,7 +231,10 @@ def test_the_fits_package_imports_run_one_way():
     """Issue 43: the backtest imports the probes' trend, the curve law the shape trajectory; both
     pairs share the intervals (delphi.fits.intervals) and a run's evals (delphi.fits.evals) below them."""
     graph = import_graph()
-    for low, high in (("delphi.fits.probes", "delphi.fits.backtest"), ("delphi.fits.shape_trajectory", "delphi.fits.curves")):
+    for low, high in (
+        ("delphi.fits.probes", "delphi.fits.backtest"),
+        ("delphi.fits.shape_trajectory", "delphi.fits.curves"),
+    ):
         assert low in graph[high] and high not in graph[low]
     assert "delphi.fits.backtest" not in graph["delphi.fits.shape_trajectory"]
 

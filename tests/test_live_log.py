@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import prereg_synthetic as ps
 import pytest
 
-import prereg_synthetic as ps
 from delphi.cli import main
-from delphi.prereg import format as fmt
 from delphi.errors import DelphiError
+from delphi.prereg import format as fmt
 from delphi.train.runlog import END_TOLERANCE_REL, ColumnNotFound, EvalPoint, LogColumns, RunEnd, read_log, read_run
 
 SEED = 5  # the hero curve's noise; this seed's curve passes the seals below (tests/test_prereg.py)
@@ -38,8 +38,14 @@ def seals(tmp_path_factory):
     assert main([*common, "--ladder", str(ladder), "--out", str(trajectory), "--bootstrap", "40"]) == 0
     assert main([*common, "--results", str(ladder / "results.csv"), "--out", str(final_only)]) == 0
     assert len(fmt.read(final_only)["prediction"]["trajectory"]["points"]) == 1
-    return {"root": root, "hero_cfg": hero_cfg, "trajectory": trajectory, "final_only": final_only, "ladder": ladder,
-            "fit": fit}
+    return {
+        "root": root,
+        "hero_cfg": hero_cfg,
+        "trajectory": trajectory,
+        "final_only": final_only,
+        "ladder": ladder,
+        "fit": fit,
+    }
 
 
 def _copy(seal: Path, tmp_path: Path) -> Path:
@@ -57,8 +63,15 @@ def trainer_rows(cfg, *, upto: float = 1.0, shift: float = 0.0, start: float | N
     rows, previous = [], 0
     for k, (s, t, l) in enumerate(zip(steps[keep], tokens[keep], loss[keep] + shift)):
         half, previous = (previous + int(s)) // 2, int(s)
-        rows.append({"iter": half, "tokens_seen": half * cfg.tokens_per_step, "train/loss": float(l) + 0.05, "lr": 0.01,
-                     "time": now + 2 * k})
+        rows.append(
+            {
+                "iter": half,
+                "tokens_seen": half * cfg.tokens_per_step,
+                "train/loss": float(l) + 0.05,
+                "lr": 0.01,
+                "time": now + 2 * k,
+            }
+        )
         rows.append({"iter": int(s), "tokens_seen": int(t), "eval/loss": float(l), "time": now + 2 * k + 1})
     return rows
 
@@ -118,19 +131,34 @@ def test_a_trainer_appending_jsonl_is_watched_to_a_verdict(seals, tmp_path, caps
             for row in rows[1:]:
                 with read:
                     seen = polls[0]
-                    assert read.wait_for(lambda: polls[0] >= seen + 2, timeout=60)
+                    assert read.wait_for(lambda: polls[0] >= seen + 2, timeout=60)  # noqa: B023  (called at once, inside the loop)
                 row["time"] = time.time()
                 f.write(json.dumps(row) + "\n")
                 f.flush()
 
     thread = threading.Thread(target=train)
     thread.start()
-    code, result, err = _check([str(prereg), "--run", str(log.parent), "--watch", "--interval", "0.05", "--timeout", "60",
-                                "--plot", str(tmp_path / "pred.png")], capsys)
+    code, result, err = _check(
+        [
+            str(prereg),
+            "--run",
+            str(log.parent),
+            "--watch",
+            "--interval",
+            "0.05",
+            "--timeout",
+            "60",
+            "--plot",
+            str(tmp_path / "pred.png"),
+        ],
+        capsys,
+    )
     thread.join()
     assert code == 0 and result["verdict"] == "passed", err
-    assert result["log"] == {"path": str(log), "columns": {"step": "iter", "tokens": "tokens_seen", "loss": "eval/loss",
-                                                           "time": "time"}}
+    assert result["log"] == {
+        "path": str(log),
+        "columns": {"step": "iter", "tokens": "tokens_seen", "loss": "eval/loss", "time": "time"},
+    }
     assert "the first to reach" in result["why"] and result["created_before_start"] is True
     assert result["n_points"] == 21 and result["actual_final_loss"] == pytest.approx(rows[-1]["eval/loss"])
     assert "waiting:" in err and "no eval loss column" in err and "on-track" in err
@@ -177,16 +205,36 @@ def test_csv_tsv_and_wandb_exports_read_alike(seals, tmp_path, capsys):
     a W&B JSON export (pandas' column mapping) gives the same verdict and final loss."""
     cfg = seals["hero_cfg"]
     rows = trainer_rows(cfg)
-    hf = [{"global_step": r["iter"], "num_tokens": r["tokens_seen"], "eval_loss": r.get("eval/loss"), "timestamp": r["time"]}
-          for r in rows]
-    wandb = [{"": i, "_step": r["iter"], "_runtime": 3.0 * i, "_timestamp": r["time"], "eval/loss": r.get("eval/loss"),
-              "train/loss": r.get("train/loss")} for i, r in enumerate(rows)]
+    hf = [
+        {
+            "global_step": r["iter"],
+            "num_tokens": r["tokens_seen"],
+            "eval_loss": r.get("eval/loss"),
+            "timestamp": r["time"],
+        }
+        for r in rows
+    ]
+    wandb = [
+        {
+            "": i,
+            "_step": r["iter"],
+            "_runtime": 3.0 * i,
+            "_timestamp": r["time"],
+            "eval/loss": r.get("eval/loss"),
+            "train/loss": r.get("train/loss"),
+        }
+        for i, r in enumerate(rows)
+    ]
     logs = {
         "csv": _table(tmp_path / "hf.csv", hf, ["global_step", "num_tokens", "eval_loss", "timestamp"]),
         "tsv": _table(tmp_path / "hf.tsv", hf, ["global_step", "num_tokens", "eval_loss", "timestamp"], "\t"),
-        "wandb_csv": _table(tmp_path / "wandb_export.csv", wandb, ["", "_step", "_runtime", "_timestamp", "eval/loss", "train/loss"]),
+        "wandb_csv": _table(
+            tmp_path / "wandb_export.csv", wandb, ["", "_step", "_runtime", "_timestamp", "eval/loss", "train/loss"]
+        ),
     }
-    columns = {k: {str(i): r.get(k) for i, r in enumerate(wandb)} for k in ("_step", "_runtime", "_timestamp", "eval/loss")}
+    columns = {
+        k: {str(i): r.get(k) for i, r in enumerate(wandb)} for k in ("_step", "_runtime", "_timestamp", "eval/loss")
+    }
     logs["wandb_json"] = tmp_path / "history.json"
     logs["wandb_json"].write_text(json.dumps(columns))
     finals = {}
@@ -197,20 +245,41 @@ def test_csv_tsv_and_wandb_exports_read_alike(seals, tmp_path, capsys):
         finals[name] = result["actual_final_loss"]
         assert result["n_points"] == 21, name
     assert len({round(v, 12) for v in finals.values()}) == 1
-    assert result["log"]["columns"] == {"step": "_step", "tokens": f"_step x {cfg.tokens_per_step:g} tokens per step",
-                                        "loss": "eval/loss", "time": "_timestamp"}
+    assert result["log"]["columns"] == {
+        "step": "_step",
+        "tokens": f"_step x {cfg.tokens_per_step:g} tokens per step",
+        "loss": "eval/loss",
+        "time": "_timestamp",
+    }
 
 
 def test_mapping_flags_name_the_columns(seals, tmp_path, capsys):
     cfg = seals["hero_cfg"]
-    rows = [{"k": r["iter"], "seen": r["tokens_seen"], "loss": r.get("eval/loss"), "when": r["time"]} for r in trainer_rows(cfg)]
+    rows = [
+        {"k": r["iter"], "seen": r["tokens_seen"], "loss": r.get("eval/loss"), "when": r["time"]}
+        for r in trainer_rows(cfg)
+    ]
     log = _table(tmp_path / "mine.csv", rows, ["k", "seen", "loss", "when"])
     prereg = _copy(seals["trajectory"], tmp_path)
     code, _, err = _check([str(prereg), "--run", str(log)], capsys)
     assert code == 2 and "no eval loss column" in err and "most trainers log the training loss under it" in err
     assert "'k', 'seen', 'loss', 'when'" in err
-    code, result, _ = _check([str(prereg), "--run", str(log), "--step-col", "k", "--tokens-col", "seen", "--loss-col", "loss",
-                              "--time-col", "when"], capsys)
+    code, result, _ = _check(
+        [
+            str(prereg),
+            "--run",
+            str(log),
+            "--step-col",
+            "k",
+            "--tokens-col",
+            "seen",
+            "--loss-col",
+            "loss",
+            "--time-col",
+            "when",
+        ],
+        capsys,
+    )
     assert code == 0 and result["verdict"] == "passed"
     assert result["log"]["columns"] == {"step": "k", "tokens": "seen", "loss": "loss", "time": "when"}
 
@@ -230,7 +299,11 @@ def test_the_reader_alone(tmp_path):
     assert log.kind == "log" and log.status == "running" and log.evals == run.evals
     assert log.columns == {"step": "step", "tokens": "tokens", "loss": "val_loss", "time": "time"}
     end, close = RunEnd(1000.0, steps=100), EvalPoint(90, 999.5, 1.0)
-    assert not end.reached_by(close) and end.reached_by(EvalPoint(100, 990.0, 1.0)) and end.reached_by(EvalPoint(9, 1000.0, 1.0))
+    assert (
+        not end.reached_by(close)
+        and end.reached_by(EvalPoint(100, 990.0, 1.0))
+        and end.reached_by(EvalPoint(9, 1000.0, 1.0))
+    )
     assert end.reached_by(close, END_TOLERANCE_REL) and not end.reached_by(EvalPoint(90, 998.0, 1.0), END_TOLERANCE_REL)
 
 
@@ -251,7 +324,9 @@ def test_each_bad_log_is_exit_2_naming_file_line_and_column(seals, tmp_path, cap
         return err
 
     err = refused(good, "--loss-col", "val/loss")
-    assert "bad.jsonl" in err and "column 'val/loss' (mapped to the eval loss) not found" in err and "'eval/loss'" in err
+    assert (
+        "bad.jsonl" in err and "column 'val/loss' (mapped to the eval loss) not found" in err and "'eval/loss'" in err
+    )
     backwards = good[:5] + [good[2] | {"time": good[4]["time"] + 1}] + good[5:]
     err = refused(backwards)
     assert "bad.jsonl:6" in err and "goes backwards" in err and "iter = " in err
@@ -332,5 +407,7 @@ def test_a_multi_seed_watch_waits_for_every_seed(tmp_path, capsys):
     thread.start()
     code, result, _ = _check([*args, "--timeout", "60"], capsys)
     thread.join()
-    assert code == 0 and result["verdict"] == "passed" and result["actual_final_loss"] == pytest.approx(PREDICTED * 1.001)
+    assert (
+        code == 0 and result["verdict"] == "passed" and result["actual_final_loss"] == pytest.approx(PREDICTED * 1.001)
+    )
     assert json.loads(fmt.outcome_path(prereg).read_text())["verdict"] == "passed"

@@ -14,8 +14,15 @@ import pytest
 import yaml
 
 from delphi.errors import DelphiError
-from delphi.ladder.lr_calibration import (DEFAULT_MULTIPLIERS, Point, analyse, plan_calibration, rule_drift,
-                                          save_report, write_calibration)
+from delphi.ladder.lr_calibration import (
+    DEFAULT_MULTIPLIERS,
+    Point,
+    analyse,
+    plan_calibration,
+    rule_drift,
+    save_report,
+    write_calibration,
+)
 from delphi.ladder.plan import RUNS_DIR, make_rung, shape_for_width
 from delphi.ladder.spec import load_ladder_spec
 from delphi.prereg.gates import gate_lr_transfer
@@ -48,8 +55,9 @@ def test_another_batch_is_its_own_point_at_the_rules_lr_for_that_batch(tmp_path)
     top = plan_calibration(spec, POINTS[:1], (1.0,))[0]
     small = plan_calibration(spec, POINTS[:1], (1.0,), batch=4)[0]
     assert small.batch_size == 4 and "_b4_" in small.run_id and "_b" not in top.run_id
-    assert small.hp.lr == pytest.approx(top.hp.lr * (small.tokens / top.tokens) ** -spec.transfer.horizon_exponent
-                                        * 0.5**spec.transfer.batch_exponent)
+    assert small.hp.lr == pytest.approx(
+        top.hp.lr * (small.tokens / top.tokens) ** -spec.transfer.horizon_exponent * 0.5**spec.transfer.batch_exponent
+    )
     write_calibration(spec, POINTS[:1], (0.5, 1.0, 2.0), tmp_path)
     write_calibration(spec, POINTS[:1], (0.5, 1.0, 2.0), tmp_path, batch=4)
     assert sorted(p.batch_tokens for p in analyse(spec, tmp_path).points) == [512, 1024]
@@ -116,8 +124,11 @@ def test_analysis_recovers_a_known_drift_and_the_gate_judges_the_rule(tmp_path):
 
     # The suggested rule puts every point at its optimum: passed.
     s = result.rule_suggested
-    fixed = dataclasses.replace(spec, base=dataclasses.replace(spec.base, lr=s["lr"]), transfer=dataclasses.replace(
-        t, width_exponent=s["width_exponent"], horizon_exponent=s["horizon_exponent"]))
+    fixed = dataclasses.replace(
+        spec,
+        base=dataclasses.replace(spec.base, lr=s["lr"]),
+        transfer=dataclasses.replace(t, width_exponent=s["width_exponent"], horizon_exponent=s["horizon_exponent"]),
+    )
     drift = rule_drift(report, fixed)
     assert all(abs(row["m_now"] - 1) < 1e-6 for row in drift)
     assert gate_lr_transfer(drift, hero, tolerance_rel=0.03).passed
@@ -165,8 +176,25 @@ def test_lr_calibrate_cli_trains_real_runs_and_resumes(tmp_path):
     spec = _micro_spec(tmp_path)
     out = tmp_path / "cal"
     env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}  # skip the per-run matmul peak measurement
-    cmd = [sys.executable, "-m", "delphi.cli", "ladder", "lr-calibrate", str(spec), "--points", "16@8192",
-           "--multipliers", "0.25", "1", "4", "--out", str(out), "--workers", "1", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "delphi.cli",
+        "ladder",
+        "lr-calibrate",
+        str(spec),
+        "--points",
+        "16@8192",
+        "--multipliers",
+        "0.25",
+        "1",
+        "4",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--json",
+    ]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)

@@ -51,8 +51,11 @@ def test_quadratic_fit_recovers_a_known_optimum():
 def test_movement_across_widths():
     spec = LRSweepSpec(widths=(32, 64, 128), lrs=tuple(LRS))
     optima = {32: 8e-3, 64: 1.2e-2, 128: 1.6e-2}
-    records = [{"width": w, "lr": lr, "loss": 2.0 + 0.05 * (math.log2(lr) - math.log2(optima[w])) ** 2}
-               for w in spec.widths for lr in LRS]
+    records = [
+        {"width": w, "lr": lr, "loss": 2.0 + 0.05 * (math.log2(lr) - math.log2(optima[w])) ** 2}
+        for w in spec.widths
+        for lr in LRS
+    ]
     result = LRSweepResult(spec=spec, records=records)
     assert result.optimum(64) == pytest.approx(1.2e-2)
     m = result.movement
@@ -62,8 +65,17 @@ def test_movement_across_widths():
 
 
 def micro_args(out: Path, store: Path, **changes: str) -> list[str]:
-    flags = {"--widths": "16,32", "--lrs": "0.01,0.03,0.1", "--steps": "8", "--layers": "1", "--batch-size": "4",
-             "--seq-len": "32", "--eval-tokens": "512", "--store": str(store), **changes}
+    flags = {
+        "--widths": "16,32",
+        "--lrs": "0.01,0.03,0.1",
+        "--steps": "8",
+        "--layers": "1",
+        "--batch-size": "4",
+        "--seq-len": "32",
+        "--eval-tokens": "512",
+        "--store": str(store),
+        **changes,
+    }
     return ["mup", "lr-sweep", "--out", str(out), *[x for kv in flags.items() for x in kv], "--json"]
 
 
@@ -89,17 +101,20 @@ def test_micro_sweep_files_and_resume(tmp_path, store, capsys):
     assert [r["loss"] for r in again["runs"]] == [r["loss"] for r in report["runs"]]
 
 
-@pytest.mark.parametrize("changes", [
-    {"--widths": "32"},  # one width
-    {"--widths": "64,32"},  # not increasing
-    {"--widths": "16,24"},  # not a multiple of the head size
-    {"--widths": "16,x"},
-    {"--lrs": "0.01,0.1"},  # a quadratic needs three
-    {"--lrs": "0.01,-0.1,0.2"},
-    {"--steps": "0"},
-    {"--store": "/no/such/store"},
-    {"--seq-len": "100000"},  # a batch longer than the store's validation split
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"--widths": "32"},  # one width
+        {"--widths": "64,32"},  # not increasing
+        {"--widths": "16,24"},  # not a multiple of the head size
+        {"--widths": "16,x"},
+        {"--lrs": "0.01,0.1"},  # a quadratic needs three
+        {"--lrs": "0.01,-0.1,0.2"},
+        {"--steps": "0"},
+        {"--store": "/no/such/store"},
+        {"--seq-len": "100000"},  # a batch longer than the store's validation split
+    ],
+)
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, store, changes, capsys):
     out = tmp_path / "sweep"
     assert main(micro_args(out, store, **changes)) == 2

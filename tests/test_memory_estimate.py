@@ -25,8 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "tests" / "data" / "compiled_memory.json"
 # Recompiled in every run: the smallest shape, a large-batch one and the widest of the eighth edition,
 # and a dropless MoE rung of the first H200 run (16,384 tokens a step: compiled, never allocated)
-LIVE = [("default", "d16_L3_H2_ff64_E8k2x16_b2x128", "bf16"), ("v8", "d24_L3_H2_ff96_E8k2x24_b64x128", "f32"),
-        ("v8", "d160_L3_H2_ff640_E8k2x160_b2x128", "bf16"), ("h200", "ladder-d256", "bf16")]
+LIVE = [
+    ("default", "d16_L3_H2_ff64_E8k2x16_b2x128", "bf16"),
+    ("v8", "d24_L3_H2_ff96_E8k2x24_b64x128", "f32"),
+    ("v8", "d160_L3_H2_ff640_E8k2x160_b2x128", "bf16"),
+    ("h200", "ladder-d256", "bf16"),
+]
 LADDERS = ("default", "v8", "gpu", "h200")  # benchmarks/memory_estimate.py's names
 # A cached row recompiled under the JAX that wrote it must agree this closely (the same program)
 SAME_JAX_TOLERANCE = 0.02
@@ -123,8 +127,16 @@ def test_a_run_whose_compiled_step_does_not_fit_is_refused_before_anything_is_wr
     from delphi.train.trainer import compile_train_chunk, train
 
     ladder_cfg = planned_shapes("default")["d16_L3_H2_ff64_E8k2x16_b2x128"]  # estimate ~0.91x XLA's in bf16
-    cfg = dataclasses.replace(ladder_cfg, data=dataclasses.replace(ladder_cfg.data, store=str(store)), precision="bf16",
-                              steps=8, log_every=8, eval_every=8, checkpoint_every=8, eval_tokens=256).validate()
+    cfg = dataclasses.replace(
+        ladder_cfg,
+        data=dataclasses.replace(ladder_cfg.data, store=str(store)),
+        precision="bf16",
+        steps=8,
+        log_every=8,
+        eval_every=8,
+        checkpoint_every=8,
+        eval_tokens=256,
+    ).validate()
     estimate = memory.estimate_train_memory(cfg)
     compiled = CompiledMemory.of(compile_train_chunk([cfg], make_mesh(MeshConfig(), jax.devices()[:1]))[0])
     cpus = len(jax.devices())
@@ -132,6 +144,9 @@ def test_a_run_whose_compiled_step_does_not_fit_is_refused_before_anything_is_wr
     compiled_need = cpus * compiled.total + memory.JAX_RUNTIME_BYTES
     assert estimate_need < compiled_need, "this shape's estimate must lie below XLA's number for the check to apply"
     monkeypatch.setattr(memory, "host_available_bytes", lambda: (estimate_need + compiled_need) // 2)
-    with pytest.raises(DelphiError, match=r"compiled train step needs .* temporaries .* the trainer's estimate .* more than this machine's available"):
+    with pytest.raises(
+        DelphiError,
+        match=r"compiled train step needs .* temporaries .* the trainer's estimate .* more than this machine's available",
+    ):
         train(cfg, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()

@@ -14,7 +14,9 @@ from delphi.errors import DelphiError
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 from delphi.model.transformer import Transformer, apply_rope, lm_loss, rope_tables
 
-DENSE = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, mup=MuPConfig(zero_init_unembedding=False, base_d_model=32))
+DENSE = ModelConfig(
+    d_model=32, n_layers=2, n_heads=2, d_ff=64, mup=MuPConfig(zero_init_unembedding=False, base_d_model=32)
+)
 MOE = DENSE.replace(moe=MoEConfig(experts=4, top_k=2, d_expert=16, shared_experts=1))
 
 
@@ -62,10 +64,12 @@ def test_rope_is_a_relative_rotation():
     cos, sin = rope_tables(8, 4, 10_000.0)
     q = jax.random.normal(jax.random.key(0), (1, 1, 1, 4))
     k = jax.random.normal(jax.random.key(1), (1, 1, 1, 4))
+
     def score(i, j):
         qi = apply_rope(jnp.broadcast_to(q, (1, 8, 1, 4)), cos, sin)[0, i, 0]
         kj = apply_rope(jnp.broadcast_to(k, (1, 8, 1, 4)), cos, sin)[0, j, 0]
         return float(qi @ kj)
+
     assert score(5, 3) == pytest.approx(score(4, 2), rel=1e-5)  # depends on i - j only
     assert score(5, 3) != pytest.approx(score(5, 2), rel=1e-3)
 

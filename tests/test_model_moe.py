@@ -10,16 +10,26 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 import delphi.model.moe as moe_module
+from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 from delphi.model.moe import (
-    DROPLESS_BLOCK, MoE, bias_update, block_slots, dispatch_slots, expert_capacity, rank_within_expert,
+    DROPLESS_BLOCK,
+    MoE,
+    bias_update,
+    block_slots,
+    dispatch_slots,
+    expert_capacity,
+    rank_within_expert,
 )
 
 
 def make_moe(**moe_kwargs) -> MoE:
-    cfg = ModelConfig(d_model=16, n_heads=2, moe=MoEConfig(**{"experts": 4, "top_k": 2, "d_expert": 8, **moe_kwargs}),
-                      mup=MuPConfig(init_std=0.3, base_d_model=16))
+    cfg = ModelConfig(
+        d_model=16,
+        n_heads=2,
+        moe=MoEConfig(**{"experts": 4, "top_k": 2, "d_expert": 8, **moe_kwargs}),
+        mup=MuPConfig(init_std=0.3, base_d_model=16),
+    )
     return MoE(cfg, rngs=nnx.Rngs(0))
 
 
@@ -29,13 +39,19 @@ def naive_moe(layer: MoE, x: jax.Array) -> jax.Array:
     w_router, bias = np.asarray(layer.router[...]), np.asarray(layer.router_bias[...])
     w_in, w_out = np.asarray(layer.experts.w_in[...]), np.asarray(layer.experts.w_out[...])
     silu = lambda v: v / (1 + np.exp(-v))
+
     def expert(h_in, h_out, v):
         gate, up = np.split(v @ h_in, 2)
         return (silu(gate) * up) @ h_out
+
     out = []
     for v in np.asarray(x).reshape(-1, x.shape[-1]):
         logits = (v @ w_router) * layer.router_mult
-        s = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum() if moe.score == "softmax" else 1 / (1 + np.exp(-logits))
+        s = (
+            np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+            if moe.score == "softmax"
+            else 1 / (1 + np.exp(-logits))
+        )
         chosen = np.argsort(-(s + bias), kind="stable")[: moe.top_k]
         gates = s[chosen] / s[chosen].sum() if moe.top_k > 1 else s[chosen]
         y = sum(g * moe.route_scale * expert(w_in[e], w_out[e], v) for g, e in zip(gates, chosen))

@@ -62,15 +62,22 @@ WORKER = textwrap.dedent(
 def single_config(store: Path, steps: int):
     """The run on one device that the 2-process job must reproduce."""
     every = CHECKPOINT_EVERY if steps > CHECKPOINT_EVERY else steps // 2
-    return sharded_config(store, steps=steps, log_every=2 if steps % 2 == 0 else 1, eval_every=steps // 2,
-                          checkpoint_every=every)
+    return sharded_config(
+        store, steps=steps, log_every=2 if steps % 2 == 0 else 1, eval_every=steps // 2, checkpoint_every=every
+    )
 
 
 def multihost_config(store: Path, port: int, process_id: int, steps: int):
     data, expert = MESH
     cfg = single_config(store, steps)
-    mesh = MeshConfig(data=data, expert=expert, distributed=True, coordinator_address=f"localhost:{port}",
-                      num_processes=PROCESSES, process_id=process_id)
+    mesh = MeshConfig(
+        data=data,
+        expert=expert,
+        distributed=True,
+        coordinator_address=f"localhost:{port}",
+        num_processes=PROCESSES,
+        process_id=process_id,
+    )
     return dataclasses.replace(cfg, mesh=mesh).validate()
 
 
@@ -91,7 +98,11 @@ def start_job(store: Path, run: Path, resume: bool, steps: int = STEPS) -> list[
     return [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(store), str(run), str(port), str(i), "1" if resume else "0", str(steps)],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for i in range(PROCESSES)
     ]
@@ -137,14 +148,18 @@ def test_two_processes_match_one_and_restore_onto_one(store, tmp_path):
     run = tmp_path / "two"
     results = finish(start_job(store, run, resume=False, steps=FAST_STEPS), timeout_s=TIMEOUT_S)
     assert sorted(r["process"] for r in results) == list(range(PROCESSES))
-    assert all(r["devices"] == PROCESSES * DEVICES_PER_PROCESS and r["local_devices"] == DEVICES_PER_PROCESS for r in results)
+    assert all(
+        r["devices"] == PROCESSES * DEVICES_PER_PROCESS and r["local_devices"] == DEVICES_PER_PROCESS for r in results
+    )
     one, two = losses(tmp_path / "one"), losses(run)
     assert len(two) == FAST_STEPS // 2 and two == pytest.approx(one, rel=REL_TOL)
     assert all(r["val_loss"] == pytest.approx(reference["val_loss"], rel=REL_TOL) for r in results)
     mid, last = list_checkpoints(run)
     written = check_bytes_per_process(read_manifest(mid[1]))
-    print(f"\n2 processes x {DEVICES_PER_PROCESS} devices, mesh {MESH[0]}x{MESH[1]}: train losses {two} vs {one}; "
-          f"checkpoint bytes per process {written}")
+    print(
+        f"\n2 processes x {DEVICES_PER_PROCESS} devices, mesh {MESH[0]}x{MESH[1]}: train losses {two} vs {one}; "
+        f"checkpoint bytes per process {written}"
+    )
 
     # the step-2 checkpoint of the 2-process job, resumed on this process's single device
     restored = tmp_path / "restored"
@@ -181,8 +196,13 @@ def job(store, tmp_path_factory) -> dict:
 
     resumed = finish(start_job(store, run, resume=True), timeout_s=TIMEOUT_S)
     return {
-        "work": work, "run": run, "reference": reference, "killed_step": killed_step, "resumed": resumed,
-        "manifest": manifest, "one_process": one_process,
+        "work": work,
+        "run": run,
+        "reference": reference,
+        "killed_step": killed_step,
+        "resumed": resumed,
+        "manifest": manifest,
+        "one_process": one_process,
     }
 
 
@@ -190,7 +210,9 @@ def job(store, tmp_path_factory) -> dict:
 def test_two_processes_resume_after_sigkill_and_match_one_process(job):
     resumed, manifest = job["resumed"], job["manifest"]
     assert sorted(r["process"] for r in resumed) == list(range(PROCESSES))
-    assert all(r["devices"] == PROCESSES * DEVICES_PER_PROCESS and r["local_devices"] == DEVICES_PER_PROCESS for r in resumed)
+    assert all(
+        r["devices"] == PROCESSES * DEVICES_PER_PROCESS and r["local_devices"] == DEVICES_PER_PROCESS for r in resumed
+    )
     assert all(r["status"] == "completed" for r in resumed)
     assert 0 < job["killed_step"] < STEPS
     one, two = losses(job["work"] / "one"), losses(job["run"])
@@ -202,8 +224,10 @@ def test_two_processes_resume_after_sigkill_and_match_one_process(job):
     summary = json.loads((job["run"] / "summary.json").read_text())
     assert summary["mesh"] == {"data": MESH[0], "expert": MESH[1], "model": 1}
     written = check_bytes_per_process(manifest)
-    print(f"\ncheckpoint bytes per process: {written}; killed after step {job['killed_step']}; "
-          f"max |rel diff| {max(abs(a - b) / abs(b) for a, b in zip(two, one)):.2e}")
+    print(
+        f"\ncheckpoint bytes per process: {written}; killed after step {job['killed_step']}; "
+        f"max |rel diff| {max(abs(a - b) / abs(b) for a, b in zip(two, one)):.2e}"
+    )
 
 
 @pytest.mark.slow

@@ -14,15 +14,22 @@ from delphi.model import mup
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 from delphi.model.transformer import Transformer
 
-MOE = ModelConfig(d_model=128, n_layers=4, n_heads=4, moe=MoEConfig(experts=4, top_k=2, d_expert=64, shared_experts=1),
-                  mup=MuPConfig(base_d_model=32, base_n_layers=2))
+MOE = ModelConfig(
+    d_model=128,
+    n_layers=4,
+    n_heads=4,
+    moe=MoEConfig(experts=4, top_k=2, d_expert=64, shared_experts=1),
+    mup=MuPConfig(base_d_model=32, base_n_layers=2),
+)
 
 
 def groups_of(cfg: ModelConfig) -> dict[str, str]:
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     labels = mup.param_labels(nnx.state(model, nnx.Param))
-    return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path[:-1]): g
-            for path, g in jax.tree_util.tree_leaves_with_path(labels)}
+    return {
+        "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path[:-1]): g
+        for path, g in jax.tree_util.tree_leaves_with_path(labels)
+    }
 
 
 def test_every_parameter_has_the_right_group():
@@ -32,7 +39,14 @@ def test_every_parameter_has_the_right_group():
     for i in range(4):
         b = f"blocks/{i}"
         assert groups[f"{b}/ffn/router"] == "router"
-        for name in ("attn/w_qkv", "attn/w_out", "ffn/experts/w_in", "ffn/experts/w_out", "ffn/shared/w_in", "ffn/shared/w_out"):
+        for name in (
+            "attn/w_qkv",
+            "attn/w_out",
+            "ffn/experts/w_in",
+            "ffn/experts/w_out",
+            "ffn/shared/w_in",
+            "ffn/shared/w_out",
+        ):
             assert groups[f"{b}/{name}"] == "hidden", name
         for name in ("attn_norm/scale", "ffn_norm/scale", "attn/q_norm/scale", "attn/k_norm/scale"):
             assert groups[f"{b}/{name}"] == "vector", name
@@ -70,7 +84,7 @@ def test_init_std_and_forward_multipliers_scale_with_width():
     assert model.blocks[0].branch_mult == pytest.approx(0.5)  # CompleteP 1 / m_L
     assert model.blocks[0].attn.scale == pytest.approx(1 / cfg.d_head)
     sp = Transformer(cfg.replace(mup=MuPConfig(enabled=False)), rngs=nnx.Rngs(0))
-    assert sp.blocks[0].attn.scale == pytest.approx(cfg.d_head ** -0.5)
+    assert sp.blocks[0].attn.scale == pytest.approx(cfg.d_head**-0.5)
     assert float(np.std(sp.unembedding[...])) == pytest.approx(sigma, rel=0.05)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -62,7 +62,7 @@ def law_alone_study(law_alone_template, tmp_path) -> Path:
 def _reseal(seal: Path, created_s: float) -> None:
     """The same prediction sealed again as if made at `created_s` (epoch seconds)."""
     doc = fmt.read(seal)
-    doc["created"] = datetime.fromtimestamp(created_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    doc["created"] = datetime.fromtimestamp(created_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     seal.unlink()
     fmt.write_new(seal, fmt.seal(doc))
 
@@ -76,7 +76,9 @@ def _first_step(study: Path, run: str) -> float:
 def _rows(study: Path) -> list[dict]:
     from delphi.paper.beyond import sealed_runs
 
-    return sealed_runs([(run, _seal_path(study, run), _run_dir(study, run)) for run in ("probe3x", "probe10x", "hero")], TOP_BUDGET)
+    return sealed_runs(
+        [(run, _seal_path(study, run), _run_dir(study, run)) for run in ("probe3x", "probe10x", "hero")], TOP_BUDGET
+    )
 
 
 def _table_row(text: str, first_cell: str) -> list[str]:
@@ -90,7 +92,9 @@ def test_each_run_is_checked_against_its_own_seal_and_nothing_is_written(law_alo
     before = sorted(p.relative_to(law_alone_study) for p in law_alone_study.rglob("*"))
     numbers = paper_numbers(law_alone_study, old_recipe=OLD_STUDY)
     section = numbers["law_alone_section"]
-    assert sorted(p.relative_to(law_alone_study) for p in law_alone_study.rglob("*")) == before  # no outcome file written
+    assert (
+        sorted(p.relative_to(law_alone_study) for p in law_alone_study.rglob("*")) == before
+    )  # no outcome file written
     assert "### Each prediction against its own seal" in section
     for run, seal in [*SEALS.items(), ("hero", HERO_SEAL)]:
         # The check the paper runs gives what `prereg check` recorded when each run finished.
@@ -100,22 +104,28 @@ def test_each_run_is_checked_against_its_own_seal_and_nothing_is_written(law_alo
         assert cells[3] == f"{doc['prediction']['final']['loss']:.4f}"
         lo, hi = doc["prediction"]["final"]["loss_90"]
         assert cells[4] == f"[{lo:.4f}, {hi:.4f}]"
-        assert cells[5:8] == [f"{recorded['actual_final_loss']:.4f}", f"{recorded['rel_error']:+.2%}",
-                              {True: "yes", False: "**no**"}[recorded["covered_90"]]]
+        assert cells[5:8] == [
+            f"{recorded['actual_final_loss']:.4f}",
+            f"{recorded['rel_error']:+.2%}",
+            {True: "yes", False: "**no**"}[recorded["covered_90"]],
+        ]
         assert cells[8].startswith(f"**{recorded['verdict']}**")
         assert cells[9].startswith(doc["created"][:19]) and ("(forced)" in cells[9]) == bool(doc.get("forced"))
         assert cells[11] == "yes"  # each seal made before its own run's first step
     # v4's probes trained a day before the fifth edition sealed its hero: the paper says so.
     assert "**before the seal of hero**" in section
     assert numbers["probes_sentence"].endswith("predictions like the hero's, not evidence for a correction.")
-    assert "The study's own probes at 3x and 10x the top budget were sealed with the ladder's law alone" in numbers["probes_sentence"]
+    assert (
+        "The study's own probes at 3x and 10x the top budget were sealed with the ladder's law alone"
+        in numbers["probes_sentence"]
+    )
 
 
 def test_the_old_recipe_is_the_seventh_editions_law_alone_at_3x_10x_and_30x(law_alone_study):
     """The old side is the computation behind the seventh edition's table of runs beyond the
     ladder (its primary column), not numbers typed into the paper."""
-    from delphi.paper.build import law_alone_at_runs
     from delphi.paper.beyond import recipe_comparison, recipe_comparison_table
+    from delphi.paper.build import law_alone_at_runs
 
     old = law_alone_at_runs(resolve_data(OLD_STUDY))
     assert [(r["run"], round(r["multiple"])) for r in old] == [("probe3x", 3), ("probe10x", 10), ("hero", 30)]
@@ -201,8 +211,11 @@ def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
     (editions / "v7").symlink_to(REPO / "paper" / "editions" / "v7")
     assert old_recipe_data(editions / "v8" / "study", tmp_path / "elsewhere") == editions / "v7" / "study"
     # A study directory outside the editions: PAPER_DIR/editions.
-    assert old_recipe_data(tmp_path / "runs" / "paper_v8", REPO / "paper") == REPO / "paper" / "editions" / "v7" / "study"
+    assert (
+        old_recipe_data(tmp_path / "runs" / "paper_v8", REPO / "paper") == REPO / "paper" / "editions" / "v7" / "study"
+    )
     assert old_recipe_data(tmp_path / "runs" / "paper_v8", tmp_path / "elsewhere") is None
+
 
 def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alone_study, tmp_path):
     """Stage seals done, nothing beyond the ladder trained (issue 29 commits that stage): `paper
@@ -220,7 +233,9 @@ def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alon
     (paper / "editions").mkdir()
     (paper / "editions" / "v7").symlink_to(REPO / "paper" / "editions" / "v7")  # the old recipe, beside the paper
     built = build_paper(paper, data_dir=law_alone_study, svg=False)
-    assert str(paper / "figures" / "law_alone_error.png") in built["figures"]  # the edition's figure, with nothing scored yet
+    assert (
+        str(paper / "figures" / "law_alone_error.png") in built["figures"]
+    )  # the edition's figure, with nothing scored yet
     text = (paper / "paper.md").read_text()
     assert f"**{UNCHECKED}**" in text
     for run in ("probe3x", "probe10x", "hero"):
@@ -228,25 +243,47 @@ def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alon
     assert "None of them has taken a step." in text
     comparison = text.split("### The old recipe's law alone against the new recipe's")[1]
     assert [_table_row(comparison, m)[7] for m in ("3x", "10x", "30x")] == ["not yet trained"] * 3
-    assert "none of the new recipe's sealed predictions is scored yet. Not yet scored: probe3x, probe10x, hero." in comparison
+    assert (
+        "none of the new recipe's sealed predictions is scored yet. Not yet scored: probe3x, probe10x, hero."
+        in comparison
+    )
 
 
 def _two_seed_row(run: str, multiple: float, predicted: float, seeds: list[float] | None) -> dict:
     """A sealed_run row of a two-seed seal with two competing laws sealed beside the primary."""
     actual = None if seeds is None else sum(seeds) / len(seeds)
-    competing = {"isoflop": {"loss": predicted * 0.96, "loss_90": [predicted * 0.93, predicted * 0.99]},
-                 "frontier": {"error": "no prediction (E at its bound)"}}
-    row = {"run": run, "status": "completed" if seeds else "running", "multiple": multiple, "flops": multiple * 1e13,
-           "shape": "d96 L3", "predicted": predicted, "loss_50": [predicted * 0.99, predicted * 1.01],
-           "loss_90": [predicted * 0.97, predicted * 1.03], "competing": competing, "actual": actual,
-           "rel_error": None if actual is None else actual / predicted - 1, "verdict": None, "tolerance_rel": 0.01,
-           "seeds": [] if seeds is None else list(enumerate(seeds)), "scores": {}, "covered_50": None, "covered_90": None}
+    competing = {
+        "isoflop": {"loss": predicted * 0.96, "loss_90": [predicted * 0.93, predicted * 0.99]},
+        "frontier": {"error": "no prediction (E at its bound)"},
+    }
+    row = {
+        "run": run,
+        "status": "completed" if seeds else "running",
+        "multiple": multiple,
+        "flops": multiple * 1e13,
+        "shape": "d96 L3",
+        "predicted": predicted,
+        "loss_50": [predicted * 0.99, predicted * 1.01],
+        "loss_90": [predicted * 0.97, predicted * 1.03],
+        "competing": competing,
+        "actual": actual,
+        "rel_error": None if actual is None else actual / predicted - 1,
+        "verdict": None,
+        "tolerance_rel": 0.01,
+        "seeds": [] if seeds is None else list(enumerate(seeds)),
+        "scores": {},
+        "covered_50": None,
+        "covered_90": None,
+    }
     if actual is not None:
         from delphi.prereg.competing import score_competing
 
-        row |= {"covered_50": abs(actual / predicted - 1) <= 0.01, "covered_90": abs(actual / predicted - 1) <= 0.03,
-                "verdict": "passed" if abs(actual / predicted - 1) <= 0.01 else "failed",
-                "scores": score_competing(competing, actual)}
+        row |= {
+            "covered_50": abs(actual / predicted - 1) <= 0.01,
+            "covered_90": abs(actual / predicted - 1) <= 0.03,
+            "verdict": "passed" if abs(actual / predicted - 1) <= 0.01 else "failed",
+            "scores": score_competing(competing, actual),
+        }
     return row
 
 
@@ -263,9 +300,13 @@ def test_every_sealed_law_is_scored_on_the_seed_mean_and_on_each_seed():
     assert scores[1]["mean_abs_error"] == pytest.approx(1.21 / (1.20 * 0.96) - 1)
     assert scores[2]["mean_abs_error"] is None  # no prediction: never scored
     table = laws_run_table(rows[0], "vpnls").splitlines()
-    assert table[0].startswith("| law | sealed | 50% interval | 90% interval | error (mean) | error (seed 0) | error (seed 1) |")
-    assert table[2] == (f"| vpnls (primary) | 1.2000 | [1.1880, 1.2120] | [1.1640, 1.2360] | {1.21 / 1.2 - 1:+.2%} "
-                        f"| {1.19 / 1.2 - 1:+.2%} | {1.23 / 1.2 - 1:+.2%} | yes | yes | n/a |")
+    assert table[0].startswith(
+        "| law | sealed | 50% interval | 90% interval | error (mean) | error (seed 0) | error (seed 1) |"
+    )
+    assert table[2] == (
+        f"| vpnls (primary) | 1.2000 | [1.1880, 1.2120] | [1.1640, 1.2360] | {1.21 / 1.2 - 1:+.2%} "
+        f"| {1.19 / 1.2 - 1:+.2%} | {1.23 / 1.2 - 1:+.2%} | yes | yes | n/a |"
+    )
     assert table[-1] == "| frontier | no prediction (E at its bound) |" + " n/a |" * 8  # as many cells as the header
     assert table[-1].count("|") == table[0].count("|")
     section = laws_section(rows, "vpnls")
@@ -273,5 +314,7 @@ def test_every_sealed_law_is_scored_on_the_seed_mean_and_on_each_seed():
     assert "#### hero: 3e+14 FLOPs (30x), d96 L3, training" in section
     assert "0.9800 (not yet scored)" in section
     summary = runs_summary(rows)
-    assert summary == (f"at 3x the law alone sealed 1.2000 and the mean of two seeds reached 1.2100 ({1.21 / 1.2 - 1:+.2%}, "
-                       "**passed**, inside its 90% interval); at 30x the law alone sealed 0.9800 (still training).")
+    assert summary == (
+        f"at 3x the law alone sealed 1.2000 and the mean of two seeds reached 1.2100 ({1.21 / 1.2 - 1:+.2%}, "
+        "**passed**, inside its 90% interval); at 30x the law alone sealed 0.9800 (still training)."
+    )

@@ -15,8 +15,14 @@ import yaml
 from delphi.cli import main as cli_main
 from delphi.ladder.export import CONVENTIONS, export_ladder
 from delphi.ladder.plan import plan_ladder, read_manifest
-from delphi.ladder.spec import (LARGE_SCALE_DEFAULTS, LARGE_SCALE_MAX_TOKENS_PER_PARAM, LARGE_SCALE_MIN_TOKENS_PER_PARAM,
-                                ladder_spec_from_dict, large_scale_fills, load_ladder_spec)
+from delphi.ladder.spec import (
+    LARGE_SCALE_DEFAULTS,
+    LARGE_SCALE_MAX_TOKENS_PER_PARAM,
+    LARGE_SCALE_MIN_TOKENS_PER_PARAM,
+    ladder_spec_from_dict,
+    large_scale_fills,
+    load_ladder_spec,
+)
 from delphi.train.config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +45,9 @@ def _write(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
     return path
 
 
-def _plan(tmp_path: Path, data: dict, capsys, name: str = "spec.yaml", out: str = "ladder") -> tuple[int, dict | None, str]:
+def _plan(
+    tmp_path: Path, data: dict, capsys, name: str = "spec.yaml", out: str = "ladder"
+) -> tuple[int, dict | None, str]:
     code = cli_main(["ladder", "plan", str(_write(tmp_path, data, name)), "--out", str(tmp_path / out), "--json"])
     captured = capsys.readouterr()
     return code, (json.loads(captured.out) if code == 0 else None), captured.err
@@ -61,11 +69,16 @@ def test_a_gpu_scale_moe_ladder_with_an_expert_sweep_plans_and_exports_with_no_s
     ladder = tmp_path / "ladder"
     rows = read_manifest(ladder)
     # Each budget planned for each expert count, ids unique, each rung recording its own experts.
-    assert {(float(r["budget"]), int(r["experts"])) for r in rows} == {(b, e) for b in GPU_MOE["budgets"] for e in (8, 16, 32, 64)}
+    assert {(float(r["budget"]), int(r["experts"])) for r in rows} == {
+        (b, e) for b in GPU_MOE["budgets"] for e in (8, 16, 32, 64)
+    }
     assert len({r["run_id"] for r in rows}) == len(rows) == 3 * 4 * 5
     assert all(f"_E{r['experts']}k4_" in r["run_id"] for r in rows)
     assert "large-scale defaults" in err and "isoflop.center_tokens_per_param=20.0" in err
-    assert out["defaults"]["scale"] == "large" and "Chinchilla" in out["defaults"]["taken"]["isoflop.center_tokens_per_param"]["source"]
+    assert (
+        out["defaults"]["scale"] == "large"
+        and "Chinchilla" in out["defaults"]["taken"]["isoflop.center_tokens_per_param"]["source"]
+    )
     assert not [w for w in out["warnings"] if "tokens_per_param" in w]  # the default plan is inside its stated range
 
     assert cli_main(["ladder", "export", str(ladder), "--out", str(tmp_path / "recipe.csv")]) == 0
@@ -84,7 +97,9 @@ def test_a_gpu_scale_moe_ladder_with_an_expert_sweep_plans_and_exports_with_no_s
         # The FLOPs each rung must reach: its tokens at its exact FLOPs per token, within 1% of its budget.
         assert rung["tokens"] * rung["flops_per_token"] == pytest.approx(rung["flops"], rel=1e-12)
         assert abs(rung["flops"] / rung["budget_flops"] - 1) < 0.01
-        assert rung["tokens"] == rung["steps"] * rung["batch_tokens"] and rung["batch_tokens"] == rung["batch_size"] * 2048
+        assert (
+            rung["tokens"] == rung["steps"] * rung["batch_tokens"] and rung["batch_tokens"] == rung["batch_size"] * 2048
+        )
         assert LARGE_SCALE_MIN_TOKENS_PER_PARAM <= rung["tokens_per_param"] <= LARGE_SCALE_MAX_TOKENS_PER_PARAM
         assert rung["tokens_per_param"] == pytest.approx(rung["tokens"] / rung["params_nonembedding"])
         assert rung["warmup_steps"] + rung["stable_steps"] + rung["decay_steps"] == rung["steps"]
@@ -92,12 +107,23 @@ def test_a_gpu_scale_moe_ladder_with_an_expert_sweep_plans_and_exports_with_no_s
         assert rung["top_k"] == 4 and rung["granularity"] == 4.0 and rung["router_balance"] == "bias"
         assert rung["hidden_lr"] == pytest.approx(rung["lr"] * 512 / rung["d_model"])  # muP: eta / m, base width 512
         assert rung["embedding_lr"] == rung["unembedding_lr"] == rung["router_lr"] == rung["norm_lr"] == rung["lr"]
-        assert rung["hidden_weight_decay"] == pytest.approx(0.1 * rung["d_model"] / 512) and rung["norm_weight_decay"] == 0
-        assert rung["logit_multiplier"] == pytest.approx(512 / rung["d_model"]) and rung["residual_branch_multiplier"] == 1.0
+        assert (
+            rung["hidden_weight_decay"] == pytest.approx(0.1 * rung["d_model"] / 512) and rung["norm_weight_decay"] == 0
+        )
+        assert (
+            rung["logit_multiplier"] == pytest.approx(512 / rung["d_model"])
+            and rung["residual_branch_multiplier"] == 1.0
+        )
     # The compute-optimal centre: each curve's middle rung near Chinchilla's 20 tokens per parameter.
     for budget in GPU_MOE["budgets"]:
-        curve = sorted((r for r in doc["rungs"] if r["budget_flops"] == budget and r["experts"] == 32), key=lambda r: r["params_nonembedding"])
-        assert 10 <= curve[2]["tokens_per_param"] <= 40 and curve[-1]["params_nonembedding"] / curve[0]["params_nonembedding"] >= 6
+        curve = sorted(
+            (r for r in doc["rungs"] if r["budget_flops"] == budget and r["experts"] == 32),
+            key=lambda r: r["params_nonembedding"],
+        )
+        assert (
+            10 <= curve[2]["tokens_per_param"] <= 40
+            and curve[-1]["params_nonembedding"] / curve[0]["params_nonembedding"] >= 6
+        )
 
 
 def test_exported_multipliers_are_what_the_model_and_optimizer_apply(tmp_path, no_store, capsys):
@@ -139,7 +165,13 @@ def test_exported_multipliers_are_what_the_model_and_optimizer_apply(tmp_path, n
     updates, _ = tx.update(grads, tx.init(params), params)
     labels = param_labels(params)
     first = 1.0 / rung["warmup_steps"]
-    names = {"embedding": "embedding", "hidden": "hidden", "unembedding": "unembedding", "router": "router", "vector": "norm"}
+    names = {
+        "embedding": "embedding",
+        "hidden": "hidden",
+        "unembedding": "unembedding",
+        "router": "router",
+        "vector": "norm",
+    }
     steps: dict[str, list[float]] = {}
     for label, update in zip(jax.tree.leaves(labels), jax.tree.leaves(updates)):
         steps.setdefault(label, []).append(float(np.median(np.abs(np.asarray(update)))))
@@ -182,7 +214,10 @@ def test_the_shipped_cpu_specs_take_no_large_scale_default_and_the_default_plan_
     # Planned from main before the large-scale defaults existed (the default study's ladder).
     assert digest(tmp_path / "manifest.csv") == "c551929ee1c018a4d926655dfc5b033f9a41ad61a8de44e24223b058af622e7c"
     assert digest(tmp_path / "ladder.yaml") == "825c2783de0e1cae7ee20b32400bdb724894687c37b1e461dfc4ce44fc42cf01"
-    assert digest(*sorted((tmp_path / "configs").glob("*.yaml"))) == "3f9843759acee39cca13e7ac585f5d7f24ab141a909801e512ab001299672903"
+    assert (
+        digest(*sorted((tmp_path / "configs").glob("*.yaml")))
+        == "3f9843759acee39cca13e7ac585f5d7f24ab141a909801e512ab001299672903"
+    )
 
 
 def test_every_large_scale_default_names_a_source_and_a_real_key():
@@ -198,14 +233,24 @@ def test_every_large_scale_default_names_a_source_and_a_real_key():
 
 def test_unknown_keys_are_refused_and_unused_keys_named(tmp_path, no_store, capsys):
     # A key at the wrong level is no key: refused, naming it and the keys allowed there.
-    for bad, key in (({"head_dim": 128}, "head_dim"), ({"depth": {"rule": "marin"}}, "depth"),
-                     ({"shape": {"depth": {"rules": "marin"}}}, "shape.depth.rules"),
-                     ({"shape": {"moe": {"expert": 8}}}, "shape.moe.expert")):
+    for bad, key in (
+        ({"head_dim": 128}, "head_dim"),
+        ({"depth": {"rule": "marin"}}, "depth"),
+        ({"shape": {"depth": {"rules": "marin"}}}, "shape.depth.rules"),
+        ({"shape": {"moe": {"expert": 8}}}, "shape.moe.expert"),
+    ):
         code, _, err = _plan(tmp_path, {**GPU_MOE, **bad}, capsys, out=f"x_{key}")
         assert code == 2 and f"{key}: unknown key (expected one of:" in err and not (tmp_path / f"x_{key}").exists()
     # Real keys at their place; one the spec's other choices leave unused is named.
-    spec = {**GPU_MOE, "shape": {"head_dim": 128, "n_heads": 8, "depth": {"rule": "marin", "ratio": 32},
-                                 "moe": {"experts": 32, "top_k": 4}}}
+    spec = {
+        **GPU_MOE,
+        "shape": {
+            "head_dim": 128,
+            "n_heads": 8,
+            "depth": {"rule": "marin", "ratio": 32},
+            "moe": {"experts": 32, "top_k": 4},
+        },
+    }
     code, out, err = _plan(tmp_path, spec, capsys)
     assert code == 0, err
     assert "shape.head_dim is set but unused: shape.n_heads fixes the head count" in out["warnings"]
@@ -237,18 +282,27 @@ def test_a_default_cap_that_binds_is_printed(tmp_path, no_store, capsys):
     assert code == 0 and not [n for n in out["notes"] if n.startswith("shape.depth.max_layers")]
 
 
-@pytest.mark.parametrize("change, key", [
-    # the plan: 135M-2.5B-parameter rungs at 1e17 FLOPs, at 0-1 tokens per parameter
-    ({"shape": {"widths": [1024, 1536, 2048, 3072, 4096]}, "batch": {"min_steps": 16}, "isoflop": {"min_span": 2}},
-     "bounds.min_tokens_per_param: rung C1e17_d4096"),
-    ({"shape": {"n_heads": 3, "widths": [512, 768, 1024]}}, "shape.widths[0]: 512 does not split into 3 heads"),
-    ({"shape": {"head_dim": 63}}, "shape.head_dim: must be even"),
-    ({"shape": {"moe": {"experts": [8, 8]}}}, "shape.moe.experts: a sweep's values must be distinct"),
-    ({"shape": {"moe": {"experts": []}}}, "shape.moe.experts: an empty list sweeps nothing"),
-    ({"shape": {"moe": {"experts": [4, 16], "top_k": 8}}}, "shape.moe.top_k: must be in [1, experts=4]"),
-    ({"bounds": {"tokens_per_param": [100, 10]}}, "bounds.tokens_per_param: expected [low, high]"),
-    ({"budgets": [1.0e30]}, "batch.max_steps"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        # the plan: 135M-2.5B-parameter rungs at 1e17 FLOPs, at 0-1 tokens per parameter
+        (
+            {
+                "shape": {"widths": [1024, 1536, 2048, 3072, 4096]},
+                "batch": {"min_steps": 16},
+                "isoflop": {"min_span": 2},
+            },
+            "bounds.min_tokens_per_param: rung C1e17_d4096",
+        ),
+        ({"shape": {"n_heads": 3, "widths": [512, 768, 1024]}}, "shape.widths[0]: 512 does not split into 3 heads"),
+        ({"shape": {"head_dim": 63}}, "shape.head_dim: must be even"),
+        ({"shape": {"moe": {"experts": [8, 8]}}}, "shape.moe.experts: a sweep's values must be distinct"),
+        ({"shape": {"moe": {"experts": []}}}, "shape.moe.experts: an empty list sweeps nothing"),
+        ({"shape": {"moe": {"experts": [4, 16], "top_k": 8}}}, "shape.moe.top_k: must be in [1, experts=4]"),
+        ({"bounds": {"tokens_per_param": [100, 10]}}, "bounds.tokens_per_param: expected [low, high]"),
+        ({"budgets": [1.0e30]}, "batch.max_steps"),
+    ],
+)
 def test_an_absurd_plan_exits_2_with_one_line_and_writes_nothing(tmp_path, no_store, capsys, change, key):
     data = {**GPU_MOE, "budgets": [1.0e17], **change}
     code, _, err = _plan(tmp_path, data, capsys)
@@ -270,7 +324,9 @@ def test_experts_and_granularity_sweep_inside_one_ladder(tmp_path, no_store, cap
     assert {r["run_id"].split("_")[3] for r in rows} == {"E4k2G2", "E4k2G4", "E8k2G2", "E8k2G4"}
     for row in rows:  # each rung's config trains its own expert count and width
         cfg = load_train_config(tmp_path / "ladder" / row["config"])
-        assert cfg.model.moe.experts == int(row["experts"]) and cfg.model.d_ff / cfg.model.moe.d_expert == float(row["granularity"])
+        assert cfg.model.moe.experts == int(row["experts"]) and cfg.model.d_ff / cfg.model.moe.d_expert == float(
+            row["granularity"]
+        )
     # One expert count, no granularity sweep: run ids as before (no G tag).
     raw["shape"]["moe"] = {"experts": [4, 8], "top_k": 2}
     code, out, _ = _plan(tmp_path, raw, capsys, out="experts_only")
@@ -283,9 +339,11 @@ def test_experts_and_granularity_sweep_inside_one_ladder(tmp_path, no_store, cap
 def test_export_refuses_a_bad_out_and_needs_a_planned_ladder(tmp_path, no_store, capsys):
     code, _, _ = _plan(tmp_path, {"budgets": [1e17]}, capsys)
     ladder = tmp_path / "ladder"
-    for args, words in ((["--out", str(tmp_path / "x.txt")], "expected a file ending in .csv or .json"),
-                        ([], "give --out FILE.csv or FILE.json, or --json"),
-                        (["--out", str(ladder / "manifest.csv")], "manifest.csv")):
+    for args, words in (
+        (["--out", str(tmp_path / "x.txt")], "expected a file ending in .csv or .json"),
+        ([], "give --out FILE.csv or FILE.json, or --json"),
+        (["--out", str(ladder / "manifest.csv")], "manifest.csv"),
+    ):
         assert cli_main(["ladder", "export", str(ladder), *args]) == 2
         assert words in capsys.readouterr().err
     assert cli_main(["ladder", "export", str(tmp_path / "nowhere"), "--json"]) == 2
@@ -332,13 +390,16 @@ def test_an_expert_sweep_trains_and_collects_each_rung_with_its_own_experts(tmp_
     assert table["loss"].between(0.1, 6.0).all() and not family_path(tmp_path / "results.csv").exists()
 
 
-@pytest.mark.parametrize("data", [
-    GPU_MOE,
-    {**GPU_MOE, "bounds": {"tokens_per_param": None, "min_tokens_per_param": None}},
-    {**GPU_MOE, "isoflop": {"center_coefficient": 0.1, "center_exponent": 0.5}, "defaults": "auto"},
-    {"budgets": [1e12], "defaults": "large"},
-    {"budgets": [1e17], "defaults": "cpu", "isoflop": {}},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        GPU_MOE,
+        {**GPU_MOE, "bounds": {"tokens_per_param": None, "min_tokens_per_param": None}},
+        {**GPU_MOE, "isoflop": {"center_coefficient": 0.1, "center_exponent": 0.5}, "defaults": "auto"},
+        {"budgets": [1e12], "defaults": "large"},
+        {"budgets": [1e17], "defaults": "cpu", "isoflop": {}},
+    ],
+)
 def test_ladder_yaml_reads_back_as_the_spec_it_was_written_from(data):
     from delphi.ladder.spec import ladder_spec_to_dict
 

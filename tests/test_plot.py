@@ -6,11 +6,10 @@ import json
 
 import numpy as np
 import pandas as pd
+import prereg_synthetic as ps
 import pytest
 
 from delphi.cli import main
-
-import prereg_synthetic as ps
 
 CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al. 2022, Approach 3
 
@@ -36,8 +35,11 @@ def isoflop_files(tmp_path_factory):
     pd.DataFrame(rows).to_csv(root / "results.csv", index=False)
     table = load_results(root / "results.csv")
     fits = {}
-    for name, fit in (("isoflop", fit_approach2(table, n_bootstrap=30)), ("vpnls", fit_vpnls(table, n_bootstrap=30)),
-                      ("frontier", fit_frontier(table, n_bootstrap=30))):
+    for name, fit in (
+        ("isoflop", fit_approach2(table, n_bootstrap=30)),
+        ("vpnls", fit_vpnls(table, n_bootstrap=30)),
+        ("frontier", fit_frontier(table, n_bootstrap=30)),
+    ):
         (root / f"{name}.json").write_text(json.dumps(fit.to_json()))
         fits[name] = root / f"{name}.json"
     return root, fits
@@ -67,19 +69,54 @@ def test_prediction_and_curves_figures(tmp_path):
     prereg = tmp_path / "p.yaml"
     # The synthetic ladder (one seed per budget) fails the sealing gates by design; this test is
     # about the figures, so it seals anyway (recorded in the file).
-    assert main(["prereg", "create", "--fit", str(fit), "--hero", str(hero), "--ladder", str(ladder), "--out", str(prereg),
-                 "--bootstrap", "20", "--force"]) == 0
+    assert (
+        main(
+            [
+                "prereg",
+                "create",
+                "--fit",
+                str(fit),
+                "--hero",
+                str(hero),
+                "--ladder",
+                str(ladder),
+                "--out",
+                str(prereg),
+                "--bootstrap",
+                "20",
+                "--force",
+            ]
+        )
+        == 0
+    )
     run = tmp_path / "hero"
     ps.write_run(run, ps.hero_config(), np.random.default_rng(3), status="running")
     assert main(["plot", "prediction", str(prereg), "--run", str(run), "--out", str(tmp_path / "pred.png")]) == 0
     assert main(["plot", "curves", str(ladder), "--out", str(tmp_path / "curves.png")]) == 0
-    assert main(["plot", "frontier", str(ladder / "results.csv"), "--prereg", str(prereg), "--run", str(run), "--out", str(tmp_path / "fr.png")]) == 0
+    assert (
+        main(
+            [
+                "plot",
+                "frontier",
+                str(ladder / "results.csv"),
+                "--prereg",
+                str(prereg),
+                "--run",
+                str(run),
+                "--out",
+                str(tmp_path / "fr.png"),
+            ]
+        )
+        == 0
+    )
     assert all(_written(tmp_path / n) for n in ("pred.png", "curves.png", "fr.png"))
 
 
 def test_lrsweep_figure_and_bad_input(tmp_path):
     lrs = 2.0 ** np.arange(-10, -4)
-    rows = [{"width": w, "lr": lr, "loss": 2 + 0.1 * (np.log2(lr) + 7) ** 2 / w**0.2} for w in (64, 128, 256) for lr in lrs]
+    rows = [
+        {"width": w, "lr": lr, "loss": 2 + 0.1 * (np.log2(lr) + 7) ** 2 / w**0.2} for w in (64, 128, 256) for lr in lrs
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
     assert main(["plot", "lrsweep", str(tmp_path / "sweep.csv"), "--out", str(tmp_path / "lr.png")]) == 0
     assert _written(tmp_path / "lr.png")

@@ -8,11 +8,17 @@ import pytest
 
 from delphi.errors import DelphiError
 from delphi.fits.backtest import Z_90
-from delphi.prereg.competing import competing_predictions
 from delphi.fits.intervals import PointCorrection, correct_by_design
+from delphi.prereg.competing import competing_predictions
 from delphi.study.spec import GatesSpec, HeroSpec, StudySpec, load_study
 
-FINAL = {"loss": 2.0, "loss_50": [1.98, 2.02], "loss_90": [1.95, 2.06], "source": "isoflop fit", "calibrated": {"applied": False}}
+FINAL = {
+    "loss": 2.0,
+    "loss_50": [1.98, 2.02],
+    "loss_90": [1.95, 2.06],
+    "source": "isoflop fit",
+    "calibrated": {"applied": False},
+}
 
 
 def test_the_point_moves_and_the_interval_moves_and_widens_by_the_bias_uncertainty() -> None:
@@ -36,14 +42,18 @@ def test_the_law_alone_is_sealed_beside_and_the_ensembles_use_it(tmp_path) -> No
 
 
 def test_bad_corrections_name_the_key() -> None:
-    for correction, key in ((PointCorrection(0.7, 0.0, "s"), "hero.point_correction.rel"),
-                            (PointCorrection(-0.01, -0.1, "s"), "hero.point_correction.sd_rel"),
-                            (PointCorrection(-0.01, 0.0, " "), "hero.point_correction.source")):
+    for correction, key in (
+        (PointCorrection(0.7, 0.0, "s"), "hero.point_correction.rel"),
+        (PointCorrection(-0.01, -0.1, "s"), "hero.point_correction.sd_rel"),
+        (PointCorrection(-0.01, 0.0, " "), "hero.point_correction.source"),
+    ):
         with pytest.raises(DelphiError, match=key):
             StudySpec(hero=HeroSpec(point_correction=correction)).validate("s.yaml")
     with pytest.raises(DelphiError, match="choose one"):
-        StudySpec(gates=GatesSpec(probes=("p",)),
-                  hero=HeroSpec(probe_correction=True, point_correction=PointCorrection(-0.01, 0.0, "s"))).validate("s.yaml")
+        StudySpec(
+            gates=GatesSpec(probes=("p",)),
+            hero=HeroSpec(probe_correction=True, point_correction=PointCorrection(-0.01, 0.0, "s")),
+        ).validate("s.yaml")
 
 
 def test_a_study_file_without_a_source_is_refused(tmp_path) -> None:

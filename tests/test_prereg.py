@@ -8,13 +8,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import prereg_synthetic as ps
 import pytest
 import yaml
 
 from delphi.cli import main
 from delphi.prereg import format as fmt
-
-import prereg_synthetic as ps
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +24,30 @@ def setup(tmp_path_factory):
     hero_cfg = ps.hero_config()
     hero = ps.write_hero(root / "hero.yaml", hero_cfg)
     out = root / "preregistrations" / "hero1.yaml"
-    assert main(["prereg", "create", "--fit", str(fit), "--hero", str(hero), "--ladder", str(ladder),
-                 "--out", str(out), "--bootstrap", "40", "--rationale", "test", "--tolerance", "0.03", "--force"]) == 0
+    assert (
+        main(
+            [
+                "prereg",
+                "create",
+                "--fit",
+                str(fit),
+                "--hero",
+                str(hero),
+                "--ladder",
+                str(ladder),
+                "--out",
+                str(out),
+                "--bootstrap",
+                "40",
+                "--rationale",
+                "test",
+                "--tolerance",
+                "0.03",
+                "--force",
+            ]
+        )
+        == 0
+    )
     return {"root": root, "ladder": ladder, "fit": fit, "hero": hero, "hero_cfg": hero_cfg, "prereg": out}
 
 
@@ -36,7 +57,9 @@ def _run(args, capsys):
     return code, (json.loads(out) if out.strip() else None)
 
 
-def _hero_run(run_dir: Path, cfg, *, upto: float = 1.0, shift: float = 0.0, status: str | None = None, seed: int = 5) -> None:
+def _hero_run(
+    run_dir: Path, cfg, *, upto: float = 1.0, shift: float = 0.0, status: str | None = None, seed: int = 5
+) -> None:
     """Write the hero's run dir as the trainer would after `upto` of its steps."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _atomic(run_dir / "config.yaml", yaml.safe_dump(ps.train_config_to_dict(cfg)))
@@ -45,9 +68,13 @@ def _hero_run(run_dir: Path, cfg, *, upto: float = 1.0, shift: float = 0.0, stat
     rows = ps.metrics_rows(cfg, steps[keep], tokens[keep], loss[keep] + shift)
     _atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     done = status or ("completed" if upto >= 1 else "running")
-    _atomic(run_dir / "status.json", json.dumps({"status": done, "reason": "", "step": int(steps[keep][-1]), "updated": ""}))
+    _atomic(
+        run_dir / "status.json", json.dumps({"status": done, "reason": "", "step": int(steps[keep][-1]), "updated": ""})
+    )
     if done == "completed":
-        _atomic(run_dir / "summary.json", json.dumps({"status": done, "val_loss": float(loss[-1] + shift), "val_bpb": 1.0}))
+        _atomic(
+            run_dir / "summary.json", json.dumps({"status": done, "val_loss": float(loss[-1] + shift), "val_bpb": 1.0})
+        )
 
 
 def _atomic(path: Path, text: str) -> None:
@@ -59,10 +86,25 @@ def _atomic(path: Path, text: str) -> None:
 
 def test_file_has_design_fields_and_a_valid_seal(setup):
     doc = fmt.read(setup["prereg"])
-    for key in ("schema_version", "id", "created", "author", "toolkit", "provenance", "hero", "prediction", "decision", "rationale", "assumptions", "seal"):
+    for key in (
+        "schema_version",
+        "id",
+        "created",
+        "author",
+        "toolkit",
+        "provenance",
+        "hero",
+        "prediction",
+        "decision",
+        "rationale",
+        "assumptions",
+        "seal",
+    ):
         assert key in doc
     assert set(doc["toolkit"]) >= {"version", "git_commit", "git_dirty"}
-    assert doc["provenance"]["fit_sha256"] and doc["provenance"]["results_sha256"] and doc["provenance"]["manifest_sha256"]
+    assert (
+        doc["provenance"]["fit_sha256"] and doc["provenance"]["results_sha256"] and doc["provenance"]["manifest_sha256"]
+    )
     final = doc["prediction"]["final"]
     assert final["loss_90"][0] <= final["loss_50"][0] <= final["loss"] <= final["loss_50"][1] <= final["loss_90"][1]
     assert final["bpb"] == pytest.approx(final["loss"] / np.log(2))
@@ -87,7 +129,11 @@ def test_final_interval_is_predictive_for_one_run(setup):
     final = fmt.read(setup["prereg"])["prediction"]["final"]
     fit = load_fit(setup["fit"])
     noise, parts = run_noise_nats(fit, load_tables(setup["ladder"] / "results.csv")[0])
-    assert noise is not None and noise > 0 and final["residual_scatter_nats"] == pytest.approx(parts["residual_scatter_nats"])
+    assert (
+        noise is not None
+        and noise > 0
+        and final["residual_scatter_nats"] == pytest.approx(parts["residual_scatter_nats"])
+    )
     bootstrap = predict_hero(fit, setup["hero_cfg"])[0]
     lo, hi = bootstrap["loss_interval_90"]
     loss = bootstrap["loss"]
@@ -110,7 +156,10 @@ def test_truth_lies_inside_the_preregistered_band(setup):
 
 def test_create_refuses_to_overwrite(setup, capsys):
     before = setup["prereg"].read_bytes()
-    code, _ = _run(["prereg", "create", "--fit", str(setup["fit"]), "--hero", str(setup["hero"]), "--out", str(setup["prereg"])], capsys)
+    code, _ = _run(
+        ["prereg", "create", "--fit", str(setup["fit"]), "--hero", str(setup["hero"]), "--out", str(setup["prereg"])],
+        capsys,
+    )
     assert code == 2 and setup["prereg"].read_bytes() == before
 
 
@@ -119,13 +168,15 @@ def test_changing_one_digit_breaks_the_seal(setup, tmp_path, capsys):
     line = next(l for l in text.splitlines() if l.strip().startswith("loss: "))
     value = line.split("loss: ")[1]
     digit = next(i for i in range(len(value) - 1, -1, -1) if value[i].isdigit())
-    bumped = value[:digit] + str((int(value[digit]) + 1) % 10) + value[digit + 1:]
+    bumped = value[:digit] + str((int(value[digit]) + 1) % 10) + value[digit + 1 :]
     tampered = tmp_path / "tampered.yaml"
     tampered.write_text(text.replace(line, line.replace(value, bumped), 1))
     assert _run(["prereg", "verify", str(setup["prereg"])], capsys)[0] == 0
     code, result = _run(["prereg", "verify", str(tampered)], capsys)
     assert code == 1 and not result["seal_ok"]
-    assert _run(["prereg", "check", str(tampered), "--run", str(tmp_path)], capsys)[0] == 1  # check refuses a broken seal: exit 1, as verify (README)
+    assert (
+        _run(["prereg", "check", str(tampered), "--run", str(tmp_path)], capsys)[0] == 1
+    )  # check refuses a broken seal: exit 1, as verify (README)
 
 
 def test_created_after_the_run_started_is_flagged(setup, tmp_path, capsys):
@@ -136,7 +187,22 @@ def test_created_after_the_run_started_is_flagged(setup, tmp_path, capsys):
     # Without a results table no gate but the fit's own can be evaluated: refused, then forced.
     assert main(["prereg", "create", "--fit", str(setup["fit"]), "--hero", str(setup["hero"]), "--out", str(late)]) == 1
     assert not late.exists() and late.with_name("late.gates.json").is_file()
-    assert main(["prereg", "create", "--fit", str(setup["fit"]), "--hero", str(setup["hero"]), "--out", str(late), "--force"]) == 0
+    assert (
+        main(
+            [
+                "prereg",
+                "create",
+                "--fit",
+                str(setup["fit"]),
+                "--hero",
+                str(setup["hero"]),
+                "--out",
+                str(late),
+                "--force",
+            ]
+        )
+        == 0
+    )
     code, result = _run(["prereg", "verify", str(late), "--run", str(early)], capsys)
     assert code == 1 and result["created_before_start"] is False
     fresh = tmp_path / "fresh"
@@ -185,7 +251,9 @@ def test_a_run_stopped_to_be_resumed_gets_no_verdict_and_no_outcome_file(setup, 
     run = tmp_path / "stopped"
     _hero_run(run, setup["hero_cfg"], upto=0.7)
     status = json.loads((run / "status.json").read_text())
-    (run / "status.json").write_text(json.dumps(status | {"status": "failed", "reason": f"stopped by signal SIGTERM; {RESUME_HINT}"}))
+    (run / "status.json").write_text(
+        json.dumps(status | {"status": "failed", "reason": f"stopped by signal SIGTERM; {RESUME_HINT}"})
+    )
     fmt.outcome_path(setup["prereg"]).unlink(missing_ok=True)  # an earlier test's completed run wrote one
     code, result = _run(["prereg", "check", str(setup["prereg"]), "--run", str(run)], capsys)
     assert code == 0 and result["verdict"] == "on-track" and result["status"] == "stopped", result
@@ -200,10 +268,14 @@ def test_watch_ends_on_a_run_stopped_to_be_resumed(setup, tmp_path, capsys):
     run = tmp_path / "stopped"
     _hero_run(run, setup["hero_cfg"], upto=0.7)
     status = json.loads((run / "status.json").read_text())
-    (run / "status.json").write_text(json.dumps(status | {"status": "failed", "reason": f"stopped by signal SIGTERM; {RESUME_HINT}"}))
+    (run / "status.json").write_text(
+        json.dumps(status | {"status": "failed", "reason": f"stopped by signal SIGTERM; {RESUME_HINT}"})
+    )
     fmt.outcome_path(setup["prereg"]).unlink(missing_ok=True)
     started = time.monotonic()
-    code, result = _run(["prereg", "check", str(setup["prereg"]), "--run", str(run), "--watch", "--interval", "0.05"], capsys)
+    code, result = _run(
+        ["prereg", "check", str(setup["prereg"]), "--run", str(run), "--watch", "--interval", "0.05"], capsys
+    )
     assert code == 0 and result["verdict"] == "on-track" and time.monotonic() - started < 20
     assert result["watch"].startswith(f"stopped watching: {run} is stopped, to be resumed (stopped by signal SIGTERM")
     assert not fmt.outcome_path(setup["prereg"]).exists()
@@ -225,8 +297,23 @@ def test_watch_follows_a_live_run_to_passed_with_outcome_and_index(setup, tmp_pa
 
     thread = threading.Thread(target=train)
     thread.start()
-    code, result = _run(["prereg", "check", str(prereg), "--run", str(run), "--watch", "--interval", "0.05",
-                         "--timeout", "30", "--plot", str(tmp_path / "pred.png")], capsys)
+    code, result = _run(
+        [
+            "prereg",
+            "check",
+            str(prereg),
+            "--run",
+            str(run),
+            "--watch",
+            "--interval",
+            "0.05",
+            "--timeout",
+            "30",
+            "--plot",
+            str(tmp_path / "pred.png"),
+        ],
+        capsys,
+    )
     thread.join()
     assert code == 0 and result["verdict"] == "passed" and abs(result["rel_error"]) <= 0.03
     assert result["forced"] is True and "SEALED WITH --force" in result["why"]
@@ -243,20 +330,39 @@ def test_watch_follows_a_live_run_to_passed_with_outcome_and_index(setup, tmp_pa
 def test_bad_inputs_exit_2(setup, tmp_path, capsys, monkeypatch):
     base = ["prereg", "create", "--hero", str(setup["hero"])]
     curve_fit = tmp_path / "curves.json"
-    assert main(["prereg", "curves", str(setup["ladder"]), "--out", str(curve_fit), "--bootstrap", "5", "--no-backtest"]) == 0
+    assert (
+        main(["prereg", "curves", str(setup["ladder"]), "--out", str(curve_fit), "--bootstrap", "5", "--no-backtest"])
+        == 0
+    )
     # a fit of the wrong kind (a curve-law fit is not a final-loss law)
     assert _run([*base, "--fit", str(curve_fit), "--out", str(tmp_path / "a.yaml")], capsys)[0] == 2
     # a hero of another model family than the ladder the fit describes
     moe = yaml.safe_load(setup["hero"].read_text())
     moe["model"]["moe"] = {"experts": 8, "top_k": 2, "d_expert": 64}
     (tmp_path / "moe.yaml").write_text(yaml.safe_dump(moe))
-    code, _ = _run(["prereg", "create", "--fit", str(setup["fit"]), "--hero", str(tmp_path / "moe.yaml"), "--ladder",
-                    str(setup["ladder"]), "--out", str(tmp_path / "b.yaml")], capsys)
+    code, _ = _run(
+        [
+            "prereg",
+            "create",
+            "--fit",
+            str(setup["fit"]),
+            "--hero",
+            str(tmp_path / "moe.yaml"),
+            "--ladder",
+            str(setup["ladder"]),
+            "--out",
+            str(tmp_path / "b.yaml"),
+        ],
+        capsys,
+    )
     assert code == 2 and "moe" in capsys.readouterr().err + "moe"
     assert not (tmp_path / "a.yaml").exists() and not (tmp_path / "b.yaml").exists()
     # a ladder dir without a manifest (issue 12, row 15)
     (tmp_path / "empty").mkdir()
-    code, _ = _run([*base, "--fit", str(setup["fit"]), "--ladder", str(tmp_path / "empty"), "--out", str(tmp_path / "c.yaml")], capsys)
+    code, _ = _run(
+        [*base, "--fit", str(setup["fit"]), "--ladder", str(tmp_path / "empty"), "--out", str(tmp_path / "c.yaml")],
+        capsys,
+    )
     assert code == 2 and not (tmp_path / "c.yaml").exists()
     # a missing run dir, and W&B while offline
     assert _run(["prereg", "check", str(setup["prereg"]), "--run", str(tmp_path / "nope")], capsys)[0] == 2
@@ -272,13 +378,33 @@ def test_check_projects_the_final_on_a_probes_shape(tmp_path, capsys):
     repo = Path(__file__).resolve().parents[1]
     prereg = tmp_path / "paper-v5-hero-30x.yaml"  # a copy: a completed check rewrites NAME.outcome.json beside it
     prereg.write_bytes((repo / "preregistrations" / "paper-v5-hero-30x.yaml").read_bytes())
-    code = main(["prereg", "check", str(prereg), "--run", str(repo / "paper" / "editions" / "v5" / "study" / "hero"),
-                 "--shape", str(repo / "paper" / "editions" / "v4" / "probe10x"), "--json"])
+    code = main(
+        [
+            "prereg",
+            "check",
+            str(prereg),
+            "--run",
+            str(repo / "paper" / "editions" / "v5" / "study" / "hero"),
+            "--shape",
+            str(repo / "paper" / "editions" / "v4" / "probe10x"),
+            "--json",
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     assert code == 1 and result["verdict"] == "failed"  # the verdict is the seal's, unchanged
     middle = [p for p in result["projection"]["points"] if 0.25 < p["fraction"] < 0.75]
     assert len(middle) == 5 and all(0.08 < p["vs_predicted"] < 0.11 for p in middle)
     assert all(abs(p["projected_final"] / 1.0142 - 1) < 0.015 for p in middle)
-    bad = main(["prereg", "check", str(prereg), "--run", str(repo / "paper" / "editions" / "v5" / "study" / "hero"),
-                "--shape", str(repo / "paper" / "editions" / "v4"), "--json"])
+    bad = main(
+        [
+            "prereg",
+            "check",
+            str(prereg),
+            "--run",
+            str(repo / "paper" / "editions" / "v5" / "study" / "hero"),
+            "--shape",
+            str(repo / "paper" / "editions" / "v4"),
+            "--json",
+        ]
+    )
     assert bad == 2 and "config.yaml" in capsys.readouterr().err

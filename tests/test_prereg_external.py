@@ -16,13 +16,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from test_backtest_calibrated import _run  # (code, stdout, stderr) of one `delphi` command
 
 from delphi.cli import main
 from delphi.fits import load_fit
 from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
 from delphi.prereg.index import gates_cell
-from test_backtest_calibrated import _run  # (code, stdout, stderr) of one `delphi` command
 
 REPO = Path(__file__).resolve().parents[1]
 ISOFLOPS = REPO / "tests" / "data" / "isoflops.csv"
@@ -43,7 +43,12 @@ def _refused(code: int, err: str, *names: str) -> None:
 def llama(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("llama")
     fit = root / "fit.json"
-    assert main(["fit", "vpnls", str(ISOFLOPS), "--query", LLAMA, "--bootstrap", "40", "--workers", "1", "--out", str(fit)]) == 0
+    assert (
+        main(
+            ["fit", "vpnls", str(ISOFLOPS), "--query", LLAMA, "--bootstrap", "40", "--workers", "1", "--out", str(fit)]
+        )
+        == 0
+    )
     top = load_fit(fit).fitted_compute[1]
     n, d = (load_fit(fit).predict(compute=10 * top)[k] for k in ("params", "tokens"))
     return {"root": root, "fit": fit, "top": top, "params": n, "tokens": d}
@@ -53,9 +58,26 @@ def test_a_good_forecast_from_a_public_sweep_seals_without_force(llama, capsys) 
     """The tutorial's path: a 10x hero given by N and D on a public sweep, every gate the table can
     hold judged and passed, the ladder-only gates not applicable, no --force."""
     out = llama["root"] / "preregistrations" / "hero-10x.yaml"
-    code, stdout, err = _run(["prereg", "create", "--fit", llama["fit"], "--results", ISOFLOPS, "--query", LLAMA,
-                              "--hero-params", f"{llama['params']:.6g}", "--hero-tokens", f"{llama['tokens']:.6g}",
-                              "--out", out, "--json"], capsys)
+    code, stdout, err = _run(
+        [
+            "prereg",
+            "create",
+            "--fit",
+            llama["fit"],
+            "--results",
+            ISOFLOPS,
+            "--query",
+            LLAMA,
+            "--hero-params",
+            f"{llama['params']:.6g}",
+            "--hero-tokens",
+            f"{llama['tokens']:.6g}",
+            "--out",
+            out,
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     doc = fmt.read(out)
     assert fmt.seal_status(doc)["ok"] and doc["forced"] is False
@@ -77,7 +99,9 @@ def test_a_good_forecast_from_a_public_sweep_seals_without_force(llama, capsys) 
     # A table like the calibration's sources: the calibrated centre decides, the law's own beside it.
     final = doc["prediction"]["final"]
     assert final["point"]["decides"] == "calibrated" and final["loss"] == pytest.approx(final["calibrated"]["loss"])
-    assert final["law"]["loss"] > final["loss"]  # VPNLS is pessimistic on every public source: the calibration lowers it
+    assert (
+        final["law"]["loss"] > final["loss"]
+    )  # VPNLS is pessimistic on every public source: the calibration lowers it
     assert json.loads(stdout)["hero"]["tokens"] == hero["tokens"]
     assert doc["provenance"]["results_reading"]["query"] == LLAMA
     assert _run(["prereg", "verify", out], capsys)[0] == 0
@@ -85,8 +109,24 @@ def test_a_good_forecast_from_a_public_sweep_seals_without_force(llama, capsys) 
 
 def test_a_hero_sized_by_the_fit_at_a_compute_budget(llama, capsys) -> None:
     out = llama["root"] / "compute.yaml"
-    code, stdout, err = _run(["prereg", "create", "--fit", llama["fit"], "--results", ISOFLOPS, "--query", LLAMA,
-                              "--hero-compute", str(10 * llama["top"]), "--out", out, "--json"], capsys)
+    code, stdout, err = _run(
+        [
+            "prereg",
+            "create",
+            "--fit",
+            llama["fit"],
+            "--results",
+            ISOFLOPS,
+            "--query",
+            LLAMA,
+            "--hero-compute",
+            str(10 * llama["top"]),
+            "--out",
+            out,
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     hero = fmt.read(out)["hero"]
     assert hero["params"] == pytest.approx(llama["params"]) and hero["tokens"] == pytest.approx(llama["tokens"])
@@ -100,21 +140,50 @@ def test_the_column_mapping_of_fit_reads_a_lab_table(llama, tmp_path, capsys) ->
     lab = rows.rename(columns={"params": "n_params", "tokens": "train_tokens", "loss": "eval_loss", "budget": "C"})
     table = tmp_path / "lab.csv"
     lab[["n_params", "train_tokens", "eval_loss", "C"]].to_csv(table, index=False)
-    mapping = ["--params-col", "n_params", "--tokens-col", "train_tokens", "--loss-col", "eval_loss", "--budget-col", "C"]
+    mapping = [
+        "--params-col",
+        "n_params",
+        "--tokens-col",
+        "train_tokens",
+        "--loss-col",
+        "eval_loss",
+        "--budget-col",
+        "C",
+    ]
     fit = tmp_path / "fit.json"
     assert _run(["fit", "vpnls", table, *mapping, "--bootstrap", "40", "--workers", "1", "--out", fit], capsys)[0] == 0
     hero = ["--hero-params", f"{llama['params']:.6g}", "--hero-tokens", f"{llama['tokens']:.6g}"]
-    code, _, err = _run(["prereg", "create", "--fit", fit, "--results", table, *mapping, *hero, "--out", tmp_path / "lab.yaml"], capsys)
+    code, _, err = _run(
+        ["prereg", "create", "--fit", fit, "--results", table, *mapping, *hero, "--out", tmp_path / "lab.yaml"], capsys
+    )
     assert code == 0, err
     ours = fmt.read(llama["root"] / "preregistrations" / "hero-10x.yaml")["prediction"]["final"]
-    assert fmt.read(tmp_path / "lab.yaml")["prediction"]["final"]["law"]["loss"] == pytest.approx(ours["law"]["loss"], rel=1e-9)
+    assert fmt.read(tmp_path / "lab.yaml")["prediction"]["final"]["law"]["loss"] == pytest.approx(
+        ours["law"]["loss"], rel=1e-9
+    )
     # Without the mapping the table has no params column: exit 2 naming it and the flag, nothing written.
-    code, _, err = _run(["prereg", "create", "--fit", fit, "--results", table, *hero, "--out", tmp_path / "no.yaml"], capsys)
+    code, _, err = _run(
+        ["prereg", "create", "--fit", fit, "--results", table, *hero, "--out", tmp_path / "no.yaml"], capsys
+    )
     _refused(code, err, "lab.csv", "'params'", "--params-col")
     assert not (tmp_path / "no.yaml").exists() and not (tmp_path / "no.gates.json").exists()
     # A mapping to a column that is not there: exit 2 naming the column, nothing written.
-    code, _, err = _run(["prereg", "create", "--fit", fit, "--results", table, *mapping[:-1], "budget_flops", *hero,
-                         "--out", tmp_path / "no.yaml"], capsys)
+    code, _, err = _run(
+        [
+            "prereg",
+            "create",
+            "--fit",
+            fit,
+            "--results",
+            table,
+            *mapping[:-1],
+            "budget_flops",
+            *hero,
+            "--out",
+            tmp_path / "no.yaml",
+        ],
+        capsys,
+    )
     _refused(code, err, "'budget_flops'", "not found")
     assert not (tmp_path / "no.yaml").exists() and not (tmp_path / "no.gates.json").exists()
 
@@ -123,48 +192,90 @@ def test_a_weak_forecast_from_a_public_sweep_is_refused(tmp_path, capsys) -> Non
     """Marin's dclm sweep at 10x: VPNLS and the isoFLOP law, each at its calibrated centre, are 3.5% apart
     (their own points 6.9%): gate method_agreement refuses (exit 1); the not-applicable gates are no failure."""
     fit = tmp_path / "fit.json"
-    assert main(["fit", "vpnls", str(ISOFLOPS), "--query", DCLM, "--bootstrap", "40", "--workers", "1", "--out", str(fit)]) == 0
+    assert (
+        main(["fit", "vpnls", str(ISOFLOPS), "--query", DCLM, "--bootstrap", "40", "--workers", "1", "--out", str(fit)])
+        == 0
+    )
     out = tmp_path / "weak.yaml"
-    code, _, err = _run(["prereg", "create", "--fit", fit, "--results", ISOFLOPS, "--query", DCLM,
-                         "--hero-compute", str(10 * load_fit(fit).fitted_compute[1]), "--out", out], capsys)
+    code, _, err = _run(
+        [
+            "prereg",
+            "create",
+            "--fit",
+            fit,
+            "--results",
+            ISOFLOPS,
+            "--query",
+            DCLM,
+            "--hero-compute",
+            str(10 * load_fit(fit).fitted_compute[1]),
+            "--out",
+            out,
+        ],
+        capsys,
+    )
     assert code == 1 and not out.exists(), err
     report = json.loads(out.with_name("weak.gates.json").read_text())
     assert "method_agreement" in report["failed"] and not set(report["failed"]) & NOT_APPLICABLE
     assert set(report["not_applicable"]) == NOT_APPLICABLE
 
 
-@pytest.mark.parametrize("hero, names", [
-    (["--hero-tokens", "1e11"], ("--hero-params", "missing")),
-    (["--hero-params", "1e10"], ("--hero-tokens", "missing")),
-    (["--hero-params", "0", "--hero-tokens", "1e11"], ("--hero-params", "positive")),
-    (["--hero-params=-5e9", "--hero-tokens", "1e11"], ("--hero-params", "positive")),
-    (["--hero-params", "1e10", "--hero-tokens", "nan"], ("--hero-tokens", "positive")),
-    (["--hero-params", "ten", "--hero-tokens", "1e11"], ("--hero-params", "'ten'")),
-    (["--hero-params", "1e10", "--hero-tokens", "1e11", "--hero-flops", "-1"], ("--hero-flops", "positive")),
-    (["--hero-compute", "1e22", "--hero-params", "1e10"], ("--hero-params", "--hero-compute")),
-    (["--hero-compute", "0"], ("--hero-compute", "positive")),
-    ([], ("--hero HERO.yaml", "--hero-params N --hero-tokens D")),
-])
+@pytest.mark.parametrize(
+    "hero, names",
+    [
+        (["--hero-tokens", "1e11"], ("--hero-params", "missing")),
+        (["--hero-params", "1e10"], ("--hero-tokens", "missing")),
+        (["--hero-params", "0", "--hero-tokens", "1e11"], ("--hero-params", "positive")),
+        (["--hero-params=-5e9", "--hero-tokens", "1e11"], ("--hero-params", "positive")),
+        (["--hero-params", "1e10", "--hero-tokens", "nan"], ("--hero-tokens", "positive")),
+        (["--hero-params", "ten", "--hero-tokens", "1e11"], ("--hero-params", "'ten'")),
+        (["--hero-params", "1e10", "--hero-tokens", "1e11", "--hero-flops", "-1"], ("--hero-flops", "positive")),
+        (["--hero-compute", "1e22", "--hero-params", "1e10"], ("--hero-params", "--hero-compute")),
+        (["--hero-compute", "0"], ("--hero-compute", "positive")),
+        ([], ("--hero HERO.yaml", "--hero-params N --hero-tokens D")),
+    ],
+)
 def test_a_hero_with_n_or_d_missing_or_not_positive_is_refused(llama, tmp_path, capsys, hero, names) -> None:
     out = tmp_path / "bad.yaml"
-    code, _, err = _run(["prereg", "create", "--fit", llama["fit"], "--results", ISOFLOPS, "--query", LLAMA, *hero,
-                         "--out", out], capsys)
+    code, _, err = _run(
+        ["prereg", "create", "--fit", llama["fit"], "--results", ISOFLOPS, "--query", LLAMA, *hero, "--out", out],
+        capsys,
+    )
     _refused(code, err, *names)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_other_bad_input_is_refused_before_anything_is_written(llama, tmp_path, capsys) -> None:
     hero = ["--hero-params", "1e10", "--hero-tokens", "1e11"]
-    code, _, err = _run(["prereg", "create", "--fit", llama["fit"], "--query", LLAMA, *hero, "--out", tmp_path / "x.yaml"], capsys)
+    code, _, err = _run(
+        ["prereg", "create", "--fit", llama["fit"], "--query", LLAMA, *hero, "--out", tmp_path / "x.yaml"], capsys
+    )
     _refused(code, err, "--query", "--results")
     config = tmp_path / "hero.yaml"
     config.write_text("model: {d_model: 64, n_layers: 2, n_heads: 4}\n")
-    code, _, err = _run(["prereg", "create", "--fit", llama["fit"], "--hero", config, *hero, "--out", tmp_path / "x.yaml"], capsys)
+    code, _, err = _run(
+        ["prereg", "create", "--fit", llama["fit"], "--hero", config, *hero, "--out", tmp_path / "x.yaml"], capsys
+    )
     _refused(code, err, "--hero", "one way")
     frontier = tmp_path / "frontier.json"
     assert main(["fit", "frontier", str(ISOFLOPS), "--query", LLAMA, "--out", str(frontier)]) == 0
-    code, _, err = _run(["prereg", "create", "--fit", frontier, "--results", ISOFLOPS, "--query", LLAMA,
-                         "--hero-compute", "1e22", "--out", tmp_path / "x.yaml"], capsys)
+    code, _, err = _run(
+        [
+            "prereg",
+            "create",
+            "--fit",
+            frontier,
+            "--results",
+            ISOFLOPS,
+            "--query",
+            LLAMA,
+            "--hero-compute",
+            "1e22",
+            "--out",
+            tmp_path / "x.yaml",
+        ],
+        capsys,
+    )
     _refused(code, err, "--hero-compute", "no allocation")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["frontier.json", "hero.yaml"]
 
@@ -174,7 +285,9 @@ def test_not_applicable_is_recorded_and_never_a_pass() -> None:
     na = gt.not_applicable("rung_health", "t", "an external table")
     failed = gt.Gate("seeds", False, 1, "t", "one seed")
     assert gt.all_passed([judged, na]) and not gt.all_passed([judged, na, failed])
-    assert gt.failed_names([judged, na, failed]) == ["seeds"] and gt.not_applicable_names([judged, na]) == ["rung_health"]
+    assert gt.failed_names([judged, na, failed]) == ["seeds"] and gt.not_applicable_names([judged, na]) == [
+        "rung_health"
+    ]
     assert na.to_json()["applicable"] is False and na.to_json()["passed"] is False
     assert "applicable" not in judged.to_json()  # a judged gate's JSON is what it always was
     assert gt.Gate.from_json(na.to_json()) == na and gt.Gate.from_json(judged.to_json()) == judged
@@ -190,8 +303,24 @@ def test_a_delphi_ladder_keeps_judging_its_own_records(tmp_path, capsys) -> None
     ladder = ps.write_ladder(tmp_path / "ladder")
     fit = ps.write_fit(ladder, tmp_path / "fit.json")
     hero = ps.write_hero(tmp_path / "hero.yaml", ps.hero_config())
-    code, _, err = _run(["prereg", "create", "--fit", fit, "--hero", hero, "--ladder", ladder, "--out", tmp_path / "c.yaml",
-                         "--bootstrap", "0", "--force"], capsys)
+    code, _, err = _run(
+        [
+            "prereg",
+            "create",
+            "--fit",
+            fit,
+            "--hero",
+            hero,
+            "--ladder",
+            ladder,
+            "--out",
+            tmp_path / "c.yaml",
+            "--bootstrap",
+            "0",
+            "--force",
+        ],
+        capsys,
+    )
     assert code == 0, err
     doc = fmt.read(tmp_path / "c.yaml")
     assert all(g.get("applicable", True) for g in doc["gates"])
@@ -201,20 +330,41 @@ def test_a_delphi_ladder_keeps_judging_its_own_records(tmp_path, capsys) -> None
     m = doc["hero"]["config"]["model"]
     assert f"hero: N = {doc['hero']['params']:.4g}" in err and f"d_ff {m['d_ff']}" in err
     n, d = doc["hero"]["params"], doc["hero"]["tokens"]
-    code, _, err = _run(["prereg", "create", "--fit", fit, "--hero-params", str(n), "--hero-tokens", str(d), "--ladder", ladder,
-                         "--out", tmp_path / "nd.yaml", "--bootstrap", "0", "--force"], capsys)
+    code, _, err = _run(
+        [
+            "prereg",
+            "create",
+            "--fit",
+            fit,
+            "--hero-params",
+            str(n),
+            "--hero-tokens",
+            str(d),
+            "--ladder",
+            ladder,
+            "--out",
+            tmp_path / "nd.yaml",
+            "--bootstrap",
+            "0",
+            "--force",
+        ],
+        capsys,
+    )
     assert code == 0, err
     nd = fmt.read(tmp_path / "nd.yaml")
     assert all(g.get("applicable", True) for g in nd["gates"])
-    assert nd["prediction"]["final"]["loss"] == pytest.approx(final["loss"], rel=1e-9)  # the same law at the same N and D
+    assert nd["prediction"]["final"]["loss"] == pytest.approx(
+        final["loss"], rel=1e-9
+    )  # the same law at the same N and D
     assert yaml.safe_load((tmp_path / "nd.yaml").read_text())["hero"]["config"] is None
 
 
 def test_a_hero_given_as_n_and_d_cannot_pass_a_ladders_config_gates() -> None:
     """On a Delphi ladder's records the steps, batch and depth gates could have been judged from the
     hero's config: given as N and D they fail (not evaluated), and are never 'not applicable'."""
-    from delphi.prereg.hero import HeroSpec
     from test_gates import ladder_table
+
+    from delphi.prereg.hero import HeroSpec
 
     table = ladder_table()
     hero = HeroSpec(1e5, 2e6, 1.2e12, "--hero-params, --hero-tokens", "6ND")
@@ -224,4 +374,8 @@ def test_a_hero_given_as_n_and_d_cannot_pass_a_ladders_config_gates() -> None:
         assert gate.applicable and not gate.passed and "given as N and D" in gate.detail
     # The same table read as external: tokens per parameter judged, steps and batch named as not judged.
     external = gt.gate_hero_ranges(hero.facts(), gt.ladder_ranges(table), 0.01, external=True)
-    assert external.applicable and "tokens_per_param" in external.detail and "not judged: steps, batch_tokens" in external.detail
+    assert (
+        external.applicable
+        and "tokens_per_param" in external.detail
+        and "not judged: steps, batch_tokens" in external.detail
+    )

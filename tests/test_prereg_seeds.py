@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import prereg_synthetic as ps
 import pytest
 import yaml
 
-import prereg_synthetic as ps
 from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.prereg import format as fmt
@@ -27,12 +27,23 @@ def _stamp(seconds: float) -> str:
 
 
 def seal(path: Path, cfg, seeds, *, created: float | None = None, competing=None) -> Path:
-    final = {"loss": PREDICTED, "loss_50": [PREDICTED * 0.99, PREDICTED * 1.01], "loss_90": [PREDICTED * 0.97, PREDICTED * 1.03]}
-    doc = build_prereg(prereg_id=path.stem, hero_config=train_config_to_dict(cfg),
-                       hero_summary={"params": 1, "tokens": int(cfg.tokens), "flops": 1.0, "family": "dense"},
-                       final=final, trajectory=trajectory_from_final(final, cfg), provenance={}, tolerance_rel=0.01,
-                       created=_stamp(created if created is not None else time.time() - 60), seeds=seeds,
-                       competing=competing)
+    final = {
+        "loss": PREDICTED,
+        "loss_50": [PREDICTED * 0.99, PREDICTED * 1.01],
+        "loss_90": [PREDICTED * 0.97, PREDICTED * 1.03],
+    }
+    doc = build_prereg(
+        prereg_id=path.stem,
+        hero_config=train_config_to_dict(cfg),
+        hero_summary={"params": 1, "tokens": int(cfg.tokens), "flops": 1.0, "family": "dense"},
+        final=final,
+        trajectory=trajectory_from_final(final, cfg),
+        provenance={},
+        tolerance_rel=0.01,
+        created=_stamp(created if created is not None else time.time() - 60),
+        seeds=seeds,
+        competing=competing,
+    )
     fmt.write_new(path, doc)
     return path
 
@@ -93,12 +104,29 @@ def test_a_seed_started_before_the_seal_makes_the_outcome_invalid(tmp_path, hero
 
 
 def test_a_one_seed_seal_reads_exactly_as_before(tmp_path, hero):
-    one = build_prereg(prereg_id="x", hero_config=train_config_to_dict(hero), hero_summary={}, final={"loss": 1.0},
-                       trajectory={"points": []}, provenance={}, created="2026-01-01T00:00:00.000000Z",
-                       toolkit={"name": "delphi"}, author="a")
-    listed = build_prereg(prereg_id="x", hero_config=train_config_to_dict(hero), hero_summary={}, final={"loss": 1.0},
-                          trajectory={"points": []}, provenance={}, created="2026-01-01T00:00:00.000000Z",
-                          toolkit={"name": "delphi"}, author="a", seeds=[0])
+    one = build_prereg(
+        prereg_id="x",
+        hero_config=train_config_to_dict(hero),
+        hero_summary={},
+        final={"loss": 1.0},
+        trajectory={"points": []},
+        provenance={},
+        created="2026-01-01T00:00:00.000000Z",
+        toolkit={"name": "delphi"},
+        author="a",
+    )
+    listed = build_prereg(
+        prereg_id="x",
+        hero_config=train_config_to_dict(hero),
+        hero_summary={},
+        final={"loss": 1.0},
+        trajectory={"points": []},
+        provenance={},
+        created="2026-01-01T00:00:00.000000Z",
+        toolkit={"name": "delphi"},
+        author="a",
+        seeds=[0],
+    )
     assert one == listed
     assert "target" not in one and "competing" not in one["prediction"]
     prereg = seal(tmp_path / "one.yaml", hero, None)
@@ -107,12 +135,28 @@ def test_a_one_seed_seal_reads_exactly_as_before(tmp_path, hero):
 
 
 def test_the_outcome_records_the_mean_and_scores_every_sealed_law(tmp_path, hero):
-    competing = {"low": {"loss": PREDICTED * 0.95, "loss_90": [PREDICTED * 0.9, PREDICTED * 0.99]},
-                 "broken": {"error": "no prediction"}}
+    competing = {
+        "low": {"loss": PREDICTED * 0.95, "loss_90": [PREDICTED * 0.9, PREDICTED * 0.99]},
+        "broken": {"error": "no prediction"},
+    }
     prereg = seal(tmp_path / "laws.yaml", hero, [0, 1], competing=competing)
     runs = [seed_run(tmp_path, hero, 0, PREDICTED), seed_run(tmp_path, hero, 1, PREDICTED * 1.002)]
-    assert main(["prereg", "check", str(prereg), "--run", str(runs[0]), "--run", str(runs[1]),
-                 "--plot", str(tmp_path / "fig.png")]) == 0
+    assert (
+        main(
+            [
+                "prereg",
+                "check",
+                str(prereg),
+                "--run",
+                str(runs[0]),
+                "--run",
+                str(runs[1]),
+                "--plot",
+                str(tmp_path / "fig.png"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "fig.png").stat().st_size > 0
     result, _, _ = check(prereg, run_dirs=runs)
     outcome = json.loads(fmt.outcome_path(prereg).read_text())
@@ -150,7 +194,7 @@ def test_ensemble_is_the_geometric_mean_with_mean_relative_widths():
 
 
 def test_study_spec_refuses_bad_seeds_and_forced_gates_without_reason(tmp_path):
-    from delphi.study.spec import StudySpec, GatesSpec, HeroSpec
+    from delphi.study.spec import GatesSpec, HeroSpec, StudySpec
 
     with pytest.raises(DelphiError, match="hero.seeds"):
         StudySpec(hero=HeroSpec(seeds=(0, 0))).validate("s.yaml")
@@ -182,8 +226,18 @@ def test_an_edited_outcome_is_refused_by_verify_and_index(tmp_path, hero):
     assert not result["ok"] and any("verdict" in p for p in result["problems"])
     assert main(["prereg", "verify", str(prereg)]) == 1
     # Consistent with itself but not with the runs' own records: still refused.
-    path.write_text(json.dumps(outcome | {"verdict": "passed", "rel_error": 0.0, "actual_final_loss": PREDICTED,
-                                          "covered_50": True, "covered_90": True}))
+    path.write_text(
+        json.dumps(
+            outcome
+            | {
+                "verdict": "passed",
+                "rel_error": 0.0,
+                "actual_final_loss": PREDICTED,
+                "covered_50": True,
+                "covered_90": True,
+            }
+        )
+    )
     assert any("run's records" in p for p in verify(prereg)["problems"])
     assert main(["prereg", "index", str(tmp_path)]) == 0
     assert "invalid: the outcome disagrees with its records" in (tmp_path / "README.md").read_text()
@@ -198,9 +252,18 @@ def test_verify_anchors_the_seal_in_the_commit_that_added_it(tmp_path, hero):
     import subprocess
 
     def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
-                       env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                            "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+        subprocess.run(
+            ["git", "-C", str(tmp_path), *args],
+            check=True,
+            capture_output=True,
+            env={
+                "GIT_AUTHOR_NAME": "t",
+                "GIT_AUTHOR_EMAIL": "t@t",
+                "GIT_COMMITTER_NAME": "t",
+                "GIT_COMMITTER_EMAIL": "t@t",
+                "PATH": "/usr/bin:/bin",
+            },
+        )
 
     git("init", "-q")
     prereg = seal(tmp_path / "two.yaml", hero, [0, 1])
@@ -222,10 +285,16 @@ def test_a_study_trains_a_runs_seeds_side_by_side_and_checks_their_mean(store, t
     from delphi.train.config import DataConfig, OptimConfig, TrainConfig
     from delphi.train.rundir import read_metrics
 
-    cfg = TrainConfig(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=32)),
-                      data=DataConfig(store=str(store), seq_len=32, batch_size=8, seed=0),
-                      optim=OptimConfig(lr=1e-2, warmup_frac=0.1, decay_frac=0.3), steps=8, log_every=2, eval_every=4,
-                      eval_tokens=512, name="probe").validate()
+    cfg = TrainConfig(
+        model=ModelConfig(d_model=32, n_layers=1, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=32)),
+        data=DataConfig(store=str(store), seq_len=32, batch_size=8, seed=0),
+        optim=OptimConfig(lr=1e-2, warmup_frac=0.1, decay_frac=0.3),
+        steps=8,
+        log_every=2,
+        eval_every=4,
+        eval_tokens=512,
+        name="probe",
+    ).validate()
     config = tmp_path / "probe.yaml"
     config.write_text(yaml.safe_dump(train_config_to_dict(cfg), sort_keys=False))
     prereg = seal(tmp_path / "probe.prereg.yaml", cfg, [0, 1])
@@ -233,11 +302,14 @@ def test_a_study_trains_a_runs_seeds_side_by_side_and_checks_their_mean(store, t
     assert [r.name for _, r in runs] == ["probe", "probe_s1"] and runs[0][0] == config
     member = yaml.safe_load(runs[1][0].read_text())
     assert member["seed"] == 1 and member["data"]["seed"] == 1
-    assert {k: v for k, v in member.items() if k not in ("seed", "data", "name")} == \
-           {k: v for k, v in train_config_to_dict(replace(cfg)).items() if k not in ("seed", "data", "name")}
+    assert {k: v for k, v in member.items() if k not in ("seed", "data", "name")} == {
+        k: v for k, v in train_config_to_dict(replace(cfg)).items() if k not in ("seed", "data", "name")
+    }
     summaries = train_seeds(runs, prereg, "probe")
     assert [s["status"] for s in summaries] == ["completed", "completed"]
-    assert read_metrics(runs[0][1])[-1]["train_loss"] != read_metrics(runs[1][1])[-1]["train_loss"]  # two seeds, two runs
+    assert (
+        read_metrics(runs[0][1])[-1]["train_loss"] != read_metrics(runs[1][1])[-1]["train_loss"]
+    )  # two seeds, two runs
     result, _, _ = check(prereg, run_dirs=[r for _, r in runs], record=False)
     assert result["verdict"] in ("passed", "failed") and len(result["seeds"]) == 2
     mean = sum(s["val_loss"] for s in summaries) / 2
@@ -253,7 +325,15 @@ def test_the_eta_of_a_resumed_run_ignores_the_hours_it_stood_stopped(tmp_path):
 
     run = tmp_path / "hero"
     run.mkdir()
-    rows = [{"step": s, "time": 1000.0 + s + (3600.0 if s > 100 else 0.0), "wall_s": float(s), "train_loss": 1.0,
-             "tokens_per_s": 10.0} for s in range(0, 201, 20)]
+    rows = [
+        {
+            "step": s,
+            "time": 1000.0 + s + (3600.0 if s > 100 else 0.0),
+            "wall_s": float(s),
+            "train_loss": 1.0,
+            "tokens_per_s": 10.0,
+        }
+        for s in range(0, 201, 20)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert _progress(run, 400) == "hero step 200/400, loss 1.0000, 10 tok/s, ETA 3 min"  # 200 steps left at 1 step/s

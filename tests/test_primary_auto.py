@@ -28,8 +28,14 @@ def _auto_study(tmp_path: Path, fits: list[str]) -> Study:
     (tmp_path / "ladder.yaml").write_text(yaml.safe_dump(pinned["ladder"]))
     for name in ("results.csv", "results.csv.family.json"):
         shutil.copy(ARCHIVED / name, tmp_path / name)
-    raw = {"name": "auto", "fits": fits, "primary_fit": "auto", "bootstrap": 0, "conventions": ["nonembedding"],
-           "hero": {"compute_multiple": 3.0, "rehearsal_multiple": 2.0}}
+    raw = {
+        "name": "auto",
+        "fits": fits,
+        "primary_fit": "auto",
+        "bootstrap": 0,
+        "conventions": ["nonembedding"],
+        "hero": {"compute_multiple": 3.0, "rehearsal_multiple": 2.0},
+    }
     spec = from_dict(StudySpec, raw, "auto.yaml").validate("auto.yaml")
     return Study(tmp_path, spec, tmp_path / "ladder.yaml")
 
@@ -50,14 +56,20 @@ def test_auto_resolves_to_choose_methods_answer_once_and_a_resumed_study_reads_i
     with pytest.raises(DelphiError, match="primary_fit: auto is resolved by the fit stage"):
         study.primary_fit  # noqa: B018 -- nothing reads an unresolved law
     result = stage_fit(study)
-    expected = cal.choose_method(cal.table_features(load_table(study, "nonembedding")), cal.load_calibration(),
-                                 ["isoflop", "parametric"])
+    expected = cal.choose_method(
+        cal.table_features(load_table(study, "nonembedding")), cal.load_calibration(), ["isoflop", "parametric"]
+    )
     assert result["primary_fit"] == expected["method"] and expected["method"] in ("isoflop", "parametric")
-    assert result["primary_choice"]["table"] == expected["table"] and result["primary_choice"]["candidates"] == ["isoflop", "parametric"]
+    assert result["primary_choice"]["table"] == expected["table"] and result["primary_choice"]["candidates"] == [
+        "isoflop",
+        "parametric",
+    ]
     assert result["primary_choice"]["calibration"]["sha256"] == cal.load_calibration()["sha256"]
     assert json.loads(study.conventions.read_text())["primary_fit"] == expected["method"]
     assert study.fit_path(expected["method"]).is_file()
-    atomic_write_json(study.marker("fit"), {"stage": "fit", "seconds": 0.0, "result": result})  # as run_study records it
+    atomic_write_json(
+        study.marker("fit"), {"stage": "fit", "seconds": 0.0, "result": result}
+    )  # as run_study records it
 
     # A resumed study (a new Study on the same dir) reads the recorded law and never chooses again.
     monkeypatch.setattr(cal, "choose_primary", lambda *a, **k: pytest.fail("a resumed study chose again"))
@@ -84,8 +96,10 @@ def test_an_explicit_primary_fit_is_the_specs_and_reads_no_stage(tmp_path):
     assert primary_choice_sentence(study) == "" and _primary_choice_section(study) == []
 
 
-@pytest.mark.parametrize("bad", [{"primary_fit": "bogus"}, {"primary_fit": "frontier"},
-                                 {"primary_fit": "auto", "fits": ["frontier", "envelope"]}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"primary_fit": "bogus"}, {"primary_fit": "frontier"}, {"primary_fit": "auto", "fits": ["frontier", "envelope"]}],
+)
 def test_a_bad_primary_fit_exits_2_naming_the_key(tmp_path, capsys, bad):
     raw = {"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml")} | bad
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
@@ -95,6 +109,14 @@ def test_a_bad_primary_fit_exits_2_naming_the_key(tmp_path, capsys, bad):
 
 
 def test_auto_validates_with_a_hero_sizing_law_among_fits(tmp_path):
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"),
-                                                     "fits": ["isoflop", "frontier"], "primary_fit": "auto"}))
+    (tmp_path / "s.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "x",
+                "ladder": str(REPO / "studies" / "ladder_tiny.yaml"),
+                "fits": ["isoflop", "frontier"],
+                "primary_fit": "auto",
+            }
+        )
+    )
     assert load_study(tmp_path / "s.yaml")[0].primary_fit == "auto"

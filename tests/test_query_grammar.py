@@ -35,13 +35,21 @@ def table() -> pd.DataFrame:
 def no_code_runs(monkeypatch):
     """pandas' evaluators, os.system and subprocesses fail the test if a query reaches them (eval
     and exec are ruled out for the whole package by `test_no_module_evaluates_text`)."""
+
     def refuse(name):
         def call(*args, **kwargs):
             raise AssertionError(f"a query reached {name}")
+
         return call
 
-    for owner, name in [(pd, "eval"), (pd.DataFrame, "query"), (pd.DataFrame, "eval"), (os, "system"),
-                        (os, "popen"), (subprocess, "Popen")]:
+    for owner, name in [
+        (pd, "eval"),
+        (pd.DataFrame, "query"),
+        (pd.DataFrame, "eval"),
+        (os, "system"),
+        (os, "popen"),
+        (subprocess, "Popen"),
+    ]:
         monkeypatch.setattr(owner, name, refuse(f"{getattr(owner, '__name__', owner)}.{name}"))
 
 
@@ -53,8 +61,9 @@ def test_no_module_evaluates_text():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call):
                 f = node.func
-                if (isinstance(f, ast.Name) and f.id in ("eval", "exec", "compile", "__import__")) or \
-                        (isinstance(f, ast.Attribute) and f.attr in ("query", "eval")):
+                if (isinstance(f, ast.Name) and f.id in ("eval", "exec", "compile", "__import__")) or (
+                    isinstance(f, ast.Attribute) and f.attr in ("query", "eval")
+                ):
                     calls.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert calls == []
 
@@ -74,10 +83,12 @@ LEGITIMATE = {  # expression -> the same selection written by hand
     "`loss` < 3": lambda t: t.loss < 3,
     "outlier == True": lambda t: t.outlier,
     "outlier != False and loss <= 2.5": lambda t: t.outlier & (t.loss <= 2.5),
-    "params > 1e9 or tokens <= 5e9 and source == 'misfitting'":
-        lambda t: (t.params > 1e9) | ((t.tokens <= 5e9) & (t.source == "misfitting")),
-    "(source == 'llama_3') and (reason == 'off_center' or reason == 'spline_outlier')":
-        lambda t: (t.source == "llama_3") & t.reason.isin(["off_center", "spline_outlier"]),
+    "params > 1e9 or tokens <= 5e9 and source == 'misfitting'": lambda t: (
+        (t.params > 1e9) | ((t.tokens <= 5e9) & (t.source == "misfitting"))
+    ),
+    "(source == 'llama_3') and (reason == 'off_center' or reason == 'spline_outlier')": lambda t: (
+        (t.source == "llama_3") & t.reason.isin(["off_center", "spline_outlier"])
+    ),
     "not not outlier": lambda t: t.outlier,
     "loss < .5e1 and loss > 2.": lambda t: (t.loss < 5) & (t.loss > 2),
 }
@@ -153,7 +164,7 @@ HOSTILE = [
     "f'{{source}}' == 'x'",
     "rf'x' == source",
     "b'x' == source",
-    "source == f'{{__import__(\"os\").system(\"touch {marker}\")}}'",
+    'source == f\'{{__import__("os").system("touch {marker}")}}\'',
     "source == 'unterminated",
     "`unterminated == 1",
     "loss & outlier",
@@ -201,24 +212,29 @@ def test_a_hostile_query_is_an_error_and_runs_nothing(template, table, tmp_path,
     assert not marker.exists() and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("expr, token, position", [
-    ("@pd.io.common.os.system('touch x')", "'@'", 1),
-    ("__import__('os')", "'__import__'", 1),
-    ("a.b", "'.'", 2),
-    ("loss > 1; import os", "';'", 9),
-    ("len(source)", "'('", 4),
-    ("source[0]", "'['", 7),
-    ("lambda: 1", "'lambda'", 1),
-    ("source == 'a\\b'", "'\\\\'", 13),
-    ("f'x' == source", "'f'", 1),
-    ("loss & outlier", "'&'", 6),
-])
+@pytest.mark.parametrize(
+    "expr, token, position",
+    [
+        ("@pd.io.common.os.system('touch x')", "'@'", 1),
+        ("__import__('os')", "'__import__'", 1),
+        ("a.b", "'.'", 2),
+        ("loss > 1; import os", "';'", 9),
+        ("len(source)", "'('", 4),
+        ("source[0]", "'['", 7),
+        ("lambda: 1", "'lambda'", 1),
+        ("source == 'a\\b'", "'\\\\'", 13),
+        ("f'x' == source", "'f'", 1),
+        ("loss & outlier", "'&'", 6),
+    ],
+)
 def test_the_error_names_the_expression_the_token_and_its_position(expr, token, position):
     with pytest.raises(DelphiError) as e:
         parse(expr)
     message = str(e.value)
     assert repr(expr) in message, message
-    assert f"{token} at character {position} of query" in message or f"got {token} at character {position}" in message, message
+    assert (
+        f"{token} at character {position} of query" in message or f"got {token} at character {position}" in message
+    ), message
 
 
 def test_an_unknown_column_is_named_with_the_columns_the_table_has(table):
@@ -243,11 +259,16 @@ def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-@pytest.mark.parametrize("command", [
-    ["fit", "isoflop", ISOFLOPS, "--out", "fit.json"],
-    ["fit", "backtest", ISOFLOPS, "--beyond", "--no-calibration", "--source-col", "source", "--out", "beyond.json"],
-])
-def test_the_cli_refuses_a_hostile_query_with_exit_2_and_writes_nothing(command, tmp_path, monkeypatch, capsys, no_code_runs):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["fit", "isoflop", ISOFLOPS, "--out", "fit.json"],
+        ["fit", "backtest", ISOFLOPS, "--beyond", "--no-calibration", "--source-col", "source", "--out", "beyond.json"],
+    ],
+)
+def test_the_cli_refuses_a_hostile_query_with_exit_2_and_writes_nothing(
+    command, tmp_path, monkeypatch, capsys, no_code_runs
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "keep.txt").write_text("x")
     before = _tree(tmp_path)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from micro_ladder import micro_ladder
 
 from delphi.cli import main as cli_main
 from delphi.ladder.collect import collect_ladder
 from delphi.ladder.plan import read_manifest
-from micro_ladder import micro_ladder
 
 ATTEMPT_HEADER = "--- ray attempt on "
 # Generous waits: on a loaded 2-core machine (a study beside the tests) Ray took over 3 minutes to
@@ -30,8 +30,11 @@ def _attempt_pids(log: Path) -> list[int]:
     """PIDs of the Ray workers that ran this rung, one per attempt, from the rung's log."""
     if not log.is_file():
         return []
-    return [int(line.split(" pid ")[1].split()[0]) for line in log.read_text().splitlines()
-            if line.startswith(ATTEMPT_HEADER)]
+    return [
+        int(line.split(" pid ")[1].split()[0])
+        for line in log.read_text().splitlines()
+        if line.startswith(ATTEMPT_HEADER)
+    ]
 
 
 def _parent_pid(pid: int) -> int | None:
@@ -67,7 +70,9 @@ def _kill_our_ray_worker(pid: int, lock_file: Path) -> None:
         assert lock_file.read_text().strip() == str(pid), "the lock file names another process"
         assert me in _ancestors(pid), f"refusing to kill {pid}: not started by this test's Ray instance"
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        assert "default_worker.py" in cmdline or cmdline.startswith("ray::"), f"{pid} is not a Ray worker: {cmdline[:200]}"
+        assert "default_worker.py" in cmdline or cmdline.startswith("ray::"), (
+            f"{pid} is not a Ray worker: {cmdline[:200]}"
+        )
         if pidfd is not None:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         else:
@@ -117,8 +122,9 @@ def test_ray_ladder_survives_a_killed_worker(tmp_path, monkeypatch, capsys):
 
         def drive() -> None:
             try:
-                outcome["result"] = run_ray_ladder(ladder, cpus_per_rung=1, retries=0, worker_retries=2,
-                                                   progress_every_s=2.0)
+                outcome["result"] = run_ray_ladder(
+                    ladder, cpus_per_rung=1, retries=0, worker_retries=2, progress_every_s=2.0
+                )
             except BaseException as e:  # surfaced in the main thread below
                 outcome["error"] = e
 
@@ -127,13 +133,25 @@ def test_ray_ladder_survives_a_killed_worker(tmp_path, monkeypatch, capsys):
         try:
             # Kill the victim's worker process once its trainer has started writing the run dir. retries=0:
             # only Ray's own resubmission after a worker death (max_retries) can bring the rung back.
-            _wait_for(lambda: _attempt_pids(ladder / "logs" / f"{victim_id}.log") and (victim_dir / "status.json").is_file(),
-                      RAY_WAIT_S, f"the first attempt of {victim_id}", driver)
+            _wait_for(
+                lambda: _attempt_pids(ladder / "logs" / f"{victim_id}.log") and (victim_dir / "status.json").is_file(),
+                RAY_WAIT_S,
+                f"the first attempt of {victim_id}",
+                driver,
+            )
             killed = _attempt_pids(ladder / "logs" / f"{victim_id}.log")[0]
             _kill_our_ray_worker(killed, ladder / "locks" / f"{victim_id}.lock")
             # The held rung was tried and turned away, never started.
-            _wait_for(lambda: "locked by another process" in (ladder / "logs" / f"{held_id}.log").read_text()
-                      if (ladder / "logs" / f"{held_id}.log").is_file() else False, RAY_WAIT_S, f"{held_id} to be turned away", driver)
+            _wait_for(
+                lambda: (
+                    "locked by another process" in (ladder / "logs" / f"{held_id}.log").read_text()
+                    if (ladder / "logs" / f"{held_id}.log").is_file()
+                    else False
+                ),
+                RAY_WAIT_S,
+                f"{held_id} to be turned away",
+                driver,
+            )
             assert not (ladder / "runs" / held_id / "status.json").exists()
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
@@ -152,7 +170,10 @@ def test_ray_ladder_survives_a_killed_worker(tmp_path, monkeypatch, capsys):
         held_log = (ladder / "logs" / f"{held_id}.log").read_text()
         assert held_log.count('"status": "completed"') == 1
         for run_id in (victim_id, held_id):
-            steps = [json.loads(line)["step"] for line in (ladder / "runs" / run_id / "metrics.jsonl").read_text().splitlines()]
+            steps = [
+                json.loads(line)["step"]
+                for line in (ladder / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
+            ]
             cfg_steps = yaml.safe_load((ladder / "configs" / f"{run_id}.yaml").read_text())["steps"]
             assert steps == sorted(set(steps)) and steps[-1] == cfg_steps  # one consistent run, no repeated steps
 

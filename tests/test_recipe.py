@@ -13,13 +13,38 @@ import yaml
 
 from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
-from delphi.ladder.plan import (expected_depths, expected_optimum, hero_ranges, make_rung, plan_hero, plan_ladder,
-                                recipe_run, rung_tokens, shape_for_width, write_ladder)
-from delphi.ladder.recipe import (RecipeConstant, RecipeSpec, caps_hit, hyperparams_at, recipe_batch_seqs,
-                                  recipe_for_tokens, rule_batch_seqs, trainer_has_optimizer_choice,
-                                  unsourced_constants)
-from delphi.ladder.recipe_check import (PLAN_FILE, RUNS_DIR, analyse, check_summary, gate_problems, plan_check,
-                                        planned_hero, write_check)
+from delphi.ladder.plan import (
+    expected_depths,
+    expected_optimum,
+    hero_ranges,
+    make_rung,
+    plan_hero,
+    plan_ladder,
+    recipe_run,
+    rung_tokens,
+    write_ladder,
+)
+from delphi.ladder.recipe import (
+    RecipeConstant,
+    RecipeSpec,
+    caps_hit,
+    hyperparams_at,
+    recipe_batch_seqs,
+    recipe_for_tokens,
+    rule_batch_seqs,
+    trainer_has_optimizer_choice,
+    unsourced_constants,
+)
+from delphi.ladder.recipe_check import (
+    PLAN_FILE,
+    RUNS_DIR,
+    analyse,
+    check_summary,
+    gate_problems,
+    plan_check,
+    planned_hero,
+    write_check,
+)
 from delphi.ladder.spec import ladder_spec_from_dict, load_ladder_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +75,9 @@ def _v8(tmp_path: Path | None = None, **recipe_changes) -> tuple:
 
 
 def _recipe(**changes) -> RecipeSpec:
-    return dataclasses.replace(RecipeSpec(), **{k: RecipeConstant(v) if isinstance(v, (int, float)) else v
-                                                for k, v in changes.items()})
+    return dataclasses.replace(
+        RecipeSpec(), **{k: RecipeConstant(v) if isinstance(v, (int, float)) else v for k, v in changes.items()}
+    )
 
 
 # ---- the forms ----------------------------------------------------------------------------------
@@ -122,7 +148,6 @@ def test_lr_adam_lr_and_eps_scale_with_batch_and_horizon():
     assert (at_ref.lr, at_ref.adam_lr, at_ref.eps) == pytest.approx((r.lr.value, r.adam_lr.value, r.eps.value))
 
 
-
 def test_width_term_scales_the_projection_lr_only_and_needs_the_width():
     flat = _recipe(lr_max=1.0, adam_lr_max=1.0)
     assert hyperparams_at(flat, 8, SEQ, 4e6).lr_width_factor == 1.0  # Marin's forms: no width needed
@@ -131,8 +156,7 @@ def test_width_term_scales_the_projection_lr_only_and_needs_the_width():
     wide = hyperparams_at(r, 8, SEQ, 4e6, d_model=256)
     assert wide.lr / narrow.lr == pytest.approx(0.5) and wide.lr_width_factor == pytest.approx(0.5)
     assert (wide.adam_lr, wide.eps, wide.beta2) == (narrow.adam_lr, narrow.eps, narrow.beta2)
-    assert recipe_for_tokens(r, 4e6, SEQ, d_model=256).lr == pytest.approx(
-        recipe_for_tokens(flat, 4e6, SEQ).lr * 0.5)
+    assert recipe_for_tokens(r, 4e6, SEQ, d_model=256).lr == pytest.approx(recipe_for_tokens(flat, 4e6, SEQ).lr * 0.5)
     with pytest.raises(DelphiError, match="width_exponent"):
         hyperparams_at(r, 8, SEQ, 4e6)
 
@@ -202,8 +226,14 @@ def _assert_recipe_run(spec, rung, tokens_target: float) -> None:
     assert rung.batch_size == seqs, rung.run_id
     hp = recipe_for_tokens(spec.recipe, rung.tokens, spec.seq_len, batch_seqs=seqs, d_model=d_model)
     o = rung.train.optim
-    assert (o.lr, o.beta2, o.eps, o.weight_decay, o.grad_clip) == pytest.approx((hp.lr, hp.beta2, hp.eps, hp.weight_decay, hp.grad_clip))
-    assert (o.schedule, o.warmup_frac, o.decay_frac) == (spec.recipe.schedule, spec.recipe.warmup_frac.value, spec.recipe.decay_frac.value)
+    assert (o.lr, o.beta2, o.eps, o.weight_decay, o.grad_clip) == pytest.approx(
+        (hp.lr, hp.beta2, hp.eps, hp.weight_decay, hp.grad_clip)
+    )
+    assert (o.schedule, o.warmup_frac, o.decay_frac) == (
+        spec.recipe.schedule,
+        spec.recipe.warmup_frac.value,
+        spec.recipe.decay_frac.value,
+    )
     if trainer_has_optimizer_choice():
         assert o.optimizer == spec.recipe.optimizer
     assert rung.hp.recipe is not None and rung.hp.recipe.halvings == halvings
@@ -299,11 +329,17 @@ def test_recipe_check_plan_only_cli(tmp_path, capsys):
     assert cli_main(["ladder", "recipe-check", str(path), "--out", str(out), "--plan-only", "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
-    assert result["compute_ratio"] > result["max_compute_ratio"] and (out / PLAN_FILE).is_file() and (out / "manifest.csv").is_file()
+    assert (
+        result["compute_ratio"] > result["max_compute_ratio"]
+        and (out / PLAN_FILE).is_file()
+        and (out / "manifest.csv").is_file()
+    )
     assert "warning: the check costs 40.0% of the study, above 20%" in captured.err
     # the written ladder.yaml holds no key the recipe owns, and reads back as the same spec
     written = yaml.safe_load((out / "ladder.yaml").read_text())
-    assert "lr" not in written["base"] and "rule" not in written["batch"] and "horizon_exponent" not in written["transfer"]
+    assert (
+        "lr" not in written["base"] and "rule" not in written["batch"] and "horizon_exponent" not in written["transfer"]
+    )
     assert load_ladder_spec(out / "ladder.yaml") == load_ladder_spec(path)
     # a rerun of the same check is a no-op (resumable)
     manifest = (out / "manifest.csv").read_text()
@@ -346,7 +382,9 @@ def test_recipe_check_analysis_finds_the_optimum_and_the_loss_lost(tmp_path):
     others = [p for p in report["points"] if p is not long_point and p["swept"] == "lr"]
     assert all(abs(p["lost_frac"]) < 1e-9 for p in others)
     assert all(abs(p["lost_frac"]) < 1e-9 for p in report["points"] if p["kind"] == "batch")
-    assert report["drift"]["c"] > 0 and report["recipe_suggested"]["horizon_exponent"] < spec.recipe.horizon_exponent.value
+    assert (
+        report["drift"]["c"] > 0 and report["recipe_suggested"]["horizon_exponent"] < spec.recipe.horizon_exponent.value
+    )
     from delphi.ladder.recipe_check import RUNS_CSV, save_report
 
     save_report(report, tmp_path)
@@ -354,7 +392,6 @@ def test_recipe_check_analysis_finds_the_optimum_and_the_loss_lost(tmp_path):
     assert len(rows) == 1 + len(plan["check_runs"]) and rows[0].startswith("run_id,kind,point")
     problems, _, worst = gate_problems(report, report["hero"])
     assert worst == pytest.approx(0.02 / 1.5, rel=1e-6) and any("loses 1.33%" in p for p in problems)
-
 
 
 def test_recipe_check_gate_reads_the_curve_not_one_unlucky_seed(tmp_path):
@@ -384,6 +421,7 @@ def test_recipe_check_gate_reads_the_curve_not_one_unlucky_seed(tmp_path):
     problems, _, _ = gate_problems(report)
     assert len(problems) == 1 and edge["point"] in problems[0] and "(observed;" in problems[0]
 
+
 def test_paper_v8_spans_and_sizes():
     """Issue 29's ladder span and held-out runs, one batch rule throughout, on the 2-core budget."""
     from delphi.ladder.recipe_check import estimate_wall_s
@@ -410,4 +448,7 @@ def test_study_recipe_check_path_is_resolved_against_the_study_file(tmp_path):
         study_report_path(tmp_path / "study.yaml", "check/recipe_check.json")
     (tmp_path / "check").mkdir()
     (tmp_path / "check" / "recipe_check.json").write_text("{}")
-    assert study_report_path(tmp_path / "study.yaml", "check/recipe_check.json") == (tmp_path / "check" / "recipe_check.json").resolve()
+    assert (
+        study_report_path(tmp_path / "study.yaml", "check/recipe_check.json")
+        == (tmp_path / "check" / "recipe_check.json").resolve()
+    )

@@ -14,9 +14,20 @@ import pytest
 import yaml
 
 from delphi.cli import main as cli_main
-from delphi.ladder.recipe_check import (BATCH_PRIOR_MATCH, PLAN_FILE, RUN_IDENTITY_KEYS, RUNS_CSV, RUNS_DIR, analyse,
-                                        load_priors, plan_check, reuse_identity, save_report, write_check)
 from delphi.errors import DelphiError
+from delphi.ladder.recipe_check import (
+    BATCH_PRIOR_MATCH,
+    PLAN_FILE,
+    RUN_IDENTITY_KEYS,
+    RUNS_CSV,
+    RUNS_DIR,
+    analyse,
+    load_priors,
+    plan_check,
+    reuse_identity,
+    save_report,
+    write_check,
+)
 from delphi.ladder.spec import ladder_spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +38,13 @@ LOSS_OPT = 1.5
 
 # The recipe these tests were designed on (the first check's constants), pinned so that a retune of
 # the live spec (its batch halvings at lr_max move which points can reuse a prior) cannot move them.
-FIRST_CHECK_RECIPE = {"lr": 2.68e-3, "horizon_exponent": 0.3, "width_exponent": 0.0, "lr_max": 0.01, "target_steps": 4096}
+FIRST_CHECK_RECIPE = {
+    "lr": 2.68e-3,
+    "horizon_exponent": 0.3,
+    "width_exponent": 0.0,
+    "lr_max": 0.01,
+    "target_steps": 4096,
+}
 FIRST_CHECK_HORIZONS = [3.2e5, 1.9e6, 1.1e7, 6.0e7]  # and its points (the live spec has gained two since)
 FIRST_LADDER = {"budgets": [3.0e11, 7.2e11, 1.7e12, 4.2e12, 1.0e13]}  # and its ladder (the live one grew two below)
 
@@ -103,7 +120,6 @@ def test_identity_leaves_out_the_trainers_maths_free_keys():
 
 def test_retuned_by_2x_trains_the_recipes_seeds_and_the_new_4x_only(prior_check, tmp_path):
     spec, _ = _spec_file(tmp_path, "new", lr_factor=2.0)
-    c = spec.recipe.check
     out = tmp_path / "check_new"
     rungs, runs, summary = write_check(spec, out, [str(prior_check)])
     points = {r.point for r in runs if r.kind != "batch"}
@@ -164,8 +180,9 @@ def test_a_retune_off_the_octaves_reuses_the_nearest_priors(prior_check, tmp_pat
     out = tmp_path / "check_new"
     _, runs, _ = write_check(spec, out, [str(prior_check)])
     for point in {r.point for r in runs if r.kind != "batch"}:
-        trained = sorted((r.lr_multiplier, r.seed) for r in runs
-                         if r.point == point and not r.source and r.kind != "batch")
+        trained = sorted(
+            (r.lr_multiplier, r.seed) for r in runs if r.point == point and not r.source and r.kind != "batch"
+        )
         assert trained == [(1.0, 0), (1.0, 1), (4.0, 0)], point
         reused = sorted(r.lr_multiplier for r in runs if r.point == point and r.source)
         assert reused == pytest.approx([1 / 6, 1 / 3, 2 / 3, 2 / 3, 4 / 3, 8 / 3], rel=1e-9)
@@ -222,14 +239,41 @@ def test_a_prior_that_is_no_check_of_this_spec_is_exit_2(prior_check, tmp_path, 
     data["run"]["eval_tokens"] = 65536
     another = ladder_spec_from_dict(data)
     write_check(another, tmp_path / "check_another")
-    assert cli_main(["ladder", "recipe-check", str(path), "--out", str(out), "--prior", str(tmp_path / "check_another"),
-                     "--plan-only"]) == 2
+    assert (
+        cli_main(
+            [
+                "ladder",
+                "recipe-check",
+                str(path),
+                "--out",
+                str(out),
+                "--prior",
+                str(tmp_path / "check_another"),
+                "--plan-only",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert f"--prior {tmp_path / 'check_another'}:" in err and "run.eval_tokens" in err and len(err.splitlines()) == 1
     assert not out.exists()
     # the CLI with a good prior: plans 25 runs and names what it reuses
-    assert cli_main(["ladder", "recipe-check", str(path), "--out", str(out), "--prior", str(prior_check), "--plan-only",
-                     "--json"]) == 0
+    assert (
+        cli_main(
+            [
+                "ladder",
+                "recipe-check",
+                str(path),
+                "--out",
+                str(out),
+                "--prior",
+                str(prior_check),
+                "--plan-only",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["runs"] == 25 and result["reused_runs"] == 42
 
@@ -239,9 +283,18 @@ def test_a_ladder_that_grows_a_budget_keeps_its_checks(prior_check, tmp_path):
     ladder grew two budgets below it after its checks ran (docs/notebook.md §8.20), and kept them."""
     old = yaml.safe_load((prior_check / "ladder.yaml").read_text())
     live = yaml.safe_load(V8.read_text())
-    check = {**old["recipe"]["check"], "horizons": [3.7e4, *old["recipe"]["check"]["horizons"]]}  # down to its new rungs
-    grown = ladder_spec_from_dict({**old, "budgets": live["budgets"], "recipe": {**old["recipe"], "check": check},
-                                   "isoflop": {**old["isoflop"], "center_at": live["isoflop"]["center_at"]}})
+    check = {
+        **old["recipe"]["check"],
+        "horizons": [3.7e4, *old["recipe"]["check"]["horizons"]],
+    }  # down to its new rungs
+    grown = ladder_spec_from_dict(
+        {
+            **old,
+            "budgets": live["budgets"],
+            "recipe": {**old["recipe"], "check": check},
+            "isoflop": {**old["isoflop"], "center_at": live["isoflop"]["center_at"]},
+        }
+    )
     _, runs, summary = write_check(grown, tmp_path / "as_prior", priors=[prior_check])
     assert summary["reused_runs"] > 0 and {r.source for r in runs if r.source} == {str(prior_check)}
     in_place = tmp_path / "in_place"

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from micro_ladder import micro_ladder
 
 from delphi.errors import DelphiError
-from delphi.ladder.plan import cell_id_of, read_manifest
 from delphi.ladder.driver import Rung, placement_order
+from delphi.ladder.plan import cell_id_of, read_manifest
 from delphi.ladder.runner import WORKER_LOG_PREFIX, core_slots, default_workers, run_ladder
-
-from micro_ladder import micro_ladder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,8 +63,12 @@ def test_a_second_seed_reuses_the_first_seeds_compiled_program(tmp_path, worker_
 
 def test_ray_executor_uses_only_public_runner_names():
     tree = ast.parse((ROOT / "delphi" / "ladder" / "ray_executor.py").read_text())
-    imported = [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module in ("delphi.ladder.runner", "delphi.ladder.driver") for a in node.names]
+    imported = [
+        a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module in ("delphi.ladder.runner", "delphi.ladder.driver")
+        for a in node.names
+    ]
     assert imported and not [name for name in imported if name.startswith("_")]
 
 
@@ -184,7 +187,8 @@ def test_seeds_of_a_cell_train_as_one_group_with_the_same_results_as_alone(tmp_p
     by_cell = {}
     for row in rows:
         by_cell.setdefault(cell_id_of(row["run_id"]), []).append(
-            json.loads((grouped / "runs" / row["run_id"] / "summary.json").read_text())["val_loss"])
+            json.loads((grouped / "runs" / row["run_id"] / "summary.json").read_text())["val_loss"]
+        )
     assert all(len(set(losses)) == 2 for losses in by_cell.values())
     capsys.readouterr()
     assert main(["ladder", "collect", str(grouped), "--out", str(tmp_path / "results.csv")]) in (0, None)
@@ -240,6 +244,8 @@ def test_compilation_cache_writes_programs_in_a_plain_install(tmp_path):
         "jax.jit(lambda x: jnp.tanh(x @ x.T))(jnp.ones((8, 8))).block_until_ready()\n"
     )
     env = {**os.environ, "DELPHI_JAX_CACHE": str(tmp_path / "jax")}
-    done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", script], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", script], env=env, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     assert any(p.name.endswith("-cache") for p in (tmp_path / "jax").iterdir())

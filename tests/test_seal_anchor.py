@@ -10,22 +10,25 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
+import prereg_synthetic as ps
 import pytest
 import yaml
+from test_prereg_seeds import PREDICTED, seal, seed_run
 
 from delphi.cli import main
 from delphi.prereg import format as fmt
 from delphi.prereg.check import check, verify
-from test_prereg_seeds import PREDICTED, seal, seed_run
-
-import prereg_synthetic as ps
 
 REPO = Path(__file__).resolve().parents[1]
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "PATH": "/usr/bin:/bin:/usr/local/bin"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+    "PATH": "/usr/bin:/bin:/usr/local/bin",
+}
 
 
 def git(root: Path, *args: str) -> None:
@@ -70,7 +73,10 @@ def test_a_seal_resealed_after_its_first_commit_is_refused_by_verify_index_and_p
     assert fmt.seal_status(fmt.read(prereg))["ok"]
     result = verify(prereg)
     assert not result["ok"]
-    assert any("differs from its content in the commit that first added it" in p and "the seal" in p for p in result["problems"])
+    assert any(
+        "differs from its content in the commit that first added it" in p and "the seal" in p
+        for p in result["problems"]
+    )
     assert result["first_commit"]["state"] == "changed"
     assert any(p.startswith("the outcome") for p in result["problems"])
     capsys.readouterr()
@@ -90,8 +96,20 @@ def test_an_outcome_edited_after_its_first_commit_is_refused_even_when_consisten
     prereg, runs = _failed_two_seed_outcome(repo, hero)
     outcome = fmt.outcome_path(prereg)
     record = json.loads(outcome.read_text())
-    outcome.write_text(json.dumps(record | {"verdict": "passed", "rel_error": 0.0, "actual_final_loss": PREDICTED,
-                                            "covered_50": True, "covered_90": True, "seeds": [], "runs": []}))
+    outcome.write_text(
+        json.dumps(
+            record
+            | {
+                "verdict": "passed",
+                "rel_error": 0.0,
+                "actual_final_loss": PREDICTED,
+                "covered_50": True,
+                "covered_90": True,
+                "seeds": [],
+                "runs": [],
+            }
+        )
+    )
     for run in runs:
         shutil.rmtree(run)
     result = verify(prereg)
@@ -172,9 +190,21 @@ def test_index_recomputes_an_outcome_from_the_runs_the_editions_hold(tmp_path, c
     record = json.loads(outcome.read_text())
     predicted = yaml.safe_load((prereg_dir / "paper-v5-hero-30x.yaml").read_text())["prediction"]["final"]["loss"]
     assert record["verdict"] == "failed"
-    outcome.write_text(json.dumps(record | {"verdict": "passed", "actual_final_loss": predicted * 1.001, "rel_error": 0.001,
-                                            "covered_50": True, "covered_90": True}))
-    assert main(["paper", "verify", "--paper-root", str(tmp_path / "paper"), "--preregistrations", str(prereg_dir)]) == 1
+    outcome.write_text(
+        json.dumps(
+            record
+            | {
+                "verdict": "passed",
+                "actual_final_loss": predicted * 1.001,
+                "rel_error": 0.001,
+                "covered_50": True,
+                "covered_90": True,
+            }
+        )
+    )
+    assert (
+        main(["paper", "verify", "--paper-root", str(tmp_path / "paper"), "--preregistrations", str(prereg_dir)]) == 1
+    )
     assert main(["prereg", "index", str(prereg_dir), "--paper-root", str(tmp_path / "paper")]) == 0
     row = [line for line in (prereg_dir / "README.md").read_text().splitlines() if "paper-v5-hero-30x" in line][0]
     assert "invalid: the outcome disagrees with its records" in row and "| passed" not in row
@@ -182,8 +212,19 @@ def test_index_recomputes_an_outcome_from_the_runs_the_editions_hold(tmp_path, c
 
 def test_paper_verify_without_its_paper_root_is_exit_2(tmp_path, capsys):
     """Cause 18: `paper verify --paper-root MISSING` exited 0, having verified nothing against editions."""
-    assert main(["paper", "verify", "--paper-root", str(tmp_path / "missing"),
-                 "--preregistrations", str(REPO / "preregistrations")]) == 2
+    assert (
+        main(
+            [
+                "paper",
+                "verify",
+                "--paper-root",
+                str(tmp_path / "missing"),
+                "--preregistrations",
+                str(REPO / "preregistrations"),
+            ]
+        )
+        == 2
+    )
     assert "--paper-root" in capsys.readouterr().err
 
 
@@ -196,17 +237,32 @@ def test_paper_verify_prints_json_when_a_run_cannot_be_verified(tmp_path, capsys
     shutil.copy(REPO / "preregistrations" / "paper-v5-hero-30x.yaml", prereg_dir)
     shutil.copy(REPO / "preregistrations" / "paper-v5-hero-30x.outcome.json", prereg_dir)
     shutil.copytree(REPO / "paper" / "editions" / "v5", paper / "v5")
-    from delphi.editions import FILES_FILE, _gzip_bytes, _read_csv_gz, _csv_text
+    from delphi.editions import FILES_FILE, _csv_text, _gzip_bytes, _read_csv_gz
 
     rows = _read_csv_gz(paper / "v5" / FILES_FILE)
     for row in rows:
         if row["path"] == "study/hero/summary.json":
             row["content"] = json.dumps(json.loads(row["content"]) | {"val_loss": 0.5})
-    (paper / "v5" / FILES_FILE).write_bytes(_gzip_bytes(_csv_text(["path", "encoding", "content"],
-                                                                  [[r["path"], r["encoding"], r["content"]] for r in rows])))
+    (paper / "v5" / FILES_FILE).write_bytes(
+        _gzip_bytes(
+            _csv_text(["path", "encoding", "content"], [[r["path"], r["encoding"], r["content"]] for r in rows])
+        )
+    )
     capsys.readouterr()
-    assert main(["paper", "verify", "--paper-root", str(tmp_path / "paper"), "--preregistrations", str(prereg_dir),
-                 "--json"]) == 1
+    assert (
+        main(
+            [
+                "paper",
+                "verify",
+                "--paper-root",
+                str(tmp_path / "paper"),
+                "--preregistrations",
+                str(prereg_dir),
+                "--json",
+            ]
+        )
+        == 1
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and any("summary" in p for r in out["preregistrations"] for p in r["problems"])
 

@@ -13,8 +13,10 @@ def bench():
 
 
 def test_the_ladder_figure_weights_shapes_by_their_flops(bench):
-    rows = [{"ladder_flops_share": 0.75, "group2": {"group_wall_over_seeds_alone": 0.8}},
-            {"ladder_flops_share": 0.25, "group2": {"group_wall_over_seeds_alone": 1.6}}]
+    rows = [
+        {"ladder_flops_share": 0.75, "group2": {"group_wall_over_seeds_alone": 0.8}},
+        {"ladder_flops_share": 0.25, "group2": {"group_wall_over_seeds_alone": 1.6}},
+    ]
     assert bench.flops_weighted(rows, 2) == pytest.approx(0.75 * 0.8 + 0.25 * 1.6)  # 1.0, not the plain mean 1.2
     assert bench.flops_weighted(rows[:1], 2) == pytest.approx(0.8)  # shapes not timed do not count
 

@@ -87,12 +87,19 @@ def runs(store, tmp_path_factory) -> dict:
     repo = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-c", WORKER, str(store), str(work)], env=env, cwd=repo, capture_output=True, text=True,
+        [sys.executable, "-c", WORKER, str(store), str(work)],
+        env=env,
+        cwd=repo,
+        capture_output=True,
+        text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["one"] = {"train_loss": [r["train_loss"] for r in read_metrics(work / "one")], "val_loss": baseline["val_loss"]}
+    result["one"] = {
+        "train_loss": [r["train_loss"] for r in read_metrics(work / "one")],
+        "val_loss": baseline["val_loss"],
+    }
     result["work"] = work
     return result
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from delphi.study import spec_reference
 from delphi.ladder.spec import LadderSpec
+from delphi.study import spec_reference
 from delphi.study.spec import StudySpec
 
 
 def test_the_page_is_the_schema():
     assert spec_reference.PAGE.read_text() == spec_reference.render(), (
-        f"docs/spec-reference.md differs from the schema; regenerate it with `{spec_reference.COMMAND}`")
+        f"docs/spec-reference.md differs from the schema; regenerate it with `{spec_reference.COMMAND}`"
+    )
     assert spec_reference.main(["--check"]) == 0
 
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from delphi.cli import main as cli_main
-from delphi.editions import edition_tree
 from delphi.data.store import prepare_store
+from delphi.editions import edition_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,18 +32,27 @@ def _micro_study(tmp_path: Path) -> Path:
     raw["isoflop"].update(sizes=3, span=4.0, min_span=2.0, center_coefficient=0.05, center_exponent=0.5)
     raw["shape"]["widths"] = [8, 12, 16, 24, 32]
     raw["batch"].update(min_steps=40, min_seqs=2, max_seqs=8)
-    raw["run"].update(store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=2, logs_per_run=4, checkpoints_per_run=2)
+    raw["run"].update(
+        store=str(tmp_path / "store"), eval_tokens=512, evals_per_run=2, logs_per_run=4, checkpoints_per_run=2
+    )
     (tmp_path / "ladder.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = {"name": "micro", "ladder": "ladder.yaml", "fits": ["vpnls", "isoflop"], "primary_fit": "isoflop", "bootstrap": 0,
-             "hero": {"compute_multiple": 2, "tolerance": 0.5, "rehearsal_multiple": 1.5}}
+    study = {
+        "name": "micro",
+        "ladder": "ladder.yaml",
+        "fits": ["vpnls", "isoflop"],
+        "primary_fit": "isoflop",
+        "bootstrap": 0,
+        "hero": {"compute_multiple": 2, "tolerance": 0.5, "rehearsal_multiple": 1.5},
+    }
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     return tmp_path / "study.yaml"
 
 
 def _delphi(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DELPHI_PEAK_FLOPS_F32": "1e11"}  # skip the per-run matmul peak measurement
-    return subprocess.run([sys.executable, "-m", "delphi.cli", *args, "--json"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "delphi.cli", *args, "--json"], env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def _study(*args: str) -> subprocess.CompletedProcess:
@@ -108,7 +117,11 @@ def test_study_stages_resume_without_redoing_finished_runs(tmp_path):
     # the cheap gates come first: no compute is spent on a dress rehearsal of a refused ladder
     assert "dress rehearsal at" not in third.stderr and not (out / "rehearsal").exists()
     gates = json.loads((out / "gates.json").read_text())
-    assert gates["passed"] is False and "seeds" in gates["failed"] and "dress_rehearsal" not in [g["name"] for g in gates["gates"]]
+    assert (
+        gates["passed"] is False
+        and "seeds" in gates["failed"]
+        and "dress_rehearsal" not in [g["name"] for g in gates["gates"]]
+    )
     assert not (out / "hero").exists() and not (out / "preregistration.yaml").exists()
     assert not (out / "stages" / "gates.json").exists()  # a rerun evaluates the gates again
 
@@ -128,9 +141,16 @@ def test_study_bad_input(tmp_path, capsys):
     assert cli_main(["study", "--out", str(tmp_path / "o"), "--stop-after", "lunch"]) == 2
     assert "unknown stage" in capsys.readouterr().err
     # a rehearsal at or past the hero, an unknown parameter convention, a gate threshold out of range
-    for bad in ({"hero": {"compute_multiple": 3, "rehearsal_multiple": 3}}, {"params_convention": "embedding"},
-                {"gates": {"min_seeds": 0}}, {"gates": {"lobo_tolerance": 2.0}}, {"seed": -1}):
-        (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml")} | bad))
+    for bad in (
+        {"hero": {"compute_multiple": 3, "rehearsal_multiple": 3}},
+        {"params_convention": "embedding"},
+        {"gates": {"min_seeds": 0}},
+        {"gates": {"lobo_tolerance": 2.0}},
+        {"seed": -1},
+    ):
+        (tmp_path / "s.yaml").write_text(
+            yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml")} | bad)
+        )
         assert cli_main(["study", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")]) == 2, bad
     assert not (tmp_path / "o").exists()
 
@@ -143,8 +163,13 @@ def test_study_preflight_refuses_a_hero_no_ladder_range_covers(tmp_path):
     raw["hero"] = {"compute_multiple": 1000, "tolerance": 0.5}
     study.write_text(yaml.safe_dump(raw))
     refused = _study(str(study), "--out", str(tmp_path / "out"))
-    assert refused.returncode == 1 and "preflight: the hero at 8e+12 FLOPs would leave the ladder's ranges or depths (steps" in refused.stderr
-    assert not (tmp_path / "out" / "ladder" / "runs").exists() and not (tmp_path / "out" / "stages" / "plan.json").exists()
+    assert (
+        refused.returncode == 1
+        and "preflight: the hero at 8e+12 FLOPs would leave the ladder's ranges or depths (steps" in refused.stderr
+    )
+    assert (
+        not (tmp_path / "out" / "ladder" / "runs").exists() and not (tmp_path / "out" / "stages" / "plan.json").exists()
+    )
 
 
 def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path):
@@ -164,8 +189,11 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     marker["result"]["sha256"] = "0" * 64
     marker["result"]["bytes_by_package"]["m00.py"] -= 73  # as if one file had changed on another machine
     study.marker("prepare").write_text(json.dumps(marker))
-    with pytest.raises(DelphiError, match="trained on store sha256 0{64}, but .* now holds sha256 [0-9a-f]{64} "
-                                          r"\(another machine or other installed packages; packages that differ from sha256 0{12}: m00.py \+73 bytes\)"):
+    with pytest.raises(
+        DelphiError,
+        match="trained on store sha256 0{64}, but .* now holds sha256 [0-9a-f]{64} "
+        r"\(another machine or other installed packages; packages that differ from sha256 0{12}: m00.py \+73 bytes\)",
+    ):
         check_store_unchanged(study)
     # --accept-store goes on with exactly the store it names, and records both.
     now = json.loads((tmp_path / "store" / "meta.json").read_text())["sha256"]
@@ -190,6 +218,7 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     assert [a["sha256"] for a in accepted] == ["2" * 64, now]
     # The one-store file of earlier versions reads as a history of one.
     from delphi.study import read_store_acceptances
+
     (tmp_path / "old.json").write_text(json.dumps({"pinned_sha256": "0" * 64, "accepted_sha256": "3" * 64}))
     assert read_store_acceptances(tmp_path / "old.json") == {"accepted": [{"sha256": "3" * 64, "train_tokens": None}]}
 
@@ -204,7 +233,9 @@ def test_study_seed_offsets_the_ladder_seeds(tmp_path):
     """Study seed k trains run seeds + k * STUDY_SEED_STRIDE: three study seeds, three ladders."""
     from delphi.study import STUDY_SEED_STRIDE, Study, _ladder_spec, load_study
 
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "seed": 2}))
+    (tmp_path / "s.yaml").write_text(
+        yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "seed": 2})
+    )
     spec, ladder_path, prereg, _, _ = load_study(tmp_path / "s.yaml")
     seeds = _ladder_spec(Study(tmp_path / "o", spec, ladder_path, prereg)).run.seeds
     base = yaml.safe_load((REPO / "studies" / "ladder_tiny.yaml").read_text())["run"].get("seeds", [0])
@@ -219,8 +250,11 @@ def test_study_lr_calibration_is_resolved_checked_and_pinned(tmp_path):
     from delphi.errors import DelphiError
     from delphi.study import Study, _lr_calibration, load_study, pin_lr_calibration
 
-    raw = {"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"),
-           "gates": {"lr_calibration": ["cal/a.json", "cal/b.json"]}}
+    raw = {
+        "name": "x",
+        "ladder": str(REPO / "studies" / "ladder_tiny.yaml"),
+        "gates": {"lr_calibration": ["cal/a.json", "cal/b.json"]},
+    }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     (tmp_path / "cal").mkdir()
     (tmp_path / "cal" / "a.json").write_text('{"points": [{"d_model": 32}]}')
@@ -254,7 +288,9 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     with pytest.raises(DelphiError, match=r"gates.probes: .*probe3x is not a finished run dir"):
         load_study(tmp_path / "s.yaml")
     for name in ("config.yaml", "status.json", "summary.json", "metrics.jsonl"):
-        shutil.copy(edition_tree(REPO / "paper" / "editions" / "v4") / "probe3x" / name, tmp_path / "p" / "probe3x" / name)
+        shutil.copy(
+            edition_tree(REPO / "paper" / "editions" / "v4") / "probe3x" / name, tmp_path / "p" / "probe3x" / name
+        )
     spec, ladder, prereg, calibrations, probes = load_study(tmp_path / "s.yaml")
     assert probes == ((tmp_path / "p" / "probe3x").resolve(),)
     study = Study(tmp_path / "out", spec, ladder, prereg, calibrations, probes)
@@ -262,7 +298,9 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
         probe_runs(study)
     pin_probes(study)
     assert probe_runs(study) == [study.probes_dir / "probe3x"]
-    assert (study.probes_dir / "probe3x" / "summary.json").read_bytes() == (edition_tree(REPO / "paper" / "editions" / "v4") / "probe3x" / "summary.json").read_bytes()
+    assert (study.probes_dir / "probe3x" / "summary.json").read_bytes() == (
+        edition_tree(REPO / "paper" / "editions" / "v4") / "probe3x" / "summary.json"
+    ).read_bytes()
     # A snapshot keeps finished runs only: the probe's status comes along, so the evidence is committed.
     assert Path("probes/probe3x/summary.json") in compact_files(study.out)
     # A link keeps its own name (paper/editions/v5/hero30x -> study/hero).
@@ -271,11 +309,15 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     assert [p.name for p in load_study(tmp_path / "s.yaml")[4]] == ["hero30x"]
     # Correcting by the probes needs probes.
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {}, "hero": {"probe_correction": True}}))
-    with pytest.raises(DelphiError, match=r"hero.probe_correction: true needs probes \(gates.probes or hero.probe_multiples\)"):
+    with pytest.raises(
+        DelphiError, match=r"hero.probe_correction: true needs probes \(gates.probes or hero.probe_multiples\)"
+    ):
         load_study(tmp_path / "s.yaml")
-    for hero, message in (({"trajectory": "probes"}, "hero.trajectory: probes needs probes"),
-                          ({"trajectory": "spline"}, "hero.trajectory: 'spline', expected one of"),
-                          ({"probe_carry": "cubic"}, r"hero.probe_carry: 'cubic', expected one of \['linear', 'local_slope'\]")):
+    for hero, message in (
+        ({"trajectory": "probes"}, "hero.trajectory: probes needs probes"),
+        ({"trajectory": "spline"}, "hero.trajectory: 'spline', expected one of"),
+        ({"probe_carry": "cubic"}, r"hero.probe_carry: 'cubic', expected one of \['linear', 'local_slope'\]"),
+    ):
         (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw | {"gates": {}, "hero": hero}))
         with pytest.raises(DelphiError, match=message):
             load_study(tmp_path / "s.yaml")
@@ -293,19 +335,42 @@ def test_report_sections_come_from_the_files(tmp_path):
     study = Study(tmp_path, StudySpec(), tmp_path / "ladder.yaml")
     assert _gates_section(study) == [] and _conventions_section(study) == []
     (tmp_path / "fits").mkdir()
-    gates = [Gate("seeds", False, 1, ">= 2 seeds in every cell", "one seed"), Gate("fit_status", True, "ok", "status ok", "ok")]
+    gates = [
+        Gate("seeds", False, 1, ">= 2 seeds in every cell", "one seed"),
+        Gate("fit_status", True, "ok", "status ok", "ok"),
+    ]
     study.gates.write_text(json.dumps(gate_report(gates, forced=True)))
     text = "\n".join(_gates_section(study))
     assert "FAILED (seeds); the study went on with force: true" in text and "| seeds | FAIL | 1 |" in text
-    study.conventions.write_text(json.dumps({"chosen": "fpt6", "why": "lowest backtest error", "primary_fit": "vpnls",
-                                             "conventions": {"fpt6": {"isoflop_a": 0.68, "law_a": 0.55, "backtest_mean_abs_rel_error": 0.004},
-                                                             "nonembedding": {"isoflop_a": 0.91, "error": "fit failed"}}}))
+    study.conventions.write_text(
+        json.dumps(
+            {
+                "chosen": "fpt6",
+                "why": "lowest backtest error",
+                "primary_fit": "vpnls",
+                "conventions": {
+                    "fpt6": {"isoflop_a": 0.68, "law_a": 0.55, "backtest_mean_abs_rel_error": 0.004},
+                    "nonembedding": {"isoflop_a": 0.91, "error": "fit failed"},
+                },
+            }
+        )
+    )
     text = "\n".join(_conventions_section(study))
     assert "Chosen: **fpt6**" in text and "| fpt6 | 0.680 - | 0.550 | 0.40% |" in text and "fit failed" in text
-    table = pd.DataFrame({"run_id": ["a", "b"], "budget": [1e12, 1e12], "steps": [500, 900], "drop_frac_mean": [0.01, 0.05],
-                          "health_ok": [True, False], "health_issues": ["", "max_drop_frac"]})
+    table = pd.DataFrame(
+        {
+            "run_id": ["a", "b"],
+            "budget": [1e12, 1e12],
+            "steps": [500, 900],
+            "drop_frac_mean": [0.01, 0.05],
+            "health_ok": [True, False],
+            "health_issues": ["", "max_drop_frac"],
+        }
+    )
     rendered = health_table(table)
-    assert "drop_frac_mean" in rendered.splitlines()[0] and "| b | 1e+12 | 900 | 0.05 | no | max_drop_frac |" in rendered
+    assert (
+        "drop_frac_mean" in rendered.splitlines()[0] and "| b | 1e+12 | 900 | 0.05 | no | max_drop_frac |" in rendered
+    )
     assert "no health columns" in health_table(table.drop(columns=["health_ok"]))
 
 
@@ -313,16 +378,37 @@ def test_the_verdict_table_prints_predicted_and_actual_to_4_decimals():
     """Issue 43 §3: "1.503" against "1.5" read as numbers of different precision; both get 4 decimals."""
     from delphi.study.report import verdict_table
 
-    row = verdict_table({"predicted_final_loss": 1.5032, "actual_final_loss": 1.5, "rel_error": -0.0021,
-                         "covered_90": True, "verdict": "passed"})[-1]
+    row = verdict_table(
+        {
+            "predicted_final_loss": 1.5032,
+            "actual_final_loss": 1.5,
+            "rel_error": -0.0021,
+            "covered_90": True,
+            "verdict": "passed",
+        }
+    )[-1]
     assert row == "| hero final val loss (nats/byte) | 1.5032 | 1.5000 | -0.21% | yes | passed |"
     assert "| - | - |" in verdict_table({})[-1]  # no check result yet: dashes, not a crash
 
 
 def _method_choice(method: str, fitted: str) -> dict:
-    return {"method": method, "rule": "lowest calibrated error", "similar_sources": [{"source": "marin/comma"}],
-            "table": [{"method": method, "n": 18, "mean_abs_rel_error": 0.0081, "mean_abs_rel_error_uncalibrated": 0.0205,
-                       "coverage_50": 0.44, "coverage_90": 0.89}], "fitted_method": fitted, "agrees": method == fitted}
+    return {
+        "method": method,
+        "rule": "lowest calibrated error",
+        "similar_sources": [{"source": "marin/comma"}],
+        "table": [
+            {
+                "method": method,
+                "n": 18,
+                "mean_abs_rel_error": 0.0081,
+                "mean_abs_rel_error_uncalibrated": 0.0205,
+                "coverage_50": 0.44,
+                "coverage_90": 0.89,
+            }
+        ],
+        "fitted_method": fitted,
+        "agrees": method == fitted,
+    }
 
 
 def test_the_report_names_the_law_that_predicts_and_why():
@@ -340,12 +426,20 @@ def test_the_report_names_the_law_that_predicts_and_why():
     assert "the vpnls law, corrected by its error trend at the probes" in auto
     assert "`primary_fit: auto`" in auto and "the fit stage chose vpnls once" in auto
 
-    final = {"calibrated": {"applied": False, "reason": "no calibration here", "method_choice": _method_choice("vpnls", "isoflop")}}
+    final = {
+        "calibrated": {
+            "applied": False,
+            "reason": "no calibration here",
+            "method_choice": _method_choice("vpnls", "isoflop"),
+        }
+    }
     text = "\n".join(report_lines(final, primary_fit="isoflop", primary_law="isoflop"))
     assert "the study's primary law is" not in text
     assert "Public-sweep evidence for which law extrapolates best on sweeps like this one." in text
-    assert ("**vpnls**. Similar sweeps: marin/comma. It differs from the study's primary law, isoflop, which made the sealed "
-            "prediction all the same: the study fixes `primary_fit: isoflop`, and a fixed primary law is not re-chosen") in text
+    assert (
+        "**vpnls**. Similar sweeps: marin/comma. It differs from the study's primary law, isoflop, which made the sealed "
+        "prediction all the same: the study fixes `primary_fit: isoflop`, and a fixed primary law is not re-chosen"
+    ) in text
     assert "| vpnls | 18 | 0.81% | 2.05% | 44% | 89% |" in text
     text = "\n".join(report_lines(final, primary_fit="auto", primary_law="isoflop"))
     assert "with `primary_fit: auto` the fit stage chose it once, among the laws this study fits" in text
@@ -419,11 +513,20 @@ def test_the_paper_says_how_a_corrected_seal_came_from_the_law():
 
     final = read(REPO / "preregistrations" / "paper-v6-hero-60x.yaml")["prediction"]["final"]
     text = correction_text(final, 1.0, primary_law="the isoFLOP power law (Approach 2)")
-    assert text["prediction_rule"] == "corrected the primary law, the isoFLOP power law (Approach 2), by its error trend at them"
+    assert (
+        text["prediction_rule"]
+        == "corrected the primary law, the isoFLOP power law (Approach 2), by its error trend at them"
+    )
     sentence = text["correction_sentence"]
-    for part in ("the law predicted 0.8732", "-1.99% at 3x, +2.96% at 10x, +8.69% at 30x", "+10.7% per decade",
-                 "+11.68% with an sd of 1.62%", "sealed 0.9752 = 0.8732 x (1 +11.68%)",
-                 f"would have been {1 / 0.873221852575211 - 1:+.2%}", f"it is {1 / 0.9752299528466102 - 1:+.2%}"):
+    for part in (
+        "the law predicted 0.8732",
+        "-1.99% at 3x, +2.96% at 10x, +8.69% at 30x",
+        "+10.7% per decade",
+        "+11.68% with an sd of 1.62%",
+        "sealed 0.9752 = 0.8732 x (1 +11.68%)",
+        f"would have been {1 / 0.873221852575211 - 1:+.2%}",
+        f"it is {1 / 0.9752299528466102 - 1:+.2%}",
+    ):
         assert part in sentence, part
     plain = correction_text({"loss": 1.0}, None, primary_law="VPNLS")
     assert plain["correction_sentence"] == "The sealed number is VPNLS's own prediction."
@@ -441,8 +544,13 @@ def test_study_trains_its_own_probes_and_seals_the_corrected_hero(tmp_path):
 
     study = _micro_study(tmp_path)
     raw = yaml.safe_load(study.read_text())
-    raw["hero"] |= {"compute_multiple": 2.5, "rehearsal_multiple": None, "probe_multiples": [1.25, 1.5, 2],
-                    "probe_correction": True, "trajectory": "probes"}
+    raw["hero"] |= {
+        "compute_multiple": 2.5,
+        "rehearsal_multiple": None,
+        "probe_multiples": [1.25, 1.5, 2],
+        "probe_correction": True,
+        "trajectory": "probes",
+    }
     raw["force"] = True
     study.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
@@ -462,7 +570,10 @@ def test_study_trains_its_own_probes_and_seals_the_corrected_hero(tmp_path):
     assert hero["prediction"]["trajectory"]["model"]["shape_run"].endswith("probe2x")
     assert any(g["name"] == "probes" for g in hero["gates"]) and hero["forced"]
     # Bad input: probes at or beyond the hero, or two of one multiple.
-    for multiples, message in (([3], "must lie below hero.compute_multiple"), ([1.5, 1.5], "expected distinct multiples > 1")):
+    for multiples, message in (
+        ([3], "must lie below hero.compute_multiple"),
+        ([1.5, 1.5], "expected distinct multiples > 1"),
+    ):
         raw["hero"]["probe_multiples"] = multiples
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
         refused = _study(str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "bad"))

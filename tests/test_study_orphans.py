@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import yaml
+from test_prereg_seeds import seal
 
 import delphi
 from delphi.model.config import ModelConfig
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig, train_config_to_dict
-from test_prereg_seeds import seal
 
 PACKAGE_ROOT = Path(delphi.__file__).resolve().parents[1]  # the checkout whose delphi this test imports
 STUDY = """
@@ -44,20 +44,38 @@ def _processes_under(root: Path) -> list[int]:
 
 
 def test_kill_9_of_a_study_stops_its_seed_trainers(store, tmp_path):
-    cfg = TrainConfig(model=ModelConfig(d_model=16, n_layers=1, n_heads=2), data=DataConfig(store=str(store), seq_len=16,
-                      batch_size=2, seed=0), optim=OptimConfig(lr=1e-2, warmup_frac=0.1, decay_frac=0.2),
-                      steps=1_000_000, log_every=50, eval_every=100_000, checkpoint_every=100_000, eval_tokens=64,
-                      name="hero").validate()
+    cfg = TrainConfig(
+        model=ModelConfig(d_model=16, n_layers=1, n_heads=2),
+        data=DataConfig(store=str(store), seq_len=16, batch_size=2, seed=0),
+        optim=OptimConfig(lr=1e-2, warmup_frac=0.1, decay_frac=0.2),
+        steps=1_000_000,
+        log_every=50,
+        eval_every=100_000,
+        checkpoint_every=100_000,
+        eval_tokens=64,
+        name="hero",
+    ).validate()
     (tmp_path / "hero.yaml").write_text(yaml.safe_dump(train_config_to_dict(cfg), sort_keys=False))
     seal(tmp_path / "hero.prereg.yaml", cfg, [0, 1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]),
-           "DELPHI_PEAK_FLOPS_F32": "1e11", "DELPHI_JAX_CACHE": "off"}
-    study = subprocess.Popen([sys.executable, "-c", STUDY, str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]),
+        "DELPHI_PEAK_FLOPS_F32": "1e11",
+        "DELPHI_JAX_CACHE": "off",
+    }
+    study = subprocess.Popen(
+        [sys.executable, "-c", STUDY, str(tmp_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     trainers: list[int] = []
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not all((tmp_path / r / "metrics.jsonl").is_file() for r in ("hero", "hero_s1")):
+        while time.monotonic() < deadline and not all(
+            (tmp_path / r / "metrics.jsonl").is_file() for r in ("hero", "hero_s1")
+        ):
             assert study.poll() is None, "the study ended before its seeds trained"
             time.sleep(0.5)
         trainers = [p for p in _processes_under(tmp_path) if p != study.pid]

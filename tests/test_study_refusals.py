@@ -9,16 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import prereg_synthetic as ps
 import pytest
 import yaml
+from test_prereg_seeds import seal
+from test_study import _micro_study
 
-import prereg_synthetic as ps
 from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.study import Study
 from delphi.study.spec import StudySpec
-from test_prereg_seeds import seal
-from test_study import _micro_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,8 +61,9 @@ def test_a_competing_law_that_cannot_be_fitted_is_sealed_as_such(tmp_path):
     from delphi.study.stages import _competing
 
     ladder = ps.write_ladder(tmp_path / "ladder")
-    spec = StudySpec(name="x", ladder=str(REPO / "studies" / "ladder_tiny.yaml"), fits=("vpnls",), primary_fit="vpnls",
-                     bootstrap=0)
+    spec = StudySpec(
+        name="x", ladder=str(REPO / "studies" / "ladder_tiny.yaml"), fits=("vpnls",), primary_fit="vpnls", bootstrap=0
+    )
     study = Study(tmp_path / "out", spec, REPO / "studies" / "ladder_tiny.yaml")
     study.fits_dir.mkdir(parents=True)
     shutil.copy(ladder / "results.csv", study.results)
@@ -78,8 +79,26 @@ def test_prereg_create_prints_json_when_a_gate_refuses(tmp_path, capsys):
     fit = ps.write_fit(root, tmp_path / "fit.json")
     hero = ps.write_hero(tmp_path / "hero.yaml", ps.hero_config())
     capsys.readouterr()
-    assert main(["prereg", "create", "--fit", str(fit), "--hero", str(hero), "--ladder", str(root),
-                 "--out", str(tmp_path / "h.yaml"), "--bootstrap", "20", "--json"]) == 1
+    assert (
+        main(
+            [
+                "prereg",
+                "create",
+                "--fit",
+                str(fit),
+                "--hero",
+                str(hero),
+                "--ladder",
+                str(root),
+                "--out",
+                str(tmp_path / "h.yaml"),
+                "--bootstrap",
+                "20",
+                "--json",
+            ]
+        )
+        == 1
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and out["sealed"] is False and out["failed_gates"]
     assert not (tmp_path / "h.yaml").exists()
@@ -93,8 +112,15 @@ def test_the_query_a_fit_suggests_drops_exactly_the_budget_it_names(tmp_path):
     rows = []
     for budget, widths in ((1.0000001e19, (1e8,)), (1.0000002e19, (5e7, 1e8, 2e8)), (1e20, (2e8, 4e8, 8e8))):
         for n in widths:
-            rows.append({"params": n, "tokens": budget / (6 * n), "flops": budget, "budget": budget,
-                         "loss": 2.0 + 0.1 * np.log(n / (budget / 6) ** 0.5) ** 2 - 0.05 * np.log10(budget)})
+            rows.append(
+                {
+                    "params": n,
+                    "tokens": budget / (6 * n),
+                    "flops": budget,
+                    "budget": budget,
+                    "loss": 2.0 + 0.1 * np.log(n / (budget / 6) ** 0.5) ** 2 - 0.05 * np.log10(budget),
+                }
+            )
     (tmp_path / "t.csv").write_text(pd.DataFrame(rows).to_csv(index=False))
     with pytest.raises(DelphiError, match=r"--query '(budget != [^']+)'") as refused:
         FITTERS["isoflop"](load_results(tmp_path / "t.csv"), n_bootstrap=0)

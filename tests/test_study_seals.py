@@ -55,11 +55,16 @@ def test_the_law_alone_seals_every_prediction_before_any_trains(tmp_path, monkey
     refused = Study(refused_dir, replace(spec, force=False), ladder, prereg, calibrations, probes)
     (refused_dir / "probes" / PROBES[0]).mkdir(parents=True)
     (refused_dir / "probes" / PROBES[0] / METRICS_FILE).write_text("{}\n")  # a probe that started unsealed
-    with pytest.raises(DelphiError, match=rf"{refused_dir / 'probes' / PROBES[0]}: the probe started before its preregistration"):
+    with pytest.raises(
+        DelphiError, match=rf"{refused_dir / 'probes' / PROBES[0]}: the probe started before its preregistration"
+    ):
         stage_seals(refused)
     shutil.rmtree(refused_dir / "probes" / PROBES[0])
-    with pytest.raises(CheckFailed, match=rf"gates failed before any run beyond the ladder trained: .*rung_health.* at the "
-                                          rf"seal of {PROBES[0]}; {PROBES[0]} was NOT sealed"):
+    with pytest.raises(
+        CheckFailed,
+        match=rf"gates failed before any run beyond the ladder trained: .*rung_health.* at the "
+        rf"seal of {PROBES[0]}; {PROBES[0]} was NOT sealed",
+    ):
         stage_seals(refused)
     assert not list(refused_dir.rglob("*.prereg.yaml")) and not (refused_dir / "preregistration.yaml").exists()
     assert json.loads((refused_dir / "probes" / f"{PROBES[0]}.prereg.gates.json").read_text())["passed"] is False
@@ -80,7 +85,9 @@ def test_the_law_alone_seals_every_prediction_before_any_trains(tmp_path, monkey
         assert "SEALED WITH --force" in " ".join(doc["assumptions"])
         assert not doc["provenance"].get("probe_summaries_sha256")  # no run beyond the ladder is evidence
     marker = json.loads((out / "stages" / "seals.json").read_text())["result"]
-    assert [p["name"] for p in marker["probes"]] == list(PROBES) and marker["hero"]["prereg"] == str(out / "preregistration.yaml")
+    assert [p["name"] for p in marker["probes"]] == list(PROBES) and marker["hero"]["prereg"] == str(
+        out / "preregistration.yaml"
+    )
     assert [p["flops"] for p in marker["probes"]] == pytest.approx([m * 8e9 for m in PROBE_MULTIPLES], rel=0.05)
     assert marker["hero"]["final"]["loss"] == fmt.read(out / "preregistration.yaml")["prediction"]["final"]["loss"]
 
@@ -100,16 +107,24 @@ def test_the_law_alone_seals_every_prediction_before_any_trains(tmp_path, monkey
     assert run_study(study_file, out, stop_after="prereg")["stopped_after"] == "prereg"
     assert _seal_files(out) == sealed
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
-    assert all(p["note"] == "sealed earlier" for p in json.loads((out / "stages" / "seals.json").read_text())["result"]["probes"])
+    assert all(
+        p["note"] == "sealed earlier"
+        for p in json.loads((out / "stages" / "seals.json").read_text())["result"]["probes"]
+    )
 
 
 def test_a_trajectory_from_probes_needs_probes_trained_before_the_law_alone_seals(tmp_path):
     """Under the law alone the hero is sealed before the study's own probes train, so a trajectory
     shaped like a probe needs gates.probes (runs finished before the study)."""
-    raw = {"name": "x", "ladder": str(Path(__file__).resolve().parents[1] / "studies" / "ladder_tiny.yaml"),
-           "hero": {"compute_multiple": 10, "probe_multiples": [3], "trajectory": "probes"}}
+    raw = {
+        "name": "x",
+        "ladder": str(Path(__file__).resolve().parents[1] / "studies" / "ladder_tiny.yaml"),
+        "hero": {"compute_multiple": 10, "probe_multiples": [3], "trajectory": "probes"},
+    }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
-    with pytest.raises(DelphiError, match=r"hero.trajectory: probes with hero.probe_correction: false needs gates.probes"):
+    with pytest.raises(
+        DelphiError, match=r"hero.trajectory: probes with hero.probe_correction: false needs gates.probes"
+    ):
         load_study(tmp_path / "s.yaml")
     raw["hero"]["probe_correction"] = True
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))

@@ -67,8 +67,21 @@ def test_run_dir_contract(store, uninterrupted):
     run, summary = uninterrupted
     assert summary["status"] == "completed" and read_status(run)["status"] == "completed"
     on_disk = json.loads((run / "summary.json").read_text())
-    for key in ("status", "steps", "tokens", "flops", "val_loss", "val_bpb", "params_total", "params_active",
-                "params_nonembedding", "flops_per_token", "wall_time_s", "data_sha256", "config_sha256"):
+    for key in (
+        "status",
+        "steps",
+        "tokens",
+        "flops",
+        "val_loss",
+        "val_bpb",
+        "params_total",
+        "params_active",
+        "params_nonembedding",
+        "flops_per_token",
+        "wall_time_s",
+        "data_sha256",
+        "config_sha256",
+    ):
         assert key in on_disk, key
     assert on_disk["steps"] == 12 and on_disk["tokens"] == 12 * 8 * 32
     assert load_train_config(run / "config.yaml") == tiny_config(store)

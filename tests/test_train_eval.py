@@ -31,7 +31,11 @@ def tiny_config(store: Path, **changes) -> TrainConfig:
         model=ModelConfig(d_model=32, n_layers=2, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=32)),
         data=DataConfig(store=str(store), seq_len=32, batch_size=6, seed=3),
         optim=OptimConfig(lr=1e-2, warmup_frac=0.1, decay_frac=0.3),
-        steps=8, log_every=4, eval_every=4, eval_tokens=1000, checkpoint_every=8,
+        steps=8,
+        log_every=4,
+        eval_every=4,
+        eval_tokens=1000,
+        checkpoint_every=8,
     )
     return dataclasses.replace(cfg, **changes).validate()
 
@@ -62,7 +66,9 @@ def test_fused_eval_equals_per_batch_eval(store):
     placement = sharding.batch_sharding(sharding.make_mesh(cfg.mesh), 1)
     # 5: a padded last batch; None: one batch of all 36 (the default at seq 32)
     for batch in (5, None):
-        got = evaluate(eval_step, state, eval_set(dataclasses.replace(cfg, eval_batch_size=batch), data, placement))[0][0]
+        got = evaluate(eval_step, state, eval_set(dataclasses.replace(cfg, eval_batch_size=batch), data, placement))[0][
+            0
+        ]
         assert got == pytest.approx(reference, rel=REL_TOL), batch
 
 
@@ -111,7 +117,9 @@ def test_checkpoints_by_time_skip_periodic_saves_only(store, tmp_path):
     summary = train(cfg, tmp_path / "run", progress=False)
     assert summary["status"] == "completed"
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [8]
-    assert identity_yaml(config_yaml(cfg)) == identity_yaml(config_yaml(dataclasses.replace(cfg, checkpoint_every_s=0.0)))
+    assert identity_yaml(config_yaml(cfg)) == identity_yaml(
+        config_yaml(dataclasses.replace(cfg, checkpoint_every_s=0.0))
+    )
     with pytest.raises(DelphiError, match="checkpoint_every_s"):
         tiny_config(store, checkpoint_every_s=-1.0)
 
@@ -137,9 +145,13 @@ def test_final_eval_chunks_extend_the_curve_set(store):
     data = TokenStore(store)
     regular = data.eval_set(1000, 6, 32)
     chunks = data.final_eval_chunks(1000, 4000, 6, 32)
-    assert len(chunks) == 4 and all(c.shape == regular.shape for c in chunks)  # ceil(4000 / 192) = 21 batches -> 4 x 36 windows
+    assert len(chunks) == 4 and all(
+        c.shape == regular.shape for c in chunks
+    )  # ceil(4000 / 192) = 21 batches -> 4 x 36 windows
     np.testing.assert_array_equal(chunks[0], regular)
-    np.testing.assert_array_equal(np.concatenate(chunks), np.concatenate([data._spread_windows(144, 32)[j::4] for j in range(4)]))
+    np.testing.assert_array_equal(
+        np.concatenate(chunks), np.concatenate([data._spread_windows(144, 32)[j::4] for j in range(4)])
+    )
     assert data.n_val_windows(32) >= 144  # evenly spread over more windows than picked: none twice
     with pytest.raises(DelphiError, match="final_eval_tokens: 10000000 tokens"):
         data.final_eval_chunks(1000, 10_000_000, 6, 32)
@@ -152,7 +164,9 @@ def test_final_eval_is_the_mean_over_every_chunk(store):
     # weights away from the zero readout, so that windows differ in loss
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(0), len(leaves))
-    params = jax.tree.unflatten(treedef, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+    params = jax.tree.unflatten(
+        treedef, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    )
     tx = make_optimizer(cfg.model, cfg.optim, cfg.steps)
     state = TrainState(params, tx.init(params), router_bias, other)
     placement = sharding.batch_sharding(sharding.make_mesh(cfg.mesh), 1)

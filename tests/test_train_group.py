@@ -33,7 +33,13 @@ def tiny_config(store: Path, seed: int = 0, **changes) -> TrainConfig:
         model=ModelConfig(d_model=32, n_layers=1, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=32)),
         data=DataConfig(store=str(store), seq_len=32, batch_size=8, seed=seed),
         optim=OptimConfig(lr=1e-2, warmup_frac=0.1, decay_frac=0.3),
-        steps=20, seed=seed, log_every=5, eval_every=10, eval_tokens=512, checkpoint_every=5, keep_checkpoints=2,
+        steps=20,
+        seed=seed,
+        log_every=5,
+        eval_every=10,
+        eval_tokens=512,
+        checkpoint_every=5,
+        keep_checkpoints=2,
     )
     return dataclasses.replace(cfg, **changes).validate()
 
@@ -50,7 +56,9 @@ def test_group_equals_each_seed_alone(store, alone, tmp_path):
     config = tmp_path / "tiny.yaml"
     atomic_write_yaml(config, train_config_to_dict(tiny_config(store)))
     out = tmp_path / "group"
-    assert cli_main(["train", str(config), "--out", str(out), "--seeds", ",".join(map(str, SEEDS)), "--no-progress"]) == 0
+    assert (
+        cli_main(["train", str(config), "--out", str(out), "--seeds", ",".join(map(str, SEEDS)), "--no-progress"]) == 0
+    )
     for s in SEEDS:
         run = out / f"seed{s}"
         summary = json.loads((run / "summary.json").read_text())

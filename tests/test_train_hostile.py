@@ -60,7 +60,9 @@ def test_train_config_that_is_not_a_mapping(tmp_path, capsys, text):
 
 
 @pytest.mark.parametrize(
-    "damage", [b"model: {d_model: [\n", b"\x00\xff\xfe garbage \x89PNG", b"- a\n- list\n"], ids=["syntax", "bytes", "list"]
+    "damage",
+    [b"model: {d_model: [\n", b"\x00\xff\xfe garbage \x89PNG", b"- a\n- list\n"],
+    ids=["syntax", "bytes", "list"],
 )
 def test_corrupt_run_config_on_resume(store, tmp_path, capsys, damage):
     cfg = tiny_config(store)

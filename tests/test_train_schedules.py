@@ -66,7 +66,9 @@ def test_steps_per_call_divides_every_sync_period():
     assert steps_per_call(cfg, cap=8) == 5
     assert steps_per_call(cfg) == 10  # default cap 16
     assert steps_per_call(dataclasses.replace(cfg, log_every=7), cap=8) == 1
-    assert steps_per_call(dataclasses.replace(cfg, log_every=8, eval_every=64, checkpoint_every=64, steps=128), cap=8) == 8
+    assert (
+        steps_per_call(dataclasses.replace(cfg, log_every=8, eval_every=64, checkpoint_every=64, steps=128), cap=8) == 8
+    )
 
 
 def test_optimizer_applies_mup_group_multipliers():
@@ -74,7 +76,11 @@ def test_optimizer_applies_mup_group_multipliers():
     from delphi.model.transformer import Transformer
 
     cfg = ModelConfig(
-        d_model=32, n_layers=1, n_heads=2, moe=MoEConfig(experts=4, top_k=2, d_expert=16), mup=MuPConfig(base_d_model=16)
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        moe=MoEConfig(experts=4, top_k=2, d_expert=16),
+        mup=MuPConfig(base_d_model=16),
     )
     assert cfg.width_mult == 2.0
     optim = OptimConfig(lr=1e-2, weight_decay=0.0, schedule="constant", warmup_frac=0.0, grad_clip=0.0, eps=1e-12)

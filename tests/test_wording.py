@@ -5,13 +5,12 @@ test_seal_anchor.py.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import prereg_synthetic as ps
-from delphi.cli import main
-from delphi.fits import coverage as cov
 from test_coverage_table import _summary, _world
 from test_prereg_seeds import PREDICTED, seal, seed_run
+
+from delphi.cli import main
+from delphi.fits import coverage as cov
 
 
 def test_a_multi_seed_verify_missing_a_seed_names_the_seeds_not_the_config(tmp_path, capsys):

@@ -17,8 +17,21 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "v5_ladders.csv.gz"
-RUNG_COLUMNS = ["run_id", "cell_id", "budget", "d_model", "params", "tokens", "flops", "loss", "seed", "batch_size",
-                "steps", "role", "health_ok"]
+RUNG_COLUMNS = [
+    "run_id",
+    "cell_id",
+    "budget",
+    "d_model",
+    "params",
+    "tokens",
+    "flops",
+    "loss",
+    "seed",
+    "batch_size",
+    "steps",
+    "role",
+    "health_ok",
+]
 
 
 def ladder_rows(study_dir: Path, name: str) -> pd.DataFrame:
@@ -29,9 +42,24 @@ def ladder_rows(study_dir: Path, name: str) -> pd.DataFrame:
     if summary_path.is_file():
         hero = json.loads(summary_path.read_text())
         if hero.get("status") == "completed":
-            rows = pd.concat([rows, pd.DataFrame([{
-                "run_id": "hero", "params": hero["params_nonembedding"], "tokens": hero["tokens"],
-                "flops": hero["flops"], "loss": hero["val_loss"], "role": "hero"}])], ignore_index=True)
+            rows = pd.concat(
+                [
+                    rows,
+                    pd.DataFrame(
+                        [
+                            {
+                                "run_id": "hero",
+                                "params": hero["params_nonembedding"],
+                                "tokens": hero["tokens"],
+                                "flops": hero["flops"],
+                                "loss": hero["val_loss"],
+                                "role": "hero",
+                            }
+                        ]
+                    ),
+                ],
+                ignore_index=True,
+            )
     rows.insert(0, "study_seed", seed)
     rows.insert(0, "ladder", name)
     return rows
@@ -48,7 +76,9 @@ def main() -> None:
     tmp = DATA.with_name(DATA.name + ".tmp")
     table.to_csv(tmp, index=False, compression={"method": "gzip", "mtime": 0})
     tmp.replace(DATA)
-    print(f"{args.name}: {int((new['role'] == 'isoflop').sum())} rungs, hero {'yes' if (new['role'] == 'hero').any() else 'no'}")
+    print(
+        f"{args.name}: {int((new['role'] == 'isoflop').sum())} rungs, hero {'yes' if (new['role'] == 'hero').any() else 'no'}"
+    )
 
 
 if __name__ == "__main__":

@@ -91,22 +91,33 @@ def score(rungs: pd.DataFrame, draws: int, seed: int) -> list[dict]:
     out = []
     for mode in (*RESAMPLE_MODES, "seed_noise"):
         if mode == "seed_noise":
-            losses = np.array([fit_approach2(rungs.assign(loss=d)).predict(compute=hero_flops)["loss"]
-                               for d in seed_noise_losses(rungs, draws, seed)])
+            losses = np.array(
+                [
+                    fit_approach2(rungs.assign(loss=d)).predict(compute=hero_flops)["loss"]
+                    for d in seed_noise_losses(rungs, draws, seed)
+                ]
+            )
             failed = 0
         else:
             fit = fit_approach2(rungs, n_bootstrap=draws, seed=seed, workers=1, resample=mode)
             losses, failed = law_losses(fit, hero_flops), fit.diagnostics["bootstrap_failed"]
         q05, q95 = np.quantile(losses, [0.05, 0.95])
-        out.append({"resample": mode, "hero_flops": hero_flops, "point": point,
-                    "bootstrap_sd": float(np.std(losses, ddof=1)),
-                    "bootstrap_sd_from_90": float((q95 - q05) / (2 * Z_90)),
-                    "failed": failed})
+        out.append(
+            {
+                "resample": mode,
+                "hero_flops": hero_flops,
+                "point": point,
+                "bootstrap_sd": float(np.std(losses, ddof=1)),
+                "bootstrap_sd_from_90": float((q95 - q05) / (2 * Z_90)),
+                "failed": failed,
+            }
+        )
     return out
 
 
-def ratio_row(design: str, points: pd.Series, boot_sd: pd.Series, boot_sd_90: pd.Series,
-              groups: pd.Series | None = None) -> dict:
+def ratio_row(
+    design: str, points: pd.Series, boot_sd: pd.Series, boot_sd_90: pd.Series, groups: pd.Series | None = None
+) -> dict:
     """Across-ladder sd (relative to the mean point) over the mean bootstrap sd, with a chi-square 90%
     interval; `ratio_from_90` uses each bootstrap's 90% percentile interval as its width (its half-width
     / 1.645: what a sealed interval uses, and robust to the draws' tails)."""
@@ -119,11 +130,18 @@ def ratio_row(design: str, points: pd.Series, boot_sd: pd.Series, boot_sd_90: pd
         across = float(np.sqrt((centred**2).sum() / dof))
     ratio = across / float(boot_sd.mean())
     lo, hi = (ratio * np.sqrt(dof / stats.chi2.ppf(q, dof)) for q in (0.95, 0.05))
-    return {"design": design, "ladders": len(points), "dof": dof, "across_sd_rel": across / float(points.mean()),
-            "bootstrap_sd_rel": float(boot_sd.mean()) / float(points.mean()), "ratio": ratio,
-            "ratio_90_lo": lo, "ratio_90_hi": hi,
-            "bootstrap_sd_from_90_rel": float(boot_sd_90.mean()) / float(points.mean()),
-            "ratio_from_90": across / float(boot_sd_90.mean())}
+    return {
+        "design": design,
+        "ladders": len(points),
+        "dof": dof,
+        "across_sd_rel": across / float(points.mean()),
+        "bootstrap_sd_rel": float(boot_sd.mean()) / float(points.mean()),
+        "ratio": ratio,
+        "ratio_90_lo": lo,
+        "ratio_90_hi": hi,
+        "bootstrap_sd_from_90_rel": float(boot_sd_90.mean()) / float(points.mean()),
+        "ratio_from_90": across / float(boot_sd_90.mean()),
+    }
 
 
 def main() -> None:
@@ -140,8 +158,10 @@ def main() -> None:
             continue  # a different design (e.g. v5c's uniform steps): no second ladder to compare
         for row in score(rungs.reset_index(drop=True), args.draws, seed=0):
             rows.append({"ladder": ladder, "design": design, "study_seed": int(rungs["study_seed"].iloc[0]), **row})
-            print(f"{ladder:32s} {row['resample']:10s} point {row['point']:.4f} bootstrap sd {row['bootstrap_sd']:.4f}",
-                  flush=True)
+            print(
+                f"{ladder:32s} {row['resample']:10s} point {row['point']:.4f} bootstrap sd {row['bootstrap_sd']:.4f}",
+                flush=True,
+            )
     per_ladder = pd.DataFrame(rows)
     summary = []
     for mode, by_mode in per_ladder.groupby("resample", sort=False):
@@ -149,12 +169,25 @@ def main() -> None:
         groups = [(design, d) for design, d in by_mode.groupby("design")] + [
             ("v5, study seeds 0-4", shipped[shipped["study_seed"] < HELD_OUT_FROM]),
             ("v5, study seeds 5-9 (held out)", shipped[shipped["study_seed"].between(HELD_OUT_FROM, FRESH_FROM - 1)]),
-            ("v5, study seeds 10-14 (edition 7, fresh)", shipped[shipped["study_seed"] >= FRESH_FROM])]
+            ("v5, study seeds 10-14 (edition 7, fresh)", shipped[shipped["study_seed"] >= FRESH_FROM]),
+        ]
         for design, d in groups:
             if len(d) >= 2:
-                summary.append({"resample": mode, **ratio_row(design, d["point"], d["bootstrap_sd"], d["bootstrap_sd_from_90"])})
-        summary.append({"resample": mode, **ratio_row("pooled", by_mode["point"], by_mode["bootstrap_sd"],
-                                                      by_mode["bootstrap_sd_from_90"], by_mode["design"])})
+                summary.append(
+                    {"resample": mode, **ratio_row(design, d["point"], d["bootstrap_sd"], d["bootstrap_sd_from_90"])}
+                )
+        summary.append(
+            {
+                "resample": mode,
+                **ratio_row(
+                    "pooled",
+                    by_mode["point"],
+                    by_mode["bootstrap_sd"],
+                    by_mode["bootstrap_sd_from_90"],
+                    by_mode["design"],
+                ),
+            }
+        )
     summary = pd.DataFrame(summary)
     per_ladder.to_csv(args.out_dir / "bootstrap_ratio_ladders.csv", index=False, float_format="%.6g")
     summary.to_csv(args.out_dir / "bootstrap_ratio.csv", index=False, float_format="%.4g")

@@ -49,8 +49,10 @@ def main() -> int:
     parser.add_argument("--run-json", type=Path, help="its `delphi ladder run --json` output")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rows = [phases(s / "ladder", json.loads((s / "stages" / "ladder.json").read_text())["result"], str(s))
-            for s in args.studies]
+    rows = [
+        phases(s / "ladder", json.loads((s / "stages" / "ladder.json").read_text())["result"], str(s))
+        for s in args.studies
+    ]
     if args.ladder is not None:
         rows.append(phases(args.ladder, json.loads(args.run_json.read_text()), f"{args.ladder} ({args.run_json.name})"))
     for r in rows:

@@ -34,8 +34,17 @@ LN_C_CENTRE = 26.0  # ln(2e11): centres ln C so the joint fit's intercepts are w
 def vertices(cells: pd.DataFrame) -> pd.DataFrame:
     """Per budget: geometric-mean FLOPs, vertex loss, and 6 N* D* (non-embedding) at the vertex."""
     optima, _ = per_budget_optima(cells)
-    return pd.DataFrame([{"budget": o["budget"], "flops": o["flops"], "loss": o["loss_opt"],
-                          "flops_6nd": 6 * o["params_opt"] * o["tokens_opt"]} for o in optima]).sort_values("budget")
+    return pd.DataFrame(
+        [
+            {
+                "budget": o["budget"],
+                "flops": o["flops"],
+                "loss": o["loss_opt"],
+                "flops_6nd": 6 * o["params_opt"] * o["tokens_opt"],
+            }
+            for o in optima
+        ]
+    ).sort_values("budget")
 
 
 def power_law(x: np.ndarray, loss: np.ndarray, at: float, degree: int = 1) -> float:
@@ -67,8 +76,17 @@ def joint_loss(p: np.ndarray, flops: float, params: float) -> float:
 
 def score_ladder(rungs: pd.DataFrame, hero: pd.Series | None) -> list[dict]:
     """Relative error (predicted / actual - 1) of each law: backtest at the top budget, and the hero."""
-    cells = rungs.groupby("cell_id").agg(budget=("budget", "first"), flops=("flops", "mean"), params=("params", "mean"),
-                                         tokens=("tokens", "mean"), loss=("loss", "mean")).reset_index()
+    cells = (
+        rungs.groupby("cell_id")
+        .agg(
+            budget=("budget", "first"),
+            flops=("flops", "mean"),
+            params=("params", "mean"),
+            tokens=("tokens", "mean"),
+            loss=("loss", "mean"),
+        )
+        .reset_index()
+    )
     v = vertices(rungs)
     low, top = v.iloc[:-1], v.iloc[-1]
     lower_cells = cells[cells["budget"] < top["budget"]]
@@ -79,7 +97,10 @@ def score_ladder(rungs: pd.DataFrame, hero: pd.Series | None) -> list[dict]:
         "isoflop in 6ND at the vertex": power_law(low["flops_6nd"], low["loss"], top["flops_6nd"]),
         "joint surface": joint_vertex_loss(joint_surface(lower_cells), top["flops"]),
     }
-    rows = [{"law": law, "target": "top budget vertex", "rel_error": pred / top["loss"] - 1} for law, pred in backtest.items()]
+    rows = [
+        {"law": law, "target": "top budget vertex", "rel_error": pred / top["loss"] - 1}
+        for law, pred in backtest.items()
+    ]
     if hero is not None:
         c, n6d = hero["flops"], 6 * hero["params"] * hero["tokens"]
         predicted = {
@@ -89,7 +110,9 @@ def score_ladder(rungs: pd.DataFrame, hero: pd.Series | None) -> list[dict]:
             "isoflop in 6ND at the vertex": power_law(v["flops_6nd"], v["loss"], n6d),
             "joint surface": joint_loss(joint_surface(cells), c, hero["params"]),
         }
-        rows += [{"law": law, "target": "hero", "rel_error": pred / hero["loss"] - 1} for law, pred in predicted.items()]
+        rows += [
+            {"law": law, "target": "hero", "rel_error": pred / hero["loss"] - 1} for law, pred in predicted.items()
+        ]
     return rows
 
 

@@ -33,10 +33,10 @@ from pathlib import Path
 import pandas as pd
 
 from delphi.fits import load_results
+from delphi.fits.intervals import PointCorrection, correct_by_design
 from delphi.fits.isoflop import fit_approach2
 from delphi.ladder.plan import flops_family
 from delphi.ladder.spec import ladder_spec_from_dict
-from delphi.fits.intervals import PointCorrection, correct_by_design
 from delphi.prereg.predict import hero_prediction
 from delphi.train.config import load_train_config
 
@@ -53,7 +53,9 @@ def reseal(name: str, run: Path, resample: str) -> dict:
     convention = json.loads((run / "fits" / "conventions.json").read_text())["chosen"]
     family = flops_family(ladder_spec_from_dict(pinned["ladder"]), convention)
     table = load_results(run / "results.csv", params_convention=convention, family=family)
-    fit = fit_approach2(table, n_bootstrap=study["bootstrap"], seed=study["seed"], resample=resample).with_family(family)
+    fit = fit_approach2(table, n_bootstrap=study["bootstrap"], seed=study["seed"], resample=resample).with_family(
+        family
+    )
     with tempfile.TemporaryDirectory() as tmp:
         fit_path = Path(tmp) / "isoflop.json"
         fit_path.write_text(json.dumps(fit.to_json()))
@@ -64,12 +66,23 @@ def reseal(name: str, run: Path, resample: str) -> dict:
     actual = float(outcome["actual_final_loss"])
     (lo90, hi90), (lo50, hi50) = final["loss_90"], final["loss_50"]
     return {
-        "run": name, "study_seed": study["seed"], "resample": resample, "tolerance_at_seal": study["hero"]["tolerance"],
+        "run": name,
+        "study_seed": study["seed"],
+        "resample": resample,
+        "tolerance_at_seal": study["hero"]["tolerance"],
         "gates_failed_at_seal": ";".join(gates["failed"]),
-        "predicted": final["loss"], "lo90": lo90, "hi90": hi90, "lo50": lo50, "hi50": hi50, "actual": actual,
-        "rel_error": actual / final["loss"] - 1, "covered_90": lo90 <= actual <= hi90, "covered_50": lo50 <= actual <= hi50,
+        "predicted": final["loss"],
+        "lo90": lo90,
+        "hi90": hi90,
+        "lo50": lo50,
+        "hi50": hi50,
+        "actual": actual,
+        "rel_error": actual / final["loss"] - 1,
+        "covered_90": lo90 <= actual <= hi90,
+        "covered_50": lo50 <= actual <= hi50,
         "reproduces_seal": (abs(lo90 - sealed["loss_90"][0]) < 1e-9 and abs(hi90 - sealed["loss_90"][1]) < 1e-9)
-        if resample == "seeds" else None,
+        if resample == "seeds"
+        else None,
     }
 
 
@@ -79,15 +92,31 @@ def corrected_leave_one_out(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in plain.itertuples():
         others = plain.loc[plain["study_seed"] != r.study_seed, "rel_error"]
-        correction = PointCorrection(float(others.mean()), float(others.std(ddof=1) / len(others) ** 0.5), LEAVE_ONE_OUT)
-        final = correct_by_design({"loss": r.predicted, "loss_90": [r.lo90, r.hi90], "loss_50": [r.lo50, r.hi50],
-                                   "source": "isoflop"}, correction)
+        correction = PointCorrection(
+            float(others.mean()), float(others.std(ddof=1) / len(others) ** 0.5), LEAVE_ONE_OUT
+        )
+        final = correct_by_design(
+            {"loss": r.predicted, "loss_90": [r.lo90, r.hi90], "loss_50": [r.lo50, r.hi50], "source": "isoflop"},
+            correction,
+        )
         (lo90, hi90), (lo50, hi50) = final["loss_90"], final["loss_50"]
-        rows.append(r._asdict() | {
-            "correction": LEAVE_ONE_OUT, "correction_rel": correction.rel, "correction_sd_rel": correction.sd_rel,
-            "predicted": final["loss"], "lo90": lo90, "hi90": hi90, "lo50": lo50, "hi50": hi50,
-            "rel_error": r.actual / final["loss"] - 1, "covered_90": lo90 <= r.actual <= hi90,
-            "covered_50": lo50 <= r.actual <= hi50, "reproduces_seal": None})
+        rows.append(
+            r._asdict()
+            | {
+                "correction": LEAVE_ONE_OUT,
+                "correction_rel": correction.rel,
+                "correction_sd_rel": correction.sd_rel,
+                "predicted": final["loss"],
+                "lo90": lo90,
+                "hi90": hi90,
+                "lo50": lo50,
+                "hi50": hi50,
+                "rel_error": r.actual / final["loss"] - 1,
+                "covered_90": lo90 <= r.actual <= hi90,
+                "covered_50": lo50 <= r.actual <= hi50,
+                "reproduces_seal": None,
+            }
+        )
     return pd.DataFrame(rows).drop(columns="Index")
 
 

@@ -57,8 +57,7 @@ def merged(rows: list[dict], out: Path) -> tuple[list[dict], list[str]]:
     fields = list(dict.fromkeys([*(old[0].keys() if old else ()), *(k for row in rows for k in row)]))
     by_run = {row["run"]: row for row in rows}
     # What the directory cannot tell (None, e.g. a ladder's seconds noted by hand) keeps the table's value.
-    table = [old_row | {k: v for k, v in by_run.pop(old_row["run"], {}).items() if v is not None}
-             for old_row in old]
+    table = [old_row | {k: v for k, v in by_run.pop(old_row["run"], {}).items() if v is not None} for old_row in old]
     return table + list(by_run.values()), fields
 
 
@@ -66,7 +65,9 @@ def summarize(run: Path) -> dict:
     study = json.loads((run / "study.json").read_text())["study"]
     gates = json.loads((run / "gates.json").read_text())
     sealed = gates["prediction"]
-    final, _ = predict_final(run / "fits" / f"{study['primary_fit']}.json", load_train_config(run / "hero.yaml"), run / "results.csv")
+    final, _ = predict_final(
+        run / "fits" / f"{study['primary_fit']}.json", load_train_config(run / "hero.yaml"), run / "results.csv"
+    )
     ladder_s = stage_seconds(run, "ladder_first_invocation") or stage_seconds(run, "ladder")
     stages = [p.stem for p in (run / "stages").glob("*.json") if p.stem not in ("ladder", "ladder_first_invocation")]
     row = {

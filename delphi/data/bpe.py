@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from delphi.errors import DelphiError, quoted
 
@@ -45,7 +46,9 @@ def _tokenizers():  # noqa: ANN202 - the tokenizers module
 
 def byte_alphabet() -> dict[str, int]:
     """GPT-2's printable stand-in character for each byte (bytes_to_unicode), inverted: char -> byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = [], 0
     for b in range(256):
         if b in printable:
@@ -93,12 +96,16 @@ class BpeTokenizer:
                 raise ValueError("no 'model' object")
             tokenizer = tk.Tokenizer.from_str(text)
         except (ValueError, Exception) as e:  # tokenizers raises a bare Exception for a bad file
-            raise DelphiError(f"--tokenizer {origin}: not a tokenizer.json of the tokenizers package ({' '.join(str(e).split())[:160]})") from None
+            raise DelphiError(
+                f"--tokenizer {origin}: not a tokenizer.json of the tokenizers package ({' '.join(str(e).split())[:160]})"
+            ) from None
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         separator = next((t for t in END_OF_DOCUMENT_TOKENS if t in vocab), None)
         if separator is None:
-            raise DelphiError(f"--tokenizer {origin}: no end-of-document token to separate documents "
-                              f"(looked for {', '.join(END_OF_DOCUMENT_TOKENS)})")
+            raise DelphiError(
+                f"--tokenizer {origin}: no end-of-document token to separate documents "
+                f"(looked for {', '.join(END_OF_DOCUMENT_TOKENS)})"
+            )
         return cls(text, origin, tokenizer, separator)
 
     @classmethod
@@ -119,8 +126,10 @@ class BpeTokenizer:
         tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = tk.decoders.ByteLevel()
         trainer = tk.trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=[END_OF_DOCUMENT],
-            initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+            vocab_size=vocab_size,
+            special_tokens=[END_OF_DOCUMENT],
+            initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
         )
         tokenizer.train_from_iterator(texts, trainer=trainer)
         return cls.from_json(tokenizer.to_str(), "trained")
@@ -167,8 +176,16 @@ class BpeTokenizer:
         return lengths
 
     def meta(self) -> dict[str, object]:
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "dtype": self.dtype, "sha256": self.sha256,
-                "file": TOKENIZER_FILE, "origin": self.origin, "separator": self.separator, "separator_id": self.separator_id}
+        return {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "dtype": self.dtype,
+            "sha256": self.sha256,
+            "file": TOKENIZER_FILE,
+            "origin": self.origin,
+            "separator": self.separator,
+            "separator_id": self.separator_id,
+        }
 
 
 TOKENIZER_FILE = "tokenizer.json"  # the store's copy of its tokenizer
@@ -196,10 +213,14 @@ def check_tokenizer_arg(value: str, vocab_size: int | None) -> None:
         if vocab_size is None:
             raise DelphiError("--tokenizer bpe: needs --vocab-size N (the vocabulary to train)")
         if vocab_size < MIN_TRAINED_VOCAB:
-            raise DelphiError(f"--vocab-size: {vocab_size}, a trained byte-level BPE needs at least {MIN_TRAINED_VOCAB} "
-                              "(256 byte tokens, the separator, one merge)")
+            raise DelphiError(
+                f"--vocab-size: {vocab_size}, a trained byte-level BPE needs at least {MIN_TRAINED_VOCAB} "
+                "(256 byte tokens, the separator, one merge)"
+            )
         if vocab_size > 1 << 32:
             raise DelphiError(f"--vocab-size: {vocab_size} ids do not fit a uint32 store")
         _tokenizers()  # installed, before anything is read
     elif vocab_size is not None:
-        raise DelphiError(f"--vocab-size: only with --tokenizer bpe (a vocabulary trained here), not with --tokenizer {quoted(value)}")
+        raise DelphiError(
+            f"--vocab-size: only with --tokenizer bpe (a vocabulary trained here), not with --tokenizer {quoted(value)}"
+        )

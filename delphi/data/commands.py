@@ -23,17 +23,37 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     prepare.add_argument("--source", default="stdlib", metavar="SRC", help="stdlib | environment | DIR | GLOB | FILE")
     prepare.add_argument("--out", required=True, metavar="DATA_DIR")
-    prepare.add_argument("--text-field", default=DEFAULT_TEXT_FIELD, metavar="NAME",
-                         help=f"the field (JSONL) or column (Parquet, Arrow) holding a record's text (default {DEFAULT_TEXT_FIELD})")
-    prepare.add_argument("--tokenizer", default="byte", metavar="byte|bpe|FILE",
-                         help="byte (default: 256 tokens, loss converts exactly to bits per byte), bpe (a byte-level "
-                              "BPE vocabulary trained here on the train split, --vocab-size tokens), or a "
-                              "tokenizer.json of the Hugging Face tokenizers package")
-    prepare.add_argument("--vocab-size", type=positive_int, default=None, metavar="N", help="with --tokenizer bpe: the vocabulary to train")
-    prepare.add_argument("--tokenizer-train-bytes", type=positive_int, default=BPE_TRAIN_BYTES, metavar="BYTES",
-                         help=f"with --tokenizer bpe: train on at most this much text (default {BPE_TRAIN_BYTES:,})")
-    prepare.add_argument("--force", action="store_true",
-                         help="replace a token store in DATA_DIR that was built from another source")
+    prepare.add_argument(
+        "--text-field",
+        default=DEFAULT_TEXT_FIELD,
+        metavar="NAME",
+        help=f"the field (JSONL) or column (Parquet, Arrow) holding a record's text (default {DEFAULT_TEXT_FIELD})",
+    )
+    prepare.add_argument(
+        "--tokenizer",
+        default="byte",
+        metavar="byte|bpe|FILE",
+        help="byte (default: 256 tokens, loss converts exactly to bits per byte), bpe (a byte-level "
+        "BPE vocabulary trained here on the train split, --vocab-size tokens), or a "
+        "tokenizer.json of the Hugging Face tokenizers package",
+    )
+    prepare.add_argument(
+        "--vocab-size",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --tokenizer bpe: the vocabulary to train",
+    )
+    prepare.add_argument(
+        "--tokenizer-train-bytes",
+        type=positive_int,
+        default=BPE_TRAIN_BYTES,
+        metavar="BYTES",
+        help=f"with --tokenizer bpe: train on at most this much text (default {BPE_TRAIN_BYTES:,})",
+    )
+    prepare.add_argument(
+        "--force", action="store_true", help="replace a token store in DATA_DIR that was built from another source"
+    )
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_json_flag(prepare)
     prepare.set_defaults(func=_prepare)
@@ -43,17 +63,23 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def _prepare(args: argparse.Namespace) -> dict:
     from delphi.data.store import PrepareOptions, prepare_store
     from delphi.io import check_output_dir
-
     from delphi.signals import stop_signals_raise
 
     tokenizer_file = () if args.tokenizer in ("byte", "bpe") else (args.tokenizer,)
     check_output_dir(args.out, inputs=(args.source, *tokenizer_file))
-    options = PrepareOptions(text_field=args.text_field, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                             tokenizer_train_bytes=args.tokenizer_train_bytes, progress=not args.no_progress)
+    options = PrepareOptions(
+        text_field=args.text_field,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        tokenizer_train_bytes=args.tokenizer_train_bytes,
+        progress=not args.no_progress,
+    )
     with stop_signals_raise("no token store was left half-built"):  # SIGTERM/SIGHUP: exit 143/129, one line
         meta = prepare_store(args.source, args.out, force=args.force, options=options)
     tokenizer = meta["tokenizer"]
-    unit = "byte" if tokenizer["kind"] == "byte" else f"{tokenizer['kind']} ({tokenizer['vocab_size']:,}-token vocabulary)"
+    unit = (
+        "byte" if tokenizer["kind"] == "byte" else f"{tokenizer['kind']} ({tokenizer['vocab_size']:,}-token vocabulary)"
+    )
     print(
         f"prepared {args.out}: {meta['files']} documents ({meta['documents_train']} train / {meta['documents_val']} val), "
         f"{meta['n_train']:,} train + {meta['n_val']:,} val {unit} tokens from {meta['bytes']:,} bytes of text, "

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from jaxtyping import Int, UInt
@@ -43,7 +43,9 @@ class TokenStore:
         meta = read_json(self.path / META_FILE, what="token store meta.json")
         missing = [k for k in ("n_train", "n_val") if not isinstance(meta, dict) or k not in meta]
         if missing:
-            raise DelphiError(f"{self.path / META_FILE}: no {quoted(missing[0])}; not a token store (rebuild it with `delphi data prepare`)")
+            raise DelphiError(
+                f"{self.path / META_FILE}: no {quoted(missing[0])}; not a token store (rebuild it with `delphi data prepare`)"
+            )
         self.meta: dict = meta
         dtype = self._dtype()
         self.train = self._map("train.bin", dtype, self.meta["n_train"])
@@ -62,10 +64,14 @@ class TokenStore:
         try:
             table = np.load(file, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise DelphiError(f"{file}: not the store's table of bytes per token ({e}); prepare the store again") from None
+            raise DelphiError(
+                f"{file}: not the store's table of bytes per token ({e}); prepare the store again"
+            ) from None
         if table.shape != (self.vocab_size,) or not np.issubdtype(table.dtype, np.integer):
-            raise DelphiError(f"{file}: {table.shape} {table.dtype}, expected {self.vocab_size} integers (one per token id); "
-                              "prepare the store again")
+            raise DelphiError(
+                f"{file}: {table.shape} {table.dtype}, expected {self.vocab_size} integers (one per token id); "
+                "prepare the store again"
+            )
         return table
 
     def _map(self, name: str, dtype: np.dtype, expected: int) -> np.ndarray:

@@ -19,8 +19,9 @@ import contextlib
 import gzip
 import io
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from delphi.errors import DelphiError, quoted
 
@@ -114,7 +115,9 @@ def _jsonl_records(
                     obj = json.loads(line)
                 except (ValueError, UnicodeDecodeError) as e:
                     reason = getattr(e, "msg", None) or type(e).__name__
-                    raise DelphiError(f"{path}: line {line_no}: not a JSON line ({reason}): {quoted(line[:80].decode('utf-8', 'replace').rstrip(), 80)}") from None
+                    raise DelphiError(
+                        f"{path}: line {line_no}: not a JSON line ({reason}): {quoted(line[:80].decode('utf-8', 'replace').rstrip(), 80)}"
+                    ) from None
                 yield f"{shard_id}#{line_no}", _text_of(obj, text_field, f"{path}: line {line_no}")
                 records += 1
                 if records % PROGRESS_EVERY_RECORDS == 0:
@@ -123,7 +126,9 @@ def _jsonl_records(
         if isinstance(e, DelphiError):
             raise
         what = {"gzip": "gzip", "zstd": "zstd"}.get(compression or "", "JSONL")
-        raise DelphiError(f"{path}: not a readable {what} file after line {line_no} ({type(e).__name__}: {e})") from None
+        raise DelphiError(
+            f"{path}: not a readable {what} file after line {line_no} ({type(e).__name__}: {e})"
+        ) from None
     if records == 0:
         raise DelphiError(f"{path}: an empty shard (no JSON line with a record); remove it or fill it")
 
@@ -132,7 +137,9 @@ def _text_of(obj: object, text_field: str, where: str) -> str:
     if not isinstance(obj, dict):
         raise DelphiError(f"{where}: a JSON {type(obj).__name__}, expected an object with a {quoted(text_field)} field")
     if text_field not in obj:
-        raise DelphiError(f"{where}: no field {quoted(text_field)} (fields: {_fields(obj)}); name the text field with --text-field")
+        raise DelphiError(
+            f"{where}: no field {quoted(text_field)} (fields: {_fields(obj)}); name the text field with --text-field"
+        )
     text = obj[text_field]
     if not isinstance(text, str):
         shown = "null" if text is None else type(text).__name__
@@ -154,18 +161,30 @@ def _check_column(path: Path, schema, text_field: str, rows: int | None) -> None
 
     if text_field not in schema.names:
         shown = ", ".join(quoted(n, 40) for n in schema.names[:8]) + (" ..." if len(schema.names) > 8 else "")
-        raise DelphiError(f"{path}: no column {quoted(text_field)} (columns: {shown or 'none'}); name the text column with --text-field")
+        raise DelphiError(
+            f"{path}: no column {quoted(text_field)} (columns: {shown or 'none'}); name the text column with --text-field"
+        )
     kind = schema.field(text_field).type
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
+    if not (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or getattr(pa.types, "is_string_view", lambda _: False)(kind)
+    ):
         raise DelphiError(f"{path}: column {quoted(text_field)} holds {kind}, expected strings")
     if rows == 0:
         raise DelphiError(f"{path}: an empty shard (0 rows); remove it or fill it")
 
 
-def _column_texts(path: Path, batches, text_field: str, shard_id: str, progress: Progress,  # noqa: ANN001
-                  position: Callable[[], int]) -> Iterator[tuple[str, str]]:
+def _column_texts(
+    path: Path,
+    batches,
+    text_field: str,
+    shard_id: str,
+    progress: Progress,  # noqa: ANN001
+    position: Callable[[], int],
+) -> Iterator[tuple[str, str]]:
     row = 0
     for batch in batches:
         column = batch.column(batch.schema.get_field_index(text_field))
@@ -199,7 +218,9 @@ def _parquet_records(
                 done[0] += shard.metadata.row_group(group).total_byte_size
 
         try:
-            yield from _column_texts(path, batches(), text_field, shard_id, progress, lambda: min(done[0], path.stat().st_size))
+            yield from _column_texts(
+                path, batches(), text_field, shard_id, progress, lambda: min(done[0], path.stat().st_size)
+            )
         except (pa.ArrowException, OSError) as e:
             raise DelphiError(f"{path}: unreadable Parquet data ({' '.join(str(e).split())[:160]})") from None
 
@@ -253,6 +274,8 @@ def datasets_data_files(directory: Path) -> list[str] | None:
         files = json.loads(state.read_text()).get("_data_files")
     except (OSError, ValueError, AttributeError):
         return None
-    if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("filename"), str) for f in files):
+    if not isinstance(files, list) or not all(
+        isinstance(f, dict) and isinstance(f.get("filename"), str) for f in files
+    ):
         return None
     return [f["filename"] for f in files]

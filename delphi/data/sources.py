@@ -27,11 +27,17 @@ from __future__ import annotations
 import glob as globlib
 import os
 import sysconfig
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
-from delphi.data.shards import DATASETS_METADATA_FILES, DEFAULT_TEXT_FIELD, datasets_data_files, read_records, shard_format
+from delphi.data.shards import (
+    DATASETS_METADATA_FILES,
+    DEFAULT_TEXT_FIELD,
+    datasets_data_files,
+    read_records,
+    shard_format,
+)
 from delphi.errors import DelphiError, quoted
 
 BUILTIN_SOURCES = ("stdlib", "environment")
@@ -225,8 +231,11 @@ def list_files(source: str) -> list[SourceFile]:
         for root in roots:
             # With purelib != platlib both are named "site-packages"; keep ids unique.
             prefix = "site-packages" if len(roots) == 1 else f"site-packages{roots.index(root)}"
-            files += [f for f in _files_under(root, prefix, SITE_PACKAGES_SUFFIXES)
-                      if not f.path.name.startswith(SITE_PACKAGES_SKIP_PREFIXES)]
+            files += [
+                f
+                for f in _files_under(root, prefix, SITE_PACKAGES_SUFFIXES)
+                if not f.path.name.startswith(SITE_PACKAGES_SKIP_PREFIXES)
+            ]
     else:
         path = Path(source).expanduser()
         if path.is_dir():
@@ -257,7 +266,10 @@ def list_documents(source: str) -> list[Document]:
     docs = []
     for f in list_files(source):
         if f.chunked:
-            docs += [Document(chunk_id(f.path, k), f.path, offset, len(data)) for k, (offset, data) in enumerate(_chunks(f.path))]
+            docs += [
+                Document(chunk_id(f.path, k), f.path, offset, len(data))
+                for k, (offset, data) in enumerate(_chunks(f.path))
+            ]
         elif not f.is_shard:
             docs.append(Document(f.id, f.path))
     return docs

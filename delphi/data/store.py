@@ -37,9 +37,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from delphi import __version__
 from delphi.data.bpe import TOKENIZER_FILE, BpeTokenizer, check_tokenizer_arg, texts_of
@@ -104,8 +105,10 @@ def package_of(document_id: str) -> str:
 
 def package_differences(before: dict[str, int], after: dict[str, int], limit: int = 8) -> str:
     """The packages whose bytes differ between two stores' `bytes_by_package`, largest first."""
-    changed = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in set(before) | set(after)
-                      if before.get(k) != after.get(k)), key=lambda d: -abs(d[0]))
+    changed = sorted(
+        ((after.get(k, 0) - before.get(k, 0), k) for k in set(before) | set(after) if before.get(k) != after.get(k)),
+        key=lambda d: -abs(d[0]),
+    )
     shown = ", ".join(f"{k} {delta:+,d} bytes" for delta, k in changed[:limit])
     return shown + (f" and {len(changed) - limit} more" if len(changed) > limit else "") if changed else "none"
 
@@ -139,8 +142,10 @@ def check_store_replaceable(out: Path, source: str, *, force: bool = False) -> N
     meta = read_json(out / META_FILE, what="token store meta")
     built_from = meta.get("source") if isinstance(meta, dict) else None
     if not same_source(built_from, source):
-        raise DelphiError(f"--out {out}: holds a token store built from {str(built_from)[:200]!r}, not {source!r}; "
-                          "runs trained on it would silently change corpus: choose another directory, or pass --force")
+        raise DelphiError(
+            f"--out {out}: holds a token store built from {str(built_from)[:200]!r}, not {source!r}; "
+            "runs trained on it would silently change corpus: choose another directory, or pass --force"
+        )
 
 
 @dataclass(frozen=True)
@@ -154,8 +159,9 @@ class PrepareOptions:
     progress: bool = False  # a tqdm bar on stderr (a terminal): bytes read, documents per second
 
 
-def prepare_store(source: str, out_dir: str | os.PathLike, *, force: bool = False,
-                  options: PrepareOptions = PrepareOptions()) -> dict:
+def prepare_store(
+    source: str, out_dir: str | os.PathLike, *, force: bool = False, options: PrepareOptions = PrepareOptions()
+) -> dict:
     """Build a token store from `source` into `out_dir` and return its meta.
 
     The checks that need no reading (the source exists, the output is not some unrelated
@@ -214,12 +220,16 @@ def check_out_outside_source(out: Path, source: str, files: list[SourceFile]) ->
     target = _real_out(out).resolve()
     for root in source_roots(source):
         if target == root or target.is_relative_to(root):
-            raise DelphiError(f"--out {out}: is inside --source {source}, so the next build would read this store "
-                              "(its meta.json and documents.tsv) as corpus; put the store outside the source")
+            raise DelphiError(
+                f"--out {out}: is inside --source {source}, so the next build would read this store "
+                "(its meta.json and documents.tsv) as corpus; put the store outside the source"
+            )
     inside = next((f for f in files if f.path.resolve().is_relative_to(target)), None)
     if inside is not None:
-        raise DelphiError(f"--out {out}: --source {source} matches {inside.path}, a file of this store: the build "
-                          "would read its own store as corpus; put the store outside the source, or narrow the glob")
+        raise DelphiError(
+            f"--out {out}: --source {source} matches {inside.path}, a file of this store: the build "
+            "would read its own store as corpus; put the store outside the source, or narrow the glob"
+        )
 
 
 def _real_out(out: Path) -> Path:
@@ -244,8 +254,17 @@ class _Bar:
 
             # Only on a terminal (disable=None), and erased when done (leave=False): a log or a refusal
             # keeps its one line.
-            self.bar = tqdm(total=self.total, desc=self.desc, unit="B", unit_scale=True, unit_divisor=1024,
-                            dynamic_ncols=True, file=sys.stderr, disable=None, leave=False)
+            self.bar = tqdm(
+                total=self.total,
+                desc=self.desc,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                dynamic_ncols=True,
+                file=sys.stderr,
+                disable=None,
+                leave=False,
+            )
 
     def read(self, n: int) -> None:
         if self.bar is not None and n:
@@ -255,7 +274,9 @@ class _Bar:
         self.docs += 1
         if self.bar is not None and (now := time.perf_counter()) - self.shown > 0.5:
             self.shown = now
-            self.bar.set_postfix_str(f"{self.docs:,} docs, {self.docs / max(now - self.started, 1e-9):,.0f} docs/s", refresh=False)
+            self.bar.set_postfix_str(
+                f"{self.docs:,} docs, {self.docs / max(now - self.started, 1e-9):,.0f} docs/s", refresh=False
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -276,6 +297,7 @@ def _train_tokenizer(files: list[SourceFile], options: PrepareOptions) -> BpeTok
     threshold), the first `tokenizer_train_bytes` of them."""
     bar = _Bar(_source_bytes(files), "train tokenizer", options.progress)
     try:
+
         def train_docs() -> Iterator[bytes]:
             for doc in iter_documents(files, options.text_field, bar.read):
                 if document_hash_fraction(doc.id) >= VAL_FRACTION:
@@ -287,8 +309,11 @@ def _train_tokenizer(files: list[SourceFile], options: PrepareOptions) -> BpeTok
     finally:
         bar.close()
     if tokenizer.vocab_size < options.vocab_size:
-        print(f"warning: --vocab-size {options.vocab_size}: the corpus gave only {tokenizer.vocab_size} tokens "
-              "(no more pairs to merge); the store records the vocabulary as trained", file=sys.stderr)
+        print(
+            f"warning: --vocab-size {options.vocab_size}: the corpus gave only {tokenizer.vocab_size} tokens "
+            "(no more pairs to merge); the store records the vocabulary as trained",
+            file=sys.stderr,
+        )
     return tokenizer
 
 
@@ -334,8 +359,14 @@ def _is_val(doc_id: str, fraction: float, override: tuple[str, str] | None) -> b
     return doc_id == chosen if kind == "val" else doc_id != chosen
 
 
-def _write_splits(tmp: Path, source: str, files: list[SourceFile], tokenizer: Any, options: PrepareOptions,
-                  override: tuple[str, str] | None) -> _Split:
+def _write_splits(
+    tmp: Path,
+    source: str,
+    files: list[SourceFile],
+    tokenizer: Any,
+    options: PrepareOptions,
+    override: tuple[str, str] | None,
+) -> _Split:
     bar = _Bar(_source_bytes(files), "prepare" if override is None else "prepare (split fallback)", options.progress)
     split = _Split(_SplitFile(tmp / "train.bin"), _SplitFile(tmp / "val.bin"))
     table = tokenizer.token_bytes() if isinstance(tokenizer, BpeTokenizer) else None
@@ -356,7 +387,9 @@ def _write_splits(tmp: Path, source: str, files: list[SourceFile], tokenizer: An
                 split.by_package[package] = split.by_package.get(package, 0) + len(doc.data)
                 bar.document()
                 if table is None:
-                    (split.val if val else split.train).append(doc.data + DOCUMENT_SEPARATOR, len(doc.data) + 1, len(doc.data) + 1)
+                    (split.val if val else split.train).append(
+                        doc.data + DOCUMENT_SEPARATOR, len(doc.data) + 1, len(doc.data) + 1
+                    )
                     continue
                 batch.append((doc, val))
                 batch_bytes += len(doc.data)
@@ -370,7 +403,9 @@ def _write_splits(tmp: Path, source: str, files: list[SourceFile], tokenizer: An
         for part in (split.train, split.val):
             part.file.close()
     if split.documents == 0:
-        raise DelphiError(f"source: {quoted(source)} holds no text files (binary or non-UTF-8 files and empty records are skipped)")
+        raise DelphiError(
+            f"source: {quoted(source)} holds no text files (binary or non-UTF-8 files and empty records are skipped)"
+        )
     if split.documents < 2:
         raise DelphiError(f"source: {split.documents} text document(s), need at least 2 to split train/validation")
     if table is None:
@@ -387,8 +422,9 @@ def _write_splits(tmp: Path, source: str, files: list[SourceFile], tokenizer: An
     return split
 
 
-def _append_encoded(split: _Split, batch: list[tuple[SourceDocument, bool]], tokenizer: BpeTokenizer,
-                    table: np.ndarray) -> None:
+def _append_encoded(
+    split: _Split, batch: list[tuple[SourceDocument, bool]], tokenizer: BpeTokenizer, table: np.ndarray
+) -> None:
     """Encode a batch of documents at once (the tokenizers package spreads it over the cores) and
     append each, with the separator, to its split."""
     import numpy as np
@@ -439,7 +475,10 @@ def _store_meta(source: str, files: list[SourceFile], tokenizer: Any, split: _Sp
     if isinstance(tokenizer, BpeTokenizer):
         meta["tokenizer"] |= {"token_bytes": TOKEN_BYTES_FILE}
         if tokenizer.origin == "trained":
-            meta["tokenizer"] |= {"requested_vocab_size": options.vocab_size, "train_bytes_max": options.tokenizer_train_bytes}
+            meta["tokenizer"] |= {
+                "requested_vocab_size": options.vocab_size,
+                "train_bytes_max": options.tokenizer_train_bytes,
+            }
     return meta
 
 
@@ -504,7 +543,9 @@ def _swap_in(new: Path, out: Path) -> None:
         for name in moved:
             with contextlib.suppress(OSError):
                 os.rename(new / name, out / name)
-        raise DelphiError(f"--out {out}: cannot swap the rebuilt store in ({e.strerror}); the old store is unchanged") from None
+        raise DelphiError(
+            f"--out {out}: cannot swap the rebuilt store in ({e.strerror}); the old store is unchanged"
+        ) from None
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -598,8 +639,11 @@ def verify_store_bytes(store_dir: Path, meta: dict) -> None:
     means hashing again next time."""
     files = [store_dir / "train.bin", store_dir / "val.bin"]
     try:
-        key = {"store": str(store_dir.resolve()), "files": [_stat_key(f) for f in files],
-               "sha256": [meta.get("train_sha256"), meta.get("val_sha256"), meta.get("sha256")]}
+        key = {
+            "store": str(store_dir.resolve()),
+            "files": [_stat_key(f) for f in files],
+            "sha256": [meta.get("train_sha256"), meta.get("val_sha256"), meta.get("sha256")],
+        }
     except OSError as e:
         raise DelphiError(f"{store_dir}: cannot read the token store ({e.strerror})") from None
     frozen = json.dumps(key, sort_keys=True)
@@ -616,14 +660,23 @@ def verify_store_bytes(store_dir: Path, meta: dict) -> None:
             while chunk := handle.read(WRITE_BUFFER_BYTES):
                 hashes[name].update(chunk)
                 hashes["all"].update(chunk)
-    for name, recorded, file in (("train", "train_sha256", files[0]), ("val", "val_sha256", files[1]),
-                                 ("all", "sha256", None)):
+    for name, recorded, file in (
+        ("train", "train_sha256", files[0]),
+        ("val", "val_sha256", files[1]),
+        ("all", "sha256", None),
+    ):
         expected = meta.get(recorded)
         actual = hashes[name].hexdigest()
         if expected is not None and actual != expected:
-            what = f"{file}: its sha256 {actual[:16]}..." if file else f"{store_dir}: train.bin + val.bin hash to {actual[:16]}..."
-            raise DelphiError(f"{what}, not the {str(expected)[:16]}... its meta.json records ({recorded}): the store "
-                              "changed after `delphi data prepare`; prepare it again")
+            what = (
+                f"{file}: its sha256 {actual[:16]}..."
+                if file
+                else f"{store_dir}: train.bin + val.bin hash to {actual[:16]}..."
+            )
+            raise DelphiError(
+                f"{what}, not the {str(expected)[:16]}... its meta.json records ({recorded}): the store "
+                "changed after `delphi data prepare`; prepare it again"
+            )
     _VERIFIED.add(frozen)
     with contextlib.suppress(OSError):
         from delphi.io import atomic_write_json
@@ -639,12 +692,15 @@ def check_vocabulary(store_dir: Path, meta: dict, vocab_size: int, tokenizer: st
     recorded = meta.get("tokenizer") or {}
     kind, store_vocab = recorded.get("kind", "byte"), recorded.get("vocab_size", 256)
     described = f"the token store {store_dir} ({kind}, {store_vocab} tokens" + (
-        f", tokenizer sha256 {str(recorded.get('sha256'))[:12]})" if recorded.get("sha256") else ")")
+        f", tokenizer sha256 {str(recorded.get('sha256'))[:12]})" if recorded.get("sha256") else ")"
+    )
     if tokenizer is not None:
         if tokenizer in ("byte", "bpe"):
             if tokenizer != kind:
-                raise DelphiError(f"{prefix}data.tokenizer: {tokenizer}, but {described} was built with another; "
-                                  "point data.store at a store of this tokenizer, or prepare one")
+                raise DelphiError(
+                    f"{prefix}data.tokenizer: {tokenizer}, but {described} was built with another; "
+                    "point data.store at a store of this tokenizer, or prepare one"
+                )
         else:
             path = Path(tokenizer).expanduser()
             try:
@@ -652,11 +708,15 @@ def check_vocabulary(store_dir: Path, meta: dict, vocab_size: int, tokenizer: st
             except OSError as e:
                 raise DelphiError(f"{prefix}data.tokenizer: {tokenizer}: cannot read it ({e.strerror})") from None
             if sha != recorded.get("sha256"):
-                raise DelphiError(f"{prefix}data.tokenizer: {tokenizer} (sha256 {sha[:12]}) is not the tokenizer of "
-                                  f"{described}; prepare a store with `--tokenizer {tokenizer}`")
+                raise DelphiError(
+                    f"{prefix}data.tokenizer: {tokenizer} (sha256 {sha[:12]}) is not the tokenizer of "
+                    f"{described}; prepare a store with `--tokenizer {tokenizer}`"
+                )
     if vocab_size != store_vocab:
-        raise DelphiError(f"{prefix}model.vocab_size: {vocab_size}, but {described}; the model's vocabulary must be "
-                          f"the store's: set model.vocab_size: {store_vocab}, or point data.store at another store")
+        raise DelphiError(
+            f"{prefix}model.vocab_size: {vocab_size}, but {described}; the model's vocabulary must be "
+            f"the store's: set model.vocab_size: {store_vocab}, or point data.store at another store"
+        )
 
 
 def store_dtype(store_dir: Path, meta: dict) -> str:
@@ -664,12 +724,16 @@ def store_dtype(store_dir: Path, meta: dict) -> str:
     tokenizer = meta.get("tokenizer") or {}
     name = tokenizer.get("dtype", "uint8")
     if name not in STORE_DTYPES:
-        raise DelphiError(f"{store_dir / META_FILE}: tokenizer.dtype {quoted(name)}, expected one of {', '.join(STORE_DTYPES)}")
+        raise DelphiError(
+            f"{store_dir / META_FILE}: tokenizer.dtype {quoted(name)}, expected one of {', '.join(STORE_DTYPES)}"
+        )
     vocab = tokenizer.get("vocab_size", 256)
     largest = (1 << (8 * STORE_DTYPES[name])) - 1
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1 or vocab > largest + 1:
-        raise DelphiError(f"{store_dir / META_FILE}: a vocabulary of {quoted(vocab)} tokens does not fit the store's "
-                          f"dtype {name} (ids up to {largest}); prepare the store again")
+        raise DelphiError(
+            f"{store_dir / META_FILE}: a vocabulary of {quoted(vocab)} tokens does not fit the store's "
+            f"dtype {name} (ids up to {largest}); prepare the store again"
+        )
     return str(name)
 
 
@@ -680,7 +744,9 @@ def check_token_file(file: Path, itemsize: int, expected: int) -> None:
     except OSError as e:
         raise DelphiError(f"{file}: cannot read it ({e.strerror}); prepare the store again") from None
     if size != expected * itemsize:
-        raise DelphiError(f"{file}: holds {size // itemsize} tokens but meta.json says {expected}; prepare the store again")
+        raise DelphiError(
+            f"{file}: holds {size // itemsize} tokens but meta.json says {expected}; prepare the store again"
+        )
 
 
 def check_store_for_config(cfg: Any, *, where: str = "") -> Path:
@@ -695,7 +761,9 @@ def check_store_for_config(cfg: Any, *, where: str = "") -> Path:
     store_dir = resolve_store(cfg.data.store)
     meta = read_json(store_dir / META_FILE, what="token store meta.json")
     if not isinstance(meta, dict) or not all(k in meta for k in ("n_train", "n_val")):
-        raise DelphiError(f"{store_dir / META_FILE}: no 'n_train' or 'n_val'; not a token store (rebuild it with `delphi data prepare`)")
+        raise DelphiError(
+            f"{store_dir / META_FILE}: no 'n_train' or 'n_val'; not a token store (rebuild it with `delphi data prepare`)"
+        )
     itemsize = STORE_DTYPES[store_dtype(store_dir, meta)]
     for name, key in (("train.bin", "n_train"), ("val.bin", "n_val")):
         check_token_file(store_dir / name, itemsize, int(meta[key]))

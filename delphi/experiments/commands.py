@@ -21,20 +21,34 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     cc.add_argument("--out", type=output_path, required=True, help="directory for coordcheck.json and coordcheck.png")
     cc.add_argument("--param", choices=("mup", "sp", "both"), default="both", help="parameterisation(s) to check")
     cc.add_argument("--ffn", choices=("dense", "moe", "both"), default="both")
-    cc.add_argument("--widths", default="32,64,128,256,512", help="comma-separated d_model values; the first is the base")
+    cc.add_argument(
+        "--widths", default="32,64,128,256,512", help="comma-separated d_model values; the first is the base"
+    )
     cc.add_argument("--seeds", type=positive_int, default=4)
     cc.add_argument("--steps", type=positive_int, default=10)
     cc.add_argument("--lr", type=positive_float, default=None, help="base Adam LR (default: the spec's)")
     cc.add_argument("--layers", type=positive_int, default=1)
     cc.add_argument("--seq-len", type=positive_int, default=16)
     cc.add_argument("--batch-size", type=positive_int, default=8)
-    cc.add_argument("--force", action="store_true", help="replace coordcheck.json/.png in --out even if this command did not write them")
+    cc.add_argument(
+        "--force",
+        action="store_true",
+        help="replace coordcheck.json/.png in --out even if this command did not write them",
+    )
     add_json_flag(cc)
     cc.set_defaults(func=cmd_coord_check)
 
-    sub = mup_sub.add_parser("lr-sweep", help="final loss vs base LR at several widths under muP; how far the optimum moves")
-    sub.add_argument("--out", type=output_path, required=True, help="directory for runs/, sweep.csv, sweep.json, sweep.png")
-    sub.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)), help="comma-separated d_model; the first is the muP base")
+    sub = mup_sub.add_parser(
+        "lr-sweep", help="final loss vs base LR at several widths under muP; how far the optimum moves"
+    )
+    sub.add_argument(
+        "--out", type=output_path, required=True, help="directory for runs/, sweep.csv, sweep.json, sweep.png"
+    )
+    sub.add_argument(
+        "--widths",
+        default=",".join(map(str, DEFAULT_WIDTHS)),
+        help="comma-separated d_model; the first is the muP base",
+    )
     sub.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS), help="comma-separated base Adam LRs")
     sub.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     sub.add_argument("--ffn", choices=("dense", "moe"), default="dense")
@@ -44,7 +58,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--eval-tokens", type=int, default=LRSweepSpec.eval_tokens)
     sub.add_argument("--store", default=LRSweepSpec.store, help="token store: a built-in name or a prepared directory")
     sub.add_argument("--seed", type=nonnegative_int, default=0)
-    sub.add_argument("--force", action="store_true", help="replace sweep.csv/.json/.png/.svg in --out even if this command did not write them")
+    sub.add_argument(
+        "--force",
+        action="store_true",
+        help="replace sweep.csv/.json/.png/.svg in --out even if this command did not write them",
+    )
     add_json_flag(sub)
     sub.set_defaults(func=cmd_lr_sweep)
 
@@ -53,7 +71,9 @@ def _parse_list(text: str, kind: type, flag: str) -> tuple:
     try:
         return tuple(kind(v) for v in text.split(","))
     except ValueError:
-        raise DelphiError(f"{flag}: expected comma-separated {'integers' if kind is int else 'numbers'}, got {quoted(text)}") from None
+        raise DelphiError(
+            f"{flag}: expected comma-separated {'integers' if kind is int else 'numbers'}, got {quoted(text)}"
+        ) from None
 
 
 def _check_replaceable_in(out: str, names: tuple[str, ...], command: str, force: bool) -> None:
@@ -86,8 +106,15 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     extra = {"lr": args.lr} if args.lr is not None else {}
     specs = [
         CoordCheckSpec(
-            widths=widths, mup=m, moe=moe, seeds=tuple(range(args.seeds)), steps=args.steps,
-            n_layers=args.layers, seq_len=args.seq_len, batch_size=args.batch_size, **extra,
+            widths=widths,
+            mup=m,
+            moe=moe,
+            seeds=tuple(range(args.seeds)),
+            steps=args.steps,
+            n_layers=args.layers,
+            seq_len=args.seq_len,
+            batch_size=args.batch_size,
+            **extra,
         )
         for moe in ffns
         for m in params
@@ -117,8 +144,14 @@ def cmd_lr_sweep(args: argparse.Namespace) -> dict[str, Any]:
     spec = LRSweepSpec(
         widths=_parse_list(args.widths, int, "--widths"),
         lrs=tuple(sorted(_parse_list(args.lrs, float, "--lrs"))),
-        steps=args.steps, ffn=args.ffn, n_layers=args.layers, batch_size=args.batch_size,
-        seq_len=args.seq_len, eval_tokens=args.eval_tokens, store=args.store, seed=args.seed,
+        steps=args.steps,
+        ffn=args.ffn,
+        n_layers=args.layers,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        eval_tokens=args.eval_tokens,
+        store=args.store,
+        seed=args.seed,
     ).validate()
     result = run_sweep(spec, args.out)
     report = save_report(result, args.out, written_by="mup lr-sweep")

@@ -115,13 +115,17 @@ class CoordCheckResult:
         return max(self.slopes.values(), key=abs)
 
     def summary(self) -> str:
-        lines = [f"coordinate check {self.spec.label}: widths {list(self.spec.widths)}, "
-                 f"{len(self.spec.seeds)} seeds, {self.spec.steps} Adam steps, lr {self.spec.lr:g}"]
+        lines = [
+            f"coordinate check {self.spec.label}: widths {list(self.spec.widths)}, "
+            f"{len(self.spec.seeds)} seeds, {self.spec.steps} Adam steps, lr {self.spec.lr:g}"
+        ]
         for c, s in self.slopes.items():
             lo, hi = self.tolerance(c)
             ok = "ok  " if lo <= s <= hi else "FAIL"
             lines.append(f"  {ok} {c:<18} slope {s:+.3f}  (tolerance [{lo:+.2f}, {hi:+.2f}])")
-        lines.append(f"  => {'PASS' if self.passed else 'FAIL'} ({len(self.failing)} of {len(self.slopes)} outside tolerance)")
+        lines.append(
+            f"  => {'PASS' if self.passed else 'FAIL'} ({len(self.failing)} of {len(self.slopes)} outside tolerance)"
+        )
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -145,7 +149,9 @@ def text_batches(steps: int, batch_size: int, seq_len: int, seed: int) -> Int[Ar
     data = np.frombuffer(Path(argparse.__file__).read_bytes(), dtype=np.uint8)
     n_windows = len(data) // (seq_len + 1)
     windows = data[: n_windows * (seq_len + 1)].reshape(n_windows, seq_len + 1)
-    rows = np.random.default_rng(seed).choice(n_windows, size=steps * batch_size, replace=n_windows < steps * batch_size)
+    rows = np.random.default_rng(seed).choice(
+        n_windows, size=steps * batch_size, replace=n_windows < steps * batch_size
+    )
     return jnp.asarray(windows[rows].reshape(steps, batch_size, seq_len + 1).astype(np.int32))
 
 
@@ -195,8 +201,9 @@ def coord_check(spec: CoordCheckSpec) -> CoordCheckResult:
     return CoordCheckResult(spec=spec, magnitude=magnitude, per_step=per_step)
 
 
-def save_report(results: list[CoordCheckResult], out_dir: str | Path, *, passed: bool,
-                written_by: str | None = None) -> dict[str, Any]:
+def save_report(
+    results: list[CoordCheckResult], out_dir: str | Path, *, passed: bool, written_by: str | None = None
+) -> dict[str, Any]:
     """Write coordcheck.json and coordcheck.png into out_dir; return the JSON dict."""
     from delphi.io import atomic_write_json
     from delphi.plot.figures import coordcheck_figure
@@ -209,8 +216,9 @@ def save_report(results: list[CoordCheckResult], out_dir: str | Path, *, passed:
         "json": str(out_dir / "coordcheck.json"),
         "plot": str(out_dir / "coordcheck.png"),
     }
-    write_png(coordcheck_figure(report["results"]), out_dir / "coordcheck.png", dpi=COORDCHECK_PNG_DPI,
-              written_by=written_by)
+    write_png(
+        coordcheck_figure(report["results"]), out_dir / "coordcheck.png", dpi=COORDCHECK_PNG_DPI, written_by=written_by
+    )
     atomic_write_json(out_dir / "coordcheck.json", report, written_by=written_by)
     return report
 
@@ -218,4 +226,3 @@ def save_report(results: list[CoordCheckResult], out_dir: str | Path, *, passed:
 def expected_outcome(result: CoordCheckResult) -> bool:
     """muP must pass; standard parameterisation must fail (else the check cannot tell them apart)."""
     return result.passed if result.spec.mup else not result.passed
-

@@ -68,12 +68,23 @@ class LRSweepSpec:
         bad = [w for w in self.widths if w % self.d_head]
         if bad:
             raise DelphiError(f"--widths: every width must be a multiple of the head size {self.d_head}, got {bad}")
-        if len(self.lrs) < 3 or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs) or len(set(self.lrs)) != len(self.lrs):
+        if (
+            len(self.lrs) < 3
+            or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs)
+            or len(set(self.lrs)) != len(self.lrs)
+        ):
             raise DelphiError(f"--lrs: need at least three distinct positive learning rates, got {list(self.lrs)}")
         if len({run_id(self.widths[0], lr) for lr in self.lrs}) != len(self.lrs):
-            raise DelphiError(f"--lrs: learning rates must differ in their first 3 significant digits (run ids), got {list(self.lrs)}")
-        for flag, value in (("steps", self.steps), ("layers", self.n_layers), ("batch-size", self.batch_size),
-                            ("seq-len", self.seq_len), ("eval-tokens", self.eval_tokens)):
+            raise DelphiError(
+                f"--lrs: learning rates must differ in their first 3 significant digits (run ids), got {list(self.lrs)}"
+            )
+        for flag, value in (
+            ("steps", self.steps),
+            ("layers", self.n_layers),
+            ("batch-size", self.batch_size),
+            ("seq-len", self.seq_len),
+            ("eval-tokens", self.eval_tokens),
+        ):
             if value <= 0:
                 raise DelphiError(f"--{flag}: must be a positive integer, got {value}")
         if self.ffn not in ("dense", "moe"):
@@ -151,8 +162,10 @@ class LRSweepResult:
 
     def summary(self) -> str:
         s = self.spec
-        lines = [f"LR sweep (muP, {s.ffn}, {s.n_layers} layers, base width {s.widths[0]}, {s.steps} steps of "
-                 f"{s.batch_size}x{s.seq_len} tokens): final val loss (nats/byte)"]
+        lines = [
+            f"LR sweep (muP, {s.ffn}, {s.n_layers} layers, base width {s.widths[0]}, {s.steps} steps of "
+            f"{s.batch_size}x{s.seq_len} tokens): final val loss (nats/byte)"
+        ]
         lines.append("  width " + "".join(f"{lr:>10.3g}" for lr in s.lrs) + "      eta* (90% interval)")
         for w in s.widths:
             by_lr = {r["lr"]: r["loss"] for r in self.records if r["width"] == w}
@@ -162,11 +175,17 @@ class LRSweepResult:
                 opt = f"no minimum: best grid LR {f.best_lr:.3g}"
             else:
                 iv = f.lr_opt_interval_90
-                opt = f"{f.lr_opt:.3g}" + (f" ({iv[0]:.3g}-{iv[1]:.3g})" if iv else "") + ("" if f.interior else " [extrapolated]")
+                opt = (
+                    f"{f.lr_opt:.3g}"
+                    + (f" ({iv[0]:.3g}-{iv[1]:.3g})" if iv else "")
+                    + ("" if f.interior else " [extrapolated]")
+                )
             lines.append(f"  {w:>5} {cells}      {opt}")
         m = self.movement
-        lines.append(f"  => the optimum moved {m['lr_opt_ratio_max_over_min']:.2f}x (max/min) over a {m['width_ratio']:g}x "
-                     f"width range; slope d log eta*/d log width = {m['lr_opt_slope_vs_width']:+.2f} (0 = perfect transfer)")
+        lines.append(
+            f"  => the optimum moved {m['lr_opt_ratio_max_over_min']:.2f}x (max/min) over a {m['width_ratio']:g}x "
+            f"width range; slope d log eta*/d log width = {m['lr_opt_slope_vs_width']:+.2f} (0 = perfect transfer)"
+        )
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -193,8 +212,10 @@ def check_run_dirs(spec: LRSweepSpec, out_dir: Path) -> None:
         for lr in spec.lrs:
             existing = out_dir / "runs" / run_id(w, lr) / CONFIG_FILE
             if existing.is_file() and existing.read_text() != config_yaml(spec.train_config(w, lr)):
-                raise DelphiError(f"--out: {existing.parent} holds a run with other settings (steps, shape or data); "
-                                  "use another directory")
+                raise DelphiError(
+                    f"--out: {existing.parent} holds a run with other settings (steps, shape or data); "
+                    "use another directory"
+                )
 
 
 def run_sweep(spec: LRSweepSpec, out_dir: str | Path, *, log: bool = True) -> LRSweepResult:
@@ -218,16 +239,28 @@ def run_sweep(spec: LRSweepSpec, out_dir: str | Path, *, log: bool = True) -> LR
     for w in spec.widths:
         for lr in spec.lrs:
             rid, run_dir = run_id(w, lr), out_dir / "runs" / run_id(w, lr)
-            done = (read_status(run_dir) or {}).get("status") in ("completed", "diverged") and (run_dir / SUMMARY_FILE).is_file()
+            done = (read_status(run_dir) or {}).get("status") in ("completed", "diverged") and (
+                run_dir / SUMMARY_FILE
+            ).is_file()
             if done:
                 summary = json.loads((run_dir / SUMMARY_FILE).read_text())
             else:
                 summary = train(spec.train_config(w, lr), run_dir, resume=True, progress=False)
             loss = summary.get("val_loss")
             loss = float(loss) if summary.get("status") == "completed" and loss is not None else float("nan")
-            records.append({"run_id": rid, "width": w, "lr": lr, "loss": loss, "status": summary.get("status"),
-                            "steps": summary.get("steps"), "params_nonembedding": summary.get("params_nonembedding"),
-                            "wall_time_s": summary.get("wall_time_s"), "skipped": done})
+            records.append(
+                {
+                    "run_id": rid,
+                    "width": w,
+                    "lr": lr,
+                    "loss": loss,
+                    "status": summary.get("status"),
+                    "steps": summary.get("steps"),
+                    "params_nonembedding": summary.get("params_nonembedding"),
+                    "wall_time_s": summary.get("wall_time_s"),
+                    "skipped": done,
+                }
+            )
             if log:
                 how = "done before" if done else f"{summary.get('wall_time_s', 0):.0f} s"
                 print(f"  {rid:<16} val loss {loss:.4f}  ({summary.get('status')}, {how})", file=sys.stderr, flush=True)
@@ -258,9 +291,17 @@ def save_report(result: LRSweepResult, out_dir: str | Path, written_by: str | No
         if f.lr_opt is not None and f.interior:
             ax.axvline(f.lr_opt, color=color, lw=0.6, alpha=0.6)
     m = result.movement
-    ax.set_title(f"muP LR sweep: optimum moved {m['lr_opt_ratio_max_over_min']:.2f}x over {m['width_ratio']:g}x width "
-                 "(dashed: quadratic fits)", fontsize=9)
+    ax.set_title(
+        f"muP LR sweep: optimum moved {m['lr_opt_ratio_max_over_min']:.2f}x over {m['width_ratio']:g}x width "
+        "(dashed: quadratic fits)",
+        fontsize=9,
+    )
     files = st.save_figure(fig, out_dir / "sweep.png", written_by=written_by)
-    report = {**result.to_json(), "csv": str(out_dir / "sweep.csv"), "json": str(out_dir / "sweep.json"), "plots": files}
+    report = {
+        **result.to_json(),
+        "csv": str(out_dir / "sweep.csv"),
+        "json": str(out_dir / "sweep.json"),
+        "plots": files,
+    }
     atomic_write_json(out_dir / "sweep.json", report, written_by=written_by)
     return report

@@ -71,7 +71,22 @@ sys.modules[__name__].__class__ = _FitsPackage
 
 
 __all__ = [
-    "FITTERS", "FitResult", "FlopsFamily", "PARAM_CONVENTIONS", "all_holdouts", "backtest",
-    "isoflop_exponent_by_convention", "optimal_allocation", "fit_approach1", "fit_approach2", "fit_approach3", "fit_asymptotic", "fit_frontier",
-    "fit_from_json", "fit_moe", "fit_vpnls", "load_fit", "load_results",
+    "FITTERS",
+    "FitResult",
+    "FlopsFamily",
+    "PARAM_CONVENTIONS",
+    "all_holdouts",
+    "backtest",
+    "isoflop_exponent_by_convention",
+    "optimal_allocation",
+    "fit_approach1",
+    "fit_approach2",
+    "fit_approach3",
+    "fit_asymptotic",
+    "fit_frontier",
+    "fit_from_json",
+    "fit_moe",
+    "fit_vpnls",
+    "load_fit",
+    "load_results",
 ]

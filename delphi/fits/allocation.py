@@ -19,9 +19,9 @@ must be counted the way the fitted law's N was.
 from __future__ import annotations
 
 import math
-
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,7 +61,9 @@ class FlopsFamily:
         n = np.asarray(self.params, float)
         f = np.asarray(self.flops_per_token, float)
         if self.convention not in PARAM_CONVENTIONS:
-            raise DelphiError(f"flops family ({self.source}): convention {quoted(self.convention)}, expected one of {PARAM_CONVENTIONS}")
+            raise DelphiError(
+                f"flops family ({self.source}): convention {quoted(self.convention)}, expected one of {PARAM_CONVENTIONS}"
+            )
         if n.ndim != 1 or n.shape != f.shape or len(n) < 2:
             raise DelphiError(
                 f"flops family ({self.source}): need >= 2 (params, flops_per_token) pairs of equal length, "
@@ -98,18 +100,24 @@ class FlopsFamily:
             raise DelphiError(f"{where}: expected a JSON object with params, flops_per_token, convention, source")
         for key in ("params", "flops_per_token", "convention"):
             if key not in d:
-                raise DelphiError(f"{where}: missing key {quoted(key)}; expected params, flops_per_token, convention, source")
+                raise DelphiError(
+                    f"{where}: missing key {quoted(key)}; expected params, flops_per_token, convention, source"
+                )
         try:
             params = tuple(float(v) for v in d["params"])
             fpt = tuple(float(v) for v in d["flops_per_token"])
         except (TypeError, ValueError):
             raise DelphiError(f"{where}: params and flops_per_token must be lists of numbers") from None
         if len(params) != len(fpt) or not all(math.isfinite(v) and v > 0 for v in params + fpt):
-            raise DelphiError(f"{where}: params and flops_per_token must be lists of equal length of positive finite numbers")
+            raise DelphiError(
+                f"{where}: params and flops_per_token must be lists of equal length of positive finite numbers"
+            )
         return cls(params, fpt, str(d["convention"]), str(d.get("source", where)))
 
     @classmethod
-    def from_table(cls, table: pd.DataFrame, convention: str = "nonembedding", source: str = "results table") -> "FlopsFamily":
+    def from_table(
+        cls, table: pd.DataFrame, convention: str = "nonembedding", source: str = "results table"
+    ) -> "FlopsFamily":
         """The family of a ladder's own rows: one (N, flops per token) point per distinct shape.
 
         N is read from the convention's column; flops per token from `flops_per_token`, or
@@ -122,9 +130,13 @@ class FlopsFamily:
         if "flops_per_token" in table:
             fpt = pd.to_numeric(table["flops_per_token"], errors="coerce").to_numpy(float)
         elif "flops" in table and "tokens" in table:
-            fpt = pd.to_numeric(table["flops"], errors="coerce").to_numpy(float) / pd.to_numeric(table["tokens"], errors="coerce").to_numpy(float)
+            fpt = pd.to_numeric(table["flops"], errors="coerce").to_numpy(float) / pd.to_numeric(
+                table["tokens"], errors="coerce"
+            ).to_numpy(float)
         else:
-            raise DelphiError(f"{source}: no flops_per_token (or flops and tokens) columns to build a FLOPs family from")
+            raise DelphiError(
+                f"{source}: no flops_per_token (or flops and tokens) columns to build a FLOPs family from"
+            )
         if convention == "fpt6":
             n = fpt / FLOPS_PER_PARAM_TOKEN
         else:
@@ -136,7 +148,12 @@ class FlopsFamily:
         points = pd.DataFrame({"n": n[ok], "fpt": fpt[ok]}).groupby("n", sort=True)["fpt"].median()
         if len(points) < 2:
             raise DelphiError(f"{source}: {len(points)} distinct model size(s); a FLOPs family needs at least 2")
-        return cls(tuple(points.index.to_numpy(float)), tuple(points.to_numpy(float)), convention, f"{source} ({len(points)} shapes)")
+        return cls(
+            tuple(points.index.to_numpy(float)),
+            tuple(points.to_numpy(float)),
+            convention,
+            f"{source} ({len(points)} shapes)",
+        )
 
 
 def optimal_allocation(
@@ -197,7 +214,9 @@ def optimal_allocation(
     n_safe = np.where(interior, n_opt, 1.0)
     d_opt = np.where(interior, flat / fpt(n_safe), np.nan)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        loss = np.where(interior, np.asarray(loss_fn(n_safe[:, None], np.where(interior, d_opt, 1.0)[:, None]), float)[:, 0], np.nan)
+        loss = np.where(
+            interior, np.asarray(loss_fn(n_safe[:, None], np.where(interior, d_opt, 1.0)[:, None]), float)[:, 0], np.nan
+        )
     shape = c.shape
     return {
         "params": n_opt.reshape(shape),
@@ -207,7 +226,9 @@ def optimal_allocation(
     }
 
 
-def flops_of(family: FlopsFamily | None, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float) -> np.ndarray:
+def flops_of(
+    family: FlopsFamily | None, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float
+) -> np.ndarray:
     """Training FLOPs of (N, D) under the family (or 6 N D without one)."""
     n, d = np.asarray(params, float), np.asarray(tokens, float)
     return (family(n) if family is not None else FLOPS_PER_PARAM_TOKEN * n) * d

@@ -25,7 +25,8 @@ the probes' trend and the intervals (`delphi.fits.intervals`), neither imports i
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,9 @@ MIN_TRAIN_BUDGETS = 3  # all-holdouts: every budget above the third is held out 
 RESIDUAL_DOF = 2  # the training residual scatter removes 2 dof (as for a 2-parameter L*(C) line)
 
 
-def split_by_budget(table: pd.DataFrame, cut: float | None = None, holdout: int = 1) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+def split_by_budget(
+    table: pd.DataFrame, cut: float | None = None, holdout: int = 1
+) -> tuple[pd.DataFrame, pd.DataFrame, float]:
     """Train on budgets < cut (default: hold out the top `holdout` budgets)."""
     if "budget" not in table:
         raise DelphiError("backtest: the table has no budget column")
@@ -53,7 +56,9 @@ def split_by_budget(table: pd.DataFrame, cut: float | None = None, holdout: int 
         cut = float(budgets[-holdout])
     train, test = table[table["budget"] < cut], table[table["budget"] >= cut]
     if train.empty or test.empty:
-        raise DelphiError(f"backtest: cut {cut:.4g} leaves {len(train)} training and {len(test)} held-out rows; both must be non-empty")
+        raise DelphiError(
+            f"backtest: cut {cut:.4g} leaves {len(train)} training and {len(test)} held-out rows; both must be non-empty"
+        )
     train = train.reset_index(drop=True)
     train.attrs = dict(table.attrs)
     # An anchor rung trained on more compute than the cut would tell the fit about the held-out budget.
@@ -117,8 +122,10 @@ def backtest(
             continue
         pred = fit.predict(compute=float(budget))
         if pred["loss"] is None:  # e.g. A or B fitted to 0: the law has no compute-optimal point
-            raise DelphiError(f"backtest: the {fit.kind} fit on budgets <= {cut:g} has no compute-optimal "
-                              f"point (parameters {fit.params}); it cannot predict budget {budget:g}")
+            raise DelphiError(
+                f"backtest: the {fit.kind} fit on budgets <= {cut:g} has no compute-optimal "
+                f"point (parameters {fit.params}); it cannot predict budget {budget:g}"
+            )
         interval = predictive_interval(pred["loss"], pred.get("loss_interval_90"), scatter)
         n_star, d_star = pred.get("params"), pred.get("tokens")
         cost = float(flops_of(family, n_star, d_star)) if n_star is not None and d_star is not None else None
@@ -173,7 +180,8 @@ def backtest(
         "residual_scatter_nats": scatter,
         "seed_noise_nats": fit.diagnostics.get("seed_noise_nats"),
         "interval": "bootstrap 90% of L*(C) widened in quadrature by z_0.95 x training residual scatter"
-                    if fit.samples else "L*(C) +- z_0.95 x training residual scatter (no bootstrap)",
+        if fit.samples
+        else "L*(C) +- z_0.95 x training residual scatter (no bootstrap)",
         "budgets": budgets,
         "runs": runs,
         "mean_abs_rel_error": float(np.mean([abs(b["rel_error"]) for b in budgets])) if budgets else None,
@@ -215,20 +223,32 @@ def all_holdouts(
                 rows.append({"method": method, "cut": float(budgets[k]), "error": f"{type(e).__name__}: {e}"})
                 continue
             for b in result["budgets"]:
-                rows.append({
-                    "method": method, "cut": float(budgets[k]), "n_train_budgets": k,
-                    "budget": b["budget"], "extrapolation": b["extrapolation"],
-                    "observed_best_loss": b["observed_best_loss"], "predicted_loss": b["predicted_loss"],
-                    "rel_error": b["rel_error"],
-                    "lo_90": None if b["loss_interval_90"] is None else b["loss_interval_90"][0],
-                    "hi_90": None if b["loss_interval_90"] is None else b["loss_interval_90"][1],
-                    "covered_90": b["covered_90"], "allocation": b["allocation"],
-                    "predicted_point_cost_rel": b["predicted_point_cost_rel"],
-                    "fit_status": result["fit_status"],
-                })
-    return {"kind": "backtest_all_holdouts", "rows": rows, "summary": summarise(rows),
-            "budgets": [float(b) for b in budgets], "min_train_budgets": min_train_budgets,
-            "input_sha256": table.attrs.get("sha256")}
+                rows.append(
+                    {
+                        "method": method,
+                        "cut": float(budgets[k]),
+                        "n_train_budgets": k,
+                        "budget": b["budget"],
+                        "extrapolation": b["extrapolation"],
+                        "observed_best_loss": b["observed_best_loss"],
+                        "predicted_loss": b["predicted_loss"],
+                        "rel_error": b["rel_error"],
+                        "lo_90": None if b["loss_interval_90"] is None else b["loss_interval_90"][0],
+                        "hi_90": None if b["loss_interval_90"] is None else b["loss_interval_90"][1],
+                        "covered_90": b["covered_90"],
+                        "allocation": b["allocation"],
+                        "predicted_point_cost_rel": b["predicted_point_cost_rel"],
+                        "fit_status": result["fit_status"],
+                    }
+                )
+    return {
+        "kind": "backtest_all_holdouts",
+        "rows": rows,
+        "summary": summarise(rows),
+        "budgets": [float(b) for b in budgets],
+        "min_train_budgets": min_train_budgets,
+        "input_sha256": table.attrs.get("sha256"),
+    }
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -276,8 +296,10 @@ def probe_holdouts(
     prediction); the summary scores all rows and the tested ones."""
     budgets = np.sort(table["budget"].unique())
     if probes < 2 or len(budgets) < min_train_budgets + probes + 1:
-        raise DelphiError(f"backtest --probes {probes}: {len(budgets)} budget(s); need >= 2 probes and "
-                          f"{min_train_budgets} training budgets + the probes + 1")
+        raise DelphiError(
+            f"backtest --probes {probes}: {len(budgets)} budget(s); need >= 2 probes and "
+            f"{min_train_budgets} training budgets + the probes + 1"
+        )
     rows: list[dict[str, Any]] = []
     for k in range(min_train_budgets, len(budgets) - probes):
         try:
@@ -288,33 +310,64 @@ def probe_holdouts(
         scored = sorted(result["budgets"], key=lambda b: b["budget"])
         at_probes, targets = scored[:probes], scored[probes:]
         top = float(budgets[k - 1])
-        trend = probe_trend({f"{b['budget']:.4g}": {"compute": b["budget"], "rel_error": b["observed_best_loss"] / b["predicted_loss"] - 1}
-                             for b in at_probes}, top, carry)
-        noise_rel = (result["residual_scatter_nats"] or 0.0) / float(np.mean([b["observed_best_loss"] for b in at_probes]))
+        trend = probe_trend(
+            {
+                f"{b['budget']:.4g}": {
+                    "compute": b["budget"],
+                    "rel_error": b["observed_best_loss"] / b["predicted_loss"] - 1,
+                }
+                for b in at_probes
+            },
+            top,
+            carry,
+        )
+        noise_rel = (result["residual_scatter_nats"] or 0.0) / float(
+            np.mean([b["observed_best_loss"] for b in at_probes])
+        )
         tested = trend.leave_last_out()
         for b in targets:
             truth = b["observed_best_loss"]
             loss, interval = trend.correct(b["predicted_loss"], b["loss_interval_90"], b["budget"], noise_rel)
-            rows.append({
-                "cut": float(budgets[k]), "n_train_budgets": k, "budget": b["budget"], "extrapolation": b["extrapolation"],
-                "beyond_last_probe": b["budget"] / at_probes[-1]["budget"],
-                "probe_budgets": [float(p["budget"]) for p in at_probes],
-                "probe_span": at_probes[-1]["budget"] / at_probes[0]["budget"],
-                "probe_errors": [float(e) for e in trend.errors], "carried_rel": trend.at(b["budget"]),
-                "leave_last_out_rel_error": None if tested is None else tested[1],
-                "tested": not trend.untested(tolerance, b["budget"]),
-                "observed_best_loss": truth, "law_loss": b["predicted_loss"], "law_rel_error": b["rel_error"],
-                "law_covered_90": b["covered_90"], "law_half_width_rel": _half_width_rel(b["loss_interval_90"], b["predicted_loss"]),
-                "corrected_loss": loss, "corrected_rel_error": loss / truth - 1,
-                "corrected_half_width_rel": _half_width_rel(interval, loss),
-                "corrected_interval_90": None if interval is None else list(interval),
-                "corrected_covered_90": _covered(interval, truth),
-            })
+            rows.append(
+                {
+                    "cut": float(budgets[k]),
+                    "n_train_budgets": k,
+                    "budget": b["budget"],
+                    "extrapolation": b["extrapolation"],
+                    "beyond_last_probe": b["budget"] / at_probes[-1]["budget"],
+                    "probe_budgets": [float(p["budget"]) for p in at_probes],
+                    "probe_span": at_probes[-1]["budget"] / at_probes[0]["budget"],
+                    "probe_errors": [float(e) for e in trend.errors],
+                    "carried_rel": trend.at(b["budget"]),
+                    "leave_last_out_rel_error": None if tested is None else tested[1],
+                    "tested": not trend.untested(tolerance, b["budget"]),
+                    "observed_best_loss": truth,
+                    "law_loss": b["predicted_loss"],
+                    "law_rel_error": b["rel_error"],
+                    "law_covered_90": b["covered_90"],
+                    "law_half_width_rel": _half_width_rel(b["loss_interval_90"], b["predicted_loss"]),
+                    "corrected_loss": loss,
+                    "corrected_rel_error": loss / truth - 1,
+                    "corrected_half_width_rel": _half_width_rel(interval, loss),
+                    "corrected_interval_90": None if interval is None else list(interval),
+                    "corrected_covered_90": _covered(interval, truth),
+                }
+            )
     scored_rows = [r for r in rows if "error" not in r]
-    summary = {label: _trend_summary(part) for label, part in
-               (("all", scored_rows), ("tested", [r for r in scored_rows if r["tested"]]))}
-    return {"kind": "backtest_probe_trend", "probes": probes, "carry": carry, "tolerance": tolerance, "rows": rows,
-            "summary": summary, "failed_fits": len(rows) - len(scored_rows), "input_sha256": table.attrs.get("sha256")}
+    summary = {
+        label: _trend_summary(part)
+        for label, part in (("all", scored_rows), ("tested", [r for r in scored_rows if r["tested"]]))
+    }
+    return {
+        "kind": "backtest_probe_trend",
+        "probes": probes,
+        "carry": carry,
+        "tolerance": tolerance,
+        "rows": rows,
+        "summary": summary,
+        "failed_fits": len(rows) - len(scored_rows),
+        "input_sha256": table.attrs.get("sha256"),
+    }
 
 
 def _half_width_rel(interval: Sequence[float] | None, loss: float) -> float | None:
@@ -328,9 +381,12 @@ def _trend_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     out: dict[str, Any] = {"n": len(rows)}
     for which in ("law", "corrected"):
-        out[f"{which}_mean_abs_rel_error"] = float(np.mean([abs(r[f"{which}_rel_error"]) for r in rows])) if rows else None
+        out[f"{which}_mean_abs_rel_error"] = (
+            float(np.mean([abs(r[f"{which}_rel_error"]) for r in rows])) if rows else None
+        )
         out[f"{which}_coverage_90"] = mean(f"{which}_covered_90")
         out[f"{which}_mean_half_width_rel"] = mean(f"{which}_half_width_rel")
-    out["corrected_better"] = (float(np.mean([abs(r["corrected_rel_error"]) < abs(r["law_rel_error"]) for r in rows]))
-                               if rows else None)
+    out["corrected_better"] = (
+        float(np.mean([abs(r["corrected_rel_error"]) < abs(r["law_rel_error"]) for r in rows])) if rows else None
+    )
     return out

@@ -16,7 +16,8 @@ at least MIN_SOURCE_BUDGETS budgets.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,11 @@ MIN_FITTED_BUDGETS = 3  # the smallest fit: three budgets (E + A C^-alpha has th
 MIN_SOURCE_BUDGETS = 2  # a source with one budget has nothing to extrapolate to
 # (label, lowest factor, highest factor): the issue's bins of extrapolation factor, upper bound included.
 EXTRAPOLATION_BINS: tuple[tuple[str, float, float], ...] = (
-    ("1-3x", 1.0, 3.0), ("3-10x", 3.0, 10.0), ("10-30x", 10.0, 30.0), (">30x", 30.0, math.inf))
+    ("1-3x", 1.0, 3.0),
+    ("3-10x", 3.0, 10.0),
+    ("10-30x", 10.0, 30.0),
+    (">30x", 30.0, math.inf),
+)
 BEYOND_METHODS = ("isoflop", "vpnls", "parametric", "frontier", "asymptotic")
 # Ensembles scored beside the laws: name -> members; the prediction is the geometric mean of the
 # members' predictions, its fit-only sd their mean. Why this pair: on every public source the
@@ -47,7 +52,9 @@ def extrapolation_bin(factor: float) -> str:
     for label, lo, hi in EXTRAPOLATION_BINS:
         if lo < factor <= hi:
             return label
-    raise DelphiError(f"backtest --beyond: extrapolation factor {factor:g} is not > 1 (a held-out budget must lie above the fit)")
+    raise DelphiError(
+        f"backtest --beyond: extrapolation factor {factor:g} is not > 1 (a held-out budget must lie above the fit)"
+    )
 
 
 def fittable_budgets(table: pd.DataFrame) -> np.ndarray:
@@ -65,14 +72,16 @@ def check_beyond_table(table: pd.DataFrame, where: str = "backtest --beyond") ->
     if len(budgets) < MIN_FITTED_BUDGETS + 1:
         raise DelphiError(
             f"{where}: column 'budget' has {len(budgets)} fittable budget(s) (>= {MIN_POINTS_PER_BUDGET} distinct "
-            f"params each); need {MIN_FITTED_BUDGETS} to fit and 1 above them to predict")
+            f"params each); need {MIN_FITTED_BUDGETS} to fit and 1 above them to predict"
+        )
     kept = table[table["budget"].isin(budgets)].reset_index(drop=True)
     kept.attrs = dict(table.attrs)
     return kept
 
 
-def split_sources(raw: pd.DataFrame, columns: Sequence[str],
-                  load: Callable[[pd.DataFrame], pd.DataFrame] = lambda g: g) -> list[tuple[str, pd.DataFrame]]:
+def split_sources(
+    raw: pd.DataFrame, columns: Sequence[str], load: Callable[[pd.DataFrame], pd.DataFrame] = lambda g: g
+) -> list[tuple[str, pd.DataFrame]]:
     """One sweep per source: the rows of `raw` with the same values of `columns` (name: the values
     joined by '/'), each read by `load` (e.g. `load_results`). A source with fewer than
     MIN_SOURCE_BUDGETS budgets is bad input."""
@@ -86,8 +95,10 @@ def split_sources(raw: pd.DataFrame, columns: Sequence[str],
         table = load(g.reset_index(drop=True))
         n_budgets = table["budget"].nunique() if "budget" in table else 0
         if n_budgets < MIN_SOURCE_BUDGETS:
-            raise DelphiError(f"backtest --beyond: source {name!r} (column {'/'.join(columns)!r}) has {n_budgets} budget "
-                              f"in column 'budget'; need >= {MIN_SOURCE_BUDGETS}")
+            raise DelphiError(
+                f"backtest --beyond: source {name!r} (column {'/'.join(columns)!r}) has {n_budgets} budget "
+                f"in column 'budget'; need >= {MIN_SOURCE_BUDGETS}"
+            )
         out.append((name, table))
     return out
 
@@ -95,9 +106,12 @@ def split_sources(raw: pd.DataFrame, columns: Sequence[str],
 def sweep_features(table: pd.DataFrame) -> dict[str, float]:
     """What makes sweeps alike for method choice: model sizes (log10 of the median params) and the
     number of fittable budgets."""
-    return {"log10_median_params": float(np.log10(table["params"].median())),
-            "n_budgets": int(len(fittable_budgets(table))),
-            "min_budget": float(table["budget"].min()), "max_budget": float(table["budget"].max())}
+    return {
+        "log10_median_params": float(np.log10(table["params"].median())),
+        "n_budgets": int(len(fittable_budgets(table))),
+        "min_budget": float(table["budget"].min()),
+        "max_budget": float(table["budget"].max()),
+    }
 
 
 def record_features(record: dict[str, Any]) -> dict[str, float] | None:
@@ -107,13 +121,17 @@ def record_features(record: dict[str, Any]) -> dict[str, float] | None:
     if not sizes or record.get("log10_median_params") is None:
         return None
     budgets = [float(b) for b in sizes]
-    return {"log10_median_params": float(record["log10_median_params"]),
-            "n_budgets": int(sum(1 for n in sizes.values() if n >= MIN_POINTS_PER_BUDGET)),
-            "min_budget": min(budgets), "max_budget": max(budgets)}
+    return {
+        "log10_median_params": float(record["log10_median_params"]),
+        "n_budgets": int(sum(1 for n in sizes.values() if n >= MIN_POINTS_PER_BUDGET)),
+        "min_budget": min(budgets),
+        "max_budget": max(budgets),
+    }
 
 
-def beyond_rows(table: pd.DataFrame, fit_fns: dict[str, Callable[[pd.DataFrame], FitResult]],
-                source: str = "table") -> list[dict[str, Any]]:
+def beyond_rows(
+    table: pd.DataFrame, fit_fns: dict[str, Callable[[pd.DataFrame], FitResult]], source: str = "table"
+) -> list[dict[str, Any]]:
     """Every (method, k, held-out budget) of the table: factor, bin, error and fit-only sd (module
     docstring). Failed fits are rows with an "error" key."""
     table = check_beyond_table(table)
@@ -123,8 +141,20 @@ def beyond_rows(table: pd.DataFrame, fit_fns: dict[str, Callable[[pd.DataFrame],
         if "error" in r:
             rows.append({"source": source, **r})
             continue
-        rows.append(beyond_row(source, r["method"], r["n_train_budgets"], r["cut"], r["budget"], r["extrapolation"],
-                               r["predicted_loss"], r["observed_best_loss"], r["lo_90"], r["hi_90"]))
+        rows.append(
+            beyond_row(
+                source,
+                r["method"],
+                r["n_train_budgets"],
+                r["cut"],
+                r["budget"],
+                r["extrapolation"],
+                r["predicted_loss"],
+                r["observed_best_loss"],
+                r["lo_90"],
+                r["hi_90"],
+            )
+        )
     for name, members in ENSEMBLES.items():
         if set(members) <= set(fit_fns):
             rows += ensemble_rows(rows, name, members)
@@ -145,24 +175,55 @@ def ensemble_rows(rows: list[dict[str, Any]], name: str, members: Sequence[str])
         predicted = float(np.exp(np.mean([math.log(p["predicted_loss"]) for p in parts])))
         half = Z_90 * float(np.mean([p["base_sd_rel"] for p in parts])) * predicted
         first = parts[0]
-        out.append(beyond_row(source, name, first["n_train_budgets"], cut, budget, first["factor"], predicted,
-                              first["observed_best_loss"], predicted - half, predicted + half))
+        out.append(
+            beyond_row(
+                source,
+                name,
+                first["n_train_budgets"],
+                cut,
+                budget,
+                first["factor"],
+                predicted,
+                first["observed_best_loss"],
+                predicted - half,
+                predicted + half,
+            )
+        )
     return out
 
 
-def beyond_row(source: str, method: str, n_train_budgets: int, cut: float, budget: float, factor: float,
-               predicted: float, observed: float, lo_90: float | None, hi_90: float | None) -> dict[str, Any]:
+def beyond_row(
+    source: str,
+    method: str,
+    n_train_budgets: int,
+    cut: float,
+    budget: float,
+    factor: float,
+    predicted: float,
+    observed: float,
+    lo_90: float | None,
+    hi_90: float | None,
+) -> dict[str, Any]:
     """One scored prediction, with the fit-only 50% and 90% intervals (normal, from the 90% one)."""
     base_sd_rel = 0.0 if lo_90 is None or hi_90 is None else (hi_90 - lo_90) / 2 / Z_90 / predicted
     half50 = Z_50 * base_sd_rel * predicted
     return {
-        "source": source, "method": method, "n_train_budgets": int(n_train_budgets), "cut": float(cut),
-        "budget": float(budget), "factor": float(factor), "bin": extrapolation_bin(factor),
-        "predicted_loss": float(predicted), "observed_best_loss": float(observed),
-        "rel_error": float(predicted / observed - 1), "log_error": float(math.log(predicted / observed)),
+        "source": source,
+        "method": method,
+        "n_train_budgets": int(n_train_budgets),
+        "cut": float(cut),
+        "budget": float(budget),
+        "factor": float(factor),
+        "bin": extrapolation_bin(factor),
+        "predicted_loss": float(predicted),
+        "observed_best_loss": float(observed),
+        "rel_error": float(predicted / observed - 1),
+        "log_error": float(math.log(predicted / observed)),
         "base_sd_rel": float(base_sd_rel),
-        "lo_50": predicted - half50, "hi_50": predicted + half50,
-        "lo_90": lo_90, "hi_90": hi_90,
+        "lo_50": predicted - half50,
+        "hi_50": predicted + half50,
+        "lo_90": lo_90,
+        "hi_90": hi_90,
         "covered_50": bool(abs(predicted - observed) <= half50),
         "covered_90": None if lo_90 is None else bool(lo_90 <= observed <= hi_90),
     }
@@ -179,16 +240,27 @@ def bin_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
             if part.empty:
                 continue
             err = part[f"{prefix}rel_error"].astype(float)
-            out.append({"method": method, "bin": label, "n": len(part), "n_sources": part["source"].nunique(),
-                        "mean_abs_rel_error": float(err.abs().mean()), "mean_rel_error": float(err.mean()),
-                        "coverage_50": float(part[f"{prefix}covered_50"].astype(float).mean()),
-                        "coverage_90": float(part[f"{prefix}covered_90"].astype(float).mean())})
+            out.append(
+                {
+                    "method": method,
+                    "bin": label,
+                    "n": len(part),
+                    "n_sources": part["source"].nunique(),
+                    "mean_abs_rel_error": float(err.abs().mean()),
+                    "mean_rel_error": float(err.mean()),
+                    "coverage_50": float(part[f"{prefix}covered_50"].astype(float).mean()),
+                    "coverage_90": float(part[f"{prefix}covered_90"].astype(float).mean()),
+                }
+            )
     return pd.DataFrame(out)
 
 
 def markdown_table(table: pd.DataFrame) -> str:
     """The bin table as markdown (percentages)."""
     head = "| method | bin | n | sources | mean abs error | mean error | 50% coverage | 90% coverage |\n|---|---|---|---|---|---|---|---|"
-    lines = [head] + [f"| {r.method} | {r.bin} | {r.n} | {r.n_sources} | {r.mean_abs_rel_error:.2%} | {r.mean_rel_error:+.2%} | "
-                      f"{r.coverage_50:.0%} | {r.coverage_90:.0%} |" for r in table.itertuples()]
+    lines = [head] + [
+        f"| {r.method} | {r.bin} | {r.n} | {r.n_sources} | {r.mean_abs_rel_error:.2%} | {r.mean_rel_error:+.2%} | "
+        f"{r.coverage_50:.0%} | {r.coverage_90:.0%} |"
+        for r in table.itertuples()
+    ]
     return "\n".join(lines)

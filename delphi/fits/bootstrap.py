@@ -30,13 +30,14 @@ so the draws do not depend on the number of worker processes.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
-import multiprocessing
 import numpy as np
 import pandas as pd
 
@@ -178,7 +179,9 @@ def _seed_indices(table: pd.DataFrame, n: int, rng: np.random.Generator) -> list
     return [np.concatenate([rows[rng.integers(0, len(rows), size=len(rows))] for rows in plan]) for _ in range(n)]
 
 
-def _hierarchical_indices(table: pd.DataFrame, n: int, rng: np.random.Generator, strata: str | None) -> list[np.ndarray]:
+def _hierarchical_indices(
+    table: pd.DataFrame, n: int, rng: np.random.Generator, strata: str | None
+) -> list[np.ndarray]:
     """Two-level resample (seed noise enters every draw): cells with replacement within each
     stratum (budget), then, inside each drawn cell, its seeds with replacement."""
     cells = table["cell_id"].to_numpy()
@@ -252,8 +255,9 @@ def bootstrap(
         # SIGTERM/SIGHUP raise here (exit 143/129) and Ctrl-C raises KeyboardInterrupt (130): either
         # way the workers are terminated before the exception leaves, so none outlives the parent.
         with stop_signals_raise("bootstrap workers stopped"):
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
-                                       initargs=(os.getpid(),))
+            pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
+            )
             try:
                 parts = list(pool.map(_run_chunk, [refit] * workers, [table] * workers, chunks))
             except BaseException:

@@ -50,25 +50,28 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
 from delphi.errors import DelphiError
-from delphi.fits.intervals import Z_90
 from delphi.fits.beyond import ENSEMBLES
+from delphi.fits.intervals import Z_90
 
 SCHEMA_VERSION = 1
 KIND = "delphi_beyond_calibration"
 DEFAULT_PATH = Path(__file__).resolve().parent / "data" / "beyond_calibration.json"
-MODEL = ("ln(pred/obs) ~ shift + sd * eps; shift = b0 + b1 ln f (where the sources agree on its sign); sd^2 = base^2 + (s0 + s1 ln f)^2; "
-         "50%/90% half-widths q50*sd, q90*sd (weighted empirical quantiles of |standardised residual|, each point's under "
-         "the shift and sd fitted without its source: jackknife+); "
-         "every source weighs the same")
+MODEL = (
+    "ln(pred/obs) ~ shift + sd * eps; shift = b0 + b1 ln f (where the sources agree on its sign); sd^2 = base^2 + (s0 + s1 ln f)^2; "
+    "50%/90% half-widths q50*sd, q90*sd (weighted empirical quantiles of |standardised residual|, each point's under "
+    "the shift and sd fitted without its source: jackknife+); "
+    "every source weighs the same"
+)
 SHIFT_RULES = ("agree", "always", "never")
 SHIFT_AGREEMENT = 0.75  # share of the calibration's weight (sources) whose mean error has the shift's sign; judgment
 SD_START = (0.005, 0.005)  # start of the likelihood search: 0.5% and 0.5% per e-fold, the public errors' scale
@@ -114,11 +117,17 @@ class MethodCalibration:
         """The calibrated point and 50%/90% intervals for a law's prediction `factor` beyond its fit."""
         point = float(predicted_loss * math.exp(-float(self.shift(factor))))
         sd = float(self.total_sd(factor, base_sd_rel))
-        return {"loss": point, "loss_50": [point * math.exp(-self.q50 * sd), point * math.exp(self.q50 * sd)],
-                "loss_90": [point * math.exp(-self.q90 * sd), point * math.exp(self.q90 * sd)], "sd_rel": sd,
-                "model_sd_rel": float(self.model_sd(factor)), "shift_log": float(self.shift(factor)),
-                "factor": float(factor), "beyond_calibrated_range": bool(factor > self.max_factor * (1 + 1e-9)),
-                "max_calibrated_factor": self.max_factor}
+        return {
+            "loss": point,
+            "loss_50": [point * math.exp(-self.q50 * sd), point * math.exp(self.q50 * sd)],
+            "loss_90": [point * math.exp(-self.q90 * sd), point * math.exp(self.q90 * sd)],
+            "sd_rel": sd,
+            "model_sd_rel": float(self.model_sd(factor)),
+            "shift_log": float(self.shift(factor)),
+            "factor": float(factor),
+            "beyond_calibrated_range": bool(factor > self.max_factor * (1 + 1e-9)),
+            "max_calibrated_factor": self.max_factor,
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "sources": list(self.sources)}
@@ -200,14 +209,26 @@ def fit_method_calibration(rows: pd.DataFrame, method: str, shift: str = "agree"
         raise DelphiError(f"calibration: shift rule {shift!r}, expected one of {SHIFT_RULES}")
     rows = rows[(rows["method"] == method) & rows["log_error"].notna()]
     if rows["source"].nunique() < 3:
-        raise DelphiError(f"calibration: method {method!r} has scored rows from {rows['source'].nunique()} source(s); need >= 3 "
-                          "(the quantiles come from each source scored by a calibration fitted on >= 2 others)")
+        raise DelphiError(
+            f"calibration: method {method!r} has scored rows from {rows['source'].nunique()} source(s); need >= 3 "
+            "(the quantiles come from each source scored by a calibration fitted on >= 2 others)"
+        )
     b0, b1, s0, s1, apply_shift = _fit_shift_and_sd(rows, shift)
     z = out_of_source_errors(rows, shift)
     w = _source_weights(rows.loc[z.index, "source"])
-    return MethodCalibration(method, b0, b1, s0, s1, weighted_quantile(z.to_numpy(), w, 0.50),
-                             weighted_quantile(z.to_numpy(), w, 0.90), float(rows["factor"].max()), len(rows),
-                             tuple(sorted(rows["source"].unique())), apply_shift)
+    return MethodCalibration(
+        method,
+        b0,
+        b1,
+        s0,
+        s1,
+        weighted_quantile(z.to_numpy(), w, 0.50),
+        weighted_quantile(z.to_numpy(), w, 0.90),
+        float(rows["factor"].max()),
+        len(rows),
+        tuple(sorted(rows["source"].unique())),
+        apply_shift,
+    )
 
 
 def calibrate(rows: pd.DataFrame, shift: str = "agree") -> dict[str, MethodCalibration]:
@@ -218,9 +239,21 @@ def calibrate(rows: pd.DataFrame, shift: str = "agree") -> dict[str, MethodCalib
 def apply_calibration(rows: pd.DataFrame, calibrations: dict[str, MethodCalibration]) -> pd.DataFrame:
     """Rows with the calibrated prediction (cal_*) and the sources each calibration was fitted on."""
     out = rows.copy()
-    cols: dict[str, list[Any]] = {k: [] for k in ("cal_predicted_loss", "cal_rel_error", "cal_lo_50", "cal_hi_50", "cal_lo_90",
-                                                  "cal_hi_90", "cal_covered_50", "cal_covered_90", "cal_beyond_range",
-                                                  "calibration_sources")}
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "cal_predicted_loss",
+            "cal_rel_error",
+            "cal_lo_50",
+            "cal_hi_50",
+            "cal_lo_90",
+            "cal_hi_90",
+            "cal_covered_50",
+            "cal_covered_90",
+            "cal_beyond_range",
+            "calibration_sources",
+        )
+    }
     for r in rows.itertuples():
         cal = calibrations.get(r.method)
         if cal is None or not isinstance(r.log_error, float) or math.isnan(r.log_error):
@@ -229,9 +262,16 @@ def apply_calibration(rows: pd.DataFrame, calibrations: dict[str, MethodCalibrat
             continue
         p = cal.predict(r.predicted_loss, r.factor, r.base_sd_rel)
         obs = r.observed_best_loss
-        values = (p["loss"], p["loss"] / obs - 1, *p["loss_50"], *p["loss_90"],
-                  bool(p["loss_50"][0] <= obs <= p["loss_50"][1]), bool(p["loss_90"][0] <= obs <= p["loss_90"][1]),
-                  p["beyond_calibrated_range"], "|".join(cal.sources))
+        values = (
+            p["loss"],
+            p["loss"] / obs - 1,
+            *p["loss_50"],
+            *p["loss_90"],
+            bool(p["loss_50"][0] <= obs <= p["loss_50"][1]),
+            bool(p["loss_90"][0] <= obs <= p["loss_90"][1]),
+            p["beyond_calibrated_range"],
+            "|".join(cal.sources),
+        )
         for k, v in zip(cols, values):
             cols[k].append(v)
     for k, v in cols.items():
@@ -239,7 +279,9 @@ def apply_calibration(rows: pd.DataFrame, calibrations: dict[str, MethodCalibrat
     return out
 
 
-def loso(rows: pd.DataFrame, calibrate_fn: Callable[[pd.DataFrame], dict[str, MethodCalibration]] = calibrate) -> pd.DataFrame:
+def loso(
+    rows: pd.DataFrame, calibrate_fn: Callable[[pd.DataFrame], dict[str, MethodCalibration]] = calibrate
+) -> pd.DataFrame:
     """Leave one source out: each source's rows scored with a calibration fitted on the others."""
     scored = []
     for source in rows["source"].unique():
@@ -254,15 +296,24 @@ def assert_out_of_sample(scored: pd.DataFrame) -> None:
     """DelphiError if any row was scored by a calibration fitted on its own source."""
     for r in scored.itertuples():
         if r.calibration_sources and r.source in str(r.calibration_sources).split("|"):
-            raise DelphiError(f"calibration: source {r.source!r} was scored with a calibration fitted on itself "
-                              f"(method {r.method}, budget {r.budget:g}); leave-one-source-out is broken")
+            raise DelphiError(
+                f"calibration: source {r.source!r} was scored with a calibration fitted on itself "
+                f"(method {r.method}, budget {r.budget:g}); leave-one-source-out is broken"
+            )
 
 
 # --------------------------------------------------------------------------- the committed file
 
 
-def calibration_document(rows: pd.DataFrame, features: dict[str, dict[str, float]], *, command: str,
-                         inputs: dict[str, str], shift: str = "agree", created: str | None = None) -> dict[str, Any]:
+def calibration_document(
+    rows: pd.DataFrame,
+    features: dict[str, dict[str, float]],
+    *,
+    command: str,
+    inputs: dict[str, str],
+    shift: str = "agree",
+    created: str | None = None,
+) -> dict[str, Any]:
     """The calibration file: fitted on every source in `rows`, with the LOSO table behind method choice."""
     from delphi import __version__
 
@@ -272,16 +323,35 @@ def calibration_document(rows: pd.DataFrame, features: dict[str, dict[str, float
         g = g[g["cal_rel_error"].notna()]
         if g.empty:
             continue
-        per_source.append({"source": source, "method": method, "n": len(g),
-                           "mean_abs_rel_error": float(g["cal_rel_error"].abs().mean()),
-                           "mean_abs_rel_error_uncalibrated": float(g["rel_error"].abs().mean()),
-                           "coverage_50": float(g["cal_covered_50"].astype(float).mean()),
-                           "coverage_90": float(g["cal_covered_90"].astype(float).mean())})
+        per_source.append(
+            {
+                "source": source,
+                "method": method,
+                "n": len(g),
+                "mean_abs_rel_error": float(g["cal_rel_error"].abs().mean()),
+                "mean_abs_rel_error_uncalibrated": float(g["rel_error"].abs().mean()),
+                "coverage_50": float(g["cal_covered_50"].astype(float).mean()),
+                "coverage_90": float(g["cal_covered_90"].astype(float).mean()),
+            }
+        )
     return {
-        "kind": KIND, "schema_version": SCHEMA_VERSION, "model": MODEL, "shift_rule": shift, "shift_agreement": SHIFT_AGREEMENT,
-        "ensembles": {name: {"members": list(members), "prediction": "geometric mean of the members' predictions",
-                             "selected_on_public_data": True} for name, members in ENSEMBLES.items()},
-        "created": created, "delphi_version": __version__, "command": command, "inputs": inputs,
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "model": MODEL,
+        "shift_rule": shift,
+        "shift_agreement": SHIFT_AGREEMENT,
+        "ensembles": {
+            name: {
+                "members": list(members),
+                "prediction": "geometric mean of the members' predictions",
+                "selected_on_public_data": True,
+            }
+            for name, members in ENSEMBLES.items()
+        },
+        "created": created,
+        "delphi_version": __version__,
+        "command": command,
+        "inputs": inputs,
         "sources": features,
         "methods": {m: c.to_json() for m, c in calibrate(rows, shift).items()},
         "loso": per_source,
@@ -299,13 +369,19 @@ def load_calibration(path: str | Path | None = None) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise DelphiError(f"{path}: not a readable JSON calibration file ({e})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise DelphiError(f"{path}: key 'kind' = {data.get('kind') if isinstance(data, dict) else None!r}, expected {KIND!r}")
+        raise DelphiError(
+            f"{path}: key 'kind' = {data.get('kind') if isinstance(data, dict) else None!r}, expected {KIND!r}"
+        )
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise DelphiError(f"{path}: key 'schema_version' = {data.get('schema_version')!r}, this delphi reads {SCHEMA_VERSION}")
+        raise DelphiError(
+            f"{path}: key 'schema_version' = {data.get('schema_version')!r}, this delphi reads {SCHEMA_VERSION}"
+        )
     for key in ("methods", "sources", "loso"):
         if key not in data:
             raise DelphiError(f"{path}: missing key {key!r}")
-    data["methods_parsed"] = {m: MethodCalibration.from_json(c, f"{path}: methods.{m}") for m, c in data["methods"].items()}
+    data["methods_parsed"] = {
+        m: MethodCalibration.from_json(c, f"{path}: methods.{m}") for m, c in data["methods"].items()
+    }
     data["path"] = str(path)
     data["sha256"] = hashlib.sha256(raw).hexdigest()
     return data
@@ -315,21 +391,31 @@ def calibration_provenance(calibration: dict[str, Any]) -> dict[str, Any]:
     """What a fit or study JSON records about the calibration it applied."""
     path = Path(calibration["path"])
     shown = "delphi/fits/data/beyond_calibration.json (committed)" if path.resolve() == DEFAULT_PATH else str(path)
-    return {"applied": True, "path": shown, "sha256": calibration["sha256"],
-            "schema_version": calibration["schema_version"], "model": calibration["model"],
-            "sources": sorted(calibration["sources"]), "command": calibration.get("command")}
+    return {
+        "applied": True,
+        "path": shown,
+        "sha256": calibration["sha256"],
+        "schema_version": calibration["schema_version"],
+        "model": calibration["model"],
+        "sources": sorted(calibration["sources"]),
+        "command": calibration.get("command"),
+    }
 
 
 # --------------------------------------------------------------------------- method choice and the study
 
 
-def similar_sources(features: dict[str, float], calibration: dict[str, Any], k: int = SIMILAR_SOURCES) -> list[tuple[str, float]]:
+def similar_sources(
+    features: dict[str, float], calibration: dict[str, Any], k: int = SIMILAR_SOURCES
+) -> list[tuple[str, float]]:
     """The k public sources most like a sweep: (name, distance), distance = |decades of median model
     size apart| / SIZE_DECADE + |budgets apart| / BUDGETS_PER_SIZE_DECADE."""
     dist = []
     for name, f in calibration["sources"].items():
-        d = (abs(f["log10_median_params"] - features["log10_median_params"]) / SIZE_DECADE
-             + abs(f["n_budgets"] - features["n_budgets"]) / BUDGETS_PER_SIZE_DECADE)
+        d = (
+            abs(f["log10_median_params"] - features["log10_median_params"]) / SIZE_DECADE
+            + abs(f["n_budgets"] - features["n_budgets"]) / BUDGETS_PER_SIZE_DECADE
+        )
         dist.append((name, float(d)))
     return sorted(dist, key=lambda t: (t[1], t[0]))[:k]
 
@@ -349,12 +435,20 @@ def source_likeness(features: dict[str, float], calibration: dict[str, Any]) -> 
         if others["sources"]:
             reach = max(reach, similar_sources(f, others, 1)[0][1])
     distance = nearest[0][1] if nearest else math.inf
-    return {"nearest_source": nearest[0][0] if nearest else None, "distance": float(distance), "reach": float(reach),
-            "like": bool(distance <= reach)}
+    return {
+        "nearest_source": nearest[0][0] if nearest else None,
+        "distance": float(distance),
+        "reach": float(reach),
+        "like": bool(distance <= reach),
+    }
 
 
-def choose_method(features: dict[str, float], calibration: dict[str, Any], methods: Sequence[str] | None = None,
-                  k: int = SIMILAR_SOURCES) -> dict[str, Any]:
+def choose_method(
+    features: dict[str, float],
+    calibration: dict[str, Any],
+    methods: Sequence[str] | None = None,
+    k: int = SIMILAR_SOURCES,
+) -> dict[str, Any]:
     """The method with the lowest calibrated out-of-sample (LOSO) mean |error| on the k public sources
     most like the sweep (`similar_sources`), among methods with a calibration whose calibrated 90%
     intervals covered >= MIN_CHOICE_COVERAGE_90 there. Ties: 90% coverage nearer 90%. Returns the choice, the table behind it and the sources."""
@@ -362,33 +456,52 @@ def choose_method(features: dict[str, float], calibration: dict[str, Any], metho
     names = {n for n, _ in near}
     allowed = set(calibration["methods"]) if methods is None else set(methods) & set(calibration["methods"])
     if not allowed:
-        raise DelphiError(f"method choice: none of {sorted(methods or [])} has a calibration "
-                          f"(calibrated: {sorted(calibration['methods'])})")
+        raise DelphiError(
+            f"method choice: none of {sorted(methods or [])} has a calibration "
+            f"(calibrated: {sorted(calibration['methods'])})"
+        )
     table = []
     for method in sorted(allowed):
         part = [r for r in calibration["loso"] if r["method"] == method and r["source"] in names]
         n = sum(r["n"] for r in part)
         if not n:
             continue
-        mean = lambda key: sum(r[key] * r["n"] for r in part) / n  # noqa: E731
-        table.append({"method": method, "n": n, "mean_abs_rel_error": mean("mean_abs_rel_error"),
-                      "mean_abs_rel_error_uncalibrated": mean("mean_abs_rel_error_uncalibrated"),
-                      "coverage_50": mean("coverage_50"), "coverage_90": mean("coverage_90")})
+        mean = lambda key: sum(r[key] * r["n"] for r in part) / n  # noqa: B023  (called at once, inside the loop)
+        table.append(
+            {
+                "method": method,
+                "n": n,
+                "mean_abs_rel_error": mean("mean_abs_rel_error"),
+                "mean_abs_rel_error_uncalibrated": mean("mean_abs_rel_error_uncalibrated"),
+                "coverage_50": mean("coverage_50"),
+                "coverage_90": mean("coverage_90"),
+            }
+        )
     for r in table:
         r["eligible"] = r["coverage_90"] >= MIN_CHOICE_COVERAGE_90
     if not any(r["eligible"] for r in table):
         for r in table:
             r["eligible"] = True
     table.sort(key=lambda r: (not r["eligible"], r["mean_abs_rel_error"], abs(r["coverage_90"] - 0.9)))
-    return {"method": table[0]["method"], "table": table, "similar_sources": [{"source": n, "distance": d} for n, d in near],
-            "features": features,
-            "rule": f"lowest calibrated leave-one-source-out mean |error| on the {k} public sources most like the sweep "
-                    f"(model size and number of budgets), among methods whose calibrated 90% intervals covered >= "
-                    f"{MIN_CHOICE_COVERAGE_90:.0%} there"}
+    return {
+        "method": table[0]["method"],
+        "table": table,
+        "similar_sources": [{"source": n, "distance": d} for n, d in near],
+        "features": features,
+        "rule": f"lowest calibrated leave-one-source-out mean |error| on the {k} public sources most like the sweep "
+        f"(model size and number of budgets), among methods whose calibrated 90% intervals covered >= "
+        f"{MIN_CHOICE_COVERAGE_90:.0%} there",
+    }
 
 
-def calibrated_prediction(method: str, predicted_loss: float, interval_90: Sequence[float] | None, factor: float,
-                          calibration: dict[str, Any], residual_scatter_nats: float | None = None) -> dict[str, Any]:
+def calibrated_prediction(
+    method: str,
+    predicted_loss: float,
+    interval_90: Sequence[float] | None,
+    factor: float,
+    calibration: dict[str, Any],
+    residual_scatter_nats: float | None = None,
+) -> dict[str, Any]:
     """A law's prediction `factor` beyond its largest fitted budget, with the calibrated point and
     intervals. The fit-only sd is the 90% interval's half-width / z_0.95 (widened in quadrature by
     the residual scatter when given, as `backtest.predictive_interval`)."""
@@ -397,12 +510,18 @@ def calibrated_prediction(method: str, predicted_loss: float, interval_90: Seque
         return {"applied": False, "reason": f"no calibration for method {method!r} in {calibration['path']}"}
     base_sd_rel = fit_only_sd_rel(predicted_loss, interval_90, residual_scatter_nats)
     out = cal.predict(predicted_loss, factor, base_sd_rel)
-    return {**out, "method": method, "uncalibrated_loss": float(predicted_loss), "base_sd_rel": base_sd_rel,
-            **calibration_provenance(calibration)}
+    return {
+        **out,
+        "method": method,
+        "uncalibrated_loss": float(predicted_loss),
+        "base_sd_rel": base_sd_rel,
+        **calibration_provenance(calibration),
+    }
 
 
-def fit_only_sd_rel(predicted_loss: float, interval_90: Sequence[float] | None,
-                    residual_scatter_nats: float | None = None) -> float:
+def fit_only_sd_rel(
+    predicted_loss: float, interval_90: Sequence[float] | None, residual_scatter_nats: float | None = None
+) -> float:
     """The fit-only relative sd of a prediction: its 90% interval's half-width / z_0.95 / the prediction
     (0 without an interval), widened in quadrature by the residual scatter when given."""
     half = 0.0
@@ -414,8 +533,12 @@ def fit_only_sd_rel(predicted_loss: float, interval_90: Sequence[float] | None,
 
 
 # The calibration key of a fit (the `delphi fit` method that produced it), by (kind, method).
-FIT_METHOD_KEYS = {("isoflop", "approach2"): "isoflop", ("parametric", "vpnls"): "vpnls",
-                   ("parametric", "approach3"): "parametric", ("frontier", "frontier-free-weighted"): "asymptotic"}
+FIT_METHOD_KEYS = {
+    ("isoflop", "approach2"): "isoflop",
+    ("parametric", "vpnls"): "vpnls",
+    ("parametric", "approach3"): "parametric",
+    ("frontier", "frontier-free-weighted"): "asymptotic",
+}
 # The laws that can size a hero (they predict N*(C)); a study's primary law is chosen among them.
 PRIMARY_CAPABLE = ("isoflop", "parametric", "vpnls")
 
@@ -424,7 +547,9 @@ def calibration_key(kind: str, method: str) -> str | None:
     """The calibration entry for a fit of this kind and method (None: not calibrated)."""
     if (kind, method) in FIT_METHOD_KEYS:
         return FIT_METHOD_KEYS[(kind, method)]
-    return "frontier" if kind == "frontier" and method.startswith("frontier-free") and "weighted" not in method else None
+    return (
+        "frontier" if kind == "frontier" and method.startswith("frontier-free") and "weighted" not in method else None
+    )
 
 
 def table_features(table: pd.DataFrame) -> dict[str, float]:
@@ -436,20 +561,25 @@ def table_features(table: pd.DataFrame) -> dict[str, float]:
     return sweep_features(isoflop_rows(table))
 
 
-def choose_primary(table: pd.DataFrame, fits: Sequence[str], calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+def choose_primary(
+    table: pd.DataFrame, fits: Sequence[str], calibration: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A study's `primary_fit: auto`: `choose_method` on the table's sweep features (as `calibrate_final`
     computes them), among the laws that can size a hero (PRIMARY_CAPABLE) that the study fits. The
     choice, its table and the calibration's provenance, to be recorded once and never re-chosen."""
     candidates = [m for m in PRIMARY_CAPABLE if m in fits]
     if not candidates:
-        raise DelphiError(f"primary_fit: auto chooses among {list(PRIMARY_CAPABLE)}, and fits {list(fits)} has none of them")
+        raise DelphiError(
+            f"primary_fit: auto chooses among {list(PRIMARY_CAPABLE)}, and fits {list(fits)} has none of them"
+        )
     calibration = calibration if calibration is not None else load_calibration()
     choice = choose_method(table_features(table), calibration, candidates)
     return {**choice, "candidates": candidates, "calibration": calibration_provenance(calibration)}
 
 
-def calibrate_final(fit: Any, final: dict[str, Any], compute: float, table: pd.DataFrame,
-                    calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+def calibrate_final(
+    fit: Any, final: dict[str, Any], compute: float, table: pd.DataFrame, calibration: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The calibrated version of a hero's `final` prediction (prereg's {loss, loss_50, loss_90}): the
     shift and model-error term of the fit's method at the hero's extrapolation factor (compute / the
     table's largest isoFLOP budget), with the method choice by evidence for this ladder. The fit-only
@@ -465,13 +595,18 @@ def calibrate_final(fit: Any, final: dict[str, Any], compute: float, table: pd.D
     if key is None:
         out = {"applied": False, "reason": f"no calibration for a {fit.kind} fit by {fit.method}"}
     elif factor <= 1:
-        out = {"applied": False, "reason": f"the hero ({compute:.3g} FLOPs) is not beyond the ladder's top budget {top:.3g}"}
+        out = {
+            "applied": False,
+            "reason": f"the hero ({compute:.3g} FLOPs) is not beyond the ladder's top budget {top:.3g}",
+        }
     else:
         out = calibrated_prediction(key, float(final["loss"]), final.get("loss_90"), factor, calibration)
     out["top_budget"] = top
     out["source_likeness"] = source_likeness(table_features(table), calibration)
     recorded = calibration.get("inputs") if isinstance(calibration.get("inputs"), dict) else {}
-    out["table_is_calibration_source"] = table.attrs.get("sha256") in recorded.values()  # its calibration is then in-sample
+    out["table_is_calibration_source"] = (
+        table.attrs.get("sha256") in recorded.values()
+    )  # its calibration is then in-sample
     out["method_choice"] = choice
     out["method_choice"]["fitted_method"] = key
     out["method_choice"]["agrees"] = key == choice["method"]
@@ -489,8 +624,10 @@ def calibrated_status(cal: dict[str, Any] | None) -> tuple[str | None, str]:
     if not cal.get("applied"):
         return NO_ENTRY, str(cal.get("reason") or "not calibrated")
     if cal.get("beyond_calibrated_range"):
-        return BEYOND_RANGE, (f"{cal['factor']:.4g}x is beyond {cal['method']}'s furthest calibrated factor "
-                              f"({cal['max_calibrated_factor']:.4g}x)")
+        return BEYOND_RANGE, (
+            f"{cal['factor']:.4g}x is beyond {cal['method']}'s furthest calibrated factor "
+            f"({cal['max_calibrated_factor']:.4g}x)"
+        )
     return CALIBRATED, ""
 
 
@@ -500,7 +637,9 @@ def gate_uses_calibration(final: dict[str, Any]) -> bool:
     beyond this design's own ladders then stand in for the public calibration. (The default study's
     isoFLOP law leans high where the public sweeps' leans low: the calibrated interval there is
     centred 2% above the sealed one; issue 43.)"""
-    return bool((final.get("calibrated") or {}).get("applied")) and not {"probe_correction", "point_correction"} & set(final)
+    return bool((final.get("calibrated") or {}).get("applied")) and not {"probe_correction", "point_correction"} & set(
+        final
+    )
 
 
 def interval_for_gate(final: dict[str, Any]) -> tuple[Sequence[float] | None, float, str, str | None]:
@@ -510,10 +649,17 @@ def interval_for_gate(final: dict[str, Any]) -> tuple[Sequence[float] | None, fl
     if gate_uses_calibration(final):
         beyond = None
         if cal.get("beyond_calibrated_range"):
-            beyond = (f"the hero lies {cal['factor']:.3g}x beyond the ladder's top budget, farther out than any calibration "
-                      f"point ({cal['max_calibrated_factor']:.3g}x for {cal['method']}): the calibrated interval is an "
-                      f"extrapolation of the calibration itself; refusing to seal without --force")
-        return cal.get("loss_90"), float(cal["loss"]), f"calibrated ({cal['method']}, {cal['factor']:.3g}x beyond the ladder) ", beyond
+            beyond = (
+                f"the hero lies {cal['factor']:.3g}x beyond the ladder's top budget, farther out than any calibration "
+                f"point ({cal['max_calibrated_factor']:.3g}x for {cal['method']}): the calibrated interval is an "
+                f"extrapolation of the calibration itself; refusing to seal without --force"
+            )
+        return (
+            cal.get("loss_90"),
+            float(cal["loss"]),
+            f"calibrated ({cal['method']}, {cal['factor']:.3g}x beyond the ladder) ",
+            beyond,
+        )
     note = "sealed (corrected by the design's measured bias) " if "point_correction" in final else ""
     return final.get("loss_90"), float(final["loss"]), note, None
 
@@ -529,20 +675,26 @@ def report_lines(final: dict[str, Any], primary_fit: str | None = None, primary_
     lines = ["## Calibrated interval and method choice (issue 30)", ""]
     if cal.get("applied"):
         lo, hi = cal["loss_90"]
-        lines.append(f"The {cal['method']} law's prediction {cal['uncalibrated_loss']:.4f}, {cal['factor']:.3g}x beyond the ladder's "
-                     f"top budget, calibrated on the public isoFLOP sweeps: {cal['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}] "
-                     f"(model-error sd {cal['model_sd_rel']:.2%}, total sd {cal['sd_rel']:.2%}; calibration {cal['path']}, "
-                     f"sha256 {cal['sha256'][:12]}).")
+        lines.append(
+            f"The {cal['method']} law's prediction {cal['uncalibrated_loss']:.4f}, {cal['factor']:.3g}x beyond the ladder's "
+            f"top budget, calibrated on the public isoFLOP sweeps: {cal['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}] "
+            f"(model-error sd {cal['model_sd_rel']:.2%}, total sd {cal['sd_rel']:.2%}; calibration {cal['path']}, "
+            f"sha256 {cal['sha256'][:12]})."
+        )
         if cal.get("beyond_calibrated_range"):
-            lines.append(f"**The hero lies farther out than any calibration point** ({cal['factor']:.3g}x against "
-                         f"{cal['max_calibrated_factor']:.3g}x): the interval extrapolates the calibration itself.")
+            lines.append(
+                f"**The hero lies farther out than any calibration point** ({cal['factor']:.3g}x against "
+                f"{cal['max_calibrated_factor']:.3g}x): the interval extrapolates the calibration itself."
+            )
     else:
         lines.append(f"Not calibrated: {cal.get('reason')}.")
     choice = cal.get("method_choice")
     if choice:
         lines += [""] + method_choice_lines(
-            choice, primary_note(choice["method"], primary_law or choice.get("fitted_method"), primary_fit),
-            lead="Public-sweep evidence for which law extrapolates best on sweeps like this one.")
+            choice,
+            primary_note(choice["method"], primary_law or choice.get("fitted_method"), primary_fit),
+            lead="Public-sweep evidence for which law extrapolates best on sweeps like this one.",
+        )
     return lines + [""]
 
 
@@ -553,24 +705,46 @@ def primary_note(chosen: str, primary: str | None, primary_fit: str | None) -> s
         return "The study's primary law has no calibration entry; it made the sealed prediction all the same."
     if chosen == primary:
         return f"It names the study's primary law, {primary}, the law that made the sealed prediction."
-    why = {None: "this evidence did not choose it",
-           "auto": ("with `primary_fit: auto` the fit stage chose it once, among the laws this study fits "
-                    "(see \"Primary law chosen by evidence\")")}
-    return (f"It differs from the study's primary law, {primary}, which made the sealed prediction all the same: "
-            + why.get(primary_fit, f"the study fixes `primary_fit: {primary_fit}`, and a fixed primary law is not "
-                                   f"re-chosen by this evidence") + ".")
+    why = {
+        None: "this evidence did not choose it",
+        "auto": (
+            "with `primary_fit: auto` the fit stage chose it once, among the laws this study fits "
+            '(see "Primary law chosen by evidence")'
+        ),
+    }
+    return (
+        f"It differs from the study's primary law, {primary}, which made the sealed prediction all the same: "
+        + why.get(
+            primary_fit,
+            f"the study fixes `primary_fit: {primary_fit}`, and a fixed primary law is not re-chosen by this evidence",
+        )
+        + "."
+    )
 
 
 def method_choice_lines(choice: dict[str, Any], note: str = "", lead: str = "") -> list[str]:
     """Markdown: a `choose_method` answer (`lead` before it, its rule and the choice, `note` after it)
     and the table behind it."""
-    lines = [" ".join(part for part in (lead, f"Method choice ({choice['rule']}): **{choice['method']}**. "
-                                              f"Similar sweeps: {', '.join(s['source'] for s in choice['similar_sources'])}.", note)
-                      if part), "",
-             "| method | held-out points | mean abs error (calibrated) | uncalibrated | 50% coverage | 90% coverage |",
-             "|---|---|---|---|---|---|"]
-    return lines + [f"| {r['method']} | {r['n']} | {r['mean_abs_rel_error']:.2%} | {r['mean_abs_rel_error_uncalibrated']:.2%} | "
-                    f"{r['coverage_50']:.0%} | {r['coverage_90']:.0%} |" for r in choice["table"]]
+    lines = [
+        " ".join(
+            part
+            for part in (
+                lead,
+                f"Method choice ({choice['rule']}): **{choice['method']}**. "
+                f"Similar sweeps: {', '.join(s['source'] for s in choice['similar_sources'])}.",
+                note,
+            )
+            if part
+        ),
+        "",
+        "| method | held-out points | mean abs error (calibrated) | uncalibrated | 50% coverage | 90% coverage |",
+        "|---|---|---|---|---|---|",
+    ]
+    return lines + [
+        f"| {r['method']} | {r['n']} | {r['mean_abs_rel_error']:.2%} | {r['mean_abs_rel_error_uncalibrated']:.2%} | "
+        f"{r['coverage_50']:.0%} | {r['coverage_90']:.0%} |"
+        for r in choice["table"]
+    ]
 
 
 # --------------------------------------------------------------------------- the law's interval beside the calibrated one (issue 43)
@@ -584,8 +758,12 @@ BEYOND_RANGE = "beyond_calibrated_range"
 NO_ENTRY = "no_calibration_entry"
 NOT_BEYOND = "not_beyond_fitted_budgets"
 NO_PREDICTION = "no_prediction"
-NOT_CALIBRATED_WHY = {BEYOND_RANGE: "beyond the calibrated range", NO_ENTRY: "without a calibration entry",
-                      NOT_BEYOND: "not beyond the fitted budgets", NO_PREDICTION: "without a prediction"}
+NOT_CALIBRATED_WHY = {
+    BEYOND_RANGE: "beyond the calibrated range",
+    NO_ENTRY: "without a calibration entry",
+    NOT_BEYOND: "not beyond the fitted budgets",
+    NO_PREDICTION: "without a prediction",
+}
 # The numbers calibrate_point reads from every method's entry, and the least each may be.
 _ENTRY_NUMBERS = {"shift0": None, "shift1": None, "sd0": 0.0, "sd1": 0.0, "q50": 0.0, "q90": 0.0, "max_factor": 1.0}
 
@@ -604,8 +782,10 @@ def check_calibration_source(calibration: dict[str, Any], root: Path = REPO_ROOT
     where = calibration.get("path", "calibration")
     inputs = calibration.get("inputs")
     if not isinstance(inputs, dict) or not inputs:
-        raise DelphiError(f"{where}: key 'inputs' = {inputs!r}, expected the sha256 of the data the calibration was "
-                          f"made from ({{path: sha256}})")
+        raise DelphiError(
+            f"{where}: key 'inputs' = {inputs!r}, expected the sha256 of the data the calibration was "
+            f"made from ({{path: sha256}})"
+        )
     checked = []
     for name, recorded in inputs.items():
         if not isinstance(recorded, str) or not SHA256_HEX.fullmatch(recorded):
@@ -617,10 +797,14 @@ def check_calibration_source(calibration: dict[str, Any], root: Path = REPO_ROOT
             checked.append({"path": name, "sha256": recorded, "verified": False, "note": "not found here; not checked"})
             continue
         except OSError as e:
-            raise DelphiError(f"{where}: cannot read its source data {path} to check its sha256 ({e.strerror or e})") from None
+            raise DelphiError(
+                f"{where}: cannot read its source data {path} to check its sha256 ({e.strerror or e})"
+            ) from None
         if actual != recorded:
-            raise DelphiError(f"{where}: source hash mismatch: made from {name} with sha256 {recorded[:12]}..., but {path} "
-                              f"has sha256 {actual[:12]}...; the calibration does not describe this data")
+            raise DelphiError(
+                f"{where}: source hash mismatch: made from {name} with sha256 {recorded[:12]}..., but {path} "
+                f"has sha256 {actual[:12]}...; the calibration does not describe this data"
+            )
         checked.append({"path": name, "sha256": recorded, "verified": True})
     return {"inputs": checked, "verified": all(c["verified"] for c in checked)}
 
@@ -635,16 +819,27 @@ def load_checked_calibration(path: str | Path | None = None, root: Path = REPO_R
     for method, entry in calibration["methods_parsed"].items():
         for name, least in _ENTRY_NUMBERS.items():
             value = getattr(entry, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or (least is not None and value < least):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or (least is not None and value < least)
+            ):
                 need = "a finite number" + ("" if least is None else f" >= {least:g}")
                 raise DelphiError(f"{where}: methods.{method}.{name} = {value!r}, expected {need}")
     calibration["source_check"] = check_calibration_source(calibration, root)
     return calibration
 
 
-def calibrate_point(method_key: str | None, predicted: float | None, interval_90: Sequence[float] | None, factor: float,
-                    calibration: dict[str, Any], *, fit_label: str | None = None) -> dict[str, Any]:
+def calibrate_point(
+    method_key: str | None,
+    predicted: float | None,
+    interval_90: Sequence[float] | None,
+    factor: float,
+    calibration: dict[str, Any],
+    *,
+    fit_label: str | None = None,
+) -> dict[str, Any]:
     """One prediction, `factor` times the largest fitted budget, beside its calibrated interval. Pure:
     the method's calibration entry (`method_key`, e.g. from `calibration_key`; None: no entry), the
     law's prediction and its own 90% interval (which sets the fit-only sd, `fit_only_sd_rel`).
@@ -659,26 +854,48 @@ def calibrate_point(method_key: str | None, predicted: float | None, interval_90
     entry = calibration["methods_parsed"].get(method_key) if method_key is not None else None
     own = None if interval_90 is None or None in tuple(interval_90) else [float(v) for v in interval_90]
     out: dict[str, Any] = {
-        "status": CALIBRATED, "applied": False, "method": method_key, "factor": float(factor),
+        "status": CALIBRATED,
+        "applied": False,
+        "method": method_key,
+        "factor": float(factor),
         "max_calibrated_factor": None if entry is None else float(entry.max_factor),
-        "uncalibrated_loss": None if predicted is None else float(predicted), "uncalibrated_interval_90": own}
+        "uncalibrated_loss": None if predicted is None else float(predicted),
+        "uncalibrated_interval_90": own,
+    }
     label = fit_label or (repr(method_key) if method_key is not None else "this method")
     if entry is None:
-        out.update(status=NO_ENTRY, reason=f"no calibration entry for {label} in {shown_path(calibration)}; its entries: "
-                                           f"{', '.join(sorted(calibration['methods_parsed']))}")
+        out.update(
+            status=NO_ENTRY,
+            reason=f"no calibration entry for {label} in {shown_path(calibration)}; its entries: "
+            f"{', '.join(sorted(calibration['methods_parsed']))}",
+        )
     elif predicted is None or not math.isfinite(float(predicted)) or float(predicted) <= 0:
         out.update(status=NO_PREDICTION, reason=f"no finite positive prediction to calibrate ({predicted!r})")
     elif not math.isfinite(float(factor)) or float(factor) <= 1:
-        out.update(status=NOT_BEYOND, reason=f"{float(factor):.4g}x the largest fitted budget is not beyond it; "
-                                             f"the calibration is of extrapolation")
+        out.update(
+            status=NOT_BEYOND,
+            reason=f"{float(factor):.4g}x the largest fitted budget is not beyond it; "
+            f"the calibration is of extrapolation",
+        )
     elif float(factor) > entry.max_factor * (1 + 1e-9):
-        out.update(status=BEYOND_RANGE, reason=f"{float(factor):.4g}x is beyond {method_key}'s furthest calibrated factor "
-                                               f"(max_calibrated_factor {entry.max_factor:.4g}x)")
+        out.update(
+            status=BEYOND_RANGE,
+            reason=f"{float(factor):.4g}x is beyond {method_key}'s furthest calibrated factor "
+            f"(max_calibrated_factor {entry.max_factor:.4g}x)",
+        )
     else:
         base = fit_only_sd_rel(float(predicted), own)
         p = entry.predict(float(predicted), float(factor), base)
-        out.update(applied=True, loss=p["loss"], loss_50=p["loss_50"], loss_90=p["loss_90"], sd_rel=p["sd_rel"],
-                   model_sd_rel=p["model_sd_rel"], shift_log=p["shift_log"], base_sd_rel=base)
+        out.update(
+            applied=True,
+            loss=p["loss"],
+            loss_50=p["loss_50"],
+            loss_90=p["loss_90"],
+            sd_rel=p["sd_rel"],
+            model_sd_rel=p["model_sd_rel"],
+            shift_log=p["shift_log"],
+            base_sd_rel=base,
+        )
     return out
 
 
@@ -687,8 +904,10 @@ def describe_calibrated(point: dict[str, Any]) -> str:
     factor, or why there is none (the law's own interval then stands, uncalibrated)."""
     if point["applied"]:
         lo, hi = point["loss_90"]
-        return (f"calibrated 90% [{lo:.4f}, {hi:.4f}] (centre {point['loss']:.4f}; {point['method']} calibration "
-                f"at {point['factor']:.3g}x)")
+        return (
+            f"calibrated 90% [{lo:.4f}, {hi:.4f}] (centre {point['loss']:.4f}; {point['method']} calibration "
+            f"at {point['factor']:.3g}x)"
+        )
     return f"calibrated 90%: none; the law's own interval stands, uncalibrated: {point['reason']}"
 
 
@@ -707,17 +926,20 @@ def interval_coverage(points: Sequence[tuple[bool | None, dict[str, Any]]]) -> d
     for _, p in points:
         if not p["applied"]:
             why[p["status"]] = why.get(p["status"], 0) + 1
-    return {"held_out": len(points),
-            "uncalibrated_90": {"with_interval": len(own), "covered": int(sum(own))},
-            "calibrated_90": {"with_interval": len(cal), "covered": int(sum(cal)), "not_calibrated": why}}
+    return {
+        "held_out": len(points),
+        "uncalibrated_90": {"with_interval": len(own), "covered": int(sum(own))},
+        "calibrated_90": {"with_interval": len(cal), "covered": int(sum(cal)), "not_calibrated": why},
+    }
 
 
 def describe_fit(kind: str, method: str) -> str:
     return f"the {kind} fit by {method}"
 
 
-def calibrate_backtest(result: dict[str, Any], calibration: dict[str, Any], *, method: str, kind: str,
-                       fit_method: str) -> dict[str, Any]:
+def calibrate_backtest(
+    result: dict[str, Any], calibration: dict[str, Any], *, method: str, kind: str, fit_method: str
+) -> dict[str, Any]:
     """A `delphi.fits.backtest.backtest` result with each held-out budget's calibrated interval beside
     the law's own ("calibrated": `calibrate_point` plus "covered_90"; "predicted_loss" stays the law's),
     the calibration's provenance ("calibration") and, per method (`method`, the --method name),
@@ -725,16 +947,27 @@ def calibrate_backtest(result: dict[str, Any], calibration: dict[str, Any], *, m
     key = calibration_key(kind, fit_method)
     budgets = []
     for b in result["budgets"]:
-        point = calibrate_point(key, b["predicted_loss"], b["loss_interval_90"], b["extrapolation"], calibration,
-                                fit_label=describe_fit(kind, fit_method))
+        point = calibrate_point(
+            key,
+            b["predicted_loss"],
+            b["loss_interval_90"],
+            b["extrapolation"],
+            calibration,
+            fit_label=describe_fit(kind, fit_method),
+        )
         budgets.append({**b, "calibrated": _with_truth(point, b["observed_best_loss"])})
     coverage = interval_coverage([(b["covered_90"], b["calibrated"]) for b in budgets])
-    return {**result, "budgets": budgets, "calibration": _provenance(calibration, result.get("input_sha256")),
-            "interval_coverage": {method: coverage}}
+    return {
+        **result,
+        "budgets": budgets,
+        "calibration": _provenance(calibration, result.get("input_sha256")),
+        "interval_coverage": {method: coverage},
+    }
 
 
-def calibrate_all_holdouts(result: dict[str, Any], calibration: dict[str, Any],
-                           fits: dict[str, tuple[str, str]]) -> dict[str, Any]:
+def calibrate_all_holdouts(
+    result: dict[str, Any], calibration: dict[str, Any], fits: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
     """A `delphi.fits.backtest.all_holdouts` result with every scored row's calibrated interval
     ("calibrated", as `calibrate_backtest`), the provenance and the per-method `interval_coverage`.
     `fits`: method name -> (kind, method) of its fits (a method whose every fit failed has no rows)."""
@@ -745,14 +978,24 @@ def calibrate_all_holdouts(result: dict[str, Any], calibration: dict[str, Any],
             continue
         kind, fit_method = fits.get(r["method"], (r["method"], r["method"]))
         own = None if r["lo_90"] is None else [r["lo_90"], r["hi_90"]]
-        point = calibrate_point(calibration_key(kind, fit_method), r["predicted_loss"], own, r["extrapolation"], calibration,
-                                fit_label=describe_fit(kind, fit_method))
+        point = calibrate_point(
+            calibration_key(kind, fit_method),
+            r["predicted_loss"],
+            own,
+            r["extrapolation"],
+            calibration,
+            fit_label=describe_fit(kind, fit_method),
+        )
         row = {**r, "calibrated": _with_truth(point, r["observed_best_loss"])}
         rows.append(row)
         per_method.setdefault(r["method"], []).append((row["covered_90"], row["calibrated"]))
     coverage = {m: interval_coverage(per_method.get(m, [])) for m in dict.fromkeys(r["method"] for r in result["rows"])}
-    return {**result, "rows": rows, "calibration": _provenance(calibration, result.get("input_sha256")),
-            "interval_coverage": coverage}
+    return {
+        **result,
+        "rows": rows,
+        "calibration": _provenance(calibration, result.get("input_sha256")),
+        "interval_coverage": coverage,
+    }
 
 
 def _provenance(calibration: dict[str, Any], input_sha256: str | None) -> dict[str, Any]:

@@ -5,18 +5,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from delphi.errors import DelphiError
 
 # delphi.fits.probes.PROBE_CARRIES, spelled out so that building the parser (every `delphi --help`)
 # does not import pandas and scipy; tests/test_cli_help.py checks they agree.
 PROBE_CARRIES = ("linear", "local_slope")
-BEYOND_DEFAULT_METHODS = ("isoflop", "vpnls", "parametric", "frontier", "asymptotic")  # delphi.fits.beyond.BEYOND_METHODS
+BEYOND_DEFAULT_METHODS = (
+    "isoflop",
+    "vpnls",
+    "parametric",
+    "frontier",
+    "asymptotic",
+)  # delphi.fits.beyond.BEYOND_METHODS
 METHODS = ("isoflop", "envelope", "parametric", "vpnls", "frontier", "asymptotic", "moe")
-E_LAWS = ("frontier", "asymptotic", "parametric", "vpnls")  # the laws with an irreducible loss E a lab may pin or give a prior
+E_LAWS = (
+    "frontier",
+    "asymptotic",
+    "parametric",
+    "vpnls",
+)  # the laws with an irreducible loss E a lab may pin or give a prior
 # `predict` warns beyond this many times the largest fitted compute budget (issue 31: the
 # published laws were backtested at most ~100x beyond their fits; 1,000x is past any evidence).
 EXTRAPOLATION_WARN_FACTOR = 1_000.0
@@ -30,13 +42,21 @@ HELP = {
     "vpnls": "L = E + A/N^alpha + B/D^beta by variable projection (NNLS inside, Nelder-Mead outside)",
     "frontier": "compute frontier L*(C) = E + A C^-gamma (E free, fixed or profiled)",
     "asymptotic": "asymptotic frontier law L*(C) = E + A C^-alpha through the isoFLOP vertices, E free, "
-                  "weighted by each vertex's uncertainty (delta-method SE + seed noise)",
+    "weighted by each vertex's uncertainty (delta-method SE + seed noise)",
     "moe": "MoE law in active params with a granularity or expert-count term (Krajewski et al. 2024)",
 }
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_column_options, add_json_flag, add_table_options, nonnegative_int, output_path, positive_float, positive_int
+    from delphi.cli import (
+        add_column_options,
+        add_json_flag,
+        add_table_options,
+        nonnegative_int,
+        output_path,
+        positive_float,
+        positive_int,
+    )
 
     fit = subparsers.add_parser("fit", help="fit scaling laws to a results table")
     fit_sub = fit.add_subparsers(dest="fit_command", metavar="METHOD", parser_class=type(fit))
@@ -46,67 +66,152 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("results", help="results table (CSV; JSON/JSONL/Parquet by suffix; Parquet needs pyarrow)")
         add_table_options(sub)
         if method == "backtest":
-            sub.add_argument("--method", choices=METHODS, nargs="+", default=None,
-                             help="law(s) to backtest (default vpnls; --beyond: isoflop vpnls parametric frontier asymptotic)")
+            sub.add_argument(
+                "--method",
+                choices=METHODS,
+                nargs="+",
+                default=None,
+                help="law(s) to backtest (default vpnls; --beyond: isoflop vpnls parametric frontier asymptotic)",
+            )
             group = sub.add_mutually_exclusive_group()
             group.add_argument("--holdout", type=positive_int, default=1, help="hold out the top K budgets (default 1)")
             group.add_argument("--cut", type=positive_float, help="train on budgets below this compute")
-            group.add_argument("--all-holdouts", action="store_true",
-                               help="every budget above the third held out in turn (train on all lower budgets), "
-                                    "every method: mean |error| and 90%% coverage")
-            group.add_argument("--probes", type=positive_int, metavar="P",
-                               help="backtest the probe-trend correction: at every cut the next P budgets are probes and "
-                                    "the law x (1 + its error trend at them) predicts the budgets beyond")
-            group.add_argument("--beyond", action="store_true",
-                               help="for each k >= 3 fit the first k budgets, predict every higher budget's best loss: "
-                                    "error, 50%%/90%% coverage and extrapolation factor, by method and bin (1-3x, 3-10x, "
-                                    "10-30x, >30x), before and after the calibrated model-error term")
-            sub.add_argument("--source-col", nargs="+", metavar="COL",
-                             help="--beyond: one sweep per distinct value of these columns (e.g. source dataset condition)")
+            group.add_argument(
+                "--all-holdouts",
+                action="store_true",
+                help="every budget above the third held out in turn (train on all lower budgets), "
+                "every method: mean |error| and 90%% coverage",
+            )
+            group.add_argument(
+                "--probes",
+                type=positive_int,
+                metavar="P",
+                help="backtest the probe-trend correction: at every cut the next P budgets are probes and "
+                "the law x (1 + its error trend at them) predicts the budgets beyond",
+            )
+            group.add_argument(
+                "--beyond",
+                action="store_true",
+                help="for each k >= 3 fit the first k budgets, predict every higher budget's best loss: "
+                "error, 50%%/90%% coverage and extrapolation factor, by method and bin (1-3x, 3-10x, "
+                "10-30x, >30x), before and after the calibrated model-error term",
+            )
+            sub.add_argument(
+                "--source-col",
+                nargs="+",
+                metavar="COL",
+                help="--beyond: one sweep per distinct value of these columns (e.g. source dataset condition)",
+            )
             cal = sub.add_mutually_exclusive_group()
-            cal.add_argument("--calibration", type=Path, metavar="FILE",
-                             help="calibration file (default: the committed delphi/fits/data/beyond_calibration.json): "
-                                  "each held-out budget's calibrated 90%% interval beside the law's own (not --probes)")
-            cal.add_argument("--no-calibration", action="store_true",
-                             help="the law's own intervals only, as before calibrated intervals (--beyond: score the "
-                                  "fit-only intervals only)")
-            cal.add_argument("--loso", action="store_true",
-                             help="--beyond with >= 3 sources: calibrate on the table's own sources, leave one source out")
-            sub.add_argument("--min-train-budgets", type=positive_int, default=3, metavar="K",
-                             help="--all-holdouts, --probes: smallest number of training budgets (default 3)")
-            sub.add_argument("--tolerance", type=positive_float, default=0.03,
-                             help="--probes: a correction counts as tested when gate probes' test passes at this tolerance (default 0.03)")
-            sub.add_argument("--probe-carry", choices=PROBE_CARRIES, default="linear",
-                             help="--probes: carry the law's error at the probes by least squares linear in log C through "
-                                  "all of them (default) or along the line through the two furthest")
+            cal.add_argument(
+                "--calibration",
+                type=Path,
+                metavar="FILE",
+                help="calibration file (default: the committed delphi/fits/data/beyond_calibration.json): "
+                "each held-out budget's calibrated 90%% interval beside the law's own (not --probes)",
+            )
+            cal.add_argument(
+                "--no-calibration",
+                action="store_true",
+                help="the law's own intervals only, as before calibrated intervals (--beyond: score the "
+                "fit-only intervals only)",
+            )
+            cal.add_argument(
+                "--loso",
+                action="store_true",
+                help="--beyond with >= 3 sources: calibrate on the table's own sources, leave one source out",
+            )
+            sub.add_argument(
+                "--min-train-budgets",
+                type=positive_int,
+                default=3,
+                metavar="K",
+                help="--all-holdouts, --probes: smallest number of training budgets (default 3)",
+            )
+            sub.add_argument(
+                "--tolerance",
+                type=positive_float,
+                default=0.03,
+                help="--probes: a correction counts as tested when gate probes' test passes at this tolerance (default 0.03)",
+            )
+            sub.add_argument(
+                "--probe-carry",
+                choices=PROBE_CARRIES,
+                default="linear",
+                help="--probes: carry the law's error at the probes by least squares linear in log C through "
+                "all of them (default) or along the line through the two furthest",
+            )
         _add_method_options(sub, method)
-        sub.add_argument("--bootstrap", type=nonnegative_int, default=0, metavar="N",
-                         help=f"bootstrap refits for the 90%% intervals: 0 (none) or at least {MIN_BOOTSTRAP_FOR_INTERVAL}")
+        sub.add_argument(
+            "--bootstrap",
+            type=nonnegative_int,
+            default=0,
+            metavar="N",
+            help=f"bootstrap refits for the 90%% intervals: 0 (none) or at least {MIN_BOOTSTRAP_FOR_INTERVAL}",
+        )
         sub.add_argument("--seed", type=nonnegative_int, default=0, help="bootstrap seed (an integer >= 0)")
-        sub.add_argument("--workers", type=positive_int, default=None,
-                         help="bootstrap processes (default and most: the usable cores)")
+        sub.add_argument(
+            "--workers",
+            type=positive_int,
+            default=None,
+            help="bootstrap processes (default and most: the usable cores)",
+        )
         sub.add_argument("--out", type=output_path, help="write the fit JSON here (atomically)")
-        sub.add_argument("--force", action="store_true",
-                         help="replace --out even if it is not a file this command wrote (never one of its inputs)")
+        sub.add_argument(
+            "--force",
+            action="store_true",
+            help="replace --out even if it is not a file this command wrote (never one of its inputs)",
+        )
         add_json_flag(sub)
         sub.set_defaults(func=run_fit if method != "backtest" else run_backtest, fit_method=method)
 
-    about = ("empirical 50%% and 90%% coverage of Delphi's intervals, from committed files: the default study's seeds, "
-             "the public sweeps (leave-one-source-out, by extrapolation factor), every sealed outcome")
+    about = (
+        "empirical 50%% and 90%% coverage of Delphi's intervals, from committed files: the default study's seeds, "
+        "the public sweeps (leave-one-source-out, by extrapolation factor), every sealed outcome"
+    )
     cov = fit_sub.add_parser("coverage", help=about, description=about.replace("%%", "%") + " (docs/cli.md)")
-    cov.add_argument("--root", type=Path, default=None, metavar="DIR",
-                     help="the repository whose committed files are counted (default: this checkout)")
-    cov.add_argument("--summary", type=Path, metavar="CSV", help="default-study summary (default ROOT/benchmarks/default_study/summary.csv)")
-    cov.add_argument("--edition", metavar="E", help="the default study's edition to count (default: the newest plain-numbered "
-                                                     "edition with outcomes; 5b, 5c are variant rounds)")
-    cov.add_argument("--beyond-rows", type=Path, metavar="CSV",
-                     help="leave-one-source-out predictions on the public sweeps (default "
-                          "ROOT/benchmarks/results/beyond/public_rows.csv)")
-    cov.add_argument("--calibration", type=Path, metavar="FILE",
-                     help="calibration whose LOSO table the rows are checked against (default "
-                          "ROOT/delphi/fits/data/beyond_calibration.json)")
-    cov.add_argument("--preregistrations", type=Path, metavar="DIR", help="sealed preregistrations and outcomes (default ROOT/preregistrations)")
-    cov.add_argument("--by-method", action="store_true", help="public sweeps: one pair of rows per law instead of the laws pooled")
+    cov.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the repository whose committed files are counted (default: this checkout)",
+    )
+    cov.add_argument(
+        "--summary",
+        type=Path,
+        metavar="CSV",
+        help="default-study summary (default ROOT/benchmarks/default_study/summary.csv)",
+    )
+    cov.add_argument(
+        "--edition",
+        metavar="E",
+        help="the default study's edition to count (default: the newest plain-numbered "
+        "edition with outcomes; 5b, 5c are variant rounds)",
+    )
+    cov.add_argument(
+        "--beyond-rows",
+        type=Path,
+        metavar="CSV",
+        help="leave-one-source-out predictions on the public sweeps (default "
+        "ROOT/benchmarks/results/beyond/public_rows.csv)",
+    )
+    cov.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="calibration whose LOSO table the rows are checked against (default "
+        "ROOT/delphi/fits/data/beyond_calibration.json)",
+    )
+    cov.add_argument(
+        "--preregistrations",
+        type=Path,
+        metavar="DIR",
+        help="sealed preregistrations and outcomes (default ROOT/preregistrations)",
+    )
+    cov.add_argument(
+        "--by-method", action="store_true", help="public sweeps: one pair of rows per law instead of the laws pooled"
+    )
     add_json_flag(cov)
     cov.set_defaults(func=run_coverage, fit_method="coverage")
 
@@ -118,16 +223,31 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     pred.add_argument("--config", type=Path, help="a train config (hero): predict at its N, D and FLOPs")
     pred.add_argument("--granularity", type=positive_float, help="MoE law: granularity d_ff/d_expert")
     pred.add_argument("--experts", type=positive_float, help="MoE law: routed expert count")
-    pred.add_argument("--calibration", type=Path, metavar="FILE",
-                      help="calibration of extrapolation (default: the committed public-sweep calibration)")
-    pred.add_argument("--no-calibration", action="store_true",
-                      help="the law's own interval only, as before calibrated intervals were shown")
-    pred.add_argument("--results", type=Path, metavar="TABLE",
-                      help="the fit's table, to compare the seal's cross-check laws on (default: the table the fit records, "
-                           "where it is still there unchanged); read with the column flags below")
+    pred.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="calibration of extrapolation (default: the committed public-sweep calibration)",
+    )
+    pred.add_argument(
+        "--no-calibration",
+        action="store_true",
+        help="the law's own interval only, as before calibrated intervals were shown",
+    )
+    pred.add_argument(
+        "--results",
+        type=Path,
+        metavar="TABLE",
+        help="the fit's table, to compare the seal's cross-check laws on (default: the table the fit records, "
+        "where it is still there unchanged); read with the column flags below",
+    )
     add_column_options(pred)
-    pred.add_argument("--tolerance", type=positive_float, default=0.01,
-                      help="laws further apart than this (relative) are reported as disagreeing (default 0.01, a seal's)")
+    pred.add_argument(
+        "--tolerance",
+        type=positive_float,
+        default=0.01,
+        help="laws further apart than this (relative) are reported as disagreeing (default 0.01, a seal's)",
+    )
     add_json_flag(pred)
     pred.set_defaults(func=run_predict)
 
@@ -138,25 +258,54 @@ def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
     if method in ("isoflop", "backtest"):
         sub.add_argument("--robust", action="store_true", help="isoflop: Huber instead of least-squares parabolas")
     if method in ("parametric", "backtest"):
-        sub.add_argument("--full-grid", action="store_true", help="parametric: L-BFGS-B from all 4500 grid starts (slow)")
+        sub.add_argument(
+            "--full-grid", action="store_true", help="parametric: L-BFGS-B from all 4500 grid starts (slow)"
+        )
     if method in ("asymptotic", "parametric", "vpnls"):
-        sub.add_argument("--target-compute", type=positive_float, nargs="+",
-                         help="compute(s) at which the forecast under an E prior is shown (default 10x the largest budget)")
+        sub.add_argument(
+            "--target-compute",
+            type=positive_float,
+            nargs="+",
+            help="compute(s) at which the forecast under an E prior is shown (default 10x the largest budget)",
+        )
     if method in ("asymptotic", "parametric", "vpnls"):
-        sub.add_argument("--E", dest="e_mode", default="free", metavar="free|NUMBER",
-                         help="the irreducible loss E: free (default) or a number (pinned, nats)")
+        sub.add_argument(
+            "--E",
+            dest="e_mode",
+            default="free",
+            metavar="free|NUMBER",
+            help="the irreducible loss E: free (default) or a number (pinned, nats)",
+        )
     if method in ("frontier", "backtest"):
-        sub.add_argument("--E", dest="e_mode", default="free", metavar="free|profile|NUMBER",
-                         help="the irreducible loss E: free, profile (frontier only) or a number (pinned, nats)"
-                              + ("; every law with an E" if method == "backtest" else ""))
-        sub.add_argument("--points", choices=("min", "vertex"), default="min", help="frontier: best observed loss or parabola vertex per budget")
-        sub.add_argument("--target-compute", type=positive_float, nargs="+", help="frontier: compute(s) for the E-sensitivity table")
+        sub.add_argument(
+            "--E",
+            dest="e_mode",
+            default="free",
+            metavar="free|profile|NUMBER",
+            help="the irreducible loss E: free, profile (frontier only) or a number (pinned, nats)"
+            + ("; every law with an E" if method == "backtest" else ""),
+        )
+        sub.add_argument(
+            "--points",
+            choices=("min", "vertex"),
+            default="min",
+            help="frontier: best observed loss or parabola vertex per budget",
+        )
+        sub.add_argument(
+            "--target-compute", type=positive_float, nargs="+", help="frontier: compute(s) for the E-sensitivity table"
+        )
     if method in E_LAWS + ("backtest",):
-        sub.add_argument("--E-prior", dest="e_prior", metavar="MEAN,SD",
-                         help="a Gaussian prior on the irreducible loss E (nats), e.g. 1.6,0.1: the maximum a posteriori fit, "
-                              "and the forecast refitted at E -+ SD" + ("; every law with an E" if method == "backtest" else ""))
+        sub.add_argument(
+            "--E-prior",
+            dest="e_prior",
+            metavar="MEAN,SD",
+            help="a Gaussian prior on the irreducible loss E (nats), e.g. 1.6,0.1: the maximum a posteriori fit, "
+            "and the forecast refitted at E -+ SD" + ("; every law with an E" if method == "backtest" else ""),
+        )
     if method in ("moe", "backtest"):
-        sub.add_argument("--term", choices=("granularity", "experts"), default="granularity", help="moe: the expert term")
+        sub.add_argument(
+            "--term", choices=("granularity", "experts"), default="granularity", help="moe: the expert term"
+        )
 
 
 @contextlib.contextmanager
@@ -188,7 +337,9 @@ def e_prior_of(args: argparse.Namespace, method: str):
 
     e_mode, e_prior = getattr(args, "e_mode", "free"), getattr(args, "e_prior", None)
     if e_prior is not None and e_mode != "free":
-        raise DelphiError(f"--E {e_mode} and --E-prior {e_prior} contradict each other: pin E or give it a prior, not both")
+        raise DelphiError(
+            f"--E {e_mode} and --E-prior {e_prior} contradict each other: pin E or give it a prior, not both"
+        )
     if method not in E_LAWS:
         return None
     if e_prior is not None:
@@ -214,7 +365,9 @@ def _fit_function(args: argparse.Namespace, method: str):
         if args.full_grid:
             options["top_starts"] = None
     elif method == "frontier":
-        options.update(E="free" if options.get("E_prior") else args.e_mode, points=args.points, target_compute=args.target_compute)
+        options.update(
+            E="free" if options.get("E_prior") else args.e_mode, points=args.points, target_compute=args.target_compute
+        )
     elif method == "asymptotic":
         options["target_compute"] = getattr(args, "target_compute", None)
     if method in ("frontier", "asymptotic") and getattr(args, "beyond", False):
@@ -237,7 +390,8 @@ def _check_bootstrap(args: argparse.Namespace, rows: int | None = None) -> None:
     if 0 < args.bootstrap < MIN_BOOTSTRAP_FOR_INTERVAL:
         raise DelphiError(
             f"--bootstrap {args.bootstrap}: too few replicates for a 90% interval (each 5% tail needs a draw); "
-            f"use 0 for no interval or at least {MIN_BOOTSTRAP_FOR_INTERVAL}")
+            f"use 0 for no interval or at least {MIN_BOOTSTRAP_FOR_INTERVAL}"
+        )
     if rows is not None and args.bootstrap > 0:
         from delphi.fits.bootstrap import check_bootstrap_memory
 
@@ -249,8 +403,9 @@ def _check_out(args: argparse.Namespace) -> None:
 
     _check_bootstrap(args)  # before any work: a bad --bootstrap must not cost a table's loading
     if args.out is not None:  # before any work: a bad --out must not cost a bootstrap
-        check_output_file(args.out, inputs=(args.results, getattr(args, "family", None)), command=_command(args),
-                          force=args.force)
+        check_output_file(
+            args.out, inputs=(args.results, getattr(args, "family", None)), command=_command(args), force=args.force
+        )
 
 
 def run_fit(args: argparse.Namespace) -> dict[str, Any]:
@@ -302,16 +457,21 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
         e_prior_of(args, method)
     no_e = [m for m in args.method if m not in E_LAWS]
     if no_e and (args.e_prior is not None or args.e_mode != "free"):
-        print(f"note: --E/--E-prior applies to the laws with an E ({', '.join(m for m in args.method if m in E_LAWS) or 'none given'}); "
-              f"{', '.join(no_e)} {'has' if len(no_e) == 1 else 'have'} none", file=sys.stderr)
+        print(
+            f"note: --E/--E-prior applies to the laws with an E ({', '.join(m for m in args.method if m in E_LAWS) or 'none given'}); "
+            f"{', '.join(no_e)} {'has' if len(no_e) == 1 else 'have'} none",
+            file=sys.stderr,
+        )
     if args.beyond:
         return _beyond(args)
     for flag in ("source_col", "loso"):
         if getattr(args, flag):
             raise DelphiError(f"backtest: --{flag.replace('_', '-')} goes with --beyond")
     if args.probes and args.calibration:
-        raise DelphiError("backtest --probes: --calibration goes with the default backtest, --all-holdouts or --beyond "
-                          "(--probes scores the probe correction, not calibrated intervals)")
+        raise DelphiError(
+            "backtest --probes: --calibration goes with the default backtest, --all-holdouts or --beyond "
+            "(--probes scores the probe correction, not calibrated intervals)"
+        )
     calibration = None
     if not (args.no_calibration or args.probes):  # checked (schema, numbers, source hash) before any fit
         from delphi.fits.calibration import load_checked_calibration
@@ -324,10 +484,12 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
 
 def _fits_seen(fit_fn, seen: dict[str, tuple[str, str]], method: str):
     """`fit_fn`, noting the (kind, method) of the fits it makes: the calibration entry is the fit's."""
+
     def fit(table):
         result = fit_fn(table)
         seen[method] = (result.kind, result.method)
         return result
+
     return fit
 
 
@@ -352,8 +514,10 @@ def _backtest(args: argparse.Namespace, table, calibration: dict[str, Any] | Non
             f"{b['predicted_loss']:.4f} ({100 * b['rel_error']:+.2f}%){ci_text}",
             file=sys.stderr,
         )
-    print(f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}% (allocation {result['allocation']})",
-          file=sys.stderr)
+    print(
+        f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}% (allocation {result['allocation']})",
+        file=sys.stderr,
+    )
     if args.out:
         atomic_write_json(args.out, result, written_by=_command(args))
     return result
@@ -369,7 +533,9 @@ def _calibrated_backtest(args: argparse.Namespace, table, calibration: dict[str,
 
     method, seen = args.method[0], {}
     result = backtest(table, _fits_seen(_fit_function(args, method), seen, method), cut=args.cut, holdout=args.holdout)
-    result = cal.calibrate_backtest(result, calibration, method=method, kind=seen[method][0], fit_method=seen[method][1])
+    result = cal.calibrate_backtest(
+        result, calibration, method=method, kind=seen[method][0], fit_method=seen[method][1]
+    )
     result = with_best_points(result, table, calibration)
     print(_calibration_line(result["calibration"]), file=sys.stderr)
     top = result["train_budgets"][-1]
@@ -377,14 +543,22 @@ def _calibrated_backtest(args: argparse.Namespace, table, calibration: dict[str,
         c = b["calibrated"]
         ci = b["loss_interval_90"]
         own = f"[{ci[0]:.4f}, {ci[1]:.4f}] covered={b['covered_90']}" if ci else "none"
-        print(f"budget {b['budget']:.3g} ({b['extrapolation']:.3g}x the largest fitted budget {top:.3g}): observed "
-              f"{b['observed_best_loss']:.4f}, predicted {b['predicted_loss']:.4f} (the law's point, {100 * b['rel_error']:+.2f}%)\n"
-              f"  law's own 90% (uncalibrated): {own}\n"
-              f"  {cal.describe_calibrated(c)}" + (f" covered={c['covered_90']}" if c["applied"] else ""), file=sys.stderr)
+        print(
+            f"budget {b['budget']:.3g} ({b['extrapolation']:.3g}x the largest fitted budget {top:.3g}): observed "
+            f"{b['observed_best_loss']:.4f}, predicted {b['predicted_loss']:.4f} (the law's point, {100 * b['rel_error']:+.2f}%)\n"
+            f"  law's own 90% (uncalibrated): {own}\n"
+            f"  {cal.describe_calibrated(c)}" + (f" covered={c['covered_90']}" if c["applied"] else ""),
+            file=sys.stderr,
+        )
         best = b["best_point"]
-        print(f"  the point that decides: {best['loss']:.4f} ({best['decides']}, {100 * best['rel_error']:+.2f}%)", file=sys.stderr)
-    print(f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}% (allocation {result['allocation']})",
-          file=sys.stderr)
+        print(
+            f"  the point that decides: {best['loss']:.4f} ({best['decides']}, {100 * best['rel_error']:+.2f}%)",
+            file=sys.stderr,
+        )
+    print(
+        f"mean |relative error| {100 * result['mean_abs_rel_error']:.2f}% (allocation {result['allocation']})",
+        file=sys.stderr,
+    )
     print(_coverage_line(method, result["interval_coverage"][method]), file=sys.stderr)
     print(_best_point_line(result["best_point"]), file=sys.stderr)
     if args.out:
@@ -392,7 +566,9 @@ def _calibrated_backtest(args: argparse.Namespace, table, calibration: dict[str,
     return result
 
 
-def with_best_points(result: dict[str, Any], table, calibration: dict[str, Any], key: str = "budgets") -> dict[str, Any]:
+def with_best_points(
+    result: dict[str, Any], table, calibration: dict[str, Any], key: str = "budgets"
+) -> dict[str, Any]:
     from delphi.fits.best_point import with_best_points as add
 
     return add(result, table, calibration, key)
@@ -400,18 +576,24 @@ def with_best_points(result: dict[str, Any], table, calibration: dict[str, Any],
 
 def _best_point_line(best: dict[str, Any]) -> str:
     pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
-    return (f"the point that decides: {best['why']}; mean |error| {pct(best['mean_abs_rel_error'])} "
-            f"(the law's own point: {pct(best['law_mean_abs_rel_error'])})")
+    return (
+        f"the point that decides: {best['why']}; mean |error| {pct(best['mean_abs_rel_error'])} "
+        f"(the law's own point: {pct(best['law_mean_abs_rel_error'])})"
+    )
 
 
 def _calibration_line(provenance: dict[str, Any]) -> str:
     check = provenance.get("source_check") or {}
-    sources = "; ".join(f"{i['path']} sha256 {i['sha256'][:12]} " + ("verified" if i["verified"] else "not found here, not checked")
-                        for i in check.get("inputs", []))
+    sources = "; ".join(
+        f"{i['path']} sha256 {i['sha256'][:12]} " + ("verified" if i["verified"] else "not found here, not checked")
+        for i in check.get("inputs", [])
+    )
     line = f"calibration: {provenance['path']}, sha256 {provenance['sha256'][:12]} (made from {sources})"
     if provenance.get("table_is_calibration_source"):
-        line += ("\nnote: this table's file is the data the calibration was made from: where its sweep is one of the "
-                 "calibration's sources, the calibrated coverage here is in-sample, not a test")
+        line += (
+            "\nnote: this table's file is the data the calibration was made from: where its sweep is one of the "
+            "calibration's sources, the calibrated coverage here is in-sample, not a test"
+        )
     return line
 
 
@@ -420,9 +602,11 @@ def _coverage_line(method: str, c: dict[str, Any]) -> str:
 
     own, cal = c["uncalibrated_90"], c["calibrated_90"]
     left = ", ".join(f"{n} {NOT_CALIBRATED_WHY.get(why, why)}" for why, n in sorted(cal["not_calibrated"].items()))
-    return (f"{method}: 90% coverage of {c['held_out']} held-out point(s): law's own interval (uncalibrated) covered "
-            f"{own['covered']} of {own['with_interval']}, calibrated interval covered {cal['covered']} of "
-            f"{cal['with_interval']}" + (f" (no calibrated interval: {left})" if left else ""))
+    return (
+        f"{method}: 90% coverage of {c['held_out']} held-out point(s): law's own interval (uncalibrated) covered "
+        f"{own['covered']} of {own['with_interval']}, calibrated interval covered {cal['covered']} of "
+        f"{cal['with_interval']}" + (f" (no calibrated interval: {left})" if left else "")
+    )
 
 
 def _all_holdouts(args: argparse.Namespace, table, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -442,10 +626,12 @@ def _all_holdouts(args: argparse.Namespace, table, calibration: dict[str, Any] |
         print(_best_point_line(result["best_point"]), file=sys.stderr)
     pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     for method, s in result["summary"].items():
-        print(f"{method}: {s['n']} held-out points ({s['failed_fits']} failed fits): mean |error| "
-              f"{pct(s['mean_abs_rel_error'])}, 90% coverage {pct(s['coverage_90'])}; one step ahead: "
-              f"mean |error| {pct(s['one_step_mean_abs_rel_error'])}, coverage {pct(s['one_step_coverage_90'])}",
-              file=sys.stderr)
+        print(
+            f"{method}: {s['n']} held-out points ({s['failed_fits']} failed fits): mean |error| "
+            f"{pct(s['mean_abs_rel_error'])}, 90% coverage {pct(s['coverage_90'])}; one step ahead: "
+            f"mean |error| {pct(s['one_step_mean_abs_rel_error'])}, coverage {pct(s['one_step_coverage_90'])}",
+            file=sys.stderr,
+        )
         if calibration is not None:
             print("  " + _coverage_line(method, result["interval_coverage"][method]), file=sys.stderr)
     if args.out:
@@ -461,7 +647,14 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
     import pandas as pd
 
     from delphi.fits import calibration as cal
-    from delphi.fits.beyond import beyond_rows, bin_table, check_beyond_table, markdown_table, split_sources, sweep_features
+    from delphi.fits.beyond import (
+        beyond_rows,
+        bin_table,
+        check_beyond_table,
+        markdown_table,
+        split_sources,
+        sweep_features,
+    )
     from delphi.fits.data import _read
     from delphi.io import atomic_write_json
     from delphi.query import select_rows
@@ -490,16 +683,24 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
     frame = pd.DataFrame(rows)
     if args.loso:
         scored = cal.loso(frame)
-        provenance: dict[str, Any] = {"applied": True, "mode": "leave-one-source-out on this table's sources",
-                                      "model": cal.MODEL}
+        provenance: dict[str, Any] = {
+            "applied": True,
+            "mode": "leave-one-source-out on this table's sources",
+            "model": cal.MODEL,
+        }
     elif calibration is not None:
-        scored = cal.apply_calibration(frame, {m: c for m, c in calibration["methods_parsed"].items() if m in args.method})
+        scored = cal.apply_calibration(
+            frame, {m: c for m, c in calibration["methods_parsed"].items() if m in args.method}
+        )
         provenance = cal.calibration_provenance(calibration)
         overlap = sorted({name for name, _ in sweeps} & set(calibration["sources"]))
         if overlap:
             provenance["in_sample_sources"] = overlap
-            print(f"note: {', '.join(overlap)} calibrated the file itself: their calibrated rows are in-sample "
-                  f"(use --loso for out-of-sample)", file=sys.stderr)
+            print(
+                f"note: {', '.join(overlap)} calibrated the file itself: their calibrated rows are in-sample "
+                f"(use --loso for out-of-sample)",
+                file=sys.stderr,
+            )
         missing = [m for m in args.method if m not in calibration["methods_parsed"]]
         if missing:
             provenance["uncalibrated_methods"] = missing
@@ -514,10 +715,17 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
     for r in failed:
         print(f"failed fit: {r['source']} {r['method']} below {r['cut']:g}: {r['error']}", file=sys.stderr)
     print(f"{len(scored)} predictions from {len(sweeps)} sweep(s) in {elapsed:.1f} s", file=sys.stderr)
-    result = {"kind": "backtest_beyond", "methods": list(args.method), "runtime_s": elapsed,
-              "sources": {name: sweep_features(table) for name, table in sweeps},
-              "calibration": provenance, "bins": before.to_dict("records"), "bins_calibrated": after.to_dict("records"),
-              "rows": scored.astype(object).where(scored.notna(), None).to_dict("records"), "failed_fits": failed}
+    result = {
+        "kind": "backtest_beyond",
+        "methods": list(args.method),
+        "runtime_s": elapsed,
+        "sources": {name: sweep_features(table) for name, table in sweeps},
+        "calibration": provenance,
+        "bins": before.to_dict("records"),
+        "bins_calibrated": after.to_dict("records"),
+        "rows": scored.astype(object).where(scored.notna(), None).to_dict("records"),
+        "failed_fits": failed,
+    }
     if args.out:
         atomic_write_json(args.out, result, written_by=_command(args))
     return result
@@ -529,13 +737,22 @@ def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
 
     if len(args.method) > 1:
         raise DelphiError("backtest --probes: one --method at a time")
-    result = probe_holdouts(table, _fit_function(args, args.method[0]), probes=args.probes,
-                            min_train_budgets=args.min_train_budgets, tolerance=args.tolerance, carry=args.probe_carry)
+    result = probe_holdouts(
+        table,
+        _fit_function(args, args.method[0]),
+        probes=args.probes,
+        min_train_budgets=args.min_train_budgets,
+        tolerance=args.tolerance,
+        carry=args.probe_carry,
+    )
     pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     for label, s in result["summary"].items():
-        print(f"{args.method[0]}, {label} ({s['n']} points beyond {args.probes} probes, {args.probe_carry}): mean |error| law "
-              f"{pct(s['law_mean_abs_rel_error'])}, corrected {pct(s['corrected_mean_abs_rel_error'])}; 90% coverage "
-              f"law {pct(s['law_coverage_90'])}, corrected {pct(s['corrected_coverage_90'])}", file=sys.stderr)
+        print(
+            f"{args.method[0]}, {label} ({s['n']} points beyond {args.probes} probes, {args.probe_carry}): mean |error| law "
+            f"{pct(s['law_mean_abs_rel_error'])}, corrected {pct(s['corrected_mean_abs_rel_error'])}; 90% coverage "
+            f"law {pct(s['law_coverage_90'])}, corrected {pct(s['corrected_coverage_90'])}",
+            file=sys.stderr,
+        )
     if args.out:
         atomic_write_json(args.out, result, written_by=_command(args))
     return result
@@ -548,8 +765,15 @@ def run_coverage(args: argparse.Namespace) -> dict[str, Any]:
     root = args.root if args.root is not None else REPO_ROOT
     if args.root is not None and not Path(args.root).is_dir():
         raise DelphiError(f"--root {args.root}: not a directory")
-    result = coverage_table(root, summary=args.summary, beyond_rows=args.beyond_rows, calibration=args.calibration,
-                            preregistrations=args.preregistrations, edition=args.edition, by_method=args.by_method)
+    result = coverage_table(
+        root,
+        summary=args.summary,
+        beyond_rows=args.beyond_rows,
+        calibration=args.calibration,
+        preregistrations=args.preregistrations,
+        edition=args.edition,
+        by_method=args.by_method,
+    )
     print(result["markdown"], file=sys.stderr)
     if result["notes"]:
         print("\nNotes:\n" + "\n".join(f"- {n}" for n in result["notes"]), file=sys.stderr)
@@ -564,10 +788,9 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     parameter on a bound is a warning."""
     from delphi.cli import table_options
     from delphi.fits import prediction_checks as pc
+    from delphi.fits.calibration import calibrate_point, calibration_key, describe_calibrated, load_checked_calibration
     from delphi.fits.e_prior import forecast_at_refits
     from delphi.fits.results import _plain, check_sizing_exponents, load_fit
-
-    from delphi.fits.calibration import calibrate_point, calibration_key, describe_calibrated, load_checked_calibration
 
     if args.no_calibration and args.calibration is not None:
         raise DelphiError("predict: --no-calibration and --calibration FILE contradict each other; give one")
@@ -603,21 +826,44 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
         if calibration is not None and factor is not None and factor > 1 and p.get("loss") is not None:
             # Beyond the fitted budgets the law's own interval covers far less than it says (issue 30):
             # the calibrated one sits beside it.
-            p["calibrated"] = calibrate_point(calibration_key(fit.kind, fit.method), p["loss"], p.get("loss_interval_90"),
-                                              factor, calibration, fit_label=f"a {fit.kind} fit by {fit.method}")
+            p["calibrated"] = calibrate_point(
+                calibration_key(fit.kind, fit.method),
+                p["loss"],
+                p.get("loss_interval_90"),
+                factor,
+                calibration,
+                fit_label=f"a {fit.kind} fit by {fit.method}",
+            )
         if p.get("loss") is not None:
             p["point"] = pc.point_choice(fit, p.get("calibrated"), calibration)
-            p["loss_is"] = "the law's own point (loss_interval_90: the law's own interval, uncalibrated); point: the one that decides"
+            p["loss_is"] = (
+                "the law's own point (loss_interval_90: the law's own interval, uncalibrated); point: the one that decides"
+            )
             law_loss = p["loss"]
-            print("point: " + (f"{p['point']['loss']:.4f}, {p['point']['why']}; the law's own point {law_loss:.4f}"
-                               if "loss" in p["point"] else f"{law_loss:.4f}, {p['point']['why']}"), file=sys.stderr)
-        shown = {k: v for k, v in p.items() if not isinstance(v, (list, dict)) and k not in ("extrapolation", "loss_is")}
-        print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr)
+            print(
+                "point: "
+                + (
+                    f"{p['point']['loss']:.4f}, {p['point']['why']}; the law's own point {law_loss:.4f}"
+                    if "loss" in p["point"]
+                    else f"{law_loss:.4f}, {p['point']['why']}"
+                ),
+                file=sys.stderr,
+            )
+        shown = {
+            k: v for k, v in p.items() if not isinstance(v, (list, dict)) and k not in ("extrapolation", "loss_is")
+        }
+        print(
+            ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr
+        )
         print(f"  {extrapolation_text(p['extrapolation'])}", file=sys.stderr)
         if "calibrated" in p:
             own = p.get("loss_interval_90")
-            print("  law's own 90% (uncalibrated): " + (f"[{own[0]:.4f}, {own[1]:.4f}]" if own else "none")
-                  + f"; {describe_calibrated(p['calibrated'])}", file=sys.stderr)
+            print(
+                "  law's own 90% (uncalibrated): "
+                + (f"[{own[0]:.4f}, {own[1]:.4f}]" if own else "none")
+                + f"; {describe_calibrated(p['calibrated'])}",
+                file=sys.stderr,
+            )
         if p["extrapolation"] and p["extrapolation"]["warning"]:
             warnings.append(p["extrapolation"]["warning"])
             print(f"warning: {p['extrapolation']['warning']}", file=sys.stderr)
@@ -652,7 +898,9 @@ def _question(fit, prediction: dict[str, Any], terms: dict[str, Any]):
         return lambda law: law.predict(compute=float(prediction["compute"]))["loss"]
     n, d = float(prediction["params"]), float(prediction["tokens"])
     c = float(prediction["compute"]) if prediction.get("compute") is not None else float(flops_of(fit.family, n, d))
-    return lambda law: law.predict_run(params=n, tokens=d, flops=c, **{k: v for k, v in terms.items() if k in law.law_terms})["loss"]
+    return lambda law: law.predict_run(
+        params=n, tokens=d, flops=c, **{k: v for k, v in terms.items() if k in law.law_terms}
+    )["loss"]
 
 
 def _calibrated_loss(law, loss: float, factor: float, calibration: dict[str, Any]) -> float:
@@ -678,11 +926,18 @@ def extrapolation(fit, prediction: dict[str, Any]) -> dict[str, Any] | None:
         return None
     low, high = fit.fitted_compute
     factor = float(compute) / high
-    out: dict[str, Any] = {"compute": float(compute), "fitted_compute": [low, high], "factor_over_largest": factor,
-                           "warn_above_factor": EXTRAPOLATION_WARN_FACTOR, "warning": None}
+    out: dict[str, Any] = {
+        "compute": float(compute),
+        "fitted_compute": [low, high],
+        "factor_over_largest": factor,
+        "warn_above_factor": EXTRAPOLATION_WARN_FACTOR,
+        "warning": None,
+    }
     if factor > EXTRAPOLATION_WARN_FACTOR:
-        out["warning"] = (f"C={float(compute):.3g} FLOPs is {factor:.3g}x the largest fitted budget ({high:.3g}); "
-                          f"beyond {EXTRAPOLATION_WARN_FACTOR:,.0f}x the law is untested and this is not a forecast")
+        out["warning"] = (
+            f"C={float(compute):.3g} FLOPs is {factor:.3g}x the largest fitted budget ({high:.3g}); "
+            f"beyond {EXTRAPOLATION_WARN_FACTOR:,.0f}x the law is untested and this is not a forecast"
+        )
     return out
 
 
@@ -691,10 +946,17 @@ def extrapolation_text(ex: dict[str, Any] | None) -> str:
         return "extrapolation: unknown (the fit does not record the budgets it was fitted on)"
     factor = ex["factor_over_largest"]
     low, high = ex["fitted_compute"]
-    where = ("below the fitted budgets" if ex["compute"] < low else "above the fitted budgets" if ex["compute"] > high
-             else "inside the fitted budgets")
-    return (f"extrapolation: C={ex['compute']:.3g} FLOPs is {factor:.3g}x the largest fitted budget "
-            f"({ex['fitted_compute'][1]:.3g}; fitted {ex['fitted_compute'][0]:.3g} .. {ex['fitted_compute'][1]:.3g}), {where}")
+    where = (
+        "below the fitted budgets"
+        if ex["compute"] < low
+        else "above the fitted budgets"
+        if ex["compute"] > high
+        else "inside the fitted budgets"
+    )
+    return (
+        f"extrapolation: C={ex['compute']:.3g} FLOPs is {factor:.3g}x the largest fitted budget "
+        f"({ex['fitted_compute'][1]:.3g}; fitted {ex['fitted_compute'][0]:.3g} .. {ex['fitted_compute'][1]:.3g}), {where}"
+    )
 
 
 def _config_query(path: Path, convention: str = "nonembedding") -> dict[str, Any]:
@@ -722,8 +984,12 @@ def _config_prediction(fit, path: Path, terms: dict[str, Any]) -> dict[str, Any]
     convention = fit.family.convention if fit.family else fit.diagnostics.get("params_convention") or "nonembedding"
     q = _config_query(path, convention)
     terms = {**q["terms"], **terms}
-    out = fit.predict_run(params=q["params"], tokens=q["tokens"], flops=q["compute"],
-                          **{k: v for k, v in terms.items() if k in fit.law_terms})
+    out = fit.predict_run(
+        params=q["params"],
+        tokens=q["tokens"],
+        flops=q["compute"],
+        **{k: v for k, v in terms.items() if k in fit.law_terms},
+    )
     how = out.pop("how")
     if not fit.law_in_nd:
         optimum = {}
@@ -732,7 +998,16 @@ def _config_prediction(fit, path: Path, terms: dict[str, Any]) -> dict[str, Any]
             optimum[f"{base}_opt" + (f"_interval_{rest}" if rest else "")] = out.pop(key)
         out.pop("compute", None)
         if "off_optimum_penalty" not in out:
-            how += (" (the compute-optimal loss at that C: this law has no N and D terms and no curvature law to "
-                    "price the config's own N and D)")
+            how += (
+                " (the compute-optimal loss at that C: this law has no N and D terms and no curvature law to "
+                "price the config's own N and D)"
+            )
         out.update({k: v for k, v in optimum.items() if v is not None})  # a frontier law has no N*, D*
-    return {"config": str(path), "params": q["params"], "tokens": q["tokens"], "compute": q["compute"], **out, "how": how}
+    return {
+        "config": str(path),
+        "params": q["params"],
+        "tokens": q["tokens"],
+        "compute": q["compute"],
+        **out,
+        "how": how,
+    }

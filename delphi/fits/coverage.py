@@ -42,8 +42,9 @@ import csv
 import io
 import math
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from delphi.errors import DelphiError, quoted
 
@@ -61,8 +62,20 @@ MIN_POINTS = 10  # fewer points than this say little about a 90% interval (one m
 WITHIN, OUTSIDE, TOO_FEW = "within 85-95%", "outside 85-95%", f"too few points (n<{MIN_POINTS})"
 
 SUMMARY_COLUMNS = ("edition", "study_seed", "sealed_90_lo", "sealed_90_hi", "actual")
-BEYOND_COLUMNS = ("source", "method", "factor", "observed_best_loss", "lo_50", "hi_50", "lo_90", "hi_90",
-                  "cal_lo_50", "cal_hi_50", "cal_lo_90", "cal_hi_90")
+BEYOND_COLUMNS = (
+    "source",
+    "method",
+    "factor",
+    "observed_best_loss",
+    "lo_50",
+    "hi_50",
+    "lo_90",
+    "hi_90",
+    "cal_lo_50",
+    "cal_hi_50",
+    "cal_lo_90",
+    "cal_hi_90",
+)
 EDITION = re.compile(r"(\d+)([A-Za-z]*)")
 LOSO_TOLERANCE = 1e-9  # the calibration's LOSO coverages are floats of the same counts
 
@@ -92,15 +105,33 @@ def flag_90(c90: dict[str, int] | None) -> str:
     return WITHIN if BAND_90[0] <= share <= BAND_90[1] else OUTSIDE
 
 
-def make_row(label: str, source: str, n: int, hits_50: Iterable[bool | None] | None, hits_90: Iterable[bool | None],
-             *, section: str, notes: Sequence[str] = (), **extra: Any) -> dict[str, Any]:
+def make_row(
+    label: str,
+    source: str,
+    n: int,
+    hits_50: Iterable[bool | None] | None,
+    hits_90: Iterable[bool | None],
+    *,
+    section: str,
+    notes: Sequence[str] = (),
+    **extra: Any,
+) -> dict[str, Any]:
     """One row of the table: `hits_50` None means the source records no 50% interval."""
     c50 = None if hits_50 is None else count(hits_50)
     c90 = count(hits_90)
-    return {"section": section, "label": label, "source": source, "n": n, "covered_50": c50, "covered_90": c90,
-            "coverage_50": None if c50 is None or not c50["n"] else c50["k"] / c50["n"],
-            "coverage_90": None if c90 is None or not c90["n"] else c90["k"] / c90["n"],
-            "flag": flag_90(c90), **extra, "notes": list(notes)}
+    return {
+        "section": section,
+        "label": label,
+        "source": source,
+        "n": n,
+        "covered_50": c50,
+        "covered_90": c90,
+        "coverage_50": None if c50 is None or not c50["n"] else c50["k"] / c50["n"],
+        "coverage_90": None if c90 is None or not c90["n"] else c90["k"] / c90["n"],
+        "flag": flag_90(c90),
+        **extra,
+        "notes": list(notes),
+    }
 
 
 def shown(path: Path, root: Path) -> str:
@@ -153,8 +184,10 @@ def _number(path: Path, line: int | str, column: str, value: Any, *, empty_ok: b
     if not math.isfinite(number):
         if empty_ok and math.isnan(number):
             return None  # pandas writes a missing interval as an empty cell, but a hand edit may say nan
-        raise DelphiError(f"{path}: {_where(line)}{column!r} is {quoted(value)}; expected a finite number"
-                          + (" (an infinite bound is not a missing one)" if empty_ok else ""))
+        raise DelphiError(
+            f"{path}: {_where(line)}{column!r} is {quoted(value)}; expected a finite number"
+            + (" (an infinite bound is not a missing one)" if empty_ok else "")
+        )
     return number
 
 
@@ -174,7 +207,9 @@ def _interval(path: Path, line: int | str, lo_key: str, hi_key: str, lo: Any, hi
     if a is None or b is None:
         return None
     if a > b:
-        raise DelphiError(f"{path}: {_where(line)}{lo_key!r} {a:g} is above {hi_key!r} {b:g}; expected an interval lo <= hi")
+        raise DelphiError(
+            f"{path}: {_where(line)}{lo_key!r} {a:g} is above {hi_key!r} {b:g}; expected an interval lo <= hi"
+        )
     return a, b
 
 
@@ -206,13 +241,17 @@ def default_study_row(path: Path, root: Path = REPO_ROOT, edition: str | None = 
         raise DelphiError(f"{path}: no row has an outcome in column 'actual'; nothing to count")
     for line, r in with_outcome:
         if edition_key(r["edition"] or "") is None:
-            raise DelphiError(f"{path}: line {line}, column 'edition' is {quoted(r['edition'])}; expected a number with an "
-                              "optional letter (5, 5b)")
+            raise DelphiError(
+                f"{path}: line {line}, column 'edition' is {quoted(r['edition'])}; expected a number with an "
+                "optional letter (5, 5b)"
+            )
     editions = sorted({r["edition"].strip() for _, r in with_outcome}, key=edition_key)
     chosen = edition if edition is not None else current_edition(editions)
     if chosen not in editions:
-        raise DelphiError(f"{path}: no row of edition {chosen!r} has an outcome in column 'actual' (editions with "
-                          f"outcomes: {', '.join(editions)})")
+        raise DelphiError(
+            f"{path}: no row of edition {chosen!r} has an outcome in column 'actual' (editions with "
+            f"outcomes: {', '.join(editions)})"
+        )
     newest: dict[str, tuple[int, dict[str, str]]] = {}
     superseded = []
     for line, r in with_outcome:
@@ -225,36 +264,52 @@ def default_study_row(path: Path, root: Path = REPO_ROOT, edition: str | None = 
             superseded.append(newest[seed][1].get("run") or f"line {newest[seed][0]}")
         newest[seed] = (line, r)  # the file lists runs in the order they were archived: the last is the newest
     hits_50, hits_90, notes, runs = [], [], [], []
-    for seed, (line, r) in sorted(newest.items(), key=lambda t: (len(t[0]), t[0])):
+    for _seed, (line, r) in sorted(newest.items(), key=lambda t: (len(t[0]), t[0])):
         actual = _number(path, line, "actual", r["actual"])
         sealed_90 = _interval(path, line, "sealed_90_lo", "sealed_90_hi", r["sealed_90_lo"], r["sealed_90_hi"])
         if sealed_90 is None:
-            raise DelphiError(f"{path}: line {line}, column 'sealed_90_lo'/'sealed_90_hi' is empty; a run with an outcome "
-                              "needs its sealed 90% interval")
+            raise DelphiError(
+                f"{path}: line {line}, column 'sealed_90_lo'/'sealed_90_hi' is empty; a run with an outcome "
+                "needs its sealed 90% interval"
+            )
         hit = covered(sealed_90, actual)
         hits_90.append(hit)
         recorded = _boolean(r.get("sealed_90_covered"))
         if recorded is not None and recorded != hit:
             notes.append(f"{r.get('run') or f'line {line}'}: sealed_90_covered says {recorded}, recomputed {hit}")
         if has_50:
-            hits_50.append(covered(_interval(path, line, "sealed_50_lo", "sealed_50_hi", r["sealed_50_lo"],
-                                             r["sealed_50_hi"]), actual))
+            hits_50.append(
+                covered(
+                    _interval(path, line, "sealed_50_lo", "sealed_50_hi", r["sealed_50_lo"], r["sealed_50_hi"]), actual
+                )
+            )
         runs.append(r.get("run") or f"line {line}")
     if not has_50:
         notes.append("no 50% interval in the summary (columns sealed_50_lo, sealed_50_hi): 50% not recorded")
     if superseded:
         notes.append(f"a seed run again: the newest run counts, not {', '.join(superseded)}")
-    refused = [r.get("run") or f"line {line}" for line, r in rows
-               if (r.get("edition") or "").strip() == chosen and not (r.get("actual") or "").strip()]
+    refused = [
+        r.get("run") or f"line {line}"
+        for line, r in rows
+        if (r.get("edition") or "").strip() == chosen and not (r.get("actual") or "").strip()
+    ]
     if refused:
         notes.append(f"runs of edition {chosen} without an outcome, not counted: {', '.join(refused)}")
     others = [e for e in editions if e != chosen]
     if others:
         notes.append(f"other editions with outcomes, not counted: {', '.join(others)}")
     seeds = ", ".join(sorted(newest, key=lambda s: (len(s), s)))
-    return make_row(f"default study, edition {chosen}: one hero per study seed ({seeds}), sealed interval",
-                    shown(path, root), len(newest), hits_50 if has_50 else None, hits_90, section="default_study",
-                    notes=notes, edition=chosen, runs=runs)
+    return make_row(
+        f"default study, edition {chosen}: one hero per study seed ({seeds}), sealed interval",
+        shown(path, root),
+        len(newest),
+        hits_50 if has_50 else None,
+        hits_90,
+        section="default_study",
+        notes=notes,
+        edition=chosen,
+        runs=runs,
+    )
 
 
 def reseal_rows(path: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]:
@@ -267,9 +322,14 @@ def reseal_rows(path: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]:
     return [reseal_row(path, rows, correction, root) for correction in corrections]
 
 
-def reseal_row(path: Path, rows: list[tuple[int, dict[str, str]]], correction: str, root: Path = REPO_ROOT) -> dict[str, Any]:
-    mine = [(line, r) for line, r in rows if (r["resample"] or "").strip() == RESEAL_RESAMPLE
-            and (r.get("correction") or "none").strip() == correction]
+def reseal_row(
+    path: Path, rows: list[tuple[int, dict[str, str]]], correction: str, root: Path = REPO_ROOT
+) -> dict[str, Any]:
+    mine = [
+        (line, r)
+        for line, r in rows
+        if (r["resample"] or "").strip() == RESEAL_RESAMPLE and (r.get("correction") or "none").strip() == correction
+    ]
     if not mine:
         raise DelphiError(f"{path}: no row has resample {RESEAL_RESAMPLE!r}; nothing to count")
     hits_50, hits_90, seeds = [], [], []
@@ -278,19 +338,32 @@ def reseal_row(path: Path, rows: list[tuple[int, dict[str, str]]], correction: s
         hits_90.append(covered(_interval(path, line, "lo90", "hi90", r["lo90"], r["hi90"]), actual))
         hits_50.append(covered(_interval(path, line, "lo50", "hi50", r["lo50"], r["hi50"]), actual))
         seeds.append((r["study_seed"] or "").strip())
-    how = ("the law's own point" if correction == "none" else
-           f"the design's bias corrected as the study seals it, each seed's correction measured {correction}")
-    label = (f"default study, today's intervals (isoFLOP bootstrap over {RESEAL_RESAMPLE}; {how}) re-sealed on each "
-             f"seed's ladder after its outcome ({', '.join(seeds)}): post hoc")
-    return make_row(label, shown(path, root), len(mine), hits_50, hits_90, section="default_study_reseal",
-                    runs=[r["run"] for _, r in mine])
+    how = (
+        "the law's own point"
+        if correction == "none"
+        else f"the design's bias corrected as the study seals it, each seed's correction measured {correction}"
+    )
+    label = (
+        f"default study, today's intervals (isoFLOP bootstrap over {RESEAL_RESAMPLE}; {how}) re-sealed on each "
+        f"seed's ladder after its outcome ({', '.join(seeds)}): post hoc"
+    )
+    return make_row(
+        label,
+        shown(path, root),
+        len(mine),
+        hits_50,
+        hits_90,
+        section="default_study_reseal",
+        runs=[r["run"] for _, r in mine],
+    )
 
 
 # --------------------------------------------------------------------------- 2. the public sweeps, leave-one-source-out
 
 
-def public_sweep_rows(path: Path, calibration_path: Path, root: Path = REPO_ROOT,
-                      by_method: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+def public_sweep_rows(
+    path: Path, calibration_path: Path, root: Path = REPO_ROOT, by_method: bool = False
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Per extrapolation bin (and all bins): the calibrated (LOSO) and fit-only intervals' coverage on
     the public sweeps, laws pooled or (`by_method`) one pair of rows per law; and notes, among them
     the check against the committed calibration's LOSO table (module docstring, 2)."""
@@ -306,8 +379,10 @@ def public_sweep_rows(path: Path, calibration_path: Path, root: Path = REPO_ROOT
     for line, r in rows:
         factor = _number(path, line, "factor", r["factor"])
         if factor <= 1:
-            raise DelphiError(f"{path}: line {line}, column 'factor' is {factor:g}; expected > 1 (a prediction beyond the "
-                              "fitted budgets)")
+            raise DelphiError(
+                f"{path}: line {line}, column 'factor' is {factor:g}; expected > 1 (a prediction beyond the "
+                "fitted budgets)"
+            )
         label = extrapolation_bin(factor)
         if "bin" in columns and (r["bin"] or "").strip() not in ("", label):
             bin_disagrees += 1
@@ -317,27 +392,42 @@ def public_sweep_rows(path: Path, calibration_path: Path, root: Path = REPO_ROOT
         point = {"source": r["source"] or "", "method": r["method"] or "", "bin": label}
         for prefix in ("", "cal_"):
             for level in ("50", "90"):
-                interval = _interval(path, line, f"{prefix}lo_{level}", f"{prefix}hi_{level}",
-                                     r[f"{prefix}lo_{level}"], r[f"{prefix}hi_{level}"])
+                interval = _interval(
+                    path,
+                    line,
+                    f"{prefix}lo_{level}",
+                    f"{prefix}hi_{level}",
+                    r[f"{prefix}lo_{level}"],
+                    r[f"{prefix}hi_{level}"],
+                )
                 point[f"{prefix}covered_{level}"] = covered(interval, observed)
         points.append(point)
     if in_sample:
-        raise DelphiError(f"{path}: column 'calibration_sources': {in_sample} row(s) were calibrated on their own source; "
-                          "expected leave-one-source-out")
+        raise DelphiError(
+            f"{path}: column 'calibration_sources': {in_sample} row(s) were calibrated on their own source; "
+            "expected leave-one-source-out"
+        )
     if "calibration_sources" not in columns:
-        notes.append(f"{shown(path, root)} has no column 'calibration_sources': that each row was calibrated without its "
-                     "own source is not checked")
+        notes.append(
+            f"{shown(path, root)} has no column 'calibration_sources': that each row was calibrated without its "
+            "own source is not checked"
+        )
     if bin_disagrees:
-        notes.append(f"{shown(path, root)}: {bin_disagrees} row(s) name another bin than their factor's; the factor's "
-                     "(EXTRAPOLATION_BINS) is counted")
-    for prefix, name in (("", "fit-only"), ("cal_", "calibrated")):
+        notes.append(
+            f"{shown(path, root)}: {bin_disagrees} row(s) name another bin than their factor's; the factor's "
+            "(EXTRAPOLATION_BINS) is counted"
+        )
+    for prefix, _name in (("", "fit-only"), ("cal_", "calibrated")):
         for level in ("50", "90"):
             key = f"{prefix}covered_{level}"
             if key in columns:
-                differ = sum(1 for (_, r), p in zip(rows, points)
-                             if _boolean(r[key]) is not None and _boolean(r[key]) != p[key])
+                differ = sum(
+                    1 for (_, r), p in zip(rows, points) if _boolean(r[key]) is not None and _boolean(r[key]) != p[key]
+                )
                 if differ:
-                    notes.append(f"{shown(path, root)}: column {key!r} disagrees with the recomputed count on {differ} row(s)")
+                    notes.append(
+                        f"{shown(path, root)}: column {key!r} disagrees with the recomputed count on {differ} row(s)"
+                    )
     notes.append(loso_check(points, calibration_path, root))
 
     methods = list(dict.fromkeys(p["method"] for p in points))
@@ -354,10 +444,19 @@ def public_sweep_rows(path: Path, calibration_path: Path, root: Path = REPO_ROOT
             where = "all factors" if label == "all" else f"{label} beyond the fit"
             sweeps = len({p["source"] for p in part})
             for prefix, kind in (("cal_", "calibrated (LOSO)"), ("", "fit-only, uncalibrated")):
-                out.append(make_row(f"public sweeps ({sweeps} of {n_sources}), {where}, {laws}: {kind}", source, len(part),
-                                    [p[f"{prefix}covered_50"] for p in part], [p[f"{prefix}covered_90"] for p in part],
-                                    section="public_sweeps", bin=label, method=method or "pooled",
-                                    interval="calibrated" if prefix else "fit-only"))
+                out.append(
+                    make_row(
+                        f"public sweeps ({sweeps} of {n_sources}), {where}, {laws}: {kind}",
+                        source,
+                        len(part),
+                        [p[f"{prefix}covered_50"] for p in part],
+                        [p[f"{prefix}covered_90"] for p in part],
+                        section="public_sweeps",
+                        bin=label,
+                        method=method or "pooled",
+                        interval="calibrated" if prefix else "fit-only",
+                    )
+                )
     return out, notes
 
 
@@ -387,15 +486,21 @@ def loso_check(points: list[dict[str, Any]], calibration_path: Path, root: Path 
             continue
         c50 = sum(bool(p["cal_covered_50"]) for p in ps) / len(ps)
         c90 = sum(bool(p["cal_covered_90"]) for p in ps) / len(ps)
-        if (len(ps) != _number(calibration_path, "loso", "n", e["n"])
-                or abs(c50 - _number(calibration_path, "loso", "coverage_50", e["coverage_50"])) > LOSO_TOLERANCE
-                or abs(c90 - _number(calibration_path, "loso", "coverage_90", e["coverage_90"])) > LOSO_TOLERANCE):
-            differ.append(f"{cell[0]} {cell[1]}: n {len(ps)}, 50% {c50:.3f}, 90% {c90:.3f} here; "
-                          f"n {e['n']}, 50% {float(e['coverage_50']):.3f}, 90% {float(e['coverage_90']):.3f} there")
+        if (
+            len(ps) != _number(calibration_path, "loso", "n", e["n"])
+            or abs(c50 - _number(calibration_path, "loso", "coverage_50", e["coverage_50"])) > LOSO_TOLERANCE
+            or abs(c90 - _number(calibration_path, "loso", "coverage_90", e["coverage_90"])) > LOSO_TOLERANCE
+        ):
+            differ.append(
+                f"{cell[0]} {cell[1]}: n {len(ps)}, 50% {c50:.3f}, 90% {c90:.3f} here; "
+                f"n {e['n']}, 50% {float(e['coverage_50']):.3f}, 90% {float(e['coverage_90']):.3f} there"
+            )
     cal = shown(calibration_path, root)
     if differ:
-        return (f"the rows disagree with the LOSO table of {cal} in {len(differ)} of {len(set(mine) | set(theirs))} "
-                f"(source, law) cells: {'; '.join(differ[:3])}{' ...' if len(differ) > 3 else ''}")
+        return (
+            f"the rows disagree with the LOSO table of {cal} in {len(differ)} of {len(set(mine) | set(theirs))} "
+            f"(source, law) cells: {'; '.join(differ[:3])}{' ...' if len(differ) > 3 else ''}"
+        )
     return f"the rows' calibrated counts agree with the LOSO table of {cal} in all {len(theirs)} (source, law) cells"
 
 
@@ -422,8 +527,11 @@ def prereg_rows(directory: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]
         raise DelphiError(f"{directory}: preregistrations directory not found")
     seals = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
     sealed_outcomes = {outcome_path(p) for p in seals}
-    notes = [f"{o.name}: no {o.name.removesuffix('.outcome.json')}.yaml beside it, not counted"
-             for o in sorted(directory.glob("*.outcome.json")) if o not in sealed_outcomes]
+    notes = [
+        f"{o.name}: no {o.name.removesuffix('.outcome.json')}.yaml beside it, not counted"
+        for o in sorted(directory.glob("*.outcome.json"))
+        if o not in sealed_outcomes
+    ]
     primary_50, primary_90, competing_50, competing_90, competing_notes = [], [], [], [], []
     names, competing_seals, n_competing = [], [], 0
     for seal in seals:
@@ -431,8 +539,11 @@ def prereg_rows(directory: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]
         if not outcome_file.is_file():
             continue
         doc, outcome = read_yaml(seal), read_json(outcome_file, what="outcome file")
-        if not isinstance(doc, dict) or not isinstance(doc.get("prediction"), dict) \
-                or not isinstance(doc["prediction"].get("final"), dict):
+        if (
+            not isinstance(doc, dict)
+            or not isinstance(doc.get("prediction"), dict)
+            or not isinstance(doc["prediction"].get("final"), dict)
+        ):
             raise DelphiError(f"{seal}: no key 'prediction.final'; expected a sealed preregistration")
         if not isinstance(outcome, dict):
             raise DelphiError(f"{outcome_file}: expected a JSON object")
@@ -463,8 +574,10 @@ def prereg_rows(directory: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]
             competing_notes.append(f"{outcome_file.name}: the seal has competing laws, the outcome scores none")
         for law, entry in competing.items():
             if not isinstance(entry, dict) or entry.get("loss_90") is None:
-                competing_notes.append(f"{seal.name}: competing law {law!r} has no 90% interval "
-                                       f"({(entry or {}).get('error', 'none sealed') if isinstance(entry, dict) else entry}), not counted")
+                competing_notes.append(
+                    f"{seal.name}: competing law {law!r} has no 90% interval "
+                    f"({(entry or {}).get('error', 'none sealed') if isinstance(entry, dict) else entry}), not counted"
+                )
                 continue
             where = f"prediction.competing.{law}"
             hit_50 = covered(_sealed_interval(seal, entry, "loss_50", where), actual)
@@ -476,24 +589,53 @@ def prereg_rows(directory: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]
             for level, hit in (("50", hit_50), ("90", hit_90)):
                 recorded = theirs.get(f"covered_{level}")
                 if isinstance(recorded, bool) and hit is not None and recorded != hit:
-                    competing_notes.append(f"{outcome_file.name}: competing {law!r} covered_{level} says {recorded}, "
-                                           f"recomputed {hit}")
+                    competing_notes.append(
+                        f"{outcome_file.name}: competing {law!r} covered_{level} says {recorded}, recomputed {hit}"
+                    )
     source = f"{shown(directory, root)}/"  # every NAME.yaml with a NAME.outcome.json in it
-    rows = [make_row(f"sealed preregistrations: the primary prediction of each outcome ({len(names)})", source, len(names),
-                     primary_50, primary_90, section="preregistrations", notes=notes, seals=names)]
+    rows = [
+        make_row(
+            f"sealed preregistrations: the primary prediction of each outcome ({len(names)})",
+            source,
+            len(names),
+            primary_50,
+            primary_90,
+            section="preregistrations",
+            notes=notes,
+            seals=names,
+        )
+    ]
     if competing_seals:
-        rows.append(make_row(f"sealed preregistrations: competing laws' intervals ({n_competing} laws of "
-                             f"{', '.join(competing_seals)})", source, n_competing, competing_50, competing_90,
-                             section="competing", notes=competing_notes, seals=competing_seals))
+        rows.append(
+            make_row(
+                f"sealed preregistrations: competing laws' intervals ({n_competing} laws of "
+                f"{', '.join(competing_seals)})",
+                source,
+                n_competing,
+                competing_50,
+                competing_90,
+                section="competing",
+                notes=competing_notes,
+                seals=competing_seals,
+            )
+        )
     return rows
 
 
 # --------------------------------------------------------------------------- the table
 
 
-def coverage_table(root: Path = REPO_ROOT, *, summary: Path | None = None, beyond_rows: Path | None = None,
-                   calibration: Path | None = None, preregistrations: Path | None = None, edition: str | None = None,
-                   by_method: bool = False, reseal: Path | None = None) -> dict[str, Any]:
+def coverage_table(
+    root: Path = REPO_ROOT,
+    *,
+    summary: Path | None = None,
+    beyond_rows: Path | None = None,
+    calibration: Path | None = None,
+    preregistrations: Path | None = None,
+    edition: str | None = None,
+    by_method: bool = False,
+    reseal: Path | None = None,
+) -> dict[str, Any]:
     """Every row (module docstring) and the notes behind them. Paths default to the committed files
     under `root`."""
     root = Path(root)
@@ -508,8 +650,13 @@ def coverage_table(root: Path = REPO_ROOT, *, summary: Path | None = None, beyon
     rows += sweep_rows
     rows += prereg_rows(preregistrations, root)
     notes = [f"{r['label'].split(':')[0]}: {n}" for r in rows for n in r["notes"]] + sweep_notes
-    return {"rows": rows, "notes": notes, "band_90": list(BAND_90), "min_points": MIN_POINTS,
-            "markdown": markdown(rows)}
+    return {
+        "rows": rows,
+        "notes": notes,
+        "band_90": list(BAND_90),
+        "min_points": MIN_POINTS,
+        "markdown": markdown(rows),
+    }
 
 
 def fraction(c: dict[str, int] | None) -> str:
@@ -520,6 +667,9 @@ def fraction(c: dict[str, int] | None) -> str:
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| intervals | source | n | 50% covered | 90% covered | 90% flag |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['label']} | `{r['source']}` | {r['n']} | {fraction(r['covered_50'])} | {fraction(r['covered_90'])} | "
-              f"{r['flag']} |" for r in rows]
+    lines += [
+        f"| {r['label']} | `{r['source']}` | {r['n']} | {fraction(r['covered_50'])} | {fraction(r['covered_90'])} | "
+        f"{r['flag']} |"
+        for r in rows
+    ]
     return "\n".join(lines)

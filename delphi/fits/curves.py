@@ -41,9 +41,10 @@ Choices, and why:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from jaxtyping import Float
@@ -53,10 +54,12 @@ from scipy.signal import lfilter
 from delphi.errors import DelphiError, quoted
 from delphi.fits.evals import eval_points, eval_steps  # noqa: F401 (moved there; importable from here)
 from delphi.fits.results import FitStatus, fit_status
+
 # Moved to delphi.fits.shape_trajectory (a trajectory with no law); importable from here. That module
 # imports delphi.fits.evals, not this one, so the import runs one way.
-from delphi.fits.shape_trajectory import (SCHEDULE_SHAPE_KEYS, normalised_curve, project_finals,  # noqa: F401
-                                          same_schedule_shape, trajectory_from_shapes)
+from delphi.fits.shape_trajectory import (
+    project_finals,  # noqa: F401
+)
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, read_metrics, read_status
 from delphi.train.schedules import lr_factor_schedule, warmup_steps
 
@@ -85,18 +88,18 @@ INTERVAL_QUANTILES = (0.05, 0.95)  # the 90% parameter intervals
 # --------------------------------------------------------------------------- schedules
 
 
-def lr_factors(optim: Any, steps: int) -> Float[np.ndarray, "steps"]:
+def lr_factors(optim: Any, steps: int) -> Float[np.ndarray, " steps"]:
     """LR multiple of the peak for every update 0..steps-1: the trainer's own schedule, on the host."""
     return lr_factor_schedule(optim, steps, xp=np)(np.arange(steps))
 
 
 def annealing_areas(
-    lr: Float[np.ndarray, "steps"],
+    lr: Float[np.ndarray, " steps"],
     tokens_per_step: float,
     *,
     warmup_updates: int = 0,
     momentum_decay: float = TISSUE_MOMENTUM_DECAY,
-) -> tuple[Float[np.ndarray, "steps1"], Float[np.ndarray, "steps1"]]:
+) -> tuple[Float[np.ndarray, " steps1"], Float[np.ndarray, " steps1"]]:
     """S1 (LR-weighted tokens) and S2 (annealing area) after 0..steps updates.
 
     `lr` is the per-update LR in units of the reference LR. Index k of the
@@ -122,10 +125,10 @@ class Curve:
 
     run_id: str
     params: float  # N: active non-embedding parameters
-    tokens: Float[np.ndarray, "points"]
-    loss: Float[np.ndarray, "points"]
-    s1: Float[np.ndarray, "points"]
-    s2: Float[np.ndarray, "points"]
+    tokens: Float[np.ndarray, " points"]
+    loss: Float[np.ndarray, " points"]
+    s1: Float[np.ndarray, " points"]
+    s2: Float[np.ndarray, " points"]
     total_tokens: float
 
 
@@ -156,10 +159,13 @@ def curve_from_schedule(
     )
 
 
-def load_run_curve(run_dir: str | Path, *, lr_ref: float | None = None, momentum_decay: float = TISSUE_MOMENTUM_DECAY) -> Curve:
+def load_run_curve(
+    run_dir: str | Path, *, lr_ref: float | None = None, momentum_decay: float = TISSUE_MOMENTUM_DECAY
+) -> Curve:
     """A run dir's eval curve, with S1/S2 rebuilt from its resolved config's schedule."""
     from delphi.model.flops import count_params
     from delphi.train.config import load_train_config
+
     run_dir = Path(run_dir)
     cfg = load_train_config(run_dir / CONFIG_FILE)
     _, tokens, loss = eval_points(read_metrics(run_dir))
@@ -312,7 +318,10 @@ class CurveLawFit:
         """90% bootstrap interval of each parameter; {} without bootstrap replicates."""
         if not len(self.samples):
             return {}
-        return {k: tuple(float(v) for v in np.quantile(self.samples[:, i], INTERVAL_QUANTILES)) for i, k in enumerate(PARAM_NAMES)}
+        return {
+            k: tuple(float(v) for v in np.quantile(self.samples[:, i], INTERVAL_QUANTILES))
+            for i, k in enumerate(PARAM_NAMES)
+        }
 
     @property
     def at_bound(self) -> list[str]:
@@ -378,7 +387,9 @@ class CurveLawFit:
                 lines.append(f"  {k:>5} = {p[k]:.6g}   90% [{lo:.4g}, {hi:.4g}]")
             else:
                 lines.append(f"  {k:>5} = {p[k]:.6g}")
-        lines.append(f"  residual sd of one eval: {self.residual_sd:.4g} nats ({self.bootstrap} bootstrap, {len(self.samples)} reps)")
+        lines.append(
+            f"  residual sd of one eval: {self.residual_sd:.4g} nats ({self.bootstrap} bootstrap, {len(self.samples)} reps)"
+        )
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -488,7 +499,9 @@ def predict_trajectory(
     n = count_params(hero.model).nonembedding
     lr_ref = fit.lr_ref or hero.optim.lr
     lr = hero.optim.lr / lr_ref * lr_factors(hero.optim, hero.steps)
-    s1, s2 = annealing_areas(lr, hero.tokens_per_step, warmup_updates=warmup_steps(hero.optim, hero.steps), momentum_decay=fit.momentum_decay)
+    s1, s2 = annealing_areas(
+        lr, hero.tokens_per_step, warmup_updates=warmup_steps(hero.optim, hero.steps), momentum_decay=fit.momentum_decay
+    )
     steps = np.asarray(eval_steps(hero.steps, hero.eval_every))
     pred = fit.predict(n, s1[steps], s2[steps])
     offset = 0.0 if final_anchor is None else float(final_anchor - pred["loss"][-1])
@@ -516,7 +529,9 @@ def predict_trajectory(
 BACKTEST_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 
-def backtest_curve_law(curves: Sequence[Curve], *, bootstrap: int = 100, seed: int = 0, min_progress: float = DEFAULT_MIN_PROGRESS) -> dict:
+def backtest_curve_law(
+    curves: Sequence[Curve], *, bootstrap: int = 100, seed: int = 0, min_progress: float = DEFAULT_MIN_PROGRESS
+) -> dict:
     """Fit on every size but the largest; predict the largest rung's whole curve.
 
     Among the runs at the largest N the one with the most tokens is the target.

@@ -42,6 +42,7 @@ import pandas as pd
 from delphi.errors import QUOTED_VALUE_MAX_CHARS, DelphiError, quoted
 from delphi.fits.allocation import CONVENTION_COLUMNS, FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS, FlopsFamily
 from delphi.query import select_rows
+
 # Budgets are derived from `flops` when a table has no budget column: sorted log10 C values
 # further apart than this start a new budget. 0.05 decades = 12%; isoFLOP grids are spaced
 # far wider (Chinchilla: 6e18, 1e19, 3e19 ... = at least 0.22 decades) while digitised or
@@ -96,7 +97,9 @@ def load_results(
     print to stderr) is told which family was used.
     """
     if params_convention not in PARAM_CONVENTIONS:
-        raise DelphiError(f"params convention {quoted(params_convention)}: expected one of {', '.join(PARAM_CONVENTIONS)}")
+        raise DelphiError(
+            f"params convention {quoted(params_convention)}: expected one of {', '.join(PARAM_CONVENTIONS)}"
+        )
     where, raw, sha = _read(source)
     if query:
         try:
@@ -115,14 +118,23 @@ def load_results(
         elif CONVENTION_COLUMNS[params_convention] in raw.columns:
             raw["params"] = raw[CONVENTION_COLUMNS[params_convention]]
         else:
-            raise DelphiError(f"{where}: no {quoted(CONVENTION_COLUMNS[params_convention])} column for params convention {quoted(params_convention)}")
+            raise DelphiError(
+                f"{where}: no {quoted(CONVENTION_COLUMNS[params_convention])} column for params convention {quoted(params_convention)}"
+            )
         params_mapped = True
     model_family = _model_family(raw, experts_col)
 
     mapping = {
-        "params": params_col, "tokens": tokens_col, "flops": flops_col, "loss": loss_col,
-        "budget": budget_col, "run_id": run_id_col, "experts": experts_col,
-        "granularity": granularity_col, "seed": None, "cell_id": None,
+        "params": params_col,
+        "tokens": tokens_col,
+        "flops": flops_col,
+        "loss": loss_col,
+        "budget": budget_col,
+        "run_id": run_id_col,
+        "experts": experts_col,
+        "granularity": granularity_col,
+        "seed": None,
+        "cell_id": None,
     }
     table = pd.DataFrame(index=raw.index)
     for name, col in mapping.items():
@@ -144,7 +156,9 @@ def load_results(
             f"{where}: need a 'tokens' or a 'flops' column (map with --tokens-col/--flops-col); "
             f"columns are {list(raw.columns)}"
         )
-    completed = (raw["status"].astype(str) == "completed").to_numpy() if "status" in raw.columns else np.ones(len(raw), bool)
+    completed = (
+        (raw["status"].astype(str) == "completed").to_numpy() if "status" in raw.columns else np.ones(len(raw), bool)
+    )
     # A dense ladder's table carries experts = 0 (or blank): that column describes no MoE, so it
     # is left out rather than failing every row; only the MoE law needs it.
     for name in ("experts", "granularity"):
@@ -163,8 +177,10 @@ def load_results(
                 f"{' ...' if len(shown) > 10 else ''}; fix or remove them, or pass --drop-invalid to drop their rows"
             )
         if warn is not None:
-            warn(f"WARNING: {where}: dropped {len({i for i, _, _ in invalid_rows})} row(s) with a value that is not a "
-                 f"finite number: {', '.join(shown)}")
+            warn(
+                f"WARNING: {where}: dropped {len({i for i, _, _ in invalid_rows})} row(s) with a value that is not a "
+                f"finite number: {', '.join(shown)}"
+            )
     for name in NUMERIC:
         if name in table:
             table[name] = pd.to_numeric(table[name], errors="coerce").astype(float)
@@ -235,10 +251,18 @@ def load_results(
         warn(f"{where}: exact-FLOP allocation with the FLOPs family from {family_origin} ({params_convention} params)")
     table.attrs.update(
         {
-            "source": where, "sha256": sha, "dropped": dropped, "budget_derived": budget_derived, "query": query,
-            "params_convention": params_convention, "params_mapped": params_mapped,
-            "flops_family": flops_family, "family_origin": family_origin, "model_family": model_family,
-            "invalid_rows_dropped": shown, "anchor_rows": anchor_rows,
+            "source": where,
+            "sha256": sha,
+            "dropped": dropped,
+            "budget_derived": budget_derived,
+            "query": query,
+            "params_convention": params_convention,
+            "params_mapped": params_mapped,
+            "flops_family": flops_family,
+            "family_origin": family_origin,
+            "model_family": model_family,
+            "invalid_rows_dropped": shown,
+            "anchor_rows": anchor_rows,
             "ladder_records": bool(set(LADDER_RECORD_COLUMNS) & set(raw.columns)),
             "columns": {name: col for name, col in mapping.items() if col is not None},
         }
@@ -272,9 +296,11 @@ def check_magnitudes(table: pd.DataFrame, where: str) -> None:
         bad = ~((values >= FIT_MAGNITUDE_MIN) & (values <= FIT_MAGNITUDE_MAX))
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
-            raise DelphiError(f"{where}: row {table.index[k]}: {col} = {quoted(float(values[k]))} is beyond what a fit can "
-                              f"compute with ({FIT_MAGNITUDE_MIN:g} .. {FIT_MAGNITUDE_MAX:g}: float64 overflows its square); "
-                              f"{int(bad.sum())} such row(s); check the column's units")
+            raise DelphiError(
+                f"{where}: row {table.index[k]}: {col} = {quoted(float(values[k]))} is beyond what a fit can "
+                f"compute with ({FIT_MAGNITUDE_MIN:g} .. {FIT_MAGNITUDE_MAX:g}: float64 overflows its square); "
+                f"{int(bad.sum())} such row(s); check the column's units"
+            )
 
 
 def with_anchors(table: pd.DataFrame) -> pd.DataFrame:
@@ -399,8 +425,10 @@ def _check_parquet_engine(path: Path) -> None:
     import importlib.util
 
     if not any(importlib.util.find_spec(engine) for engine in ("pyarrow", "fastparquet")):
-        raise DelphiError(f"{path}: reading Parquet needs pyarrow, which is not installed: "
-                          "pip install 'delphi[parquet]' (or pyarrow), or save the table as CSV")
+        raise DelphiError(
+            f"{path}: reading Parquet needs pyarrow, which is not installed: "
+            "pip install 'delphi[parquet]' (or pyarrow), or save the table as CSV"
+        )
 
 
 def quoted_message(error: Exception) -> str:
@@ -426,8 +454,11 @@ def check_duplicates(
     which of them is the run cannot be told from the table.
     """
     # Rows compared as text: a JSON table's cells may be lists (unhashable); NaN equals NaN as "nan".
-    row_keys = pd.Series(["\x1f".join(map(repr, row)) for row in raw.astype(object).itertuples(index=False)],
-                         index=raw.index, dtype=object)
+    row_keys = pd.Series(
+        ["\x1f".join(map(repr, row)) for row in raw.astype(object).itertuples(index=False)],
+        index=raw.index,
+        dtype=object,
+    )
     exact = row_keys.duplicated(keep="first")
     column = run_id_col if run_id_col is not None else ("run_id" if "run_id" in raw.columns else None)
     if column is not None and column in raw.columns:
@@ -509,8 +540,10 @@ def table_record(table: pd.DataFrame) -> dict[str, Any]:
     choice of point, delphi.fits.best_point): whether it is Delphi's own rung records, the column
     mapping it was read with, and what the sweep features are made of (`beyond.record_features`):
     the median model size and the distinct sizes at each budget."""
-    out: dict[str, Any] = {"ladder_records": bool(table.attrs.get("ladder_records", False)),
-                           "columns": dict(table.attrs.get("columns") or {})}
+    out: dict[str, Any] = {
+        "ladder_records": bool(table.attrs.get("ladder_records", False)),
+        "columns": dict(table.attrs.get("columns") or {}),
+    }
     if "budget" in table and "params" in table and len(table):
         rows = isoflop_rows(table)
         out["log10_median_params"] = float(np.log10(rows["params"].median()))
@@ -563,12 +596,20 @@ class TableOptions:
     drop_duplicates: bool = False
 
     def load_kwargs(self) -> dict[str, Any]:
-        return {**{f"{name}_col": col for name, col in self.columns}, "query": self.query,
-                "drop_invalid": self.drop_invalid, "drop_duplicates": self.drop_duplicates}
+        return {
+            **{f"{name}_col": col for name, col in self.columns},
+            "query": self.query,
+            "drop_invalid": self.drop_invalid,
+            "drop_duplicates": self.drop_duplicates,
+        }
 
     def to_json(self) -> dict[str, Any]:
-        return {"columns": dict(self.columns), "query": self.query, "drop_invalid": self.drop_invalid,
-                "drop_duplicates": self.drop_duplicates}
+        return {
+            "columns": dict(self.columns),
+            "query": self.query,
+            "drop_invalid": self.drop_invalid,
+            "drop_duplicates": self.drop_duplicates,
+        }
 
     @property
     def is_default(self) -> bool:

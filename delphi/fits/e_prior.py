@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from delphi.errors import DelphiError, quoted
 
@@ -71,6 +72,7 @@ class EPrior:
 
 def checked(mean: Any, sd: Any = None, where: str = "E prior") -> EPrior:
     """An EPrior whose mean is a finite number >= 0 and whose sd (when given) a finite number > 0."""
+
     def number(value: Any, what: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise DelphiError(f"{where}: {what} = {quoted(value)}, expected a finite number")
@@ -118,8 +120,10 @@ def noise_scale(objective_free: float, n_points: int, n_params: int, where: str)
     """s2 = the free fit's objective per residual degree of freedom (module docstring)."""
     dof = n_points - n_params
     if dof <= 0:
-        raise DelphiError(f"{where}: the law fitted with E free leaves no residual degree of freedom ({n_points} points, "
-                          f"{n_params} parameters) to weigh a prior against; pin E (--E NUMBER) or fit more points")
+        raise DelphiError(
+            f"{where}: the law fitted with E free leaves no residual degree of freedom ({n_points} points, "
+            f"{n_params} parameters) to weigh a prior against; pin E (--E NUMBER) or fit more points"
+        )
     return max(float(objective_free) / dof, 1e-300)
 
 
@@ -132,9 +136,15 @@ def pinned_refits(prior: EPrior, upper: float) -> dict[str, float]:
 
 def record(prior: EPrior, scale: float | None, refits: dict[str, dict[str, float]]) -> dict[str, Any]:
     """What a fit's JSON keeps (`extra["E_prior"]`)."""
-    return prior.to_json() | {"scale_nats2": scale, "refits": refits,
-                              "objective": ("RSS + s2 ((E - mean)/sd)^2, s2 = the E-free fit's residual variance "
-                                            "per dof" if not prior.pinned else "E held at the pinned value")}
+    return prior.to_json() | {
+        "scale_nats2": scale,
+        "refits": refits,
+        "objective": (
+            "RSS + s2 ((E - mean)/sd)^2, s2 = the E-free fit's residual variance per dof"
+            if not prior.pinned
+            else "E held at the pinned value"
+        ),
+    }
 
 
 def prior_of(fit: Any) -> EPrior | None:
@@ -153,8 +163,9 @@ def forecast_at_refits(fit: Any, forecast: Callable[[Any], float]) -> dict[str, 
     base = float(forecast(fit))
     rows: dict[str, Any] = {}
     for name, params in ((fit.extra.get("E_prior") or {}).get("refits") or {}).items():
-        other = dataclasses.replace(fit, params=dict(params), samples=None,
-                                    extra={k: v for k, v in fit.extra.items() if k != "E_prior"})
+        other = dataclasses.replace(
+            fit, params=dict(params), samples=None, extra={k: v for k, v in fit.extra.items() if k != "E_prior"}
+        )
         try:
             value = float(forecast(other))
         except (DelphiError, ValueError, TypeError, ZeroDivisionError):
@@ -162,7 +173,10 @@ def forecast_at_refits(fit: Any, forecast: Callable[[Any], float]) -> dict[str, 
         if math.isfinite(value):
             rows[name] = {"E": float(params["E"]), "loss": value, "rel": value / base - 1}
     shown = {REFIT_MINUS_SD: "at E - sd", REFIT_PLUS_SD: "at E + sd", REFIT_FREE: "with E free"}
-    parts = [f"{shown.get(name, name)} (E = {r['E']:.4g}) {r['loss']:.4f} ({r['rel']:+.2%})" for name, r in rows.items()]
-    text = (f"{prior.describe()} (fitted E = {float(fit.params['E']):.4g}): forecast {base:.4f}; "
-            + ("; ".join(parts) if parts else "no refit to compare"))
+    parts = [
+        f"{shown.get(name, name)} (E = {r['E']:.4g}) {r['loss']:.4f} ({r['rel']:+.2%})" for name, r in rows.items()
+    ]
+    text = f"{prior.describe()} (fitted E = {float(fit.params['E']):.4g}): forecast {base:.4f}; " + (
+        "; ".join(parts) if parts else "no refit to compare"
+    )
     return {**prior.to_json(), "E_fitted": float(fit.params["E"]), "loss": base, "refits": rows, "text": text}

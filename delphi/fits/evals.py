@@ -8,7 +8,7 @@ from a run's shape (`delphi.fits.shape_trajectory`), so that neither imports the
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -51,7 +51,9 @@ PROFILE_LEVEL = 0.90
 MIN_BUDGETS = 3
 
 
-def vertex_sigma(optima: list[dict[str, Any]], seed_noise_nats: float | None, seeds_per_cell: float = 1.0) -> np.ndarray:
+def vertex_sigma(
+    optima: list[dict[str, Any]], seed_noise_nats: float | None, seeds_per_cell: float = 1.0
+) -> np.ndarray:
     """Per vertex: sqrt(delta-method SE^2 + seed variance of one cell mean); a zero or missing SE
     takes the median of the others (see the module docstring)."""
     se = np.array([o.get("loss_opt_se", np.nan) for o in optima], float)
@@ -89,8 +91,9 @@ def frontier_points(table: pd.DataFrame, points: str = "min", with_sigma: bool =
     return compute, loss
 
 
-def _fit_given_gamma(gamma: float, log_c: np.ndarray, loss: np.ndarray, E: float | None,
-                     w: np.ndarray | None = None) -> tuple[float, float, float]:
+def _fit_given_gamma(
+    gamma: float, log_c: np.ndarray, loss: np.ndarray, E: float | None, w: np.ndarray | None = None
+) -> tuple[float, float, float]:
     """(E, A, rss) for a fixed gamma; E solved by NNLS when None. `w`: per-point 1/sigma (the rss
     is then the weighted sum of squares)."""
     w = np.ones_like(loss) if w is None else w
@@ -104,8 +107,9 @@ def _fit_given_gamma(gamma: float, log_c: np.ndarray, loss: np.ndarray, E: float
     return E, A, float(np.sum((w * (y - A * col)) ** 2))
 
 
-def fit_frontier_arrays(compute: np.ndarray, loss: np.ndarray, E: float | None = None,
-                        sigma: np.ndarray | None = None) -> dict[str, float]:
+def fit_frontier_arrays(
+    compute: np.ndarray, loss: np.ndarray, E: float | None = None, sigma: np.ndarray | None = None
+) -> dict[str, float]:
     """Least squares (weighted by 1/sigma^2 when given) of E + A C^-gamma."""
     log_c = np.log(compute)
     w = None if sigma is None else 1.0 / np.asarray(sigma, float)
@@ -119,8 +123,9 @@ def fit_frontier_arrays(compute: np.ndarray, loss: np.ndarray, E: float | None =
     return {"E": E_fit, "A": A, "gamma": gamma, "rss": value}
 
 
-def e_profile(compute: np.ndarray, loss: np.ndarray, targets: np.ndarray,
-              sigma: np.ndarray | None = None) -> list[dict[str, Any]]:
+def e_profile(
+    compute: np.ndarray, loss: np.ndarray, targets: np.ndarray, sigma: np.ndarray | None = None
+) -> list[dict[str, Any]]:
     grid = np.linspace(0.0, E_MAX_FRACTION * loss.min(), E_PROFILE_POINTS)
     rows = []
     for E in grid:
@@ -130,8 +135,9 @@ def e_profile(compute: np.ndarray, loss: np.ndarray, targets: np.ndarray,
     return rows
 
 
-def fit_frontier_prior(compute: np.ndarray, loss: np.ndarray, prior: EPrior, scale: float,
-                       sigma: np.ndarray | None = None) -> dict[str, float]:
+def fit_frontier_prior(
+    compute: np.ndarray, loss: np.ndarray, prior: EPrior, scale: float, sigma: np.ndarray | None = None
+) -> dict[str, float]:
     """The maximum a posteriori frontier under a Gaussian prior on E (delphi.fits.e_prior): RSS(E)
     profiled over (A, gamma), plus scale x ((E - mean) / sd)^2, minimised over E in [0, the lowest
     loss) on the profile grid, then between its grid neighbours."""
@@ -139,15 +145,25 @@ def fit_frontier_prior(compute: np.ndarray, loss: np.ndarray, prior: EPrior, sca
     grid = np.linspace(0.0, E_MAX_FRACTION * loss.min(), E_PROFILE_POINTS)
     values = [objective(e) for e in grid]
     i = int(np.argmin(values))
-    res = minimize_scalar(objective, bounds=(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]), method="bounded",
-                          options={"xatol": 1e-10})
+    res = minimize_scalar(
+        objective,
+        bounds=(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]),
+        method="bounded",
+        options={"xatol": 1e-10},
+    )
     e = float(res.x) if res.fun <= values[i] else float(grid[i])
     fit = fit_frontier_arrays(compute, loss, E=e, sigma=sigma)
     return fit | {"objective": fit["rss"] + scale * prior.z2(e)}
 
 
-def _frontier_refit(table: pd.DataFrame, points: str, E: float | None, weighted: bool = False,
-                    prior: EPrior | None = None, scale: float | None = None) -> dict[str, float]:
+def _frontier_refit(
+    table: pd.DataFrame,
+    points: str,
+    E: float | None,
+    weighted: bool = False,
+    prior: EPrior | None = None,
+    scale: float | None = None,
+) -> dict[str, float]:
     if weighted:
         compute, loss, sigma = frontier_points(table, points, with_sigma=True)
     else:
@@ -179,7 +195,9 @@ def fit_frontier(
     a Gaussian prior on E (method "frontier-prior"); either way the fit records the prior and the
     law refitted with E free (and, for a prior, at E = mean -+ sd) in `extra["E_prior"]`."""
     if weighted and points != "vertex":
-        raise DelphiError(f"frontier: weighted fits need points = 'vertex' (the vertices carry an uncertainty), got {points!r}")
+        raise DelphiError(
+            f"frontier: weighted fits need points = 'vertex' (the vertices carry an uncertainty), got {points!r}"
+        )
     compute, loss, sigma = frontier_points(table, points, with_sigma=True)
     sigma = sigma if weighted else None
     targets = np.asarray(target_compute if target_compute else [10 * compute.max()], float)
@@ -192,7 +210,9 @@ def fit_frontier(
         raise DelphiError(f"frontier: fixed E = {E} must be in [0, lowest loss {loss.min():.4g})")
     if E_prior is not None:
         if E != "free":
-            raise DelphiError(f"frontier: E = {quoted(E)} and an E prior ({E_prior.describe()}) contradict each other; give one")
+            raise DelphiError(
+                f"frontier: E = {quoted(E)} and an E prior ({E_prior.describe()}) contradict each other; give one"
+            )
         check_below_loss(E_prior, float(loss.min()), "frontier")
         if E_prior.pinned:
             E = float(E_prior.mean)
@@ -206,11 +226,18 @@ def fit_frontier(
         # Refine the profile minimum between its grid neighbours.
         i = int(np.argmin([r["rss"] for r in profile]))
         lo, hi = profile[max(i - 1, 0)]["E"], profile[min(i + 1, len(profile) - 1)]["E"]
-        res = minimize_scalar(lambda e: fit_frontier_arrays(compute, loss, E=e, sigma=sigma)["rss"], bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
+        res = minimize_scalar(
+            lambda e: fit_frontier_arrays(compute, loss, E=e, sigma=sigma)["rss"],
+            bounds=(lo, hi),
+            method="bounded",
+            options={"xatol": 1e-10},
+        )
         fit = fit_frontier_arrays(compute, loss, E=float(res.x), sigma=sigma)
         mode, fixed_E = "profile", float(res.x)
     elif E == "free" and E_prior is not None:  # a Gaussian prior on E: the maximum a posteriori fit
-        scale = noise_scale(fit_frontier_arrays(compute, loss, sigma=sigma)["rss"], len(compute), 3, "frontier --E-prior")
+        scale = noise_scale(
+            fit_frontier_arrays(compute, loss, sigma=sigma)["rss"], len(compute), 3, "frontier --E-prior"
+        )
         fit = fit_frontier_prior(compute, loss, E_prior, scale, sigma)
         mode, fixed_E = "prior", None
     elif E == "free":
@@ -249,8 +276,11 @@ def fit_frontier(
             ],
         }
     resid = loss - (params["E"] + params["A"] * compute ** -params["gamma"])
-    weights_note = ({"weights": "1/sigma^2 of the vertices (delta-method SE + seed noise)",
-                     "vertex_sigma_nats": sigma.tolist()} if sigma is not None else {})
+    weights_note = (
+        {"weights": "1/sigma^2 of the vertices (delta-method SE + seed noise)", "vertex_sigma_nats": sigma.tolist()}
+        if sigma is not None
+        else {}
+    )
     at_bound = []
     if mode in ("free", "prior") and params["E"] <= 0:
         at_bound.append("E")
@@ -271,21 +301,36 @@ def fit_frontier(
     }
     intervals = {"E": e_interval} if mode == "profile" else {}
     result = FitResult(
-        kind="frontier", method=f"frontier-{mode}" + ("-weighted" if sigma is not None else ""), params=params, intervals=intervals, diagnostics=diagnostics,
+        kind="frontier",
+        method=f"frontier-{mode}" + ("-weighted" if sigma is not None else ""),
+        params=params,
+        intervals=intervals,
+        diagnostics=diagnostics,
         extra={
             "e_mode": mode,
-            "frontier_points": [{"flops": float(c), "loss": float(l)} | ({} if sigma is None else {"sigma": float(s)})
-                                for c, l, s in zip(compute, loss, sigma if sigma is not None else loss)],
+            "frontier_points": [
+                {"flops": float(c), "loss": float(l)} | ({} if sigma is None else {"sigma": float(s)})
+                for c, l, s in zip(compute, loss, sigma if sigma is not None else loss)
+            ],
             "E_profile": profile,
             "sensitivity": sensitivity,
             **({"E_prior": _prior_record(E_prior, scale, compute, loss, sigma)} if E_prior is not None else {}),
         },
-        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed,
-        status=fit_status(True, at_bound), **table_context(table),
+        input_sha256=table.attrs.get("sha256"),
+        n_points=len(table),
+        seed=seed,
+        status=fit_status(True, at_bound),
+        **table_context(table),
     )
     if n_bootstrap:
-        refit = partial(_frontier_refit, points=points, E=fixed_E if mode == "fixed" else None, weighted=sigma is not None,
-                        prior=E_prior, scale=scale)
+        refit = partial(
+            _frontier_refit,
+            points=points,
+            E=fixed_E if mode == "fixed" else None,
+            weighted=sigma is not None,
+            prior=E_prior,
+            scale=scale,
+        )
         samples, info = bootstrap(refit, table, n_bootstrap, seed, strata="budget", workers=workers)
         result.samples = samples
         boot = percentile_intervals(samples)
@@ -296,8 +341,9 @@ def fit_frontier(
     return result
 
 
-def _prior_record(prior: EPrior, scale: float | None, compute: np.ndarray, loss: np.ndarray,
-                  sigma: np.ndarray | None) -> dict[str, Any]:
+def _prior_record(
+    prior: EPrior, scale: float | None, compute: np.ndarray, loss: np.ndarray, sigma: np.ndarray | None
+) -> dict[str, Any]:
     """extra["E_prior"] of a frontier fit: the prior, its scale and the law refitted with E free and
     at E = mean -+ sd (delphi.fits.e_prior)."""
     keep = lambda f: {"E": f["E"], "A": f["A"], "gamma": f["gamma"]}  # noqa: E731
@@ -322,6 +368,15 @@ def fit_asymptotic(
     "frontier-free-weighted"; its bootstrap resamples within budgets (seed noise included when the
     table has replicates: the bootstrap is hierarchical). `E_prior`: E pinned ("frontier-fixed-weighted")
     or a Gaussian prior on it ("frontier-prior-weighted"), as `fit_frontier`."""
-    return fit_frontier(table, E="free", points="vertex", weighted=True, target_compute=target_compute,
-                        n_bootstrap=n_bootstrap, seed=seed, workers=workers, with_sensitivity=with_sensitivity,
-                        E_prior=E_prior)
+    return fit_frontier(
+        table,
+        E="free",
+        points="vertex",
+        weighted=True,
+        target_compute=target_compute,
+        n_bootstrap=n_bootstrap,
+        seed=seed,
+        workers=workers,
+        with_sensitivity=with_sensitivity,
+        E_prior=E_prior,
+    )

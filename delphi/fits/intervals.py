@@ -18,7 +18,9 @@ Z_90 = 1.6448536269514722  # standard normal quantile at 0.95: a central 90% int
 Z_50 = 0.6744897501960817  # ... at 0.75: a central 50% interval
 
 
-def predictive_interval(point: float, fit_interval: Any, scatter: float | None, z: float = Z_90) -> tuple[float, float] | None:
+def predictive_interval(
+    point: float, fit_interval: Any, scatter: float | None, z: float = Z_90
+) -> tuple[float, float] | None:
     """Bootstrap interval widened by z x the residual scatter, each side in quadrature (normal
     approx); z = Z_90 for a central 90% interval."""
     extra = z * scatter if scatter is not None else 0.0
@@ -55,9 +57,15 @@ def correct_by_design(final: dict[str, Any], correction: PointCorrection) -> dic
         widened = predictive_interval(loss, moved, sd_rel * loss, z) if moved is not None else None
         out[key] = None if widened is None else list(widened)
     out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
-    out["point_correction"] = {"rel": rel, "sd_rel": sd_rel, "source": correction.source,
-                               "rule": "the primary law's point x (1 + rel): the design's measured bias at its hero"}
+    out["point_correction"] = {
+        "rel": rel,
+        "sd_rel": sd_rel,
+        "source": correction.source,
+        "rule": "the primary law's point x (1 + rel): the design's measured bias at its hero",
+    }
     out["source"] = f"{final['source']}; x (1 {rel:+.2%}), this design's measured bias (hero.point_correction)"
-    out["interval"] = (f"{final.get('interval') or 'the fit interval'}; moved by the correction and widened in quadrature "
-                       f"by z x {sd_rel:.2%} of the loss, the measured bias's standard error")
+    out["interval"] = (
+        f"{final.get('interval') or 'the fit interval'}; moved by the correction and widened in quadrature "
+        f"by z x {sd_rel:.2%} of the loss, the measured bias's standard error"
+    )
     return out

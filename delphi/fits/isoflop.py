@@ -66,7 +66,9 @@ def budget_groups(table: pd.DataFrame, method: str) -> list[tuple[float, pd.Data
     return groups
 
 
-def parabola_vertex(x: np.ndarray, loss: np.ndarray, robust: bool = False, weights: np.ndarray | None = None) -> dict[str, float]:
+def parabola_vertex(
+    x: np.ndarray, loss: np.ndarray, robust: bool = False, weights: np.ndarray | None = None
+) -> dict[str, float]:
     """Fit loss = c0 + c1 u + c2 u^2 with u = x - mean(x); return the vertex and its SEs.
 
     SEs are by the delta method from the coefficient covariance. `robust` uses Huber's T
@@ -120,7 +122,9 @@ def near_optimum_cells(table: pd.DataFrame, factor: float) -> pd.DataFrame:
     return pd.concat(near, ignore_index=True) if near else points.iloc[:0]
 
 
-def per_budget_optima(table: pd.DataFrame, robust: bool = False, method: str = "approach2") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def per_budget_optima(
+    table: pd.DataFrame, robust: bool = False, method: str = "approach2"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Parabola vertices per budget, on the seed-averaged points (one per cell) of `table`."""
     optima, skipped = [], []
     points, _ = cell_points(table)
@@ -171,12 +175,22 @@ def power_law_ols(log10_c: np.ndarray, log10_y: np.ndarray) -> dict[str, Any]:
     return {"intercept": intercept, "slope": slope, "intervals": intervals, "r2": r2}
 
 
-def _laws_from_points(flops: np.ndarray, n_opt: np.ndarray, d_opt: np.ndarray, l_opt: np.ndarray) -> tuple[dict[str, float], dict[str, tuple[float, float]], dict[str, float]]:
+def _laws_from_points(
+    flops: np.ndarray, n_opt: np.ndarray, d_opt: np.ndarray, l_opt: np.ndarray
+) -> tuple[dict[str, float], dict[str, tuple[float, float]], dict[str, float]]:
     lc = np.log10(flops)
-    fits = {"N": power_law_ols(lc, np.log10(n_opt)), "D": power_law_ols(lc, np.log10(d_opt)), "L": power_law_ols(lc, np.log10(l_opt))}
+    fits = {
+        "N": power_law_ols(lc, np.log10(n_opt)),
+        "D": power_law_ols(lc, np.log10(d_opt)),
+        "L": power_law_ols(lc, np.log10(l_opt)),
+    }
     params = {
-        "a": fits["N"]["slope"], "b": fits["D"]["slope"], "loss_exponent": fits["L"]["slope"],
-        "log10_N0": fits["N"]["intercept"], "log10_D0": fits["D"]["intercept"], "log10_L0": fits["L"]["intercept"],
+        "a": fits["N"]["slope"],
+        "b": fits["D"]["slope"],
+        "loss_exponent": fits["L"]["slope"],
+        "log10_N0": fits["N"]["intercept"],
+        "log10_D0": fits["D"]["intercept"],
+        "log10_L0": fits["L"]["intercept"],
     }
     names = {"N": ("a", "log10_N0"), "D": ("b", "log10_D0"), "L": ("loss_exponent", "log10_L0")}
     intervals: dict[str, tuple[float, float]] = {}
@@ -212,7 +226,12 @@ def curvature_law(optima: list[dict[str, Any]]) -> dict[str, float] | None:
 
 
 def fit_approach2(
-    table: pd.DataFrame, *, robust: bool = False, n_bootstrap: int = 0, seed: int = 0, workers: int | None = None,
+    table: pd.DataFrame,
+    *,
+    robust: bool = False,
+    n_bootstrap: int = 0,
+    seed: int = 0,
+    workers: int | None = None,
     resample: str = ISOFLOP_RESAMPLE,
 ) -> FitResult:
     optima, skipped = per_budget_optima(table, robust)
@@ -230,14 +249,32 @@ def fit_approach2(
         **provenance(table),
     }
     fit = FitResult(
-        kind="isoflop", method="approach2", params=params, intervals=ols_intervals, diagnostics=diagnostics,
-        extra={"optima": optima, "skipped_budgets": skipped, "ols_intervals": ols_intervals,
-               "curvature_law": curvature_law(optima)},
-        input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed, **table_context(table),
+        kind="isoflop",
+        method="approach2",
+        params=params,
+        intervals=ols_intervals,
+        diagnostics=diagnostics,
+        extra={
+            "optima": optima,
+            "skipped_budgets": skipped,
+            "ols_intervals": ols_intervals,
+            "curvature_law": curvature_law(optima),
+        },
+        input_sha256=table.attrs.get("sha256"),
+        n_points=len(points),
+        seed=seed,
+        **table_context(table),
     )
     if n_bootstrap:
-        samples, info = bootstrap(partial(_approach2_params, robust=robust), table, n_bootstrap, seed, strata="budget",
-                                  resample=resample, workers=workers)
+        samples, info = bootstrap(
+            partial(_approach2_params, robust=robust),
+            table,
+            n_bootstrap,
+            seed,
+            strata="budget",
+            resample=resample,
+            workers=workers,
+        )
         fit.samples = samples
         fit.intervals = percentile_intervals(samples)
         fit.diagnostics.update(info)
@@ -268,12 +305,25 @@ def fit_approach1(table: pd.DataFrame, *, n_bootstrap: int = 0, seed: int = 0, w
     if env["params"].nunique() < 2:
         raise DelphiError("approach1: every envelope point has the same params; N* ~ C^a is not identifiable")
     params, intervals, r2 = _laws_from_points(*(env[k].to_numpy(float) for k in ("flops", "params", "tokens", "loss")))
-    diagnostics = {"n_envelope_points": len(env), "at_bound": [], **cell_points(table)[1],
-                   "interval": "OLS 90% confidence interval (statsmodels)", **r2, **provenance(table)}
+    diagnostics = {
+        "n_envelope_points": len(env),
+        "at_bound": [],
+        **cell_points(table)[1],
+        "interval": "OLS 90% confidence interval (statsmodels)",
+        **r2,
+        **provenance(table),
+    }
     fit = FitResult(
-        kind="envelope", method="approach1", params=params, intervals=intervals, diagnostics=diagnostics,
+        kind="envelope",
+        method="approach1",
+        params=params,
+        intervals=intervals,
+        diagnostics=diagnostics,
         extra={"frontier_points": env[["flops", "params", "tokens", "loss"]].to_dict(orient="records")},
-        input_sha256=table.attrs.get("sha256"), n_points=len(table), seed=seed, **table_context(table),
+        input_sha256=table.attrs.get("sha256"),
+        n_points=len(table),
+        seed=seed,
+        **table_context(table),
     )
     if n_bootstrap:
         samples, info = bootstrap(_approach1_params, table, n_bootstrap, seed, workers=workers)
@@ -283,7 +333,9 @@ def fit_approach1(table: pd.DataFrame, *, n_bootstrap: int = 0, seed: int = 0, w
     return fit
 
 
-def isoflop_exponent_by_convention(raw: pd.DataFrame, conventions: tuple[str, ...] = PARAM_CONVENTIONS, **load_options: Any) -> dict[str, dict[str, Any]]:
+def isoflop_exponent_by_convention(
+    raw: pd.DataFrame, conventions: tuple[str, ...] = PARAM_CONVENTIONS, **load_options: Any
+) -> dict[str, dict[str, Any]]:
     """The isoFLOP (Approach 2) exponent a of N* ~ C^a under each parameter-count convention.
 
     `raw` is a ladder results table (with params_nonembedding, params_active and flops/tokens

@@ -20,9 +20,10 @@ Kinds and their parameters:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def chinchilla_optimum(p: dict[str, float], compute: Any, A: float | None = None
     g = (alpha * a_coef / (beta * p["B"])) ** (1.0 / (alpha + beta))
     n_opt = g * (c / FLOPS_PER_PARAM_TOKEN) ** (beta / (alpha + beta))
     d_opt = c / (FLOPS_PER_PARAM_TOKEN * n_opt)
-    loss = p["E"] + a_coef * n_opt ** -alpha + p["B"] * d_opt ** -beta
+    loss = p["E"] + a_coef * n_opt**-alpha + p["B"] * d_opt**-beta
     return {"params": n_opt, "tokens": d_opt, "loss": loss}
 
 
@@ -84,7 +85,7 @@ def chinchilla_optimum_draws(
         sl = slice(lo, lo + ALLOCATION_CHUNK_ROWS)
         e, a, b = per_row["E"][sl], a_row[sl], per_row["B"][sl]
         alpha, beta = per_row["alpha"][sl], per_row["beta"][sl]
-        opt = optimal_allocation(lambda n, d: e + a * n ** -alpha + b * d ** -beta, flat_c[sl], family)
+        opt = optimal_allocation(lambda n, d: e + a * n**-alpha + b * d**-beta, flat_c[sl], family)  # noqa: B023  (called at once, inside the loop)
         ok = ((a > 0) & (b > 0) & (alpha > 0) & (beta > 0))[:, 0]
         for k in parts:
             parts[k].append(np.where(ok, opt[k], np.nan))
@@ -144,11 +145,15 @@ class Surface:
         Values are kept as given (no float()): a numpy draw must keep numpy's overflow to inf."""
         return cls(**{name: p[name] for name in cls.param_names})
 
-    def loss(self, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float, **terms: Any) -> np.ndarray:
+    def loss(
+        self, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float, **terms: Any
+    ) -> np.ndarray:
         """Loss at N, D (plus the MoE law's expert term)."""
         raise DelphiError(f"predict: a {self.kind} fit predicts from compute only (--compute C)")
 
-    def optimum(self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any) -> Optimum:
+    def optimum(
+        self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any
+    ) -> Optimum:
         """N*, D*, L* at compute C; for laws in (N, D), C = family(N) D when a family is given, else 6 N D."""
         raise NotImplementedError
 
@@ -157,14 +162,24 @@ class Surface:
         return {}
 
     def predict_point(
-        self, *, compute: Any = None, params: Any = None, tokens: Any = None, family: FlopsFamily | None = None, **terms: Any
+        self,
+        *,
+        compute: Any = None,
+        params: Any = None,
+        tokens: Any = None,
+        family: FlopsFamily | None = None,
+        **terms: Any,
     ) -> dict[str, Any]:
         """One prediction: the optimum at compute=C, or the loss at params=N, tokens=D."""
         if compute is None and (params is None or tokens is None):
             raise DelphiError("predict: give compute=C, or params=N and tokens=D")
         if compute is not None:
             return self.optimum(compute, family, **terms).as_prediction()
-        return {"loss": self.loss(params, tokens, **terms), "params": np.asarray(params, float), "tokens": np.asarray(tokens, float)}
+        return {
+            "loss": self.loss(params, tokens, **terms),
+            "params": np.asarray(params, float),
+            "tokens": np.asarray(tokens, float),
+        }
 
     @classmethod
     def optimum_draws(
@@ -197,10 +212,14 @@ class ChinchillaSurface(Surface):
         """False when a term is absent: loss then falls monotonically along one axis."""
         return not (self.A <= 0 or self.B <= 0 or self.alpha <= 0 or self.beta <= 0)
 
-    def loss(self, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float, **terms: Any) -> np.ndarray:
+    def loss(
+        self, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float, **terms: Any
+    ) -> np.ndarray:
         return chinchilla_loss(self.as_params(), params, tokens)
 
-    def optimum(self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any) -> Optimum:
+    def optimum(
+        self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any
+    ) -> Optimum:
         if family is None:
             opt = chinchilla_optimum(self.as_params(), compute)
         elif not self.has_interior_optimum:
@@ -219,7 +238,12 @@ class ChinchillaSurface(Surface):
 
     @classmethod
     def optimum_draws(
-        cls, draws: Mapping[str, np.ndarray], compute: Any, family: FlopsFamily | None, term: str = DEFAULT_TERM, **terms: Any
+        cls,
+        draws: Mapping[str, np.ndarray],
+        compute: Any,
+        family: FlopsFamily | None,
+        term: str = DEFAULT_TERM,
+        **terms: Any,
     ) -> dict[str, np.ndarray]:
         return chinchilla_optimum_draws({k: np.asarray(v, float) for k, v in draws.items()}, compute, family)
 
@@ -257,12 +281,18 @@ class MoeSurface(Surface):
         a_eff = float(moe_coefficient({"G": self.G, "gamma": self.gamma, "A": self.A}, x))
         return ChinchillaSurface(E=self.E, A=a_eff, B=self.B, alpha=self.alpha, beta=self.beta)
 
-    def loss(self, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float, **terms: Any) -> np.ndarray:
+    def loss(
+        self, params: Float[np.ndarray, "..."] | float, tokens: Float[np.ndarray, "..."] | float, **terms: Any
+    ) -> np.ndarray:
         a_eff = moe_coefficient({"G": self.G, "gamma": self.gamma, "A": self.A}, self.expert_term(terms))
         a_eff = float(a_eff) if np.ndim(a_eff) == 0 else a_eff  # one X per run allowed: X may be an array
-        return chinchilla_loss({"E": self.E, "A": a_eff, "B": self.B, "alpha": self.alpha, "beta": self.beta}, params, tokens)
+        return chinchilla_loss(
+            {"E": self.E, "A": a_eff, "B": self.B, "alpha": self.alpha, "beta": self.beta}, params, tokens
+        )
 
-    def optimum(self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any) -> Optimum:
+    def optimum(
+        self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any
+    ) -> Optimum:
         return self.at(self.expert_term(terms)).optimum(compute, family)
 
     def derived(self) -> dict[str, float]:
@@ -270,7 +300,12 @@ class MoeSurface(Surface):
 
     @classmethod
     def optimum_draws(
-        cls, draws: Mapping[str, np.ndarray], compute: Any, family: FlopsFamily | None, term: str = DEFAULT_TERM, **terms: Any
+        cls,
+        draws: Mapping[str, np.ndarray],
+        compute: Any,
+        family: FlopsFamily | None,
+        term: str = DEFAULT_TERM,
+        **terms: Any,
     ) -> dict[str, np.ndarray]:
         x = terms.get(term)
         if x is None:
@@ -294,10 +329,14 @@ class IsoflopSurface(Surface):
     log10_D0: Any
     log10_L0: Any
 
-    def optimum(self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any) -> Optimum:
+    def optimum(
+        self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any
+    ) -> Optimum:
         """The fitted power laws at C; `family` is not used (the law was fitted in C)."""
         c = np.asarray(compute, float)
-        q = {k: np.float64(getattr(self, k)) for k in self.param_names}  # numpy powers: a wild draw overflows to inf, not an exception
+        q = {
+            k: np.float64(getattr(self, k)) for k in self.param_names
+        }  # numpy powers: a wild draw overflows to inf, not an exception
         with np.errstate(over="ignore", invalid="ignore"):
             loss = 10.0 ** q["log10_L0"] * c ** q["loss_exponent"]
             params = 10.0 ** q["log10_N0"] * c ** q["a"]
@@ -330,7 +369,9 @@ class FrontierSurface(Surface):
     A: Any
     gamma: Any
 
-    def optimum(self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any) -> Optimum:
+    def optimum(
+        self, compute: Float[np.ndarray, "..."] | float, family: FlopsFamily | None = None, **terms: Any
+    ) -> Optimum:
         c = np.asarray(compute, float)
         with np.errstate(over="ignore", invalid="ignore"):
             loss = self.E + self.A * c ** -np.float64(self.gamma)

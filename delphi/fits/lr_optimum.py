@@ -33,7 +33,9 @@ class QuadraticFit:
         return dataclasses.asdict(self)
 
 
-def fit_quadratic(lrs: Float[np.ndarray, " n"], losses: Float[np.ndarray, " n"], neighbours: int = DEFAULT_NEIGHBOURS) -> QuadraticFit:
+def fit_quadratic(
+    lrs: Float[np.ndarray, " n"], losses: Float[np.ndarray, " n"], neighbours: int = DEFAULT_NEIGHBOURS
+) -> QuadraticFit:
     """Quadratic in log2(LR) around the best finite point; diverged (non-finite) runs are left out."""
     import numpy as np
 
@@ -47,8 +49,16 @@ def fit_quadratic(lrs: Float[np.ndarray, " n"], losses: Float[np.ndarray, " n"],
     best = int(np.argmin(losses))
     lo, hi = max(0, best - neighbours), min(lrs.size, best + neighbours + 1)
     x, y = np.log2(lrs[lo:hi]), losses[lo:hi]
-    fit = QuadraticFit(lrs=lrs[lo:hi].tolist(), losses=y.tolist(), coef=None, lr_opt=None, lr_opt_interval_90=None,
-                       loss_opt=None, interior=False, best_lr=float(lrs[best]))
+    fit = QuadraticFit(
+        lrs=lrs[lo:hi].tolist(),
+        losses=y.tolist(),
+        coef=None,
+        lr_opt=None,
+        lr_opt_interval_90=None,
+        loss_opt=None,
+        interior=False,
+        best_lr=float(lrs[best]),
+    )
     if x.size < 3:
         return fit
     design = np.stack([np.ones_like(x), x, x * x], axis=1)
@@ -71,8 +81,9 @@ def fit_quadratic(lrs: Float[np.ndarray, " n"], losses: Float[np.ndarray, " n"],
     return fit
 
 
-def fit_lr_drift(m_opt: "Float[np.ndarray, ' n']", width_ratio: "Float[np.ndarray, ' n']",
-                 tokens_ratio: "Float[np.ndarray, ' n']") -> tuple[float, float | None, float | None] | None:
+def fit_lr_drift(
+    m_opt: "Float[np.ndarray, ' n']", width_ratio: "Float[np.ndarray, ' n']", tokens_ratio: "Float[np.ndarray, ' n']"
+) -> tuple[float, float | None, float | None] | None:
     """Least squares of log m* = intercept + width_exp log(width ratio) + horizon_exp log(tokens ratio):
     how far a rule's LR drifts from the measured optimum (m* = optimum / rule) with width and horizon.
     A term is fitted only where the points vary in it (None otherwise); None when there are fewer

@@ -47,7 +47,14 @@ def _design(x: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_x: np.ndarr
     return np.column_stack([np.ones_like(log_n), np.exp(-gamma * log_x) * n_term, n_term, np.exp(-beta * log_d)])
 
 
-def _solve(x: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_x: np.ndarray, loss: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+def _solve(
+    x: np.ndarray,
+    log_n: np.ndarray,
+    log_d: np.ndarray,
+    log_x: np.ndarray,
+    loss: np.ndarray,
+    weights: np.ndarray | None = None,
+) -> tuple[np.ndarray, float]:
     design = _design(x, log_n, log_d, log_x)
     if weights is not None:  # weighted least squares (seed-averaged points)
         root = np.sqrt(weights)
@@ -69,7 +76,17 @@ def moe_arrays(log_n, log_d, log_x, loss, start=None, weights=None) -> dict[str,
     res = minimize(rss, np.array(start, float), method="Nelder-Mead", options=NELDER_MEAD_OPTIONS)
     (E, G, A, B), value = _solve(res.x, log_n, log_d, log_x, loss, weights)
     alpha, beta, gamma = (float(v) for v in res.x)
-    return {"E": float(E), "G": float(G), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta, "gamma": gamma, "_rss": value, "_converged": bool(res.success)}
+    return {
+        "E": float(E),
+        "G": float(G),
+        "A": float(A),
+        "B": float(B),
+        "alpha": alpha,
+        "beta": beta,
+        "gamma": gamma,
+        "_rss": value,
+        "_converged": bool(res.success),
+    }
 
 
 def _arrays(table: pd.DataFrame, term: str):
@@ -104,7 +121,11 @@ def fit_moe(
     out = moe_arrays(*_arrays(points, term), weights=points["weight"].to_numpy(float))
     params = {k: v for k, v in out.items() if not k.startswith("_")}
     n, d, x = (points[c].to_numpy(float) for c in ("params", "tokens", term))
-    pred = params["E"] + (params["G"] * x ** -params["gamma"] + params["A"]) * n ** -params["alpha"] + params["B"] * d ** -params["beta"]
+    pred = (
+        params["E"]
+        + (params["G"] * x ** -params["gamma"] + params["A"]) * n ** -params["alpha"]
+        + params["B"] * d ** -params["beta"]
+    )
     loss = points["loss"].to_numpy(float)
     at_bound = [k for k in ("E", "G", "A", "B") if params[k] == 0.0]
     at_bound += [k for k in ("alpha", "beta", "gamma") if min(abs(params[k] - b) for b in EXPONENT_BOUNDS) < 1e-6]
@@ -119,10 +140,16 @@ def fit_moe(
         **provenance(table),
     }
     fit = FitResult(
-        kind="moe", method="vpnls-granularity" if term == "granularity" else "vpnls-experts",
-        params=params, diagnostics=diagnostics, extra={"term": term},
-        input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed,
-        status=fit_status(out["_converged"], at_bound), **table_context(table),
+        kind="moe",
+        method="vpnls-granularity" if term == "granularity" else "vpnls-experts",
+        params=params,
+        diagnostics=diagnostics,
+        extra={"term": term},
+        input_sha256=table.attrs.get("sha256"),
+        n_points=len(points),
+        seed=seed,
+        status=fit_status(out["_converged"], at_bound),
+        **table_context(table),
     )
     if n_bootstrap:
         refit = partial(_moe_refit, term=term, start=(params["alpha"], params["beta"], params["gamma"]))

@@ -39,8 +39,8 @@ from delphi.errors import DelphiError, quoted
 from delphi.fits.bootstrap import bootstrap
 from delphi.fits.data import cell_points, check_points, provenance, with_anchors
 from delphi.fits.e_prior import REFIT_FREE, EPrior, check_below_loss, noise_scale, pinned_refits, record
-from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 from delphi.fits.laws import derived_quantities
+from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, Appendix D.2; Besiroglu et al. 2024
 # Epoch's grid of L-BFGS-B starts (Besiroglu et al. 2024; github.com/epoch-research/analyzing-chinchilla).
@@ -85,7 +85,7 @@ def huber(r: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
     return np.where(ar <= delta, 0.5 * r * r, delta * (ar - 0.5 * delta))
 
 
-def stacked_design(log_n: Float[np.ndarray, "n"], log_d: Float[np.ndarray, "n"]) -> Float[np.ndarray, "3n 5"]:
+def stacked_design(log_n: Float[np.ndarray, " n"], log_d: Float[np.ndarray, " n"]) -> Float[np.ndarray, "3n 5"]:
     """Rows of the three logsumexp terms as linear maps of theta = (a, b, e, alpha, beta):
     design @ theta = [a - alpha log N; b - beta log D; e], one matrix-vector product."""
     n = len(log_n)
@@ -97,8 +97,10 @@ def stacked_design(log_n: Float[np.ndarray, "n"], log_d: Float[np.ndarray, "n"])
 
 
 def _huber_on_design(
-    theta: Float[np.ndarray, "5"], design: Float[np.ndarray, "3n 5"], log_loss: Float[np.ndarray, "n"],
-    weights: Float[np.ndarray, "n"] | None = None,
+    theta: Float[np.ndarray, "5"],
+    design: Float[np.ndarray, "3n 5"],
+    log_loss: Float[np.ndarray, " n"],
+    weights: Float[np.ndarray, " n"] | None = None,
 ) -> tuple[float, np.ndarray]:
     """Summed (optionally weighted) Huber of log residuals and its analytic gradient, in ~15
     vectorised numpy calls (the optimiser's inner loop: it is called ~40 times per refit)."""
@@ -119,7 +121,10 @@ def _huber_on_design(
 
 
 def huber_objective(
-    theta: Float[np.ndarray, "5"], log_n: np.ndarray, log_d: np.ndarray, log_loss: np.ndarray,
+    theta: Float[np.ndarray, "5"],
+    log_n: np.ndarray,
+    log_d: np.ndarray,
+    log_loss: np.ndarray,
     weights: np.ndarray | None = None,
 ) -> tuple[float, np.ndarray]:
     """Summed (optionally weighted: seed-averaged points) Huber of log residuals and its analytic gradient."""
@@ -211,7 +216,9 @@ def approach3_arrays(
         # One vectorised pass over every start, in chunks to bound memory.
         values = np.concatenate(
             [
-                (huber(log_loss_prediction(chunk, log_n, log_d) - log_loss) * (1.0 if weights is None else weights)).sum(axis=-1)
+                (
+                    huber(log_loss_prediction(chunk, log_n, log_d) - log_loss) * (1.0 if weights is None else weights)
+                ).sum(axis=-1)
                 + penalty(chunk[:, 2])
                 for chunk in np.array_split(starts, max(1, len(starts) // 500))
             ]
@@ -239,7 +246,9 @@ def approach3_arrays(
     best, objectives = None, []
     with _BlasThreads(1):
         for x0 in starts @ shift.T:  # each start in centred coordinates
-            res = minimize(objective, x0, jac=True, method="L-BFGS-B", options=options, bounds=bounds if pinned else None)
+            res = minimize(
+                objective, x0, jac=True, method="L-BFGS-B", options=options, bounds=bounds if pinned else None
+            )
             objectives.append(res.fun)
             if best is None or res.fun < best.fun:
                 best = res
@@ -266,7 +275,9 @@ def params_to_theta(p: dict[str, float]) -> np.ndarray:
 def centring(log_n: np.ndarray, log_d: np.ndarray) -> Float[np.ndarray, "5 5"]:
     """theta -> centred coordinates (a - alpha mean log N, b - beta mean log D, e, alpha, beta)."""
     mean_n, mean_d = float(log_n.mean()), float(log_d.mean())
-    return np.array([[1, 0, 0, -mean_n, 0], [0, 1, 0, 0, -mean_d], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1]], float)
+    return np.array(
+        [[1, 0, 0, -mean_n, 0], [0, 1, 0, 0, -mean_d], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1]], float
+    )
 
 
 def warm_starts(theta: Float[np.ndarray, "5"], log_n: np.ndarray, log_d: np.ndarray) -> Float[np.ndarray, "starts 5"]:
@@ -276,8 +287,13 @@ def warm_starts(theta: Float[np.ndarray, "5"], log_n: np.ndarray, log_d: np.ndar
     return np.linalg.solve(shift, np.vstack([centred, centred + PERTURBED_STARTS]).T).T
 
 
-def _approach3_refit(table: pd.DataFrame, start: np.ndarray, starts: str = "warm", prior: EPrior | None = None,
-                     scale: float | None = None) -> dict[str, float]:
+def _approach3_refit(
+    table: pd.DataFrame,
+    start: np.ndarray,
+    starts: str = "warm",
+    prior: EPrior | None = None,
+    scale: float | None = None,
+) -> dict[str, float]:
     """Bootstrap refit. "warm": L-BFGS-B from the full-data optimum `start` and the perturbed
     starts around it; "grid": the full fit's procedure (Epoch's grid, best TOP_STARTS), the slow
     reference the warm refit is checked against. `prior`, `scale`: the full fit's E prior."""
@@ -287,15 +303,25 @@ def _approach3_refit(table: pd.DataFrame, start: np.ndarray, starts: str = "warm
         out = approach3_arrays(log_n, log_d, log_loss, weights=_weights(points), prior=prior, scale=scale)
     else:
         out = approach3_arrays(
-            log_n, log_d, log_loss, starts=warm_starts(start, log_n, log_d), top_starts=None,
-            options=BOOTSTRAP_LBFGS_OPTIONS, weights=_weights(points), prior=prior, scale=scale,
+            log_n,
+            log_d,
+            log_loss,
+            starts=warm_starts(start, log_n, log_d),
+            top_starts=None,
+            options=BOOTSTRAP_LBFGS_OPTIONS,
+            weights=_weights(points),
+            prior=prior,
+            scale=scale,
         )
     return theta_to_params(out["theta"])
 
 
 # --------------------------------------------------------------------------- VPNLS
 def nnls_coefficients(
-    exponents: tuple[float, ...], columns_log: list[np.ndarray], loss: np.ndarray, weights: np.ndarray | None = None,
+    exponents: tuple[float, ...],
+    columns_log: list[np.ndarray],
+    loss: np.ndarray,
+    weights: np.ndarray | None = None,
     intercept: float | None = None,
 ) -> tuple[np.ndarray, float]:
     """For fixed exponents, the law is linear in its coefficients (all >= 0): solve by NNLS.
@@ -339,7 +365,9 @@ def vpnls_arrays(
             grid = [(al, be) for al in VPNLS_GRID for be in VPNLS_GRID]
             start = grid[int(np.argmin([rss(np.array(g)) for g in grid]))]
         res = minimize(
-            rss, np.array(start, float), method="Nelder-Mead",
+            rss,
+            np.array(start, float),
+            method="Nelder-Mead",
             options=NELDER_MEAD_OPTIONS,
         )
     alpha, beta = (float(v) for v in res.x)
@@ -352,37 +380,59 @@ def vpnls_arrays(
     }
 
 
-def vpnls_prior_arrays(log_n: np.ndarray, log_d: np.ndarray, loss: np.ndarray, prior: EPrior, scale: float,
-                       starts: list[tuple[float, float, float]], weights: np.ndarray | None = None) -> dict[str, Any]:
+def vpnls_prior_arrays(
+    log_n: np.ndarray,
+    log_d: np.ndarray,
+    loss: np.ndarray,
+    prior: EPrior,
+    scale: float,
+    starts: list[tuple[float, float, float]],
+    weights: np.ndarray | None = None,
+) -> dict[str, Any]:
     """The maximum a posteriori VPNLS fit under a Gaussian prior on E (delphi.fits.e_prior):
     (alpha, beta, E) searched by Nelder-Mead from each start, (A, B) >= 0 by NNLS on loss - E,
     objective RSS + scale x ((E - mean) / sd)^2; the best start kept."""
     cols, upper = [log_n, log_d], float(loss.min())
 
     def objective(x: np.ndarray) -> float:
-        if not (EXPONENT_BOUNDS[0] <= x[0] <= EXPONENT_BOUNDS[1] and EXPONENT_BOUNDS[0] <= x[1] <= EXPONENT_BOUNDS[1]
-                and 0.0 <= x[2] < upper):
+        if not (
+            EXPONENT_BOUNDS[0] <= x[0] <= EXPONENT_BOUNDS[1]
+            and EXPONENT_BOUNDS[0] <= x[1] <= EXPONENT_BOUNDS[1]
+            and 0.0 <= x[2] < upper
+        ):
             return np.inf
         return nnls_coefficients(tuple(x[:2]), cols, loss, weights, intercept=float(x[2]))[1] + scale * prior.z2(x[2])
 
     with _BlasThreads(1):
-        best = min((minimize(objective, np.array(x0, float), method="Nelder-Mead", options=NELDER_MEAD_OPTIONS)
-                    for x0 in starts), key=lambda r: r.fun)
+        best = min(
+            (
+                minimize(objective, np.array(x0, float), method="Nelder-Mead", options=NELDER_MEAD_OPTIONS)
+                for x0 in starts
+            ),
+            key=lambda r: r.fun,
+        )
     alpha, beta, e = (float(v) for v in best.x)
     (E, A, B), value = nnls_coefficients((alpha, beta), cols, loss, weights, intercept=e)
-    return {"params": {"E": float(E), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta}, "rss": value,
-            "objective": float(best.fun), "converged": bool(best.success), "n_evaluations": int(best.nfev)}
+    return {
+        "params": {"E": float(E), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta},
+        "rss": value,
+        "objective": float(best.fun),
+        "converged": bool(best.success),
+        "n_evaluations": int(best.nfev),
+    }
 
 
-def _vpnls_refit(table: pd.DataFrame, start: tuple[float, ...], prior: EPrior | None = None,
-                 scale: float | None = None) -> dict[str, float]:
+def _vpnls_refit(
+    table: pd.DataFrame, start: tuple[float, ...], prior: EPrior | None = None, scale: float | None = None
+) -> dict[str, float]:
     points, _ = cell_points(with_anchors(table))
     log_n, log_d, _ = _log_arrays(points)
     loss = points["loss"].to_numpy(float)
     if prior is not None and not prior.pinned:
         return vpnls_prior_arrays(log_n, log_d, loss, prior, scale, [tuple(start)], _weights(points))["params"]
-    return vpnls_arrays(log_n, log_d, loss, start=tuple(start[:2]), weights=_weights(points),
-                        E=None if prior is None else prior.mean)["params"]
+    return vpnls_arrays(
+        log_n, log_d, loss, start=tuple(start[:2]), weights=_weights(points), E=None if prior is None else prior.mean
+    )["params"]
 
 
 def _weights(points: pd.DataFrame) -> np.ndarray | None:
@@ -405,7 +455,11 @@ def _log_arrays(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def residual_diagnostics(table: pd.DataFrame, p: dict[str, float]) -> dict[str, float]:
-    pred = p["E"] + p["A"] * table["params"].to_numpy(float) ** -p["alpha"] + p["B"] * table["tokens"].to_numpy(float) ** -p["beta"]
+    pred = (
+        p["E"]
+        + p["A"] * table["params"].to_numpy(float) ** -p["alpha"]
+        + p["B"] * table["tokens"].to_numpy(float) ** -p["beta"]
+    )
     loss = table["loss"].to_numpy(float)
     log_r = np.log(pred) - np.log(loss)
     rel = pred / loss - 1
@@ -452,8 +506,10 @@ def _check_prior(prior: EPrior | None, points: pd.DataFrame, method: str) -> Non
         return
     check_below_loss(prior, float(points["loss"].min()), method)
     if method == "approach3" and prior.pinned and prior.mean <= 0:
-        raise DelphiError("approach3: E pinned at 0; Approach 3 fits log E, so a pinned E must be > 0 "
-                          "(fit vpnls for a law with no asymptote)")
+        raise DelphiError(
+            "approach3: E pinned at 0; Approach 3 fits log E, so a pinned E must be > 0 "
+            "(fit vpnls for a law with no asymptote)"
+        )
 
 
 def _at_bound(params: dict[str, float], points: pd.DataFrame, prior: EPrior | None, exponents: bool) -> list[str]:
@@ -461,7 +517,9 @@ def _at_bound(params: dict[str, float], points: pd.DataFrame, prior: EPrior | No
     a pinned E is the lab's value, not a bound the fit ran into."""
     held = {"E"} if prior is not None and prior.pinned else set()
     out = [k for k in ("alpha", "beta") if exponents and min(abs(params[k] - b) for b in EXPONENT_BOUNDS) < 1e-6]
-    return out + [k for k in ("E", "A", "B") if k not in held and params[k] < E_AT_ZERO_REL * float(points["loss"].min())]
+    return out + [
+        k for k in ("E", "A", "B") if k not in held and params[k] < E_AT_ZERO_REL * float(points["loss"].min())
+    ]
 
 
 def fit_approach3(
@@ -479,14 +537,23 @@ def fit_approach3(
     `E_prior` (delphi.fits.e_prior.EPrior): E pinned (method "approach3-E-pinned") or a Gaussian
     prior on it ("approach3-E-prior"); recorded with the law refitted with E free and at E = mean -+ sd."""
     if bootstrap_starts not in BOOTSTRAP_START_MODES:
-        raise DelphiError(f"fit_approach3: bootstrap_starts = {quoted(bootstrap_starts)}, expected one of {BOOTSTRAP_START_MODES}")
+        raise DelphiError(
+            f"fit_approach3: bootstrap_starts = {quoted(bootstrap_starts)}, expected one of {BOOTSTRAP_START_MODES}"
+        )
     points, seeds = cell_points(with_anchors(table))
     check_points(points, 6, "approach3")
     _check_prior(E_prior, points, "approach3")
     log_n, log_d, log_loss = _log_arrays(points)
     weights = _weights(points)
-    fit_at = lambda prior, scale=None: approach3_arrays(log_n, log_d, log_loss, top_starts=top_starts,  # noqa: E731
-                                                        weights=weights, prior=prior, scale=scale)
+    fit_at = lambda prior, scale=None: approach3_arrays(
+        log_n,
+        log_d,
+        log_loss,
+        top_starts=top_starts,  # noqa: E731
+        weights=weights,
+        prior=prior,
+        scale=scale,
+    )
     free = fit_at(None)
     scale = None
     if E_prior is not None and not E_prior.pinned:
@@ -514,15 +581,23 @@ def fit_approach3(
                 refits[name] = theta_to_params(fit_at(EPrior(e))["theta"])
         extra["E_prior"] = record(E_prior, scale, refits)
     fit = FitResult(
-        kind="parametric", method="approach3" + _prior_suffix(E_prior), params=params, diagnostics=diagnostics, extra=extra,
-        input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed,
-        status=fit_status(out["converged"], at_bound), **table_context(table),
+        kind="parametric",
+        method="approach3" + _prior_suffix(E_prior),
+        params=params,
+        diagnostics=diagnostics,
+        extra=extra,
+        input_sha256=table.attrs.get("sha256"),
+        n_points=len(points),
+        seed=seed,
+        status=fit_status(out["converged"], at_bound),
+        **table_context(table),
     )
     refit = partial(_approach3_refit, start=out["theta"], starts=bootstrap_starts, prior=E_prior, scale=scale)
     fit = _with_bootstrap(fit, refit, table, n_bootstrap, seed, workers)
     if n_bootstrap:
         fit.diagnostics["bootstrap_starts"] = (
-            f"warm: full-data optimum + {len(PERTURBED_STARTS)} perturbed" if bootstrap_starts == "warm"
+            f"warm: full-data optimum + {len(PERTURBED_STARTS)} perturbed"
+            if bootstrap_starts == "warm"
             else f"grid: Epoch grid, best {top_starts}"
         )
     return fit
@@ -557,8 +632,10 @@ def fit_vpnls(
     elif E_prior is not None:
         scale = noise_scale(free["rss"], len(points), len(PARAM_NAMES), "vpnls --E-prior")
         at_mean = vpnls_arrays(log_n, log_d, loss, weights=weights, E=E_prior.mean)["params"]
-        starts = [(at_mean["alpha"], at_mean["beta"], E_prior.mean),
-                  (free["params"]["alpha"], free["params"]["beta"], free["params"]["E"])]
+        starts = [
+            (at_mean["alpha"], at_mean["beta"], E_prior.mean),
+            (free["params"]["alpha"], free["params"]["beta"], free["params"]["E"]),
+        ]
         out = vpnls_prior_arrays(log_n, log_d, loss, E_prior, scale, starts, weights)
     params = out["params"]
     at_bound = _at_bound(params, points, E_prior, exponents=True)
@@ -578,9 +655,16 @@ def fit_vpnls(
             refits[name] = vpnls_arrays(log_n, log_d, loss, weights=weights, E=e)["params"]
         extra["E_prior"] = record(E_prior, scale, refits)
     fit = FitResult(
-        kind="parametric", method="vpnls" + _prior_suffix(E_prior), params=params, diagnostics=diagnostics, extra=extra,
-        input_sha256=table.attrs.get("sha256"), n_points=len(points), seed=seed,
-        status=fit_status(out["converged"], at_bound), **table_context(table),
+        kind="parametric",
+        method="vpnls" + _prior_suffix(E_prior),
+        params=params,
+        diagnostics=diagnostics,
+        extra=extra,
+        input_sha256=table.attrs.get("sha256"),
+        n_points=len(points),
+        seed=seed,
+        status=fit_status(out["converged"], at_bound),
+        **table_context(table),
     )
     start = (params["alpha"], params["beta"], params["E"])
     refit = partial(_vpnls_refit, start=start, prior=E_prior, scale=scale)

@@ -11,8 +11,9 @@ sha256 the fit recorded; otherwise the output says why they were not compared.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from delphi.errors import DelphiError
 
@@ -23,9 +24,15 @@ CROSS_CHECK_METHODS = ("isoflop", "vpnls")
 # `delphi fit` method (or kind) -> the FITTERS name that refits it. A law fitted under a lab's E prior
 # is the same law ("vpnls-E-prior" refits as vpnls, with the prior: delphi.prereg.create.refit_options);
 # the weighted frontier through the vertices is the asymptotic law.
-REFIT_NAMES = {"vpnls": "vpnls", "approach3": "parametric", "approach2": "isoflop", "approach1": "envelope",
-               "frontier-free-weighted": "asymptotic", "frontier-fixed-weighted": "asymptotic",
-               "frontier-prior-weighted": "asymptotic"}
+REFIT_NAMES = {
+    "vpnls": "vpnls",
+    "approach3": "parametric",
+    "approach2": "isoflop",
+    "approach1": "envelope",
+    "frontier-free-weighted": "asymptotic",
+    "frontier-fixed-weighted": "asymptotic",
+    "frontier-prior-weighted": "asymptotic",
+}
 
 
 def law_name(fit: Any) -> str:
@@ -47,10 +54,16 @@ def bound_warning(fit: Any) -> str | None:
         return f"the {fit.kind} fit ({fit.method}) did not converge: its estimate is not an optimum"
     if not at_bound:
         return None
-    what = [f"E = {fit.params['E']:.4g} (at its bound 0: the data show no level-off; pin E or give it a prior, --E/--E-prior)"
-            if name == "E" else f"{name} = {fit.params.get(name, float('nan')):.4g}" for name in at_bound]
-    return (f"the {fit.kind} fit ({fit.method}) has {', '.join(what)} on a bound of its search: the forecast extrapolates "
-            "an edge of the search, not an interior optimum")
+    what = [
+        f"E = {fit.params['E']:.4g} (at its bound 0: the data show no level-off; pin E or give it a prior, --E/--E-prior)"
+        if name == "E"
+        else f"{name} = {fit.params.get(name, float('nan')):.4g}"
+        for name in at_bound
+    ]
+    return (
+        f"the {fit.kind} fit ({fit.method}) has {', '.join(what)} on a bound of its search: the forecast extrapolates "
+        "an edge of the search, not an interior optimum"
+    )
 
 
 def point_choice(fit: Any, calibrated: dict[str, Any] | None, calibration: dict[str, Any] | None) -> dict[str, Any]:
@@ -64,11 +77,15 @@ def point_choice(fit: Any, calibrated: dict[str, Any] | None, calibration: dict[
     record = (fit.diagnostics or {}).get("table")
     features = record_features(record) if record else None
     likeness = source_likeness(features, calibration) if features and calibration is not None else {}
-    choice = bp.decide_point(bp.PointEvidence(
-        delphi_ladder=None if record is None else bool(record.get("ladder_records")),
-        calibration_status=None if calibrated is None else calibrated["status"],
-        calibration_reason="" if calibrated is None else str(calibrated.get("reason") or ""),
-        source_distance=likeness.get("distance"), source_reach=likeness.get("reach")))
+    choice = bp.decide_point(
+        bp.PointEvidence(
+            delphi_ladder=None if record is None else bool(record.get("ladder_records")),
+            calibration_status=None if calibrated is None else calibrated["status"],
+            calibration_reason="" if calibrated is None else str(calibrated.get("reason") or ""),
+            source_distance=likeness.get("distance"),
+            source_reach=likeness.get("reach"),
+        )
+    )
     out = choice.to_json()
     if choice.decides == bp.CALIBRATED:
         out |= {"loss": calibrated["loss"], "loss_90": calibrated["loss_90"]}
@@ -97,15 +114,27 @@ def fit_table(fit: Any, fit_path: Path, results: Path | None = None, options: An
     dropped = diag.get("dropped") or {}
     columns = {f"{name}_col": col for name, col in (record.get("columns") or {}).items()}
     try:
-        table = load_results(source, query=diag.get("query"), params_convention=convention, family=fit.family,
-                             drop_invalid="non_positive" in dropped, drop_duplicates="duplicates" in dropped, **columns)
+        table = load_results(
+            source,
+            query=diag.get("query"),
+            params_convention=convention,
+            family=fit.family,
+            drop_invalid="non_positive" in dropped,
+            drop_duplicates="duplicates" in dropped,
+            **columns,
+        )
     except DelphiError as e:
         return None, f"the fit's table {source} could not be read again ({e})"
     return table, None
 
 
-def law_comparison(fit: Any, table: Any, predict: Callable[[Any], float], tolerance_rel: float,
-                   calibrate: Callable[[Any, float], float] | None = None) -> dict[str, Any]:
+def law_comparison(
+    fit: Any,
+    table: Any,
+    predict: Callable[[Any], float],
+    tolerance_rel: float,
+    calibrate: Callable[[Any, float], float] | None = None,
+) -> dict[str, Any]:
     """The seal's cross-check laws (delphi.prereg.create.CROSS_CHECK_METHODS, the primary's own skipped),
     each refitted on `table` (no bootstrap) and asked the same question (`predict(law) -> loss`),
     against the primary's answer. `calibrate(law, loss)`: each law's point where the calibrated
@@ -132,13 +161,20 @@ def law_comparison(fit: Any, table: Any, predict: Callable[[Any], float], tolera
             if calibrate:
                 laws[name] |= {"law_loss": law_loss, "law_rel": law_loss / own - 1}
     far = {n: r for n, r in laws.items() if "rel" in r and abs(r["rel"]) > tolerance_rel}
-    shown = ", ".join(f"{n} {r['loss']:.4f} ({r['rel']:+.2%})" if "rel" in r else f"{n}: not fitted ({r['error']})"
-                      for n, r in laws.items())
+    shown = ", ".join(
+        f"{n} {r['loss']:.4f} ({r['rel']:+.2%})" if "rel" in r else f"{n}: not fitted ({r['error']})"
+        for n, r in laws.items()
+    )
     if calibrate and laws:
-        shown += "; the laws' own points: " + ", ".join(f"{n} {r['law_loss']:.4f} ({r['law_rel']:+.2%} from {own:.4f})"
-                                                        for n, r in laws.items() if "law_loss" in r)
-    text = (f"the laws DISAGREE beyond the {tolerance_rel:.2%} tolerance: {law_name(fit)} {primary:.4f}, {shown}: the table "
-            "cannot tell which extrapolation holds (gate method_agreement would refuse a seal)" if far else
-            f"the laws agree within the {tolerance_rel:.2%} tolerance: {law_name(fit)} {primary:.4f}, {shown}" if laws else
-            "no other law to compare")
+        shown += "; the laws' own points: " + ", ".join(
+            f"{n} {r['law_loss']:.4f} ({r['law_rel']:+.2%} from {own:.4f})" for n, r in laws.items() if "law_loss" in r
+        )
+    text = (
+        f"the laws DISAGREE beyond the {tolerance_rel:.2%} tolerance: {law_name(fit)} {primary:.4f}, {shown}: the table "
+        "cannot tell which extrapolation holds (gate method_agreement would refuse a seal)"
+        if far
+        else f"the laws agree within the {tolerance_rel:.2%} tolerance: {law_name(fit)} {primary:.4f}, {shown}"
+        if laws
+        else "no other law to compare"
+    )
     return {"primary": primary, "laws": laws, "tolerance_rel": tolerance_rel, "disagree": bool(far), "text": text}

@@ -17,22 +17,23 @@ Where the probes' errors come from (`delphi.prereg.predict.score_probes`), and t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from delphi.errors import DelphiError, quoted
-from delphi.fits.intervals import Z_50 as Z50, Z_90, Z_90 as Z90, predictive_interval
-
+from delphi.fits.intervals import Z_50 as Z50
+from delphi.fits.intervals import Z_90, predictive_interval
+from delphi.fits.intervals import Z_90 as Z90
 
 # How a law's error at the probes is carried beyond them (`ProbeTrend.carry`), and how the text says it.
 # "linear": least squares linear in log C through every probe (the sixth edition's sealed rule);
 # "local_slope": the line through the two furthest probes. On the public isoFLOP sweeps, within one
 # probe span, the local slope carried the isoFLOP law's error to 0.42% mean |error| against the
 # line's 0.50%, and with less optimistic bias (paper/editions/v6/alternative_rules_public.csv).
-PROBE_CARRIES = {"linear": "fitted linear in log10 C",
-                 "local_slope": "along the line through the two furthest probes"}
+PROBE_CARRIES = {"linear": "fitted linear in log10 C", "local_slope": "along the line through the two furthest probes"}
 
 # Whose seed spread stands for one run's seed noise at the hero and the probes (`run_noise_nats`).
 # The ladder's within-cell seed sd falls with compute (paper/editions/v6: 0.027 nats at 1e12, 0.010 at
@@ -99,13 +100,16 @@ class ProbeTrend:
         """The sd of the carried error when each probe's error has sd `noise_rel` (one run's noise)."""
         return float(noise_rel * np.linalg.norm(self.weights(compute)))
 
-    def correct(self, loss: float, interval: Sequence[float] | None, compute: float, noise_rel: float,
-                z: float = Z_90) -> tuple[float, tuple[float, float] | None]:
+    def correct(
+        self, loss: float, interval: Sequence[float] | None, compute: float, noise_rel: float, z: float = Z_90
+    ) -> tuple[float, tuple[float, float] | None]:
         """(loss x (1 + the carried error), `interval` moved with it and widened in quadrature by
         z x the carried error's sd): a law's prediction at `compute`, corrected."""
         factor = 1 + self.at(compute)
         moved = None if interval is None else [float(v) * factor for v in interval]
-        return loss * factor, predictive_interval(loss * factor, moved, self.sd_at(compute, noise_rel) * loss * factor, z)
+        return loss * factor, predictive_interval(
+            loss * factor, moved, self.sd_at(compute, noise_rel) * loss * factor, z
+        )
 
     def reach(self, compute: float) -> tuple[float, float]:
         """(how far `compute` lies beyond the furthest probe, the span of the probes the carry rests
@@ -115,7 +119,7 @@ class ProbeTrend:
 
     def residuals(self) -> dict[str, float]:
         """Each probe's error minus the trend's at its compute (zero for the local slope's two)."""
-        return {n: e - self.at(self.top_budget * 10 ** x) for n, x, e in zip(self.names, self.x, self.errors)}
+        return {n: e - self.at(self.top_budget * 10**x) for n, x, e in zip(self.names, self.x, self.errors)}
 
     def untested(self, tolerance: float, compute: float | None = None) -> list[str]:
         """Why a correction carried to `compute` is not backed by the probes (empty: it is): it needs
@@ -126,24 +130,36 @@ class ProbeTrend:
         probes off its line are its premise, not a failure; the leave-last-out test checks it."""
         tested = self.leave_last_out()
         if tested is None:
-            return ["a correction by the probes needs >= 3 finished probes at distinct computes (two to fit "
-                    "the trend, one to test it)"]
-        problems = [f"{tested[0]} {tested[1]:+.2%} from the trend fitted without it"] if abs(tested[1]) > tolerance else []
+            return [
+                "a correction by the probes needs >= 3 finished probes at distinct computes (two to fit "
+                "the trend, one to test it)"
+            ]
+        problems = (
+            [f"{tested[0]} {tested[1]:+.2%} from the trend fitted without it"] if abs(tested[1]) > tolerance else []
+        )
         residuals = self.residuals()
-        problems += [f"{self.names[i]} {residuals[self.names[i]]:+.2%} from the trend" for i in self.used()
-                     if abs(residuals[self.names[i]]) > tolerance]
+        problems += [
+            f"{self.names[i]} {residuals[self.names[i]]:+.2%} from the trend"
+            for i in self.used()
+            if abs(residuals[self.names[i]]) > tolerance
+        ]
         if compute is not None:
             beyond, span = self.reach(compute)
             if beyond > span * (1 + 1e-9):  # one span out is allowed, whatever the rounding of its logs
-                problems.append(f"{10 ** beyond:.3g}x beyond the furthest probe, more than the probes' span ({10 ** span:.3g}x)")
+                problems.append(
+                    f"{10**beyond:.3g}x beyond the furthest probe, more than the probes' span ({10**span:.3g}x)"
+                )
         return problems
 
     def leave_last_out(self) -> tuple[str, float] | None:
         """(the furthest probe, the error of its corrected prediction when the trend is fitted on the
         other probes, by the same carry); None with fewer than two others at distinct computes."""
         last = int(np.argmax(self.x))
-        rest = {n: {"compute": self.top_budget * 10 ** x, "rel_error": e}
-                for i, (n, x, e) in enumerate(zip(self.names, self.x, self.errors)) if i != last}
+        rest = {
+            n: {"compute": self.top_budget * 10**x, "rel_error": e}
+            for i, (n, x, e) in enumerate(zip(self.names, self.x, self.errors))
+            if i != last
+        }
         trend = probe_trend(rest, self.top_budget, self.carry)
         if trend is None:
             return None
@@ -155,12 +171,16 @@ def probe_trend(probes: dict[str, dict], top_budget: float, carry: str = "linear
     two at distinct computes."""
     if carry not in PROBE_CARRIES:
         raise DelphiError(f"probe carry: {quoted(carry)}, expected one of {list(PROBE_CARRIES)}")
-    points = sorted((math.log10(float(r["compute"]) / top_budget), float(r["rel_error"]), name)
-                    for name, r in probes.items() if not r.get("error") and r.get("compute"))
+    points = sorted(
+        (math.log10(float(r["compute"]) / top_budget), float(r["rel_error"]), name)
+        for name, r in probes.items()
+        if not r.get("error") and r.get("compute")
+    )
     if len({x for x, _, _ in points}) < 2:
         return None
-    return ProbeTrend(float(top_budget), tuple(p[2] for p in points), tuple(p[0] for p in points),
-                      tuple(p[1] for p in points), carry)
+    return ProbeTrend(
+        float(top_budget), tuple(p[2] for p in points), tuple(p[0] for p in points), tuple(p[1] for p in points), carry
+    )
 
 
 # --------------------------------------------------------------------------- the correction of a prediction
@@ -183,17 +203,27 @@ def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float)
         interval = trend.correct(float(final["loss"]), final.get(key), hero_compute, noise_rel, z)[1]
         out[key] = None if interval is None else list(interval)
     out["uncorrected"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
-    rule = ("least squares linear in log10(C / top budget)" if trend.carry == "linear" else
-            f"{PROBE_CARRIES[trend.carry]} in log10(C / top budget)")
+    rule = (
+        "least squares linear in log10(C / top budget)"
+        if trend.carry == "linear"
+        else f"{PROBE_CARRIES[trend.carry]} in log10(C / top budget)"
+    )
     out["probe_correction"] = {
         "rule": f"primary law x (1 + its relative error at the probes, {rule}, carried to the hero's exact FLOPs)",
         "carry": trend.carry,
-        "carried_rel": carried, "carried_sd_rel": sd, "noise_rel": noise_rel, "slope_per_decade": trend.slope,
-        "intercept": trend.intercept, "top_budget": trend.top_budget,
-        "probes": {n: {"log10_multiple": x, "rel_error": e} for n, x, e in zip(trend.names, trend.x, trend.errors)}}
+        "carried_rel": carried,
+        "carried_sd_rel": sd,
+        "noise_rel": noise_rel,
+        "slope_per_decade": trend.slope,
+        "intercept": trend.intercept,
+        "top_budget": trend.top_budget,
+        "probes": {n: {"log10_multiple": x, "rel_error": e} for n, x, e in zip(trend.names, trend.x, trend.errors)},
+    }
     out["source"] = f"{final['source']}; x (1 {carried:+.2%}), the probes' error trend carried to the hero"
-    out["interval"] = (f"{final.get('interval') or 'the fit interval'}; moved by the correction and widened in quadrature "
-                       f"by z x {sd:.2%} of the loss: the carried error's sd for probes of {noise_rel:.2%} noise each")
+    out["interval"] = (
+        f"{final.get('interval') or 'the fit interval'}; moved by the correction and widened in quadrature "
+        f"by z x {sd:.2%} of the loss: the carried error's sd for probes of {noise_rel:.2%} noise each"
+    )
     return out
 
 
@@ -203,21 +233,41 @@ def correction_text(final: dict, actual: float | None, *, primary_law: str) -> d
     have scored."""
     correction = final.get("probe_correction")
     if correction is None:
-        return {"prediction_rule": f"made the law they confirmed, {primary_law}, the primary one",
-                "correction_sentence": f"The sealed number is {primary_law}'s own prediction.", "law_alone_clause": ""}
+        return {
+            "prediction_rule": f"made the law they confirmed, {primary_law}, the primary one",
+            "correction_sentence": f"The sealed number is {primary_law}'s own prediction.",
+            "law_alone_clause": "",
+        }
     law, sealed = float(final["uncorrected"]["loss"]), float(final["loss"])
-    errors = ", ".join(f"{p['rel_error']:+.2%} at {10 ** p['log10_multiple']:.0f}x"
-                       for p in sorted(correction["probes"].values(), key=lambda p: p["log10_multiple"]))
-    outcome = "" if actual is None else (f" Against the law alone the hero's error would have been {float(actual) / law - 1:+.2%}; "
-                                         f"against the sealed number it is {float(actual) / sealed - 1:+.2%}.")
+    errors = ", ".join(
+        f"{p['rel_error']:+.2%} at {10 ** p['log10_multiple']:.0f}x"
+        for p in sorted(correction["probes"].values(), key=lambda p: p["log10_multiple"])
+    )
+    outcome = (
+        ""
+        if actual is None
+        else (
+            f" Against the law alone the hero's error would have been {float(actual) / law - 1:+.2%}; "
+            f"against the sealed number it is {float(actual) / sealed - 1:+.2%}."
+        )
+    )
     # The abstract states what the ladder's law alone scored (issue 29: the seventh edition's +15.76%).
-    law_alone = "" if actual is None else (f" Without the probes' correction, the ladder's law alone ({law:.4f}) would have "
-                                           f"missed the hero by {float(actual) / law - 1:+.2%}.")
-    return {"prediction_rule": f"corrected the primary law, {primary_law}, by its error trend at them",
-            "law_alone_clause": law_alone,
-            "correction_sentence": (
-                f"The sealed number is not the law's own: the law predicted {law:.4f} at the hero. Its relative error at the "
-                f"probes ({errors}), {PROBE_CARRIES[correction.get('carry', 'linear')]} ({correction['slope_per_decade']:+.1%} per decade), carried to "
-                f"the hero gives {correction['carried_rel']:+.2%} with an sd of {correction['carried_sd_rel']:.2%} (each probe "
-                f"one run of {correction['noise_rel']:.2%} noise), so the preregistration sealed {sealed:.4f} = {law:.4f} x "
-                f"(1 {correction['carried_rel']:+.2%}), its interval widened by that sd in quadrature.{outcome}")}
+    law_alone = (
+        ""
+        if actual is None
+        else (
+            f" Without the probes' correction, the ladder's law alone ({law:.4f}) would have "
+            f"missed the hero by {float(actual) / law - 1:+.2%}."
+        )
+    )
+    return {
+        "prediction_rule": f"corrected the primary law, {primary_law}, by its error trend at them",
+        "law_alone_clause": law_alone,
+        "correction_sentence": (
+            f"The sealed number is not the law's own: the law predicted {law:.4f} at the hero. Its relative error at the "
+            f"probes ({errors}), {PROBE_CARRIES[correction.get('carry', 'linear')]} ({correction['slope_per_decade']:+.1%} per decade), carried to "
+            f"the hero gives {correction['carried_rel']:+.2%} with an sd of {correction['carried_sd_rel']:.2%} (each probe "
+            f"one run of {correction['noise_rel']:.2%} noise), so the preregistration sealed {sealed:.4f} = {law:.4f} x "
+            f"(1 {correction['carried_rel']:+.2%}), its interval widened by that sd in quadrature.{outcome}"
+        ),
+    }

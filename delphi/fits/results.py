@@ -14,10 +14,11 @@ import enum
 import math
 import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,7 +26,14 @@ import delphi
 from delphi.errors import DelphiError, quoted
 from delphi.fits.allocation import FlopsFamily
 from delphi.fits.laws import (
-    DEFAULT_TERM, ND_KINDS, SURFACES, LawKind, Surface, derived_quantities, off_optimum_penalty, surface_class,
+    DEFAULT_TERM,
+    ND_KINDS,
+    SURFACES,
+    LawKind,
+    Surface,
+    derived_quantities,
+    off_optimum_penalty,
+    surface_class,
 )
 
 ALLOCATION_FITTED = "fitted in C"  # the `allocation` of a law in C: N*(C), D*(C) fitted, not allocated
@@ -170,7 +178,8 @@ class FitResult:
                 draws = self._allocated_draws(law, compute, family, terms)
             else:
                 draws = [
-                    law.from_params(p, self.term).predict_point(family=family, **query) for p in _sample_dicts(self.samples)
+                    law.from_params(p, self.term).predict_point(family=family, **query)
+                    for p in _sample_dicts(self.samples)
                 ]
             for key, value in point.items():
                 if value is None:
@@ -187,7 +196,9 @@ class FitResult:
                     out[f"tokens_per_param_interval_{int(level * 100)}"] = _percentile_interval(ratio, level)
         return out
 
-    def _allocated_draws(self, law: type[Surface], compute: Any, family: FlopsFamily, terms: dict[str, Any]) -> list[dict[str, Any]]:
+    def _allocated_draws(
+        self, law: type[Surface], compute: Any, family: FlopsFamily, terms: dict[str, Any]
+    ) -> list[dict[str, Any]]:
         """Every bootstrap draw's exact-FLOP optimum in one vectorised allocation."""
         draws = {k: np.asarray(v, float) for k, v in self.samples.items()}
         opt = law.optimum_draws(draws, compute, family, self.term, **terms)
@@ -218,8 +229,10 @@ class FitResult:
                 out[key] = [shift(v) for v in out[key]]
             out["off_optimum_penalty"] = _plain(penalty)
             if np.ndim(penalty) == 0:
-                out["how"] += (f", plus the isoFLOP curvature's penalty {float(penalty):.4f} nats for N = "
-                               f"{float(params) / float(out['params']):.2f} x N*")
+                out["how"] += (
+                    f", plus the isoFLOP curvature's penalty {float(penalty):.4f} nats for N = "
+                    f"{float(params) / float(out['params']):.2f} x N*"
+                )
             else:
                 out["how"] += ", plus the isoFLOP curvature's penalty for each run's N / N*"
         return out
@@ -228,7 +241,9 @@ class FitResult:
         lines = [f"{self.kind} fit ({self.method}), {self.n_points} points"]
         if self.status == FitStatus.AT_BOUND:
             names = ", ".join(self.diagnostics.get("at_bound", [])) or "?"
-            lines.append(f"  WARNING: parameter(s) on a bound of the search: {names}; the estimate is not an interior optimum")
+            lines.append(
+                f"  WARNING: parameter(s) on a bound of the search: {names}; the estimate is not an interior optimum"
+            )
         elif self.status == FitStatus.NOT_CONVERGED:
             lines.append("  WARNING: the optimiser did not report convergence; treat the estimate with care")
         if self.law_in_nd:
@@ -267,14 +282,26 @@ class FitResult:
                 "n_points": self.n_points,
                 "seed": self.seed,
                 "version": self.version,
-                "bootstrap": None if self.samples is None else {"n": len(next(iter(self.samples.values()))), "samples": self.samples},
+                "bootstrap": None
+                if self.samples is None
+                else {"n": len(next(iter(self.samples.values()))), "samples": self.samples},
                 "fitted_compute": None if self.fitted_compute is None else list(self.fitted_compute),
             }
         )
 
 
-EXTRA_KEYS = ("optima", "term", "E_profile", "sensitivity", "frontier_points", "skipped_budgets", "ols_intervals", "e_mode",
-              "curvature_law", "E_prior")
+EXTRA_KEYS = (
+    "optima",
+    "term",
+    "E_profile",
+    "sensitivity",
+    "frontier_points",
+    "skipped_budgets",
+    "ols_intervals",
+    "e_mode",
+    "curvature_law",
+    "E_prior",
+)
 
 
 # What each law's parameters may be, as its fitters bound them: coefficients and the asymptote are
@@ -286,12 +313,22 @@ EXTRA_KEYS = ("optima", "term", "E_profile", "sensitivity", "frontier_points", "
 NONNEGATIVE, POSITIVE = ">= 0", "> 0"
 PARAM_SIGNS: dict[str, dict[str, str]] = {
     LawKind.PARAMETRIC: {"E": NONNEGATIVE, "A": NONNEGATIVE, "B": NONNEGATIVE, "alpha": POSITIVE, "beta": POSITIVE},
-    LawKind.MOE: {"E": NONNEGATIVE, "G": NONNEGATIVE, "A": NONNEGATIVE, "B": NONNEGATIVE,
-                  "alpha": POSITIVE, "beta": POSITIVE, "gamma": POSITIVE},
+    LawKind.MOE: {
+        "E": NONNEGATIVE,
+        "G": NONNEGATIVE,
+        "A": NONNEGATIVE,
+        "B": NONNEGATIVE,
+        "alpha": POSITIVE,
+        "beta": POSITIVE,
+        "gamma": POSITIVE,
+    },
     LawKind.FRONTIER: {"E": NONNEGATIVE, "A": NONNEGATIVE, "gamma": POSITIVE},
 }
 # N* ~ C^a and D* ~ C^b: a model and its data grow with compute (every committed fit has 0.3-0.7).
-ISOFLOP_SIZING_SIGNS = {LawKind.ISOFLOP: {"a": POSITIVE, "b": POSITIVE}, LawKind.ENVELOPE: {"a": POSITIVE, "b": POSITIVE}}
+ISOFLOP_SIZING_SIGNS = {
+    LawKind.ISOFLOP: {"a": POSITIVE, "b": POSITIVE},
+    LawKind.ENVELOPE: {"a": POSITIVE, "b": POSITIVE},
+}
 
 
 def check_sizing_exponents(fit: "FitResult", where: str) -> None:
@@ -301,8 +338,10 @@ def check_sizing_exponents(fit: "FitResult", where: str) -> None:
     for name, sign in ISOFLOP_SIZING_SIGNS.get(fit.kind, {}).items():
         value = fit.params.get(name)
         if isinstance(value, (int, float)) and not value > 0:
-            raise DelphiError(f"{where}: params.{name} = {quoted(value)}, expected {sign} for a {fit.kind} fit "
-                              "(N* and D* must grow with compute; refit on budgets with interior optima)")
+            raise DelphiError(
+                f"{where}: params.{name} = {quoted(value)}, expected {sign} for a {fit.kind} fit "
+                "(N* and D* must grow with compute; refit on budgets with interior optima)"
+            )
 
 
 def _real(value: Any, key: str, where: str, *, missing_ok: bool = False) -> float:
@@ -332,7 +371,9 @@ def _fit_params(data: dict[str, Any], kind: Any, where: str) -> dict[str, float]
     if surface is not None:
         missing = [name for name in surface.param_names if name not in params]
         if missing:
-            raise DelphiError(f"{where}: params.{missing[0]} is missing; a {kind} fit has {', '.join(surface.param_names)}")
+            raise DelphiError(
+                f"{where}: params.{missing[0]} is missing; a {kind} fit has {', '.join(surface.param_names)}"
+            )
     for name, sign in PARAM_SIGNS.get(kind, {}).items():
         value = params[name]
         if not (value >= 0 if sign == NONNEGATIVE else value > 0):
@@ -356,8 +397,10 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
         intervals[str(name)] = tuple(_real(v, f"intervals.{name}", where, missing_ok=True) for v in pair)
     boot = data.get("bootstrap")
     if boot and not (isinstance(boot, dict) and isinstance(boot.get("samples"), dict)):
-        raise DelphiError(f"{where}: 'bootstrap' is not a fit's bootstrap (expected {{n, samples}}); "
-                          f"a {quoted(data.get('kind'))} file is not a fit written by `delphi fit`")
+        raise DelphiError(
+            f"{where}: 'bootstrap' is not a fit's bootstrap (expected {{n, samples}}); "
+            f"a {quoted(data.get('kind'))} file is not a fit written by `delphi fit`"
+        )
     samples = None
     if boot:
         samples = {}
@@ -388,8 +431,15 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
         raise DelphiError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
 
 
-def _fit_result(data: dict[str, Any], where: str, params: dict[str, float], intervals: dict, samples: dict | None,
-                n_points: int, seed: int | None) -> FitResult:
+def _fit_result(
+    data: dict[str, Any],
+    where: str,
+    params: dict[str, float],
+    intervals: dict,
+    samples: dict | None,
+    n_points: int,
+    seed: int | None,
+) -> FitResult:
     return FitResult(
         kind=data["kind"],
         method=data["method"],
@@ -402,7 +452,9 @@ def _fit_result(data: dict[str, Any], where: str, params: dict[str, float], inte
         seed=seed,
         version=data.get("version", "unknown"),
         samples=samples,
-        family=None if not data.get("flops_family") else FlopsFamily.from_json(data["flops_family"], f"{where}: flops_family"),
+        family=None
+        if not data.get("flops_family")
+        else FlopsFamily.from_json(data["flops_family"], f"{where}: flops_family"),
         status=data.get("status") or FitStatus.OK,
         model_family=data.get("family") if data.get("family") in MODEL_FAMILIES else None,
         fitted_compute=_fitted_compute(data),
@@ -416,7 +468,9 @@ def _fitted_compute(data: dict[str, Any]) -> tuple[float, float] | None:
     if recorded is None:
         points = data.get("optima") or data.get("frontier_points") or []
         recorded = [p.get("flops") for p in points if isinstance(p, dict)] if isinstance(points, list) else []
-        recorded = [min(recorded), max(recorded)] if recorded and all(isinstance(c, (int, float)) for c in recorded) else None
+        recorded = (
+            [min(recorded), max(recorded)] if recorded and all(isinstance(c, (int, float)) for c in recorded) else None
+        )
     try:
         low, high = (float(c) for c in recorded)
     except (TypeError, ValueError):
@@ -430,8 +484,11 @@ def table_context(table: Any) -> dict[str, Any]:
     column = "budget" if "budget" in table else "flops" if "flops" in table else None
     compute = np.asarray(table[column], float) if column is not None and len(table) else np.empty(0)
     compute = compute[np.isfinite(compute) & (compute > 0)]
-    return {"family": table.attrs.get("flops_family"), "model_family": table.attrs.get("model_family"),
-            "fitted_compute": (float(compute.min()), float(compute.max())) if compute.size else None}
+    return {
+        "family": table.attrs.get("flops_family"),
+        "model_family": table.attrs.get("model_family"),
+        "fitted_compute": (float(compute.min()), float(compute.max())) if compute.size else None,
+    }
 
 
 def load_fit(path: str | os.PathLike) -> FitResult:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from jaxtyping import Float
@@ -20,19 +21,20 @@ from delphi.fits.evals import eval_points, eval_steps
 from delphi.fits.intervals import Z_50, Z_90
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, read_metrics
 
-
 # The optimizer keys that fix an LR schedule's shape as a function of the fraction of training.
 SCHEDULE_SHAPE_KEYS = ("schedule", "warmup_frac", "decay_frac", "decay_shape", "min_lr_frac")
 
 
-def normalised_curve(run_dir: str | Path) -> tuple[Float[np.ndarray, "points"], Float[np.ndarray, "points"]]:
+def normalised_curve(run_dir: str | Path) -> tuple[Float[np.ndarray, " points"], Float[np.ndarray, " points"]]:
     """(fraction of the run's steps, eval loss / final val_loss) of a finished run. The final is the
     summary's val_loss (the final eval), so a curve evaluated on fewer tokens keeps its offset from it."""
     run_dir = Path(run_dir)
     try:
         final = float(json.loads((run_dir / "summary.json").read_text())["val_loss"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise DelphiError(f"{run_dir}: no final val_loss in summary.json; a finished run is needed for its curve's shape") from None
+        raise DelphiError(
+            f"{run_dir}: no final val_loss in summary.json; a finished run is needed for its curve's shape"
+        ) from None
     steps, _, loss = eval_points(read_metrics(run_dir))
     if steps.size < 2:
         raise DelphiError(f"{run_dir}: {steps.size} eval point(s) in {METRICS_FILE}; a curve's shape needs >= 2")
@@ -47,8 +49,10 @@ def same_schedule_shape(run_dir: str | Path, hero: Any) -> Any:
     cfg = load_train_config(Path(run_dir) / CONFIG_FILE)
     for key in SCHEDULE_SHAPE_KEYS:
         if getattr(cfg.optim, key) != getattr(hero.optim, key):
-            raise DelphiError(f"{run_dir}: optim.{key} is {quoted(getattr(cfg.optim, key))} but the hero's is "
-                              f"{quoted(getattr(hero.optim, key))}; a curve's shape transfers only between runs on one schedule")
+            raise DelphiError(
+                f"{run_dir}: optim.{key} is {quoted(getattr(cfg.optim, key))} but the hero's is "
+                f"{quoted(getattr(hero.optim, key))}; a curve's shape transfers only between runs on one schedule"
+            )
     return cfg
 
 
@@ -62,7 +66,13 @@ def project_finals(points: Sequence[dict], shape_run: str | Path, hero: Any) -> 
     out = []
     for p in points:
         f = int(p["step"]) / hero.steps
-        out.append({"step": int(p["step"]), "fraction": f, "projected_final": float(p["actual"]) / float(np.interp(f, fraction, ratio))})
+        out.append(
+            {
+                "step": int(p["step"]),
+                "fraction": f,
+                "projected_final": float(p["actual"]) / float(np.interp(f, fraction, ratio)),
+            }
+        )
     return out
 
 
@@ -88,7 +98,9 @@ def trajectory_from_shapes(shape_runs: Sequence[str | Path], hero: Any, final: d
     spread = 0.0  # one relative sd for the whole curve: two runs' difference point by point is too noisy
     if len(runs) > 1:
         before_end = fraction < 1
-        spread = float(np.sqrt(np.mean(((ratio - np.interp(fraction, runs[1][2], runs[1][3])) / ratio)[before_end] ** 2)))
+        spread = float(
+            np.sqrt(np.mean(((ratio - np.interp(fraction, runs[1][2], runs[1][3])) / ratio)[before_end] ** 2))
+        )
     loss = float(final["loss"])
     points = []
     for k, step in enumerate(steps):
@@ -99,8 +111,15 @@ def trajectory_from_shapes(shape_runs: Sequence[str | Path], hero: Any, final: d
             point[f"lo{level}"] = point["loss"] - math.hypot((loss - float(lo)) * ratio[k], extra)
             point[f"hi{level}"] = point["loss"] + math.hypot((float(hi) - loss) * ratio[k], extra)
         points.append(point)
-    return {"model": {"kind": "shape", "runs": [str(r[1]) for r in runs], "shape_run": str(runs[0][1]),
-                      "spread_run": str(runs[1][1]) if len(runs) > 1 else None, "spread_rel": spread,
-                      "note": "the final prediction x the longest run's eval loss / final val_loss at the same fraction of "
-                              "training; bands: the final's intervals scaled alike, widened by the two longest runs' difference"},
-            "points": points}
+    return {
+        "model": {
+            "kind": "shape",
+            "runs": [str(r[1]) for r in runs],
+            "shape_run": str(runs[0][1]),
+            "spread_run": str(runs[1][1]) if len(runs) > 1 else None,
+            "spread_rel": spread,
+            "note": "the final prediction x the longest run's eval loss / final val_loss at the same fraction of "
+            "training; bands: the final's intervals scaled alike, widened by the two longest runs' difference",
+        },
+        "points": points,
+    }

@@ -30,19 +30,48 @@ from pathlib import Path
 import pandas as pd
 
 from delphi.errors import DelphiError
+from delphi.fits.data import CANONICAL_COLUMNS
 from delphi.io import atomic_write_json, atomic_write_text
 from delphi.ladder.manifest import RUNS_DIR, SPEC_FILE, read_manifest
 from delphi.ladder.plan import cell_id_of, flops_family, rung_role
 from delphi.ladder.runner import rung_status
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
-from delphi.fits.data import CANONICAL_COLUMNS
 from delphi.train.rundir import CONFIG_FILE, LOSS_UNIT, read_metrics, read_summary, summary_problem
 
 EXTRA_COLUMNS = (
-    "status", "bpb", "seed", "flops_6nd", "flops_planned", "params_active", "params_total", "params_nonembedding",
-    "steps", "batch_size", "batch_tokens", "seq_len", "d_model", "n_layers", "n_heads", "d_head", "d_ff", "top_k",
-    "d_expert", "shared_experts", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "schedule",
-    "warmup_frac", "decay_frac", "tokens_per_param", "wall_time_s", "data_sha256", "config_sha256",
+    "status",
+    "bpb",
+    "seed",
+    "flops_6nd",
+    "flops_planned",
+    "params_active",
+    "params_total",
+    "params_nonembedding",
+    "steps",
+    "batch_size",
+    "batch_tokens",
+    "seq_len",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "d_head",
+    "d_ff",
+    "top_k",
+    "d_expert",
+    "shared_experts",
+    "lr",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+    "grad_clip",
+    "schedule",
+    "warmup_frac",
+    "decay_frac",
+    "tokens_per_param",
+    "wall_time_s",
+    "data_sha256",
+    "config_sha256",
 )
 CELL_COLUMNS = ("cell_id", "loss_mean", "loss_std", "n_seeds")
 HEALTH_COLUMNS = ("drop_frac_mean", "n_evals", "eval_tokens", "health_ok", "health_issues", "health_relaxed")
@@ -55,8 +84,20 @@ UNIT_COLUMNS = ("loss_unit", "tokenizer")
 RESULT_COLUMNS = CANONICAL_COLUMNS + EXTRA_COLUMNS + CELL_COLUMNS + HEALTH_COLUMNS + ROLE_COLUMNS + UNIT_COLUMNS
 # The per-row view of rung health (the report's and the gates' table).
 HEALTH_TABLE_COLUMNS = (
-    "run_id", "cell_id", "budget", "seed", "d_model", "n_layers", "steps", "tokens_per_param", "n_evals",
-    "eval_tokens", "drop_frac_mean", "health_ok", "health_issues", "health_relaxed",
+    "run_id",
+    "cell_id",
+    "budget",
+    "seed",
+    "d_model",
+    "n_layers",
+    "steps",
+    "tokens_per_param",
+    "n_evals",
+    "eval_tokens",
+    "drop_frac_mean",
+    "health_ok",
+    "health_issues",
+    "health_relaxed",
 )
 FAMILY_SUFFIX = ".family.json"  # <results>.family.json beside the table (delphi.fits.data reads it)
 
@@ -91,8 +132,12 @@ def health_issues(row: dict | pd.Series, health: HealthSpec) -> list[str]:
     drop = row["drop_frac_mean"]
     if drop is None or not math.isfinite(float(drop)) or float(drop) > health.max_drop_frac:
         issues.append("max_drop_frac")
-    for key, column in (("min_layers", "n_layers"), ("min_d_model", "d_model"), ("min_evals", "n_evals"),
-                        ("min_eval_tokens", "eval_tokens")):
+    for key, column in (
+        ("min_layers", "n_layers"),
+        ("min_d_model", "d_model"),
+        ("min_evals", "n_evals"),
+        ("min_eval_tokens", "eval_tokens"),
+    ):
         value = row[column]
         if value is None or (isinstance(value, float) and math.isnan(value)) or value < getattr(health, key):
             issues.append(key)
@@ -158,8 +203,10 @@ def collect_ladder(ladder_dir: str | Path, *, include_all: bool = False) -> pd.D
         run_dir = ladder_dir / RUNS_DIR / m["run_id"]
         status = rung_status(run_dir)
         if status in ("completed", "diverged") and (problem := summary_problem(run_dir, status)):
-            raise DelphiError(f"{problem}; the rung's result is lost: restore the file, or delete {run_dir} "
-                              "and run the ladder again to retrain it")
+            raise DelphiError(
+                f"{problem}; the rung's result is lost: restore the file, or delete {run_dir} "
+                "and run the ladder again to retrain it"
+            )
         summary = read_summary(run_dir) if status in ("completed", "diverged") else {}
         loss = summary.get("val_loss")
         complete = status == "completed" and loss is not None and math.isfinite(float(loss))
@@ -216,8 +263,10 @@ def rung_health_table(results: pd.DataFrame | str | Path) -> pd.DataFrame:
     missing = [c for c in HEALTH_TABLE_COLUMNS if c not in frame.columns]
     if missing:
         where = results if isinstance(results, (str, Path)) else "results"
-        raise DelphiError(f"{where}: no rung health columns ({', '.join(missing)}); collect the ladder again "
-                          "with `delphi ladder collect`")
+        raise DelphiError(
+            f"{where}: no rung health columns ({', '.join(missing)}); collect the ladder again "
+            "with `delphi ladder collect`"
+        )
     table = frame[list(HEALTH_TABLE_COLUMNS)].copy()
     table["health_issues"] = table["health_issues"].fillna("").astype(str)
     table["health_relaxed"] = table["health_relaxed"].fillna("").astype(str)

@@ -189,8 +189,17 @@ def load_rungs(ladder_dir: Path, rows: list[dict[str, str]] | None = None) -> li
         if not config.is_file():
             raise DelphiError(f"{ladder_dir}/manifest.csv: rung {row['run_id']}: config {config} is missing")
         seed = int(row.get("seed") or 0)
-        rungs.append(Rung(row["run_id"], config, ladder_dir / RUNS_DIR / row["run_id"], float(row["flops"]), seed,
-                          budget=float(row.get("budget") or 0.0), cell=cell_key(config)))
+        rungs.append(
+            Rung(
+                row["run_id"],
+                config,
+                ladder_dir / RUNS_DIR / row["run_id"],
+                float(row["flops"]),
+                seed,
+                budget=float(row.get("budget") or 0.0),
+                cell=cell_key(config),
+            )
+        )
     return rungs
 
 
@@ -211,8 +220,15 @@ def format_s(seconds: float) -> str:
 
 
 def progress_line(
-    rungs_done: int, rungs: int, running: int, failed: int, flops_done: float, flops_total: float,
-    flops_per_s: float, elapsed_s: float, flops_left: float,
+    rungs_done: int,
+    rungs: int,
+    running: int,
+    failed: int,
+    flops_done: float,
+    flops_total: float,
+    flops_per_s: float,
+    elapsed_s: float,
+    flops_left: float,
 ) -> str:
     """`[ladder] 3/20 rungs done (2 running, 0 failed), FLOPs done/total, rate, elapsed, ETA`."""
     eta = format_s(flops_left / flops_per_s) if flops_per_s > 0 else "?"
@@ -235,7 +251,9 @@ def select_budgets(rungs: list[Rung], budgets: tuple[float, ...] | None) -> list
     matches = lambda b, c: abs(b / c - 1) <= 1e-6  # noqa: E731
     for b in budgets:
         if not any(matches(b, c) for c in planned):
-            raise DelphiError(f"--budgets: {b:g} is not a budget of this ladder (its budgets: {', '.join(f'{c:g}' for c in planned)})")
+            raise DelphiError(
+                f"--budgets: {b:g} is not a budget of this ladder (its budgets: {', '.join(f'{c:g}' for c in planned)})"
+            )
     return [r for r in rungs if any(matches(r.budget, b) for b in budgets)]
 
 
@@ -298,7 +316,9 @@ class LadderDriver:
                 if self.progress:
                     _say(f"[ladder] {r.run_id}: failed: {self.failed[r.run_id]}")
         self.done = {run_id: s for run_id, s in statuses.items() if is_finished(s)}
-        self.waiting = placement_order([r for r in self.rungs if r.run_id not in self.done and r.run_id not in self.failed])
+        self.waiting = placement_order(
+            [r for r in self.rungs if r.run_id not in self.done and r.run_id not in self.failed]
+        )
         check_store(self.ladder_dir, self.waiting)
         self._started = time.perf_counter()
         self._last_report = 0.0
@@ -322,8 +342,9 @@ class LadderDriver:
 
     def _flops_done(self) -> float:
         finished = sum(r.flops for r in self.rungs if r.run_id in self.done)
-        partial = sum(last_flops(r.run_dir) for r in self.rungs
-                      if r.run_id not in self.done and r.run_id not in self.failed)
+        partial = sum(
+            last_flops(r.run_dir) for r in self.rungs if r.run_id not in self.done and r.run_id not in self.failed
+        )
         return finished + partial
 
     def report(self, placer: Placer, force: bool = False) -> None:
@@ -337,8 +358,17 @@ class LadderDriver:
         rate = (flops_done - self._flops_at_start) / max(now - self._started, 1e-9)
         left = self.total_flops - flops_done - sum(r.flops for r in self.rungs if r.run_id in self.failed)
         training, note = placer.in_flight_note(list(self.in_flight.values()))
-        line = progress_line(len(self.done), len(self.rungs), training, len(self.failed), flops_done,
-                             self.total_flops, rate, now - self._started, left)
+        line = progress_line(
+            len(self.done),
+            len(self.rungs),
+            training,
+            len(self.failed),
+            flops_done,
+            self.total_flops,
+            rate,
+            now - self._started,
+            left,
+        )
         _say(line + note)
 
     # ---- the loop
@@ -390,15 +420,18 @@ class LadderDriver:
         """`rung` and the waiting rungs of its cell that may start now, in placement order."""
         if not self.group_seeds or rung.alone or rung.cell is None or not hasattr(placer, "place_group"):
             return [rung]
-        return [rung] + [r for r in self.waiting if r is not rung and r.cell == rung.cell
-                         and not r.alone and r.not_before <= now]
+        return [rung] + [
+            r for r in self.waiting if r is not rung and r.cell == rung.cell and not r.alone and r.not_before <= now
+        ]
 
     def judge(self, outcome: Outcome, placer: Placer) -> None:
         """The retry and skip rules, for every executor."""
         rung = self.in_flight.pop(outcome.rung.run_id)
         wall_s = time.time() - rung.placed_at
         self.rung_times[rung.run_id] = {
-            "placed_at": rung.placed_at, "wall_s": round(wall_s, 3), "attempts": rung.attempts,
+            "placed_at": rung.placed_at,
+            "wall_s": round(wall_s, 3),
+            "attempts": rung.attempts,
         }
         log = f"{LOGS_DIR}/{rung.run_id}.log"
         status = rung_status(rung.run_dir)

@@ -24,45 +24,50 @@ from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import TrainConfig
 
 # The muP parameter groups (delphi.model.mup.GROUPS) under the names the export gives them.
-EXPORT_GROUPS = {"embedding": "embedding", "hidden": "hidden", "unembedding": "unembedding", "router": "router",
-                 "vector": "norm"}
+EXPORT_GROUPS = {
+    "embedding": "embedding",
+    "hidden": "hidden",
+    "unembedding": "unembedding",
+    "router": "router",
+    "vector": "norm",
+}
 EXPORT_FORMATS = (".csv", ".json")
 
 # What a trainer needs to know once for every rung: the architecture and the conventions of the numbers.
 CONVENTIONS = {
     "architecture": "decoder-only transformer, pre-norm RMSNorm (gain only), RoPE, QK-norm (RMSNorm over each head), "
-                    "causal attention, SwiGLU feed-forward (dense, or top-k routed experts of width d_expert), final "
-                    "RMSNorm, untied embedding and unembedding, no biases",
+    "causal attention, SwiGLU feed-forward (dense, or top-k routed experts of width d_expert), final "
+    "RMSNorm, untied embedding and unembedding, no biases",
     "flops": "flops_per_token: exact training FLOPs per token, 3 x forward (Chinchilla, Hoffmann et al. 2022, app. F: "
-             "attention, feed-forward, router and logits; the embedding lookup left out); flops = tokens x flops_per_token",
+    "attention, feed-forward, router and logits; the embedding lookup left out); flops = tokens x flops_per_token",
     "params": "params_nonembedding (N of the fits): active parameters without the embedding and unembedding "
-              "matrices; params_active adds them; params_total counts every expert",
+    "matrices; params_active adds them; params_total counts every expert",
     "groups": "embedding: the token embedding; hidden: every matrix of attention, dense FFN and experts (routed and "
-              "shared); unembedding: the output projection; router: the d_model x experts router; norm: every "
-              "RMSNorm and QK-norm gain",
+    "shared); unembedding: the output projection; router: the d_model x experts router; norm: every "
+    "RMSNorm and QK-norm gain",
     "lr": "{group}_lr is the group's peak LR: the schedule multiplies it by factor(step) (see schedule); "
-          "{group}_weight_decay is decoupled and multiplied by the LR at each step, as torch.optim.AdamW and "
-          "optax.adamw apply it",
+    "{group}_weight_decay is decoupled and multiplied by the LR at each step, as torch.optim.AdamW and "
+    "optax.adamw apply it",
     "update": "adamw: AdamW; adam: Adam without weight decay; adamh: Adam's bias-corrected direction u, then "
-              "W <- (W - lr ||W|| u / ||u||) rescaled to ||W0||, the matrix's initial Frobenius norm (per expert for "
-              "stacked experts). Gradients are clipped to global norm grad_clip over all groups first",
+    "W <- (W - lr ||W|| u / ||u||) rescaled to ||W0||, the matrix's initial Frobenius norm (per expert for "
+    "stacked experts). Gradients are clipped to global norm grad_clip over all groups first",
     "schedule": "factor(step), step = 0 .. steps-1: warmup min(1, (step + 1) / warmup_steps); wsd: 1 until the last "
-                "decay_steps, then 1 - (1 - min_lr_frac) p (linear) or min_lr_frac + (1 - min_lr_frac)(1 - sqrt(p)) "
-                "(sqrt) with p = (step + 1 - (steps - decay_steps)) / decay_steps; cosine: after warmup "
-                "min_lr_frac + (1 - min_lr_frac)(1 + cos(pi p)) / 2 with p = (step + 1 - warmup_steps) / (steps - "
-                "warmup_steps); constant: 1 after warmup",
+    "decay_steps, then 1 - (1 - min_lr_frac) p (linear) or min_lr_frac + (1 - min_lr_frac)(1 - sqrt(p)) "
+    "(sqrt) with p = (step + 1 - (steps - decay_steps)) / decay_steps; cosine: after warmup "
+    "min_lr_frac + (1 - min_lr_frac)(1 + cos(pi p)) / 2 with p = (step + 1 - warmup_steps) / (steps - "
+    "warmup_steps); constant: 1 after warmup",
     "init": "normal with mean 0 and std init_std_{group}; 0 means zeros; norm gains start at 1, the router's "
-            "balancing bias at 0",
+    "balancing bias at 0",
     "forward": "embedding output x embedding_multiplier; logits x logit_multiplier; router logits x "
-               "router_logit_multiplier; attention logits q.k x attention_scale; each residual branch (attention "
-               "and FFN output) x residual_branch_multiplier before it is added",
+    "router_logit_multiplier; attention logits q.k x attention_scale; each residual branch (attention "
+    "and FFN output) x residual_branch_multiplier before it is added",
     "moe": "router scores: softmax (or sigmoid) of the router logits x router_logit_multiplier; the top_k experts "
-           "are chosen on scores + a bias that only selects (balance bias: after each step bias += "
-           "router_bias_update_rate x sign(mean load - load); 0 otherwise); gates are the chosen scores, normalised "
-           "over the top_k when top_k > 1, x route_scale; losses added per MoE layer: router_z_loss_weight x mean "
-           "logsumexp(logits)^2 and (balance aux) router_aux_loss_weight x experts x sum_i f_i P_i; in training each "
-           "expert takes capacity_factor x its even share of the assignments (beyond it they are dropped; "
-           "capacity_factor >= experts / top_k is dropless), evaluation is dropless",
+    "are chosen on scores + a bias that only selects (balance bias: after each step bias += "
+    "router_bias_update_rate x sign(mean load - load); 0 otherwise); gates are the chosen scores, normalised "
+    "over the top_k when top_k > 1, x route_scale; losses added per MoE layer: router_z_loss_weight x mean "
+    "logsumexp(logits)^2 and (balance aux) router_aux_loss_weight x experts x sum_i f_i P_i; in training each "
+    "expert takes capacity_factor x its even share of the assignments (beyond it they are dropped; "
+    "capacity_factor >= experts / top_k is dropless), evaluation is dropless",
 }
 
 
@@ -168,17 +173,19 @@ def export_rung(run_id: str, budget: float, cfg: TrainConfig) -> dict[str, Any]:
     row.update(forward_multipliers(m))
     if moe is None:
         row["router_logit_multiplier"] = 0.0
-    row.update({
-        "mup_width_multiplier": m.width_mult,
-        "mup_depth_multiplier": m.depth_mult,
-        "precision": cfg.precision,
-        "seed": cfg.seed,
-        "data_seed": cfg.data.seed,
-        "eval_every_steps": cfg.eval_every,
-        "eval_tokens": cfg.eval_tokens,
-        "final_eval_tokens": cfg.final_eval_tokens if cfg.final_eval_tokens is not None else cfg.eval_tokens,
-        "data_store": cfg.data.store,
-    })
+    row.update(
+        {
+            "mup_width_multiplier": m.width_mult,
+            "mup_depth_multiplier": m.depth_mult,
+            "precision": cfg.precision,
+            "seed": cfg.seed,
+            "data_seed": cfg.data.seed,
+            "eval_every_steps": cfg.eval_every,
+            "eval_tokens": cfg.eval_tokens,
+            "final_eval_tokens": cfg.final_eval_tokens if cfg.final_eval_tokens is not None else cfg.eval_tokens,
+            "data_store": cfg.data.store,
+        }
+    )
     return row
 
 
@@ -194,13 +201,18 @@ def export_ladder(ladder_dir: str | Path) -> dict[str, Any]:
     for row in rows:
         config = ladder_dir / row["config"]
         if not config.is_file():
-            raise DelphiError(f"{ladder_dir}/manifest.csv: rung {row['run_id']}: config {config} is missing; "
-                              f"re-plan with `delphi ladder plan SPEC --out {ladder_dir}`")
+            raise DelphiError(
+                f"{ladder_dir}/manifest.csv: rung {row['run_id']}: config {config} is missing; "
+                f"re-plan with `delphi ladder plan SPEC --out {ladder_dir}`"
+            )
         rungs.append(export_rung(row["run_id"], float(row.get("budget") or 0.0), load_train_config(config)))
     spec = ladder_spec_of(ladder_dir)
-    ladder = {"dir": str(ladder_dir), "rungs": len(rungs),
-              "budgets": sorted({r["budget_flops"] for r in rungs}),
-              "flops_total": sum(r["flops"] for r in rungs)}
+    ladder = {
+        "dir": str(ladder_dir),
+        "rungs": len(rungs),
+        "budgets": sorted({r["budget_flops"] for r in rungs}),
+        "flops_total": sum(r["flops"] for r in rungs),
+    }
     if spec is not None:
         ladder.update(name=spec.name, spec=str(ladder_dir / SPEC_FILE))
     return {"ladder": ladder, "conventions": CONVENTIONS, "rungs": rungs}
@@ -209,7 +221,9 @@ def export_ladder(ladder_dir: str | Path) -> dict[str, Any]:
 def export_format(path: str | Path) -> str:
     suffix = Path(path).suffix.lower()
     if suffix not in EXPORT_FORMATS:
-        raise DelphiError(f"--out: {path}: expected a file ending in {' or '.join(EXPORT_FORMATS)} (the format), got {suffix or 'no extension'}")
+        raise DelphiError(
+            f"--out: {path}: expected a file ending in {' or '.join(EXPORT_FORMATS)} (the format), got {suffix or 'no extension'}"
+        )
     return suffix
 
 

@@ -18,8 +18,18 @@ from typing import TYPE_CHECKING
 from delphi.errors import DelphiError, quoted
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.ladder.manifest import manifest_row
-from delphi.ladder.plan import (Rung, batch_for_tokens, expected_optimum, format_budget, make_rung, params_in_convention,
-                                plan_ladder, rung_role, rung_tokens, shape_for_width)
+from delphi.ladder.plan import (
+    Rung,
+    batch_for_tokens,
+    expected_optimum,
+    format_budget,
+    make_rung,
+    params_in_convention,
+    plan_ladder,
+    rung_role,
+    rung_tokens,
+    shape_for_width,
+)
 from delphi.ladder.spec import LadderSpec
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params
@@ -45,7 +55,9 @@ def _ladder_rows(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> lis
     from the results table's completed rows when given, else from the plan."""
     keys = ("budget", "tokens_per_param", "steps", "batch_size", "batch_tokens", "beta2")
     if results is None:
-        return [{**{k: float(manifest_row(r)[k]) for k in keys}, "role": rung_role(r.run_id)} for r in plan_ladder(spec)]
+        return [
+            {**{k: float(manifest_row(r)[k]) for k in keys}, "role": rung_role(r.run_id)} for r in plan_ladder(spec)
+        ]
     frame = results
     if "status" in frame.columns:
         frame = frame[frame["status"] == "completed"]
@@ -54,7 +66,9 @@ def _ladder_rows(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> lis
         raise DelphiError(f"results: a ladder table needs columns {', '.join(missing)} to compare the hero with")
     if len(frame) == 0:
         raise DelphiError("results: no completed rung to compare the hero with")
-    return [{**{k: float(row[k]) for k in keys}, "role": str(row.get("role", "isoflop"))} for _, row in frame.iterrows()]
+    return [
+        {**{k: float(row[k]) for k in keys}, "role": str(row.get("role", "isoflop"))} for _, row in frame.iterrows()
+    ]
 
 
 def _top_budget(rows: list[dict[str, float | str]]) -> float:
@@ -218,8 +232,12 @@ def expected_depths(spec: LadderSpec) -> set[int] | None:
     optimum (isoflop.center_*): before any rung trains, the depths gate hero_depth should allow."""
     if spec.isoflop is None:
         return None
-    return {r.model.n_layers for r in plan_ladder(spec) if rung_role(r.run_id) == "isoflop"
-            and abs(math.log(r.params / expected_optimum(spec, r.budget))) <= math.log(HERO_MAX_OFF_OPTIMUM)}
+    return {
+        r.model.n_layers
+        for r in plan_ladder(spec)
+        if rung_role(r.run_id) == "isoflop"
+        and abs(math.log(r.params / expected_optimum(spec, r.budget))) <= math.log(HERO_MAX_OFF_OPTIMUM)
+    }
 
 
 def hero_preflight(spec: LadderSpec, compute: float, factors: tuple[float, ...] = PREFLIGHT_FACTORS) -> dict:
@@ -239,11 +257,19 @@ def hero_preflight(spec: LadderSpec, compute: float, factors: tuple[float, ...] 
         outside = hero_ranges(spec, hero)["outside"]
         if depths is not None and hero.model.n_layers not in depths:
             outside = [*outside, "depth"]
-        rows.append({"factor": f, "run_id": hero.run_id, "steps": hero.steps, "inside": not outside, "outside": outside})
+        rows.append(
+            {"factor": f, "run_id": hero.run_id, "steps": hero.steps, "inside": not outside, "outside": outside}
+        )
     fits = [r["factor"] for r in rows if r["inside"]]
     expected = next(r for r in rows if r["factor"] == 1.0)
-    return {"compute": compute, "expected_params": center, "expected_depths": sorted(depths) if depths else None,
-            "expected": expected, "inside_factors": [min(fits), max(fits)] if fits else None, "factors": rows}
+    return {
+        "compute": compute,
+        "expected_params": center,
+        "expected_depths": sorted(depths) if depths else None,
+        "expected": expected,
+        "inside_factors": [min(fits), max(fits)] if fits else None,
+        "factors": rows,
+    }
 
 
 # ---- the hero from a fit -------------------------------------------------------------------------
@@ -262,13 +288,17 @@ def hero_from_fit(
     prediction = fit.predict(compute=compute)
     n_star, d_star = prediction.get("params"), prediction.get("tokens")
     if n_star is None or not (float(n_star) > 0):
-        raise DelphiError(f"--fit: {fit_path} ({getattr(fit, 'kind', '?')} fit) does not predict N*(C); use an isoflop, parametric or vpnls fit")
+        raise DelphiError(
+            f"--fit: {fit_path} ({getattr(fit, 'kind', '?')} fit) does not predict N*(C); use an isoflop, parametric or vpnls fit"
+        )
     # N* is counted the way the fit counted it (its FLOPs family says how; plain fits: non-embedding).
     convention = getattr(getattr(fit, "family", None), "convention", None) or "nonembedding"
     rung = plan_hero(spec, float(n_star), compute, seed, results=results, convention=convention)
     error = rung.flops / compute - 1
     if abs(error) > spec.tolerance:
-        raise DelphiError(f"--compute: the hero reaches {rung.flops:.4g} FLOPs, {error:+.2%} from {compute:g} (tolerance {spec.tolerance:.0%})")
+        raise DelphiError(
+            f"--compute: the hero reaches {rung.flops:.4g} FLOPs, {error:+.2%} from {compute:g} (tolerance {spec.tolerance:.0%})"
+        )
     row = manifest_row(rung)
     details = {
         "compute": compute,

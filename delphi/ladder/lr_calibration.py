@@ -30,8 +30,16 @@ from typing import Any
 
 from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_text, atomic_write_yaml
-from delphi.ladder.manifest import (CONFIG_DIR, MANIFEST_FILE, RUNS_DIR, SPEC_FILE, manifest_csv, manifest_row, read_manifest,
-                                    write_ladder)
+from delphi.ladder.manifest import (
+    CONFIG_DIR,
+    MANIFEST_FILE,
+    RUNS_DIR,
+    SPEC_FILE,
+    manifest_csv,
+    manifest_row,
+    read_manifest,
+    write_ladder,
+)
 from delphi.ladder.plan import Rung, make_rung, plan_ladder, shape_for_width
 from delphi.ladder.spec import LadderSpec, load_ladder_spec
 from delphi.model.flops import flops_per_token
@@ -75,8 +83,12 @@ def top_batch_seqs(spec: LadderSpec) -> int:
     return max(r.batch_size for r in plan_ladder(spec) if r.budget == top)
 
 
-def plan_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[float, ...] = DEFAULT_MULTIPLIERS,
-                     batch: int | None = None) -> list[Rung]:
+def plan_calibration(
+    spec: LadderSpec,
+    points: list[Point],
+    multipliers: tuple[float, ...] = DEFAULT_MULTIPLIERS,
+    batch: int | None = None,
+) -> list[Rung]:
     """One rung per (point, multiplier): the ladder's own rung at that shape and horizon, LR scaled.
     Every rung trains `batch` sequences per step (None: the top budget's, which the hero continues)."""
     if spec.recipe is not None:  # its rule is the recipe's, not transfer's: rule_drift would judge another rule
@@ -93,18 +105,23 @@ def plan_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[f
         model = shape_for_width(spec, p.d_model)
         base_rung = make_rung(spec, model, p.tokens * flops_per_token(model, spec.seq_len), 0, batch=batch or top_batch)
         if base_rung is None or base_rung.steps < spec.batch.min_steps:  # runs the ladder itself would not train
-            raise DelphiError(f"--points: {p.d_model}@{p.tokens:g} trains {base_rung.steps if base_rung else 0:,} steps of "
-                              f"{batch or top_batch} sequences, fewer than batch.min_steps={spec.batch.min_steps:,}")
+            raise DelphiError(
+                f"--points: {p.d_model}@{p.tokens:g} trains {base_rung.steps if base_rung else 0:,} steps of "
+                f"{batch or top_batch} sequences, fewer than batch.min_steps={spec.batch.min_steps:,}"
+            )
         for m in multipliers:
             hp = dataclasses.replace(base_rung.hp, lr=base_rung.hp.lr * m)
             run_id = run_id_for(p.d_model, model.n_layers, p.tokens, m, None if batch in (None, top_batch) else batch)
-            train = dataclasses.replace(base_rung.train, optim=dataclasses.replace(base_rung.train.optim, lr=hp.lr), name=run_id)
+            train = dataclasses.replace(
+                base_rung.train, optim=dataclasses.replace(base_rung.train.optim, lr=hp.lr), name=run_id
+            )
             rungs.append(dataclasses.replace(base_rung, run_id=run_id, hp=hp, train=train))
     return rungs
 
 
-def write_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[float, ...], out: str | Path,
-                      batch: int | None = None) -> list[Rung]:
+def write_calibration(
+    spec: LadderSpec, points: list[Point], multipliers: tuple[float, ...], out: str | Path, batch: int | None = None
+) -> list[Rung]:
     """Plan the rungs into `out` (a ladder directory). A directory that already holds a calibration
     of the same spec is extended: its rungs and runs stay, new (point, multiplier) rungs join them,
     so an optimum found at the edge of the multipliers is bracketed by a second call."""
@@ -114,7 +131,9 @@ def write_calibration(spec: LadderSpec, points: list[Point], multipliers: tuple[
         write_ladder(spec, rungs, out)
         return rungs
     if load_ladder_spec(out / SPEC_FILE) != spec:
-        raise DelphiError(f"--out: {out} holds a calibration of another ladder spec ({SPEC_FILE} differs); choose a new directory")
+        raise DelphiError(
+            f"--out: {out} holds a calibration of another ladder spec ({SPEC_FILE} differs); choose a new directory"
+        )
     rows = {row["run_id"]: row for row in read_manifest(out)}
     for rung in rungs:
         if rung.run_id not in rows:
@@ -166,26 +185,36 @@ class CalibrationResult:
     rule_suggested: dict[str, float] | None
 
     def summary(self) -> str:
-        lines = ["LR calibration: optimum LR in units of the transfer rule's (m* = 1: the rule is right)",
-                 f"{'d_model':>7} {'tokens':>9} {'batch':>6} {'lr rule':>9} {'m*':>6} {'90% interval':>15} {'loss@rule':>9} "
-                 f"{'loss@m*':>8} {'lost':>6}"]
+        lines = [
+            "LR calibration: optimum LR in units of the transfer rule's (m* = 1: the rule is right)",
+            f"{'d_model':>7} {'tokens':>9} {'batch':>6} {'lr rule':>9} {'m*':>6} {'90% interval':>15} {'loss@rule':>9} "
+            f"{'loss@m*':>8} {'lost':>6}",
+        ]
         for p in self.points:
             iv = f"[{p.m_opt_interval_90[0]:.2f}, {p.m_opt_interval_90[1]:.2f}]" if p.m_opt_interval_90 else "-"
             m = f"{p.m_opt:.2f}" if p.interior else _edge(p)
             lost = f"{p.loss_lost_frac:+.1%}" if p.loss_lost_frac is not None else "-"
-            lines.append(f"{p.d_model:>7} {p.tokens:>9.3g} {p.batch_tokens:>6} {p.lr_rule:>9.4g} {m:>6} {iv:>15} "
-                         f"{_f(p.loss_at_rule):>9} {_f(p.loss_at_opt):>8} {lost:>6}")
+            lines.append(
+                f"{p.d_model:>7} {p.tokens:>9.3g} {p.batch_tokens:>6} {p.lr_rule:>9.4g} {m:>6} {iv:>15} "
+                f"{_f(p.loss_at_rule):>9} {_f(p.loss_at_opt):>8} {lost:>6}"
+            )
         if not all(p.interior for p in self.points):
-            lines.append("(<x, >x: the optimum lies past the multipliers tried; extend them with a second call into the same --out)")
+            lines.append(
+                "(<x, >x: the optimum lies past the multipliers tried; extend them with a second call into the same --out)"
+            )
         coef = ", ".join(f"{k} = {v:+.3f}" if v is not None else f"{k} = n/a" for k, v in self.coef.items())
         lines.append(f"log m* = c + a log(d/{self.base_d_model}) + b log(T/{self.base_tokens:.3g}):  {coef}")
         now = self.rule_now
-        lines.append(f"rule now:       lr = {now['lr']:.4g}, width_exponent {now['width_exponent']:.3f}, "
-                     f"horizon_exponent {now['horizon_exponent']:.3f}")
+        lines.append(
+            f"rule now:       lr = {now['lr']:.4g}, width_exponent {now['width_exponent']:.3f}, "
+            f"horizon_exponent {now['horizon_exponent']:.3f}"
+        )
         if self.rule_suggested:
             s = self.rule_suggested
-            lines.append(f"rule suggested: lr = {s['lr']:.4g}, width_exponent {s['width_exponent']:.3f}, "
-                         f"horizon_exponent {s['horizon_exponent']:.3f}")
+            lines.append(
+                f"rule suggested: lr = {s['lr']:.4g}, width_exponent {s['width_exponent']:.3f}, "
+                f"horizon_exponent {s['horizon_exponent']:.3f}"
+            )
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -237,18 +266,29 @@ def analyse(spec: LadderSpec, ladder_dir: str | Path) -> CalibrationResult:
         lr_rule = float(rows[0]["lr"]) / mults[0]
         losses = [completed_val_loss(ladder_dir / RUNS_DIR / row["run_id"]) for row in rows]
         finite = [(m, loss) for m, loss in zip(mults, losses) if math.isfinite(loss)]
-        fit = (fit_quadratic(np.array([m for m, _ in finite]), np.array([loss for _, loss in finite]), FIT_NEIGHBOURS)
-               if len(finite) >= 3 else None)
+        fit = (
+            fit_quadratic(np.array([m for m, _ in finite]), np.array([loss for _, loss in finite]), FIT_NEIGHBOURS)
+            if len(finite) >= 3
+            else None
+        )
         at_rule = dict(zip(mults, losses)).get(1.0)
-        points.append(PointOptimum(
-            d_model=d, tokens=float(tokens), batch_tokens=int(rows[0]["batch_tokens"]), lr_rule=lr_rule,
-            multipliers=mults, losses=losses, best_multiplier=min(finite, key=lambda ml: ml[1])[0] if finite else None,
-            m_opt=fit.lr_opt if fit else None, m_opt_interval_90=fit.lr_opt_interval_90 if fit else None,
-            interior=bool(fit and fit.interior),
-            loss_at_rule=at_rule if at_rule is not None and math.isfinite(at_rule) else None,
-            loss_at_opt=fit.loss_opt if fit else None,
-            curvature=fit.coef[2] if fit and fit.coef else None,
-        ))
+        points.append(
+            PointOptimum(
+                d_model=d,
+                tokens=float(tokens),
+                batch_tokens=int(rows[0]["batch_tokens"]),
+                lr_rule=lr_rule,
+                multipliers=mults,
+                losses=losses,
+                best_multiplier=min(finite, key=lambda ml: ml[1])[0] if finite else None,
+                m_opt=fit.lr_opt if fit else None,
+                m_opt_interval_90=fit.lr_opt_interval_90 if fit else None,
+                interior=bool(fit and fit.interior),
+                loss_at_rule=at_rule if at_rule is not None and math.isfinite(at_rule) else None,
+                loss_at_opt=fit.loss_opt if fit else None,
+                curvature=fit.coef[2] if fit and fit.coef else None,
+            )
+        )
     t = spec.transfer
     # The rule's width and horizon terms are refitted at the top budget's batch only; a point at
     # another batch checks the batch term (gate lr_transfer) without moving the others.
@@ -274,7 +314,9 @@ def _fit_drift(points: list[PointOptimum], d0: int, t0: float) -> dict[str, floa
     from delphi.fits.lr_optimum import fit_lr_drift
 
     ok = [p for p in points if p.m_opt is not None and p.interior]
-    fitted = fit_lr_drift([p.m_opt for p in ok], [p.d_model / d0 for p in ok], [p.tokens / t0 for p in ok]) if ok else None
+    fitted = (
+        fit_lr_drift([p.m_opt for p in ok], [p.d_model / d0 for p in ok], [p.tokens / t0 for p in ok]) if ok else None
+    )
     c, a, b = fitted if fitted is not None else (None, None, None)
     return {"c": c, "a": a, "b": b}
 
@@ -312,8 +354,14 @@ def rule_drift(calibration: dict, spec: LadderSpec) -> list[dict[str, Any]]:
     rows = []
     for p in calibration["points"]:
         lr_now = transfer(spec, int(p["d_model"]), int(p["batch_tokens"]), float(p["tokens"])).lr
-        row = {"d_model": int(p["d_model"]), "tokens": float(p["tokens"]), "lr_now": lr_now,
-               "lr_opt": p.get("lr_opt"), "m_now": None, "lost_frac_now": None}
+        row = {
+            "d_model": int(p["d_model"]),
+            "tokens": float(p["tokens"]),
+            "lr_now": lr_now,
+            "lr_opt": p.get("lr_opt"),
+            "m_now": None,
+            "lost_frac_now": None,
+        }
         if p.get("lr_opt") and p.get("interior") and p.get("curvature") and p.get("loss_at_opt"):
             m_now = float(p["lr_opt"]) / lr_now
             row["m_now"] = m_now

@@ -25,12 +25,48 @@ RUNS_DIR = "runs"
 
 
 MANIFEST_COLUMNS = (
-    "run_id", "budget", "seed", "flops", "flops_error", "flops_6nd", "params", "params_active", "params_total",
-    "params_nonembedding", "tokens", "tokens_per_param", "steps", "batch_size", "batch_tokens", "seq_len",
-    "d_model", "n_layers", "n_heads", "d_head", "d_ff", "experts", "top_k", "d_expert", "granularity",
-    "shared_experts", "flops_per_token", "lr", "lr_batch_factor", "lr_horizon_factor", "lr_width_factor",
-    "beta1", "beta2", "eps", "weight_decay", "grad_clip", "schedule", "warmup_frac", "decay_frac",
-    "mup_base_d_model", "mup_base_n_layers", "config",
+    "run_id",
+    "budget",
+    "seed",
+    "flops",
+    "flops_error",
+    "flops_6nd",
+    "params",
+    "params_active",
+    "params_total",
+    "params_nonembedding",
+    "tokens",
+    "tokens_per_param",
+    "steps",
+    "batch_size",
+    "batch_tokens",
+    "seq_len",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "d_head",
+    "d_ff",
+    "experts",
+    "top_k",
+    "d_expert",
+    "granularity",
+    "shared_experts",
+    "flops_per_token",
+    "lr",
+    "lr_batch_factor",
+    "lr_horizon_factor",
+    "lr_width_factor",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+    "grad_clip",
+    "schedule",
+    "warmup_frac",
+    "decay_frac",
+    "mup_base_d_model",
+    "mup_base_n_layers",
+    "config",
 )
 # Appended to a recipe ladder's manifest only (an old ladder's manifest stays byte-identical).
 RECIPE_MANIFEST_COLUMNS = ("optimizer", "adam_lr", "batch_halvings", "recipe_caps")
@@ -82,12 +118,16 @@ def manifest_row(rung: Rung) -> dict[str, object]:
         "mup_base_d_model": m.mup.base_d_model if m.mup.enabled else 0,
         "mup_base_n_layers": m.mup.base_n_layers if m.mup.enabled else 0,
         "config": f"{CONFIG_DIR}/{rung.run_id}.yaml",
-        **({} if rung.hp.recipe is None else {
-            "optimizer": rung.hp.recipe.optimizer,
-            "adam_lr": rung.hp.recipe.adam_lr,
-            "batch_halvings": rung.hp.recipe.halvings,
-            "recipe_caps": "+".join(rung.hp.recipe.caps),
-        }),
+        **(
+            {}
+            if rung.hp.recipe is None
+            else {
+                "optimizer": rung.hp.recipe.optimizer,
+                "adam_lr": rung.hp.recipe.adam_lr,
+                "batch_halvings": rung.hp.recipe.halvings,
+                "recipe_caps": "+".join(rung.hp.recipe.caps),
+            }
+        ),
     }
 
 
@@ -98,7 +138,9 @@ def _fmt(value: object) -> str:
 def manifest_csv(rows: list[dict[str, object]]) -> str:
     buf = io.StringIO()
     recipe = any("adam_lr" in row for row in rows)
-    writer = csv.DictWriter(buf, fieldnames=MANIFEST_COLUMNS + (RECIPE_MANIFEST_COLUMNS if recipe else ()), lineterminator="\n")
+    writer = csv.DictWriter(
+        buf, fieldnames=MANIFEST_COLUMNS + (RECIPE_MANIFEST_COLUMNS if recipe else ()), lineterminator="\n"
+    )
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _fmt(v) for k, v in row.items()})
@@ -113,7 +155,9 @@ def ladder_own_paths(ladder_dir: str | Path) -> tuple[Path, ...]:
 def read_manifest(ladder_dir: str | Path) -> list[dict[str, str]]:
     path = Path(ladder_dir) / MANIFEST_FILE
     if not path.is_file():
-        raise DelphiError(f"{ladder_dir}: no {MANIFEST_FILE}; plan a ladder there with `delphi ladder plan SPEC --out DIR`")
+        raise DelphiError(
+            f"{ladder_dir}: no {MANIFEST_FILE}; plan a ladder there with `delphi ladder plan SPEC --out DIR`"
+        )
     from delphi.io import read_text
 
     reader = csv.DictReader(io.StringIO(read_text(path, what="manifest"), newline=""))
@@ -126,13 +170,17 @@ def read_manifest(ladder_dir: str | Path) -> list[dict[str, str]]:
         raise DelphiError(f"{path}: line {reader.line_num}: not valid CSV ({e}); {_replan(ladder_dir)}") from None
     missing = [c for c in ("run_id", "config", "flops") if rows and c not in rows[0]] if rows else []
     if not rows or missing:
-        raise DelphiError(f"{path}: not a ladder manifest (no rows, or no column {quoted(missing[0] if missing else 'run_id')}); "
-                          f"{_replan(ladder_dir)}")
+        raise DelphiError(
+            f"{path}: not a ladder manifest (no rows, or no column {quoted(missing[0] if missing else 'run_id')}); "
+            f"{_replan(ladder_dir)}"
+        )
     seen: dict[str, int] = {}
     for i, row in enumerate(rows):
         if row["run_id"] in seen:
-            raise DelphiError(f"{path}: run_id {quoted(row['run_id'])} is listed twice (rows {seen[row['run_id']] + 1} "
-                              f"and {i + 1}); {_replan(ladder_dir)}")
+            raise DelphiError(
+                f"{path}: run_id {quoted(row['run_id'])} is listed twice (rows {seen[row['run_id']] + 1} "
+                f"and {i + 1}); {_replan(ladder_dir)}"
+            )
         seen[row["run_id"]] = i
     return rows
 
@@ -149,11 +197,15 @@ def _check_manifest_row(row: dict[str | None, Any], path: Path, line: int, ladde
     """A row cut short (a truncated file), with cells beyond the header, or with a required cell
     empty or not a number, is a DelphiError naming the line and the column."""
     if None in row:
-        raise DelphiError(f"{path}: line {line}: more cells than the header's {len(row) - 1} columns; {_replan(ladder_dir)}")
+        raise DelphiError(
+            f"{path}: line {line}: more cells than the header's {len(row) - 1} columns; {_replan(ladder_dir)}"
+        )
     short = [k for k, v in row.items() if v is None]
     if short:
-        raise DelphiError(f"{path}: line {line}: the row ends before column {quoted(short[0])} (a truncated file?); "
-                          f"{_replan(ladder_dir)}")
+        raise DelphiError(
+            f"{path}: line {line}: the row ends before column {quoted(short[0])} (a truncated file?); "
+            f"{_replan(ladder_dir)}"
+        )
     for column in ("run_id", "config", "flops"):
         if column in row and not row[column].strip():
             raise DelphiError(f"{path}: line {line}: {column} is empty; {_replan(ladder_dir)}")
@@ -166,8 +218,9 @@ def _check_manifest_row(row: dict[str | None, Any], path: Path, line: int, ladde
         except ValueError:
             value = math.nan
         if not math.isfinite(value) or value < 0:
-            raise DelphiError(f"{path}: line {line}: {column} = {quoted(text)}, expected a number >= 0; {_replan(ladder_dir)}")
-
+            raise DelphiError(
+                f"{path}: line {line}: {column} = {quoted(text)}, expected a number >= 0; {_replan(ladder_dir)}"
+            )
 
 
 def write_ladder(spec: LadderSpec, rungs: list[Rung], out: str | Path) -> list[dict[str, object]]:
@@ -181,7 +234,9 @@ def write_ladder(spec: LadderSpec, rungs: list[Rung], out: str | Path) -> list[d
     text = manifest_csv(rows)
     existing = out / MANIFEST_FILE
     if existing.is_file() and existing.read_text() != text:
-        raise DelphiError(f"--out: {out} already holds a different ladder (manifest.csv differs); choose a new directory")
+        raise DelphiError(
+            f"--out: {out} already holds a different ladder (manifest.csv differs); choose a new directory"
+        )
     if out.exists() and not out.is_dir():
         raise DelphiError(f"--out: {out} exists and is not a directory")
     for rung in rungs:

@@ -43,12 +43,8 @@ from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from delphi.ladder.recipe import RecipeHyperparams
-
     from delphi.fits.allocation import FlopsFamily
-
+    from delphi.ladder.recipe import RecipeHyperparams
 
 
 # ---- shape family -------------------------------------------------------------------------------
@@ -280,7 +276,7 @@ def anchor_run_id(budget: float, model: ModelConfig, seed: int, granularity: flo
 
 
 def rung_role(run_id: str) -> str:
-    """"anchor" for a long rung of the spec's `anchors`, else "isoflop" (the results column `role`)."""
+    """ "anchor" for a long rung of the spec's `anchors`, else "isoflop" (the results column `role`)."""
     return ANCHOR_ROLE if run_id.startswith(ANCHOR_PREFIX) else "isoflop"
 
 
@@ -331,11 +327,22 @@ def make_rung(
         from delphi.ladder.recipe import optim_config, recipe_for_tokens
 
         # Hyperparameters for the horizon the run trains (steps x batch), as the transfer rule's.
-        rhp = recipe_for_tokens(spec.recipe, steps * batch_tokens, spec.seq_len, batch_seqs=batch, d_model=model.d_model)
+        rhp = recipe_for_tokens(
+            spec.recipe, steps * batch_tokens, spec.seq_len, batch_seqs=batch, d_model=model.d_model
+        )
         rhp = dataclasses.replace(rhp, halvings=halvings)
-        hp = Hyperparams(lr=rhp.lr, beta1=rhp.beta1, beta2=rhp.beta2, eps=rhp.eps, weight_decay=rhp.weight_decay,
-                         grad_clip=rhp.grad_clip, lr_batch_factor=rhp.lr_batch_factor,
-                         lr_horizon_factor=rhp.lr_horizon_factor, lr_width_factor=rhp.lr_width_factor, recipe=rhp)
+        hp = Hyperparams(
+            lr=rhp.lr,
+            beta1=rhp.beta1,
+            beta2=rhp.beta2,
+            eps=rhp.eps,
+            weight_decay=rhp.weight_decay,
+            grad_clip=rhp.grad_clip,
+            lr_batch_factor=rhp.lr_batch_factor,
+            lr_horizon_factor=rhp.lr_horizon_factor,
+            lr_width_factor=rhp.lr_width_factor,
+            recipe=rhp,
+        )
         optim = optim_config(rhp)
     else:
         hp = transfer(spec, model.d_model, batch_tokens, steps * batch_tokens)
@@ -515,8 +522,9 @@ def _plan_family(spec: LadderSpec, granularity: float | None) -> list[Rung]:
             batch = batch_for_tokens(spec, fewest)
         for model in models:
             for seed in spec.seeds_for(budget):
-                rung = make_rung(spec, model, budget, seed, batch=batch,
-                                 run_id=run_id_for(budget, model, seed, granularity))
+                rung = make_rung(
+                    spec, model, budget, seed, batch=batch, run_id=run_id_for(budget, model, seed, granularity)
+                )
                 assert rung is not None
                 error = rung.flops / budget - 1
                 if abs(error) > spec.tolerance:
@@ -539,7 +547,8 @@ def check_tokens_per_param_floor(spec: LadderSpec, rungs: list[Rung]) -> None:
         raise DelphiError(
             f"bounds.min_tokens_per_param: rung {worst.run_id} would train {worst.tokens / worst.params:.2g} tokens per "
             f"parameter (N={worst.params:,}, D={worst.tokens:,}; {len(low)} of {len(rungs)} rungs are below {floor:g}); "
-            "its budget is too small for its width: lower the widths (shape.widths) or the expected optimum (isoflop.center_*)")
+            "its budget is too small for its width: lower the widths (shape.widths) or the expected optimum (isoflop.center_*)"
+        )
 
 
 def plan_anchors(spec: LadderSpec, rungs: list[Rung], granularity: float | None = None) -> list[Rung]:
@@ -556,9 +565,13 @@ def plan_anchors(spec: LadderSpec, rungs: list[Rung], granularity: float | None 
     for width in spec.anchors.widths:
         model = shape_for_width(spec, width)
         for seed in spec.seeds_for(top)[: spec.anchors.seeds]:
-            rung = make_rung(spec, model, budget, seed, run_id=anchor_run_id(budget, model, seed, granularity), batch=top_batch)
+            rung = make_rung(
+                spec, model, budget, seed, run_id=anchor_run_id(budget, model, seed, granularity), batch=top_batch
+            )
             if rung is None:
-                raise DelphiError(f"anchors.widths: d_model={width} gets fewer than batch.min_steps steps on {budget:g} FLOPs")
+                raise DelphiError(
+                    f"anchors.widths: d_model={width} gets fewer than batch.min_steps steps on {budget:g} FLOPs"
+                )
             out.append(rung)
     return out
 
@@ -643,7 +656,9 @@ def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
     return warnings
 
 
-def check_ladder_store(runs: list[tuple[str, TrainConfig]], max_epochs: float | None, where: str = "") -> dict[str, float]:
+def check_ladder_store(
+    runs: list[tuple[str, TrainConfig]], max_epochs: float | None, where: str = ""
+) -> dict[str, float]:
     """Epochs of its store each run reads (run id -> epochs), checked where training starts (`ladder
     run`, a study's ladder stage): DelphiError when a store's bytes or vocabulary are not what a run
     needs (`delphi.data.store.check_store_for_config`), it cannot feed a run's batches and evaluation
@@ -674,8 +689,43 @@ def check_ladder_store(runs: list[tuple[str, TrainConfig]], max_epochs: float | 
 
 # Moved, still importable from here: the hero sized against the ladder (delphi.ladder.hero) and the
 # ladder directory on disk (delphi.ladder.manifest). Resolved lazily: both import this module.
-_MOVED = {**dict.fromkeys(("RANGE_SCOPES", "_ladder_rows", "_top_budget", "ladder_ranges", "_hero_values", "hero_ranges", "HERO_MAX_OFF_OPTIMUM", "PREFLIGHT_FACTORS", "_family_shapes_around", "plan_hero", "depths_near_optimum", "expected_depths", "hero_preflight"), "delphi.ladder.hero"),
-          **dict.fromkeys(("MANIFEST_FILE", "SPEC_FILE", "CONFIG_DIR", "RUNS_DIR", "MANIFEST_COLUMNS", "manifest_row", "_fmt", "manifest_csv", "ladder_own_paths", "read_manifest", "write_ladder", "format_table"), "delphi.ladder.manifest")}
+_MOVED = {
+    **dict.fromkeys(
+        (
+            "RANGE_SCOPES",
+            "_ladder_rows",
+            "_top_budget",
+            "ladder_ranges",
+            "_hero_values",
+            "hero_ranges",
+            "HERO_MAX_OFF_OPTIMUM",
+            "PREFLIGHT_FACTORS",
+            "_family_shapes_around",
+            "plan_hero",
+            "depths_near_optimum",
+            "expected_depths",
+            "hero_preflight",
+        ),
+        "delphi.ladder.hero",
+    ),
+    **dict.fromkeys(
+        (
+            "MANIFEST_FILE",
+            "SPEC_FILE",
+            "CONFIG_DIR",
+            "RUNS_DIR",
+            "MANIFEST_COLUMNS",
+            "manifest_row",
+            "_fmt",
+            "manifest_csv",
+            "ladder_own_paths",
+            "read_manifest",
+            "write_ladder",
+            "format_table",
+        ),
+        "delphi.ladder.manifest",
+    ),
+}
 
 
 def __getattr__(name: str) -> Any:

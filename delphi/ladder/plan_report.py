@@ -14,7 +14,8 @@ default. Each function returns one line per finding, for stderr and for `--json`
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from delphi.ladder.plan import Rung, rule_layers, rung_role, shape_for_width
 from delphi.ladder.spec import LadderSpec, _has_key, defaults_scale, large_scale_fills
@@ -28,7 +29,7 @@ def _some(rungs: list[Rung], value: Callable[[Rung], str]) -> str:
 
 
 def _origin(raw: dict, key: str) -> str | None:
-    """"the default" or "the large-scale default" for a key the spec leaves unset; None when it sets it."""
+    """ "the default" or "the large-scale default" for a key the spec leaves unset; None when it sets it."""
     if _has_key(raw, key):
         return None
     return "the large-scale default" if key in large_scale_fills(raw) else "the default"
@@ -41,12 +42,16 @@ def scale_default_notes(raw: dict) -> list[str]:
         return []
     why = "defaults: large" if raw.get("defaults") == "large" else "its top budget is >= 1e15 FLOPs (defaults: auto)"
     values = ", ".join(f"{key}={_short(d.value)}" for key, d in fills.items())
-    return [f"large-scale defaults ({why}; `defaults: cpu` keeps the CPU ones) for the keys the spec leaves unset: {values}"]
+    return [
+        f"large-scale defaults ({why}; `defaults: cpu` keeps the CPU ones) for the keys the spec leaves unset: {values}"
+    ]
 
 
 def scale_defaults_json(raw: dict) -> dict[str, Any]:
-    return {"scale": defaults_scale(raw),
-            "taken": {key: {"value": d.value, "source": d.source} for key, d in large_scale_fills(raw).items()}}
+    return {
+        "scale": defaults_scale(raw),
+        "taken": {key: {"value": d.value, "source": d.source} for key, d in large_scale_fills(raw).items()},
+    }
 
 
 def _short(value: Any) -> str:
@@ -68,24 +73,60 @@ def binding_cap_notes(spec: LadderSpec, raw: dict, rungs: list[Rung]) -> list[st
             notes.append(f"{key}={value} ({origin}) {verb} {len(hit)} of {len(rungs)} rungs: {_some(hit, what)}")
 
     rule = lambda r: f"{r.model.n_layers} layers, the rule gives {rule_layers(spec, r.model.d_model)}"  # noqa: E731
-    note("shape.depth.max_layers", depth.max_layers,
-         [r for r in rungs if depth.max_layers is not None and rule_layers(spec, r.model.d_model) > depth.max_layers], rule, "caps")
-    note("shape.depth.min_layers", depth.min_layers,
-         [r for r in rungs if rule_layers(spec, r.model.d_model) < depth.min_layers], rule, "raises")
+    note(
+        "shape.depth.max_layers",
+        depth.max_layers,
+        [r for r in rungs if depth.max_layers is not None and rule_layers(spec, r.model.d_model) > depth.max_layers],
+        rule,
+        "caps",
+    )
+    note(
+        "shape.depth.min_layers",
+        depth.min_layers,
+        [r for r in rungs if rule_layers(spec, r.model.d_model) < depth.min_layers],
+        rule,
+        "raises",
+    )
     if spec.recipe is not None:
         return notes
     b, t = spec.batch, spec.transfer
     seqs = lambda r: f"{r.batch_size} sequences, {r.steps:,} steps"  # noqa: E731
     # the batch rule's power of two before the clip: the rung's own, or its budget's fewest-token rung's
     raw_batch = {r.run_id: _rule_batch(spec, r, rungs) for r in rungs}
-    note("batch.max_seqs", b.max_seqs, [r for r in rungs if raw_batch[r.run_id] > b.max_seqs], seqs, "caps the batch of")
-    note("batch.min_seqs", b.min_seqs, [r for r in rungs if raw_batch[r.run_id] < b.min_seqs], seqs, "raises the batch of")
+    note(
+        "batch.max_seqs", b.max_seqs, [r for r in rungs if raw_batch[r.run_id] > b.max_seqs], seqs, "caps the batch of"
+    )
+    note(
+        "batch.min_seqs",
+        b.min_seqs,
+        [r for r in rungs if raw_batch[r.run_id] < b.min_seqs],
+        seqs,
+        "raises the batch of",
+    )
     lr = lambda r: f"lr {r.hp.lr:.3g}, the rule gives {_rule_lr(spec, r):.3g}"  # noqa: E731
-    note("transfer.lr_max", t.lr_max, [r for r in rungs if _rule_lr(spec, r) > t.lr_max * (1 + 1e-12)], lr, "caps the LR of")
+    note(
+        "transfer.lr_max",
+        t.lr_max,
+        [r for r in rungs if _rule_lr(spec, r) > t.lr_max * (1 + 1e-12)],
+        lr,
+        "caps the LR of",
+    )
     if t.beta2.rule == "batch_power":
         beta2 = lambda r: f"beta2 {r.hp.beta2:.4g}, the rule gives {_rule_beta2(spec, r):.4g}"  # noqa: E731
-        note("transfer.beta2.max", t.beta2.max, [r for r in rungs if _rule_beta2(spec, r) > t.beta2.max], beta2, "caps beta2 of")
-        note("transfer.beta2.min", t.beta2.min, [r for r in rungs if _rule_beta2(spec, r) < t.beta2.min], beta2, "raises beta2 of")
+        note(
+            "transfer.beta2.max",
+            t.beta2.max,
+            [r for r in rungs if _rule_beta2(spec, r) > t.beta2.max],
+            beta2,
+            "caps beta2 of",
+        )
+        note(
+            "transfer.beta2.min",
+            t.beta2.min,
+            [r for r in rungs if _rule_beta2(spec, r) < t.beta2.min],
+            beta2,
+            "raises beta2 of",
+        )
     return notes
 
 
@@ -106,8 +147,11 @@ def _rule_batch(spec: LadderSpec, rung: Rung, rungs: list[Rung]) -> float:
     tokens = rung.budget / rung.flops_per_token  # as the batch rule reads it (delphi.ladder.plan.rung_tokens)
     if spec.batch.rule == "budget":
         family = _family_index(spec, rung)
-        tokens = min(r.budget / r.flops_per_token for r in rungs if r.budget == rung.budget and rung_role(r.run_id) == "isoflop"
-                     and _family_index(spec, r) == family)
+        tokens = min(
+            r.budget / r.flops_per_token
+            for r in rungs
+            if r.budget == rung.budget and rung_role(r.run_id) == "isoflop" and _family_index(spec, r) == family
+        )
     per_step = tokens / (spec.batch.min_steps * spec.seq_len)
     return 2.0 ** math.floor(math.log2(per_step)) if per_step >= 1 else per_step
 
@@ -128,12 +172,16 @@ def head_size_notes(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
     """Widths whose heads are not of size shape.head_dim (heads ~ d / head_dim, adjusted to divide d)."""
     if spec.shape.n_heads is not None:
         return []
-    odd = sorted({(r.model.d_model, r.model.n_heads, r.model.d_head) for r in rungs if r.model.d_head != spec.shape.head_dim})
+    odd = sorted(
+        {(r.model.d_model, r.model.n_heads, r.model.d_head) for r in rungs if r.model.d_head != spec.shape.head_dim}
+    )
     if not odd:
         return []
     shown = ", ".join(f"d_model={d}: {h} heads of {dh}" for d, h, dh in odd[:6]) + (", ..." if len(odd) > 6 else "")
-    return [f"shape.head_dim={spec.shape.head_dim}: {len(odd)} widths do not split into heads of that size and get the "
-            f"nearest head count that divides them into even heads: {shown}"]
+    return [
+        f"shape.head_dim={spec.shape.head_dim}: {len(odd)} widths do not split into heads of that size and get the "
+        f"nearest head count that divides them into even heads: {shown}"
+    ]
 
 
 def tokens_per_param_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
@@ -146,25 +194,56 @@ def tokens_per_param_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
     outside = [r for r in rungs if rung_role(r.run_id) == "isoflop" and not low <= r.tokens / r.params <= high]
     if not outside:
         return []
-    return [f"bounds.tokens_per_param=[{low:g}, {high:g}]: {len(outside)} of {len(rungs)} rungs train outside it: "
-            + _some(outside, lambda r: f"{r.tokens / r.params:.3g} tokens per parameter")]
+    return [
+        f"bounds.tokens_per_param=[{low:g}, {high:g}]: {len(outside)} of {len(rungs)} rungs train outside it: "
+        + _some(outside, lambda r: f"{r.tokens / r.params:.3g} tokens per parameter")
+    ]
 
 
 # (key the spec sets, when it is unused, why) for keys that another choice of the spec leaves unused.
 UNUSED_WHEN: tuple[tuple[str, Callable[[dict], bool], str], ...] = (
     ("shape.head_dim", lambda s: s["shape"].get("n_heads") is not None, "shape.n_heads fixes the head count"),
     ("shape.depth.ratio", lambda s: s["shape"]["depth"].get("rule") == "marin", "shape.depth.rule is marin"),
-    ("shape.moe.bias_update_rate", lambda s: s["shape"]["moe"].get("balance", "bias") != "bias", "shape.moe.balance is not bias"),
-    ("shape.moe.aux_loss_weight", lambda s: s["shape"]["moe"].get("balance", "bias") != "aux", "shape.moe.balance is not aux"),
-    ("isoflop.center_coefficient", lambda s: s["isoflop"].get("center_tokens_per_param") is not None,
-     "isoflop.center_tokens_per_param sets the expected optimum"),
-    ("isoflop.center_exponent", lambda s: s["isoflop"].get("center_tokens_per_param") is not None,
-     "isoflop.center_tokens_per_param sets the expected optimum"),
-    ("transfer.beta2.anchor", lambda s: s["transfer"]["beta2"].get("rule", "constant") == "constant", "transfer.beta2.rule is constant"),
-    ("transfer.beta2.ref_batch_tokens", lambda s: s["transfer"]["beta2"].get("rule", "constant") == "constant",
-     "transfer.beta2.rule is constant"),
-    ("transfer.beta2.min", lambda s: s["transfer"]["beta2"].get("rule", "constant") == "constant", "transfer.beta2.rule is constant"),
-    ("transfer.beta2.max", lambda s: s["transfer"]["beta2"].get("rule", "constant") == "constant", "transfer.beta2.rule is constant"),
+    (
+        "shape.moe.bias_update_rate",
+        lambda s: s["shape"]["moe"].get("balance", "bias") != "bias",
+        "shape.moe.balance is not bias",
+    ),
+    (
+        "shape.moe.aux_loss_weight",
+        lambda s: s["shape"]["moe"].get("balance", "bias") != "aux",
+        "shape.moe.balance is not aux",
+    ),
+    (
+        "isoflop.center_coefficient",
+        lambda s: s["isoflop"].get("center_tokens_per_param") is not None,
+        "isoflop.center_tokens_per_param sets the expected optimum",
+    ),
+    (
+        "isoflop.center_exponent",
+        lambda s: s["isoflop"].get("center_tokens_per_param") is not None,
+        "isoflop.center_tokens_per_param sets the expected optimum",
+    ),
+    (
+        "transfer.beta2.anchor",
+        lambda s: s["transfer"]["beta2"].get("rule", "constant") == "constant",
+        "transfer.beta2.rule is constant",
+    ),
+    (
+        "transfer.beta2.ref_batch_tokens",
+        lambda s: s["transfer"]["beta2"].get("rule", "constant") == "constant",
+        "transfer.beta2.rule is constant",
+    ),
+    (
+        "transfer.beta2.min",
+        lambda s: s["transfer"]["beta2"].get("rule", "constant") == "constant",
+        "transfer.beta2.rule is constant",
+    ),
+    (
+        "transfer.beta2.max",
+        lambda s: s["transfer"]["beta2"].get("rule", "constant") == "constant",
+        "transfer.beta2.rule is constant",
+    ),
     ("transfer.decay_frac", lambda s: s["transfer"].get("schedule", "wsd") != "wsd", "transfer.schedule is not wsd"),
     ("transfer.decay_shape", lambda s: s["transfer"].get("schedule", "wsd") != "wsd", "transfer.schedule is not wsd"),
     ("isoflop", lambda s: s.get("mode", "isoflop") != "isoflop", "mode is tokens_per_param"),
@@ -192,5 +271,3 @@ def raw_value(raw: dict, key: str) -> Any:
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node
-
-

@@ -142,7 +142,9 @@ def run_ray_ladder(
     validate_resources(cpus_per_rung, gpus_per_rung, retries, worker_retries)
     ray = import_ray()
     ladder_dir = Path(ladder_dir).resolve()  # the tasks see the same absolute path (shared filesystem)
-    driver = LadderDriver(ladder_dir, retries=retries, progress=progress, progress_every_s=progress_every_s, budgets=budgets)
+    driver = LadderDriver(
+        ladder_dir, retries=retries, progress=progress, progress_every_s=progress_every_s, budgets=budgets
+    )
     extra = {"executor": "ray", "cpus_per_rung": cpus_per_rung, "gpus_per_rung": gpus_per_rung}
     if not driver.waiting:  # nothing to run: no need to start or join a cluster
         return driver.summary(**extra)
@@ -171,9 +173,13 @@ class RayPlacer:
         cluster = ray.cluster_resources()
         if cluster.get("CPU", 0) < cpus or cluster.get("GPU", 0) < gpus:
             # An autoscaling cluster may still add such a node; a fixed one never will and the tasks wait forever.
-            print(f"[ladder] warning: the Ray cluster has {cluster.get('CPU', 0):g} CPUs and "
-                  f"{cluster.get('GPU', 0):g} GPUs in all, less than one rung's {cpus:g} CPUs and {gpus:g} GPUs; "
-                  "the rungs wait until such a node joins", file=sys.stderr, flush=True)
+            print(
+                f"[ladder] warning: the Ray cluster has {cluster.get('CPU', 0):g} CPUs and "
+                f"{cluster.get('GPU', 0):g} GPUs in all, less than one rung's {cpus:g} CPUs and {gpus:g} GPUs; "
+                "the rungs wait until such a node joins",
+                file=sys.stderr,
+                flush=True,
+            )
         self.options = dict(num_cpus=cpus, num_gpus=gpus, max_retries=worker_retries, retry_exceptions=False)
         env = _forwarded_env()
         if env:
@@ -187,7 +193,12 @@ class RayPlacer:
 
     def place(self, rung: Rung, lock_path: Path, log_path: Path) -> None:
         ref = self.task.options(**self.options, name=f"delphi-rung-{rung.run_id}").remote(
-            str(rung.config), str(rung.run_dir), str(lock_path), str(log_path), self.cpus, self.gpus,
+            str(rung.config),
+            str(rung.run_dir),
+            str(lock_path),
+            str(log_path),
+            self.cpus,
+            self.gpus,
         )
         self.in_flight[ref] = rung
 
@@ -232,8 +243,10 @@ def reject_ray_options(args) -> None:
 
 def run_ray_ladder_from_args(args) -> dict:
     if args.workers is not None:
-        raise DelphiError("--workers: only applies to --executor local; with ray, --cpus-per-rung/--gpus-per-rung "
-                          "and the cluster's size set how many rungs run at once")
+        raise DelphiError(
+            "--workers: only applies to --executor local; with ray, --cpus-per-rung/--gpus-per-rung "
+            "and the cluster's size set how many rungs run at once"
+        )
     return run_ray_ladder(
         args.ladder_dir,
         address=args.address,

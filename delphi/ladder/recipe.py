@@ -113,8 +113,11 @@ class RecipeSpec:
     check: RecipeCheckSpec | None = None  # the sweep of `delphi ladder recipe-check` (null: none)
 
     def constants(self) -> dict[str, RecipeConstant]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if isinstance(getattr(self, f.name), RecipeConstant)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), RecipeConstant)
+        }
 
     def validate(self, where: str = "recipe") -> "RecipeSpec":
         def need(ok: bool, key: str, message: str) -> None:
@@ -123,23 +126,43 @@ class RecipeSpec:
 
         v = {k: c.value for k, c in self.constants().items()}
         for key, value in v.items():
-            need(isinstance(value, (int, float)) and math.isfinite(value), f"{key}.value", f"must be a finite number, got {value!r}")
-        need(v["target_steps"] >= 1 and float(v["target_steps"]).is_integer(), "target_steps.value",
-             f"must be a whole number of steps >= 1, got {v['target_steps']}")
-        need(1 <= self.min_seqs <= self.max_seqs, "min_seqs", f"need 1 <= min_seqs <= max_seqs, got {self.min_seqs}, {self.max_seqs}")
+            need(
+                isinstance(value, (int, float)) and math.isfinite(value),
+                f"{key}.value",
+                f"must be a finite number, got {value!r}",
+            )
+        need(
+            v["target_steps"] >= 1 and float(v["target_steps"]).is_integer(),
+            "target_steps.value",
+            f"must be a whole number of steps >= 1, got {v['target_steps']}",
+        )
+        need(
+            1 <= self.min_seqs <= self.max_seqs,
+            "min_seqs",
+            f"need 1 <= min_seqs <= max_seqs, got {self.min_seqs}, {self.max_seqs}",
+        )
         for key in ("ref_batch_tokens", "ref_tokens", "ref_d_model", "lr", "lr_max", "adam_lr", "adam_lr_max", "eps"):
             need(v[key] > 0, f"{key}.value", f"must be positive, got {v[key]}")
         need(0 <= v["beta1"] < 1, "beta1.value", f"must be in [0, 1), got {v['beta1']}")
         need(0 < v["beta2"] < 1, "beta2.value", f"must be in (0, 1), got {v['beta2']}")
-        need(0 < v["beta2_min"] <= v["beta2_max"] < 1, "beta2_min.value",
-             f"need 0 < beta2_min <= beta2_max < 1, got {v['beta2_min']}, {v['beta2_max']}")
+        need(
+            0 < v["beta2_min"] <= v["beta2_max"] < 1,
+            "beta2_min.value",
+            f"need 0 < beta2_min <= beta2_max < 1, got {v['beta2_min']}, {v['beta2_max']}",
+        )
         need(v["grad_clip"] >= 0, "grad_clip.value", f"must be >= 0, got {v['grad_clip']}")
         need(v["weight_decay"] >= 0, "weight_decay.value", f"must be >= 0, got {v['weight_decay']}")
-        need(self.optimizer != "adamh" or v["weight_decay"] == 0, "weight_decay.value",
-             f"must be 0 under optimizer adamh (AdamH keeps every matrix at its initial norm), got {v['weight_decay']}")
+        need(
+            self.optimizer != "adamh" or v["weight_decay"] == 0,
+            "weight_decay.value",
+            f"must be 0 under optimizer adamh (AdamH keeps every matrix at its initial norm), got {v['weight_decay']}",
+        )
         need(0 <= v["warmup_frac"] < 1, "warmup_frac.value", f"must be in [0, 1), got {v['warmup_frac']}")
-        need(0 <= v["decay_frac"] <= 1 - v["warmup_frac"], "decay_frac.value",
-             f"must be in [0, 1 - warmup_frac], got {v['decay_frac']}")
+        need(
+            0 <= v["decay_frac"] <= 1 - v["warmup_frac"],
+            "decay_frac.value",
+            f"must be in [0, 1 - warmup_frac], got {v['decay_frac']}",
+        )
         need(0 <= v["min_lr_frac"] <= 1, "min_lr_frac.value", f"must be in [0, 1], got {v['min_lr_frac']}")
         if self.check is not None:
             _validate_check(self.check, f"{where}.check")
@@ -151,21 +174,34 @@ def _validate_check(c: RecipeCheckSpec, where: str) -> None:
         if not ok:
             raise DelphiError(f"{where}.{key}: {message}")
 
-    need(len(c.hero_computes) >= 1 and all(x > 0 and math.isfinite(x) for x in c.hero_computes), "hero_computes",
-         f"need the positive computes (FLOPs) of the runs planned beyond the ladder, got {list(c.hero_computes)}")
+    need(
+        len(c.hero_computes) >= 1 and all(x > 0 and math.isfinite(x) for x in c.hero_computes),
+        "hero_computes",
+        f"need the positive computes (FLOPs) of the runs planned beyond the ladder, got {list(c.hero_computes)}",
+    )
     need(len(set(c.widths)) >= 3, "widths", f"need >= 3 distinct widths (issue 29), got {list(c.widths)}")
     need(all(w >= 2 and w % 2 == 0 for w in c.widths), "widths", f"must be even widths, got {list(c.widths)}")
     need(c.width_tokens > 0, "width_tokens", f"must be a positive token count, got {c.width_tokens}")
     need(len(set(c.horizons)) >= 3, "horizons", f"need >= 3 distinct token horizons (issue 29), got {list(c.horizons)}")
     need(all(t > 0 for t in c.horizons), "horizons", f"must be positive token counts, got {list(c.horizons)}")
-    need(c.horizon_width >= 2 and c.horizon_width % 2 == 0, "horizon_width", f"must be an even width, got {c.horizon_width}")
+    need(
+        c.horizon_width >= 2 and c.horizon_width % 2 == 0,
+        "horizon_width",
+        f"must be an even width, got {c.horizon_width}",
+    )
     m = c.lr_multipliers
-    need(len(set(m)) >= 5 and 1.0 in m and min(m) > 0, "lr_multipliers",
-         f"need >= 5 distinct positive multipliers including 1 (the recipe's LR), got {list(m)}")
+    need(
+        len(set(m)) >= 5 and 1.0 in m and min(m) > 0,
+        "lr_multipliers",
+        f"need >= 5 distinct positive multipliers including 1 (the recipe's LR), got {list(m)}",
+    )
     need(len(set(c.seeds)) >= 2 and min(c.seeds) >= 0, "seeds", f"need >= 2 distinct seeds >= 0, got {list(c.seeds)}")
     b = c.batch_multipliers
-    need(len(set(b)) >= 2 and 1.0 not in b and min(b) > 0, "batch_multipliers",
-         f"need >= 2 distinct positive multipliers other than 1, got {list(b)}")
+    need(
+        len(set(b)) >= 2 and 1.0 not in b and min(b) > 0,
+        "batch_multipliers",
+        f"need >= 2 distinct positive multipliers other than 1, got {list(b)}",
+    )
 
 
 # The spec keys a recipe owns: set alongside `recipe:` they would be a second, silent source of
@@ -174,8 +210,18 @@ def _validate_check(c: RecipeCheckSpec, where: str) -> None:
 RECIPE_OWNED_KEYS = {
     "base": ("lr", "batch_tokens", "tokens", "weight_decay", "beta1", "beta2", "eps", "grad_clip"),
     "batch": ("rule", "min_steps", "min_seqs", "max_seqs"),
-    "transfer": ("batch_exponent", "horizon_exponent", "width_exponent", "lr_max", "beta2", "schedule",
-                 "warmup_frac", "decay_frac", "decay_shape", "min_lr_frac"),
+    "transfer": (
+        "batch_exponent",
+        "horizon_exponent",
+        "width_exponent",
+        "lr_max",
+        "beta2",
+        "schedule",
+        "warmup_frac",
+        "decay_frac",
+        "decay_shape",
+        "min_lr_frac",
+    ),
 }
 
 
@@ -256,7 +302,9 @@ def _width_factor(recipe: RecipeSpec, d_model: int | None) -> float:
     if recipe.width_exponent.value == 0:
         return 1.0
     if d_model is None:
-        raise DelphiError("recipe.width_exponent: the recipe has a width term, so its hyperparameters need the run's d_model")
+        raise DelphiError(
+            "recipe.width_exponent: the recipe has a width term, so its hyperparameters need the run's d_model"
+        )
     return (d_model / recipe.ref_d_model.value) ** recipe.width_exponent.value
 
 
@@ -290,8 +338,9 @@ def caps_hit(recipe: RecipeSpec, batch_tokens: float, tokens: float, d_model: in
     return tuple(hit)
 
 
-def hyperparams_at(recipe: RecipeSpec, batch_seqs: int, seq_len: int, tokens: float, halvings: int = 0,
-                   d_model: int | None = None) -> RecipeHyperparams:
+def hyperparams_at(
+    recipe: RecipeSpec, batch_seqs: int, seq_len: int, tokens: float, halvings: int = 0, d_model: int | None = None
+) -> RecipeHyperparams:
     """The recipe's hyperparameters at a given batch and horizon (caps clipped, not halved): the
     batch sweep of the recipe check trains at batches the rule did not choose."""
     if batch_seqs < 1:
@@ -332,8 +381,9 @@ def recipe_batch_seqs(recipe: RecipeSpec, tokens: float, seq_len: int, d_model: 
     return max(seqs, recipe.min_seqs), halvings
 
 
-def recipe_for_tokens(recipe: RecipeSpec, tokens: float, seq_len: int, batch_seqs: int | None = None,
-                      d_model: int | None = None) -> RecipeHyperparams:
+def recipe_for_tokens(
+    recipe: RecipeSpec, tokens: float, seq_len: int, batch_seqs: int | None = None, d_model: int | None = None
+) -> RecipeHyperparams:
     """THE recipe: everything a run of `tokens` tokens at width `d_model` trains with (the width is
     needed only with a width term). `batch_seqs` overrides the batch rule (the recipe check's batch
     sweep only); the hyperparameters follow the batch either way."""
@@ -356,15 +406,25 @@ def optim_config(hp: RecipeHyperparams, lr: float | None = None) -> "OptimConfig
     from delphi.train.config import OptimConfig
 
     kwargs: dict = dict(
-        lr=hp.lr if lr is None else lr, weight_decay=hp.weight_decay, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps,
-        grad_clip=hp.grad_clip, schedule=hp.schedule, warmup_frac=hp.warmup_frac, decay_frac=hp.decay_frac,
-        decay_shape=hp.decay_shape, min_lr_frac=hp.min_lr_frac,
+        lr=hp.lr if lr is None else lr,
+        weight_decay=hp.weight_decay,
+        beta1=hp.beta1,
+        beta2=hp.beta2,
+        eps=hp.eps,
+        grad_clip=hp.grad_clip,
+        schedule=hp.schedule,
+        warmup_frac=hp.warmup_frac,
+        decay_frac=hp.decay_frac,
+        decay_shape=hp.decay_shape,
+        min_lr_frac=hp.min_lr_frac,
     )
     if trainer_has_optimizer_choice():
         kwargs["optimizer"] = hp.optimizer
         if hp.optimizer == "adamh":
             kwargs["adam_lr"] = hp.adam_lr
     elif hp.optimizer != "adamw":
-        raise DelphiError(f"recipe.optimizer: {hp.optimizer}: this trainer has no such optimizer "
-                          "(delphi.train.config.OptimConfig takes no `optimizer`)")
+        raise DelphiError(
+            f"recipe.optimizer: {hp.optimizer}: this trainer has no such optimizer "
+            "(delphi.train.config.OptimConfig takes no `optimizer`)"
+        )
     return OptimConfig(**kwargs)

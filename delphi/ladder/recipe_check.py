@@ -57,15 +57,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
-from delphi.ladder.plan import (RUNS_DIR, Rung, expected_depths, expected_optimum, make_rung, plan_hero, plan_ladder,
-                                shape_for_width)
 from delphi.ladder.lr_calibration import completed_val_loss
+from delphi.ladder.plan import (
+    RUNS_DIR,
+    Rung,
+    expected_depths,
+    expected_optimum,
+    make_rung,
+    plan_hero,
+    plan_ladder,
+    shape_for_width,
+)
 from delphi.ladder.recipe import RecipeCheckSpec, recipe_batch_seqs
 from delphi.ladder.spec import LadderSpec
 from delphi.model.flops import flops_per_token
@@ -92,7 +101,7 @@ BATCH_FIT_NEIGHBOURS = 1
 # span moved in by at most half an octave. A tighter match buys no accuracy (every sample enters the
 # fit at its own x) but trains more: on runs/v8_check, a retune of recipe.lr by 1.5x would train all
 # 46 runs again at 2^(1/3), and 25 (the recipe's seeds, 4x and the batch sweep) at sqrt(2).
-PRIOR_MATCH = 2.0 ** 0.5
+PRIOR_MATCH = 2.0**0.5
 # A batch-sweep run is reused only this close to the recipe's LR, since it stands AT the recipe's LR:
 # at the sweeps' curvature (0.023-0.030 nats per octave^2 of LR at d16@6e7 and d192@7e5, the first
 # points of runs/v8_check), 1/6 of an octave off costs <= 0.0008 nats, 0.05% of the loss, a tenth of
@@ -172,21 +181,31 @@ def check_reach(spec: LadderSpec, rungs: list[Rung], hero: Rung) -> None:
     c = _check(spec)
     smallest = min(rungs, key=lambda r: (r.model.d_model, r.tokens))
     if max(c.widths) < hero.model.d_model:
-        raise DelphiError(f"recipe.check.widths: the widest point (d{max(c.widths)}) does not reach the planned hero's "
-                          f"width d{hero.model.d_model} ({hero.run_id}); add d{hero.model.d_model} or wider")
+        raise DelphiError(
+            f"recipe.check.widths: the widest point (d{max(c.widths)}) does not reach the planned hero's "
+            f"width d{hero.model.d_model} ({hero.run_id}); add d{hero.model.d_model} or wider"
+        )
     if max(c.horizons) * (1 + REACH_SLACK_REL) < hero.tokens:
-        raise DelphiError(f"recipe.check.horizons: the longest horizon ({max(c.horizons):.3g} tokens) does not reach the "
-                          f"planned hero's {hero.tokens:.3g} tokens ({hero.run_id}); add a horizon >= {hero.tokens:.3g}")
+        raise DelphiError(
+            f"recipe.check.horizons: the longest horizon ({max(c.horizons):.3g} tokens) does not reach the "
+            f"planned hero's {hero.tokens:.3g} tokens ({hero.run_id}); add a horizon >= {hero.tokens:.3g}"
+        )
     if min(c.widths) > smallest.model.d_model:
-        raise DelphiError(f"recipe.check.widths: the narrowest point (d{min(c.widths)}) is wider than the smallest rung "
-                          f"(d{smallest.model.d_model}, {smallest.run_id})")
+        raise DelphiError(
+            f"recipe.check.widths: the narrowest point (d{min(c.widths)}) is wider than the smallest rung "
+            f"(d{smallest.model.d_model}, {smallest.run_id})"
+        )
     shortest = min(r.tokens for r in rungs)
     if min(c.horizons) > shortest * (1 + REACH_SLACK_REL) and c.width_tokens > shortest * (1 + REACH_SLACK_REL):
-        raise DelphiError(f"recipe.check.width_tokens: neither it ({c.width_tokens:.3g}) nor the shortest horizon "
-                          f"({min(c.horizons):.3g}) reaches down to the ladder's shortest rung ({shortest:.3g} tokens)")
+        raise DelphiError(
+            f"recipe.check.width_tokens: neither it ({c.width_tokens:.3g}) nor the shortest horizon "
+            f"({min(c.horizons):.3g}) reaches down to the ladder's shortest rung ({shortest:.3g} tokens)"
+        )
 
 
-def _point_rung(spec: LadderSpec, d_model: int, tokens: float, seed: int, run_id: str, batch: int | None = None) -> Rung:
+def _point_rung(
+    spec: LadderSpec, d_model: int, tokens: float, seed: int, run_id: str, batch: int | None = None
+) -> Rung:
     model = shape_for_width(spec, d_model)
     rung = make_rung(spec, model, tokens * flops_per_token(model, spec.seq_len), seed, run_id=run_id, batch=batch)
     if rung is None:  # pragma: no cover - the recipe always finds a batch
@@ -286,18 +305,23 @@ def load_priors(spec: LadderSpec, dirs: Sequence[str | Path], out: str | Path | 
     for given in dirs:
         d = Path(given)
         if not (d / PLAN_FILE).is_file():
-            raise DelphiError(f"--prior {given}: not a recipe-check directory (no {PLAN_FILE}); give the --out of an "
-                              "earlier `delphi ladder recipe-check`")
+            raise DelphiError(
+                f"--prior {given}: not a recipe-check directory (no {PLAN_FILE}); give the --out of an "
+                "earlier `delphi ladder recipe-check`"
+            )
         if out is not None and d.resolve() == Path(out).resolve():
-            raise DelphiError(f"--prior {given}: is the --out directory; a prior is an earlier check of other "
-                              "recipe constants")
+            raise DelphiError(
+                f"--prior {given}: is the --out directory; a prior is an earlier check of other recipe constants"
+            )
         if d.resolve() in seen_dirs:
             continue
         seen_dirs.add(d.resolve())
         differs = _first_difference(_outside_constants(load_ladder_spec(d / SPEC_FILE)), _outside_constants(spec))
         if differs is not None:
-            raise DelphiError(f"--prior {given}: a recipe check of another ladder spec ({SPEC_FILE} differs at "
-                              f"{differs}, outside the recipe's constants and check); its runs cannot be reused")
+            raise DelphiError(
+                f"--prior {given}: a recipe check of another ladder spec ({SPEC_FILE} differs at "
+                f"{differs}, outside the recipe's constants and check); its runs cannot be reused"
+            )
         for row in read_manifest(d):
             run_dir = d / RUNS_DIR / row["run_id"]
             path = run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else d / row["config"]
@@ -325,8 +349,10 @@ def plan_check(spec: LadderSpec, priors: Sequence[PriorRun] = ()) -> tuple[list[
 
     def reusable(base: Rung, grid: Sequence[float]) -> list[tuple[PriorRun, float]]:
         """The priors equal to `base` but for LR and seed, with their LR in units of base's."""
-        return [(p, _lr_ratio(p.train.optim.lr, base.train.optim.lr, grid))
-                for p in by_identity.get(reuse_identity(base.train), [])]
+        return [
+            (p, _lr_ratio(p.train.optim.lr, base.train.optim.lr, grid))
+            for p in by_identity.get(reuse_identity(base.train), [])
+        ]
 
     def add(kind: str, d: int, tokens: float, m: float, b: float, seed: int, batch: int | None) -> None:
         base = _point_rung(spec, d, tokens, seed, "tmp", batch)
@@ -335,8 +361,11 @@ def plan_check(spec: LadderSpec, priors: Sequence[PriorRun] = ()) -> tuple[list[
         runs.append(CheckRun(run_id, kind, f"d{d}@{tokens:.3g}", d, float(tokens), float(m), float(b), seed))
 
     def add_prior(kind: str, d: int, tokens: float, prior: PriorRun, x: float, b: float) -> None:
-        runs.append(CheckRun(prior.run_id, kind, f"d{d}@{tokens:.3g}", d, float(tokens), x, float(b),
-                             prior.train.seed, prior.source))
+        runs.append(
+            CheckRun(
+                prior.run_id, kind, f"d{d}@{tokens:.3g}", d, float(tokens), x, float(b), prior.train.seed, prior.source
+            )
+        )
 
     multipliers = sorted(set(c.lr_multipliers))
     for kind, d, tokens in points:
@@ -344,7 +373,7 @@ def plan_check(spec: LadderSpec, priors: Sequence[PriorRun] = ()) -> tuple[list[
         for m in multipliers:
             if m != 1.0 and any(_within(x, m, PRIOR_MATCH) for _, x in reused):
                 continue  # a prior covers it; the recipe's own value is always trained
-            for seed in (c.seeds if m == 1.0 else c.seeds[:1]):
+            for seed in c.seeds if m == 1.0 else c.seeds[:1]:
                 add(kind, d, tokens, m, 1.0, seed, None)
         for prior, x in sorted(reused, key=lambda px: (px[1], px[0].train.seed)):
             add_prior(kind, d, tokens, prior, x, 1.0)
@@ -357,8 +386,13 @@ def plan_check(spec: LadderSpec, priors: Sequence[PriorRun] = ()) -> tuple[list[
             seqs = max(1, round(rule * b))
             if seqs == rule:
                 continue
-            near = [(p, x) for p, x in (reusable(_point_rung(spec, d, tokens, c.seeds[0], "tmp", seqs), (1.0,))
-                                        if by_identity else []) if _within(x, 1.0, BATCH_PRIOR_MATCH)]
+            near = [
+                (p, x)
+                for p, x in (
+                    reusable(_point_rung(spec, d, tokens, c.seeds[0], "tmp", seqs), (1.0,)) if by_identity else []
+                )
+                if _within(x, 1.0, BATCH_PRIOR_MATCH)
+            ]
             if not near:
                 add("batch", d, tokens, 1.0, seqs / rule, c.seeds[0], seqs)
             for prior, x in near:
@@ -366,8 +400,9 @@ def plan_check(spec: LadderSpec, priors: Sequence[PriorRun] = ()) -> tuple[list[
     return list(rungs.values()), runs
 
 
-def check_summary(spec: LadderSpec, rungs: list[Rung], runs: Sequence[CheckRun] = (),
-                  priors: Sequence[PriorRun] = ()) -> dict[str, Any]:
+def check_summary(
+    spec: LadderSpec, rungs: list[Rung], runs: Sequence[CheckRun] = (), priors: Sequence[PriorRun] = ()
+) -> dict[str, Any]:
     """Compute and wall of the check against the study's (ladder + the runs beyond it), and the hero;
     with priors, the runs and FLOPs it reuses from each (`runs`: the plan's, naming their source)."""
     c = _check(spec)
@@ -377,8 +412,15 @@ def check_summary(spec: LadderSpec, rungs: list[Rung], runs: Sequence[CheckRun] 
     check_flops = sum(r.flops for r in rungs)
     study_flops = sum(r.flops for r in ladder) + sum(c.hero_computes)
     return {
-        "hero": {"run_id": hero.run_id, "d_model": hero.model.d_model, "n_layers": hero.model.n_layers,
-                 "tokens": float(hero.tokens), "flops": hero.flops, "batch_size": hero.batch_size, "steps": hero.steps},
+        "hero": {
+            "run_id": hero.run_id,
+            "d_model": hero.model.d_model,
+            "n_layers": hero.model.n_layers,
+            "tokens": float(hero.tokens),
+            "flops": hero.flops,
+            "batch_size": hero.batch_size,
+            "steps": hero.steps,
+        },
         "runs": len(rungs),
         "check_flops": check_flops,
         "ladder_flops": sum(r.flops for r in ladder),
@@ -399,21 +441,35 @@ def prior_summary(runs: Sequence[CheckRun], priors: Sequence[PriorRun]) -> dict[
     out: list[dict[str, Any]] = []
     for source in dict.fromkeys(p.source for p in priors):
         mine = [by_key[k] for k in sorted(used) if k[0] == source]
-        out.append({"dir": source, "runs": len(mine), "flops": sum(p.train.flops for p in mine),
-                    "not_ended": sum(not p.ended for p in mine)})
+        out.append(
+            {
+                "dir": source,
+                "runs": len(mine),
+                "flops": sum(p.train.flops for p in mine),
+                "not_ended": sum(not p.ended for p in mine),
+            }
+        )
     return {"priors": out, "reused_runs": sum(p["runs"] for p in out), "reused_flops": sum(p["flops"] for p in out)}
 
 
-def write_check(spec: LadderSpec, out: str | Path, priors: Sequence[str | Path] = ()
-                ) -> tuple[list[Rung], list[CheckRun], dict[str, Any]]:
+def write_check(
+    spec: LadderSpec, out: str | Path, priors: Sequence[str | Path] = ()
+) -> tuple[list[Rung], list[CheckRun], dict[str, Any]]:
     """Plan the check into `out` (a ladder directory). A rerun resumes it; a directory holding a check
     of the same spec and recipe with other points is extended (its runs stay, new points join), so a
     check short of the fitted hero grows where it stands. `priors`: earlier checks' directories
     (--prior) whose runs stand in for multipliers they cover (`plan_check`); the plan depends on what
     they planned, not on how far they trained, so a rerun with the same priors plans the same."""
     from delphi.io import atomic_write_yaml
-    from delphi.ladder.plan import (CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, manifest_csv, manifest_row, read_manifest,
-                                    write_ladder)
+    from delphi.ladder.plan import (
+        CONFIG_DIR,
+        MANIFEST_FILE,
+        SPEC_FILE,
+        manifest_csv,
+        manifest_row,
+        read_manifest,
+        write_ladder,
+    )
     from delphi.ladder.spec import ladder_spec_to_dict, load_ladder_spec
     from delphi.train.config import train_config_to_dict
 
@@ -425,8 +481,10 @@ def write_check(spec: LadderSpec, out: str | Path, priors: Sequence[str | Path] 
         write_ladder(spec, rungs, out)
     else:
         if _check_subject(load_ladder_spec(out / SPEC_FILE)) != _check_subject(spec):
-            raise DelphiError(f"--out: {out} holds a recipe check of another ladder spec or recipe ({SPEC_FILE} differs "
-                              "outside recipe.check, budgets and isoflop); choose a new directory")
+            raise DelphiError(
+                f"--out: {out} holds a recipe check of another ladder spec or recipe ({SPEC_FILE} differs "
+                "outside recipe.check, budgets and isoflop); choose a new directory"
+            )
         rows = {row["run_id"]: row for row in read_manifest(out)}
         for rung in rungs:
             if rung.run_id not in rows:
@@ -434,8 +492,10 @@ def write_check(spec: LadderSpec, out: str | Path, priors: Sequence[str | Path] 
                 rows[rung.run_id] = manifest_row(rung)
         atomic_write_yaml(out / SPEC_FILE, ladder_spec_to_dict(spec))
         atomic_write_text(out / MANIFEST_FILE, manifest_csv(list(rows.values())))
-    atomic_write_text(Path(out) / PLAN_FILE, json.dumps({**summary, "check_runs": [dataclasses.asdict(r) for r in runs]},
-                                                        indent=2) + "\n")
+    atomic_write_text(
+        Path(out) / PLAN_FILE,
+        json.dumps({**summary, "check_runs": [dataclasses.asdict(r) for r in runs]}, indent=2) + "\n",
+    )
     return rungs, runs, summary
 
 
@@ -450,8 +510,9 @@ def _grid_step_log2(grid: Sequence[float]) -> float:
     return float(np.median(np.diff(logs))) if len(logs) >= 2 else 1.0
 
 
-def _sweep(xs: list[float], losses: list[float], at: float, window_log2: float,
-           own: list[bool] | None = None) -> dict[str, Any]:
+def _sweep(
+    xs: list[float], losses: list[float], at: float, window_log2: float, own: list[bool] | None = None
+) -> dict[str, Any]:
     """Quadratic in log2 x through every x within `window_log2` of the best finite x (seed means):
     the optimum, and the loss at `at` above it, from the runs flagged `own` (default: all)."""
     import numpy as np
@@ -460,9 +521,21 @@ def _sweep(xs: list[float], losses: list[float], at: float, window_log2: float,
 
     own = own if own is not None else [True] * len(xs)
     finite = [(x, y) for x, y in zip(xs, losses) if math.isfinite(y)]
-    out: dict[str, Any] = {"x": xs, "losses": losses, "x_opt": None, "interior": False, "loss_opt": None,
-                           "loss_at_recipe": None, "loss_at_recipe_fit": None, "loss_opt_fit": None, "lost_frac": None,
-                           "lost_observed_frac": None, "lost_basis": None, "curvature": None, "best_x": None}
+    out: dict[str, Any] = {
+        "x": xs,
+        "losses": losses,
+        "x_opt": None,
+        "interior": False,
+        "loss_opt": None,
+        "loss_at_recipe": None,
+        "loss_at_recipe_fit": None,
+        "loss_opt_fit": None,
+        "lost_frac": None,
+        "lost_observed_frac": None,
+        "lost_basis": None,
+        "curvature": None,
+        "best_x": None,
+    }
     at_loss = [y for x, y, mine in zip(xs, losses, own) if mine and x == at and math.isfinite(y)]
     if at_loss:
         out["loss_at_recipe"] = float(np.mean(at_loss))
@@ -522,8 +595,10 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
     plan = read_json(out / PLAN_FILE, what="recipe-check plan")
     runs = [CheckRun(**r) for r in plan["check_runs"]]
     # a prior's run lives in its --prior directory (as given: relative to the working directory)
-    loss = {(r.source, r.run_id): completed_val_loss((Path(r.source) if r.source else out) / RUNS_DIR / r.run_id)
-            for r in runs}
+    loss = {
+        (r.source, r.run_id): completed_val_loss((Path(r.source) if r.source else out) / RUNS_DIR / r.run_id)
+        for r in runs
+    }
     c = _check(spec)
     assert spec.recipe is not None
     lr_window = LR_FIT_NEIGHBOURS * _grid_step_log2(c.lr_multipliers)
@@ -544,23 +619,49 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
             sweep = _sweep(xs, [loss[key(r)] for r in rs], 1.0, lr_window, [not r.source for r in rs])
             seeds = [loss[key(r)] for r in rs if r.lr_multiplier == 1.0 and not r.source]
             finite_seeds = [s for s in seeds if math.isfinite(s)]
-            points.append({"kind": kind, "point": name, "d_model": rs[0].d_model, "tokens": rs[0].tokens,
-                           "swept": "lr", "m_opt": sweep["x_opt"], **sweep,
-                           "seed_sd": float(np.std(finite_seeds, ddof=1)) if len(finite_seeds) >= 2 else None,
-                           "runs": len(rs), "prior_runs": sum(bool(r.source) for r in rs),
-                           "completed": sum(math.isfinite(loss[key(r)]) for r in rs)})
+            points.append(
+                {
+                    "kind": kind,
+                    "point": name,
+                    "d_model": rs[0].d_model,
+                    "tokens": rs[0].tokens,
+                    "swept": "lr",
+                    "m_opt": sweep["x_opt"],
+                    **sweep,
+                    "seed_sd": float(np.std(finite_seeds, ddof=1)) if len(finite_seeds) >= 2 else None,
+                    "runs": len(rs),
+                    "prior_runs": sum(bool(r.source) for r in rs),
+                    "completed": sum(math.isfinite(loss[key(r)]) for r in rs),
+                }
+            )
     # batch sweeps: the batch runs plus the point's own seed-0 run at the recipe's batch and LR
     batch_points = sorted({r.point for r in runs if r.kind == "batch"})
     for name in batch_points:
-        rs = [r for r in runs if r.point == name and (r.kind == "batch" or (
-            not r.source and r.lr_multiplier == 1.0 and r.seed == c.seeds[0]))]
+        rs = [
+            r
+            for r in runs
+            if r.point == name
+            and (r.kind == "batch" or (not r.source and r.lr_multiplier == 1.0 and r.seed == c.seeds[0]))
+        ]
         rs = list({key(r): r for r in rs}.values())
-        sweep = _sweep([r.batch_multiplier for r in rs], [loss[key(r)] for r in rs], 1.0, batch_window,
-                       [not r.source for r in rs])
-        points.append({"kind": "batch", "point": name, "d_model": rs[0].d_model, "tokens": rs[0].tokens, "swept": "batch",
-                       "m_opt": None, **sweep, "seed_sd": None, "runs": len(rs),
-                       "prior_runs": sum(bool(r.source) for r in rs),
-                       "completed": sum(math.isfinite(loss[key(r)]) for r in rs)})
+        sweep = _sweep(
+            [r.batch_multiplier for r in rs], [loss[key(r)] for r in rs], 1.0, batch_window, [not r.source for r in rs]
+        )
+        points.append(
+            {
+                "kind": "batch",
+                "point": name,
+                "d_model": rs[0].d_model,
+                "tokens": rs[0].tokens,
+                "swept": "batch",
+                "m_opt": None,
+                **sweep,
+                "seed_sd": None,
+                "runs": len(rs),
+                "prior_runs": sum(bool(r.source) for r in rs),
+                "completed": sum(math.isfinite(loss[key(r)]) for r in rs),
+            }
+        )
     hero = plan["hero"]
     width_pts = [p for p in points if p["kind"] == "width"]
     horizon_pts = [p for p in points if p["kind"] == "horizon"]
@@ -575,16 +676,24 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
         # (the horizon's with a minus sign: the recipe's horizon factor is (T0/T)^p).
         # The drift's width slope is about d_ref = horizon_width; moved to the recipe's own d0.
         width_slope = drift["b"] or 0.0
-        suggested = {"lr": r.lr.value * math.exp(drift["a"]) * (r.ref_d_model.value / c.horizon_width) ** width_slope,
-                     "horizon_exponent": r.horizon_exponent.value - (drift["c"] or 0.0),
-                     "width_exponent": r.width_exponent.value + width_slope}
+        suggested = {
+            "lr": r.lr.value * math.exp(drift["a"]) * (r.ref_d_model.value / c.horizon_width) ** width_slope,
+            "horizon_exponent": r.horizon_exponent.value - (drift["c"] or 0.0),
+            "width_exponent": r.width_exponent.value + width_slope,
+        }
     lost = [p["lost_frac"] for p in points if p["lost_frac"] is not None]
     return {
         "spec": spec.name,
         "optimizer": r.optimizer,
-        "recipe_now": {"lr": r.lr.value, "horizon_exponent": r.horizon_exponent.value,
-                       "width_exponent": r.width_exponent.value, "ref_d_model": r.ref_d_model.value, "adam_lr": r.adam_lr.value,
-                       "ref_batch_tokens": r.ref_batch_tokens.value, "ref_tokens": r.ref_tokens.value},
+        "recipe_now": {
+            "lr": r.lr.value,
+            "horizon_exponent": r.horizon_exponent.value,
+            "width_exponent": r.width_exponent.value,
+            "ref_d_model": r.ref_d_model.value,
+            "adam_lr": r.adam_lr.value,
+            "ref_batch_tokens": r.ref_batch_tokens.value,
+            "ref_tokens": r.ref_tokens.value,
+        },
         "hero": hero,
         "reach": {"widest": max(c.widths), "longest": max(c.horizons)},
         "points": points,
@@ -593,7 +702,9 @@ def analyse(spec: LadderSpec, out: str | Path) -> dict[str, Any]:
         "drift": drift,
         "recipe_suggested": suggested,
         "max_lost_frac": MAX_LOST_FRAC,
-        "compute": {k: plan[k] for k in ("check_flops", "ladder_flops", "study_flops", "compute_ratio", "max_compute_ratio")},
+        "compute": {
+            k: plan[k] for k in ("check_flops", "ladder_flops", "study_flops", "compute_ratio", "max_compute_ratio")
+        },
         "priors": plan.get("priors", []),  # per --prior directory: runs reused, their FLOPs
         "complete": all(p["completed"] == p["runs"] for p in points),
     }
@@ -604,15 +715,36 @@ def _drift(points: list[dict], d_ref: int, t_ref: float) -> dict[str, float | No
     from delphi.fits.lr_optimum import fit_lr_drift
 
     ok = [p for p in points if p["m_opt"] is not None and p["interior"]]
-    fitted = fit_lr_drift([p["m_opt"] for p in ok], [p["d_model"] / d_ref for p in ok],
-                          [p["tokens"] / t_ref for p in ok]) if ok else None
+    fitted = (
+        fit_lr_drift([p["m_opt"] for p in ok], [p["d_model"] / d_ref for p in ok], [p["tokens"] / t_ref for p in ok])
+        if ok
+        else None
+    )
     a, b, c = fitted if fitted is not None else (None, None, None)
     return {"a": a, "b": b, "c": c, "points": float(len(ok))}
 
 
 RUNS_CSV = "recipe_check_runs.csv"
-RUNS_CSV_COLUMNS = ("run_id", "kind", "point", "d_model", "n_layers", "tokens", "steps", "batch_size", "lr_multiplier",
-                    "batch_multiplier", "seed", "optimizer", "lr", "adam_lr", "beta2", "eps", "val_loss", "source")
+RUNS_CSV_COLUMNS = (
+    "run_id",
+    "kind",
+    "point",
+    "d_model",
+    "n_layers",
+    "tokens",
+    "steps",
+    "batch_size",
+    "lr_multiplier",
+    "batch_multiplier",
+    "seed",
+    "optimizer",
+    "lr",
+    "adam_lr",
+    "beta2",
+    "eps",
+    "val_loss",
+    "source",
+)
 
 
 def runs_csv(out: str | Path) -> str:
@@ -637,11 +769,29 @@ def runs_csv(out: str | Path) -> str:
             manifests[source] = {row["run_id"]: row for row in read_manifest(home)}
         m = manifests[source][r["run_id"]]
         loss = completed_val_loss(home / RUNS_DIR / r["run_id"])
-        writer.writerow({**{k: r[k] for k in ("run_id", "kind", "point", "d_model", "tokens", "lr_multiplier",
-                                               "batch_multiplier", "seed")},
-                         **{k: m.get(k, "") for k in ("n_layers", "steps", "batch_size", "optimizer", "lr", "adam_lr",
-                                                      "beta2", "eps")},
-                         "val_loss": repr(loss) if math.isfinite(loss) else "", "source": source})
+        writer.writerow(
+            {
+                **{
+                    k: r[k]
+                    for k in (
+                        "run_id",
+                        "kind",
+                        "point",
+                        "d_model",
+                        "tokens",
+                        "lr_multiplier",
+                        "batch_multiplier",
+                        "seed",
+                    )
+                },
+                **{
+                    k: m.get(k, "")
+                    for k in ("n_layers", "steps", "batch_size", "optimizer", "lr", "adam_lr", "beta2", "eps")
+                },
+                "val_loss": repr(loss) if math.isfinite(loss) else "",
+                "source": source,
+            }
+        )
     return buf.getvalue()
 
 
@@ -661,11 +811,13 @@ def format_report(report: dict[str, Any]) -> str:
     def loss(x: float | None) -> str:
         return f"{x:.4f}" if x is not None else "-"
 
-    lines = [f"recipe check of {report['spec']} ({report['optimizer']}): loss lost to the recipe's LR / batch, "
-             f"the fitted curve at the recipe's value over its minimum (limit {report['max_lost_frac']:.1%}); "
-             f"observed: the recipe's seed mean over the best, seed noise included",
-             f"{'kind':<8} {'point':<14} {'swept':<6} {'optimum':>8} {'mean@1':>7} {'curve@1':>7} {'curve min':>9} "
-             f"{'lost':>7} {'observed':>8} {'seed sd':>7} {'runs':>5}"]
+    lines = [
+        f"recipe check of {report['spec']} ({report['optimizer']}): loss lost to the recipe's LR / batch, "
+        f"the fitted curve at the recipe's value over its minimum (limit {report['max_lost_frac']:.1%}); "
+        f"observed: the recipe's seed mean over the best, seed noise included",
+        f"{'kind':<8} {'point':<14} {'swept':<6} {'optimum':>8} {'mean@1':>7} {'curve@1':>7} {'curve min':>9} "
+        f"{'lost':>7} {'observed':>8} {'seed sd':>7} {'runs':>5}",
+    ]
     for p in report["points"]:
         if p["x_opt"] is not None and p["interior"]:
             opt = f"{p['x_opt']:.2f}x"
@@ -673,36 +825,48 @@ def format_report(report: dict[str, Any]) -> str:
             opt = f"best {p['best_x']:g}x" if p["best_x"] is not None else "-"
         sd = f"{p['seed_sd']:.4f}" if p["seed_sd"] is not None else "-"
         prior = f" ({p['prior_runs']} prior)" if p.get("prior_runs") else ""
-        lines.append(f"{p['kind']:<8} {p['point']:<14} {p['swept']:<6} {opt:>8} {loss(p['loss_at_recipe']):>7} "
-                     f"{loss(p.get('loss_at_recipe_fit')):>7} {loss(p.get('loss_opt_fit') or p['loss_opt']):>9} "
-                     f"{_pct(p['lost_frac']):>7} {_pct(p.get('lost_observed_frac')):>8} {sd:>7} "
-                     f"{p['completed']:>2}/{p['runs']:<2}{prior}")
+        lines.append(
+            f"{p['kind']:<8} {p['point']:<14} {p['swept']:<6} {opt:>8} {loss(p['loss_at_recipe']):>7} "
+            f"{loss(p.get('loss_at_recipe_fit')):>7} {loss(p.get('loss_opt_fit') or p['loss_opt']):>9} "
+            f"{_pct(p['lost_frac']):>7} {_pct(p.get('lost_observed_frac')):>8} {sd:>7} "
+            f"{p['completed']:>2}/{p['runs']:<2}{prior}"
+        )
     t, h = report["trend"], report["hero"]
-    lines.append(f"trend carried to the hero {h['run_id']} (d{h['d_model']}, {h['tokens']:.3g} tokens): width "
-                 f"{_pct(t['width_at_hero'])}, horizon {_pct(t['horizon_at_hero'])}")
+    lines.append(
+        f"trend carried to the hero {h['run_id']} (d{h['d_model']}, {h['tokens']:.3g} tokens): width "
+        f"{_pct(t['width_at_hero'])}, horizon {_pct(t['horizon_at_hero'])}"
+    )
     d = report["drift"]
     if d["a"] is not None:
-        lines.append(f"LR optimum drift: log m* = {d['a']:+.3f}" + (f" {d['b']:+.3f} log(d/d_ref)" if d["b"] is not None else "")
-                     + (f" {d['c']:+.3f} log(T/T0)" if d["c"] is not None else ""))
+        lines.append(
+            f"LR optimum drift: log m* = {d['a']:+.3f}"
+            + (f" {d['b']:+.3f} log(d/d_ref)" if d["b"] is not None else "")
+            + (f" {d['c']:+.3f} log(T/T0)" if d["c"] is not None else "")
+        )
     if report.get("recipe_suggested"):
         s = report["recipe_suggested"]
         now = report["recipe_now"]
-        lines.append(f"recipe now: lr {now['lr']:.4g}, horizon_exponent {now['horizon_exponent']:.3f}, width_exponent "
-                     f"{now.get('width_exponent', 0.0):.3f}; fitted: lr {s['lr']:.4g}, horizon_exponent "
-                     f"{s['horizon_exponent']:.3f}, width_exponent {s.get('width_exponent', 0.0):.3f}")
+        lines.append(
+            f"recipe now: lr {now['lr']:.4g}, horizon_exponent {now['horizon_exponent']:.3f}, width_exponent "
+            f"{now.get('width_exponent', 0.0):.3f}; fitted: lr {s['lr']:.4g}, horizon_exponent "
+            f"{s['horizon_exponent']:.3f}, width_exponent {s.get('width_exponent', 0.0):.3f}"
+        )
     for prior in report.get("priors") or []:
         lines.append(f"reused from --prior {prior['dir']}: {prior['runs']} runs, {prior['flops']:.3g} FLOPs")
     cm = report["compute"]
-    lines.append(f"compute: check {cm['check_flops']:.3g} FLOPs = {cm['compute_ratio']:.1%} of the study's {cm['study_flops']:.3g} "
-                 f"(limit {cm['max_compute_ratio']:.0%})")
+    lines.append(
+        f"compute: check {cm['check_flops']:.3g} FLOPs = {cm['compute_ratio']:.1%} of the study's {cm['study_flops']:.3g} "
+        f"(limit {cm['max_compute_ratio']:.0%})"
+    )
     return "\n".join(lines)
 
 
 # ---- gate `recipe` -------------------------------------------------------------------------------
 
 
-def gate_problems(report: dict[str, Any], hero: dict[str, float] | None = None,
-                  limit: float = MAX_LOST_FRAC) -> tuple[list[str], list[str], float | None]:
+def gate_problems(
+    report: dict[str, Any], hero: dict[str, float] | None = None, limit: float = MAX_LOST_FRAC
+) -> tuple[list[str], list[str], float | None]:
     """(problems, parts, worst) of a recipe-check report: a point losing more than `limit`, a carried
     trend above it, a point without a result, or a hero (hero_facts) wider or longer than the check reached."""
     problems, parts = [], []
@@ -712,21 +876,29 @@ def gate_problems(report: dict[str, Any], hero: dict[str, float] | None = None,
     for p in points:
         where = f"{p['kind']} {p['point']}"
         if p.get("lost_frac") is None:
-            problems.append(f"{where}: no loss at the recipe's value or no optimum ({p.get('completed', 0)}/{p.get('runs', 0)} runs)")
+            problems.append(
+                f"{where}: no loss at the recipe's value or no optimum ({p.get('completed', 0)}/{p.get('runs', 0)} runs)"
+            )
             continue
         parts.append(f"{where} {p['lost_frac']:+.2%}")
         if p["lost_frac"] > limit:
-            problems.append(f"{where}: the recipe loses {p['lost_frac']:.2%} against the sweep's optimum "
-                            f"({p.get('lost_basis') or 'observed'}; > {limit:.2%})")
+            problems.append(
+                f"{where}: the recipe loses {p['lost_frac']:.2%} against the sweep's optimum "
+                f"({p.get('lost_basis') or 'observed'}; > {limit:.2%})"
+            )
     carried = (report.get("trend") or {}).get("carried_lost_frac")
     if carried is not None and carried > limit:
         problems.append(f"the trend with width or horizon carries {carried:.2%} to the hero (> {limit:.2%})")
     reach = report.get("reach") or {}
     if hero and reach:
         if "d_model" in hero and hero["d_model"] > reach["widest"]:
-            problems.append(f"hero d_model {hero['d_model']:.0f} wider than the check's widest point d{reach['widest']}")
+            problems.append(
+                f"hero d_model {hero['d_model']:.0f} wider than the check's widest point d{reach['widest']}"
+            )
         if "tokens" in hero and hero["tokens"] > reach["longest"] * (1 + REACH_SLACK_REL):
-            problems.append(f"hero trains {hero['tokens']:.3g} tokens, past the check's longest horizon {reach['longest']:.3g}")
+            problems.append(
+                f"hero trains {hero['tokens']:.3g} tokens, past the check's longest horizon {reach['longest']:.3g}"
+            )
     lost = [p["lost_frac"] for p in points if p.get("lost_frac") is not None]
     worst = max([*lost, *([carried] if carried is not None else [])], default=None)
     return problems, parts, worst
@@ -752,5 +924,7 @@ def study_report_path(study_path: "str | Path | None", value: str | None) -> Pat
         raise DelphiError("gates.recipe_check: needs a study file to resolve the report against")
     path = (Path(study_path).parent / value).resolve()
     if not path.is_file():
-        raise DelphiError(f"{study_path}: gates.recipe_check: {path} not found (write it with `delphi ladder recipe-check`)")
+        raise DelphiError(
+            f"{study_path}: gates.recipe_check: {path} not found (write it with `delphi ladder recipe-check`)"
+        )
     return path

@@ -130,9 +130,7 @@ def _take_lock(stack: ExitStack, lock_path: str | Path) -> bool:
     return True
 
 
-def run_group(
-    configs: list[str | Path], run_dirs: list[str | Path], lock_paths: list[str | Path]
-) -> list[int]:
+def run_group(configs: list[str | Path], run_dirs: list[str | Path], lock_paths: list[str | Path]) -> list[int]:
     """Rungs of one cell (configs equal but for their seeds) trained in this process as one seed
     group under their locks; one exit code per rung. A single rung is a group of one.
 
@@ -160,8 +158,9 @@ def run_group(
             for i, summary in zip(todo, summaries):
                 codes[i] = _exit_code(summary.get("status"))
                 result = {k: summary.get(k) for k in ("status", "steps", "val_loss", "wall_time_s")}
-                print(json.dumps({"run_dir": str(run_dirs[i]), **result} if len(configs) > 1 else result),
-                      file=sys.stderr)
+                print(
+                    json.dumps({"run_dir": str(run_dirs[i]), **result} if len(configs) > 1 else result), file=sys.stderr
+                )
     return [int(code) for code in codes]
 
 
@@ -176,7 +175,9 @@ def run_group_into_log(
     """`run_group` with this process's stdout and stderr (file descriptors 1 and 2) appended to the
     first member's log; every other member's log says where the output went and gets its result."""
     for log in logs[1:]:
-        log.write(f"trained in a seed group with {Path(run_dirs[0]).name}: its output is in {Path(logs[0].name).name}\n")
+        log.write(
+            f"trained in a seed group with {Path(run_dirs[0]).name}: its output is in {Path(logs[0].name).name}\n"
+        )
         log.flush()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -326,7 +327,12 @@ class LocalPlacer:
     """
 
     def __init__(
-        self, slots: list[list[int]], log_dir: Path, *, persistent: bool = True, pin_cores: bool = True,
+        self,
+        slots: list[list[int]],
+        log_dir: Path,
+        *,
+        persistent: bool = True,
+        pin_cores: bool = True,
         gpus: list[str] | None = None,
     ) -> None:
         self.slots = [_Slot(cores, gpus[i % len(gpus)] if gpus else None) for i, cores in enumerate(slots)]
@@ -349,7 +355,10 @@ class LocalPlacer:
             log.flush()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "delphi.ladder.runner", "--serve", self._cores_arg(slot)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=worker_env(self.pin_cores, slot.gpu),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=worker_env(self.pin_cores, slot.gpu),
             )
         os.set_blocking(proc.stdout.fileno(), False)
         self.selector.register(proc.stdout, selectors.EVENT_READ, slot)
@@ -368,24 +377,39 @@ class LocalPlacer:
         for rung, log_path in zip(rungs, log_paths):
             with open(log_path, "a") as log:
                 group = f" in a seed group of {len(rungs)}" if len(rungs) > 1 else ""
-                log.write(f"--- attempt {rung.attempts}{group} on cores {slot.cores} at "
-                          f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+                log.write(
+                    f"--- attempt {rung.attempts}{group} on cores {slot.cores} at "
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
+                )
         if not self.persistent:
             if len(rungs) != 1:
                 raise DelphiError("one-shot ladder workers train one rung per process, not seed groups")
             rung, lock_path, log_path = rungs[0], lock_paths[0], log_paths[0]
             log = open(log_path, "a")
             proc = subprocess.Popen(
-                [sys.executable, "-m", "delphi.ladder.runner", str(rung.config), str(rung.run_dir), str(lock_path),
-                 self._cores_arg(slot)],
-                stdout=log, stderr=subprocess.STDOUT, env=worker_env(self.pin_cores, slot.gpu),
+                [
+                    sys.executable,
+                    "-m",
+                    "delphi.ladder.runner",
+                    str(rung.config),
+                    str(rung.run_dir),
+                    str(lock_path),
+                    self._cores_arg(slot),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=worker_env(self.pin_cores, slot.gpu),
             )
             slot.job = _Job([rung], proc, log)
             return
         if slot.proc is None or slot.proc.poll() is not None:
             slot.proc = self._start_worker(slot)
-        job = {"configs": [str(r.config) for r in rungs], "run_dirs": [str(r.run_dir) for r in rungs],
-               "locks": [str(p) for p in lock_paths], "logs": [str(p) for p in log_paths]}
+        job = {
+            "configs": [str(r.config) for r in rungs],
+            "run_dirs": [str(r.run_dir) for r in rungs],
+            "locks": [str(p) for p in lock_paths],
+            "logs": [str(p) for p in log_paths],
+        }
         slot.job = _Job(rungs, slot.proc)
         try:
             slot.proc.stdin.write((json.dumps(job) + "\n").encode())
@@ -515,26 +539,41 @@ def run_ladder(
     check_cache_dirs()  # before any rung: a cache or a run dir no worker can use would fail every rung in turn
     check_checkpoint_path(Path(ladder_dir))
     group_seeds = group_seeds and persistent_workers
-    driver = LadderDriver(Path(ladder_dir), retries=retries, progress=progress, progress_every_s=progress_every_s,
-                          group_seeds=group_seeds, budgets=budgets)
+    driver = LadderDriver(
+        Path(ladder_dir),
+        retries=retries,
+        progress=progress,
+        progress_every_s=progress_every_s,
+        group_seeds=group_seeds,
+        budgets=budgets,
+    )
     cpus = sorted(os.sched_getaffinity(0))
     device = device_env() or "auto"
     gpus = worker_gpus(device)  # on a GPU machine: one worker per GPU, each on its own
     check_gpu_host(device, gpus)
     if workers is None:
-        workers = (max(1, min(len(gpus), driver.pending_jobs())) if gpus
-                   else default_workers(driver.pending_jobs(), len(cpus), available_memory_bytes()))
+        workers = (
+            max(1, min(len(gpus), driver.pending_jobs()))
+            if gpus
+            else default_workers(driver.pending_jobs(), len(cpus), available_memory_bytes())
+        )
     slots = core_slots(workers, cpus)
     driver.make_dirs()
-    placer = LocalPlacer(slots, driver.ladder_dir / LOGS_DIR, persistent=persistent_workers, pin_cores=pin_cores,
-                         gpus=gpus)
+    placer = LocalPlacer(
+        slots, driver.ladder_dir / LOGS_DIR, persistent=persistent_workers, pin_cores=pin_cores, gpus=gpus
+    )
     try:
         driver.drive(placer, POLL_S)
     finally:
         placer.close()
     return driver.summary(
-        executor="local", workers=workers, cores_per_worker=[len(s) for s in slots],
-        persistent_workers=persistent_workers, pinned=pin_cores, group_seeds=group_seeds, gpus=gpus,
+        executor="local",
+        workers=workers,
+        cores_per_worker=[len(s) for s in slots],
+        persistent_workers=persistent_workers,
+        pinned=pin_cores,
+        group_seeds=group_seeds,
+        gpus=gpus,
     )
 
 

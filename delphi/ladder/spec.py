@@ -316,9 +316,13 @@ class LadderSpec:
         m = self.shape.moe
         if m is None or not m.sweeps:
             return [self]
-        return [dataclasses.replace(self, shape=dataclasses.replace(
-                    self.shape, moe=dataclasses.replace(m, experts=e, granularity=g)))
-                for e in m.expert_counts for g in m.granularities]
+        return [
+            dataclasses.replace(
+                self, shape=dataclasses.replace(self.shape, moe=dataclasses.replace(m, experts=e, granularity=g))
+            )
+            for e in m.expert_counts
+            for g in m.granularities
+        ]
 
     def single_family(self, what: str) -> "LadderSpec":
         """This spec when it plans one shape family; a DelphiError naming `what` needs one when
@@ -327,7 +331,8 @@ class LadderSpec:
         if m is not None and m.sweeps:
             raise DelphiError(
                 f"shape.moe: the spec sweeps experts {list(m.expert_counts)} and granularity {list(m.granularities)}; "
-                f"{what} needs one shape family: give one expert count and one granularity")
+                f"{what} needs one shape family: give one expert count and one granularity"
+            )
         return self
 
     def seeds_for(self, budget: float) -> tuple[int, ...]:
@@ -367,23 +372,43 @@ class LadderSpec:
         if s.n_heads is not None:
             need(s.n_heads >= 1, "shape.n_heads", f"must be >= 1, got {s.n_heads}")
             for i, w in enumerate(s.widths):
-                need(w % (2 * s.n_heads) == 0, f"shape.widths[{i}]",
-                     f"{w} does not split into {s.n_heads} heads of even size (RoPE); use a multiple of {2 * s.n_heads}")
-            need(s.hero_width_multiple % (2 * s.n_heads) == 0, "shape.hero_width_multiple",
-                 f"{s.hero_width_multiple} does not split into {s.n_heads} heads of even size; use a multiple of {2 * s.n_heads}")
+                need(
+                    w % (2 * s.n_heads) == 0,
+                    f"shape.widths[{i}]",
+                    f"{w} does not split into {s.n_heads} heads of even size (RoPE); use a multiple of {2 * s.n_heads}",
+                )
+            need(
+                s.hero_width_multiple % (2 * s.n_heads) == 0,
+                "shape.hero_width_multiple",
+                f"{s.hero_width_multiple} does not split into {s.n_heads} heads of even size; use a multiple of {2 * s.n_heads}",
+            )
         need(s.ffn_mult > 0, "shape.ffn_mult", f"must be positive, got {s.ffn_mult}")
         need(s.ffn_multiple >= 1, "shape.ffn_multiple", f"must be >= 1, got {s.ffn_multiple}")
-        need(s.hero_width_multiple >= 2 and s.hero_width_multiple % 2 == 0, "shape.hero_width_multiple",
-             f"must be an even width, got {s.hero_width_multiple}")
+        need(
+            s.hero_width_multiple >= 2 and s.hero_width_multiple % 2 == 0,
+            "shape.hero_width_multiple",
+            f"must be an even width, got {s.hero_width_multiple}",
+        )
         d = s.depth
         need(d.ratio > 0, "shape.depth.ratio", f"must be positive, got {d.ratio}")
-        need(1 <= d.min_layers and (d.max_layers is None or d.min_layers <= d.max_layers), "shape.depth.min_layers",
-             f"need 1 <= min_layers <= max_layers, got {d.min_layers}, {d.max_layers}")
+        need(
+            1 <= d.min_layers and (d.max_layers is None or d.min_layers <= d.max_layers),
+            "shape.depth.min_layers",
+            f"need 1 <= min_layers <= max_layers, got {d.min_layers}, {d.max_layers}",
+        )
         if s.moe is not None:
             m = s.moe
             for name, values in (("experts", m.expert_counts), ("granularity", m.granularities)):
-                need(len(values) >= 1, f"shape.moe.{name}", "an empty list sweeps nothing; give a value or a list of them")
-                need(len(set(values)) == len(values), f"shape.moe.{name}", f"a sweep's values must be distinct, got {list(values)}")
+                need(
+                    len(values) >= 1,
+                    f"shape.moe.{name}",
+                    "an empty list sweeps nothing; give a value or a list of them",
+                )
+                need(
+                    len(set(values)) == len(values),
+                    f"shape.moe.{name}",
+                    f"a sweep's values must be distinct, got {list(values)}",
+                )
             for experts in m.expert_counts:
                 for key, problem in routing_problems(experts, m.top_k, m.shared_experts):
                     need(False, f"shape.moe.{key}", problem)
@@ -391,20 +416,32 @@ class LadderSpec:
                 need(g > 0, "shape.moe.granularity", f"must be positive, got {g:g}")
         bt = self.batch
         need(bt.min_steps >= 1, "batch.min_steps", f"must be >= 1, got {bt.min_steps}")
-        need(bt.max_steps >= bt.min_steps, "batch.max_steps",
-             f"must be >= batch.min_steps={bt.min_steps}, got {bt.max_steps}")
-        need(1 <= bt.min_seqs <= bt.max_seqs, "batch.min_seqs",
-             f"need 1 <= min_seqs <= max_seqs, got {bt.min_seqs}, {bt.max_seqs}")
+        need(
+            bt.max_steps >= bt.min_steps,
+            "batch.max_steps",
+            f"must be >= batch.min_steps={bt.min_steps}, got {bt.max_steps}",
+        )
+        need(
+            1 <= bt.min_seqs <= bt.max_seqs,
+            "batch.min_seqs",
+            f"need 1 <= min_seqs <= max_seqs, got {bt.min_seqs}, {bt.max_seqs}",
+        )
         t = self.transfer
         need(t.lr_max > 0, "transfer.lr_max", f"must be positive, got {t.lr_max}")
         need(0 <= t.warmup_frac < 1, "transfer.warmup_frac", f"must be in [0, 1), got {t.warmup_frac}")
-        need(0 <= t.decay_frac <= 1 - t.warmup_frac, "transfer.decay_frac",
-             f"must be in [0, 1 - warmup_frac], got {t.decay_frac}")
+        need(
+            0 <= t.decay_frac <= 1 - t.warmup_frac,
+            "transfer.decay_frac",
+            f"must be in [0, 1 - warmup_frac], got {t.decay_frac}",
+        )
         need(0 <= t.min_lr_frac <= 1, "transfer.min_lr_frac", f"must be in [0, 1], got {t.min_lr_frac}")
         b2 = t.beta2
         need(b2.anchor is None or 0 < b2.anchor < 1, "transfer.beta2.anchor", f"must be in (0, 1), got {b2.anchor}")
-        need(b2.ref_batch_tokens is None or b2.ref_batch_tokens > 0, "transfer.beta2.ref_batch_tokens",
-             f"must be positive, got {b2.ref_batch_tokens}")
+        need(
+            b2.ref_batch_tokens is None or b2.ref_batch_tokens > 0,
+            "transfer.beta2.ref_batch_tokens",
+            f"must be positive, got {b2.ref_batch_tokens}",
+        )
         need(0 < b2.min <= b2.max < 1, "transfer.beta2.min", f"need 0 < min <= max < 1, got {b2.min}, {b2.max}")
         if self.mode == "isoflop":
             need(self.isoflop is not None, "isoflop", "mode isoflop needs an isoflop section")
@@ -413,21 +450,37 @@ class LadderSpec:
             need(i.sizes >= 3, "isoflop.sizes", f"an isoFLOP curve needs >= 3 sizes, got {i.sizes}")
             need(i.span > 1, "isoflop.span", f"must be > 1, got {i.span}")
             need(1 <= i.min_span <= i.span, "isoflop.min_span", f"must be in [1, span={i.span}], got {i.min_span}")
-            need(i.center_coefficient > 0, "isoflop.center_coefficient", f"must be positive, got {i.center_coefficient}")
+            need(
+                i.center_coefficient > 0, "isoflop.center_coefficient", f"must be positive, got {i.center_coefficient}"
+            )
             need(0 < i.center_exponent < 1, "isoflop.center_exponent", f"must be in (0, 1), got {i.center_exponent}")
-            need(i.center_tokens_per_param is None or i.center_tokens_per_param > 0, "isoflop.center_tokens_per_param",
-                 f"must be a positive number of tokens per parameter (or null), got {i.center_tokens_per_param}")
+            need(
+                i.center_tokens_per_param is None or i.center_tokens_per_param > 0,
+                "isoflop.center_tokens_per_param",
+                f"must be a positive number of tokens per parameter (or null), got {i.center_tokens_per_param}",
+            )
             for k, pair in enumerate(i.center_at):
                 key = f"isoflop.center_at[{k}]"
                 need(len(pair) == 2 and pair[1] > 0, key, f"expected [budget, N* > 0], got {list(pair)}")
-                need(any(math.isclose(pair[0], b, rel_tol=1e-9) for b in self.budgets), key,
-                     f"budget {pair[0]:g} is not one of budgets {list(self.budgets)}")
+                need(
+                    any(math.isclose(pair[0], b, rel_tol=1e-9) for b in self.budgets),
+                    key,
+                    f"budget {pair[0]:g} is not one of budgets {list(self.budgets)}",
+                )
         else:
-            need(self.tokens_per_param is not None, "tokens_per_param", "mode tokens_per_param needs a tokens_per_param section")
+            need(
+                self.tokens_per_param is not None,
+                "tokens_per_param",
+                "mode tokens_per_param needs a tokens_per_param section",
+            )
             tp = self.tokens_per_param
             assert tp is not None
             need(tp.ratio > 0, "tokens_per_param.ratio", f"must be positive, got {tp.ratio}")
-            need(tp.max_ratio_error > 0, "tokens_per_param.max_ratio_error", f"must be positive, got {tp.max_ratio_error}")
+            need(
+                tp.max_ratio_error > 0,
+                "tokens_per_param.max_ratio_error",
+                f"must be positive, got {tp.max_ratio_error}",
+            )
         r = self.run
         need(len(r.seeds) > 0, "run.seeds", f"at least one seed is required, got {list(r.seeds)}")
         for key, seeds in (("run.seeds", r.seeds), ("run.top_seeds", r.top_seeds)):
@@ -439,19 +492,31 @@ class LadderSpec:
         for key in ("eval_tokens", "evals_per_run", "logs_per_run", "checkpoints_per_run", "keep_checkpoints"):
             need(getattr(r, key) > 0, f"run.{key}", f"must be positive, got {getattr(r, key)}")
         if r.final_eval_tokens is not None:
-            need(r.final_eval_tokens >= r.eval_tokens, "run.final_eval_tokens",
-                 f"must be >= run.eval_tokens ({r.eval_tokens}), got {r.final_eval_tokens}")
+            need(
+                r.final_eval_tokens >= r.eval_tokens,
+                "run.final_eval_tokens",
+                f"must be >= run.eval_tokens ({r.eval_tokens}), got {r.final_eval_tokens}",
+            )
         if self.anchors is not None:
             a = self.anchors
             need(len(a.widths) > 0, "anchors.widths", "at least one width is required (or leave anchors out)")
             for i, w in enumerate(a.widths):
                 need(w >= 2 and w % 2 == 0, f"anchors.widths[{i}]", f"must be an even width, got {w}")
                 if s.n_heads is not None:
-                    need(w % (2 * s.n_heads) == 0, f"anchors.widths[{i}]",
-                         f"{w} does not split into {s.n_heads} heads of even size (RoPE); use a multiple of {2 * s.n_heads}")
-            need(len(set(a.widths)) == len(a.widths), "anchors.widths", f"widths must be distinct, got {list(a.widths)}")
+                    need(
+                        w % (2 * s.n_heads) == 0,
+                        f"anchors.widths[{i}]",
+                        f"{w} does not split into {s.n_heads} heads of even size (RoPE); use a multiple of {2 * s.n_heads}",
+                    )
+            need(
+                len(set(a.widths)) == len(a.widths), "anchors.widths", f"widths must be distinct, got {list(a.widths)}"
+            )
             need(a.multiple > 1, "anchors.multiple", f"must be > 1 (x the top budget), got {a.multiple}")
-            need(a.seeds is None or a.seeds >= 1, "anchors.seeds", f"must be >= 1 (or null: the top budget's seeds), got {a.seeds}")
+            need(
+                a.seeds is None or a.seeds >= 1,
+                "anchors.seeds",
+                f"must be >= 1 (or null: the top budget's seeds), got {a.seeds}",
+            )
         if self.recipe is not None:
             self.recipe.validate("recipe")
         h = self.health
@@ -460,10 +525,16 @@ class LadderSpec:
             need(getattr(h, key) >= 0, f"health.{key}", f"must be >= 0, got {getattr(h, key)}")
         bd = self.bounds
         if bd.tokens_per_param is not None:
-            need(len(bd.tokens_per_param) == 2 and 0 < bd.tokens_per_param[0] < bd.tokens_per_param[1],
-                 "bounds.tokens_per_param", f"expected [low, high] with 0 < low < high, got {list(bd.tokens_per_param)}")
-        need(bd.min_tokens_per_param is None or bd.min_tokens_per_param > 0, "bounds.min_tokens_per_param",
-             f"must be positive (or null), got {bd.min_tokens_per_param}")
+            need(
+                len(bd.tokens_per_param) == 2 and 0 < bd.tokens_per_param[0] < bd.tokens_per_param[1],
+                "bounds.tokens_per_param",
+                f"expected [low, high] with 0 < low < high, got {list(bd.tokens_per_param)}",
+            )
+        need(
+            bd.min_tokens_per_param is None or bd.min_tokens_per_param > 0,
+            "bounds.min_tokens_per_param",
+            f"must be positive (or null), got {bd.min_tokens_per_param}",
+        )
         return self
 
 
@@ -487,7 +558,12 @@ MARIN_2025 = "Marin's 2025 scaling recipe (marin-community/marin lib/marin/src/m
 # reaches down to 256 (a 1e17 budget's smallest models) and up to 8192 (a 1e21 budget's largest), in
 # steps of 64 to 1024, 128 to 2048, 256 to 4096 and 512 beyond: at 1e17 FLOPs the optimum sits near
 # d 450, where one step of 128 moves N by 1.6-3x and five sizes cannot stay within 8x of each other.
-LARGE_SCALE_WIDTHS = (*range(256, 1024, 64), *range(1024, 2048, 128), *range(2048, 4096, 256), *range(4096, 8192 + 1, 512))
+LARGE_SCALE_WIDTHS = (
+    *range(256, 1024, 64),
+    *range(1024, 2048, 128),
+    *range(2048, 4096, 256),
+    *range(4096, 8192 + 1, 512),
+)
 # Marin's LR law lr = 0.33 sqrt(B) / d (B: sequences of 4,096 tokens), stated at its smallest
 # width d = 512 and B = 128 sequences; muP carries it to other widths (hidden LR x 512 / d, exactly
 # Marin's 1/d) and the batch term to other batches (transfer.batch_exponent 0.5, Marin's sqrt(B)).
@@ -496,46 +572,88 @@ MARIN_REF_WIDTH = 512
 MARIN_REF_BATCH_TOKENS = 128 * 4096
 
 LARGE_SCALE_DEFAULTS: dict[str, ScaleDefault] = {
-    "seq_len": ScaleDefault(2048, "GPT-3 (Brown et al. 2020) and Chinchilla (Hoffmann et al. 2022) train on 2,048-token sequences"),
+    "seq_len": ScaleDefault(
+        2048, "GPT-3 (Brown et al. 2020) and Chinchilla (Hoffmann et al. 2022) train on 2,048-token sequences"
+    ),
     "vocab_size": ScaleDefault(50304, "GPT-2's BPE vocabulary (50,257) padded to a multiple of 64, as nanoGPT pads it"),
-    "base.d_model": ScaleDefault(MARIN_REF_WIDTH, f"{MARIN_2025}: its smallest hidden size, where its LR law is stated"),
+    "base.d_model": ScaleDefault(
+        MARIN_REF_WIDTH, f"{MARIN_2025}: its smallest hidden size, where its LR law is stated"
+    ),
     "base.n_layers": ScaleDefault(6, "Marin's depth rule at d = 512: round(512 / (64 + 4 log2 512 - 9)) = 6"),
-    "base.lr": ScaleDefault(round(MARIN_LR_CONSTANT * math.sqrt(MARIN_REF_BATCH_TOKENS / 4096) / MARIN_REF_WIDTH, 7),
-                            f"{MARIN_2025}: lr = 0.33 sqrt(B) / d at d = 512, B = 128 sequences"),
+    "base.lr": ScaleDefault(
+        round(MARIN_LR_CONSTANT * math.sqrt(MARIN_REF_BATCH_TOKENS / 4096) / MARIN_REF_WIDTH, 7),
+        f"{MARIN_2025}: lr = 0.33 sqrt(B) / d at d = 512, B = 128 sequences",
+    ),
     "base.batch_tokens": ScaleDefault(MARIN_REF_BATCH_TOKENS, "128 sequences of 4,096 tokens: the B of base.lr"),
     "base.beta1": ScaleDefault(0.95, f"{MARIN_2025}: beta1"),
     "base.beta2": ScaleDefault(0.98, f"{MARIN_2025}: beta2 = 0.98^(B / 128 sequences)"),
     "base.eps": ScaleDefault(1e-15, f"{MARIN_2025}: epsilon"),
-    "shape.widths": ScaleDefault(list(LARGE_SCALE_WIDTHS), f"{MARIN_2025}: hidden sizes on a grid (steps of 128, 256 above "
-                                 "9e18), here 256-8192 for 1e17-1e21 budgets, in steps of 64 below 1024 (LARGE_SCALE_WIDTHS)"),
+    "shape.widths": ScaleDefault(
+        list(LARGE_SCALE_WIDTHS),
+        f"{MARIN_2025}: hidden sizes on a grid (steps of 128, 256 above "
+        "9e18), here 256-8192 for 1e17-1e21 budgets, in steps of 64 below 1024 (LARGE_SCALE_WIDTHS)",
+    ),
     # A head size every width of the grid splits into exactly (one head count per width, no switch inside
     # an isoFLOP curve). Marin uses 128 on widths from 512 in steps of 128.
-    "shape.head_dim": ScaleDefault(64, "GPT-2 and GPT-3's models up to 760M (Brown et al. 2020, table 2.1): head size 64; "
-                                   "every width of shape.widths' grid is a multiple of it"),
+    "shape.head_dim": ScaleDefault(
+        64,
+        "GPT-2 and GPT-3's models up to 760M (Brown et al. 2020, table 2.1): head size 64; "
+        "every width of shape.widths' grid is a multiple of it",
+    ),
     "shape.depth.rule": ScaleDefault("marin", f"{MARIN_2025}: layers = round(d / (64 + 4 log2 d - 9))"),
     "shape.depth.max_layers": ScaleDefault(None, "Marin's depth rule has no cap"),
-    "isoflop.span": ScaleDefault(8.0, "8x in N around N* at 20 tokens per parameter puts the end rungs near 3 and 150 tokens "
-                                 "per parameter (measured on this grid at 1e17-1e21: 2.9-176)"),
-    "isoflop.min_span": ScaleDefault(6.0, "what the discrete widths of the grid reach with span 8 at 1e17-1e21 (7.0-8.0x)"),
-    "isoflop.center_tokens_per_param": ScaleDefault(20.0, "Chinchilla's compute-optimal ~20 tokens per parameter (Hoffmann et al. 2022)"),
-    "batch.min_steps": ScaleDefault(4096, "Marin targets 2^14 steps per MoE sweep run (2^16 dense); 4,096 keeps every "
-                                    "rung of a 1e17 budget at >= batch.min_seqs sequences of 2,048 tokens"),
+    "isoflop.span": ScaleDefault(
+        8.0,
+        "8x in N around N* at 20 tokens per parameter puts the end rungs near 3 and 150 tokens "
+        "per parameter (measured on this grid at 1e17-1e21: 2.9-176)",
+    ),
+    "isoflop.min_span": ScaleDefault(
+        6.0, "what the discrete widths of the grid reach with span 8 at 1e17-1e21 (7.0-8.0x)"
+    ),
+    "isoflop.center_tokens_per_param": ScaleDefault(
+        20.0, "Chinchilla's compute-optimal ~20 tokens per parameter (Hoffmann et al. 2022)"
+    ),
+    "batch.min_steps": ScaleDefault(
+        4096,
+        "Marin targets 2^14 steps per MoE sweep run (2^16 dense); 4,096 keeps every "
+        "rung of a 1e17 budget at >= batch.min_seqs sequences of 2,048 tokens",
+    ),
     "batch.min_seqs": ScaleDefault(8, f"{MARIN_2025}: min_batch_size 8"),
-    "batch.max_seqs": ScaleDefault(1024, "1,024 x 2,048 = 2.1M tokens: DeepSeek LLM's B_opt = 0.292 C^0.3271 tokens at 1e21 FLOPs"),
-    "transfer.depth_transfer": ScaleDefault(False, "Marin's LR law was fitted with plain residual branches, depth growing with width by its rule"),
+    "batch.max_seqs": ScaleDefault(
+        1024, "1,024 x 2,048 = 2.1M tokens: DeepSeek LLM's B_opt = 0.292 C^0.3271 tokens at 1e21 FLOPs"
+    ),
+    "transfer.depth_transfer": ScaleDefault(
+        False, "Marin's LR law was fitted with plain residual branches, depth growing with width by its rule"
+    ),
     "transfer.lr_max": ScaleDefault(0.01, f"{MARIN_2025}: max_learning_rate 0.01"),
-    "transfer.beta2.rule": ScaleDefault("batch_power", f"{MARIN_2025}: beta2 = 0.98^(B / 128 sequences) (Marek et al. 2025)"),
+    "transfer.beta2.rule": ScaleDefault(
+        "batch_power", f"{MARIN_2025}: beta2 = 0.98^(B / 128 sequences) (Marek et al. 2025)"
+    ),
     "transfer.beta2.anchor": ScaleDefault(0.98, f"{MARIN_2025}: beta2_base 0.98"),
-    "transfer.beta2.ref_batch_tokens": ScaleDefault(MARIN_REF_BATCH_TOKENS, f"{MARIN_2025}: beta2_batch_divisor 128 sequences of 4,096 tokens"),
-    "transfer.beta2.max": ScaleDefault(0.9999, "Marin's AdamH recipe clips beta2 to at most 0.9999 (completed_adamh.py max_beta2)"),
-    "run.precision": ScaleDefault("bf16", "bf16 matmuls with f32 accumulation, the accelerators' native training precision"),
-    "run.eval_tokens": ScaleDefault(HEALTH_MIN_EVAL_TOKENS, "health.min_eval_tokens: >= 1M validation tokens per evaluation"),
-    "run.final_eval_tokens": ScaleDefault(1024 * 8192, "Marin's Delphi suite evaluates on 1,024 sequences of 8,192 tokens"),
+    "transfer.beta2.ref_batch_tokens": ScaleDefault(
+        MARIN_REF_BATCH_TOKENS, f"{MARIN_2025}: beta2_batch_divisor 128 sequences of 4,096 tokens"
+    ),
+    "transfer.beta2.max": ScaleDefault(
+        0.9999, "Marin's AdamH recipe clips beta2 to at most 0.9999 (completed_adamh.py max_beta2)"
+    ),
+    "run.precision": ScaleDefault(
+        "bf16", "bf16 matmuls with f32 accumulation, the accelerators' native training precision"
+    ),
+    "run.eval_tokens": ScaleDefault(
+        HEALTH_MIN_EVAL_TOKENS, "health.min_eval_tokens: >= 1M validation tokens per evaluation"
+    ),
+    "run.final_eval_tokens": ScaleDefault(
+        1024 * 8192, "Marin's Delphi suite evaluates on 1,024 sequences of 8,192 tokens"
+    ),
     "run.evals_per_run": ScaleDefault(HEALTH_MIN_EVALS, "health.min_evals: >= 10 evaluations per run"),
-    "bounds.tokens_per_param": ScaleDefault([LARGE_SCALE_MIN_TOKENS_PER_PARAM, LARGE_SCALE_MAX_TOKENS_PER_PARAM],
-                                            "Chinchilla's isoFLOP profiles reach ~1-2 tokens per parameter at their largest "
-                                            "models; Marin drops candidates above 250 (completed_adamh.py)"),
-    "bounds.min_tokens_per_param": ScaleDefault(1.0, "below one token per parameter a rung is no point of a scaling law"),
+    "bounds.tokens_per_param": ScaleDefault(
+        [LARGE_SCALE_MIN_TOKENS_PER_PARAM, LARGE_SCALE_MAX_TOKENS_PER_PARAM],
+        "Chinchilla's isoFLOP profiles reach ~1-2 tokens per parameter at their largest "
+        "models; Marin drops candidates above 250 (completed_adamh.py)",
+    ),
+    "bounds.min_tokens_per_param": ScaleDefault(
+        1.0, "below one token per parameter a rung is no point of a scaling law"
+    ),
 }
 
 
@@ -555,7 +673,7 @@ def _has_key(data: dict, key: str) -> bool:
 
 
 def defaults_scale(data: dict) -> str:
-    """"large" or "cpu": the defaults a raw spec dict's unset keys take (its `defaults`, or by its top budget)."""
+    """ "large" or "cpu": the defaults a raw spec dict's unset keys take (its `defaults`, or by its top budget)."""
     chosen = data.get("defaults", "auto") if isinstance(data, dict) else "auto"
     if chosen in ("cpu", "large"):
         return chosen
@@ -572,7 +690,11 @@ def large_scale_fills(data: dict) -> dict[str, ScaleDefault]:
     large; never a key its `recipe:` owns, nor an isoflop key of a tokens_per_param ladder."""
     if not isinstance(data, dict) or defaults_scale(data) != "large":
         return {}
-    owned = {f"{section}.{key}" for section, keys in RECIPE_OWNED_KEYS.items() for key in keys} if data.get("recipe") else set()
+    owned = (
+        {f"{section}.{key}" for section, keys in RECIPE_OWNED_KEYS.items() for key in keys}
+        if data.get("recipe")
+        else set()
+    )
     fills = {}
     for key, default in LARGE_SCALE_DEFAULTS.items():
         if any(key == k or key.startswith(k + ".") for k in owned):
@@ -614,8 +736,12 @@ def load_ladder_spec(path: str | Path) -> LadderSpec:
 
 # Keys added after ladders were on disk, with the value at which a ladder.yaml leaves them out, so
 # that the ladder.yaml of a spec that does not use them keeps its bytes.
-ADDED_KEYS: dict[str, Any] = {"defaults": "auto", "bounds": to_dict(BoundsSpec()), "isoflop.center_at": [],
-                              "isoflop.center_tokens_per_param": None}
+ADDED_KEYS: dict[str, Any] = {
+    "defaults": "auto",
+    "bounds": to_dict(BoundsSpec()),
+    "isoflop.center_at": [],
+    "isoflop.center_tokens_per_param": None,
+}
 
 
 def ladder_spec_to_dict(spec: LadderSpec) -> dict:

@@ -211,7 +211,9 @@ class SwiGLUExperts(nnx.Module):
         self.w_in = nnx.Param(std * jax.random.normal(rngs.params(), (experts, d_model, 2 * d_expert)))
         self.w_out = nnx.Param(std * jax.random.normal(rngs.params(), (experts, d_expert, d_model)))
 
-    def __call__(self, xs: Float[Array, "experts capacity d"], compute_dtype: jnp.dtype) -> Float[Array, "experts capacity d"]:
+    def __call__(
+        self, xs: Float[Array, "experts capacity d"], compute_dtype: jnp.dtype
+    ) -> Float[Array, "experts capacity d"]:
         h = swiglu(matmul(xs, self.w_in[...], "ecd,edf->ecf", compute_dtype))
         return matmul(h, self.w_out[...], "ecf,efd->ecd", compute_dtype)
 
@@ -256,7 +258,9 @@ class MoE(nnx.Module):
         self.router_bias = RouterBias(jnp.zeros((moe.experts,), jnp.float32))
         self.experts = SwiGLUExperts(moe.experts, d, moe.d_expert, hidden_std, rngs=rngs)
         self.shared = (
-            SharedExperts(d, moe.shared_experts * moe.d_expert, hidden_std, rngs=rngs) if moe.shared_experts > 0 else None
+            SharedExperts(d, moe.shared_experts * moe.d_expert, hidden_std, rngs=rngs)
+            if moe.shared_experts > 0
+            else None
         )
 
     def route(self, x: Float[Array, "tokens d"]) -> Routing:
@@ -272,7 +276,9 @@ class MoE(nnx.Module):
             gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
         return Routing(expert_idx=expert_idx, gates=gates * moe.route_scale, scores=scores, logits=logits)
 
-    def __call__(self, x: Float[Array, "batch seq d"], *, train: bool = True) -> tuple[Float[Array, "batch seq d"], MoEStats]:
+    def __call__(
+        self, x: Float[Array, "batch seq d"], *, train: bool = True
+    ) -> tuple[Float[Array, "batch seq d"], MoEStats]:
         moe = self.moe
         batch, seq, d = x.shape
         tokens = batch * seq

@@ -58,7 +58,9 @@ class ExpertParallelMoE(MoE):
         super().__init__(cfg, rngs=rngs, compute_dtype=compute_dtype)
         self.mesh = mesh  # static: part of the graph definition, not of the state
 
-    def __call__(self, x: Float[Array, "batch seq d"], *, train: bool = True) -> tuple[Float[Array, "batch seq d"], MoEStats]:
+    def __call__(
+        self, x: Float[Array, "batch seq d"], *, train: bool = True
+    ) -> tuple[Float[Array, "batch seq d"], MoEStats]:
         return moe_sharded(self, x, mesh=self.mesh, train=train)
 
 
@@ -106,7 +108,9 @@ def moe_sharded(
 
         # Gather into [E, C, d] exactly as MoE.__call__; empty slots read the zero row at `tokens`.
         token_of_assignment = jnp.broadcast_to(jnp.arange(tokens)[:, None], slot.shape)
-        slot_token = jnp.full((experts * capacity + 1,), tokens).at[slot.reshape(-1)].set(token_of_assignment.reshape(-1))
+        slot_token = (
+            jnp.full((experts * capacity + 1,), tokens).at[slot.reshape(-1)].set(token_of_assignment.reshape(-1))
+        )
         x_padded = jnp.concatenate([xt, jnp.zeros((1, d), xt.dtype)])
         xs = x_padded[slot_token[:-1]].reshape(experts, capacity, d)
 
@@ -150,4 +154,6 @@ def global_stats(layer: MoE, routing: Routing, kept, axes: tuple[str, ...]) -> M
     aux = moe.aux_loss_weight * switch if moe.balance == "aux" else jnp.zeros(())
     z_loss = jax.lax.pmean(jnp.mean(jax.nn.logsumexp(routing.logits, axis=-1) ** 2), axes)
     drop_frac = jax.lax.pmean(jnp.mean((~kept).astype(jnp.float32)), axes)
-    return MoEStats(expert_load=load, drop_frac=drop_frac, router_entropy=entropy, aux_loss=aux + moe.z_loss_weight * z_loss)
+    return MoEStats(
+        expert_load=load, drop_frac=drop_frac, router_entropy=entropy, aux_loss=aux + moe.z_loss_weight * z_loss
+    )

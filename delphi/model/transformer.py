@@ -39,7 +39,9 @@ from delphi.model.moe import MoE, matmul, swiglu
 from delphi.model.moe_parallel import ExpertParallelMoE, spans_devices
 
 
-def linear(x: Float[Array, "... d_in"], w: Float[Array, "d_in d_out"], compute_dtype: jnp.dtype) -> Float[Array, "... d_out"]:
+def linear(
+    x: Float[Array, "... d_in"], w: Float[Array, "d_in d_out"], compute_dtype: jnp.dtype
+) -> Float[Array, "... d_out"]:
     """x @ w on the last axis as one 2-D matmul over all tokens. XLA:CPU runs the weight gradient of
     the 3-D einsum "bsd,df->bsf" (a contraction over both batch and seq) ~1.4x slower."""
     tokens = x.reshape(-1, x.shape[-1])
@@ -90,8 +92,10 @@ ATTENTION_QUERY_BLOCKS = 3
 
 
 def causal_attention(
-    q: Float[Array, "batch heads seq d_head"], k: Float[Array, "batch heads seq d_head"],
-    v: Float[Array, "batch heads seq d_head"], compute_dtype: jnp.dtype,
+    q: Float[Array, "batch heads seq d_head"],
+    k: Float[Array, "batch heads seq d_head"],
+    v: Float[Array, "batch heads seq d_head"],
+    compute_dtype: jnp.dtype,
 ) -> Float[Array, "batch heads seq d_head"]:
     """softmax(q k^T, causal) v in query blocks; q carries the attention scale already."""
     seq = q.shape[2]
@@ -111,16 +115,22 @@ def causal_mask(queries: int, keys: int, query_offset: int) -> np.ndarray:
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def attend_block(
-    q: Float[Array, "batch heads q d_head"], k: Float[Array, "batch heads k d_head"],
-    v: Float[Array, "batch heads k d_head"], query_offset: int, compute_dtype: jnp.dtype,
+    q: Float[Array, "batch heads q d_head"],
+    k: Float[Array, "batch heads k d_head"],
+    v: Float[Array, "batch heads k d_head"],
+    query_offset: int,
+    compute_dtype: jnp.dtype,
 ) -> Float[Array, "batch heads q d_head"]:
     """Causal attention of one query block over the keys before its end; probabilities in f32."""
     return _attend_block_fwd(q, k, v, query_offset, compute_dtype)[0]
 
 
 def _attend_block_fwd(
-    q: Float[Array, "batch heads q d_head"], k: Float[Array, "batch heads k d_head"],
-    v: Float[Array, "batch heads k d_head"], query_offset: int, compute_dtype: jnp.dtype,
+    q: Float[Array, "batch heads q d_head"],
+    k: Float[Array, "batch heads k d_head"],
+    v: Float[Array, "batch heads k d_head"],
+    query_offset: int,
+    compute_dtype: jnp.dtype,
 ) -> tuple[Float[Array, "batch heads q d_head"], tuple[Array, ...]]:
     scores = matmul(q, k, "bhqd,bhkd->bhqk", compute_dtype)
     scores = jnp.where(causal_mask(q.shape[2], k.shape[2], query_offset), scores, -jnp.inf)
@@ -151,8 +161,11 @@ ATTENTION_KERNELS = ("blocked", "cudnn", "xla")
 
 
 def fused_causal_attention(
-    q: Float[Array, "batch seq heads d_head"], k: Float[Array, "batch seq heads d_head"],
-    v: Float[Array, "batch seq heads d_head"], compute_dtype: jnp.dtype, implementation: str,
+    q: Float[Array, "batch seq heads d_head"],
+    k: Float[Array, "batch seq heads d_head"],
+    v: Float[Array, "batch seq heads d_head"],
+    compute_dtype: jnp.dtype,
+    implementation: str,
 ) -> Float[Array, "batch seq heads d_head"]:
     """softmax(q k^T, causal) v by jax.nn.dot_product_attention (its [batch, seq, heads, d_head]
     layout; q carries the attention scale already). Inputs in the compute dtype, softmax in f32,
@@ -216,7 +229,9 @@ class DenseFFN(nnx.Module):
         self.w_in = nnx.Param(std * jax.random.normal(rngs.params(), (cfg.d_model, 2 * cfg.d_ff)))  # [gate | up]
         self.w_out = nnx.Param(std * jax.random.normal(rngs.params(), (cfg.d_ff, cfg.d_model)))
 
-    def __call__(self, x: Float[Array, "batch seq d"], *, train: bool = True) -> tuple[Float[Array, "batch seq d"], None]:
+    def __call__(
+        self, x: Float[Array, "batch seq d"], *, train: bool = True
+    ) -> tuple[Float[Array, "batch seq d"], None]:
         h = swiglu(linear(x, self.w_in[...], self.compute_dtype))
         return linear(h, self.w_out[...], self.compute_dtype), None
 
@@ -234,8 +249,13 @@ def feed_forward(
 
 class Block(nnx.Module):
     def __init__(
-        self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32,
-        mesh: jax.sharding.Mesh | None = None, attention: str = "blocked",
+        self,
+        cfg: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        compute_dtype: jnp.dtype = jnp.float32,
+        mesh: jax.sharding.Mesh | None = None,
+        attention: str = "blocked",
     ):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg, rngs=rngs, compute_dtype=compute_dtype, kernel=attention)
@@ -265,8 +285,13 @@ class Transformer(nnx.Module):
     up to rounding (tests/test_attention.py)."""
 
     def __init__(
-        self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: jnp.dtype = jnp.float32,
-        mesh: jax.sharding.Mesh | None = None, attention: str = "blocked",
+        self,
+        cfg: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        compute_dtype: jnp.dtype = jnp.float32,
+        mesh: jax.sharding.Mesh | None = None,
+        attention: str = "blocked",
     ):
         cfg.validate()
         self.cfg = cfg
@@ -275,7 +300,10 @@ class Transformer(nnx.Module):
         d, V = cfg.d_model, cfg.vocab_size
         self.embedding = nnx.Param(mup.init_std * jax.random.normal(rngs.params(), (V, d)))  # constant std
         self.blocks = nnx.List(
-            [Block(cfg, rngs=rngs, compute_dtype=compute_dtype, mesh=mesh, attention=attention) for _ in range(cfg.n_layers)]
+            [
+                Block(cfg, rngs=rngs, compute_dtype=compute_dtype, mesh=mesh, attention=attention)
+                for _ in range(cfg.n_layers)
+            ]
         )
         self.final_norm = RMSNorm(d, cfg.norm_eps)
         if mup.enabled and mup.zero_init_unembedding:

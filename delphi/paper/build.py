@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import string
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,19 @@ from delphi.editions import EDITIONS_DIR, NEXT_DIR, editions
 from delphi.errors import DelphiError
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.io import atomic_write_text
-from delphi.paper.beyond import (NOT_AVAILABLE, NOT_SEALED, OLD_RECIPE_EDITION, count_words, law_alone_rows,
-                                  law_alone_section, laws_section, run_vs_law, runs_summary, sealed_runs)
+from delphi.paper.beyond import (
+    NOT_AVAILABLE,
+    NOT_SEALED,
+    OLD_RECIPE_EDITION,
+    count_words,
+    law_alone_rows,
+    law_alone_section,
+    laws_section,
+    run_vs_law,
+    runs_summary,
+    sealed_runs,
+)
+
 
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:
     """Write a finished study's compact data (no checkpoints, no logs, no figures) into `data_dir`
@@ -93,13 +105,15 @@ def prereg_file(data_dir: Path) -> Path:
             return candidate
     if named.is_file():
         return named
-    raise DelphiError(f"{data_dir}: preregistration {named.name} not found in the data or in a preregistrations/ folder above it")
+    raise DelphiError(
+        f"{data_dir}: preregistration {named.name} not found in the data or in a preregistrations/ folder above it"
+    )
 
 
 def _study_view(data_dir: Path, figures_dir: Path):
     """A `Study` whose paths point into the paper's data (and figures) directory."""
-    from delphi.study import Study, StudySpec
     from delphi.config_schema import from_dict
+    from delphi.study import Study, StudySpec
 
     pinned = json.loads((data_dir / "study.json").read_text())
     spec = from_dict(StudySpec, pinned["study"], f"{data_dir}/study.json")
@@ -113,8 +127,11 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
     as the text quotes it (default: `data_dir`). `old_recipe` (a study's data, as the text quotes
     it) is set beside a study of the law alone run by run (`law_alone_section`)."""
     check, hero, plan = _check_stage(data_dir), _stage(data_dir, "hero"), _stage(data_dir, "plan")
-    fits = {m: json.loads(p.read_text()) for m in ("isoflop", "parametric", "vpnls", "frontier")
-            if (p := data_dir / "fits" / f"{m}.json").is_file()}
+    fits = {
+        m: json.loads(p.read_text())
+        for m in ("isoflop", "parametric", "vpnls", "frontier")
+        if (p := data_dir / "fits" / f"{m}.json").is_file()
+    }
     backtest = json.loads((data_dir / "fits" / "backtest.json").read_text())
     prereg_path = prereg_file(data_dir)
     prereg_doc = _read_prereg(prereg_path)
@@ -157,7 +174,9 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
     n["iso_a"] = f"{iso['params']['a']:.3f}" if "a" in iso.get("params", {}) else "n/a"
     n["iso_a_90"] = _interval((iso.get("intervals") or {}).get("a"))
     n["iso_b"] = f"{iso['params']['b']:.3f}" if "b" in iso.get("params", {}) else "n/a"
-    n["iso_loss_exponent"] = f"{iso['params']['loss_exponent']:.4f}" if "loss_exponent" in iso.get("params", {}) else "n/a"
+    n["iso_loss_exponent"] = (
+        f"{iso['params']['loss_exponent']:.4f}" if "loss_exponent" in iso.get("params", {}) else "n/a"
+    )
     n["vpnls_E_at_bound"] = "yes" if "E" in (vp.get("diagnostics") or {}).get("at_bound", []) else "no"
     frontier = fits.get("frontier", {})
     sens = frontier.get("sensitivity") or {}
@@ -171,8 +190,11 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
     hero_tpp = float(hero["tokens"]) / float(hero["params"])
     same_width = table[table["d_model"] == hero.get("d_model")]
     n["hero_tpp"] = f"{hero_tpp:.0f}"
-    n["ladder_tpp_at_hero_width"] = (f"{(same_width['tokens'] / same_width['params']).max():.0f}"
-                                     if len(same_width) else "n/a (no ladder run at the hero's width)")
+    n["ladder_tpp_at_hero_width"] = (
+        f"{(same_width['tokens'] / same_width['params']).max():.0f}"
+        if len(same_width)
+        else "n/a (no ladder run at the hero's width)"
+    )
     n["ladder_tpp_max"] = f"{(table['tokens'] / table['params']).max():.0f}"
     points = check.get("points") or []
     worst = max(points, key=lambda p: abs(p["rel_error"])) if points else None
@@ -187,8 +209,11 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
     n["stable_to"] = f"{p80['actual']:.4f} at {p80['tokens']:.3g} tokens" if p80 else "n/a"
     n["ladder_max_tokens"] = f"{table['tokens'].max():.3g}"
     sealed = "the corrected prediction" if _sealed_carry(final) else "the primary law"
-    n["miss_side"] = (f"high side: {sealed} was too optimistic" if (check.get("rel_error") or 0) > 0
-                      else f"low side: {sealed} was too pessimistic")
+    n["miss_side"] = (
+        f"high side: {sealed} was too optimistic"
+        if (check.get("rel_error") or 0) > 0
+        else f"low side: {sealed} was too pessimistic"
+    )
     n.update(_data_words(n, table, hero, check, vp, backtest, data_dir))
     n["stable_pred_to"] = f"{p80['predicted']:.4f}" if p80 else "n/a"
     n["backtest_table"] = _backtest_table(backtest)
@@ -203,20 +228,32 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
 def _curve_last_vs_final(check: dict, tokens: float) -> str:
     """Each run's last curve point (the curve's eval set) against its final loss (the final set)."""
     points = check.get("points") or []
-    finals = ([(s["seed"], s.get("actual_final_loss")) for s in check["seeds"]] if check.get("seeds")
-              else [(None, check.get("actual_final_loss"))])
+    finals = (
+        [(s["seed"], s.get("actual_final_loss")) for s in check["seeds"]]
+        if check.get("seeds")
+        else [(None, check.get("actual_final_loss"))]
+    )
     parts = []
     for seed, final_loss in finals:
         own = [p for p in points if p.get("seed") == seed]
         if not own or not final_loss or own[-1]["tokens"] < tokens:
             return "n/a"
-        parts.append(("" if seed is None else f"seed {seed}: ") + f"{own[-1]['actual']:.4f} on the curve's set against "
-                     f"{final_loss:.4f} on the final set ({final_loss / own[-1]['actual'] - 1:+.2%})")
+        parts.append(
+            ("" if seed is None else f"seed {seed}: ") + f"{own[-1]['actual']:.4f} on the curve's set against "
+            f"{final_loss:.4f} on the final set ({final_loss / own[-1]['actual'] - 1:+.2%})"
+        )
     return "; ".join(parts)
 
 
-def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, prereg_doc: dict, hero: dict,
-                     check: dict, old_recipe: Path | None = None) -> dict[str, Any]:
+def _edition_numbers(
+    data_dir: Path,
+    table: pd.DataFrame,
+    prereg_path: Path,
+    prereg_doc: dict,
+    hero: dict,
+    check: dict,
+    old_recipe: Path | None = None,
+) -> dict[str, Any]:
     """What the third edition's text adds: the study's files, the anchor rungs, the gates, the
     rehearsal, rung health per cell, backtest coverage and the order of seal and hero."""
     from delphi.editions import resolve_data
@@ -225,22 +262,29 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     pinned = json.loads((data_dir / "study.json").read_text())["study"]
     # primary_fit: auto is resolved by the study's fit stage (delphi.study.state.Study.primary_fit).
     primary = primary_fit_name(data_dir)
-    out: dict[str, Any] = {"data_dir": str(data_dir), "study_name": pinned.get("name"), "ladder_file": pinned.get("ladder"),
-                           "prereg_file": f"preregistrations/{prereg_path.name}"}
+    out: dict[str, Any] = {
+        "data_dir": str(data_dir),
+        "study_name": pinned.get("name"),
+        "ladder_file": pinned.get("ladder"),
+        "prereg_file": f"preregistrations/{prereg_path.name}",
+    }
     iso = isoflop_rows(table)
     anchors = table[table["role"].astype(str) == ANCHOR_ROLE] if "role" in table else table.iloc[0:0]
     out["n_isoflop_runs"] = len(iso)
     out["extrapolation_largest_run"] = f"{float(hero['compute']) / float(table['flops'].max()):.1f}"
     if len(anchors):
         widths = ", ".join(str(w) for w in sorted(anchors["d_model"].unique()))
-        out["anchor_clause"] = (f", plus {len(anchors)} anchor runs (d_model {widths}) of {float(anchors['flops'].max()):.3g} FLOPs each, "
-                                f"trained {int(anchors['steps'].min()):,} to {int(anchors['steps'].max()):,} steps")
+        out["anchor_clause"] = (
+            f", plus {len(anchors)} anchor runs (d_model {widths}) of {float(anchors['flops'].max()):.3g} FLOPs each, "
+            f"trained {int(anchors['steps'].min()):,} to {int(anchors['steps'].max()):,} steps"
+        )
         out["anchor_sentence"] = (
             f"**Anchor rungs.** {len(anchors)} runs of d_model {widths}, {count_words(int(anchors['n_layers'].min()))} layers, "
             f"{float(anchors['flops'].max()):.3g} FLOPs each ({float(anchors['flops'].max()) / float(iso['budget'].max()):.0f}x the top budget, "
             f"at its batch and seeds), {float(anchors['tokens_per_param'].min()):.0f} to {float(anchors['tokens_per_param'].max()):.0f} "
             f"tokens per parameter: runs far past their optimum, which identify the law's data term and carry the ladder's step "
-            f"and tokens-per-parameter ranges to the hero's. They enter the (N, D) fits, not the isoFLOP parabolas or the laws in C.")
+            f"and tokens-per-parameter ranges to the hero's. They enter the (N, D) fits, not the isoFLOP parabolas or the laws in C."
+        )
     else:
         out["anchor_clause"] = out["anchor_sentence"] = ""
     gates = prereg_doc.get("gates") or []
@@ -251,7 +295,9 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
     elif failed:
         out["gates_verdict"] = f"did not all pass ({', '.join(failed)} failed); the prediction was sealed with --force"
     else:
-        out["gates_verdict"] = f"all passed ({len(gates)} gates), " + ("with --force given anyway" if forced else "without --force")
+        out["gates_verdict"] = f"all passed ({len(gates)} gates), " + (
+            "with --force given anyway" if forced else "without --force"
+        )
     out["gates_table"] = _gates_table(gates)
     out["lobo"] = next((g["detail"] for g in gates if g["name"] == "lobo_spread"), "n/a")
     rehearsal = _stage(data_dir, "dress_rehearsal") if (data_dir / "stages" / "dress_rehearsal.json").is_file() else {}
@@ -261,46 +307,72 @@ def _edition_numbers(data_dir: Path, table: pd.DataFrame, prereg_path: Path, pre
             f"Before sealing, the study predicted and trained one run at {float(rehearsal['compute']):.3g} FLOPs "
             f"({float(rehearsal['multiple']):.0f}x the top budget): predicted {float(rehearsal['predicted']):.4f}, actual "
             f"{float(rehearsal['actual']):.4f}, {float(rehearsal['rel_error']):+.2%}, "
-            f"{'inside' if rehearsal.get('covered_90') else 'outside'} its 90% interval {_interval(rehearsal.get('loss_interval_90'))}.")
+            f"{'inside' if rehearsal.get('covered_90') else 'outside'} its 90% interval {_interval(rehearsal.get('loss_interval_90'))}."
+        )
     else:
         out["rehearsal_multiple"], out["rehearsal_sentence"] = "n/a", "No dress rehearsal was run."
     final = prereg_doc["prediction"]["final"]
     noise = {k: final.get(k) for k in ("residual_scatter_nats", "seed_noise_nats")}
-    seed_noise = ("the seed noise at the top budget (the within-cell seed sd of its cells)"
-                  if final.get("noise_scope") == "top_budget" else "the pooled seed noise")
+    seed_noise = (
+        "the seed noise at the top budget (the within-cell seed sd of its cells)"
+        if final.get("noise_scope") == "top_budget"
+        else "the pooled seed noise"
+    )
     out["noise_sentence"] = (
         f"The law's residual scatter about the ladder's cells is {noise['residual_scatter_nats']:.4f} nats and {seed_noise} "
         f"{noise['seed_noise_nats']:.4f} nats; "
-        + (f"the 90% interval is {final['interval']}." if int(final.get("n_seeds") or 1) > 1 and final.get("interval")
-           else "the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise.")
-        if None not in noise.values() else "The interval is the fit's bootstrap interval.")
-    out["cross_check_sentence"] = _cross_check_sentence(data_dir, primary, prereg_doc, float(final["loss"]),
-                                                       check.get("actual_final_loss"))
+        + (
+            f"the 90% interval is {final['interval']}."
+            if int(final.get("n_seeds") or 1) > 1 and final.get("interval")
+            else "the 90% interval is the fit's bootstrap interval widened in quadrature by one run's noise."
+        )
+        if None not in noise.values()
+        else "The interval is the fit's bootstrap interval."
+    )
+    out["cross_check_sentence"] = _cross_check_sentence(
+        data_dir, primary, prereg_doc, float(final["loss"]), check.get("actual_final_loss")
+    )
     out["lr_sentence"] = _lr_sentence(data_dir / "lr_calibration.json", gates)
-    out.update(_beyond_ladder_numbers(data_dir, primary, gates, float(iso["budget"].max()),
-                                      float((pinned.get("gates") or {}).get("rehearsal_tolerance")
-                                            or prereg_doc["decision"]["tolerance_rel"]),
-                                      carry=_sealed_carry(final)))
+    out.update(
+        _beyond_ladder_numbers(
+            data_dir,
+            primary,
+            gates,
+            float(iso["budget"].max()),
+            float((pinned.get("gates") or {}).get("rehearsal_tolerance") or prereg_doc["decision"]["tolerance_rel"]),
+            carry=_sealed_carry(final),
+        )
+    )
     # Under the law alone (hero.probe_correction: false, probes of its own): each run beyond the ladder
     # against its own seal, the old recipe's law alone beside it, and every law sealed beside the primary.
     rows = law_alone_runs(data_dir, prereg_path, float(iso["budget"].max()))
     old_rows = law_alone_at_runs(resolve_data(old_recipe)) if rows and old_recipe is not None else []
-    out["law_alone_section"] = (law_alone_section(rows, old_rows, None if old_recipe is None else str(old_recipe))
-                                + laws_section(rows, primary)) if rows else ""
+    out["law_alone_section"] = (
+        (
+            law_alone_section(rows, old_rows, None if old_recipe is None else str(old_recipe))
+            + laws_section(rows, primary)
+        )
+        if rows
+        else ""
+    )
     out["runs_beyond_summary"] = runs_summary(rows)
-    out["old_recipe_errors"] = (", ".join(f"{r['rel_error']:+.2%} at {r['multiple']:.0f}x" for r in old_rows)
-                                if old_rows else NOT_AVAILABLE)
+    out["old_recipe_errors"] = (
+        ", ".join(f"{r['rel_error']:+.2%} at {r['multiple']:.0f}x" for r in old_rows) if old_rows else NOT_AVAILABLE
+    )
     out["forced_sentence"] = _forced_sentence(prereg_doc)
     out["health_table"] = _cell_table(table)
     out["coverage_table"] = _coverage_table(data_dir / "fits" / "backtest_all.json")
     out["timeline"] = _timeline(prereg_doc, data_dir / "hero")
-    out.update(correction_text(final, check.get("actual_final_loss"),
-                               primary_law=LAW_NAMES.get(primary, primary)))
+    out.update(correction_text(final, check.get("actual_final_loss"), primary_law=LAW_NAMES.get(primary, primary)))
     return out
 
 
-LAW_NAMES = {"isoflop": "the isoFLOP power law (Approach 2)", "vpnls": "VPNLS (the Chinchilla surface)",
-             "parametric": "the parametric surface (Approach 3)", "frontier": "the compute frontier with E free"}
+LAW_NAMES = {
+    "isoflop": "the isoFLOP power law (Approach 2)",
+    "vpnls": "VPNLS (the Chinchilla surface)",
+    "parametric": "the parametric surface (Approach 3)",
+    "frontier": "the compute frontier with E free",
+}
 
 
 def _probe_dirs(data_dir: Path) -> list[Path]:
@@ -365,8 +437,10 @@ def law_alone_runs(data_dir: Path, prereg_path: Path, top_budget: float) -> list
     spec = _pinned_spec(data_dir)
     if not _law_alone_study(spec):
         return []
-    seals = [(own_probe_name(m), _probe_seal(data_dir, prereg_path, m), data_dir / "probes" / own_probe_name(m))
-             for m in sorted(spec.hero.probe_multiples)]
+    seals = [
+        (own_probe_name(m), _probe_seal(data_dir, prereg_path, m), data_dir / "probes" / own_probe_name(m))
+        for m in sorted(spec.hero.probe_multiples)
+    ]
     return sealed_runs(seals + [("hero", prereg_path, data_dir / "hero")], top_budget)
 
 
@@ -374,8 +448,12 @@ def _forced_sentence(prereg_doc: dict) -> str:
     """The gates a seal forced, each with the reason sealed beside it (`gates.force`)."""
     forced = prereg_doc.get("forced_gates") or {}
     if not forced:
-        return "No gate was forced." if not prereg_doc.get("forced") else "The seal was forced (`--force`); no reason is recorded."
-    return " ".join(f"Gate `{name}` was forced, with its reason sealed: \"{reason}\"" for name, reason in forced.items())
+        return (
+            "No gate was forced."
+            if not prereg_doc.get("forced")
+            else "The seal was forced (`--force`); no reason is recorded."
+        )
+    return " ".join(f'Gate `{name}` was forced, with its reason sealed: "{reason}"' for name, reason in forced.items())
 
 
 LAW_ALONE_FIGURE = "law_alone_error.png"  # the figure of a study of the law alone (issue 40: the README's front figure)
@@ -416,8 +494,14 @@ def _sealed_carry(final: dict) -> str | None:
     return correction.get("carry", "linear") if correction else None
 
 
-def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], top_budget: float,
-                           tolerance_rel: float, carry: str | None = None) -> dict[str, Any]:
+def _beyond_ladder_numbers(
+    data_dir: Path,
+    primary_fit: str,
+    gates: list[dict],
+    top_budget: float,
+    tolerance_rel: float,
+    carry: str | None = None,
+) -> dict[str, Any]:
     """The runs beyond the ladder (the study's pinned probes, then the hero) against every law the
     study fitted, each at the run's own N, D and exact FLOPs (`predict_hero`, the code the seal runs),
     and the gate that held the primary law to the probes. With a `carry` (the seal was the primary
@@ -430,31 +514,49 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
     configs = {run: load_train_config(run / "config.yaml") for run in probes}
     probes.sort(key=lambda run: configs[run].flops)
     multiples = [configs[run].flops / top_budget for run in probes]
-    out: dict[str, Any] = {"primary_law": LAW_NAMES.get(primary_fit, primary_fit), "n_probes": count_words(len(probes)),
-                           "probe_multiples": " and ".join(f"{m:.0f}x" for m in multiples) or "none"}
+    out: dict[str, Any] = {
+        "primary_law": LAW_NAMES.get(primary_fit, primary_fit),
+        "n_probes": count_words(len(probes)),
+        "probe_multiples": " and ".join(f"{m:.0f}x" for m in multiples) or "none",
+    }
     gate = next((g for g in gates if g["name"] == "probes"), None)
     fits = {m: load_fit(path) for m in LAW_NAMES if (path := data_dir / "fits" / f"{m}.json").is_file()}
     spec = _pinned_spec(data_dir)
-    own = (f"The study's own probes at {' and '.join(f'{m:g}x' for m in sorted(spec.hero.probe_multiples))} the top budget "
-           "were sealed with the ladder's law alone, with the hero and before any of them trained: predictions like the "
-           "hero's, not evidence for a correction." if _law_alone_study(spec) else "")
+    own = (
+        f"The study's own probes at {' and '.join(f'{m:g}x' for m in sorted(spec.hero.probe_multiples))} the top budget "
+        "were sealed with the ladder's law alone, with the hero and before any of them trained: predictions like the "
+        "hero's, not evidence for a correction."
+        if _law_alone_study(spec)
+        else ""
+    )
     if gate is None:
         out["probes_sentence"] = own or "No probes beyond the ladder were given."
     else:  # the sealed record, beside the gate as the code stands today (a gate changed after an outcome shows as such)
-        from delphi.prereg.predict import run_predicted_vs_actual
         from delphi.prereg.gates import gate_probes
+        from delphi.prereg.predict import run_predicted_vs_actual
 
         hero_cfg = load_train_config(data_dir / "hero.yaml")
-        now = gate_probes({p.name: run_predicted_vs_actual(fits[primary_fit], p) for p in probes}, tolerance_rel,
-                          top_budget=top_budget, hero_compute=hero_cfg.flops, corrected=carry is not None,
-                          carry=carry or "linear")
-        out["probes_sentence"] = (f"The sealed file records gate probes as {'passed' if gate['passed'] else 'failed'}: {gate['detail']}. "
-                                  f"Gate probes as the code stands today: **{'PASS' if now.passed else 'FAIL'}** ({now.threshold}): "
-                                  f"{now.detail}." + (f" {own}" if own else ""))
+        now = gate_probes(
+            {p.name: run_predicted_vs_actual(fits[primary_fit], p) for p in probes},
+            tolerance_rel,
+            top_budget=top_budget,
+            hero_compute=hero_cfg.flops,
+            corrected=carry is not None,
+            carry=carry or "linear",
+        )
+        out["probes_sentence"] = (
+            f"The sealed file records gate probes as {'passed' if gate['passed'] else 'failed'}: {gate['detail']}. "
+            f"Gate probes as the code stands today: **{'PASS' if now.passed else 'FAIL'}** ({now.threshold}): "
+            f"{now.detail}." + (f" {own}" if own else "")
+        )
     runs = probes + ([data_dir / "hero"] if (data_dir / "hero" / "summary.json").is_file() else [])
     rule = [f"{primary_fit} x trend of the runs before"] if carry is not None else []
-    rows = ["| run | FLOPs | shape | tokens | actual | " + " | ".join([f"{m}{' (primary)' if m == primary_fit else ''}" for m in fits] + rule) + " |",
-            "|---|---|---|---|---|" + "---|" * (len(fits) + len(rule))]
+    rows = [
+        "| run | FLOPs | shape | tokens | actual | "
+        + " | ".join([f"{m}{' (primary)' if m == primary_fit else ''}" for m in fits] + rule)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * (len(fits) + len(rule)),
+    ]
     before: dict[str, dict] = {}  # the primary law's error at each run so far, for the rule's column
     for run in runs:
         scored = {method: run_vs_law(fit, run) for method, fit in fits.items()}
@@ -468,8 +570,10 @@ def _beyond_ladder_numbers(data_dir: Path, primary_fit: str, gates: list[dict], 
             ruled = None if trend is None else law * (1 + trend.at(cfg.flops))
             cells.append("n/a (< 2 runs before)" if ruled is None else f"{ruled:.4f} ({actual / ruled - 1:+.2%})")
             before[run.name] = {"compute": cfg.flops, "rel_error": actual / law - 1}
-        rows.append(f"| {run.name} | {cfg.flops:.3g} ({cfg.flops / top_budget:.0f}x) | d{cfg.model.d_model} L{cfg.model.n_layers} "
-                    f"| {float(cfg.tokens):.3g} | {actual:.4f} | " + " | ".join(cells) + " |")
+        rows.append(
+            f"| {run.name} | {cfg.flops:.3g} ({cfg.flops / top_budget:.0f}x) | d{cfg.model.d_model} L{cfg.model.n_layers} "
+            f"| {float(cfg.tokens):.3g} | {actual:.4f} | " + " | ".join(cells) + " |"
+        )
     out["beyond_ladder_table"] = "\n".join(rows) if runs else "(no runs beyond the ladder)"
     return out
 
@@ -483,14 +587,21 @@ def _lr_sentence(calibration_path: Path, gates: list[dict]) -> str:
     widths = sorted({int(p["d_model"]) for p in points})
     runs = sum(len(p["multipliers"]) for p in points)
     gate = next((g for g in gates if g["name"] == "lr_transfer"), None)
-    verdict = (f" Gate lr_transfer {'passed' if gate['passed'] else 'failed'}: {gate['detail']}." if gate
-               else " Gate lr_transfer was not evaluated.")
-    return (f"The LR transfer rule was calibrated on the ladder's own family with `delphi ladder lr-calibrate`: {len(points)} points "
-            f"(d_model {widths[0]} to {widths[-1]}, up to {max(float(p['tokens']) for p in points):.3g} tokens), {runs} runs, one seed per LR, "
-            f"so each optimum is uncertain by about the seed noise.{verdict}")
+    verdict = (
+        f" Gate lr_transfer {'passed' if gate['passed'] else 'failed'}: {gate['detail']}."
+        if gate
+        else " Gate lr_transfer was not evaluated."
+    )
+    return (
+        f"The LR transfer rule was calibrated on the ladder's own family with `delphi ladder lr-calibrate`: {len(points)} points "
+        f"(d_model {widths[0]} to {widths[-1]}, up to {max(float(p['tokens']) for p in points):.3g} tokens), {runs} runs, one seed per LR, "
+        f"so each optimum is uncertain by about the seed noise.{verdict}"
+    )
 
 
-def _cross_check_sentence(data_dir: Path, primary_fit: str, prereg_doc: dict, predicted: float, actual: float | None) -> str:
+def _cross_check_sentence(
+    data_dir: Path, primary_fit: str, prereg_doc: dict, predicted: float, actual: float | None
+) -> str:
     """The cross-check laws refitted on the ladder and gate method_agreement as the code stands
     today, beside the sealed record: a gate changed after an outcome is shown as such."""
     from delphi.fits import load_fit
@@ -505,17 +616,34 @@ def _cross_check_sentence(data_dir: Path, primary_fit: str, prereg_doc: dict, pr
     fit = load_fit(fit_path)
     fit_table, _ = load_tables(data_dir / "results.csv", fit_convention(fit))
     rehearsal = data_dir / "rehearsal" if (data_dir / "rehearsal" / "summary.json").is_file() else None
-    checks = cross_check_predictions(fit, fit_table, load_train_config(data_dir / "hero.yaml"), rehearsal, _probe_dirs(data_dir),
-                                     noise_scope=prereg_doc["prediction"]["final"].get("noise_scope", "pooled"))
+    checks = cross_check_predictions(
+        fit,
+        fit_table,
+        load_train_config(data_dir / "hero.yaml"),
+        rehearsal,
+        _probe_dirs(data_dir),
+        noise_scope=prereg_doc["prediction"]["final"].get("noise_scope", "pooled"),
+    )
     tolerance = float(prereg_doc["decision"]["tolerance_rel"])
     now = gt.gate_method_agreement(predicted, checks, tolerance)
     sealed = next((g for g in prereg_doc.get("gates") or [] if g["name"] == "method_agreement"), None)
     laws = [predicted, *(float(v["loss"]) for v in checks.values() if v.get("loss") is not None)]
-    where = ("n/a" if actual is None else "between the laws" if min(laws) <= actual <= max(laws) else "outside the laws' span")
-    record = ("the sealed file records no such gate" if sealed is None
-              else f"the sealed file records it as {'passed' if sealed['passed'] else 'failed'}")
-    return (f"**The cross-check laws.** Refitted on the same ladder: {now.detail}. The outcome lies {where}. Gate "
-            f"method_agreement as the code stands today: **{'PASS' if now.passed else 'FAIL'}** ({now.threshold}); {record}.")
+    where = (
+        "n/a"
+        if actual is None
+        else "between the laws"
+        if min(laws) <= actual <= max(laws)
+        else "outside the laws' span"
+    )
+    record = (
+        "the sealed file records no such gate"
+        if sealed is None
+        else f"the sealed file records it as {'passed' if sealed['passed'] else 'failed'}"
+    )
+    return (
+        f"**The cross-check laws.** Refitted on the same ladder: {now.detail}. The outcome lies {where}. Gate "
+        f"method_agreement as the code stands today: **{'PASS' if now.passed else 'FAIL'}** ({now.threshold}); {record}."
+    )
 
 
 def _gates_table(gates: list[dict]) -> str:
@@ -526,8 +654,10 @@ def _gates_table(gates: list[dict]) -> str:
     for g in gates:
         value = g.get("value")
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-        rows.append(f"| {g['name']} | {'yes' if g.get('passed') else '**no**'} | {cell(shown)} | {cell(g.get('threshold', ''))} "
-                    f"| {cell(g.get('detail', ''))} |")
+        rows.append(
+            f"| {g['name']} | {'yes' if g.get('passed') else '**no**'} | {cell(shown)} | {cell(g.get('threshold', ''))} "
+            f"| {cell(g.get('detail', ''))} |"
+        )
     return "\n".join(rows)
 
 
@@ -535,14 +665,18 @@ def _cell_table(table: pd.DataFrame) -> str:
     """One row per cell (a shape at a budget, its seeds pooled): size, horizon and health."""
     if "cell_id" not in table:
         return "(the results table has no cells: one seed per rung, no health columns)"
-    rows = ["| cell | role | budget | d_model | layers | seeds | steps | tokens/param | evals | max dropped share | loss (mean +- sd) | healthy |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| cell | role | budget | d_model | layers | seeds | steps | tokens/param | evals | max dropped share | loss (mean +- sd) | healthy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for cell, g in table.sort_values(["budget", "params"]).groupby("cell_id", sort=False):
         r = g.iloc[0]
         sd = f"{g['loss'].std(ddof=1):.4f}" if len(g) > 1 else "n/a"
-        rows.append(f"| {cell} | {r.get('role', 'isoflop')} | {r['budget']:.3g} | {int(r['d_model'])} | {int(r['n_layers'])} | {len(g)} "
-                    f"| {int(r['steps']):,} | {float(r['tokens_per_param']):.0f} | {int(g['n_evals'].min())} "
-                    f"| {float(g['drop_frac_mean'].max()):.2%} | {g['loss'].mean():.4f} +- {sd} | {'yes' if g['health_ok'].all() else '**no**'} |")
+        rows.append(
+            f"| {cell} | {r.get('role', 'isoflop')} | {r['budget']:.3g} | {int(r['d_model'])} | {int(r['n_layers'])} | {len(g)} "
+            f"| {int(r['steps']):,} | {float(r['tokens_per_param']):.0f} | {int(g['n_evals'].min())} "
+            f"| {float(g['drop_frac_mean'].max()):.2%} | {g['loss'].mean():.4f} +- {sd} | {'yes' if g['health_ok'].all() else '**no**'} |"
+        )
     return "\n".join(rows)
 
 
@@ -560,17 +694,19 @@ def _coverage_table(path: Path) -> str:
 
 def _timeline(prereg_doc: dict, hero_dir: Path) -> str:
     """When the prediction was sealed against when the hero logged its first and last step."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from delphi.train.rundir import read_metrics
 
     records = [r for r in read_metrics(hero_dir) if r.get("time") is not None] if hero_dir.is_dir() else []
     if not records:
         return f"Sealed at {prereg_doc.get('created')}."
-    stamp = lambda t: datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    stamp = lambda t: datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
     started = records[0]["time"] - records[0].get("wall_s", 0.0)
-    return (f"Sealed at {prereg_doc.get('created')}; the hero started at {stamp(started)} and logged its last step at "
-            f"{stamp(records[-1]['time'])}.")
+    return (
+        f"Sealed at {prereg_doc.get('created')}; the hero started at {stamp(started)} and logged its last step at "
+        f"{stamp(records[-1]['time'])}."
+    )
 
 
 def _evals_per_run(table: pd.DataFrame, data_dir: Path) -> list[int]:
@@ -585,63 +721,91 @@ def _evals_per_run(table: pd.DataFrame, data_dir: Path) -> list[int]:
     return counts
 
 
-def _data_words(n: dict, table: pd.DataFrame, hero: dict, check: dict, vp: dict, backtest: dict, data_dir: Path) -> dict[str, Any]:
+def _data_words(
+    n: dict, table: pd.DataFrame, hero: dict, check: dict, vp: dict, backtest: dict, data_dir: Path
+) -> dict[str, Any]:
     """Every verdict, adjective and count of the prose that depends on the data (issue 10: the
     template types none of them)."""
     out: dict[str, Any] = {}
     experts, top_k = int(hero.get("experts") or 0), int(hero.get("top_k") or 0)
     moe = experts > 1
     out["model_short"] = "MoE" if moe else "dense"
-    out["model_desc"] = (f"Mixture-of-Experts language models ({experts} experts, top-{top_k}" if moe else "dense language models (") +         ", byte-level)"
-    out["ffn_desc"] = (f"MoE feed-forward with {experts} experts, top-{top_k}, aux-loss-free bias balancing" if moe
-                       else "dense feed-forward")
+    out["model_desc"] = (
+        f"Mixture-of-Experts language models ({experts} experts, top-{top_k}" if moe else "dense language models ("
+    ) + ", byte-level)"
+    out["ffn_desc"] = (
+        f"MoE feed-forward with {experts} experts, top-{top_k}, aux-loss-free bias balancing"
+        if moe
+        else "dense feed-forward"
+    )
     flops_error = (table["flops"] / table["budget"] - 1).abs().max()
     out["budget_match"] = f"{flops_error:.2%}"
     failed = check.get("verdict") != "passed"
     out["outcome_heading"] = "Why the prediction missed the tolerance" if failed else "Why the prediction held"
     rel = check.get("rel_error")
     tol = check.get("tolerance_rel")
-    out["tolerance_side"] = ("n/a" if rel is None or tol is None else ("outside" if abs(rel) > tol else "inside"))
+    out["tolerance_side"] = "n/a" if rel is None or tol is None else ("outside" if abs(rel) > tol else "inside")
     # The asymptote.
     diag = vp.get("diagnostics") or {}
     at_bound = "E" in (diag.get("at_bound") or [])
     e_value = n["vpnls_E"]
     span, n_budgets = n["budget_span"], count_words(n["n_budgets"]).capitalize()
     if at_bound:
-        out["E_sentence"] = (f"**The asymptote is not identified.** The VPNLS fit put E on its lower bound (E = {e_value}; "
-                             f"90% bootstrap interval {n['vpnls_E_90']}). A law with E = 0 keeps falling as a pure power law, so "
-                             f"extrapolating {n['extrapolation']}x in compute under-predicts the loss if the true E is positive. "
-                             f"{n_budgets} budgets spanning {span}x did not pin E.")
+        out["E_sentence"] = (
+            f"**The asymptote is not identified.** The VPNLS fit put E on its lower bound (E = {e_value}; "
+            f"90% bootstrap interval {n['vpnls_E_90']}). A law with E = 0 keeps falling as a pure power law, so "
+            f"extrapolating {n['extrapolation']}x in compute under-predicts the loss if the true E is positive. "
+            f"{n_budgets} budgets spanning {span}x did not pin E."
+        )
     else:
-        out["E_sentence"] = (f"**The asymptote.** The VPNLS fit placed E = {e_value} inside its bounds "
-                             f"(90% bootstrap interval {n['vpnls_E_90']}).")
+        out["E_sentence"] = (
+            f"**The asymptote.** The VPNLS fit placed E = {e_value} inside its bounds "
+            f"(90% bootstrap interval {n['vpnls_E_90']})."
+        )
     # Tokens per parameter.
     hero_tpp = float(hero["tokens"]) / float(hero["params"])
     tpp_max = float((table["tokens"] / table["params"]).max())
     same_width = table[table["d_model"] == hero.get("d_model")] if "d_model" in table else table.iloc[0:0]
     # Beyond the ladder where it matters: at the hero's own width when the ladder trained it, else anywhere.
     beyond = hero_tpp > (float((same_width["tokens"] / same_width["params"]).max()) if len(same_width) else tpp_max)
-    out["tpp_heading"] = ("The hero extrapolates in tokens per parameter, not only in compute." if beyond else
-                          "The hero stays inside the ladder's tokens per parameter.")
+    out["tpp_heading"] = (
+        "The hero extrapolates in tokens per parameter, not only in compute."
+        if beyond
+        else "The hero stays inside the ladder's tokens per parameter."
+    )
     # Evaluations and seeds.
     evals = _evals_per_run(table, data_dir)
-    out["ladder_evals"] = (f"{count_words(min(evals))} evaluations per run" if evals and min(evals) == max(evals)
-                           else (f"{min(evals)} to {max(evals)} evaluations per run" if evals else "an unknown number of evaluations per run"))
+    out["ladder_evals"] = (
+        f"{count_words(min(evals))} evaluations per run"
+        if evals and min(evals) == max(evals)
+        else (
+            f"{min(evals)} to {max(evals)} evaluations per run" if evals else "an unknown number of evaluations per run"
+        )
+    )
     keys = ["cell_id"] if "cell_id" in table else [c for c in ("budget", "params") if c in table]
     seeds = table.groupby(keys).size() if keys else pd.Series([1])
-    out["seeds_desc"] = (f"{count_words(int(seeds.min()))} seed{'s' if seeds.min() > 1 else ''} per rung" if seeds.min() == seeds.max()
-                         else f"{int(seeds.min())} to {int(seeds.max())} seeds per rung")
+    out["seeds_desc"] = (
+        f"{count_words(int(seeds.min()))} seed{'s' if seeds.min() > 1 else ''} per rung"
+        if seeds.min() == seeds.max()
+        else f"{int(seeds.min())} to {int(seeds.max())} seeds per rung"
+    )
     noise = diag.get("seed_noise_nats")
     if noise is not None and check.get("actual_final_loss"):
-        out["seed_sentence"] = (f"**Seed noise** was measured from {out['seeds_desc']}: a pooled within-cell standard deviation of "
-                                f"{float(noise):.3g} nats, {float(noise) / check['actual_final_loss']:.1%} of the hero's final loss.")
+        out["seed_sentence"] = (
+            f"**Seed noise** was measured from {out['seeds_desc']}: a pooled within-cell standard deviation of "
+            f"{float(noise):.3g} nats, {float(noise) / check['actual_final_loss']:.1%} of the hero's final loss."
+        )
     else:
         out["seed_sentence"] = f"**Seed noise** was not measured ({out['seeds_desc']})."
-    out["seed_noise_text"] = "seed noise not measured" if noise is None else f"measured seed noise {float(noise):.3g} nats"
+    out["seed_noise_text"] = (
+        "seed noise not measured" if noise is None else f"measured seed noise {float(noise):.3g} nats"
+    )
     # What to change: one item per weakness the data show.
     advice = []
     if at_bound:
-        advice.append("more budgets (or a wider span, or small models trained far past their optimum) so that E is identified")
+        advice.append(
+            "more budgets (or a wider span, or small models trained far past their optimum) so that E is identified"
+        )
     if beyond:
         advice.append("ladder rungs at the hero's width with long token horizons")
     if evals and min(evals) < 10:
@@ -674,12 +838,16 @@ def _interval(pair: Any) -> str:
 
 
 def _backtest_table(backtest: dict) -> str:
-    rows = ["| method | held-out budget | predicted best loss | observed best loss | relative error | 90% interval covered |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| method | held-out budget | predicted best loss | observed best loss | relative error | 90% interval covered |",
+        "|---|---|---|---|---|---|",
+    ]
     for method, result in backtest.items():
         for b in result.get("budgets", []):
-            rows.append(f"| {method} | {b['budget']:.3g} | {b['predicted_loss']:.4f} | {b['observed_best_loss']:.4f} "
-                        f"| {b['rel_error']:+.2%} | {b.get('covered_90')} |")
+            rows.append(
+                f"| {method} | {b['budget']:.3g} | {b['predicted_loss']:.4f} | {b['observed_best_loss']:.4f} "
+                f"| {b['rel_error']:+.2%} | {b.get('covered_90')} |"
+            )
     return "\n".join(rows)
 
 
@@ -687,8 +855,15 @@ def _ladder_table(table: pd.DataFrame) -> str:
     cols = ["run_id", "budget", "d_model", "n_layers", "params", "tokens", "loss"]
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.sort_values(["budget", "params"]).iterrows():
-        cells = [str(r["run_id"]), f"{r['budget']:.3g}", str(int(r["d_model"])), str(int(r["n_layers"])),
-                 f"{int(r['params']):,}", f"{int(r['tokens']):,}", f"{r['loss']:.4f}"]
+        cells = [
+            str(r["run_id"]),
+            f"{r['budget']:.3g}",
+            str(int(r["d_model"])),
+            str(int(r["n_layers"])),
+            f"{int(r['params']):,}",
+            f"{int(r['tokens']):,}",
+            f"{r['loss']:.4f}",
+        ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -698,16 +873,25 @@ def _trajectory_table(check: dict) -> str:
     if not points:
         return "(no eval points)"
     seeded = any("seed" in p for p in points)  # a multi-seed seal: each seed's curve in turn
-    rows = ["| " + ("seed | " if seeded else "") + "tokens | predicted | 90% band | actual | relative error |",
-            "|---|" + ("---|" if seeded else "") + "---|---|---|---|"]
+    rows = [
+        "| " + ("seed | " if seeded else "") + "tokens | predicted | 90% band | actual | relative error |",
+        "|---|" + ("---|" if seeded else "") + "---|---|---|---|",
+    ]
     for p in points:
-        rows.append("| " + (f"{p.get('seed')} | " if seeded else "") + f"{p['tokens']:.3g} | {p['predicted']:.4f} "
-                    f"| [{p['lo90']:.4f}, {p['hi90']:.4f}] | {p['actual']:.4f} | {p['rel_error']:+.2%} |")
+        rows.append(
+            "| " + (f"{p.get('seed')} | " if seeded else "") + f"{p['tokens']:.3g} | {p['predicted']:.4f} "
+            f"| [{p['lo90']:.4f}, {p['hi90']:.4f}] | {p['actual']:.4f} | {p['rel_error']:+.2%} |"
+        )
     return "\n".join(rows)
 
 
-def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None = None,
-                data_dir: str | Path | None = None, *, svg: bool = True) -> dict:
+def build_paper(
+    paper_dir: str | Path = "paper",
+    from_study: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    *,
+    svg: bool = True,
+) -> dict:
     """Import a study's data if asked, redraw every figure, and render paper.md from template.md.
     The data are `data_dir` (a finished study's copy: a compact edition's study, e.g.
     paper/editions/v3/study, or a plain directory), else PAPER_DIR/data, else the newest edition's
@@ -721,7 +905,12 @@ def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None =
     template = paper_dir / "template.md"
     if not template.is_file():
         raise DelphiError(f"{template}: paper template not found")
-    if data_dir is None and from_study is None and not (paper_dir / "data").exists() and (current := current_edition(paper_dir)):
+    if (
+        data_dir is None
+        and from_study is None
+        and not (paper_dir / "data").exists()
+        and (current := current_edition(paper_dir))
+    ):
         data_dir = edition_data(current)
     shown, figures_dir = Path(data_dir) if data_dir is not None else paper_dir / "data", paper_dir / "figures"
     imported = import_study(Path(from_study), shown) if from_study is not None else []
@@ -731,8 +920,11 @@ def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None =
     study = _study_view(data_dir, figures_dir)
     old_recipe = old_recipe_data(shown, paper_dir)
     figures = stage_figures(study)["files"]
-    figures += [f for f in law_alone_figure(data_dir, prereg_file(data_dir), old_recipe, figures_dir / LAW_ALONE_FIGURE)
-                if f.endswith(".png")]
+    figures += [
+        f
+        for f in law_alone_figure(data_dir, prereg_file(data_dir), old_recipe, figures_dir / LAW_ALONE_FIGURE)
+        if f.endswith(".png")
+    ]
     if not svg:
         for png in figures:
             Path(png).with_suffix(".svg").unlink(missing_ok=True)
@@ -740,9 +932,16 @@ def build_paper(paper_dir: str | Path = "paper", from_study: str | Path | None =
     try:
         text = string.Template(template.read_text()).substitute(numbers)
     except KeyError as e:
-        raise DelphiError(f"{template}: placeholder ${e.args[0]} has no value (known: {', '.join(sorted(numbers))})") from None
+        raise DelphiError(
+            f"{template}: placeholder ${e.args[0]} has no value (known: {', '.join(sorted(numbers))})"
+        ) from None
     atomic_write_text(paper_dir / "paper.md", text)
-    return {"paper": str(paper_dir / "paper.md"), "data": str(shown), "figures": figures, "imported_files": len(imported)}
+    return {
+        "paper": str(paper_dir / "paper.md"),
+        "data": str(shown),
+        "figures": figures,
+        "imported_files": len(imported),
+    }
 
 
 # ---- editions: paper/editions/vN -----------------------------------------------------------------
@@ -787,8 +986,10 @@ def build_edition(name: str, paper_root: str | Path = "paper") -> dict:
     """Render one edition (`--edition vN`) from its compact data."""
     known = built_editions(paper_root)
     if name not in known:
-        raise DelphiError(f"--edition {name}: not an edition `delphi paper build` renders (known: {', '.join(known) or 'none'}; "
-                          "an edition without a template.md is kept as written)")
+        raise DelphiError(
+            f"--edition {name}: not an edition `delphi paper build` renders (known: {', '.join(known) or 'none'}; "
+            "an edition without a template.md is kept as written)"
+        )
     paper_dir, data = known[name]
     current = paper_dir == Path(paper_root)
     return build_paper(paper_dir, data_dir=data, svg=current) | {"edition": name, "current": current}
@@ -810,8 +1011,6 @@ def snapshot(study_dir: str | Path, dest: str | Path, *, resumable: bool = False
     return {"files": len(copied), "ladder_runs": runs, "to": str(dest), "compact": packed}
 
 
-
-
 def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Path = "preregistrations") -> list[dict]:
     """Each sealed preregistration against the editions: its seal (`prereg verify`: as first
     committed), the editions whose compact data hold every file it hashed (fit, hero config,
@@ -828,7 +1027,9 @@ def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Pa
         raise DelphiError(f"--preregistrations {preregistrations}: not a directory; nothing to verify")
     files = sorted(Path(preregistrations).glob("*.yaml"))
     if not files:
-        raise DelphiError(f"--preregistrations {preregistrations}: holds no preregistration (*.yaml); nothing to verify")
+        raise DelphiError(
+            f"--preregistrations {preregistrations}: holds no preregistration (*.yaml); nothing to verify"
+        )
     trees = edition_trees(paper_root)
     out = []
     for path in files:
@@ -837,10 +1038,18 @@ def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Pa
         holding = {name: check_provenance(doc, tree) for name, tree in trees.items()}
         complete = [name for name, c in holding.items() if c["checked"] and not c["missing"]]
         # A seal whose run has not finished (no outcome yet) waits for its edition; it is not a failure.
-        row = {"file": str(path), "seal_ok": plain["seal_ok"], "hashes": next(iter(holding.values()))["checked"] if holding else 0,
-               "editions_holding_all": complete, "run": None, "run_ok": None, "pending": read_outcome(path) is None,
-               "problems": plain["problems"], "warnings": plain.get("warnings", []),
-               "first_commit": plain.get("first_commit")}
+        row = {
+            "file": str(path),
+            "seal_ok": plain["seal_ok"],
+            "hashes": next(iter(holding.values()))["checked"] if holding else 0,
+            "editions_holding_all": complete,
+            "run": None,
+            "run_ok": None,
+            "pending": read_outcome(path) is None,
+            "problems": plain["problems"],
+            "warnings": plain.get("warnings", []),
+            "first_commit": plain.get("first_commit"),
+        }
         found = hero_runs(doc, {name: trees[name] for name in complete})
         if found is not None:
             name, run, runs = found

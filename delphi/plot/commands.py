@@ -18,7 +18,9 @@ def add_commands(subparsers) -> None:
     plot = subparsers.add_parser("plot", help="figures (PNG + SVG)")
     sub = plot.add_subparsers(dest="plot_command", metavar="FIGURE")
 
-    def figure(name: str, help: str, handler, inputs: list[tuple[str, dict]], *, table: bool = False, log: str | None = None):
+    def figure(
+        name: str, help: str, handler, inputs: list[tuple[str, dict]], *, table: bool = False, log: str | None = None
+    ):
         """`table`: the results table's flags (as `delphi fit`'s); `log`: the run log's column flags, with this prefix."""
         p = sub.add_parser(name, help=help)
         for flag, kw in inputs:
@@ -28,36 +30,90 @@ def add_commands(subparsers) -> None:
         if log is not None:
             add_log_options(p, flag_prefix=log)
         p.add_argument("--out", required=True, help="OUT.png (an .svg is written beside it)")
-        p.add_argument("--force", action="store_true",
-                       help="replace OUT.png/.svg even if they are not figures this command wrote (never an input)")
+        p.add_argument(
+            "--force",
+            action="store_true",
+            help="replace OUT.png/.svg even if they are not figures this command wrote (never an input)",
+        )
         add_json_flag(p)
         p.set_defaults(func=handler)
 
     run_help = "the hero's run: a Delphi run dir, another trainer's metrics log or a directory holding one"
-    figure("isoflop", "loss vs N per budget with parabolas and optima", _isoflop,
-           [("results", {"help": "results table (CSV, JSON, JSONL or Parquet; map columns as in `delphi fit`)"}),
-            ("--fit", {"help": "isoflop FIT.json (its optima)"})], table=True)
-    figure("allocation", "N*(C) and D*(C) with 90%% bands and the hero", _allocation,
-           [("fit", {"help": "isoflop or parametric FIT.json"}), ("--results", {"help": "results table (optima are computed if the fit has none)"}),
-            ("--hero", {"help": "HERO.yaml"})], table=True)
-    figure("frontier", "L*(C): runs, fitted frontier, hero interval and actual", _frontier,
-           [("results", {"help": "results table"}), ("--fit", {"help": "FIT.json that predicts loss from compute"}),
+    figure(
+        "isoflop",
+        "loss vs N per budget with parabolas and optima",
+        _isoflop,
+        [
+            ("results", {"help": "results table (CSV, JSON, JSONL or Parquet; map columns as in `delphi fit`)"}),
+            ("--fit", {"help": "isoflop FIT.json (its optima)"}),
+        ],
+        table=True,
+    )
+    figure(
+        "allocation",
+        "N*(C) and D*(C) with 90%% bands and the hero",
+        _allocation,
+        [
+            ("fit", {"help": "isoflop or parametric FIT.json"}),
+            ("--results", {"help": "results table (optima are computed if the fit has none)"}),
+            ("--hero", {"help": "HERO.yaml"}),
+        ],
+        table=True,
+    )
+    figure(
+        "frontier",
+        "L*(C): runs, fitted frontier, hero interval and actual",
+        _frontier,
+        [
+            ("results", {"help": "results table"}),
+            ("--fit", {"help": "FIT.json that predicts loss from compute"}),
             ("--prereg", {"help": "preregistration (hero interval, and the tokens a log must reach)"}),
-            ("--run", {"help": f"{run_help} (actual point: its final loss)"})], table=True, log="log-")
-    figure("prediction", "preregistered trajectory with bands vs the hero's eval points", _prediction,
-           [("prereg", {"help": "preregistration file"}), ("--run", {"help": run_help})], log="")
-    figure("residuals", "relative residuals of a fit against N and C", _residuals,
-           [("results", {"help": "results table"}), ("--fit", {"required": True, "help": "FIT.json"})], table=True)
-    figure("coordcheck", "muP coordinate check (the model part's own plot)", _coordcheck,
-           [("report", {"help": "coordcheck.json from `delphi mup coord-check`"})])
-    figure("lrsweep", "final loss vs base LR per width", _lrsweep,
-           [("sweep", {"help": "CSV, JSON or JSONL records with width, lr, loss"}),
+            ("--run", {"help": f"{run_help} (actual point: its final loss)"}),
+        ],
+        table=True,
+        log="log-",
+    )
+    figure(
+        "prediction",
+        "preregistered trajectory with bands vs the hero's eval points",
+        _prediction,
+        [("prereg", {"help": "preregistration file"}), ("--run", {"help": run_help})],
+        log="",
+    )
+    figure(
+        "residuals",
+        "relative residuals of a fit against N and C",
+        _residuals,
+        [("results", {"help": "results table"}), ("--fit", {"required": True, "help": "FIT.json"})],
+        table=True,
+    )
+    figure(
+        "coordcheck",
+        "muP coordinate check (the model part's own plot)",
+        _coordcheck,
+        [("report", {"help": "coordcheck.json from `delphi mup coord-check`"})],
+    )
+    figure(
+        "lrsweep",
+        "final loss vs base LR per width",
+        _lrsweep,
+        [
+            ("sweep", {"help": "CSV, JSON or JSONL records with width, lr, loss"}),
             ("--width-col", {"metavar": "COL", "default": "width", "help": "column holding the width (default width)"}),
             ("--lr-col", {"metavar": "COL", "default": "lr", "help": "column holding the base LR (default lr)"}),
-            ("--loss-col", {"metavar": "COL", "default": "loss", "help": "column holding the final loss (default loss)"}),
-            ("--query", {"metavar": "EXPR", "help": "select rows (the language of `delphi fit --query`)"})])
-    figure("curves", "ladder eval curves with the LR-annealing curve law", _curves,
-           [("ladder", {"help": "ladder dir"}), ("--no-backtest", {"action": "store_true"})])
+            (
+                "--loss-col",
+                {"metavar": "COL", "default": "loss", "help": "column holding the final loss (default loss)"},
+            ),
+            ("--query", {"metavar": "EXPR", "help": "select rows (the language of `delphi fit --query`)"}),
+        ],
+    )
+    figure(
+        "curves",
+        "ladder eval curves with the LR-annealing curve law",
+        _curves,
+        [("ladder", {"help": "ladder dir"}), ("--no-backtest", {"action": "store_true"})],
+    )
     plot.set_defaults(func=lambda args: (plot.print_help(sys.stderr), ({"error": "give a figure"}, 2))[1])
 
 
@@ -112,8 +168,7 @@ def _hero(path: str | None):
     from delphi.train.config import load_train_config
 
     cfg = load_train_config(path)
-    return {"compute": cfg.flops,
-            "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
+    return {"compute": cfg.flops, "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
 
 
 def _isoflop(args):
@@ -136,14 +191,24 @@ def _allocation(args):
     fit = _fit(args.fit)
     optima = fit.extra.get("optima")
     if optima:
-        frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
-                              "tokens": [o["tokens_opt"] for o in optima]})
+        frame = pd.DataFrame(
+            {
+                "budget": [o["flops"] for o in optima],
+                "params": [o["params_opt"] for o in optima],
+                "tokens": [o["tokens_opt"] for o in optima],
+            }
+        )
     elif args.results:
         from delphi.fits.isoflop import per_budget_optima
 
         opt, _ = per_budget_optima(_table(args.results, args))
-        frame = pd.DataFrame({"budget": [o["flops"] for o in opt], "params": [o["params_opt"] for o in opt],
-                              "tokens": [o["tokens_opt"] for o in opt]})
+        frame = pd.DataFrame(
+            {
+                "budget": [o["flops"] for o in opt],
+                "params": [o["params_opt"] for o in opt],
+                "tokens": [o["tokens_opt"] for o in opt],
+            }
+        )
     else:
         raise DelphiError(f"{args.fit}: has no per-budget optima; give --results to compute them")
     hero = _hero(args.hero) or {}
@@ -172,8 +237,10 @@ def _frontier(args):
     note = None
     if args.run:
         if Path(args.run).exists() and not is_delphi_run_dir(Path(args.run)) and not args.prereg:
-            raise DelphiError(f"--run {args.run}: another trainer's log; give --prereg, whose hero says the tokens the log "
-                              "must reach and the compute to draw its final loss at")
+            raise DelphiError(
+                f"--run {args.run}: another trainer's log; give --prereg, whose hero says the tokens the log "
+                "must reach and the compute to draw its final loss at"
+            )
         run = read_to_end(args.run, end, LogOptions(log_columns(args)))
         actual = run.final_loss  # a log's once an eval reached the hero's end; a Delphi run's summary's
         if hero_c is None:
@@ -181,10 +248,18 @@ def _frontier(args):
 
             hero_c = read_summary(Path(args.run)).get("flops")
         if actual is None or hero_c is None:
-            last = f"its last eval at {run.evals[-1].tokens:.4g} tokens" if run.evals and run.evals[-1].tokens else "no eval yet"
-            why = ("its compute is unknown (no summary.json with flops): give --prereg" if actual is not None
-                   else f"the run has no final loss yet (status {run.status})" if run.kind != "log"
-                   else f"the log has not reached {end.describe()} ({last})")
+            last = (
+                f"its last eval at {run.evals[-1].tokens:.4g} tokens"
+                if run.evals and run.evals[-1].tokens
+                else "no eval yet"
+            )
+            why = (
+                "its compute is unknown (no summary.json with flops): give --prereg"
+                if actual is not None
+                else f"the run has no final loss yet (status {run.status})"
+                if run.kind != "log"
+                else f"the log has not reached {end.describe()} ({last})"
+            )
             note = f"--run {args.run}: no actual point drawn: {why}"
             print(note, file=sys.stderr)
     result = _done(frontier_figure(table, fit, hero_c, interval, actual), args)
@@ -217,9 +292,15 @@ def _residuals(args):
     table = _table(args.results, args)
     fit = _fit(args.fit)
     terms = {t: table[t].to_numpy(float) for t in fit.law_terms if t in table}
-    pred = fit.predict_run(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float),
-                           flops=table["flops"].to_numpy(float), **terms)["loss"]
-    return _done(residuals_figure(table, np.asarray(pred, float), title=f"{fit.kind} fit ({fit.method}) residuals"), args)
+    pred = fit.predict_run(
+        params=table["params"].to_numpy(float),
+        tokens=table["tokens"].to_numpy(float),
+        flops=table["flops"].to_numpy(float),
+        **terms,
+    )["loss"]
+    return _done(
+        residuals_figure(table, np.asarray(pred, float), title=f"{fit.kind} fit ({fit.method}) residuals"), args
+    )
 
 
 def _coordcheck(args):
@@ -276,11 +357,16 @@ def _sweep_table(records, path: Path, args):
     columns = {"width": args.width_col, "lr": args.lr_col, "loss": args.loss_col}
     for name, column in columns.items():
         if column not in records:
-            raise DelphiError(f"{path}: no column {quoted(column)} for {name} (map it with --{name}-col); "
-                              f"columns are {list(records.columns)}")
+            raise DelphiError(
+                f"{path}: no column {quoted(column)} for {name} (map it with --{name}-col); "
+                f"columns are {list(records.columns)}"
+            )
     if records.empty:
-        raise DelphiError(f"{path}: no rows" + (f" after --query {quoted(args.query)}" if args.query else " (a header only)")
-                          + "; expected one row per (width, lr) run")
+        raise DelphiError(
+            f"{path}: no rows"
+            + (f" after --query {quoted(args.query)}" if args.query else " (a header only)")
+            + "; expected one row per (width, lr) run"
+        )
     table = pd.DataFrame({name: pd.to_numeric(records[column], errors="coerce") for name, column in columns.items()})
     for name, column in columns.items():
         bad = ~(np.isfinite(table[name].to_numpy(float)) & (table[name].to_numpy(float) > 0))
@@ -288,8 +374,10 @@ def _sweep_table(records, path: Path, args):
             row = records.index[int(np.flatnonzero(bad)[0])]
             value = records[column].loc[row]
             value = value.item() if hasattr(value, "item") else value  # numpy scalars quoted as the numbers they are
-            raise DelphiError(f"{path}: row {row}: {column} = {quoted(value, 60)}, expected a finite "
-                              f"number > 0 ({int(bad.sum())} such rows)")
+            raise DelphiError(
+                f"{path}: row {row}: {column} = {quoted(value, 60)}, expected a finite "
+                f"number > 0 ({int(bad.sum())} such rows)"
+            )
     return table
 
 
@@ -300,5 +388,7 @@ def _curves(args):
     _check_out(args)
     curves = cv.load_ladder_curves(args.ladder)
     fit = cv.fit_curve_law(curves, bootstrap=0)
-    backtest = None if args.no_backtest or len({c.params for c in curves}) < 3 else cv.backtest_curve_law(curves, bootstrap=0)
+    backtest = (
+        None if args.no_backtest or len({c.params for c in curves}) < 3 else cv.backtest_curve_law(curves, bootstrap=0)
+    )
     return _done(curves_figure(curves, fit, backtest), args)

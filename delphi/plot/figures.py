@@ -7,7 +7,8 @@ Power laws are drawn on log-log axes; every axis names its quantity and unit.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -43,7 +44,9 @@ def _readable_log_axis(axis) -> None:
 # --------------------------------------------------------------------------- isoFLOP
 
 
-def isoflop_figure(table: pd.DataFrame, optima: Sequence[dict] | None = None, title: str = "isoFLOP curves") -> plt.Figure:
+def isoflop_figure(
+    table: pd.DataFrame, optima: Sequence[dict] | None = None, title: str = "isoFLOP curves"
+) -> plt.Figure:
     """Loss against N for each budget, a parabola in log N through each, and its optimum.
 
     The parabolas are drawn with a least-squares quadratic in log N (Approach 2's
@@ -70,7 +73,9 @@ def isoflop_figure(table: pd.DataFrame, optima: Sequence[dict] | None = None, ti
                 n_opt = o.get("params_opt") or (10 ** (-coef[1] / (2 * coef[0])) if coef[0] > 0 else None)
                 if n_opt:
                     l_opt = o.get("loss_opt") or np.polyval(coef, math.log10(n_opt))
-                    ax.scatter([n_opt], [l_opt], marker="*", s=90, color=color, edgecolor="black", linewidth=0.6, zorder=4)
+                    ax.scatter(
+                        [n_opt], [l_opt], marker="*", s=90, color=color, edgecolor="black", linewidth=0.6, zorder=4
+                    )
             if label:
                 ax.plot([], [], color=color, label=label)
         ax.scatter([], [], marker="*", s=90, color="white", edgecolor="black", label="optimum N*")
@@ -137,7 +142,9 @@ def frontier_figure(
         ax.scatter(table["flops"], table["loss"], color=st.DATA, s=12, alpha=0.6, label="ladder runs")
         best = table.loc[table.groupby("budget")["loss"].idxmin()] if "budget" in table else None
         if best is not None:
-            ax.scatter(best["flops"], best["loss"], color=st.DATA, s=40, marker="s", facecolor="none", label="best per budget")
+            ax.scatter(
+                best["flops"], best["loss"], color=st.DATA, s=40, marker="s", facecolor="none", label="best per budget"
+            )
         c_hi = max(float(table["flops"].max()), hero_compute or 0) * 1.5
         grid = _log_grid(float(table["flops"].min()) / 1.5, c_hi)
         if fit is not None:
@@ -149,7 +156,15 @@ def frontier_figure(
                 ax.fill_between(grid, lo, hi, color=st.FIT, alpha=0.2, lw=0, label="90% interval")
         if hero_compute and hero_interval:
             med, lo, hi = hero_interval
-            ax.errorbar([hero_compute], [med], yerr=[[med - lo], [hi - med]], fmt="D", color=st.PREDICTION, capsize=4, label="hero: predicted (90%)")
+            ax.errorbar(
+                [hero_compute],
+                [med],
+                yerr=[[med - lo], [hi - med]],
+                fmt="D",
+                color=st.PREDICTION,
+                capsize=4,
+                label="hero: predicted (90%)",
+            )
         if hero_compute and hero_actual is not None:
             ax.scatter([hero_compute], [hero_actual], marker="*", s=140, color=st.HERO, zorder=5, label="hero: actual")
         ax.set_xscale("log")
@@ -165,7 +180,9 @@ def frontier_figure(
 # --------------------------------------------------------------------------- prediction vs actual
 
 
-def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None, seed_runs: dict | None = None) -> plt.Figure:
+def prediction_figure(
+    prereg_doc: dict, run=None, verdict: str | None = None, seed_runs: dict | None = None
+) -> plt.Figure:
     """The preregistered trajectory with 50%/90% bands against the hero's eval points, and the
     hero's final loss (its summary's, on the final evaluation set) beside the predicted final.
 
@@ -186,17 +203,34 @@ def prediction_figure(prereg_doc: dict, run=None, verdict: str | None = None, se
             ax.plot(t, col("loss"), color=st.PREDICTION, label="preregistered median")
         if final.get("loss_90"):
             lo, hi = final["loss_90"]
-            ax.errorbar([t[-1] * 1.04], [final["loss"]], yerr=[[final["loss"] - lo], [hi - final["loss"]]], fmt="D", color=st.FIT,
-                        capsize=4, label="final loss (scaling law, 90%)")
+            ax.errorbar(
+                [t[-1] * 1.04],
+                [final["loss"]],
+                yerr=[[final["loss"] - lo], [hi - final["loss"]]],
+                fmt="D",
+                color=st.FIT,
+                capsize=4,
+                label="final loss (scaling law, 90%)",
+            )
         actual_loss = []
         for k, (label, one) in enumerate(curves.items()):
             pts = [(e.tokens, e.loss) for e in one.evals if e.tokens]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if k == 0 else "s--", color=st.HERO, ms=3.5, lw=1,
-                        alpha=1.0 if k == 0 else 0.6, label=f"{label}: actual eval loss")
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    "o-" if k == 0 else "s--",
+                    color=st.HERO,
+                    ms=3.5,
+                    lw=1,
+                    alpha=1.0 if k == 0 else 0.6,
+                    label=f"{label}: actual eval loss",
+                )
                 actual_loss += [p[1] for p in pts]
         if actual_final is not None:
-            what = "hero: final loss (final eval set)" if len(curves) == 1 else f"mean final loss of {len(curves)} seeds"
+            what = (
+                "hero: final loss (final eval set)" if len(curves) == 1 else f"mean final loss of {len(curves)} seeds"
+            )
             ax.plot([t[-1] * 1.04], [actual_final], "*", color=st.HERO, ms=11, label=what)
             actual_loss = [*actual_loss, actual_final]
         ax.set_xscale("log")
@@ -223,32 +257,77 @@ def law_alone_error_figure(old: Sequence[dict], new: Sequence[dict]) -> plt.Figu
     with st.style():
         fig, ax = plt.subplots()
         if old:
-            ax.plot([r["multiple"] for r in old], [pct(r["rel_error"]) for r in old], "o-", color=st.DATA, alpha=0.7,
-                    label="old recipe: its ladder's law alone")
+            ax.plot(
+                [r["multiple"] for r in old],
+                [pct(r["rel_error"]) for r in old],
+                "o-",
+                color=st.DATA,
+                alpha=0.7,
+                label="old recipe: its ladder's law alone",
+            )
             for r in old:
-                ax.annotate(r["run"], (r["multiple"], pct(r["rel_error"])), textcoords="offset points", xytext=(4, -10), fontsize=7,
-                            color=st.DATA)
+                ax.annotate(
+                    r["run"],
+                    (r["multiple"], pct(r["rel_error"])),
+                    textcoords="offset points",
+                    xytext=(4, -10),
+                    fontsize=7,
+                    color=st.DATA,
+                )
         for k, r in enumerate(new):
             x = r["multiple"]
             if r.get("loss_90"):
                 lo, hi = (pct(v / r["predicted"] - 1) for v in r["loss_90"])
-                ax.plot([x, x], [lo, hi], color=st.PREDICTION, lw=6, alpha=0.3, solid_capstyle="butt",
-                        label="new recipe: sealed 90% interval" if k == 0 else None)
+                ax.plot(
+                    [x, x],
+                    [lo, hi],
+                    color=st.PREDICTION,
+                    lw=6,
+                    alpha=0.3,
+                    solid_capstyle="butt",
+                    label="new recipe: sealed 90% interval" if k == 0 else None,
+                )
             seeds = [v for _, v in r.get("seeds") or [] if v is not None]
             if r.get("rel_error") is None:
-                ax.annotate("training" if r.get("status") not in (None, "sealed, not yet trained") else "not yet trained",
-                            (x, 0), textcoords="offset points", xytext=(6, 0), fontsize=7, color=st.PREDICTION)
+                ax.annotate(
+                    "training" if r.get("status") not in (None, "sealed, not yet trained") else "not yet trained",
+                    (x, 0),
+                    textcoords="offset points",
+                    xytext=(6, 0),
+                    fontsize=7,
+                    color=st.PREDICTION,
+                )
                 continue
             if len(seeds) > 1:
-                ax.plot([x] * len(seeds), [pct(v / r["predicted"] - 1) for v in seeds], "o", mfc="none", color=st.HERO, ms=5,
-                        label="new recipe: each seed" if k == 0 else None)
-            ax.plot([x], [pct(r["rel_error"])], "D", color=st.HERO, ms=7,
-                    label=("new recipe: sealed law alone, seed mean" if len(seeds) > 1 else "new recipe: sealed law alone") if k == 0 else None)
+                ax.plot(
+                    [x] * len(seeds),
+                    [pct(v / r["predicted"] - 1) for v in seeds],
+                    "o",
+                    mfc="none",
+                    color=st.HERO,
+                    ms=5,
+                    label="new recipe: each seed" if k == 0 else None,
+                )
+            ax.plot(
+                [x],
+                [pct(r["rel_error"])],
+                "D",
+                color=st.HERO,
+                ms=7,
+                label=("new recipe: sealed law alone, seed mean" if len(seeds) > 1 else "new recipe: sealed law alone")
+                if k == 0
+                else None,
+            )
         tolerance = next((r["tolerance_rel"] for r in new if r.get("tolerance_rel")), None)
         if tolerance:
             for sign in (-1, 1):
-                ax.axhline(sign * pct(tolerance), color=st.FIT, ls="--", lw=0.8,
-                           label=f"preregistered tolerance ±{tolerance:.0%}" if sign > 0 else None)
+                ax.axhline(
+                    sign * pct(tolerance),
+                    color=st.FIT,
+                    ls="--",
+                    lw=0.8,
+                    label=f"preregistered tolerance ±{tolerance:.0%}" if sign > 0 else None,
+                )
         ax.axhline(0.0, color=st.DATA, lw=0.6)
         ax.set_xscale("log")
         _readable_log_axis(ax.xaxis)
@@ -278,7 +357,7 @@ def residuals_figure(table: pd.DataFrame, predicted: np.ndarray, title: str = "f
             ax.set_xlabel(label)
         axes[0].set_ylabel("relative residual (%)")
         axes[0].legend(ncol=2)
-        fig.suptitle(f"{title}: rms {100 * np.sqrt(np.mean(rel ** 2)):.2f}%")
+        fig.suptitle(f"{title}: rms {100 * np.sqrt(np.mean(rel**2)):.2f}%")
         return fig
 
 
@@ -294,7 +373,9 @@ def lrsweep_figure(records: pd.DataFrame) -> plt.Figure:
             r = records[records["width"] == w].sort_values("lr")
             ax.plot(r["lr"], r["loss"], marker="o", ms=3.5, color=color, label=f"width {w}")
             best = r.loc[r["loss"].idxmin()]
-            ax.scatter([best["lr"]], [best["loss"]], marker="*", s=110, color=color, edgecolor="black", linewidth=0.6, zorder=4)
+            ax.scatter(
+                [best["lr"]], [best["loss"]], marker="*", s=110, color=color, edgecolor="black", linewidth=0.6, zorder=4
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("base learning rate (Adam, at the base width)")
         ax.set_ylabel(st.LABEL_LOSS)
@@ -315,13 +396,19 @@ def coordcheck_figure(results: Sequence[dict[str, Any]]) -> plt.Figure:
         for ax, res in zip(axes[0], results):
             widths = res["spec"]["widths"]
             for c, mags in res["magnitude"].items():
-                line = "-" if c == COORDCHECK_MODEL_COMPONENT else ("--" if "residual" in c else ":" if c == "embedding" else "-.")
+                line = (
+                    "-"
+                    if c == COORDCHECK_MODEL_COMPONENT
+                    else ("--" if "residual" in c else ":" if c == "embedding" else "-.")
+                )
                 ax.plot(widths, mags, line, marker="o", ms=3, label=f"{c} ({res['slopes'][c]:+.2f})")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log", base=2)
             ax.set_xlabel("width d_model (log2)")
             ax.set_ylabel(f"mean |activation|, steps 1-{res['spec']['steps']} (log2)")
-            ax.set_title(f"{res['label']}: {'PASS' if res['passed'] else 'FAIL'} (worst slope {res['worst_slope']:+.2f})")
+            ax.set_title(
+                f"{res['label']}: {'PASS' if res['passed'] else 'FAIL'} (worst slope {res['worst_slope']:+.2f})"
+            )
             ax.legend(fontsize=6, loc="best")
             ax.grid(alpha=0.3)
         fig.tight_layout()
@@ -342,13 +429,26 @@ def curves_figure(curves: Sequence[Any], fit: Any, backtest: dict | None = None)
             color = color_of[c.params]
             ax.scatter(c.tokens, c.loss, s=8, color=color)
             pred = fit.predict(c.params, c.s1, c.s2)
-            ax.plot(c.tokens, pred["loss"], color=color, lw=1.1, label=None if c.params in labelled else f"N = {c.params:.2g}")
+            ax.plot(
+                c.tokens,
+                pred["loss"],
+                color=color,
+                lw=1.1,
+                label=None if c.params in labelled else f"N = {c.params:.2g}",
+            )
             labelled.add(c.params)
         ax.plot([], [], color="grey", lw=1.1, label="curve law fit (dots: eval points)")
         if backtest:
             pts = backtest["points"]
-            ax.scatter([p["tokens"] for p in pts], [p["predicted"] for p in pts], marker="x", color=st.HERO, s=40, zorder=5,
-                       label=f"backtest of N = {backtest['target_params']:.2g} (max err {100 * backtest['max_abs_rel_error']:.2f}%)")
+            ax.scatter(
+                [p["tokens"] for p in pts],
+                [p["predicted"] for p in pts],
+                marker="x",
+                color=st.HERO,
+                s=40,
+                zorder=5,
+                label=f"backtest of N = {backtest['target_params']:.2g} (max err {100 * backtest['max_abs_rel_error']:.2f}%)",
+            )
         ax.set_xscale("log")
         ax.set_xlabel(st.LABEL_TOKENS)
         ax.set_ylabel(st.LABEL_LOSS)

@@ -37,23 +37,42 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from delphi.errors import CheckFailed, DelphiError
 from delphi.first_commit import FirstCommit, first_commit
-from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, stale_running)
-from delphi.train.runlog import (TIME_ALIASES, ColumnNotFound, LogOptions, RunEnd, RunState, is_delphi_run_dir,
-                                 read_run_dir, read_to_end, read_wandb)
 from delphi.io import atomic_write_json, sha256_file
 from delphi.prereg import format as fmt
 from delphi.prereg.create import parse_utc, utc_now
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, stale_running
+from delphi.train.runlog import (
+    TIME_ALIASES,
+    ColumnNotFound,
+    LogOptions,
+    RunEnd,
+    RunState,
+    is_delphi_run_dir,
+    read_run_dir,
+    read_to_end,
+    read_wandb,
+)
 
 PREDATES = "invalid: the run predates the preregistration"
 START_UNKNOWN = "invalid: the run's start cannot be established"
 SEAL_BROKEN = "invalid: the seal is broken"
-EXIT = {"not-started": 0, "in-progress": 0, "on-track": 0, "passed": 0, "deviating": 1, "failed": 1, PREDATES: 1, START_UNKNOWN: 1,
-        SEAL_BROKEN: 1}
+EXIT = {
+    "not-started": 0,
+    "in-progress": 0,
+    "on-track": 0,
+    "passed": 0,
+    "deviating": 1,
+    "failed": 1,
+    PREDATES: 1,
+    START_UNKNOWN: 1,
+    SEAL_BROKEN: 1,
+}
 FINAL_VERDICTS = ("passed", "failed")  # the verdicts an outcome file records
 OUTCOME_COMMAND = "prereg check"  # the outcome file's output-policy marker (delphi.io)
 
@@ -75,17 +94,19 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
         bands = prereg.bands_at(e.tokens)
         if bands is None or not math.isfinite(e.loss):
             continue  # before the first predicted point (warmup) or a non-finite loss (handled by status)
-        points.append({
-            "step": e.step,
-            "tokens": e.tokens,
-            "actual": e.loss,
-            "predicted": bands["loss"],
-            "lo90": bands["lo90"],
-            "hi90": bands["hi90"],
-            "rel_error": (e.loss - bands["loss"]) / bands["loss"],
-            "in_50": bands["lo50"] <= e.loss <= bands["hi50"],
-            "in_90": bands["lo90"] <= e.loss <= bands["hi90"],
-        })
+        points.append(
+            {
+                "step": e.step,
+                "tokens": e.tokens,
+                "actual": e.loss,
+                "predicted": bands["loss"],
+                "lo90": bands["lo90"],
+                "hi90": bands["hi90"],
+                "rel_error": (e.loss - bands["loss"]) / bands["loss"],
+                "in_50": bands["lo50"] <= e.loss <= bands["hi50"],
+                "in_90": bands["lo90"] <= e.loss <= bands["hi90"],
+            }
+        )
     final_pred = prereg.final
     latest = next((e.tokens for e in reversed(run.evals) if e.tokens is not None), None)
     result: dict[str, Any] = {
@@ -125,9 +146,13 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
         result |= {"verdict": "not-started", "why": "no eval point inside the predicted trajectory yet"}
     elif not points:
         last = run.evals[-1]
-        result |= {"verdict": "in-progress", "latest_tokens": latest,
-                   "why": f"latest eval {last.loss:.4f}" + (f" at {last.tokens:.4g} tokens" if last.tokens is not None else "")
-                          + f"; {midway['judged']}"}
+        result |= {
+            "verdict": "in-progress",
+            "latest_tokens": latest,
+            "why": f"latest eval {last.loss:.4f}"
+            + (f" at {last.tokens:.4g} tokens" if last.tokens is not None else "")
+            + f"; {midway['judged']}",
+        }
     else:
         last = points[-1]
         ok = last["in_90"] or abs(last["rel_error"]) <= tol
@@ -136,11 +161,13 @@ def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
             "rel_error": last["rel_error"],
             "latest_tokens": last["tokens"],
             "why": f"at {last['tokens']:.4g} tokens: {last['actual']:.4f} vs {last['predicted']:.4f} ({last['rel_error']:+.2%}), "
-                   f"{'inside' if last['in_90'] else 'outside'} the 90% band [{last['lo90']:.4f}, {last['hi90']:.4f}]",
+            f"{'inside' if last['in_90'] else 'outside'} the 90% band [{last['lo90']:.4f}, {last['hi90']:.4f}]",
         }
     if run.status == "stopped":
         result["why"] += f" (the run is stopped, to be resumed: {run.reason})"
-    return result if result["verdict"] in FINAL_VERDICTS else result | midway  # an outcome file records the verdict alone
+    return (
+        result if result["verdict"] in FINAL_VERDICTS else result | midway
+    )  # an outcome file records the verdict alone
 
 
 def judged(prereg: fmt.Prereg, latest_tokens: float | None) -> str:
@@ -166,7 +193,9 @@ def with_projection(result: dict[str, Any], prereg: fmt.Prereg, shape_run: Path)
     from delphi.train.config import train_config_from_dict
 
     if not isinstance(prereg.doc["hero"].get("config"), dict):
-        raise DelphiError(f"--shape: {prereg.path}'s hero is given as N and D, with no schedule to project its evals along")
+        raise DelphiError(
+            f"--shape: {prereg.path}'s hero is given as N and D, with no schedule to project its evals along"
+        )
     hero = train_config_from_dict(prereg.doc["hero"]["config"])
     projected = project_finals(result["points"], shape_run, hero)
     for p in projected:
@@ -193,8 +222,9 @@ def same_run(outcome: dict, identity: dict[str, Any]) -> bool:
     """Whether an existing outcome scored the run `identity` describes. An outcome from before runs
     were bound (no first-step time recorded) names its run by path only."""
     if outcome.get("run_first_step_time") is not None:
-        return (outcome.get("run_first_step_time") == identity.get("run_first_step_time")
-                and outcome.get("run_config_sha256") == identity.get("run_config_sha256"))
+        return outcome.get("run_first_step_time") == identity.get("run_first_step_time") and outcome.get(
+            "run_config_sha256"
+        ) == identity.get("run_config_sha256")
     recorded = outcome.get("run")
     if not isinstance(recorded, str):
         return False
@@ -228,18 +258,25 @@ def record_outcome(prereg_path: Path, result: dict, identity: dict[str, Any] | N
     if existing is not None and not same_run(existing, identity):
         return None
     if existing and existing.get("verdict") in FINAL_VERDICTS:
-        differ = {k: {"recorded": existing.get(k), "now": result.get(k)} for k in OUTCOME_FIELDS
-                  if k in existing and _differs(existing.get(k), result.get(k))}
+        differ = {
+            k: {"recorded": existing.get(k), "now": result.get(k)}
+            for k in OUTCOME_FIELDS
+            if k in existing and _differs(existing.get(k), result.get(k))
+        }
         if differ:
             shown = "; ".join(f"{k}: recorded {v['recorded']!r}, now {v['now']!r}" for k, v in differ.items())
             raise CheckFailed(
                 f"{out}: the outcome recorded at {existing.get('checked', '?')} says {existing.get('verdict')}, but this "
                 f"check of the same run says {result.get('verdict')} ({shown}): the run's records changed after its "
                 "outcome was written; an outcome is written once and is not replaced",
-                result={k: v for k, v in result.items() if k != "points"} | {"outcome_file": str(out), "outcome_conflict": differ})
+                result={k: v for k, v in result.items() if k != "points"}
+                | {"outcome_file": str(out), "outcome_conflict": differ},
+            )
         return out
     keep = {k: v for k, v in result.items() if k != "points"}
-    atomic_write_json(out, keep | identity | {"checked": utc_now(), "points": result["points"]}, written_by=OUTCOME_COMMAND)
+    atomic_write_json(
+        out, keep | identity | {"checked": utc_now(), "points": result["points"]}, written_by=OUTCOME_COMMAND
+    )
     return out
 
 
@@ -261,8 +298,11 @@ def ran_evidence(run_dir: Path, n_rows: int) -> str | None:
 
     run_dir = Path(run_dir)
     metrics = run_dir / METRICS_FILE
-    lost = (f"{metrics.name} has {n_rows} rows without a time" if n_rows
-            else f"{metrics.name} is {'empty' if metrics.is_file() else 'missing'}")
+    lost = (
+        f"{metrics.name} has {n_rows} rows without a time"
+        if n_rows
+        else f"{metrics.name} is {'empty' if metrics.is_file() else 'missing'}"
+    )
     status = read_json_object(run_dir / STATUS_FILE)
     if status.get("status") not in (None, "pending") or (status.get("step") or 0) > 0:
         return f"{lost} but status.json says {status.get('status')!r} at step {status.get('step')}"
@@ -329,19 +369,25 @@ def start_order(doc: dict, run: RunState, run_dir: Path | None) -> tuple[bool | 
     column: nothing else in it says when its first row was written."""
     evidence = None
     if run.first_step_time is None and run.kind == "log" and run.n_rows:
-        evidence = (f"its {run.n_rows} rows have no time (looked for a column {', '.join(TIME_ALIASES)}; map one with "
-                    "--time-col: epoch seconds or ISO 8601 with a zone)")
+        evidence = (
+            f"its {run.n_rows} rows have no time (looked for a column {', '.join(TIME_ALIASES)}; map one with "
+            "--time-col: epoch seconds or ISO 8601 with a zone)"
+        )
     elif run_dir is not None and run.first_step_time is None and run.kind == "run_dir":
         evidence = ran_evidence(run_dir, run.n_rows)
     if evidence:
-        return None, (f"{run.path if run.kind == 'log' else run_dir}: cannot establish when the run started: {evidence}; "
-                      "the preregistration cannot be shown to precede it")
+        return None, (
+            f"{run.path if run.kind == 'log' else run_dir}: cannot establish when the run started: {evidence}; "
+            "the preregistration cannot be shown to precede it"
+        )
     if run.first_step_time is None:
         return True, None
     if parse_utc(doc["created"]) <= run.first_step_time:
         return True, None
-    return False, (f"created {doc['created']} after the run's first logged step "
-                   f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(run.first_step_time))})")
+    return False, (
+        f"created {doc['created']} after the run's first logged step "
+        f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(run.first_step_time))})"
+    )
 
 
 def read_hero_run(doc: dict, run_path: Path | None, wandb_path: str | None, log: LogOptions = LogOptions()) -> RunState:
@@ -365,9 +411,15 @@ def target_seeds(doc: dict) -> list[int] | None:
     return [int(s) for s in target["seeds"]] if isinstance(target, dict) and target.get("seeds") else None
 
 
-def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None,
-          record: bool = True, run_dirs: list[Path] | None = None,
-          log: LogOptions = LogOptions()) -> tuple[dict, fmt.Prereg, RunState]:
+def check(
+    prereg_path: Path,
+    *,
+    run_dir: Path | None = None,
+    wandb_path: str | None = None,
+    record: bool = True,
+    run_dirs: list[Path] | None = None,
+    log: LogOptions = LogOptions(),
+) -> tuple[dict, fmt.Prereg, RunState]:
     """Compare the run with the preregistration; a final verdict is recorded as NAME.outcome.json
     for the run it scored (module docstring), unless `record` is false (a reader of committed data,
     e.g. the paper, scores the run without writing beside the seal). A broken seal is CheckFailed
@@ -377,8 +429,10 @@ def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | N
     prereg = fmt.load_prereg(prereg_path)
     seal = fmt.seal_status(prereg.doc)
     if not seal["ok"]:
-        raise CheckFailed(f"{prereg_path}: {SEAL_BROKEN}: the seal does not match the content (edited after "
-                          "sealing); nothing compared, no outcome written (`delphi prereg verify` shows the digests)")
+        raise CheckFailed(
+            f"{prereg_path}: {SEAL_BROKEN}: the seal does not match the content (edited after "
+            "sealing); nothing compared, no outcome written (`delphi prereg verify` shows the digests)"
+        )
     seeds = target_seeds(prereg.doc)
     if run_dirs is not None and len(run_dirs) == 1 and seeds is None:
         run_dir = run_dirs[0]
@@ -400,13 +454,21 @@ def check(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | N
         result["outcome_file"] = None if written is None else str(written)
         if written is None:
             other = (read_outcome(prereg_path) or {}).get("run")
-            result["outcome_kept"] = (f"{fmt.outcome_path(prereg_path)} scores another run ({other or 'not an outcome'}); "
-                                      "an outcome is bound to the run it scored and is not replaced")
+            result["outcome_kept"] = (
+                f"{fmt.outcome_path(prereg_path)} scores another run ({other or 'not an outcome'}); "
+                "an outcome is bound to the run it scored and is not replaced"
+            )
     return result, prereg, run
 
 
-def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, run_dirs: list[Path],
-                record: bool, log: LogOptions = LogOptions()) -> tuple[dict, fmt.Prereg, RunState]:
+def check_seeds(
+    prereg_path: Path,
+    prereg: fmt.Prereg,
+    seeds: list[int] | None,
+    run_dirs: list[Path],
+    record: bool,
+    log: LogOptions = LogOptions(),
+) -> tuple[dict, fmt.Prereg, RunState]:
     """A multi-seed seal against its runs, one per sealed seed: each seed's curve against the band,
     and the verdict on the mean of their final losses (the sealed quantity). A seed whose first step
     came before the seal makes the outcome invalid; any seed diverged or failed fails it; while any
@@ -417,11 +479,15 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
     if seeds is None:
         raise DelphiError(f"--run: {prereg_path} seals one run; give one --run, not {len(run_dirs)}")
     if len({Path(r).resolve() for r in run_dirs}) != len(run_dirs):
-        raise DelphiError(f"--run: the same run dir is given twice ({', '.join(str(r) for r in run_dirs)}); "
-                          f"{prereg_path} seals the mean of {len(seeds)} seeds' runs, one --run each")
+        raise DelphiError(
+            f"--run: the same run dir is given twice ({', '.join(str(r) for r in run_dirs)}); "
+            f"{prereg_path} seals the mean of {len(seeds)} seeds' runs, one --run each"
+        )
     if len(run_dirs) != len(seeds):
-        raise DelphiError(f"--run: {prereg_path} seals the mean of seeds {', '.join(map(str, seeds))}: give one --run per "
-                          f"seed ({len(seeds)}), got {len(run_dirs)}")
+        raise DelphiError(
+            f"--run: {prereg_path} seals the mean of seeds {', '.join(map(str, seeds))}: give one --run per "
+            f"seed ({len(seeds)}), got {len(run_dirs)}"
+        )
     by_seed: dict[int, Path] = {}
     for run_dir in run_dirs:
         if not Path(run_dir).exists():
@@ -430,17 +496,23 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
     if not any(delphi_dirs):
         by_seed = dict(zip(seeds, map(Path, run_dirs)))
     elif not all(delphi_dirs):
-        raise DelphiError(f"--run: {', '.join(str(r) for r, d in zip(run_dirs, delphi_dirs) if not d)} is another "
-                          "trainer's log and the others Delphi run dirs; give the seeds' runs in one form")
+        raise DelphiError(
+            f"--run: {', '.join(str(r) for r, d in zip(run_dirs, delphi_dirs) if not d)} is another "
+            "trainer's log and the others Delphi run dirs; give the seeds' runs in one form"
+        )
     for run_dir in run_dirs if all(delphi_dirs) else []:
         seed = _run_seed(Path(run_dir))
         if seed not in seeds:
             raise DelphiError(f"--run {run_dir}: its seed {seed} is not one of the sealed seeds {seeds}")
         if mismatch := hero_mismatch(prereg.doc, prereg_path, Path(run_dir), seed):
-            raise DelphiError(f"--run {run_dir}: not seed {seed} of the preregistered hero of {prereg_path}: {mismatch}")
+            raise DelphiError(
+                f"--run {run_dir}: not seed {seed} of the preregistered hero of {prereg_path}: {mismatch}"
+            )
         if seed in by_seed:
-            raise DelphiError(f"--run {run_dir}: seed {seed} again ({by_seed[seed]} is seed {seed} too); "
-                              f"give one run per sealed seed {seeds}")
+            raise DelphiError(
+                f"--run {run_dir}: seed {seed} again ({by_seed[seed]} is seed {seed} too); "
+                f"give one run per sealed seed {seeds}"
+            )
         by_seed[seed] = Path(run_dir)
     runs = {seed: read_hero_run(prereg.doc, by_seed[seed], None, log) for seed in seeds}
     per_seed = []
@@ -454,9 +526,14 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
     final_pred = prereg.final
     tol = prereg.tolerance_rel
     result: dict[str, Any] = {
-        "prereg": prereg.id, "seal": prereg.doc.get("seal", {}).get("digest"), "seal_ok": True,
-        "run": ", ".join(r.source for r in runs.values()), "target_seeds": seeds, "tolerance_rel": tol,
-        "predicted_final_loss": final_pred["loss"], "n_points": sum(o["n_points"] for o in per_seed),
+        "prereg": prereg.id,
+        "seal": prereg.doc.get("seal", {}).get("digest"),
+        "seal_ok": True,
+        "run": ", ".join(r.source for r in runs.values()),
+        "target_seeds": seeds,
+        "tolerance_rel": tol,
+        "predicted_final_loss": final_pred["loss"],
+        "n_points": sum(o["n_points"] for o in per_seed),
         "n_outside_90": sum(o["n_outside_90"] for o in per_seed),
         "points": [p | {"seed": o["seed"]} for o in per_seed for p in o["points"]],
         "seeds": [{k: v for k, v in o.items() if k != "points"} for o in per_seed],
@@ -481,35 +558,50 @@ def check_seeds(prereg_path: Path, prereg: fmt.Prereg, seeds: list[int] | None, 
             lo50, hi50 = final_pred.get("loss_50") or (None, None)
             lo90, hi90 = final_pred.get("loss_90") or (None, None)
             result |= {
-                "verdict": "passed" if abs(rel) <= tol else "failed", "actual_final_loss": actual, "rel_error": rel,
+                "verdict": "passed" if abs(rel) <= tol else "failed",
+                "actual_final_loss": actual,
+                "rel_error": rel,
                 "covered_50": None if lo50 is None else bool(lo50 <= actual <= hi50),
                 "covered_90": None if lo90 is None else bool(lo90 <= actual <= hi90),
-                "why": (f"mean final val_loss of seeds {', '.join(map(str, seeds))} {actual:.4f} "
-                        f"({', '.join(f'{f:.4f}' for f in finals)}) vs predicted {final_pred['loss']:.4f}: {rel:+.2%} "
-                        f"(tolerance {tol:.2%})"),
+                "why": (
+                    f"mean final val_loss of seeds {', '.join(map(str, seeds))} {actual:.4f} "
+                    f"({', '.join(f'{f:.4f}' for f in finals)}) vs predicted {final_pred['loss']:.4f}: {rel:+.2%} "
+                    f"(tolerance {tol:.2%})"
+                ),
             }
             if "competing" in prereg.doc.get("prediction", {}):
                 from delphi.prereg.competing import score_competing
+
                 result["competing"] = score_competing(prereg.doc["prediction"]["competing"], actual)
     else:
         order = ("deviating", "on-track", "in-progress", "not-started", "passed", "failed")
         worst = min(per_seed, key=lambda o: order.index(o["verdict"]) if o["verdict"] in order else len(order))
         verdict = worst["verdict"] if worst["verdict"] in order[:4] else "on-track"
-        result |= {"verdict": verdict, "why": "; ".join(f"seed {o['seed']} [{o['status']}] {o['why']}" for o in per_seed)}
+        result |= {
+            "verdict": verdict,
+            "why": "; ".join(f"seed {o['seed']} [{o['status']}] {o['why']}" for o in per_seed),
+        }
     if result["verdict"] not in FINAL_VERDICTS:
-        result |= {"n_evals": sum(len(r.evals) for r in runs.values()),
-                   "judged": f"{judged(prereg, _slowest(runs.values()))}; the verdict on the mean of the {len(seeds)} seeds' final losses"}
+        result |= {
+            "n_evals": sum(len(r.evals) for r in runs.values()),
+            "judged": f"{judged(prereg, _slowest(runs.values()))}; the verdict on the mean of the {len(seeds)} seeds' final losses",
+        }
     _mark_forced(result, prereg.doc)
     if record and result["verdict"] in FINAL_VERDICTS:
         identities = [run_identity(runs[s], by_seed[s]) for s in seeds]
-        identity = {"run": result["run"], "run_first_step_time": min(i["run_first_step_time"] for i in identities),
-                    "run_config_sha256": "+".join(str(i.get("run_config_sha256")) for i in identities),
-                    "runs": identities}
+        identity = {
+            "run": result["run"],
+            "run_first_step_time": min(i["run_first_step_time"] for i in identities),
+            "run_config_sha256": "+".join(str(i.get("run_config_sha256")) for i in identities),
+            "runs": identities,
+        }
         written = record_outcome(prereg_path, result, identity)
         result["outcome_file"] = None if written is None else str(written)
         if written is None:
-            result["outcome_kept"] = (f"{fmt.outcome_path(prereg_path)} scores other runs; an outcome is bound to the "
-                                      "runs it scored and is not replaced")
+            result["outcome_kept"] = (
+                f"{fmt.outcome_path(prereg_path)} scores other runs; an outcome is bound to the "
+                "runs it scored and is not replaced"
+            )
     return result, prereg, runs[seeds[0]]
 
 
@@ -528,9 +620,18 @@ def _run_seed(run_dir: Path) -> int:
     return int(config["seed"])
 
 
-def watch(prereg_path: Path, *, run_dir: Path | None, wandb_path: str | None, interval_s: float, timeout_s: float | None,
-          on_update: Callable[[dict], None] | None = None, run_dirs: list[Path] | None = None,
-          log: LogOptions = LogOptions(), on_wait: Callable[[str], None] | None = None) -> tuple[dict, fmt.Prereg, RunState]:
+def watch(
+    prereg_path: Path,
+    *,
+    run_dir: Path | None,
+    wandb_path: str | None,
+    interval_s: float,
+    timeout_s: float | None,
+    on_update: Callable[[dict], None] | None = None,
+    run_dirs: list[Path] | None = None,
+    log: LogOptions = LogOptions(),
+    on_wait: Callable[[str], None] | None = None,
+) -> tuple[dict, fmt.Prereg, RunState]:
     """Poll until the verdict is final (passed or failed: a multi-seed seal's once every seed has ended,
     or one has failed) or invalid, the run is stopped to be resumed, or timeout_s passes. A JSON log
     whose rows have not yet brought a column it needs (the eval loss before the first eval) is waited
@@ -557,11 +658,17 @@ def watch(prereg_path: Path, *, run_dir: Path | None, wandb_path: str | None, in
         if result["verdict"] in (*FINAL_VERDICTS, PREDATES, START_UNKNOWN):
             return result, prereg, run
         seeds = result.get("seeds") or [{"run": run.source, "status": run.status}]
-        if stopped := [s["run"] for s in seeds if s["status"] == "stopped"]:  # never moves until resumed: no end to polling it
-            result["watch"] = (f"stopped watching: {', '.join(stopped)} is stopped, to be resumed ({run.reason or 'a signal'}); "
-                               "resume it and watch again")
+        if stopped := [
+            s["run"] for s in seeds if s["status"] == "stopped"
+        ]:  # never moves until resumed: no end to polling it
+            result["watch"] = (
+                f"stopped watching: {', '.join(stopped)} is stopped, to be resumed ({run.reason or 'a signal'}); "
+                "resume it and watch again"
+            )
             return result, prereg, run
-        watched = [Path(d) for d in (run_dirs or ([run_dir] if run_dir is not None else [])) if is_delphi_run_dir(Path(d))]
+        watched = [
+            Path(d) for d in (run_dirs or ([run_dir] if run_dir is not None else [])) if is_delphi_run_dir(Path(d))
+        ]
         if stale := [why for why in map(stale_running, watched) if why]:
             raise CheckFailed("; ".join(stale) + " (nothing trains it: resume it, or stop watching)")
         if timed_out:
@@ -570,8 +677,9 @@ def watch(prereg_path: Path, *, run_dir: Path | None, wandb_path: str | None, in
         time.sleep(interval_s)
 
 
-def verify(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None,
-           run_dirs: list[Path] | None = None) -> dict:
+def verify(
+    prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None, run_dirs: list[Path] | None = None
+) -> dict:
     """Recompute the seal; with a run, flag a preregistration created after its first logged step.
     A multi-seed seal's runs (`run_dirs`, one per sealed seed) are each verified so. Then everything
     else the file claims, against records it cannot edit: each fingerprinted input's sha256, the
@@ -610,7 +718,8 @@ def _against_records(prereg_path: Path, result: dict, runs: list[Path]) -> dict:
         if not result["commit_before_start"]:
             warnings.append(
                 f"the seal was first committed in {commit['commit'][:12]} at {commit['time']}, after the first step of a "
-                "run it predicts: its creation time is the file's own word")
+                "run it predicts: its creation time is the file's own word"
+            )
     result["problems"] = result["problems"] + problems
     result["ok"] = not result["problems"]
     return result
@@ -620,15 +729,19 @@ def _verify_runs(prereg_path: Path, run_dirs: list[Path], wandb_path: str | None
     seeds = target_seeds(fmt.read(prereg_path))
     if seeds is not None and (wandb_path is not None or len(run_dirs) not in (0, len(seeds))):
         given = "--wandb" if wandb_path is not None else f"{len(run_dirs)} --run"
-        raise DelphiError(f"--run: {prereg_path} seals the mean of seeds {', '.join(map(str, seeds))}: give one --run per "
-                          f"seed ({len(seeds)}), got {given}")
+        raise DelphiError(
+            f"--run: {prereg_path} seals the mean of seeds {', '.join(map(str, seeds))}: give one --run per "
+            f"seed ({len(seeds)}), got {given}"
+        )
     if len(run_dirs) > 1:
         base = _verify_one(prereg_path)
         doc = fmt.read(prereg_path)
         seeds = target_seeds(doc)
         if seeds is None or len(run_dirs) != len(seeds) or len({Path(r).resolve() for r in run_dirs}) != len(run_dirs):
-            raise DelphiError(f"--run: {prereg_path} seals {'one run' if seeds is None else f'seeds {seeds}'}: give one "
-                              f"distinct --run per sealed seed, got {len(run_dirs)}")
+            raise DelphiError(
+                f"--run: {prereg_path} seals {'one run' if seeds is None else f'seeds {seeds}'}: give one "
+                f"distinct --run per sealed seed, got {len(run_dirs)}"
+            )
         runs = []
         for one in run_dirs:
             seed = _run_seed(Path(one))
@@ -636,19 +749,32 @@ def _verify_runs(prereg_path: Path, run_dirs: list[Path], wandb_path: str | None
                 raise DelphiError(f"--run {one}: not one of the sealed seeds {seeds} of the hero of {prereg_path}")
             runs.append(_verify_one(prereg_path, run_dir=Path(one), seed=seed))
         problems = base["problems"] + [f"seed run {r['run']}: {p}" for r in runs for p in r["problems"]]
-        return base | {"runs": runs, "problems": problems, "ok": not problems,
-                       "created_before_start": all(r["created_before_start"] is True for r in runs)}
+        return base | {
+            "runs": runs,
+            "problems": problems,
+            "ok": not problems,
+            "created_before_start": all(r["created_before_start"] is True for r in runs),
+        }
     return _verify_one(prereg_path, run_dir=run_dirs[0] if run_dirs else None, wandb_path=wandb_path)
 
 
 # What an outcome file states that its run's own records decide (recomputed by verify and index).
 OUTCOME_FIELDS = ("actual_final_loss", "rel_error", "verdict", "covered_50", "covered_90")
 # provenance: (path key, sha256 key) of each fingerprinted input whose file the seal names.
-FINGERPRINTS = (("fit_path", "fit_sha256"), ("hero_config_path", "hero_config_sha256"), ("results_path", "results_sha256"))
+FINGERPRINTS = (
+    ("fit_path", "fit_sha256"),
+    ("hero_config_path", "hero_config_sha256"),
+    ("results_path", "results_sha256"),
+)
 
 
 def _differs(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+    if (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
         return abs(float(a) - float(b)) > 1e-9 * max(abs(float(b)), 1.0)
     return a != b
 
@@ -667,18 +793,26 @@ def outcome_consistency(doc: dict, outcome: dict) -> list[str]:
             expected[field] = bool(final[key][0] <= actual <= final[key][1])
     if outcome.get("why", "").startswith("run ") and outcome.get("verdict") == "failed":
         expected["verdict"] = "failed"  # diverged or failed runs fail whatever their last loss
-    problems = [f"outcome field {k} = {outcome.get(k)!r}, but its actual_final_loss {actual!r} against the sealed prediction "
-                f"gives {v!r}" for k, v in expected.items() if _differs(outcome.get(k), v)]
+    problems = [
+        f"outcome field {k} = {outcome.get(k)!r}, but its actual_final_loss {actual!r} against the sealed prediction "
+        f"gives {v!r}"
+        for k, v in expected.items()
+        if _differs(outcome.get(k), v)
+    ]
     sealed = (doc.get("seal") or {}).get("digest")
     if outcome.get("seal") is not None and outcome.get("seal") != sealed:
-        problems.append(f"outcome field seal = {outcome.get('seal')!r}: it scored another seal, not this file's {sealed!r}")
+        problems.append(
+            f"outcome field seal = {outcome.get('seal')!r}: it scored another seal, not this file's {sealed!r}"
+        )
     seeds = outcome.get("seeds")
     finals = [s.get("actual_final_loss") for s in seeds] if isinstance(seeds, list) and seeds else []
     if finals and all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in finals):
         mean = sum(float(f) for f in finals) / len(finals)
         if _differs(float(actual), mean):
-            problems.append(f"outcome field actual_final_loss = {actual!r}, but the mean of its seeds' own final losses "
-                            f"({', '.join(f'{float(f):.6g}' for f in finals)}) is {mean!r}")
+            problems.append(
+                f"outcome field actual_final_loss = {actual!r}, but the mean of its seeds' own final losses "
+                f"({', '.join(f'{float(f):.6g}' for f in finals)}) is {mean!r}"
+            )
     return problems
 
 
@@ -695,8 +829,11 @@ def outcome_vs_records(prereg_path: Path, outcome: dict, run_dirs: list[Path]) -
         again, _, _ = check(prereg_path, run_dirs=run_dirs, record=False)
     except (DelphiError, CheckFailed) as e:
         return [f"the outcome cannot be recomputed from {', '.join(map(str, run_dirs))}: {e}"]
-    return [f"outcome field {k} = {outcome.get(k)!r}, but the run's records give {again.get(k)!r}"
-            for k in OUTCOME_FIELDS if k in outcome and _differs(outcome.get(k), again.get(k))]
+    return [
+        f"outcome field {k} = {outcome.get(k)!r}, but the run's records give {again.get(k)!r}"
+        for k in OUTCOME_FIELDS
+        if k in outcome and _differs(outcome.get(k), again.get(k))
+    ]
 
 
 def fingerprint_problems(doc: dict) -> tuple[list[str], dict[str, str]]:
@@ -714,7 +851,9 @@ def fingerprint_problems(doc: dict) -> tuple[list[str], dict[str, str]]:
         ok = sha256_file(Path(path)) == sealed
         checked[sha_key] = "ok" if ok else "differs"
         if not ok:
-            problems.append(f"provenance.{sha_key}: {path} no longer has the sha256 sealed for it (an input changed after the seal)")
+            problems.append(
+                f"provenance.{sha_key}: {path} no longer has the sha256 sealed for it (an input changed after the seal)"
+            )
     return problems, checked
 
 
@@ -727,11 +866,20 @@ def seal_commit(prereg_path: Path, anchor: FirstCommit | None = None) -> dict[st
     return {"commit": anchor.commit, "time": anchor.time, "epoch": anchor.epoch}
 
 
-def _verify_one(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None, seed: int | None = None) -> dict:
+def _verify_one(
+    prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None, seed: int | None = None
+) -> dict:
     doc = fmt.read(prereg_path)
     seal = fmt.seal_status(doc)
-    result = {"file": str(prereg_path), "id": doc.get("id"), "created": doc.get("created"), "seal_ok": seal["ok"],
-              "seal_recorded": seal["recorded"], "seal_computed": seal["computed"], "problems": []}
+    result = {
+        "file": str(prereg_path),
+        "id": doc.get("id"),
+        "created": doc.get("created"),
+        "seal_ok": seal["ok"],
+        "seal_recorded": seal["recorded"],
+        "seal_computed": seal["computed"],
+        "problems": [],
+    }
     if not seal["ok"]:
         result["problems"].append("the seal does not match the content: the file was edited after it was sealed")
     if run_dir is not None and (mismatch := hero_mismatch(doc, prereg_path, run_dir, seed)):
@@ -746,10 +894,14 @@ def _verify_one(prereg_path: Path, *, run_dir: Path | None = None, wandb_path: s
             result["problems"].append(problem)
     result["forced"] = bool(doc.get("forced", False))
     if result["forced"]:
-        failed = [g.get("name", "?") for g in doc.get("gates") or [] if not g.get("passed") and g.get("applicable", True)]
+        failed = [
+            g.get("name", "?") for g in doc.get("gates") or [] if not g.get("passed") and g.get("applicable", True)
+        ]
         forced_gates = doc.get("forced_gates") or {}
-        result["warnings"] = [f"sealed with {'gate(s) forced by the study' if set(failed) <= set(forced_gates) else '--force'} "
-                              f"although gates failed: {', '.join(failed)}"
-                              + "".join(f" ({n}: {forced_gates[n]})" for n in failed if n in forced_gates)]
+        result["warnings"] = [
+            f"sealed with {'gate(s) forced by the study' if set(failed) <= set(forced_gates) else '--force'} "
+            f"although gates failed: {', '.join(failed)}"
+            + "".join(f" ({n}: {forced_gates[n]})" for n in failed if n in forced_gates)
+        ]
     result["ok"] = not result["problems"]
     return result

@@ -18,8 +18,9 @@ Entries of `prediction.competing` (all for the same outcome, the mean of the sea
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -44,9 +45,15 @@ def calibrated_entry(name: str, final: dict[str, Any]) -> dict[str, dict[str, An
     cal = final.get("calibrated") or {}
     if not cal.get("applied"):
         return {}
-    return {name + CALIBRATED_SUFFIX: {"loss": cal["loss"], "loss_50": cal["loss_50"], "loss_90": cal["loss_90"],
-                                       "how": f"the {cal['method']} law's point calibrated {cal['factor']:.3g}x beyond "
-                                              f"the ladder on the public sweeps ({cal.get('path', 'calibration')})"}}
+    return {
+        name + CALIBRATED_SUFFIX: {
+            "loss": cal["loss"],
+            "loss_50": cal["loss_50"],
+            "loss_90": cal["loss_90"],
+            "how": f"the {cal['method']} law's point calibrated {cal['factor']:.3g}x beyond "
+            f"the ladder on the public sweeps ({cal.get('path', 'calibration')})",
+        }
+    }
 
 
 def ensemble_entry(members: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
@@ -54,7 +61,10 @@ def ensemble_entry(members: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     sides apart) the mean of the members'."""
     points = [float(m["loss"]) for m in members.values()]
     loss = float(np.exp(np.mean(np.log(points))))
-    out: dict[str, Any] = {"loss": loss, "how": f"geometric mean of {' and '.join(members)} (delphi.fits.beyond.ENSEMBLES)"}
+    out: dict[str, Any] = {
+        "loss": loss,
+        "how": f"geometric mean of {' and '.join(members)} (delphi.fits.beyond.ENSEMBLES)",
+    }
     for key in ("loss_50", "loss_90"):
         if all(m.get(key) for m in members.values()):
             lo = np.mean([1 - float(m[key][0]) / float(m["loss"]) for m in members.values()])
@@ -63,8 +73,15 @@ def ensemble_entry(members: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def competing_predictions(fit_paths: Mapping[str, Path], primary: str, primary_final: dict[str, Any], hero,
-                          results: Path, noise_scope: str = "pooled", n_seeds: int = 1) -> dict[str, dict[str, Any]]:
+def competing_predictions(
+    fit_paths: Mapping[str, Path],
+    primary: str,
+    primary_final: dict[str, Any],
+    hero,
+    results: Path,
+    noise_scope: str = "pooled",
+    n_seeds: int = 1,
+) -> dict[str, dict[str, Any]]:
     """Every competing prediction for `hero` (module docstring): `fit_paths` {law: fit file} beside the
     `primary` law, whose own prediction `primary_final` is sealed as the decision. A law that cannot
     predict the run is recorded with its error, not dropped."""
@@ -101,6 +118,7 @@ def competing_predictions(fit_paths: Mapping[str, Path], primary: str, primary_f
 def score_competing(competing: Mapping[str, dict[str, Any]], actual: float) -> dict[str, dict[str, Any]]:
     """Each sealed competing law against the outcome: its relative error (actual / predicted - 1) and
     whether its 50% and 90% intervals (and its calibrated ones, where sealed) covered."""
+
     def covered(interval) -> bool | None:
         return None if not interval else bool(interval[0] <= actual <= interval[1])
 
@@ -109,8 +127,12 @@ def score_competing(competing: Mapping[str, dict[str, Any]], actual: float) -> d
         if "loss" not in e:
             out[name] = {"error": e.get("error", "no prediction")}
             continue
-        row = {"predicted": float(e["loss"]), "rel_error": actual / float(e["loss"]) - 1,
-               "covered_50": covered(e.get("loss_50")), "covered_90": covered(e.get("loss_90"))}
+        row = {
+            "predicted": float(e["loss"]),
+            "rel_error": actual / float(e["loss"]) - 1,
+            "covered_50": covered(e.get("loss_50")),
+            "covered_90": covered(e.get("loss_90")),
+        }
         if e.get("calibrated"):
             row["calibrated_covered_90"] = covered(e["calibrated"].get("loss_90"))
         out[name] = row

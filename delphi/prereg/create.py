@@ -14,25 +14,41 @@ import getpass
 import json
 import math
 import subprocess
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 import delphi
 from delphi.errors import CheckFailed, DelphiError
-from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90  # noqa: F401 (importable from here)
+from delphi.fits.backtest import Z_50 as Z50  # noqa: F401 (importable from here)
 from delphi.fits.data import TableOptions
 from delphi.fits.intervals import PointCorrection
 from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, REFIT_NAMES, law_name  # noqa: F401 (importable from here)
-from delphi.prereg.hero import HeroSpec
 from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.io import atomic_write_json, read_json, sha256_file
 from delphi.prereg import format as fmt
+from delphi.prereg.hero import HeroSpec
 from delphi.prereg.predict import (  # noqa: F401 (moved there; importable from here)
-    _interval, beyond_ladder_runs, final_from_prediction, fit_convention, fit_family, hero_params, hero_prediction,
-    law_scatter_nats, load_tables, model_family, predict_final, predict_hero, predictive, probe_noise_rel,
-    run_noise_nats, run_predicted_vs_actual, score_probes, seed_noise_nats,
+    _interval,
+    beyond_ladder_runs,
+    final_from_prediction,
+    fit_convention,
+    fit_family,
+    hero_params,
+    hero_prediction,
+    law_scatter_nats,
+    load_tables,
+    model_family,
+    predict_final,
+    predict_hero,
+    predictive,
+    probe_noise_rel,
+    run_noise_nats,
+    run_predicted_vs_actual,
+    score_probes,
+    seed_noise_nats,
 )
 
 # docs/design.md §9: the project's goal is a hero within 1% of its prediction.
@@ -40,7 +56,7 @@ DEFAULT_TOLERANCE_REL = 0.01
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def parse_utc(text: str) -> float:
@@ -69,7 +85,11 @@ def bpb_from_loss(final: dict, bpb_per_nat: float | None) -> dict:
     if bpb_per_nat is None:
         return final
     scale = lambda v: None if v is None else [x * bpb_per_nat for x in v]  # noqa: E731
-    return final | {"bpb": final["loss"] * bpb_per_nat, "bpb_50": scale(final["loss_50"]), "bpb_90": scale(final["loss_90"])}
+    return final | {
+        "bpb": final["loss"] * bpb_per_nat,
+        "bpb_50": scale(final["loss_50"]),
+        "bpb_90": scale(final["loss_90"]),
+    }
 
 
 def trajectory_from_final(final: dict, hero) -> dict:
@@ -77,7 +97,15 @@ def trajectory_from_final(final: dict, hero) -> dict:
     lo50, hi50 = final["loss_50"] or (final["loss"],) * 2
     lo90, hi90 = final["loss_90"] or (final["loss"],) * 2
     step = {} if isinstance(hero, HeroSpec) else {"step": hero.steps}  # a hero given as N and D has no schedule
-    point = {**step, "tokens": hero.tokens, "loss": final["loss"], "lo50": lo50, "hi50": hi50, "lo90": lo90, "hi90": hi90}
+    point = {
+        **step,
+        "tokens": hero.tokens,
+        "loss": final["loss"],
+        "lo50": lo50,
+        "hi50": hi50,
+        "lo90": lo90,
+        "hi90": hi90,
+    }
     return {"model": None, "points": [point], "note": "no ladder curves given: only the final point is predicted"}
 
 
@@ -113,8 +141,11 @@ def build_prereg(
         raise DelphiError(f"tolerance: must be in (0, 1), got {tolerance_rel}")
     check_seeds(seeds)
     multi = seeds is not None and len(seeds) > 1
-    outcome = (f"the mean final val_loss of the hero config's runs at seeds {', '.join(str(s) for s in seeds)}"
-               if multi else "the hero's final val_loss")
+    outcome = (
+        f"the mean final val_loss of the hero config's runs at seeds {', '.join(str(s) for s in seeds)}"
+        if multi
+        else "the hero's final val_loss"
+    )
     doc = {
         "schema_version": fmt.SCHEMA_VERSION,
         "id": prereg_id,
@@ -131,8 +162,11 @@ def build_prereg(
                 "otherwise failed. A run that diverges or fails is failed. Whether the 50%/90% intervals covered "
                 "the outcome is reported but does not decide. While training: on-track if the latest eval point is "
                 "inside the trajectory's 90% band or within the tolerance of its median, else deviating."
-                + (" Each seed's run must start after the seal; one that started before it makes the outcome invalid."
-                   if multi else "")
+                + (
+                    " Each seed's run must start after the seal; one that started before it makes the outcome invalid."
+                    if multi
+                    else ""
+                )
             ),
         },
         "rationale": rationale,
@@ -143,8 +177,11 @@ def build_prereg(
     if forced_gates:
         doc["forced_gates"] = dict(forced_gates)
     if multi:
-        doc["target"] = {"seeds": [int(x) for x in seeds], "quantity": "mean",
-                         "runs": "the hero config with seed and data.seed set to each seed"}
+        doc["target"] = {
+            "seeds": [int(x) for x in seeds],
+            "quantity": "mean",
+            "runs": "the hero config with seed and data.seed set to each seed",
+        }
     return fmt.seal(_plain(doc))
 
 
@@ -223,8 +260,13 @@ def refit_options(fit) -> dict[str, Any]:
 def refit_function(fit) -> Callable[[Any], Any]:
     """Refit the same law (no bootstrap) on another table, with the fit's FLOPs family attached."""
     name = law_name(fit)
-    return refit_with(name, getattr(fit, "family", None), fit.seed or 0, f"a {fit.kind!r} fit (method {fit.method!r})",
-                      **refit_options(fit))
+    return refit_with(
+        name,
+        getattr(fit, "family", None),
+        fit.seed or 0,
+        f"a {fit.kind!r} fit (method {fit.method!r})",
+        **refit_options(fit),
+    )
 
 
 def refit_with(name: str, family, seed: int = 0, what: str | None = None, **options: Any) -> Callable[[Any], Any]:
@@ -241,9 +283,15 @@ def refit_with(name: str, family, seed: int = 0, what: str | None = None, **opti
     return refit
 
 
-def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = None,
-                            probe_runs: Sequence[Path] = (), noise_scope: str = "pooled",
-                            calibrated_at: float | None = None) -> dict[str, dict[str, Any]]:
+def cross_check_predictions(
+    fit,
+    fit_table,
+    hero,
+    rehearsal_run: Path | None = None,
+    probe_runs: Sequence[Path] = (),
+    noise_scope: str = "pooled",
+    calibrated_at: float | None = None,
+) -> dict[str, dict[str, Any]]:
     """Each cross-check method refitted on the ladder (no bootstrap): {method: {"loss",
     "backtest_rel_error", "probes"}} or {method: {"error"}}.
 
@@ -276,10 +324,14 @@ def cross_check_predictions(fit, fit_table, hero, rehearsal_run: Path | None = N
         except (DelphiError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
             out[name] = {"error": f"not fitted ({e})"}
             continue
-        out[name] = {"loss": loss if math.isfinite(loss) else None,
-                     "backtest_rel_error": float(held_out[0]["rel_error"]) if held_out else None,
-                     "probes": {run: {"rel_error": float(r["rel_error"]), "noise_rel": noise / float(r["actual"])}
-                                for run, r in scored.items()}}
+        out[name] = {
+            "loss": loss if math.isfinite(loss) else None,
+            "backtest_rel_error": float(held_out[0]["rel_error"]) if held_out else None,
+            "probes": {
+                run: {"rel_error": float(r["rel_error"]), "noise_rel": noise / float(r["actual"])}
+                for run, r in scored.items()
+            },
+        }
         if calibrated_at is not None and out[name]["loss"] is not None:
             out[name] |= _calibrated_cross_check(other, out[name]["loss"], calibrated_at)
     return out
@@ -291,7 +343,11 @@ def _calibrated_cross_check(fit, loss: float, factor: float) -> dict[str, Any]:
     from delphi.fits.calibration import calibrate_point, calibration_key, load_checked_calibration
 
     point = calibrate_point(calibration_key(fit.kind, fit.method), loss, None, factor, load_checked_calibration())
-    return {"loss": float(point["loss"]), "law_loss": loss} if point["applied"] else {"law_loss": loss, "calibrated": False}
+    return (
+        {"loss": float(point["loss"]), "law_loss": loss}
+        if point["applied"]
+        else {"law_loss": loss, "calibrated": False}
+    )
 
 
 def backtest_of_point(backtest: dict | None, final: dict, fit) -> dict | None:
@@ -304,8 +360,9 @@ def backtest_of_point(backtest: dict | None, final: dict, fit) -> dict | None:
     if not backtest or backtest.get("error") or (final.get("point") or {}).get("decides") != bp.CALIBRATED:
         return backtest
     key = (final.get("calibrated") or {}).get("method")
-    calibrated = calibrate_backtest(backtest, load_checked_calibration(), method=key or fit.method, kind=fit.kind,
-                                    fit_method=fit.method)
+    calibrated = calibrate_backtest(
+        backtest, load_checked_calibration(), method=key or fit.method, kind=fit.kind, fit_method=fit.method
+    )
     budgets = []
     for b in calibrated["budgets"]:
         c = b["calibrated"]
@@ -313,8 +370,15 @@ def backtest_of_point(backtest: dict | None, final: dict, fit) -> dict | None:
             budgets.append(b)
             continue
         truth = float(b["observed_best_loss"])
-        budgets.append(b | {"rel_error": float(c["loss"]) / truth - 1, "law_rel_error": b["rel_error"],
-                            "covered_90": c["covered_90"], "point": bp.CALIBRATED})
+        budgets.append(
+            b
+            | {
+                "rel_error": float(c["loss"]) / truth - 1,
+                "law_rel_error": b["rel_error"],
+                "covered_90": c["covered_90"],
+                "point": bp.CALIBRATED,
+            }
+        )
     return calibrated | {"budgets": budgets}
 
 
@@ -341,16 +405,32 @@ def lr_drift_from(lr_calibration: list[Path] | None, ladder: Path | None) -> lis
 
     spec_path = Path(ladder) / "ladder.yaml" if ladder is not None else None
     if spec_path is None or not spec_path.is_file():
-        raise DelphiError(f"--lr-calibration: needs the ladder dir (--ladder) whose ladder.yaml holds the LR rule; got {ladder}")
+        raise DelphiError(
+            f"--lr-calibration: needs the ladder dir (--ladder) whose ladder.yaml holds the LR rule; got {ladder}"
+        )
     return rule_drift(merge_reports(list(lr_calibration)), load_ladder_spec(spec_path))
 
 
-def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, backtest: dict | None = None,
-                  rehearsal: dict | None = None, rehearsal_run: Path | None = None, ladder: Path | None = None,
-                  lr_calibration: list[Path] | None = None, probe_runs: Sequence[Path] = (),
-                  probe_correction: bool = False, probe_carry: str = "linear", noise_scope: str = "pooled",
-                  recipe_check: Path | None = None, point_correction: PointCorrection | None = None,
-                  options: TableOptions | None = None) -> list:
+def compute_gates(
+    fit,
+    *,
+    results: Path | None,
+    hero,
+    final: dict,
+    thresholds,
+    backtest: dict | None = None,
+    rehearsal: dict | None = None,
+    rehearsal_run: Path | None = None,
+    ladder: Path | None = None,
+    lr_calibration: list[Path] | None = None,
+    probe_runs: Sequence[Path] = (),
+    probe_correction: bool = False,
+    probe_carry: str = "linear",
+    noise_scope: str = "pooled",
+    recipe_check: Path | None = None,
+    point_correction: PointCorrection | None = None,
+    options: TableOptions | None = None,
+) -> list:
     """Evaluate every gate for the hero: refit the backtest (when not given), the leave-one-budget-out
     laws and the cross-check laws (scored on the dress rehearsal's run dir `rehearsal_run` and the
     finished `probe_runs` too); gate lr_transfer when an `lr-calibrate` report is given; gate probes
@@ -374,9 +454,20 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     recipe = read_report(recipe_check)  # gate recipe (issue 29)
     if results is None:
         if probe_runs:
-            raise DelphiError("--probe: needs the results table (--results or --ladder) to score the laws on the probes")
-        return gt.evaluate_gates(fit=fit, table=None, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
-                                 backtest=backtest, rehearsal=rehearsal, lr_drift=lr_drift, recipe_check=recipe)
+            raise DelphiError(
+                "--probe: needs the results table (--results or --ladder) to score the laws on the probes"
+            )
+        return gt.evaluate_gates(
+            fit=fit,
+            table=None,
+            final=final,
+            hero=gt.hero_facts(hero),
+            thresholds=thresholds,
+            backtest=backtest,
+            rehearsal=rehearsal,
+            lr_drift=lr_drift,
+            recipe_check=recipe,
+        )
     fit_table, gate_table = load_tables(results, fit_convention(fit), options)
     external = ladder is None and not gate_table.attrs.get("ladder_records", False)
     noise = run_noise_nats(fit, fit_table, noise_scope)[0] if probe_runs else None
@@ -385,7 +476,9 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
     if backtest is None:
         import inspect
 
-        kwargs = {"family": getattr(fit, "family", None)} if "family" in inspect.signature(run_backtest).parameters else {}
+        kwargs = (
+            {"family": getattr(fit, "family", None)} if "family" in inspect.signature(run_backtest).parameters else {}
+        )
         try:
             backtest = run_backtest(fit_table, refit, **kwargs)
         except (DelphiError, ValueError) as e:
@@ -395,20 +488,43 @@ def compute_gates(fit, *, results: Path | None, hero, final: dict, thresholds, b
 
     def hero_loss(f) -> float:
         loss = float(predict_hero(f, hero)[0]["loss"])
-        trend = (probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table), probe_carry)
-                 if probe_correction else None)
+        trend = (
+            probe_trend(score_probes(f, probe_runs), gt.ladder_top_budget(gate_table), probe_carry)
+            if probe_correction
+            else None
+        )
         loss = loss * (1 + trend.at(float(hero.flops))) if trend is not None else loss
         loss = loss * point_factor
         return loss * (1 + point_correction.rel) if point_correction is not None else loss
 
     lobo = gt.leave_one_budget_out(fit_table, refit, hero_loss)
-    cross = cross_check_predictions(fit, fit_table, hero, rehearsal_run, probe_runs, noise_scope,
-                                    calibrated_at=final["calibrated"]["factor"] if calibrated else None)
-    return gt.evaluate_gates(fit=fit, table=gate_table, final=final, hero=gt.hero_facts(hero), thresholds=thresholds,
-                             backtest=backtest_of_point(backtest, final, fit), lobo=lobo, rehearsal=rehearsal,
-                             ranges=ladder_spec_ranges(ladder, gate_table), cross_checks=cross,
-                             lr_drift=lr_drift, probes=probes, probe_correction=probe_correction, probe_carry=probe_carry,
-                             recipe_check=recipe, external=external)
+    cross = cross_check_predictions(
+        fit,
+        fit_table,
+        hero,
+        rehearsal_run,
+        probe_runs,
+        noise_scope,
+        calibrated_at=final["calibrated"]["factor"] if calibrated else None,
+    )
+    return gt.evaluate_gates(
+        fit=fit,
+        table=gate_table,
+        final=final,
+        hero=gt.hero_facts(hero),
+        thresholds=thresholds,
+        backtest=backtest_of_point(backtest, final, fit),
+        lobo=lobo,
+        rehearsal=rehearsal,
+        ranges=ladder_spec_ranges(ladder, gate_table),
+        cross_checks=cross,
+        lr_drift=lr_drift,
+        probes=probes,
+        probe_correction=probe_correction,
+        probe_carry=probe_carry,
+        recipe_check=recipe,
+        external=external,
+    )
 
 
 def create_prereg(
@@ -465,9 +581,9 @@ def create_prereg(
     bias on this design) (`correct_by_design`). `hero_numbers` gives the hero without a config, as
     `delphi.prereg.hero.hero_from_numbers` reads them ({params, tokens, flops, compute}; `hero_path`
     None); `options` how the results table is read (column mapping, query)."""
-    from delphi.prereg import gates as gt
     from delphi.fits import curves as cv
     from delphi.model.flops import count_params
+    from delphi.prereg import gates as gt
     from delphi.train.config import load_train_config, train_config_to_dict
 
     out = Path(out)
@@ -478,15 +594,18 @@ def create_prereg(
     # The gate report beside the seal is written even when the seal is refused: never over a user's file.
     from delphi.io import check_output_file
 
-    check_output_file(gates_path(out), inputs=(fit_path, hero_path, results), flag="gate report",
-                      command=GATES_COMMAND, force=force)
+    check_output_file(
+        gates_path(out), inputs=(fit_path, hero_path, results), flag="gate report", command=GATES_COMMAND, force=force
+    )
     hero = load_hero(fit_path, hero_path, hero_numbers)
     run_dirs: list[Path] = []
     if ladder is not None:
         if not Path(ladder).is_dir():
             raise DelphiError(f"{ladder}: ladder dir not found")
         if not (Path(ladder) / "manifest.csv").is_file():
-            raise DelphiError(f"--ladder {ladder}: no manifest.csv; not a ladder dir (plan it with `delphi ladder plan`)")
+            raise DelphiError(
+                f"--ladder {ladder}: no manifest.csv; not a ladder dir (plan it with `delphi ladder plan`)"
+            )
         run_dirs = cv.find_run_dirs(ladder)
     ladder_families = {model_family(load_train_config(r / "config.yaml").model) for r in run_dirs}
 
@@ -495,19 +614,33 @@ def create_prereg(
         results = guess[0] if guess else None
     if results is not None and not Path(results).is_file():
         raise DelphiError(f"{results}: results table not found")
-    final, fit_obj = hero_prediction(Path(fit_path), hero, Path(results) if results is not None else None,
-                                     probe_runs, probe_correction, probe_carry, noise_scope, n_seeds, point_correction,
-                                     options, ladder_given=ladder is not None)
+    final, fit_obj = hero_prediction(
+        Path(fit_path),
+        hero,
+        Path(results) if results is not None else None,
+        probe_runs,
+        probe_correction,
+        probe_carry,
+        noise_scope,
+        n_seeds,
+        point_correction,
+        options,
+        ladder_given=ladder is not None,
+    )
     from delphi.fits.bootstrap import MIN_BOOTSTRAP_FOR_INTERVAL
 
     n_replicates = len(next(iter(fit_obj.samples.values()))) if fit_obj.samples else 0
     if 0 < n_replicates < MIN_BOOTSTRAP_FOR_INTERVAL:
-        raise DelphiError(f"--fit {fit_path}: a bootstrap of {n_replicates} replicates; a sealed 90% interval needs at least "
-                          f"{MIN_BOOTSTRAP_FOR_INTERVAL} (refit with --bootstrap {MIN_BOOTSTRAP_FOR_INTERVAL} or more)")
+        raise DelphiError(
+            f"--fit {fit_path}: a bootstrap of {n_replicates} replicates; a sealed 90% interval needs at least "
+            f"{MIN_BOOTSTRAP_FOR_INTERVAL} (refit with --bootstrap {MIN_BOOTSTRAP_FOR_INTERVAL} or more)"
+        )
     family = fit_family(fit_obj, ladder_families)
     hero_family = family if isinstance(hero, HeroSpec) else model_family(hero.model)
     if family is not None and family != hero_family:
-        raise DelphiError(f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models")
+        raise DelphiError(
+            f"{hero_path}: hero is a {hero_family} model but the fit {fit_path} describes {family} models"
+        )
 
     assumptions = list(assumptions or [])
     hero_flops = hero.flops
@@ -519,8 +652,10 @@ def create_prereg(
     }
     if isinstance(hero, HeroSpec):
         provenance["hero_given"] = hero.given
-        assumptions.append(f"the hero is given as numbers ({hero.given}), not a train config: N = {hero.params:.4g} "
-                           f"(counted as the table counts params), D = {hero.tokens:.4g}, C = {hero.flops:.4g} FLOPs ({hero.flops_how})")
+        assumptions.append(
+            f"the hero is given as numbers ({hero.given}), not a train config: N = {hero.params:.4g} "
+            f"(counted as the table counts params), D = {hero.tokens:.4g}, C = {hero.flops:.4g} FLOPs ({hero.flops_how})"
+        )
     else:
         provenance |= {"hero_config_path": str(hero_path), "hero_config_sha256": sha256_file(hero_path)}
     if options is not None and not options.is_default:
@@ -541,34 +676,44 @@ def create_prereg(
     ladder_compute = _ladder_max_flops(results, run_dirs, options)
     if ladder_compute:
         provenance["ladder_max_flops"] = ladder_compute
-        assumptions.append(f"extrapolation: the hero's compute {hero_flops:.3g} FLOPs is {hero_flops / ladder_compute:.1f}x the largest ladder run ({ladder_compute:.3g})")
+        assumptions.append(
+            f"extrapolation: the hero's compute {hero_flops:.3g} FLOPs is {hero_flops / ladder_compute:.1f}x the largest ladder run ({ladder_compute:.3g})"
+        )
     if fit_obj.n_points:
         assumptions.append(f"the {fit_obj.kind} fit uses {fit_obj.n_points} ladder points")
     if final.get("probe_correction"):
         corr = final["probe_correction"]
         errors = ", ".join(f"{p['rel_error']:+.2%}" for p in corr["probes"].values())
-        assumptions.append(f"the {fit_obj.kind} law's relative error at the probes ({errors}) "
-                           f"continues {CARRY_ASSUMPTION[corr['carry']]} to the hero: {corr['carried_rel']:+.2%} (sd {corr['carried_sd_rel']:.2%}); "
-                           f"the law alone predicts {final['uncorrected']['loss']:.4f}")
+        assumptions.append(
+            f"the {fit_obj.kind} law's relative error at the probes ({errors}) "
+            f"continues {CARRY_ASSUMPTION[corr['carry']]} to the hero: {corr['carried_rel']:+.2%} (sd {corr['carried_sd_rel']:.2%}); "
+            f"the law alone predicts {final['uncorrected']['loss']:.4f}"
+        )
     if final.get("point_correction"):
         corr = final["point_correction"]
-        assumptions.append(f"the {fit_obj.kind} law's bias measured on earlier studies of this design holds at this hero: "
-                           f"{corr['rel']:+.2%} (sd {corr['sd_rel']:.2%}; {corr['source']}); the law alone predicts "
-                           f"{final['uncorrected']['loss']:.4f}")
+        assumptions.append(
+            f"the {fit_obj.kind} law's bias measured on earlier studies of this design holds at this hero: "
+            f"{corr['rel']:+.2%} (sd {corr['sd_rel']:.2%}; {corr['source']}); the law alone predicts "
+            f"{final['uncorrected']['loss']:.4f}"
+        )
     if final.get("E_prior"):
         assumptions.append(f"irreducible loss: the lab's {final['E_prior']['text']}")
     elif "E" in fit_obj.params:
         assumptions.append(f"irreducible loss E = {float(fit_obj.params['E']):.4g} nats (fitted, not pinned)")
     if (final.get("point") or {}).get("decides") == "calibrated":
-        assumptions.append(f"the sealed point is {final['point']['why']}; the law's own point is {final['law']['loss']:.4f}")
+        assumptions.append(
+            f"the sealed point is {final['point']['why']}; the law's own point is {final['law']['loss']:.4f}"
+        )
 
     # Trajectory: the shape of the longest run beyond the ladder, or the curve law fitted on the
     # ladder's curves (or given), anchored to the scaling law's end.
     curve_fit = None
     if trajectory_from_probes:
         trajectory = cv.trajectory_from_shapes(list(beyond_ladder_runs(None, probe_runs).values()), hero, final)
-        assumptions.append(f"the trajectory is the final prediction x the normalised eval curve of {trajectory['model']['shape_run']} "
-                           "(the longest run beyond the ladder, on the hero's schedule) at the same fractions of training")
+        assumptions.append(
+            f"the trajectory is the final prediction x the normalised eval curve of {trajectory['model']['shape_run']} "
+            "(the longest run beyond the ladder, on the hero's schedule) at the same fractions of training"
+        )
     elif curve_fit_path is not None:
         curve_fit = cv.CurveLawFit.from_json(read_json(curve_fit_path, what="curve-law JSON"))
         provenance["curve_fit_sha256"] = sha256_file(curve_fit_path)
@@ -577,12 +722,16 @@ def create_prereg(
         if curves:
             curve_fit = cv.fit_curve_law(curves, bootstrap=bootstrap, seed=seed, lr_ref=cv.ladder_lr_ref(ladder))
     if curve_fit is not None and isinstance(hero, HeroSpec):
-        raise DelphiError("--curve-fit: a trajectory needs the hero's schedule; a hero given as N and D has none "
-                          "(give --hero HERO.yaml, or leave out --curve-fit)")
+        raise DelphiError(
+            "--curve-fit: a trajectory needs the hero's schedule; a hero given as N and D has none "
+            "(give --hero HERO.yaml, or leave out --curve-fit)"
+        )
     if curve_fit is not None:
         traj = cv.predict_trajectory(curve_fit, hero, final_anchor=final["loss"])
         if any("lo90" not in p for p in traj["points"]):  # a curve law without a bootstrap has no bands
-            traj["points"] = [{k: p.get(k, p["loss"]) for k in ("lo50", "hi50", "lo90", "hi90")} | p for p in traj["points"]]
+            traj["points"] = [
+                {k: p.get(k, p["loss"]) for k in ("lo50", "hi50", "lo90", "hi90")} | p for p in traj["points"]
+            ]
             assumptions.append("the curve law had no bootstrap: the trajectory's bands are its median alone")
         agreement = _agreement(traj["curve_end_unanchored"], final)
         trajectory = {
@@ -591,7 +740,9 @@ def create_prereg(
             "agreement": agreement,
         }
         assumptions.append(agreement["note"])
-        assumptions.append(f"trajectory bands include the eval noise of one point (sd {curve_fit.residual_sd:.3g} nats) and a {curve_fit.bootstrap} bootstrap of the curve law ({len(curve_fit.samples)} reps)")
+        assumptions.append(
+            f"trajectory bands include the eval noise of one point (sd {curve_fit.residual_sd:.3g} nats) and a {curve_fit.bootstrap} bootstrap of the curve law ({len(curve_fit.samples)} reps)"
+        )
     elif not trajectory_from_probes:
         trajectory = trajectory_from_final(final, hero)
 
@@ -602,14 +753,31 @@ def create_prereg(
         thresholds = dataclasses.replace(thresholds, tolerance_rel=tolerance_rel)
     thresholds.validate("gates")
     if rehearsal is None and rehearsal_run is not None:
-        noise = (run_noise_nats(fit_obj, load_tables(Path(results), fit_convention(fit_obj), options)[0], noise_scope)[0]
-                 if results is not None else None)
+        noise = (
+            run_noise_nats(fit_obj, load_tables(Path(results), fit_convention(fit_obj), options)[0], noise_scope)[0]
+            if results is not None
+            else None
+        )
         rehearsal = run_predicted_vs_actual(fit_obj, rehearsal_run, noise)
-    gate_list = compute_gates(fit_obj, results=Path(results) if results is not None else None, hero=hero, final=final,
-                              thresholds=thresholds, backtest=backtest, rehearsal=rehearsal, ladder=ladder,
-                              rehearsal_run=rehearsal_run, lr_calibration=lr_calibration, probe_runs=probe_runs,
-                              probe_correction=probe_correction, probe_carry=probe_carry, noise_scope=noise_scope,
-                              recipe_check=recipe_check, point_correction=point_correction, options=options)
+    gate_list = compute_gates(
+        fit_obj,
+        results=Path(results) if results is not None else None,
+        hero=hero,
+        final=final,
+        thresholds=thresholds,
+        backtest=backtest,
+        rehearsal=rehearsal,
+        ladder=ladder,
+        rehearsal_run=rehearsal_run,
+        lr_calibration=lr_calibration,
+        probe_runs=probe_runs,
+        probe_correction=probe_correction,
+        probe_carry=probe_carry,
+        noise_scope=noise_scope,
+        recipe_check=recipe_check,
+        point_correction=point_correction,
+        options=options,
+    )
     report = gt.gate_report(gate_list, forced=force, thresholds=thresholds) | {"prereg": str(out), "sealed": False}
     if rehearsal is not None:
         report["rehearsal"] = rehearsal
@@ -618,22 +786,30 @@ def create_prereg(
     forced_gates = dict(forced_gates or {})
     unknown = sorted(set(forced_gates) - {g.name for g in gate_list})
     if unknown:
-        raise DelphiError(f"forced gates: {', '.join(unknown)} is not a gate of this seal (gates: {', '.join(g.name for g in gate_list)})")
+        raise DelphiError(
+            f"forced gates: {', '.join(unknown)} is not a gate of this seal (gates: {', '.join(g.name for g in gate_list)})"
+        )
     report_path = gates_path(out)
     if forced_gates:
         report["forced_gates"] = forced_gates
     unforced = [n for n in failed if n not in forced_gates]
     if unforced and not force:
         atomic_write_json(report_path, report, written_by=GATES_COMMAND)
-        raise CheckFailed(f"{out}: not sealed: gate(s) failed: {', '.join(unforced)} "
-                          f"(report {report_path}; fix the ladder or the fit, or seal anyway with --force, which is recorded)")
+        raise CheckFailed(
+            f"{out}: not sealed: gate(s) failed: {', '.join(unforced)} "
+            f"(report {report_path}; fix the ladder or the fit, or seal anyway with --force, which is recorded)"
+        )
     if not passed:
         how = "--force" if unforced else "the study forcing gate(s)"
-        assumptions.append(f"SEALED WITH {how} although gate(s) failed: {', '.join(failed)}"
-                           + "".join(f"; {n} forced because: {forced_gates[n]}" for n in failed if n in forced_gates))
+        assumptions.append(
+            f"SEALED WITH {how} although gate(s) failed: {', '.join(failed)}"
+            + "".join(f"; {n} forced because: {forced_gates[n]}" for n in failed if n in forced_gates)
+        )
     if n_seeds > 1:
-        assumptions.append(f"the sealed quantity is the mean final loss of {n_seeds} seeds ({', '.join(str(s) for s in seeds)}) of "
-                           f"the hero config; the interval's seed-noise term is one run's / sqrt({n_seeds})")
+        assumptions.append(
+            f"the sealed quantity is the mean final loss of {n_seeds} seeds ({', '.join(str(s) for s in seeds)}) of "
+            f"the hero config; the interval's seed-noise term is one run's / sqrt({n_seeds})"
+        )
     competing_doc = competing(hero, final) if competing is not None else None
 
     byte_level = not isinstance(hero, HeroSpec) and hero.model.vocab_size == 256
@@ -642,8 +818,12 @@ def create_prereg(
     if isinstance(hero, HeroSpec):
         hero_summary = hero.summary(hero_family)
     else:
-        hero_summary = {"params": int(count_params(hero.model).nonembedding), "tokens": int(hero.tokens),
-                        "flops": float(hero_flops), "family": hero_family}
+        hero_summary = {
+            "params": int(count_params(hero.model).nonembedding),
+            "tokens": int(hero.tokens),
+            "flops": float(hero_flops),
+            "family": hero_family,
+        }
     doc = build_prereg(
         prereg_id=out.name.removesuffix(".yaml").removesuffix(".yml"),
         hero_config=None if isinstance(hero, HeroSpec) else train_config_to_dict(hero),
@@ -671,14 +851,24 @@ def _agreement(curve_end: float, final: dict) -> dict:
     half90 = None if final["loss_90"] is None else (final["loss_90"][1] - final["loss_90"][0]) / 2
     agree = half90 is not None and abs(diff) <= half90
     if agree:
-        note = (f"the curve law's end ({curve_end:.4f}) agrees with the scaling law ({final['loss']:.4f}) within its 90% "
-                f"half-width; the trajectory is shifted by {-diff:+.4f} to end exactly on the scaling law, bands widened to cover both")
+        note = (
+            f"the curve law's end ({curve_end:.4f}) agrees with the scaling law ({final['loss']:.4f}) within its 90% "
+            f"half-width; the trajectory is shifted by {-diff:+.4f} to end exactly on the scaling law, bands widened to cover both"
+        )
     else:
-        note = (f"the curve law's end ({curve_end:.4f}) differs from the scaling law ({final['loss']:.4f}) by {diff:+.4f} "
-                "(outside the scaling law's 90% interval): the scaling law is fitted to every ladder run's final loss and is "
-                "the preregistered number; the curve law supplies the trajectory's shape, shifted to end on it, and its bands "
-                "are widened to cover the unshifted curve law too (the disagreement counts as uncertainty)")
-    return {"curve_end": curve_end, "scaling_law": final["loss"], "difference": diff, "agree": bool(agree), "note": note}
+        note = (
+            f"the curve law's end ({curve_end:.4f}) differs from the scaling law ({final['loss']:.4f}) by {diff:+.4f} "
+            "(outside the scaling law's 90% interval): the scaling law is fitted to every ladder run's final loss and is "
+            "the preregistered number; the curve law supplies the trajectory's shape, shifted to end on it, and its bands "
+            "are widened to cover the unshifted curve law too (the disagreement counts as uncertainty)"
+        )
+    return {
+        "curve_end": curve_end,
+        "scaling_law": final["loss"],
+        "difference": diff,
+        "agree": bool(agree),
+        "note": note,
+    }
 
 
 def load_hero(fit_path: Path, hero_path: Path | None, hero_numbers: dict[str, str | None] | None):
@@ -690,8 +880,10 @@ def load_hero(fit_path: Path, hero_path: Path | None, hero_numbers: dict[str, st
 
     numbers = {k: v for k, v in (hero_numbers or {}).items() if v is not None}
     if hero_path is not None and numbers:
-        raise DelphiError(f"--hero {hero_path} and --hero-{next(iter(numbers))}: give the hero one way (a train config, or "
-                          "its N and D, or a compute budget)")
+        raise DelphiError(
+            f"--hero {hero_path} and --hero-{next(iter(numbers))}: give the hero one way (a train config, or "
+            "its N and D, or a compute budget)"
+        )
     if hero_path is None:
         return hero_from_numbers(load_fit(fit_path), **numbers)
     if not Path(hero_path).is_file():

@@ -31,16 +31,17 @@ held-out budget.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.fits.backtest import Z_90
-from delphi.fits.probes import PROBE_CARRIES, probe_trend
 from delphi.fits.data import isoflop_rows
+from delphi.fits.probes import PROBE_CARRIES, probe_trend
 from delphi.ladder.collect import relaxed_in_table
 
 # A half-width of the 90% interval wider than this many tolerances cannot decide pass/fail:
@@ -69,9 +70,23 @@ LR_HORIZON_REACH = 4.0
 # at a 3% tolerance) did not reject the isoFLOP law, while the v4 probes (-7.3%, -9.7%) reject VPNLS.
 PROBE_NOISE_Z = 2.0
 
-GATE_NAMES = ("isoflop_vertices", "backtest", "lobo_spread", "interval_width", "frontier_slopes",
-              "rung_health", "seeds", "hero_ranges", "hero_depth", "method_agreement", "fit_status",
-              "dress_rehearsal", "probes", "lr_transfer", "recipe")
+GATE_NAMES = (
+    "isoflop_vertices",
+    "backtest",
+    "lobo_spread",
+    "interval_width",
+    "frontier_slopes",
+    "rung_health",
+    "seeds",
+    "hero_ranges",
+    "hero_depth",
+    "method_agreement",
+    "fit_status",
+    "dress_rehearsal",
+    "probes",
+    "lr_transfer",
+    "recipe",
+)
 
 
 @dataclass(frozen=True)
@@ -94,9 +109,14 @@ class Gate:
 
     @classmethod
     def from_json(cls, d: dict) -> "Gate":
-        return cls(name=str(d["name"]), passed=bool(d["passed"]), value=d.get("value"),
-                   threshold=str(d.get("threshold", "")), detail=str(d.get("detail", "")),
-                   applicable=bool(d.get("applicable", True)))
+        return cls(
+            name=str(d["name"]),
+            passed=bool(d["passed"]),
+            value=d.get("value"),
+            threshold=str(d.get("threshold", "")),
+            detail=str(d.get("detail", "")),
+            applicable=bool(d.get("applicable", True)),
+        )
 
     @property
     def result(self) -> str:
@@ -128,8 +148,13 @@ class GateThresholds:
         return float(self.tolerance_rel if value is None else value)
 
     def validate(self, where: str) -> "GateThresholds":
-        for key in ("tolerance_rel", "backtest_tolerance_rel", "lobo_tolerance_rel", "rehearsal_tolerance_rel",
-                    "agreement_tolerance_rel"):
+        for key in (
+            "tolerance_rel",
+            "backtest_tolerance_rel",
+            "lobo_tolerance_rel",
+            "rehearsal_tolerance_rel",
+            "agreement_tolerance_rel",
+        ):
             v = getattr(self, key)
             if v is not None and not 0 < v < 1:
                 raise DelphiError(f"{where}: {key}: must be in (0, 1), got {v}")
@@ -173,8 +198,13 @@ def cell_keys(table: pd.DataFrame) -> list[str]:
 def cells(table: pd.DataFrame) -> pd.DataFrame:
     """One row per cell: budget, params, tokens (means), loss_mean, loss_std (ddof=1), n_seeds."""
     keys = cell_keys(table)
-    spec = {"budget": ("budget", "first"), "params": ("params", "mean"), "loss_mean": ("loss", "mean"),
-            "loss_std": ("loss", "std"), "n_seeds": ("loss", "size")}
+    spec = {
+        "budget": ("budget", "first"),
+        "params": ("params", "mean"),
+        "loss_mean": ("loss", "mean"),
+        "loss_std": ("loss", "std"),
+        "n_seeds": ("loss", "size"),
+    }
     if "tokens" in table.columns:
         spec["tokens"] = ("tokens", "mean")
     agg = table.groupby(keys, sort=True).agg(**spec).reset_index(drop=True)
@@ -224,7 +254,9 @@ def _budget_entries(backtest: dict | None) -> list[dict]:
 
 def gate_backtest(backtest: dict | None, tolerance_rel: float, *, exact_required: bool) -> Gate:
     """Held-out-budget backtest: every held-out budget's |error| <= tolerance, scored at exact FLOPs."""
-    threshold = f"|error| <= {tolerance_rel:.2%} at every held-out budget" + (", exact-FLOP allocation" if exact_required else "")
+    threshold = f"|error| <= {tolerance_rel:.2%} at every held-out budget" + (
+        ", exact-FLOP allocation" if exact_required else ""
+    )
     if not backtest or backtest.get("error") or not _budget_entries(backtest):
         why = (backtest or {}).get("error") or "no backtest (too few budgets to hold one out?)"
         return Gate("backtest", False, None, threshold, f"not evaluated: {why}")
@@ -234,11 +266,17 @@ def gate_backtest(backtest: dict | None, tolerance_rel: float, *, exact_required
     allocations = {b.get("allocation") or backtest.get("allocation") for b in entries} - {None}
     not_exact = exact_required and "6ND" in allocations
     cover = [b.get("covered_90") for b in entries if b.get("covered_90") is not None]
-    parts = [f"{b['budget']:.3g}: {float(b['rel_error']):+.2%}"
-             + ("" if b.get("law_rel_error") is None else f" (the law's own {float(b['law_rel_error']):+.2%})")
-             + ("" if b.get("covered_90") is None else (" (covered)" if b["covered_90"] else " (not covered)")) for b in entries]
-    detail = ("the calibrated centre, the point that decides: " if any("law_rel_error" in b for b in entries) else "") \
-        + ", ".join(parts) + f"; allocation {', '.join(sorted(allocations)) or 'unrecorded'}"
+    parts = [
+        f"{b['budget']:.3g}: {float(b['rel_error']):+.2%}"
+        + ("" if b.get("law_rel_error") is None else f" (the law's own {float(b['law_rel_error']):+.2%})")
+        + ("" if b.get("covered_90") is None else (" (covered)" if b["covered_90"] else " (not covered)"))
+        for b in entries
+    ]
+    detail = (
+        ("the calibrated centre, the point that decides: " if any("law_rel_error" in b for b in entries) else "")
+        + ", ".join(parts)
+        + f"; allocation {', '.join(sorted(allocations)) or 'unrecorded'}"
+    )
     if cover:
         detail += f"; 90% coverage {sum(cover)}/{len(cover)}"
     if not_exact:
@@ -247,8 +285,9 @@ def gate_backtest(backtest: dict | None, tolerance_rel: float, *, exact_required
     return Gate("backtest", passed, abs(worst), threshold, detail)
 
 
-def leave_one_budget_out(table: pd.DataFrame, refit: Callable[[pd.DataFrame], Any],
-                         predict_loss: Callable[[Any], float]) -> dict[str, Any]:
+def leave_one_budget_out(
+    table: pd.DataFrame, refit: Callable[[pd.DataFrame], Any], predict_loss: Callable[[Any], float]
+) -> dict[str, Any]:
     """Refit without each budget in turn and predict the hero: {"budgets": [{budget, loss}], "error"}."""
     budgets = sorted(float(b) for b in table["budget"].unique())
     if len(budgets) < MIN_BUDGETS_LOBO:
@@ -273,13 +312,24 @@ def gate_lobo_spread(lobo: dict | None, full_loss: float, tolerance_rel: float) 
         return Gate("lobo_spread", False, None, threshold, f"not evaluated: {(lobo or {}).get('error', 'no refits')}")
     failed = [b for b in lobo["budgets"] if b.get("loss") is None]
     if failed:
-        return Gate("lobo_spread", False, None, threshold,
-                    "refit failed without budget " + ", ".join(f"{b['budget']:.3g} ({b.get('error', 'no loss')})" for b in failed))
+        return Gate(
+            "lobo_spread",
+            False,
+            None,
+            threshold,
+            "refit failed without budget "
+            + ", ".join(f"{b['budget']:.3g} ({b.get('error', 'no loss')})" for b in failed),
+        )
     dev = np.array([b["loss"] / full_loss - 1 for b in lobo["budgets"]])
     spread = float(dev.max() - dev.min())
     detail = "without " + _join([f"{b['budget']:.3g}: {d:+.2%}" for b, d in zip(lobo["budgets"], dev)], 8)
-    return Gate("lobo_spread", bool(np.abs(dev).max() <= tolerance_rel), spread, threshold,
-                f"range [{dev.min():+.2%}, {dev.max():+.2%}]; {detail}")
+    return Gate(
+        "lobo_spread",
+        bool(np.abs(dev).max() <= tolerance_rel),
+        spread,
+        threshold,
+        f"range [{dev.min():+.2%}, {dev.max():+.2%}]; {detail}",
+    )
 
 
 def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gate:
@@ -290,7 +340,9 @@ def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gat
 
     i90, centre, note, beyond = interval_for_gate(final)
     if not i90 or i90[0] is None:
-        return Gate("interval_width", False, None, threshold, "the prediction has no 90% interval (fit without a bootstrap?)")
+        return Gate(
+            "interval_width", False, None, threshold, "the prediction has no 90% interval (fit without a bootstrap?)"
+        )
     half = (float(i90[1]) - float(i90[0])) / 2 / centre
     detail = f"{note}90% [{float(i90[0]):.4f}, {float(i90[1]):.4f}] around {centre:.4f}: half-width {half:.2%}"
     if beyond:
@@ -299,15 +351,22 @@ def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gat
     if half > limit and isinstance(scatter, (int, float)) and math.isfinite(scatter):
         # The law's own misfit to the ladder is a floor no bootstrap or hero seed count removes.
         floor = Z_90 * float(scatter) / float(final["loss"])
-        detail += (f"; the law's residual scatter alone ({float(scatter):.4f} nats) gives +-{floor:.2%}"
-                   + (": no hero can pass until the ladder's points sit closer to the law (more seeds per cell, "
-                      "larger batches)" if floor > limit else ""))
+        detail += f"; the law's residual scatter alone ({float(scatter):.4f} nats) gives +-{floor:.2%}" + (
+            ": no hero can pass until the ladder's points sit closer to the law (more seeds per cell, larger batches)"
+            if floor > limit
+            else ""
+        )
     if parts := interval_parts(final):
-        detail += (f"; sd {parts['sd_rel']:.2%} = the fit's bootstrap {parts['bootstrap_sd_rel']:.2%} (+) the outcome's run noise "
-                   f"{parts['run_sd_rel']:.2%} (+) the calibration's model error {parts['model_sd_rel']:.2%}; "
-                   f"with no run noise at all the half-width would be {parts['half_without_run_noise_rel']:.2%}"
-                   + (" (no hero, of any number of seeds, can pass: the law's own uncertainty this far out is over the limit)"
-                      if parts["half_without_run_noise_rel"] > limit else ""))
+        detail += (
+            f"; sd {parts['sd_rel']:.2%} = the fit's bootstrap {parts['bootstrap_sd_rel']:.2%} (+) the outcome's run noise "
+            f"{parts['run_sd_rel']:.2%} (+) the calibration's model error {parts['model_sd_rel']:.2%}; "
+            f"with no run noise at all the half-width would be {parts['half_without_run_noise_rel']:.2%}"
+            + (
+                " (no hero, of any number of seeds, can pass: the law's own uncertainty this far out is over the limit)"
+                if parts["half_without_run_noise_rel"] > limit
+                else ""
+            )
+        )
     return Gate("interval_width", half <= limit, half, threshold, detail)
 
 
@@ -322,18 +381,28 @@ def interval_parts(final: dict) -> dict[str, float] | None:
     cal = final.get("calibrated") or {}
     if not gate_uses_calibration(final) or "base_sd_rel" not in cal:
         return None
-    noise = [float(final[k]) for k in ("residual_scatter_nats", "seed_noise_nats")
-             if isinstance(final.get(k), (int, float)) and math.isfinite(final[k])]
+    noise = [
+        float(final[k])
+        for k in ("residual_scatter_nats", "seed_noise_nats")
+        if isinstance(final.get(k), (int, float)) and math.isfinite(final[k])
+    ]
     if not noise:
         return None
     if isinstance(final.get("seed_noise_nats"), (int, float)) and final.get("n_seeds"):  # the noise of a seed mean
         noise[-1] /= math.sqrt(int(final["n_seeds"]))
-    run_sd_rel = math.hypot(*noise) / float((final.get("law") or final)["loss"])  # relative to the law's uncalibrated point
+    run_sd_rel = math.hypot(*noise) / float(
+        (final.get("law") or final)["loss"]
+    )  # relative to the law's uncalibrated point
     base, model, sd = float(cal["base_sd_rel"]), float(cal["model_sd_rel"]), float(cal["sd_rel"])
-    bootstrap = math.sqrt(max(base ** 2 - run_sd_rel ** 2, 0.0))
+    bootstrap = math.sqrt(max(base**2 - run_sd_rel**2, 0.0))
     half = (float(cal["loss_90"][1]) - float(cal["loss_90"][0])) / 2 / float(cal["loss"])
-    return {"sd_rel": sd, "bootstrap_sd_rel": bootstrap, "run_sd_rel": run_sd_rel, "model_sd_rel": model,
-            "half_without_run_noise_rel": half * math.hypot(bootstrap, model) / sd}
+    return {
+        "sd_rel": sd,
+        "bootstrap_sd_rel": bootstrap,
+        "run_sd_rel": run_sd_rel,
+        "model_sd_rel": model,
+        "half_without_run_noise_rel": half * math.hypot(bootstrap, model) / sd,
+    }
 
 
 def budget_best_losses(table: pd.DataFrame) -> pd.DataFrame:
@@ -354,7 +423,9 @@ def budget_best_losses(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def frontier_slopes(table: pd.DataFrame, seed_noise_nats: float | None = None, irreducible: float = 0.0) -> list[dict[str, float]]:
+def frontier_slopes(
+    table: pd.DataFrame, seed_noise_nats: float | None = None, irreducible: float = 0.0
+) -> list[dict[str, float]]:
     """Local slopes -d ln(L* - E) / d ln C between consecutive budgets, with standard errors.
 
     Under L*(C) = E + G C^-gamma these are all gamma: a trend means the ladder is not yet on the
@@ -371,8 +442,14 @@ def frontier_slopes(table: pd.DataFrame, seed_noise_nats: float | None = None, i
     out = []
     for i in range(len(b) - 1):
         dlnc = math.log(b[i + 1] / b[i])
-        out.append({"from": float(b[i]), "to": float(b[i + 1]), "slope": float(-(math.log(excess[i + 1]) - math.log(excess[i])) / dlnc),
-                    "se": float(math.hypot(se_ln[i], se_ln[i + 1]) / dlnc)})
+        out.append(
+            {
+                "from": float(b[i]),
+                "to": float(b[i + 1]),
+                "slope": float(-(math.log(excess[i + 1]) - math.log(excess[i])) / dlnc),
+                "se": float(math.hypot(se_ln[i], se_ln[i + 1]) / dlnc),
+            }
+        )
     return out
 
 
@@ -380,7 +457,9 @@ def gate_frontier_slopes(slopes: list[dict[str, float]], z: float) -> Gate:
     """No significant monotone trend: slopes strictly monotone AND last - first beyond z standard errors fails."""
     threshold = f"no monotone trend beyond {z:.3g} standard errors"
     if len(slopes) < 2:
-        return Gate("frontier_slopes", False, None, threshold, f"{len(slopes) + 1} budget(s): need 3 for two local slopes")
+        return Gate(
+            "frontier_slopes", False, None, threshold, f"{len(slopes) + 1} budget(s): need 3 for two local slopes"
+        )
     s = np.array([x["slope"] for x in slopes])
     diffs = np.diff(s)
     monotone = bool((diffs > 0).all() or (diffs < 0).all())
@@ -390,10 +469,15 @@ def gate_frontier_slopes(slopes: list[dict[str, float]], z: float) -> Gate:
     listing = ", ".join(f"{x:.4f}" for x in s)
     if monotone and significant:
         word = "steepening" if trend > 0 else "flattening"
-        detail = f"slopes {listing}: {word} at every budget ({trend:+.4f}, {abs(trend) / se:.1f} SE)" if se > 0 else \
-                 f"slopes {listing}: {word} at every budget ({trend:+.4f}; seed noise unknown)"
+        detail = (
+            f"slopes {listing}: {word} at every budget ({trend:+.4f}, {abs(trend) / se:.1f} SE)"
+            if se > 0
+            else f"slopes {listing}: {word} at every budget ({trend:+.4f}; seed noise unknown)"
+        )
     else:
-        detail = f"slopes {listing}: " + ("no monotone trend" if not monotone else f"monotone but within noise ({trend:+.4f}, SE {se:.4f})")
+        detail = f"slopes {listing}: " + (
+            "no monotone trend" if not monotone else f"monotone but within noise ({trend:+.4f}, SE {se:.4f})"
+        )
     return Gate("frontier_slopes", not (monotone and significant), trend, threshold, detail)
 
 
@@ -401,23 +485,37 @@ def gate_rung_health(table: pd.DataFrame, external: bool = False) -> Gate:
     """Every rung inside the health bounds its ladder spec set (columns health_ok / health_issues)."""
     threshold = "every rung within the ladder spec's health bounds"
     if "health_ok" not in table.columns and external:
-        return not_applicable("rung_health", threshold, "an external table has no rung health records (health_ok is "
-                                                        "written by `delphi ladder collect`); the lab's own checks stand in")
+        return not_applicable(
+            "rung_health",
+            threshold,
+            "an external table has no rung health records (health_ok is "
+            "written by `delphi ladder collect`); the lab's own checks stand in",
+        )
     if "health_ok" not in table.columns:
-        return Gate("rung_health", False, None, threshold, "not evaluated: the results table has no health_ok column "
-                    "(collect it with `delphi ladder collect`)")
+        return Gate(
+            "rung_health",
+            False,
+            None,
+            threshold,
+            "not evaluated: the results table has no health_ok column (collect it with `delphi ladder collect`)",
+        )
     ok = table["health_ok"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0", "yes"))
     bad = table[~ok]
     detail = "all rungs healthy"
     if len(bad):
-        issues = bad["health_issues"].fillna("").astype(str) if "health_issues" in bad else pd.Series([""] * len(bad), index=bad.index)
+        issues = (
+            bad["health_issues"].fillna("").astype(str)
+            if "health_issues" in bad
+            else pd.Series([""] * len(bad), index=bad.index)
+        )
         names = bad["run_id"].astype(str) if "run_id" in bad else bad.index.astype(str)
         counts: dict[str, int] = {}
         for text in issues:
             for issue in filter(None, text.split(";")):
                 counts[issue] = counts.get(issue, 0) + 1
-        detail = (", ".join(f"{k} ({v})" for k, v in sorted(counts.items())) or "unhealthy") + \
-                 f"; e.g. {', '.join(list(names)[:3])}"
+        detail = (
+            ", ".join(f"{k} ({v})" for k, v in sorted(counts.items())) or "unhealthy"
+        ) + f"; e.g. {', '.join(list(names)[:3])}"
     relaxed = relaxed_in_table(table)
     if relaxed:
         detail += f"; the spec's bounds are looser than the defaults: {', '.join(relaxed)}"
@@ -429,13 +527,18 @@ def gate_seeds(table: pd.DataFrame, min_seeds: int, external: bool = False) -> G
     `external` without a seed column: not applicable (which rows are seeds of one run is not recorded)."""
     threshold = f">= {min_seeds} seeds in every cell"
     if external and "seed" not in table.columns:
-        return not_applicable("seeds", threshold, "an external table without a seed column does not record which rows "
-                                                  "are seeds of one run; the interval carries the law's scatter about the table")
+        return not_applicable(
+            "seeds",
+            threshold,
+            "an external table without a seed column does not record which rows "
+            "are seeds of one run; the interval carries the law's scatter about the table",
+        )
     c = cells(table)
     fewest = int(c["n_seeds"].min())
     noise = pooled_seed_noise(table)
-    detail = f"{len(c)} cells, seeds per cell {fewest}..{int(c['n_seeds'].max())}; " + \
-             (f"pooled seed noise {noise:.4f} nats" if noise is not None else "seed noise not measurable")
+    detail = f"{len(c)} cells, seeds per cell {fewest}..{int(c['n_seeds'].max())}; " + (
+        f"pooled seed noise {noise:.4f} nats" if noise is not None else "seed noise not measurable"
+    )
     return Gate("seeds", fewest >= min_seeds, fewest, threshold, detail)
 
 
@@ -449,10 +552,16 @@ def hero_facts(cfg) -> dict[str, float]:
     if isinstance(cfg, HeroSpec):
         return cfg.facts()
     n = count_params(cfg.model).nonembedding
-    return {"tokens_per_param": cfg.tokens / n, "steps": float(cfg.steps),
-            "batch_tokens": float(cfg.data.batch_size * cfg.data.seq_len), "beta2": float(cfg.optim.beta2),
-            "n_layers": float(cfg.model.n_layers), "d_model": float(cfg.model.d_model), "tokens": float(cfg.tokens),
-            "flops": float(cfg.flops)}
+    return {
+        "tokens_per_param": cfg.tokens / n,
+        "steps": float(cfg.steps),
+        "batch_tokens": float(cfg.data.batch_size * cfg.data.seq_len),
+        "beta2": float(cfg.optim.beta2),
+        "n_layers": float(cfg.model.n_layers),
+        "d_model": float(cfg.model.d_model),
+        "tokens": float(cfg.tokens),
+        "flops": float(cfg.flops),
+    }
 
 
 RANGE_COLUMNS = ("tokens_per_param", "steps", "batch_tokens")
@@ -477,25 +586,37 @@ def ladder_ranges(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
     return out
 
 
-def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, float]], slack_rel: float,
-                     external: bool = False) -> Gate:
+def gate_hero_ranges(
+    hero: dict[str, float], ranges: dict[str, tuple[float, float]], slack_rel: float, external: bool = False
+) -> Gate:
     """The hero's tokens/param and steps inside the ladder's ranges; batch and beta2 inside the top budget's.
     `external`: the table is not a Delphi ladder's: the ranges it records are judged (tokens per
     parameter, from its N and D), the others named as not recorded; none at all is not applicable."""
-    threshold = ("tokens/param, steps inside the ladder's [min, max]; batch, beta2 inside the top budget's"
-                 + (f" (+-{slack_rel:.0%})" if slack_rel else ""))
+    threshold = "tokens/param, steps inside the ladder's [min, max]; batch, beta2 inside the top budget's" + (
+        f" (+-{slack_rel:.0%})" if slack_rel else ""
+    )
     missing = [c for c in RANGE_COLUMNS if c not in ranges]
     unknown = [c for c in RANGE_COLUMNS if c in ranges and c not in hero]
     if external:
         ranges = {c: r for c, r in ranges.items() if c in hero}
         if not ranges:
-            return not_applicable("hero_ranges", threshold, "the external table records none of the ranges "
-                                                            f"({', '.join(RANGE_COLUMNS)}) the hero could be compared with")
+            return not_applicable(
+                "hero_ranges",
+                threshold,
+                "the external table records none of the ranges "
+                f"({', '.join(RANGE_COLUMNS)}) the hero could be compared with",
+            )
     elif missing:
         return Gate("hero_ranges", False, None, threshold, f"not evaluated: the ladder has no {', '.join(missing)}")
     elif unknown:
-        return Gate("hero_ranges", False, None, threshold, f"not evaluated: the hero is given as N and D: its {', '.join(unknown)} "
-                                                           "are unknown (give --hero HERO.yaml, the config it trains)")
+        return Gate(
+            "hero_ranges",
+            False,
+            None,
+            threshold,
+            f"not evaluated: the hero is given as N and D: its {', '.join(unknown)} "
+            "are unknown (give --hero HERO.yaml, the config it trains)",
+        )
     outside, parts = [], []
     for col, (lo, hi) in ranges.items():
         if col not in hero:
@@ -503,11 +624,15 @@ def gate_hero_ranges(hero: dict[str, float], ranges: dict[str, tuple[float, floa
         v = float(hero[col])
         slack = 1e-9 if col == "beta2" else slack_rel  # beta2 continues exactly or it switched
         inside = lo * (1 - slack) <= v <= hi * (1 + slack)
-        parts.append(f"{col} {v:.4g} in [{lo:.4g}, {hi:.4g}]" if inside else f"{col} {v:.4g} OUTSIDE [{lo:.4g}, {hi:.4g}]")
+        parts.append(
+            f"{col} {v:.4g} in [{lo:.4g}, {hi:.4g}]" if inside else f"{col} {v:.4g} OUTSIDE [{lo:.4g}, {hi:.4g}]"
+        )
         if not inside:
             outside.append(col)
     if external and (missing or unknown):
-        parts.append(f"not judged: {', '.join(missing + unknown)} (not recorded in an external table, or unknown for the hero)")
+        parts.append(
+            f"not judged: {', '.join(missing + unknown)} (not recorded in an external table, or unknown for the hero)"
+        )
     return Gate("hero_ranges", not outside, ", ".join(outside) if outside else "inside", threshold, "; ".join(parts))
 
 
@@ -523,8 +648,14 @@ def gate_hero_depth(table: pd.DataFrame, hero_layers: int | None, factor: float,
             return not_applicable("hero_depth", threshold, "the external table records no depth (no n_layers column)")
         return Gate("hero_depth", False, None, threshold, "not evaluated: the results table has no n_layers column")
     if hero_layers is None:
-        return Gate("hero_depth", False, None, threshold, "not evaluated: the hero is given as N and D: its depth is unknown "
-                                                          "(give --hero HERO.yaml, the config it trains)")
+        return Gate(
+            "hero_depth",
+            False,
+            None,
+            threshold,
+            "not evaluated: the hero is given as N and D: its depth is unknown "
+            "(give --hero HERO.yaml, the config it trains)",
+        )
     from delphi.fits.isoflop import near_optimum_cells
 
     near = near_optimum_cells(isoflop_rows(table), factor)
@@ -532,8 +663,9 @@ def gate_hero_depth(table: pd.DataFrame, hero_layers: int | None, factor: float,
     all_depths = sorted({int(v) for v in table["n_layers"]})
     detail = f"hero L{hero_layers}; near-optimal cells have L{', L'.join(map(str, depths))}"
     if hero_layers not in depths:
-        detail += (f"; L{hero_layers} " + ("trained only far from the optimum" if hero_layers in all_depths
-                                            else "never trained"))
+        detail += f"; L{hero_layers} " + (
+            "trained only far from the optimum" if hero_layers in all_depths else "never trained"
+        )
     return Gate("hero_depth", hero_layers in depths, hero_layers, threshold, detail)
 
 
@@ -554,15 +686,22 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
     committed heroes (paper/editions/v2/method_agreement.csv) the two paper heroes, where the laws disagreed
     by 7% and 12%, missed by 7%; 7 of the 8 outcomes lay between the two laws. The fourth edition's
     probes (paper/editions/v4) missed VPNLS by -7.3% at 3x and -9.7% at 10x, the isoFLOP law by -2.0% and +3.0%."""
-    threshold = (f"each cross-check within +-{tolerance_rel:.2%} of the primary prediction (a cross-check counts "
-                 f"when its held-out-budget backtest is within +-{tolerance_rel:.2%} and no run beyond the ladder misses "
-                 f"it by more than that plus {PROBE_NOISE_Z:g} sd of one run's noise)")
+    threshold = (
+        f"each cross-check within +-{tolerance_rel:.2%} of the primary prediction (a cross-check counts "
+        f"when its held-out-budget backtest is within +-{tolerance_rel:.2%} and no run beyond the ladder misses "
+        f"it by more than that plus {PROBE_NOISE_Z:g} sd of one run's noise)"
+    )
     if cross_checks is None:
-        return Gate("method_agreement", False, None, threshold, "not evaluated: no results table to fit the cross-checks on")
+        return Gate(
+            "method_agreement", False, None, threshold, "not evaluated: no results table to fit the cross-checks on"
+        )
     if not cross_checks:
         return Gate("method_agreement", True, 0.0, threshold, "no cross-check law: the primary is the only law fitted")
-    errors = [f"{k}: {v.get('error') or 'no finite prediction'}" for k, v in cross_checks.items()
-              if v.get("error") or v.get("loss") is None]
+    errors = [
+        f"{k}: {v.get('error') or 'no finite prediction'}"
+        for k, v in cross_checks.items()
+        if v.get("error") or v.get("loss") is None
+    ]
     if errors:
         return Gate("method_agreement", False, None, threshold, _join(errors))
     parts, counted = [], []
@@ -579,8 +718,10 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
         why_not = ([] if backtest is None or abs(float(backtest)) <= tolerance_rel else ["its backtest"]) + rejected_by
         if v.get("law_loss") is not None and v.get("calibrated", True):
             shown = f"; its calibrated centre, the law's own {float(v['law_loss']):.4f}" + shown
-        parts.append(f"{name} {float(v['loss']):.4f} ({dev:+.2%}{shown}"
-                     + (f"; not counted: {', '.join(why_not)})" if why_not else ")"))
+        parts.append(
+            f"{name} {float(v['loss']):.4f} ({dev:+.2%}{shown}"
+            + (f"; not counted: {', '.join(why_not)})" if why_not else ")")
+        )
         if not why_not:
             counted.append(dev)
     worst = max(counted, key=abs) if counted else 0.0
@@ -610,9 +751,11 @@ def gate_dress_rehearsal(rehearsal: dict, tolerance_rel: float) -> Gate:
         return Gate("dress_rehearsal", False, None, threshold, f"not evaluated: {rehearsal['error']}")
     rel = float(rehearsal["rel_error"])
     covered = rehearsal.get("covered_90")
-    detail = (f"{rehearsal.get('compute', float('nan')):.3g} FLOPs: predicted {rehearsal['predicted']:.4f}, "
-              f"actual {rehearsal['actual']:.4f} ({rel:+.2%})"
-              + ("" if covered is None else ("; inside the 90% interval" if covered else "; outside the 90% interval")))
+    detail = (
+        f"{rehearsal.get('compute', float('nan')):.3g} FLOPs: predicted {rehearsal['predicted']:.4f}, "
+        f"actual {rehearsal['actual']:.4f} ({rel:+.2%})"
+        + ("" if covered is None else ("; inside the 90% interval" if covered else "; outside the 90% interval"))
+    )
     return Gate("dress_rehearsal", abs(rel) <= tolerance_rel, rel, threshold, detail)
 
 
@@ -621,8 +764,15 @@ def ladder_top_budget(table: pd.DataFrame) -> float:
     return float(isoflop_rows(table)["budget"].max())
 
 
-def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: float | None = None,
-                hero_compute: float | None = None, corrected: bool = False, carry: str = "linear") -> Gate:
+def gate_probes(
+    probes: dict[str, dict],
+    tolerance_rel: float,
+    *,
+    top_budget: float | None = None,
+    hero_compute: float | None = None,
+    corrected: bool = False,
+    carry: str = "linear",
+) -> Gate:
     """Every finished probe beyond the ladder (sealed before it trained) scored against the primary
     law at its own N and D. `probes`: name -> `run_predicted_vs_actual` (or {"error"}).
 
@@ -635,10 +785,13 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
     local slope) lies within tolerance of the trend; and the hero is no farther beyond the furthest
     probe (in log C) than those probes span. `carry`: how the trend carries the errors (PROBE_CARRIES)."""
     rests_on = "the probes' span" if carry == "linear" else "the span of the two it rests on"
-    threshold = (f"the correction, fitted without the furthest probe, predicts it within {tolerance_rel:.2%}; every "
-                 f"probe {'' if carry == 'linear' else 'it rests on '}within {tolerance_rel:.2%} of the trend; the hero "
-                 f"beyond the furthest probe by at most {rests_on} in log C" if corrected else
-                 f"|error| <= {tolerance_rel:.2%} at every probe and carried to the hero")
+    threshold = (
+        f"the correction, fitted without the furthest probe, predicts it within {tolerance_rel:.2%}; every "
+        f"probe {'' if carry == 'linear' else 'it rests on '}within {tolerance_rel:.2%} of the trend; the hero "
+        f"beyond the furthest probe by at most {rests_on} in log C"
+        if corrected
+        else f"|error| <= {tolerance_rel:.2%} at every probe and carried to the hero"
+    )
     if not probes:
         return Gate("probes", False, None, threshold, "not evaluated: no probe runs")
     problems, parts, worst = [], [], 0.0
@@ -647,8 +800,10 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
             problems.append(f"{name}: {r['error']}")
             continue
         rel = float(r["rel_error"])
-        parts.append(f"{name} ({r.get('compute', float('nan')):.3g} FLOPs): predicted {r['predicted']:.4f}, "
-                     f"actual {r['actual']:.4f} ({rel:+.2%})")
+        parts.append(
+            f"{name} ({r.get('compute', float('nan')):.3g} FLOPs): predicted {r['predicted']:.4f}, "
+            f"actual {r['actual']:.4f} ({rel:+.2%})"
+        )
         if not corrected:
             worst = max(worst, abs(rel))
             if abs(rel) > tolerance_rel:
@@ -669,15 +824,23 @@ def gate_probes(probes: dict[str, dict], tolerance_rel: float, *, top_budget: fl
         if trend is not None and hero_compute is not None:
             beyond, span = trend.reach(hero_compute)
             spanning = "probes span" if carry == "linear" else "the two it rests on span"
-            parts.append(f"the hero {10 ** beyond:.3g}x beyond the furthest probe ({spanning} {10 ** span:.3g}x)")
-        problems += (trend.untested(tolerance_rel, hero_compute) if trend is not None else
-                     ["a correction by the probes needs >= 3 finished probes at distinct computes"])
+            parts.append(f"the hero {10**beyond:.3g}x beyond the furthest probe ({spanning} {10**span:.3g}x)")
+        problems += (
+            trend.untested(tolerance_rel, hero_compute)
+            if trend is not None
+            else ["a correction by the probes needs >= 3 finished probes at distinct computes"]
+        )
     detail = "; ".join(parts) + (f"; outside: {_join(problems)}" if problems else "")
     return Gate("probes", not problems, worst if parts else None, threshold, detail)
 
 
-def gate_lr_transfer(drift: list[dict], hero: dict[str, float], tolerance_rel: float,
-                     share: float = LR_LOSS_SHARE_OF_TOLERANCE, reach: float = LR_HORIZON_REACH) -> Gate:
+def gate_lr_transfer(
+    drift: list[dict],
+    hero: dict[str, float],
+    tolerance_rel: float,
+    share: float = LR_LOSS_SHARE_OF_TOLERANCE,
+    reach: float = LR_HORIZON_REACH,
+) -> Gate:
     """The ladder's LR transfer rule is near the measured optimum wherever it was calibrated, and
     the calibration reaches the hero: its width, and its horizon within `reach`.
 
@@ -685,8 +848,10 @@ def gate_lr_transfer(drift: list[dict], hero: dict[str, float], tolerance_rel: f
     ladder's rule today. A law fitted to rungs whose LR drifts away from the optimum with width or
     horizon extrapolates the drift with the scale (paper v3)."""
     limit = share * tolerance_rel
-    threshold = (f"the rule's LR costs every calibrated point <= {limit:.2%} of loss; calibrated up to the hero's "
-                 f"width and to >= 1/{reach:g} of its tokens")
+    threshold = (
+        f"the rule's LR costs every calibrated point <= {limit:.2%} of loss; calibrated up to the hero's "
+        f"width and to >= 1/{reach:g} of its tokens"
+    )
     if not drift:
         return Gate("lr_transfer", False, None, threshold, "not evaluated: the calibration has no points")
     problems, parts = [], []
@@ -697,13 +862,17 @@ def gate_lr_transfer(drift: list[dict], hero: dict[str, float], tolerance_rel: f
             continue
         parts.append(f"{where} LR* = {row['m_now']:.2f}x rule ({row['lost_frac_now']:.2%})")
         if row["lost_frac_now"] > limit:
-            problems.append(f"{where}: the rule's LR is {1 / row['m_now']:.2f}x the optimum, costing {row['lost_frac_now']:.2%}")
+            problems.append(
+                f"{where}: the rule's LR is {1 / row['m_now']:.2f}x the optimum, costing {row['lost_frac_now']:.2%}"
+            )
     widest = max(row["d_model"] for row in drift)
     longest = max(row["tokens"] for row in drift)
     if "d_model" in hero and hero["d_model"] > widest:
         problems.append(f"hero d_model {hero['d_model']:.0f} wider than any calibrated point ({widest})")
     if "tokens" in hero and hero["tokens"] > reach * longest:
-        problems.append(f"hero trains {hero['tokens']:.3g} tokens, > {reach:g}x the longest calibrated horizon {longest:.3g}")
+        problems.append(
+            f"hero trains {hero['tokens']:.3g} tokens, > {reach:g}x the longest calibrated horizon {longest:.3g}"
+        )
     worst = max((row["lost_frac_now"] for row in drift if row["lost_frac_now"] is not None), default=None)
     detail = _join(problems) if problems else _join(parts, limit=8)
     return Gate("lr_transfer", not problems, worst, threshold, detail)
@@ -714,8 +883,10 @@ def gate_recipe(report: dict, hero: dict[str, float] | None = None) -> Gate:
     hero, whose width and tokens the check reached (issue 29; delphi.ladder.recipe_check)."""
     from delphi.ladder.recipe_check import MAX_LOST_FRAC, gate_problems
 
-    threshold = (f"every recipe-check point and the trend carried to the hero lose <= {MAX_LOST_FRAC:.1%} against the "
-                 "sweep's optimum; the check reaches the hero's width and tokens")
+    threshold = (
+        f"every recipe-check point and the trend carried to the hero lose <= {MAX_LOST_FRAC:.1%} against the "
+        "sweep's optimum; the check reaches the hero's width and tokens"
+    )
     problems, parts, worst = gate_problems(report, hero)
     return Gate("recipe", not problems, worst, threshold, _join(problems) if problems else _join(parts, limit=8))
 
@@ -761,16 +932,22 @@ def evaluate_gates(
         exact_required = getattr(fit, "family", None) is not None and bool(getattr(fit, "law_in_nd", False))
     if table is None or len(table) == 0:
         missing = "not evaluated: no results table (give --ladder or --results)"
-        gates = [Gate(name, False, None, "needs the results table", missing)
-                 for name in ("isoflop_vertices", "frontier_slopes", "rung_health", "seeds", "hero_ranges", "hero_depth")]
-        gates[1:1] = [gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
-                      gate_lobo_spread(lobo, float(final["loss"]), thresholds.tol("lobo")),
-                      gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor)]
+        gates = [
+            Gate(name, False, None, "needs the results table", missing)
+            for name in ("isoflop_vertices", "frontier_slopes", "rung_health", "seeds", "hero_ranges", "hero_depth")
+        ]
+        gates[1:1] = [
+            gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
+            gate_lobo_spread(lobo, float(final["loss"]), thresholds.tol("lobo")),
+            gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor),
+        ]
         gates += [agreement, gate_fit_status(fit)]
         if rehearsal is not None:
             gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
         if probes:
-            gates.append(gate_probes(probes, thresholds.tol("rehearsal"), corrected=probe_correction, carry=probe_carry))
+            gates.append(
+                gate_probes(probes, thresholds.tol("rehearsal"), corrected=probe_correction, carry=probe_carry)
+            )
         if lr_drift is not None:
             gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
         if recipe_check is not None:
@@ -782,7 +959,10 @@ def evaluate_gates(
     scatter = final.get("residual_scatter_nats")
     if external and noise is None and isinstance(scatter, (int, float)) and math.isfinite(scatter):
         # No seeds to measure noise with: the scatter of the table's points about the law is the noise it shows.
-        noise, noise_note = float(scatter), f"; noise per point: the law's residual scatter {float(scatter):.4f} nats (no seeds)"
+        noise, noise_note = (
+            float(scatter),
+            f"; noise per point: the law's residual scatter {float(scatter):.4f} nats (no seeds)",
+        )
     gates = [
         gate_isoflop_vertices(table),
         gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
@@ -791,16 +971,28 @@ def evaluate_gates(
         _frontier_gate(table, noise, fit, thresholds.trend_z, noise_note),
         gate_rung_health(table, external),
         gate_seeds(table, thresholds.min_seeds, external),
-        gate_hero_ranges(hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel, external),
-        gate_hero_depth(table, None if "n_layers" not in hero else int(hero["n_layers"]), HERO_MAX_OFF_OPTIMUM, external),
+        gate_hero_ranges(
+            hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel, external
+        ),
+        gate_hero_depth(
+            table, None if "n_layers" not in hero else int(hero["n_layers"]), HERO_MAX_OFF_OPTIMUM, external
+        ),
         agreement,
         gate_fit_status(fit),
     ]
     if rehearsal is not None:
         gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
     if probes:
-        gates.append(gate_probes(probes, thresholds.tol("rehearsal"), top_budget=ladder_top_budget(table),
-                                 hero_compute=hero.get("flops"), corrected=probe_correction, carry=probe_carry))
+        gates.append(
+            gate_probes(
+                probes,
+                thresholds.tol("rehearsal"),
+                top_budget=ladder_top_budget(table),
+                hero_compute=hero.get("flops"),
+                corrected=probe_correction,
+                carry=probe_carry,
+            )
+        )
     if lr_drift is not None:
         gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
     if recipe_check is not None:
@@ -819,8 +1011,12 @@ def _frontier_gate(table: pd.DataFrame, noise: float | None, fit: Any, z: float,
 
 
 def gate_report(gates: list[Gate], *, forced: bool, thresholds: GateThresholds | None = None) -> dict[str, Any]:
-    out = {"passed": all_passed(gates), "forced": bool(forced), "failed": failed_names(gates),
-           "gates": [g.to_json() for g in gates]}
+    out = {
+        "passed": all_passed(gates),
+        "forced": bool(forced),
+        "failed": failed_names(gates),
+        "gates": [g.to_json() for g in gates],
+    }
     if not_applicable_names(gates):
         out["not_applicable"] = not_applicable_names(gates)
     if thresholds is not None:
@@ -842,8 +1038,9 @@ def gate_table(gates: Iterable[Gate | dict]) -> str:
     for g in gates:
         g = g if isinstance(g, Gate) else Gate.from_json(g)
         cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731  (a '|' inside a cell ends it)
-        rows.append(f"| {g.name} | {g.result} | {cell(_value_text(g.value))} | {cell(g.threshold)} | "
-                    f"{cell(g.detail)} |")
+        rows.append(
+            f"| {g.name} | {g.result} | {cell(_value_text(g.value))} | {cell(g.threshold)} | {cell(g.detail)} |"
+        )
     return "\n".join(rows)
 
 

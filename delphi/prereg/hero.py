@@ -38,8 +38,14 @@ class HeroSpec:
 
     def summary(self, family: str | None) -> dict[str, Any]:
         """The sealed file's `hero` block (besides `config: null`): N, D, C as used and how each was given."""
-        return {"params": float(self.params), "tokens": float(self.tokens), "flops": float(self.flops), "family": family,
-                "given": self.given, "flops_how": self.flops_how}
+        return {
+            "params": float(self.params),
+            "tokens": float(self.tokens),
+            "flops": float(self.flops),
+            "family": family,
+            "given": self.given,
+            "flops_how": self.flops_how,
+        }
 
 
 def positive_number(text: Any, flag: str, what: str) -> float:
@@ -53,8 +59,14 @@ def positive_number(text: Any, flag: str, what: str) -> float:
     return value
 
 
-def hero_from_numbers(fit: Any, *, params: str | None = None, tokens: str | None = None, flops: str | None = None,
-                      compute: str | None = None) -> HeroSpec:
+def hero_from_numbers(
+    fit: Any,
+    *,
+    params: str | None = None,
+    tokens: str | None = None,
+    flops: str | None = None,
+    compute: str | None = None,
+) -> HeroSpec:
     """The hero from `--hero-params N --hero-tokens D [--hero-flops C]` or `--hero-compute C`.
 
     N and D go together; C, when not given, is the fit's exact FLOPs family at (N, D) where the fit
@@ -66,18 +78,29 @@ def hero_from_numbers(fit: Any, *, params: str | None = None, tokens: str | None
     if compute is not None:
         for flag, value in (("--hero-params", params), ("--hero-tokens", tokens), ("--hero-flops", flops)):
             if value is not None:
-                raise DelphiError(f"{flag} and --hero-compute: give the hero by N and D, or by a compute budget the fit sizes, not both")
+                raise DelphiError(
+                    f"{flag} and --hero-compute: give the hero by N and D, or by a compute budget the fit sizes, not both"
+                )
         c = positive_number(compute, "--hero-compute", "compute C (FLOPs)")
         pred = fit.predict(compute=c)
         n, d = pred.get("params"), pred.get("tokens")
         if n is None or d is None or not (math.isfinite(float(n)) and math.isfinite(float(d))) or n <= 0 or d <= 0:
-            raise DelphiError(f"--hero-compute {compute}: the {fit.kind} fit ({fit.method}) has no allocation N*(C), D*(C) to size "
-                              "the hero; give --hero-params N --hero-tokens D")
-        return HeroSpec(float(n), float(d), c, f"--hero-compute {c:.4g}: N* and D* from the fit's allocation ({pred.get('allocation')})",
-                        "given (--hero-compute)")
+            raise DelphiError(
+                f"--hero-compute {compute}: the {fit.kind} fit ({fit.method}) has no allocation N*(C), D*(C) to size "
+                "the hero; give --hero-params N --hero-tokens D"
+            )
+        return HeroSpec(
+            float(n),
+            float(d),
+            c,
+            f"--hero-compute {c:.4g}: N* and D* from the fit's allocation ({pred.get('allocation')})",
+            "given (--hero-compute)",
+        )
     if params is None and tokens is None:
-        raise DelphiError("prereg create: give the hero: --hero HERO.yaml, --hero-params N --hero-tokens D, or --hero-compute C"
-                          + (" (--hero-flops goes with --hero-params and --hero-tokens)" if flops is not None else ""))
+        raise DelphiError(
+            "prereg create: give the hero: --hero HERO.yaml, --hero-params N --hero-tokens D, or --hero-compute C"
+            + (" (--hero-flops goes with --hero-params and --hero-tokens)" if flops is not None else "")
+        )
     if params is None:
         raise DelphiError("--hero-params: missing; a hero given by its tokens (--hero-tokens) needs its N too")
     if tokens is None:
@@ -85,10 +108,26 @@ def hero_from_numbers(fit: Any, *, params: str | None = None, tokens: str | None
     n = positive_number(params, "--hero-params", "N (parameters)")
     d = positive_number(tokens, "--hero-tokens", "D (tokens)")
     if flops is not None:
-        return HeroSpec(n, d, positive_number(flops, "--hero-flops", "C (FLOPs)"), "--hero-params, --hero-tokens", "given (--hero-flops)")
+        return HeroSpec(
+            n,
+            d,
+            positive_number(flops, "--hero-flops", "C (FLOPs)"),
+            "--hero-params, --hero-tokens",
+            "given (--hero-flops)",
+        )
     family = getattr(fit, "family", None)
     if family is not None:
-        return HeroSpec(n, d, float(flops_of(family, n, d)), "--hero-params, --hero-tokens",
-                        f"the fit's FLOPs family at N and D ({family.source})")
-    return HeroSpec(n, d, FLOPS_PER_PARAM_TOKEN * n * d, "--hero-params, --hero-tokens",
-                    f"{FLOPS_PER_PARAM_TOKEN:g}ND (the fit has no FLOPs family; give --hero-flops for the exact count)")
+        return HeroSpec(
+            n,
+            d,
+            float(flops_of(family, n, d)),
+            "--hero-params, --hero-tokens",
+            f"the fit's FLOPs family at N and D ({family.source})",
+        )
+    return HeroSpec(
+        n,
+        d,
+        FLOPS_PER_PARAM_TOKEN * n * d,
+        "--hero-params, --hero-tokens",
+        f"{FLOPS_PER_PARAM_TOKEN:g}ND (the fit has no FLOPs family; give --hero-flops for the exact count)",
+    )

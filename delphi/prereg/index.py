@@ -45,24 +45,26 @@ def index_rows(directory: Path, paper_root: Path | None = None) -> list[dict]:
         outcome_file = fmt.outcome_path(path)
         outcome = json.loads(outcome_file.read_text()) if outcome_file.is_file() else {}
         seal_ok = fmt.seal_status(doc)["ok"]
-        rows.append({
-            "file": path.name,
-            "id": doc["id"],
-            "created": doc["created"],
-            "params": doc["hero"].get("params"),
-            "tokens": doc["hero"].get("tokens"),
-            "loss": final["loss"],
-            "loss_90": final.get("loss_90"),
-            "actual": outcome.get("actual_final_loss"),
-            "rel_error": outcome.get("rel_error"),
-            "covered_90": outcome.get("covered_90"),
-            "verdict": verified_verdict(path, doc, seal_ok, outcome, trees),
-            "seal_ok": seal_ok,
-            "forced": bool(doc.get("forced", False)),
-            "gates": gates_cell(doc),
-            "seeds": (doc.get("target") or {}).get("seeds"),
-            "competing": doc["prediction"].get("competing") or {},
-        })
+        rows.append(
+            {
+                "file": path.name,
+                "id": doc["id"],
+                "created": doc["created"],
+                "params": doc["hero"].get("params"),
+                "tokens": doc["hero"].get("tokens"),
+                "loss": final["loss"],
+                "loss_90": final.get("loss_90"),
+                "actual": outcome.get("actual_final_loss"),
+                "rel_error": outcome.get("rel_error"),
+                "covered_90": outcome.get("covered_90"),
+                "verdict": verified_verdict(path, doc, seal_ok, outcome, trees),
+                "seal_ok": seal_ok,
+                "forced": bool(doc.get("forced", False)),
+                "gates": gates_cell(doc),
+                "seeds": (doc.get("target") or {}).get("seeds"),
+                "competing": doc["prediction"].get("competing") or {},
+            }
+        )
     return rows
 
 
@@ -113,7 +115,8 @@ def _recomputed(path: Path, doc: dict, outcome: dict, trees: dict[str, Path] | N
         found = hero_runs(doc, trees)
         scored = found[2] if found is not None else []
     problems = outcome_consistency(doc, outcome) or (
-        outcome_vs_records(path, outcome, scored) if scored and len(scored) == len(target_seeds(doc) or [None]) else [])
+        outcome_vs_records(path, outcome, scored) if scored and len(scored) == len(target_seeds(doc) or [None]) else []
+    )
     if problems:
         return f"invalid: the outcome disagrees with its records ({problems[0].split(' = ')[0].removeprefix('outcome field ')})"
     return outcome.get("verdict", "pending")
@@ -161,10 +164,12 @@ def _competing_lines(rows: list[dict]) -> list[str]:
     sealed = [r for r in rows if r.get("competing")]
     if not sealed:
         return []
-    lines = ["\n## Every law sealed beside the primary\n\n",
-             "Sealed with the primary, before the run; scored here on the same outcome (error = actual / sealed - 1). "
-             "Only the primary above decides the verdict.\n\n",
-             "| preregistration | law | sealed | 90% interval | actual | error | inside 90% |\n|---|---|---|---|---|---|---|\n"]
+    lines = [
+        "\n## Every law sealed beside the primary\n\n",
+        "Sealed with the primary, before the run; scored here on the same outcome (error = actual / sealed - 1). "
+        "Only the primary above decides the verdict.\n\n",
+        "| preregistration | law | sealed | 90% interval | actual | error | inside 90% |\n|---|---|---|---|---|---|---|\n",
+    ]
     for r in sealed:
         scores = score_competing(r["competing"], r["actual"]) if r["actual"] is not None else {}
         for law, entry in r["competing"].items():
@@ -174,8 +179,10 @@ def _competing_lines(rows: list[dict]) -> list[str]:
             interval = f"[{entry['loss_90'][0]:.4f}, {entry['loss_90'][1]:.4f}]" if entry.get("loss_90") else ""
             score = scores.get(law) or {}
             covered = "" if score.get("covered_90") is None else ("yes" if score["covered_90"] else "no")
-            lines.append(f"| {r['id']} | {law} | {float(entry['loss']):.4f} | {interval} | {_fmt(r['actual'], '.4f')} "
-                         f"| {_fmt(score.get('rel_error'), '+.2%')} | {covered} |\n")
+            lines.append(
+                f"| {r['id']} | {law} | {float(entry['loss']):.4f} | {interval} | {_fmt(r['actual'], '.4f')} "
+                f"| {_fmt(score.get('rel_error'), '+.2%')} | {covered} |\n"
+            )
     return lines
 
 

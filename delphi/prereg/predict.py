@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_50 as Z50, Z_90 as Z90
+from delphi.fits.backtest import Z_50 as Z50
+from delphi.fits.backtest import Z_90 as Z90
 from delphi.fits.data import TableOptions, isoflop_rows
 from delphi.fits.intervals import PointCorrection, correct_by_design
 from delphi.fits.probes import NOISE_SCOPES, correct_by_probes
@@ -58,8 +60,11 @@ def law_scatter_nats(fit, fit_table) -> float | None:
     if not fit.law_in_nd:
         return residual_scatter(fit, fit_table)
     points, _ = cell_points(with_anchors(fit_table))  # the points the law was fitted to
-    residuals = [row["loss"] - fit.predict(params=row["params"], tokens=row["tokens"], **{t: row[t] for t in fit.law_terms})["loss"]
-                 for _, row in points.iterrows()]
+    residuals = [
+        row["loss"]
+        - fit.predict(params=row["params"], tokens=row["tokens"], **{t: row[t] for t in fit.law_terms})["loss"]
+        for _, row in points.iterrows()
+    ]
     dof = len(residuals) - len(fit.params)
     return float(math.sqrt(sum(r * r for r in residuals) / dof)) if dof > 0 else None
 
@@ -147,12 +152,17 @@ def predict_hero(fit, hero) -> tuple[dict, str]:
 
     if isinstance(hero, HeroSpec):
         if fit.law_terms:
-            raise DelphiError(f"a {fit.kind} law needs the hero's {', '.join(fit.law_terms)}: give the hero as a train config "
-                              "(--hero HERO.yaml)")
+            raise DelphiError(
+                f"a {fit.kind} law needs the hero's {', '.join(fit.law_terms)}: give the hero as a train config "
+                "(--hero HERO.yaml)"
+            )
         pred = dict(fit.predict_run(params=hero.params, tokens=hero.tokens, flops=hero.flops))
         how = pred.pop("how")
-        return pred, how + (f" (N = {hero.params:.4g}, D = {hero.tokens:.4g}, as given)" if fit.law_in_nd else
-                            f" (C = {hero.flops:.4g} FLOPs, {hero.flops_how})")
+        return pred, how + (
+            f" (N = {hero.params:.4g}, D = {hero.tokens:.4g}, as given)"
+            if fit.law_in_nd
+            else f" (C = {hero.flops:.4g} FLOPs, {hero.flops_how})"
+        )
     convention = fit_convention(fit)
     n = hero_params(hero.model, hero.data.seq_len, convention)
     terms = {}
@@ -168,8 +178,14 @@ def predict_hero(fit, hero) -> tuple[dict, str]:
     return pred, how
 
 
-def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope: str = "pooled",
-                  n_seeds: int = 1, options: TableOptions | None = None) -> tuple[dict, Any]:
+def predict_final(
+    fit_path: Path,
+    hero,
+    results: Path | None = None,
+    noise_scope: str = "pooled",
+    n_seeds: int = 1,
+    options: TableOptions | None = None,
+) -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero from a fit file written by `delphi fit`; with
     the ladder's `results` (read with `options`: column mapping, query), its intervals are predictive
     for the mean of `n_seeds` runs (`run_noise_nats` under `noise_scope`) and its calibrated version
@@ -180,7 +196,9 @@ def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope
 
     fit = load_fit(fit_path)
     if fit.kind not in SURFACES:
-        raise DelphiError(f"{fit_path}: a fit of kind {fit.kind!r} cannot predict a final loss (expected one of {', '.join(SURFACES)})")
+        raise DelphiError(
+            f"{fit_path}: a fit of kind {fit.kind!r} cannot predict a final loss (expected one of {', '.join(SURFACES)})"
+        )
     try:
         pred, how = predict_hero(fit, hero)
     except (TypeError, ValueError, KeyError) as e:
@@ -191,8 +209,10 @@ def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope
     if noise is not None:
         whose = "one run's" if n_seeds == 1 else f"the mean of {n_seeds} seeds' runs'"
         seed_part = "seed noise" if n_seeds == 1 else f"one run's seed noise / sqrt({n_seeds})"
-        final["interval"] = (f"the fit's bootstrap interval widened in quadrature by z x {noise:.4g} nats: {whose} "
-                             f"noise around the law (residual scatter and {seed_part}, {NOISE_SCOPES[noise_scope]}, in quadrature)")
+        final["interval"] = (
+            f"the fit's bootstrap interval widened in quadrature by z x {noise:.4g} nats: {whose} "
+            f"noise around the law (residual scatter and {seed_part}, {NOISE_SCOPES[noise_scope]}, in quadrature)"
+        )
         final |= parts
     if pred.get("allocation"):
         final["allocation"] = pred["allocation"]
@@ -200,6 +220,7 @@ def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope
         raise DelphiError(f"{fit_path}: the fit predicts a non-finite loss for the hero")
     if tables is not None:  # the interval calibrated for how far beyond the ladder the hero lies
         from delphi.fits.calibration import calibrate_final
+
         final["calibrated"] = calibrate_final(fit, final, float(hero.flops), tables[1])
     from delphi.fits.e_prior import forecast_at_refits
 
@@ -211,7 +232,9 @@ def predict_final(fit_path: Path, hero, results: Path | None = None, noise_scope
 
 def score_probes(fit, probe_runs: Sequence[Path], noise: float | None = None) -> dict[str, dict[str, Any]]:
     """Each finished probe (`beyond_ladder_runs`) predicted by `fit` at its own N and D, against its final loss."""
-    return {name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()}
+    return {
+        name: run_predicted_vs_actual(fit, run, noise) for name, run in beyond_ladder_runs(None, probe_runs).items()
+    }
 
 
 def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = "pooled") -> float:
@@ -225,11 +248,19 @@ def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = 
     return float(nats) / float(np.mean([r["actual"] for r in probes.values()]))
 
 
-def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_runs: Sequence[Path] = (),
-                    probe_correction: bool = False, probe_carry: str = "linear",
-                    noise_scope: str = "pooled", n_seeds: int = 1,
-                    point_correction: PointCorrection | None = None, options: TableOptions | None = None,
-                    ladder_given: bool = False) -> tuple[dict, Any]:
+def hero_prediction(
+    fit_path: Path,
+    hero,
+    results: Path | None = None,
+    probe_runs: Sequence[Path] = (),
+    probe_correction: bool = False,
+    probe_carry: str = "linear",
+    noise_scope: str = "pooled",
+    n_seeds: int = 1,
+    point_correction: PointCorrection | None = None,
+    options: TableOptions | None = None,
+    ladder_given: bool = False,
+) -> tuple[dict, Any]:
     """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
     prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`);
     one run's noise under `noise_scope` (NOISE_SCOPES); then, with `point_correction` (a
@@ -237,11 +268,15 @@ def hero_prediction(fit_path: Path, hero, results: Path | None = None, probe_run
     Last, the point that decides (`decide_final_point`): the calibrated centre on a table like the
     calibration's public sources, else the law's own or its correction; `final["point"]` says which and why.
     `ladder_given`: the table is a Delphi ladder's (its dir was given), whatever its columns."""
-    final, fit = _hero_prediction(fit_path, hero, results, probe_runs, probe_correction, probe_carry, noise_scope, n_seeds,
-                                  options)
+    final, fit = _hero_prediction(
+        fit_path, hero, results, probe_runs, probe_correction, probe_carry, noise_scope, n_seeds, options
+    )
     final = final if point_correction is None else correct_by_design(final, point_correction)
-    ladder = ladder_given or (load_tables(results, fit_convention(fit), options)[1].attrs.get("ladder_records", False)
-                              if results is not None else None)
+    ladder = ladder_given or (
+        load_tables(results, fit_convention(fit), options)[1].attrs.get("ladder_records", False)
+        if results is not None
+        else None
+    )
     return decide_final_point(final, ladder), fit
 
 
@@ -253,26 +288,53 @@ def decide_final_point(final: dict, delphi_ladder: bool | None) -> dict:
     from delphi.fits.calibration import calibrated_status
 
     cal = final.get("calibrated") or {}
-    corrected = (bp.PROBE_CORRECTION if final.get("probe_correction") else
-                 bp.POINT_CORRECTION if final.get("point_correction") else None)
+    corrected = (
+        bp.PROBE_CORRECTION
+        if final.get("probe_correction")
+        else bp.POINT_CORRECTION
+        if final.get("point_correction")
+        else None
+    )
     likeness = cal.get("source_likeness") or {}
     status, reason = calibrated_status(cal)
-    choice = bp.decide_point(bp.PointEvidence(
-        delphi_ladder=delphi_ladder, calibration_status=status, calibration_reason=reason,
-        source_distance=likeness.get("distance"), source_reach=likeness.get("reach"), corrected_by=corrected))
+    choice = bp.decide_point(
+        bp.PointEvidence(
+            delphi_ladder=delphi_ladder,
+            calibration_status=status,
+            calibration_reason=reason,
+            source_distance=likeness.get("distance"),
+            source_reach=likeness.get("reach"),
+            corrected_by=corrected,
+        )
+    )
     out = dict(final) | {"point": choice.to_json()}
     if choice.decides == bp.CALIBRATED:
         out["law"] = {k: final.get(k) for k in ("loss", "loss_50", "loss_90", "source")}
-        out |= {"loss": float(cal["loss"]), "loss_50": list(cal["loss_50"]), "loss_90": list(cal["loss_90"]),
-                "source": f"{final['source']}; its calibrated centre ({cal['method']} calibration at {cal['factor']:.3g}x the "
-                          f"table's top budget, delphi.fits.calibration)",
-                "interval": (f"the calibrated 50% and 90% intervals: the law's own ({final.get('interval') or 'the fit interval'}) "
-                             f"widened by the calibration's model error at {cal['factor']:.3g}x, around the calibrated centre")}
+        out |= {
+            "loss": float(cal["loss"]),
+            "loss_50": list(cal["loss_50"]),
+            "loss_90": list(cal["loss_90"]),
+            "source": f"{final['source']}; its calibrated centre ({cal['method']} calibration at {cal['factor']:.3g}x the "
+            f"table's top budget, delphi.fits.calibration)",
+            "interval": (
+                f"the calibrated 50% and 90% intervals: the law's own ({final.get('interval') or 'the fit interval'}) "
+                f"widened by the calibration's model error at {cal['factor']:.3g}x, around the calibrated centre"
+            ),
+        }
     return out
 
 
-def _hero_prediction(fit_path: Path, hero, results: Path | None, probe_runs: Sequence[Path], probe_correction: bool,
-                     probe_carry: str, noise_scope: str, n_seeds: int, options: TableOptions | None = None) -> tuple[dict, Any]:
+def _hero_prediction(
+    fit_path: Path,
+    hero,
+    results: Path | None,
+    probe_runs: Sequence[Path],
+    probe_correction: bool,
+    probe_carry: str,
+    noise_scope: str,
+    n_seeds: int,
+    options: TableOptions | None = None,
+) -> tuple[dict, Any]:
     from delphi.fits.probes import probe_trend
     from delphi.prereg import gates as gt
 
@@ -280,12 +342,16 @@ def _hero_prediction(fit_path: Path, hero, results: Path | None, probe_runs: Seq
     if not probe_correction:
         return final, fit
     if results is None:
-        raise DelphiError("--probe-correction: needs the results table (--results or --ladder) to score the law on the probes")
+        raise DelphiError(
+            "--probe-correction: needs the results table (--results or --ladder) to score the law on the probes"
+        )
     fit_table, gate_table = load_tables(results, fit_convention(fit), options)
     probes = score_probes(fit, probe_runs)
     trend = probe_trend(probes, gt.ladder_top_budget(gate_table), probe_carry)
     if trend is None:
-        raise DelphiError(f"--probe-correction: needs >= 2 finished probes at distinct computes (--probe); got {len(probes)}")
+        raise DelphiError(
+            f"--probe-correction: needs >= 2 finished probes at distinct computes (--probe); got {len(probes)}"
+        )
     return correct_by_probes(final, trend, float(hero.flops), probe_noise_rel(fit, fit_table, probes, noise_scope)), fit
 
 
@@ -295,7 +361,9 @@ def beyond_ladder_runs(rehearsal_run: Path | None = None, probe_runs: Sequence[P
     for run in probe_runs:
         name = Path(run).name
         if name in runs:
-            raise DelphiError(f"--probe {run}: two runs beyond the ladder are named {name!r}; give each probe its own dir name")
+            raise DelphiError(
+                f"--probe {run}: two runs beyond the ladder are named {name!r}; give each probe its own dir name"
+            )
         runs[name] = Path(run)
     return runs
 
@@ -344,7 +412,13 @@ def run_predicted_vs_actual(fit, run_dir: Path, noise: float | None = None) -> d
     pred = predictive(pred, noise)
     actual, predicted = float(summary["val_loss"]), float(pred["loss"])
     i90 = pred.get("loss_interval_90")
-    return {"run": str(run_dir), "compute": float(cfg.flops),
-            "predicted": predicted, "actual": actual, "rel_error": actual / predicted - 1,
-            "loss_interval_90": None if i90 is None else [float(i90[0]), float(i90[1])],
-            "covered_90": None if i90 is None else bool(i90[0] <= actual <= i90[1]), "how": how}
+    return {
+        "run": str(run_dir),
+        "compute": float(cfg.flops),
+        "predicted": predicted,
+        "actual": actual,
+        "rel_error": actual / predicted - 1,
+        "loss_interval_90": None if i90 is None else [float(i90[0]), float(i90[1])],
+        "covered_90": None if i90 is None else bool(i90[0] <= actual <= i90[1]),
+        "how": how,
+    }

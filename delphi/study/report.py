@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
+from delphi.editions import seed_runs_of
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
-from delphi.editions import seed_runs_of
-from delphi.train.runlog import LogOptions
 from delphi.study.state import Study, _fmt, _rehearsal, _say, load_table, probe_runs
+from delphi.train.runlog import LogOptions
 
 
 def _hero_point(study: Study) -> dict:
@@ -26,16 +27,19 @@ def _hero_point(study: Study) -> dict:
     if not study.hero_config.is_file():
         return {}
     cfg = load_train_config(study.hero_config)
-    return {"compute": cfg.flops,
-            "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
+    return {"compute": cfg.flops, "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
 
 
 def _residual_prediction(fit: Any, table: pd.DataFrame):
     import numpy as np
 
     terms = {t: table[t].to_numpy(float) for t in fit.law_terms if t in table}
-    pred = fit.predict_run(params=table["params"].to_numpy(float), tokens=table["tokens"].to_numpy(float),
-                           flops=table["flops"].to_numpy(float), **terms)
+    pred = fit.predict_run(
+        params=table["params"].to_numpy(float),
+        tokens=table["tokens"].to_numpy(float),
+        flops=table["flops"].to_numpy(float),
+        **terms,
+    )
     return np.asarray(pred["loss"], float)
 
 
@@ -70,8 +74,13 @@ def allocation_of(table: pd.DataFrame, optima: list[dict] | None, fit: Any, hero
     from delphi.plot import figures as pf
 
     optima = optima or per_budget_optima(table)[0]
-    frame = pd.DataFrame({"budget": [o["flops"] for o in optima], "params": [o["params_opt"] for o in optima],
-                          "tokens": [o["tokens_opt"] for o in optima]})
+    frame = pd.DataFrame(
+        {
+            "budget": [o["flops"] for o in optima],
+            "params": [o["params_opt"] for o in optima],
+            "tokens": [o["tokens_opt"] for o in optima],
+        }
+    )
     return pf.allocation_figure(frame, fit, hero.get("compute"), hero.get("params"), hero.get("tokens"))
 
 
@@ -91,7 +100,9 @@ def frontier_of(table: pd.DataFrame, fit: Any, prereg_doc: dict | None, actual: 
 def residuals_of(table: pd.DataFrame, fit: Any):
     from delphi.plot import figures as pf
 
-    return pf.residuals_figure(table, _residual_prediction(fit, table), title=f"{fit.kind} fit ({fit.method}) residuals")
+    return pf.residuals_figure(
+        table, _residual_prediction(fit, table), title=f"{fit.kind} fit ({fit.method}) residuals"
+    )
 
 
 def stage_figures(study: Study) -> dict:
@@ -113,15 +124,20 @@ def stage_figures(study: Study) -> dict:
     figures.draw("allocation", lambda: allocation_of(table, optima, primary, _hero_point(study)))
     prereg = load_prereg(study.prereg) if study.prereg.is_file() else None
     run = read_run_dir(study.hero_run) if study.hero_run.is_dir() else None
-    figures.draw("frontier", lambda: frontier_of(table, primary, prereg.doc if prereg else None, run.final_loss if run else None))
+    figures.draw(
+        "frontier", lambda: frontier_of(table, primary, prereg.doc if prereg else None, run.final_loss if run else None)
+    )
     if prereg is not None:
+
         def prediction():
             dirs = [d for d in seed_runs_of(prereg.doc, study.hero_run) if d.is_dir()]
             if run is None or len(dirs) < 2:
                 return pf.prediction_figure(prereg.doc, run, compare(prereg, run)["verdict"] if run else None)
             # A multi-seed hero: each seed's curve; the verdict on their mean is the check stage's.
             verdict = ((study.done("check") or {}).get("result") or {}).get("verdict")
-            return pf.prediction_figure(prereg.doc, run, verdict, seed_runs={_seed_of(d): read_run_dir(d) for d in dirs})
+            return pf.prediction_figure(
+                prereg.doc, run, verdict, seed_runs={_seed_of(d): read_run_dir(d) for d in dirs}
+            )
 
         figures.draw("prediction", prediction)
 
@@ -181,6 +197,7 @@ def render_report(study: Study) -> str:
     lines += primary_law_lines(study.primary_fit, study.spec.primary_fit, final, check.get("actual_final_loss"))
     lines += _gates_section(study)
     from delphi.fits.calibration import report_lines  # issue 30: the calibrated interval and the method choice
+
     lines += report_lines(final, primary_fit=study.spec.primary_fit, primary_law=study.primary_fit)
     lines += _primary_choice_section(study)
     lines += _rehearsal_section(study)
@@ -193,21 +210,34 @@ def render_report(study: Study) -> str:
             continue
         params = ", ".join(f"{k} = {_fmt(v)}" for k, v in info["params"].items() if isinstance(v, (int, float)))
         lines.append(f"| {method} | {_fmt(info.get('status'))} | {_fmt(info.get('allocation'))} | {params} |")
-    lines += ["", "## Backtests (fit below the top budget, predict it)", "",
-              "| method | budget | predicted best loss | 90% interval | observed best loss | relative error | 90% covered |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Backtests (fit below the top budget, predict it)",
+        "",
+        "| method | budget | predicted best loss | 90% interval | observed best loss | relative error | 90% covered |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for method, result in backtest.items():
         for b in result.get("budgets", []):
-            lines.append(f"| {method} | {b['budget']:.3g} | {_fmt(b['predicted_loss'])} | {_fmt(b.get('loss_interval_90'))} "
-                         f"| {_fmt(b['observed_best_loss'])} | {_fmt(b['rel_error'], '+.2%')} | {_fmt(b.get('covered_90'))} |")
+            lines.append(
+                f"| {method} | {b['budget']:.3g} | {_fmt(b['predicted_loss'])} | {_fmt(b.get('loss_interval_90'))} "
+                f"| {_fmt(b['observed_best_loss'])} | {_fmt(b['rel_error'], '+.2%')} | {_fmt(b.get('covered_90'))} |"
+            )
         if "error" in result:
             lines.append(f"| {method} | - | - | - | - | {result['error']} | - |")
     summary = (study.done("backtest") or {}).get("result", {}).get("summary")
     if summary:
-        lines += ["", "Every budget above the third held out in turn:", "",
-                  "| method | points | mean abs error | 90% coverage |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Every budget above the third held out in turn:",
+            "",
+            "| method | points | mean abs error | 90% coverage |",
+            "|---|---|---|---|",
+        ]
         for method, s in summary.items():
-            lines.append(f"| {method} | {s.get('n')} | {_fmt(s.get('mean_abs_rel_error'), '.2%')} | {_fmt(s.get('coverage_90'), '.0%')} |")
+            lines.append(
+                f"| {method} | {s.get('n')} | {_fmt(s.get('mean_abs_rel_error'), '.2%')} | {_fmt(s.get('coverage_90'), '.0%')} |"
+            )
     lines += ["", "## Figures", ""]
     for png in sorted(study.figures.glob("*.png")):
         lines.append(f"![{png.stem}](figures/{png.name})")
@@ -218,11 +248,13 @@ def render_report(study: Study) -> str:
 def verdict_table(check: dict, unit: str = "nats/byte") -> list[str]:
     """The hero's preregistered final loss against the outcome (the check stage's result): predicted
     and actual to the same 4 decimals, so that 1.5030 and 1.5000 read as the numbers they are."""
-    return ["| quantity | predicted | actual | relative error | inside 90% interval | verdict |",
-            "|---|---|---|---|---|---|",
-            f"| hero final val loss ({unit}) | {_fmt(check.get('predicted_final_loss'), '.4f')} "
-            f"| {_fmt(check.get('actual_final_loss'), '.4f')} "
-            f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |"]
+    return [
+        "| quantity | predicted | actual | relative error | inside 90% interval | verdict |",
+        "|---|---|---|---|---|---|",
+        f"| hero final val loss ({unit}) | {_fmt(check.get('predicted_final_loss'), '.4f')} "
+        f"| {_fmt(check.get('actual_final_loss'), '.4f')} "
+        f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |",
+    ]
 
 
 def primary_law_lines(law: str, setting: str, final: dict | None = None, actual: float | None = None) -> list[str]:
@@ -235,19 +267,28 @@ def primary_law_lines(law: str, setting: str, final: dict | None = None, actual:
     from delphi.study.spec import AUTO_PRIMARY
 
     final = final or {}
-    made = f"the {law} law" + (", corrected by its error trend at the probes (see \"Probes beyond the ladder\")"
-                               if final.get("probe_correction") else "")
+    made = f"the {law} law" + (
+        ', corrected by its error trend at the probes (see "Probes beyond the ladder")'
+        if final.get("probe_correction")
+        else ""
+    )
     if point_correction := final.get("point_correction"):
         law_loss = float(final["uncorrected"]["loss"])
-        made += (f", x (1 {point_correction['rel']:+.2%}): this design's measured bias (sd {point_correction['sd_rel']:.2%}; "
-                 f"{point_correction['source']}). The law alone predicted {law_loss:.4f}"
-                 + (f", an error of {actual / law_loss - 1:+.2%} against the outcome" if actual is not None else ""))
+        made += (
+            f", x (1 {point_correction['rel']:+.2%}): this design's measured bias (sd {point_correction['sd_rel']:.2%}; "
+            f"{point_correction['source']}). The law alone predicted {law_loss:.4f}"
+            + (f", an error of {actual / law_loss - 1:+.2%} against the outcome" if actual is not None else "")
+        )
     if setting == AUTO_PRIMARY:
-        why = (f"the study leaves the choice to the evidence (`primary_fit: auto`), and the fit stage chose {law} once, before "
-               f"the hero was sized, by the public-sweep method choice (see \"Primary law chosen by evidence\")")
+        why = (
+            f"the study leaves the choice to the evidence (`primary_fit: auto`), and the fit stage chose {law} once, before "
+            f'the hero was sized, by the public-sweep method choice (see "Primary law chosen by evidence")'
+        )
     else:
-        why = (f"the study file fixes it (`primary_fit: {setting}`), so it sized the hero and made the prediction; the "
-               f"method-choice table further down is public-sweep evidence beside it and may name another law")
+        why = (
+            f"the study file fixes it (`primary_fit: {setting}`), so it sized the hero and made the prediction; the "
+            f"method-choice table further down is public-sweep evidence beside it and may name another law"
+        )
     return [f"The sealed prediction was made by the study's primary law, {made}. Why {law}: {why}.", ""]
 
 
@@ -262,18 +303,32 @@ def gates_lines(report: dict, forced_by: str) -> list[str]:
     and the table; `forced_by` says how a seal went on over failed gates."""
     from delphi.prereg.gates import gate_table
 
-    verdict = "all passed" if report["passed"] else (
-        f"FAILED ({', '.join(report['failed'])})" + (f"; {forced_by}" if report.get("forced") else ""))
-    return ["## Gates (evaluated before the hero trained)", "", f"Gates: {verdict}.", "", gate_table(report["gates"]), ""]
+    verdict = (
+        "all passed"
+        if report["passed"]
+        else (f"FAILED ({', '.join(report['failed'])})" + (f"; {forced_by}" if report.get("forced") else ""))
+    )
+    return [
+        "## Gates (evaluated before the hero trained)",
+        "",
+        f"Gates: {verdict}.",
+        "",
+        gate_table(report["gates"]),
+        "",
+    ]
 
 
 def _rehearsal_section(study: Study) -> list[str]:
     r = _rehearsal(study)
     if r is None:
         return []
-    return ["## Dress rehearsal", "",
-            f"At {r['compute']:.3g} FLOPs ({r.get('multiple', float('nan')):g}x the top budget): predicted {r['predicted']:.4f}"
-            f" (90% {_fmt(r.get('loss_interval_90'))}), actual {r['actual']:.4f}, error {r['rel_error']:+.2%}.", ""]
+    return [
+        "## Dress rehearsal",
+        "",
+        f"At {r['compute']:.3g} FLOPs ({r.get('multiple', float('nan')):g}x the top budget): predicted {r['predicted']:.4f}"
+        f" (90% {_fmt(r.get('loss_interval_90'))}), actual {r['actual']:.4f}, error {r['rel_error']:+.2%}.",
+        "",
+    ]
 
 
 def _probes_section(study: Study) -> list[str]:
@@ -283,17 +338,30 @@ def _probes_section(study: Study) -> list[str]:
         return []
     from delphi.fits import load_fit
     from delphi.fits.probes import correction_text
-    from delphi.prereg.predict import score_probes
     from delphi.prereg.format import read
+    from delphi.prereg.predict import score_probes
 
-    lines = ["## Probes beyond the ladder", "", f"The {study.primary_fit} law at each probe's own N and D "
-             "(error = actual / predicted - 1):", "", "| probe | FLOPs | predicted | actual | error |", "|---|---|---|---|---|"]
+    lines = [
+        "## Probes beyond the ladder",
+        "",
+        f"The {study.primary_fit} law at each probe's own N and D (error = actual / predicted - 1):",
+        "",
+        "| probe | FLOPs | predicted | actual | error |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in score_probes(load_fit(study.fit_path(study.primary_fit)), runs).items():
-        lines.append(f"| {name} | {r['compute']:.3g} | {r['predicted']:.4f} | {r['actual']:.4f} | {r['rel_error']:+.2%} |")
+        lines.append(
+            f"| {name} | {r['compute']:.3g} | {r['predicted']:.4f} | {r['actual']:.4f} | {r['rel_error']:+.2%} |"
+        )
     check = (study.done("check") or {}).get("result", {})
     final = read(study.prereg)["prediction"]["final"] if study.prereg.is_file() else {}
     if final:
-        lines += ["", correction_text(final, check.get("actual_final_loss"), primary_law=f"the {study.primary_fit} law")["correction_sentence"]]
+        lines += [
+            "",
+            correction_text(final, check.get("actual_final_loss"), primary_law=f"the {study.primary_fit} law")[
+                "correction_sentence"
+            ],
+        ]
     return lines + [""]
 
 
@@ -304,24 +372,38 @@ def _primary_choice_section(study: Study) -> list[str]:
     choice = (study.done("fit") or {}).get("result", {}).get("primary_choice")
     if not choice:
         return []
-    return ["## Primary law chosen by evidence (primary_fit: auto)", "",
+    return (
+        [
+            "## Primary law chosen by evidence (primary_fit: auto)",
+            "",
             f"The fit stage chose the primary law once, among {', '.join(choice['candidates'])} (the laws that can size "
             f"a hero and that the study fits), on this ladder's sweep features ({choice['features']['n_budgets']} budgets, "
             f"median N 10^{choice['features']['log10_median_params']:.2f}); calibration {choice['calibration']['path']}, "
-            f"sha256 {choice['calibration']['sha256'][:12]}.", ""] + method_choice_lines(choice) + [""]
+            f"sha256 {choice['calibration']['sha256'][:12]}.",
+            "",
+        ]
+        + method_choice_lines(choice)
+        + [""]
+    )
 
 
 def _conventions_section(study: Study) -> list[str]:
     if not study.conventions.is_file():
         return []
     data = json.loads(study.conventions.read_text())
-    lines = ["## How N is counted", "",
-             f"Chosen: **{data['chosen']}** ({data['why']}).", "",
-             f"| convention | isoFLOP exponent a [90%] | {data.get('primary_fit', 'primary')} exponent a | backtest mean abs error | note |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "## How N is counted",
+        "",
+        f"Chosen: **{data['chosen']}** ({data['why']}).",
+        "",
+        f"| convention | isoFLOP exponent a [90%] | {data.get('primary_fit', 'primary')} exponent a | backtest mean abs error | note |",
+        "|---|---|---|---|---|",
+    ]
     for name, row in data["conventions"].items():
-        lines.append(f"| {name} | {_fmt(row.get('isoflop_a'), '.3f')} {_fmt(row.get('isoflop_a_interval_90'), '.3f')} "
-                     f"| {_fmt(row.get('law_a'), '.3f')} | {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')} | {_convention_note(row, data)} |")
+        lines.append(
+            f"| {name} | {_fmt(row.get('isoflop_a'), '.3f')} {_fmt(row.get('isoflop_a_interval_90'), '.3f')} "
+            f"| {_fmt(row.get('law_a'), '.3f')} | {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')} | {_convention_note(row, data)} |"
+        )
     return lines + [""]
 
 
@@ -343,15 +425,25 @@ def health_table(table: pd.DataFrame) -> str:
         return "(the results table has no health columns)"
     cols = [c for c in HEALTH_TABLE_COLUMNS if c in table and c != "health_relaxed"]
     relaxed = relaxed_in_table(table)
-    rows = [f"The ladder spec's health bounds are looser than the defaults (issue 10): {', '.join(relaxed)}.", ""] if relaxed else []
+    rows = (
+        [f"The ladder spec's health bounds are looser than the defaults (issue 10): {', '.join(relaxed)}.", ""]
+        if relaxed
+        else []
+    )
     rows += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.sort_values(["budget", "run_id"] if "run_id" in table else ["budget"])[cols].iterrows():
-        rows.append("| " + " | ".join(str(r[c]) if c in ("run_id", "cell_id") else _fmt(r[c], ".3g") for c in cols) + " |")
+        rows.append(
+            "| " + " | ".join(str(r[c]) if c in ("run_id", "cell_id") else _fmt(r[c], ".3g") for c in cols) + " |"
+        )
     return "\n".join(rows)
 
 
 def _markdown_table(table: pd.DataFrame) -> str:
-    cols = [c for c in ("run_id", "budget", "d_model", "n_layers", "params", "tokens", "steps", "lr", "loss", "status") if c in table]
+    cols = [
+        c
+        for c in ("run_id", "budget", "d_model", "n_layers", "params", "tokens", "steps", "lr", "loss", "status")
+        if c in table
+    ]
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table[cols].iterrows():
         rows.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
@@ -396,9 +488,13 @@ def pipeline_report(inputs: PipelineInputs, out: Path) -> dict:
     if prereg is not None and inputs.runs:
         checked, _, run = check(inputs.prereg, run_dirs=list(inputs.runs), record=False, log=inputs.log)
         if checked.get("seeds"):
-            seed_runs = {s["seed"]: read_hero_run(prereg.doc, Path(s["run"]), None, inputs.log) for s in checked["seeds"]}
+            seed_runs = {
+                s["seed"]: read_hero_run(prereg.doc, Path(s["run"]), None, inputs.log) for s in checked["seeds"]
+            }
     (out / "figures").mkdir(parents=True, exist_ok=True)
-    figures = FigureSet(out / "figures", written_by=REPORT_COMMAND, say=lambda line: print(f"delphi report: {line}", file=sys.stderr))
+    figures = FigureSet(
+        out / "figures", written_by=REPORT_COMMAND, say=lambda line: print(f"delphi report: {line}", file=sys.stderr)
+    )
     hero = prereg.doc["hero"] if prereg is not None else {}
     hero_point = {"compute": hero.get("flops"), "params": hero.get("params"), "tokens": hero.get("tokens")}
     optima = fit.extra.get("optima") if fit is not None else None
@@ -411,26 +507,53 @@ def pipeline_report(inputs: PipelineInputs, out: Path) -> dict:
     if fit is not None and (optima or table is not None):
         figures.draw("allocation", lambda: allocation_of(table, optima, fit, hero_point))
     if prereg is not None:
-        figures.draw("prediction", lambda: pf.prediction_figure(prereg.doc, run, (checked or {}).get("verdict"), seed_runs))
+        figures.draw(
+            "prediction", lambda: pf.prediction_figure(prereg.doc, run, (checked or {}).get("verdict"), seed_runs)
+        )
     drawn = figures.result()
-    text = render_pipeline_report(inputs, table, fit, prereg, checked, [Path(p) for p in drawn["files"]], drawn["not_drawn"])
+    text = render_pipeline_report(
+        inputs, table, fit, prereg, checked, [Path(p) for p in drawn["files"]], drawn["not_drawn"]
+    )
     atomic_write_text(out / "report.md", text, written_by=REPORT_COMMAND)
-    return {"report": str(out / "report.md"), "figures": drawn["files"], "not_drawn": drawn["not_drawn"],
-            **({"check": {k: v for k, v in checked.items() if k != "points"}} if checked else {})}
+    return {
+        "report": str(out / "report.md"),
+        "figures": drawn["files"],
+        "not_drawn": drawn["not_drawn"],
+        **({"check": {k: v for k, v in checked.items() if k != "points"}} if checked else {}),
+    }
 
 
-def render_pipeline_report(inputs: PipelineInputs, table: pd.DataFrame | None, fit: Any, prereg: Any,
-                           checked: dict | None, figure_files: list[Path], not_drawn: list[str] = ()) -> str:
+def render_pipeline_report(
+    inputs: PipelineInputs,
+    table: pd.DataFrame | None,
+    fit: Any,
+    prereg: Any,
+    checked: dict | None,
+    figure_files: list[Path],
+    not_drawn: list[str] = (),
+) -> str:
     """report.md of a pipeline assembled by hand, from what `pipeline_report` read."""
     from delphi.fits.calibration import report_lines
 
-    lines = ["# Report", "", "Assembled by hand (`delphi report`) from:", "", *_input_lines(inputs, table, fit, prereg, checked), ""]
+    lines = [
+        "# Report",
+        "",
+        "Assembled by hand (`delphi report`) from:",
+        "",
+        *_input_lines(inputs, table, fit, prereg, checked),
+        "",
+    ]
     if prereg is not None:
         doc = prereg.doc
         final = doc["prediction"]["final"]
-        lines += ["## Preregistered prediction against the outcome", "",
-                  *verdict_table(checked or {"predicted_final_loss": final["loss"], "verdict": "no run given"}, _loss_unit(doc)),
-                  ""]
+        lines += [
+            "## Preregistered prediction against the outcome",
+            "",
+            *verdict_table(
+                checked or {"predicted_final_loss": final["loss"], "verdict": "no run given"}, _loss_unit(doc)
+            ),
+            "",
+        ]
         if checked is not None:
             lines += [checked.get("why", ""), ""]
             if checked.get("judged"):
@@ -446,29 +569,42 @@ def render_pipeline_report(inputs: PipelineInputs, table: pd.DataFrame | None, f
     lines.append("")
     if table is not None:
         lines += ["## Results table", ""]
-        lines += ([_markdown_table(table)] if len(table) <= MAX_TABLE_ROWS else
-                  [f"{len(table)} rows (more than {MAX_TABLE_ROWS}: not copied here); budgets "
-                   f"{', '.join(f'{b:.3g}' for b in sorted(table['budget'].unique()))}."])
+        lines += (
+            [_markdown_table(table)]
+            if len(table) <= MAX_TABLE_ROWS
+            else [
+                f"{len(table)} rows (more than {MAX_TABLE_ROWS}: not copied here); budgets "
+                f"{', '.join(f'{b:.3g}' for b in sorted(table['budget'].unique()))}."
+            ]
+        )
         lines.append("")
     return "\n".join(lines)
 
 
-def _input_lines(inputs: PipelineInputs, table: pd.DataFrame | None, fit: Any, prereg: Any, checked: dict | None) -> list[str]:
+def _input_lines(
+    inputs: PipelineInputs, table: pd.DataFrame | None, fit: Any, prereg: Any, checked: dict | None
+) -> list[str]:
     from delphi.io import sha256_file
     from delphi.prereg.format import seal_status
 
     lines = []
     if table is not None:
         query = table.attrs.get("query")
-        lines.append(f"- results table `{inputs.results}` (sha256 {sha256_file(inputs.results)[:12]}): {len(table)} rows"
-                     + (f" selected by `{query}`" if query else ""))
+        lines.append(
+            f"- results table `{inputs.results}` (sha256 {sha256_file(inputs.results)[:12]}): {len(table)} rows"
+            + (f" selected by `{query}`" if query else "")
+        )
     if fit is not None:
-        lines.append(f"- fit `{inputs.fit}` (sha256 {sha256_file(inputs.fit)[:12]}): {fit.kind} ({fit.method}), "
-                     f"{fit.n_points} points, status {fit.status}")
+        lines.append(
+            f"- fit `{inputs.fit}` (sha256 {sha256_file(inputs.fit)[:12]}): {fit.kind} ({fit.method}), "
+            f"{fit.n_points} points, status {fit.status}"
+        )
     if prereg is not None:
         seal = seal_status(prereg.doc)
-        lines.append(f"- preregistration `{inputs.prereg}`: id {prereg.id}, created {prereg.doc['created']}, "
-                     f"seal {'ok' if seal['ok'] else 'BROKEN'} ({str(seal['recorded'])[:12]})")
+        lines.append(
+            f"- preregistration `{inputs.prereg}`: id {prereg.id}, created {prereg.doc['created']}, "
+            f"seal {'ok' if seal['ok'] else 'BROKEN'} ({str(seal['recorded'])[:12]})"
+        )
     described = [checked.get("log")] + [s.get("log") for s in checked.get("seeds") or []] if checked else []
     for run in inputs.runs:
         log = next((d for d in described if d and Path(d["path"]).resolve().is_relative_to(Path(run).resolve())), None)
@@ -494,16 +630,21 @@ def _seal_sentence(doc: dict, fit: Any, fit_path: Path | None) -> str:
 
     final, hero, prov = doc["prediction"]["final"], doc["hero"], doc.get("provenance") or {}
     lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
-    text = (f"The seal `{doc['id']}` (tolerance {float(doc['decision']['tolerance_rel']):.2%}) predicts the hero's final loss "
-            f"{final['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}], at N = {_fmt(hero.get('params'))}, D = {_fmt(hero.get('tokens'))} "
-            f"tokens, C = {_fmt(hero.get('flops'), '.3g')} FLOPs, made by the {prov.get('fit_kind', '?')} fit "
-            f"`{prov.get('fit_path', '?')}` (sha256 {str(prov.get('fit_sha256'))[:12]}).")
+    text = (
+        f"The seal `{doc['id']}` (tolerance {float(doc['decision']['tolerance_rel']):.2%}) predicts the hero's final loss "
+        f"{final['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}], at N = {_fmt(hero.get('params'))}, D = {_fmt(hero.get('tokens'))} "
+        f"tokens, C = {_fmt(hero.get('flops'), '.3g')} FLOPs, made by the {prov.get('fit_kind', '?')} fit "
+        f"`{prov.get('fit_path', '?')}` (sha256 {str(prov.get('fit_sha256'))[:12]})."
+    )
     if doc.get("forced"):
         text += " It was sealed with --force over failed gates."
     if fit is not None and fit_path is not None:
         same = sha256_file(fit_path) == prov.get("fit_sha256")
-        text += (" The fit given here is that fit." if same else
-                 f" The fit given here (`{fit_path}`) is not the one the seal names: its sha256 differs.")
+        text += (
+            " The fit given here is that fit."
+            if same
+            else f" The fit given here (`{fit_path}`) is not the one the seal names: its sha256 differs."
+        )
     return text
 
 
@@ -518,8 +659,12 @@ def _seal_gates_lines(prereg_path: Path, doc: dict) -> list[str]:
         report = read_json(beside, what="gate report")
     elif doc.get("gates"):
         gates = doc["gates"]
-        report = {"passed": all(g.get("passed") for g in gates), "gates": gates, "forced": bool(doc.get("forced")),
-                  "failed": [g.get("name") for g in gates if not g.get("passed")]}
+        report = {
+            "passed": all(g.get("passed") for g in gates),
+            "gates": gates,
+            "forced": bool(doc.get("forced")),
+            "failed": [g.get("name") for g in gates if not g.get("passed")],
+        }
     else:
         return []
     return gates_lines(report, forced_by="sealed with --force, recorded in the seal")

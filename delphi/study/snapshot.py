@@ -9,7 +9,6 @@ from delphi.io import atomic_write_bytes
 from delphi.study.state import STUDY_FILE
 from delphi.train.rundir import CONFIG_FILE, read_status
 
-
 # Too big or too machine-bound to commit: a finished run's result is its config, status, summary
 # and metrics; an unfinished run is left out whole and trains again wherever the study continues.
 COMPACT_SKIP_DIRS = frozenset({"checkpoints", "logs", "locks", "__pycache__", "wandb"})
@@ -25,8 +24,11 @@ def compact_files(study_dir: str | Path, *, resumable: bool = False) -> list[Pat
     from delphi.train.checkpoint import CorruptCheckpoint, list_checkpoints, read_manifest
 
     study_dir = Path(study_dir)
-    unfinished = {p.parent for p in study_dir.rglob(CONFIG_FILE)  # a run dir holds its config.yaml first
-                  if not is_finished((read_status(p.parent) or {}).get("status", "pending"))}
+    unfinished = {
+        p.parent
+        for p in study_dir.rglob(CONFIG_FILE)  # a run dir holds its config.yaml first
+        if not is_finished((read_status(p.parent) or {}).get("status", "pending"))
+    }
     newest: set[Path] = set()
     for run in unfinished if resumable else ():
         for _, path in reversed(list_checkpoints(run)):

@@ -9,14 +9,13 @@ from pathlib import Path
 
 from delphi.config_schema import from_dict
 from delphi.errors import DelphiError
-from delphi.io import read_yaml
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
 from delphi.fits.intervals import PointCorrection
 from delphi.fits.probes import NOISE_SCOPES, PROBE_CARRIES
+from delphi.io import read_yaml
 from delphi.train.config import SEED_LIMIT
 from delphi.train.rundir import CONFIG_FILE, SUMMARY_FILE
-
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
 # How N is counted (PARAM_CONVENTIONS): the study fits under each and keeps the one its backtest
@@ -129,25 +128,36 @@ class StudySpec:
         from delphi.prereg.gates import GateThresholds
 
         g = self.gates
-        return GateThresholds(tolerance_rel=self.hero.tolerance, backtest_tolerance_rel=g.backtest_tolerance,
-                              lobo_tolerance_rel=g.lobo_tolerance, rehearsal_tolerance_rel=g.rehearsal_tolerance,
-                              agreement_tolerance_rel=g.agreement_tolerance,
-                              interval_width_factor=g.interval_width_factor, min_seeds=g.min_seeds)
+        return GateThresholds(
+            tolerance_rel=self.hero.tolerance,
+            backtest_tolerance_rel=g.backtest_tolerance,
+            lobo_tolerance_rel=g.lobo_tolerance,
+            rehearsal_tolerance_rel=g.rehearsal_tolerance,
+            agreement_tolerance_rel=g.agreement_tolerance,
+            interval_width_factor=g.interval_width_factor,
+            min_seeds=g.min_seeds,
+        )
 
     def validate(self, where: str) -> "StudySpec":
         for method in self.fits:
             if method not in FIT_METHODS:
-                raise DelphiError(f"{where}: fits: unknown method {method!r} (expected one of {', '.join(FIT_METHODS)})")
+                raise DelphiError(
+                    f"{where}: fits: unknown method {method!r} (expected one of {', '.join(FIT_METHODS)})"
+                )
         if self.primary_fit == AUTO_PRIMARY:
             if not set(PRIMARY_LAWS) & set(self.fits):
-                raise DelphiError(f"{where}: primary_fit: auto chooses among {', '.join(PRIMARY_LAWS)}, and fits "
-                                  f"{list(self.fits)} has none of them")
+                raise DelphiError(
+                    f"{where}: primary_fit: auto chooses among {', '.join(PRIMARY_LAWS)}, and fits "
+                    f"{list(self.fits)} has none of them"
+                )
         else:
             if self.primary_fit not in self.fits:
                 raise DelphiError(f"{where}: primary_fit: {self.primary_fit!r} is not among fits {list(self.fits)}")
             if self.primary_fit not in PRIMARY_LAWS:
-                raise DelphiError(f"{where}: primary_fit: {self.primary_fit!r} must predict N*(C): isoflop, parametric or vpnls, "
-                                  f"or be auto")
+                raise DelphiError(
+                    f"{where}: primary_fit: {self.primary_fit!r} must predict N*(C): isoflop, parametric or vpnls, "
+                    f"or be auto"
+                )
         if self.bootstrap < 0:
             raise DelphiError(f"{where}: bootstrap: must be >= 0, got {self.bootstrap}")
         if not 0 <= self.seed < 2**31 // STUDY_SEED_STRIDE:
@@ -163,60 +173,93 @@ class StudySpec:
             raise DelphiError(f"{where}: hero.tolerance: must be in (0, 1), got {hero.tolerance}")
         if hero.rehearsal_multiple is not None:
             if not hero.rehearsal_multiple > 1:
-                raise DelphiError(f"{where}: hero.rehearsal_multiple: must be > 1 (or null: no rehearsal), got {hero.rehearsal_multiple}")
+                raise DelphiError(
+                    f"{where}: hero.rehearsal_multiple: must be > 1 (or null: no rehearsal), got {hero.rehearsal_multiple}"
+                )
             if hero.compute is None and hero.rehearsal_multiple >= hero.compute_multiple:
-                raise DelphiError(f"{where}: hero.rehearsal_multiple: {hero.rehearsal_multiple} must be below "
-                                  f"hero.compute_multiple {hero.compute_multiple} (a rehearsal precedes the hero)")
+                raise DelphiError(
+                    f"{where}: hero.rehearsal_multiple: {hero.rehearsal_multiple} must be below "
+                    f"hero.compute_multiple {hero.compute_multiple} (a rehearsal precedes the hero)"
+                )
         if any(not m > 1 for m in hero.probe_multiples) or len(set(hero.probe_multiples)) != len(hero.probe_multiples):
-            raise DelphiError(f"{where}: hero.probe_multiples: {list(hero.probe_multiples)}, expected distinct multiples > 1")
+            raise DelphiError(
+                f"{where}: hero.probe_multiples: {list(hero.probe_multiples)}, expected distinct multiples > 1"
+            )
         if hero.compute is None and any(m >= hero.compute_multiple for m in hero.probe_multiples):
-            raise DelphiError(f"{where}: hero.probe_multiples: {list(hero.probe_multiples)} must lie below "
-                              f"hero.compute_multiple {hero.compute_multiple} (probes precede the hero)")
+            raise DelphiError(
+                f"{where}: hero.probe_multiples: {list(hero.probe_multiples)} must lie below "
+                f"hero.compute_multiple {hero.compute_multiple} (probes precede the hero)"
+            )
         has_probes = bool(self.gates.probes or hero.probe_multiples)
         if hero.probe_correction and not has_probes:
-            raise DelphiError(f"{where}: hero.probe_correction: true needs probes (gates.probes or hero.probe_multiples)")
+            raise DelphiError(
+                f"{where}: hero.probe_correction: true needs probes (gates.probes or hero.probe_multiples)"
+            )
         if hero.probe_carry not in PROBE_CARRIES:
             raise DelphiError(f"{where}: hero.probe_carry: {hero.probe_carry!r}, expected one of {list(PROBE_CARRIES)}")
         if hero.noise_scope not in NOISE_SCOPES:
             raise DelphiError(f"{where}: hero.noise_scope: {hero.noise_scope!r}, expected one of {list(NOISE_SCOPES)}")
         if hero.trajectory not in TRAJECTORY_SOURCES:
-            raise DelphiError(f"{where}: hero.trajectory: {hero.trajectory!r}, expected one of {list(TRAJECTORY_SOURCES)}")
+            raise DelphiError(
+                f"{where}: hero.trajectory: {hero.trajectory!r}, expected one of {list(TRAJECTORY_SOURCES)}"
+            )
         if hero.trajectory == "probes" and not has_probes:
             raise DelphiError(f"{where}: hero.trajectory: probes needs probes (gates.probes or hero.probe_multiples)")
         if hero.trajectory == "probes" and not hero.probe_correction and not self.gates.probes:
-            raise DelphiError(f"{where}: hero.trajectory: probes with hero.probe_correction: false needs gates.probes: "
-                              "under the law alone the hero is sealed before the study's own probes train (stage seals)")
-        if len(set(hero.seeds)) != len(hero.seeds) or any(not isinstance(x, int) or not 0 <= x < SEED_LIMIT
-                                                          for x in hero.seeds):
-            raise DelphiError(f"{where}: hero.seeds: {list(hero.seeds)}, expected distinct integers in [0, 2**63) "
-                              "(a JAX key's range)")
+            raise DelphiError(
+                f"{where}: hero.trajectory: probes with hero.probe_correction: false needs gates.probes: "
+                "under the law alone the hero is sealed before the study's own probes train (stage seals)"
+            )
+        if len(set(hero.seeds)) != len(hero.seeds) or any(
+            not isinstance(x, int) or not 0 <= x < SEED_LIMIT for x in hero.seeds
+        ):
+            raise DelphiError(
+                f"{where}: hero.seeds: {list(hero.seeds)}, expected distinct integers in [0, 2**63) (a JAX key's range)"
+            )
         if (c := hero.point_correction) is not None:
             if not -0.5 < c.rel < 0.5:
-                raise DelphiError(f"{where}: hero.point_correction.rel: {c.rel}, expected a relative error in (-0.5, 0.5)")
+                raise DelphiError(
+                    f"{where}: hero.point_correction.rel: {c.rel}, expected a relative error in (-0.5, 0.5)"
+                )
             if not c.sd_rel >= 0:
                 raise DelphiError(f"{where}: hero.point_correction.sd_rel: must be >= 0, got {c.sd_rel}")
             if hero.probe_correction:
-                raise DelphiError(f"{where}: hero.point_correction with hero.probe_correction: true; the probes measure the "
-                                  "law's error on this ladder, so choose one")
+                raise DelphiError(
+                    f"{where}: hero.point_correction with hero.probe_correction: true; the probes measure the "
+                    "law's error on this ladder, so choose one"
+                )
             if not c.source.strip():
-                raise DelphiError(f"{where}: hero.point_correction.source: needs where the bias was measured (a sentence)")
+                raise DelphiError(
+                    f"{where}: hero.point_correction.source: needs where the bias was measured (a sentence)"
+                )
         from delphi.prereg.gates import GATE_NAMES
 
         for gate, reason in self.gates.force.items():
             if gate not in GATE_NAMES:
-                raise DelphiError(f"{where}: gates.force.{gate}: no such gate (expected one of: {', '.join(GATE_NAMES)})")
+                raise DelphiError(
+                    f"{where}: gates.force.{gate}: no such gate (expected one of: {', '.join(GATE_NAMES)})"
+                )
             if not isinstance(reason, str) or not reason.strip():
                 raise DelphiError(f"{where}: gates.force.{gate}: needs the reason to seal (a sentence), got {reason!r}")
         if self.probe_preregistration is not None and (
-                "{multiple}" not in self.probe_preregistration or "/" in self.probe_preregistration or not self.preregistration):
-            raise DelphiError(f"{where}: probe_preregistration: {self.probe_preregistration!r}, expected a file name with "
-                              "'{multiple}', written beside `preregistration` (which must be set)")
+            "{multiple}" not in self.probe_preregistration
+            or "/" in self.probe_preregistration
+            or not self.preregistration
+        ):
+            raise DelphiError(
+                f"{where}: probe_preregistration: {self.probe_preregistration!r}, expected a file name with "
+                "'{multiple}', written beside `preregistration` (which must be set)"
+            )
         if not hero.checkpoint_every_s >= 0:
             raise DelphiError(f"{where}: hero.checkpoint_every_s: must be >= 0 seconds, got {hero.checkpoint_every_s}")
         if not self.conventions or any(c not in PARAM_CONVENTIONS for c in self.conventions):
-            raise DelphiError(f"{where}: conventions: {list(self.conventions)}, expected a non-empty subset of {list(PARAM_CONVENTIONS)}")
+            raise DelphiError(
+                f"{where}: conventions: {list(self.conventions)}, expected a non-empty subset of {list(PARAM_CONVENTIONS)}"
+            )
         if self.params_convention is not None and self.params_convention not in PARAM_CONVENTIONS:
-            raise DelphiError(f"{where}: params_convention: {self.params_convention!r}, expected one of {list(PARAM_CONVENTIONS)}")
+            raise DelphiError(
+                f"{where}: params_convention: {self.params_convention!r}, expected one of {list(PARAM_CONVENTIONS)}"
+            )
         self.thresholds().validate(f"{where}: gates")
         return self
 
@@ -240,17 +283,23 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
     calibrations = tuple((path.parent / c).resolve() for c in spec.gates.lr_calibration)
     for c in calibrations:
         if not c.is_file():
-            raise DelphiError(f"{path}: gates.lr_calibration: {c} not found (write it with `delphi ladder lr-calibrate`)")
+            raise DelphiError(
+                f"{path}: gates.lr_calibration: {c} not found (write it with `delphi ladder lr-calibrate`)"
+            )
     # Absolute, not resolved: a link keeps its own name (paper/editions/v5/hero30x -> study/hero).
     # A probe inside a compact edition (paper/editions/v4/probe3x) is read from its unpacked copy.
     probes = tuple(resolve_data(Path(os.path.normpath((path.parent / p).absolute()))) for p in spec.gates.probes)
     for p in probes:
         if not (p / SUMMARY_FILE).is_file() or not (p / CONFIG_FILE).is_file():
-            raise DelphiError(f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and {SUMMARY_FILE})")
+            raise DelphiError(
+                f"{path}: gates.probes: {p} is not a finished run dir (needs {CONFIG_FILE} and {SUMMARY_FILE})"
+            )
     names = probe_names(spec)
     if len(set(names)) != len(names):
-        raise DelphiError(f"{path}: gates.probes, hero.probe_multiples: two probes share a name ({', '.join(names)}); "
-                          "each names its run in the gates")
+        raise DelphiError(
+            f"{path}: gates.probes, hero.probe_multiples: two probes share a name ({', '.join(names)}); "
+            "each names its run in the gates"
+        )
     return spec, ladder, prereg, calibrations, probes
 
 

@@ -32,52 +32,134 @@ COMMAND = "python -m delphi.study.spec_reference --write"
 # Units of the numeric keys ("1": a plain ratio or count of nothing in particular).
 UNITS: dict[str, str] = {
     # ladder spec
-    "budgets": "FLOPs", "seq_len": "tokens", "vocab_size": "tokens", "tolerance": "fraction",
-    "base.d_model": "width", "base.n_layers": "layers", "base.lr": "LR", "base.batch_tokens": "tokens per step",
-    "base.tokens": "tokens", "base.weight_decay": "1", "base.beta1": "1", "base.beta2": "1", "base.eps": "1",
-    "base.grad_clip": "gradient norm", "base.init_std": "std", "base.alpha_in": "1", "base.alpha_out": "1",
-    "shape.widths": "width (d_model)", "shape.depth.ratio": "width per layer", "shape.depth.min_layers": "layers",
-    "shape.depth.max_layers": "layers", "shape.head_dim": "width", "shape.n_heads": "heads", "shape.ffn_mult": "x d_model",
-    "shape.ffn_multiple": "width", "shape.hero_width_multiple": "width",
-    "shape.moe.experts": "experts", "shape.moe.top_k": "experts", "shape.moe.granularity": "d_ff / d_expert",
-    "shape.moe.shared_experts": "experts", "shape.moe.bias_update_rate": "per step",
-    "shape.moe.aux_loss_weight": "x loss", "shape.moe.z_loss_weight": "x loss", "shape.moe.capacity_factor": "x even share",
-    "isoflop.sizes": "rungs per budget", "isoflop.span": "x in N", "isoflop.min_span": "x in N",
-    "isoflop.center_coefficient": "parameters", "isoflop.center_exponent": "1",
-    "isoflop.center_at": "[FLOPs, parameters]", "isoflop.center_tokens_per_param": "tokens per parameter",
-    "tokens_per_param.ratio": "tokens per parameter", "tokens_per_param.max_ratio_error": "fraction",
-    "batch.min_steps": "steps", "batch.max_steps": "steps", "batch.min_seqs": "sequences", "batch.max_seqs": "sequences",
-    "transfer.batch_exponent": "1", "transfer.horizon_exponent": "1", "transfer.width_exponent": "1",
-    "transfer.lr_max": "LR", "transfer.beta2.anchor": "1", "transfer.beta2.ref_batch_tokens": "tokens per step",
-    "transfer.beta2.min": "1", "transfer.beta2.max": "1", "transfer.warmup_frac": "fraction of steps",
-    "transfer.decay_frac": "fraction of steps", "transfer.min_lr_frac": "fraction of the peak LR",
-    "run.seeds": "seeds", "run.top_seeds": "seeds", "run.max_epochs": "epochs", "run.eval_tokens": "tokens",
-    "run.final_eval_tokens": "tokens", "run.evals_per_run": "evaluations", "run.logs_per_run": "log lines",
-    "run.checkpoints_per_run": "checkpoints", "run.keep_checkpoints": "checkpoints",
-    "health.max_drop_frac": "fraction", "health.min_layers": "layers", "health.min_d_model": "width",
-    "health.min_evals": "evaluations", "health.min_eval_tokens": "tokens",
-    "anchors.widths": "width (d_model)", "anchors.multiple": "x top budget", "anchors.seeds": "seeds",
-    "recipe.target_steps": "steps", "recipe.min_seqs": "sequences", "recipe.max_seqs": "sequences",
-    "recipe.ref_batch_tokens": "tokens per step", "recipe.ref_tokens": "tokens", "recipe.lr": "LR",
-    "recipe.batch_exponent": "1", "recipe.horizon_exponent": "1", "recipe.width_exponent": "1",
-    "recipe.ref_d_model": "width", "recipe.lr_max": "LR", "recipe.adam_lr": "LR", "recipe.adam_lr_max": "LR",
-    "recipe.eps": "1", "recipe.beta1": "1", "recipe.beta2": "1", "recipe.beta2_min": "1", "recipe.beta2_max": "1",
-    "recipe.grad_clip": "gradient norm", "recipe.weight_decay": "1", "recipe.warmup_frac": "fraction of steps",
-    "recipe.decay_frac": "fraction of steps", "recipe.min_lr_frac": "fraction of the peak LR",
-    "recipe.check.hero_computes": "FLOPs", "recipe.check.widths": "width (d_model)", "recipe.check.width_tokens": "tokens",
-    "recipe.check.horizons": "tokens", "recipe.check.horizon_width": "width (d_model)",
-    "recipe.check.lr_multipliers": "x the recipe's LR", "recipe.check.seeds": "seeds",
+    "budgets": "FLOPs",
+    "seq_len": "tokens",
+    "vocab_size": "tokens",
+    "tolerance": "fraction",
+    "base.d_model": "width",
+    "base.n_layers": "layers",
+    "base.lr": "LR",
+    "base.batch_tokens": "tokens per step",
+    "base.tokens": "tokens",
+    "base.weight_decay": "1",
+    "base.beta1": "1",
+    "base.beta2": "1",
+    "base.eps": "1",
+    "base.grad_clip": "gradient norm",
+    "base.init_std": "std",
+    "base.alpha_in": "1",
+    "base.alpha_out": "1",
+    "shape.widths": "width (d_model)",
+    "shape.depth.ratio": "width per layer",
+    "shape.depth.min_layers": "layers",
+    "shape.depth.max_layers": "layers",
+    "shape.head_dim": "width",
+    "shape.n_heads": "heads",
+    "shape.ffn_mult": "x d_model",
+    "shape.ffn_multiple": "width",
+    "shape.hero_width_multiple": "width",
+    "shape.moe.experts": "experts",
+    "shape.moe.top_k": "experts",
+    "shape.moe.granularity": "d_ff / d_expert",
+    "shape.moe.shared_experts": "experts",
+    "shape.moe.bias_update_rate": "per step",
+    "shape.moe.aux_loss_weight": "x loss",
+    "shape.moe.z_loss_weight": "x loss",
+    "shape.moe.capacity_factor": "x even share",
+    "isoflop.sizes": "rungs per budget",
+    "isoflop.span": "x in N",
+    "isoflop.min_span": "x in N",
+    "isoflop.center_coefficient": "parameters",
+    "isoflop.center_exponent": "1",
+    "isoflop.center_at": "[FLOPs, parameters]",
+    "isoflop.center_tokens_per_param": "tokens per parameter",
+    "tokens_per_param.ratio": "tokens per parameter",
+    "tokens_per_param.max_ratio_error": "fraction",
+    "batch.min_steps": "steps",
+    "batch.max_steps": "steps",
+    "batch.min_seqs": "sequences",
+    "batch.max_seqs": "sequences",
+    "transfer.batch_exponent": "1",
+    "transfer.horizon_exponent": "1",
+    "transfer.width_exponent": "1",
+    "transfer.lr_max": "LR",
+    "transfer.beta2.anchor": "1",
+    "transfer.beta2.ref_batch_tokens": "tokens per step",
+    "transfer.beta2.min": "1",
+    "transfer.beta2.max": "1",
+    "transfer.warmup_frac": "fraction of steps",
+    "transfer.decay_frac": "fraction of steps",
+    "transfer.min_lr_frac": "fraction of the peak LR",
+    "run.seeds": "seeds",
+    "run.top_seeds": "seeds",
+    "run.max_epochs": "epochs",
+    "run.eval_tokens": "tokens",
+    "run.final_eval_tokens": "tokens",
+    "run.evals_per_run": "evaluations",
+    "run.logs_per_run": "log lines",
+    "run.checkpoints_per_run": "checkpoints",
+    "run.keep_checkpoints": "checkpoints",
+    "health.max_drop_frac": "fraction",
+    "health.min_layers": "layers",
+    "health.min_d_model": "width",
+    "health.min_evals": "evaluations",
+    "health.min_eval_tokens": "tokens",
+    "anchors.widths": "width (d_model)",
+    "anchors.multiple": "x top budget",
+    "anchors.seeds": "seeds",
+    "recipe.target_steps": "steps",
+    "recipe.min_seqs": "sequences",
+    "recipe.max_seqs": "sequences",
+    "recipe.ref_batch_tokens": "tokens per step",
+    "recipe.ref_tokens": "tokens",
+    "recipe.lr": "LR",
+    "recipe.batch_exponent": "1",
+    "recipe.horizon_exponent": "1",
+    "recipe.width_exponent": "1",
+    "recipe.ref_d_model": "width",
+    "recipe.lr_max": "LR",
+    "recipe.adam_lr": "LR",
+    "recipe.adam_lr_max": "LR",
+    "recipe.eps": "1",
+    "recipe.beta1": "1",
+    "recipe.beta2": "1",
+    "recipe.beta2_min": "1",
+    "recipe.beta2_max": "1",
+    "recipe.grad_clip": "gradient norm",
+    "recipe.weight_decay": "1",
+    "recipe.warmup_frac": "fraction of steps",
+    "recipe.decay_frac": "fraction of steps",
+    "recipe.min_lr_frac": "fraction of the peak LR",
+    "recipe.check.hero_computes": "FLOPs",
+    "recipe.check.widths": "width (d_model)",
+    "recipe.check.width_tokens": "tokens",
+    "recipe.check.horizons": "tokens",
+    "recipe.check.horizon_width": "width (d_model)",
+    "recipe.check.lr_multipliers": "x the recipe's LR",
+    "recipe.check.seeds": "seeds",
     "recipe.check.batch_multipliers": "x the recipe's batch",
-    "bounds.tokens_per_param": "tokens per parameter", "bounds.min_tokens_per_param": "tokens per parameter",
+    "bounds.tokens_per_param": "tokens per parameter",
+    "bounds.min_tokens_per_param": "tokens per parameter",
     # study file
-    "bootstrap": "refits", "seed": "seed", "workers": "processes",
-    "hero.compute": "FLOPs", "hero.compute_multiple": "x top budget", "hero.tolerance": "fraction of the loss",
-    "hero.eval_every": "steps", "hero.rehearsal_multiple": "x top budget", "hero.checkpoint_every_s": "seconds",
-    "hero.probe_multiples": "x top budget", "hero.seeds": "seeds", "hero.point_correction.rel": "fraction of the loss",
+    "bootstrap": "refits",
+    "seed": "seed",
+    "workers": "processes",
+    "hero.compute": "FLOPs",
+    "hero.compute_multiple": "x top budget",
+    "hero.tolerance": "fraction of the loss",
+    "hero.eval_every": "steps",
+    "hero.rehearsal_multiple": "x top budget",
+    "hero.checkpoint_every_s": "seconds",
+    "hero.probe_multiples": "x top budget",
+    "hero.seeds": "seeds",
+    "hero.point_correction.rel": "fraction of the loss",
     "hero.point_correction.sd_rel": "fraction of the loss",
-    "gates.backtest_tolerance": "fraction of the loss", "gates.lobo_tolerance": "fraction of the loss",
-    "gates.rehearsal_tolerance": "fraction of the loss", "gates.agreement_tolerance": "fraction of the loss",
-    "gates.interval_width_factor": "x tolerance", "gates.min_seeds": "seeds",
+    "gates.backtest_tolerance": "fraction of the loss",
+    "gates.lobo_tolerance": "fraction of the loss",
+    "gates.rehearsal_tolerance": "fraction of the loss",
+    "gates.agreement_tolerance": "fraction of the loss",
+    "gates.interval_width_factor": "x tolerance",
+    "gates.min_seeds": "seeds",
 }
 
 # Meanings of fields that carry no comment at their definition.
@@ -173,7 +255,9 @@ def type_text(hint: Any) -> str:
         return "[" + ", ".join(type_text(a) for a in args) + "]"
     if origin is dict:
         return f"mapping of {type_text(args[0])} to {type_text(args[1])}"
-    return {int: "integer", float: "number", str: "string", bool: "true or false"}.get(hint, getattr(hint, "__name__", str(hint)))
+    return {int: "integer", float: "number", str: "string", bool: "true or false"}.get(
+        hint, getattr(hint, "__name__", str(hint))
+    )
 
 
 def value_text(value: Any) -> str:
@@ -216,14 +300,26 @@ def schema_keys(cls: type, prefix: str = "", large: dict[str, Any] | None = None
         section = _section_of(hint)
         default = _default(f)
         if section is not None and section is not RecipeConstant:
-            shown = "required" if default is dataclasses.MISSING else (
-                "null (no section)" if default is None else "the section's defaults")
+            shown = (
+                "required"
+                if default is dataclasses.MISSING
+                else ("null (no section)" if default is None else "the section's defaults")
+            )
         else:
             shown = "required" if default is dataclasses.MISSING else value_text(default)
         meaning = comments.get(f.name) or MEANINGS.get(key, "") or (_summary(section) if section is not None else "")
         unit = UNITS.get(key, "")
-        keys.append(Key(key, type_text(hint), shown, value_text(large[key].value) if large and key in large else "",
-                        unit, meaning, prefix.rstrip(".")))
+        keys.append(
+            Key(
+                key,
+                type_text(hint),
+                shown,
+                value_text(large[key].value) if large and key in large else "",
+                unit,
+                meaning,
+                prefix.rstrip("."),
+            )
+        )
         if section is not None and section is not RecipeConstant:
             keys += schema_keys(section, f"{key}.", large)
     return keys
@@ -291,9 +387,13 @@ def render() -> str:
     ]
     for top, keys in _sections(ladder_keys()):
         out += [f"### {f'`{top}`' if top else 'Top level'}", "", *_table(keys, large=True), ""]
-    out += ["## Study file", "",
-            "A study file names its ladder spec (`ladder`, relative to the study file) and what happens after "
-            "the ladder: the fits, the hero, the gates and the seal.", ""]
+    out += [
+        "## Study file",
+        "",
+        "A study file names its ladder spec (`ladder`, relative to the study file) and what happens after "
+        "the ladder: the fits, the hero, the gates and the seal.",
+        "",
+    ]
     for top, keys in _sections(study_keys()):
         out += [f"### {f'`{top}`' if top else 'Top level'}", "", *_table(keys, large=False), ""]
     return "\n".join(out).rstrip() + "\n"
@@ -305,8 +405,11 @@ def problems() -> list[str]:
     names = {k.key for k in keys}
     numeric = ("integer", "number")
     out = [f"{k.key}: no meaning (a comment at the field, or MEANINGS)" for k in keys if not k.meaning]
-    out += [f"{k.key}: no unit (UNITS)" for k in keys
-            if not k.unit and any(t in k.type for t in numeric) and k.type != "section"]
+    out += [
+        f"{k.key}: no unit (UNITS)"
+        for k in keys
+        if not k.unit and any(t in k.type for t in numeric) and k.type != "section"
+    ]
     out += [f"UNITS[{key!r}]: no such key" for key in UNITS if key not in names]
     out += [f"MEANINGS[{key!r}]: no such key" for key in MEANINGS if key not in names]
     return out

@@ -11,8 +11,9 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -20,8 +21,20 @@ from delphi.errors import CheckFailed, DelphiError
 from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from delphi.study.report import stage_figures, stage_report
 from delphi.study.spec import AUTO_PRIMARY, PREDICTION_GATES, load_study, own_probe_name
-from delphi.study.state import (Study, _fmt, _ladder_spec, _lr_calibration, _pin_study, _primary_backtest, _rehearsal, _say,
-                                chosen_convention, hero_compute, load_table, probe_runs)
+from delphi.study.state import (
+    Study,
+    _fmt,
+    _ladder_spec,
+    _lr_calibration,
+    _pin_study,
+    _primary_backtest,
+    _rehearsal,
+    _say,
+    chosen_convention,
+    hero_compute,
+    load_table,
+    probe_runs,
+)
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_status
 
 
@@ -31,8 +44,13 @@ def stage_prepare(study: Study) -> dict:
     ladder = _ladder_spec(study)
     store = resolve_store(ladder.run.store)
     meta = json.loads((store / "meta.json").read_text())
-    return {"store": str(store), "sha256": meta.get("sha256"), "train_tokens": meta.get("n_train"),
-            "val_tokens": meta.get("n_val"), "bytes_by_package": meta.get("bytes_by_package")}
+    return {
+        "store": str(store),
+        "sha256": meta.get("sha256"),
+        "train_tokens": meta.get("n_train"),
+        "val_tokens": meta.get("n_val"),
+        "bytes_by_package": meta.get("bytes_by_package"),
+    }
 
 
 def stage_plan(study: Study) -> dict:
@@ -62,16 +80,23 @@ def _hero_preflight(study: Study, ladder) -> dict:
         check = out[name] = hero_preflight(ladder, compute)
         band = check["inside_factors"]
         expected = check["expected"]
-        _say(f"preflight {name} at {compute:.3g} FLOPs: at the expected N* ({check['expected_params']:.3g}) it would be "
-             f"{expected['run_id']} ({expected['steps']:,} steps), " + (
-                 f"inside the ladder's ranges and depths for a fitted N* {band[0]:g}-{band[1]:g}x the expected" if band else
-                 "outside the ladder's ranges or depths at every N* from 0.5x to 2x the expected"))
+        _say(
+            f"preflight {name} at {compute:.3g} FLOPs: at the expected N* ({check['expected_params']:.3g}) it would be "
+            f"{expected['run_id']} ({expected['steps']:,} steps), "
+            + (
+                f"inside the ladder's ranges and depths for a fitted N* {band[0]:g}-{band[1]:g}x the expected"
+                if band
+                else "outside the ladder's ranges or depths at every N* from 0.5x to 2x the expected"
+            )
+        )
         if not expected["inside"] and not study.spec.force:
-            raise CheckFailed(f"preflight: the {name} at {compute:.3g} FLOPs would leave the ladder's ranges or depths "
-                              f"({', '.join(expected['outside'])}) even if the fit found the optimum the ladder spec expects; "
-                              f"the gates hero_ranges / hero_depth would refuse it after the ladder trained. Nothing was "
-                              f"trained. Lower hero.compute_multiple, add anchors (long rungs of small shapes), widen "
-                              f"isoflop.span, or choose a depth rule that keeps the hero at a depth trained near the optimum.")
+            raise CheckFailed(
+                f"preflight: the {name} at {compute:.3g} FLOPs would leave the ladder's ranges or depths "
+                f"({', '.join(expected['outside'])}) even if the fit found the optimum the ladder spec expects; "
+                f"the gates hero_ranges / hero_depth would refuse it after the ladder trained. Nothing was "
+                f"trained. Lower hero.compute_multiple, add anchors (long rungs of small shapes), widen "
+                f"isoflop.span, or choose a depth rule that keeps the hero at a depth trained near the optimum."
+            )
     return out
 
 
@@ -106,22 +131,42 @@ def check_store_unchanged(study: Study) -> None:
         from delphi.data.store import package_differences
 
         before, after = last.get("bytes_by_package"), now.get("bytes_by_package")
-        which = (f"; packages that differ from sha256 {last['sha256'][:12]}: {package_differences(before, after)}"
-                 if before and after else "")
-        raise DelphiError(f"{study.marker('prepare')}: the study's rungs trained on store sha256 {pinned}, but "
-                          f"{now['store']} now holds sha256 {now['sha256']} (another machine or other installed "
-                          f"packages{which}); rebuild that corpus, start a new study directory, or pass "
-                          f"--accept-store {now['sha256']} to go on with it (recorded in {study.store_accepted})")
+        which = (
+            f"; packages that differ from sha256 {last['sha256'][:12]}: {package_differences(before, after)}"
+            if before and after
+            else ""
+        )
+        raise DelphiError(
+            f"{study.marker('prepare')}: the study's rungs trained on store sha256 {pinned}, but "
+            f"{now['store']} now holds sha256 {now['sha256']} (another machine or other installed "
+            f"packages{which}); rebuild that corpus, start a new study directory, or pass "
+            f"--accept-store {now['sha256']} to go on with it (recorded in {study.store_accepted})"
+        )
     if last["sha256"] != now["sha256"]:
         hero = read_status(study.hero_run) or {}
-        history["accepted"].append({
-            "sha256": now["sha256"], "train_tokens": now.get("train_tokens"), "val_tokens": now.get("val_tokens"),
-            "accepted_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hero_step": hero.get("step"),
-            "bytes_by_package": now.get("bytes_by_package")})
-        atomic_write_json(study.store_accepted, {"pinned_sha256": pinned, "pinned_train_tokens":
-                                                 prepared["result"].get("train_tokens"), "store": now["store"], **history})
-    _say(f"store: going on with sha256 {now['sha256'][:12]} ({now.get('train_tokens')} train tokens), not the pinned "
-         f"{pinned[:12]} ({prepared['result'].get('train_tokens')}), as --accept-store asked; recorded in {study.store_accepted}")
+        history["accepted"].append(
+            {
+                "sha256": now["sha256"],
+                "train_tokens": now.get("train_tokens"),
+                "val_tokens": now.get("val_tokens"),
+                "accepted_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "hero_step": hero.get("step"),
+                "bytes_by_package": now.get("bytes_by_package"),
+            }
+        )
+        atomic_write_json(
+            study.store_accepted,
+            {
+                "pinned_sha256": pinned,
+                "pinned_train_tokens": prepared["result"].get("train_tokens"),
+                "store": now["store"],
+                **history,
+            },
+        )
+    _say(
+        f"store: going on with sha256 {now['sha256'][:12]} ({now.get('train_tokens')} train tokens), not the pinned "
+        f"{pinned[:12]} ({prepared['result'].get('train_tokens')}), as --accept-store asked; recorded in {study.store_accepted}"
+    )
 
 
 def read_store_acceptances(path: Path) -> dict[str, list[dict]]:
@@ -131,7 +176,9 @@ def read_store_acceptances(path: Path) -> dict[str, list[dict]]:
         return {"accepted": []}
     record = json.loads(path.read_text())
     if "accepted_sha256" in record:
-        return {"accepted": [{"sha256": record["accepted_sha256"], "train_tokens": record.get("accepted_train_tokens")}]}
+        return {
+            "accepted": [{"sha256": record["accepted_sha256"], "train_tokens": record.get("accepted_train_tokens")}]
+        }
     return {"accepted": list(record.get("accepted", []))}
 
 
@@ -185,8 +232,10 @@ def compare_conventions(study: Study) -> dict:
     budgets = sorted(float(b) for b in raw["budget"].unique())
     rows = {}
     for convention in study.spec.conventions:
-        row: dict[str, Any] = {"isoflop_a": iso.get(convention, {}).get("a"),
-                               "isoflop_a_interval_90": iso.get(convention, {}).get("a_interval_90")}
+        row: dict[str, Any] = {
+            "isoflop_a": iso.get(convention, {}).get("a"),
+            "isoflop_a_interval_90": iso.get(convention, {}).get("a_interval_90"),
+        }
         try:
             table = load_table(study, convention)
             law, choice = _primary_for(study, table)
@@ -195,13 +244,15 @@ def compare_conventions(study: Study) -> dict:
             fit = _fit_one(study, law, table, 0)
             row["law_a"] = optimal_exponent(fit, budgets[-1], hero_compute(study))
             row["fit_status"] = getattr(fit, "status", None)
-            bt = backtest(table, lambda t: _fit_one(study, law, t, 0))
+            bt = backtest(table, lambda t: _fit_one(study, law, t, 0))  # noqa: B023  (called at once, inside the loop)
             row["backtest_mean_abs_rel_error"] = bt["mean_abs_rel_error"]
             row["backtest"] = [{"budget": b["budget"], "rel_error": b["rel_error"]} for b in bt["budgets"]]
         except DelphiError as e:
             row["error"] = str(e)
         rows[convention] = row
-    scored = {c: r["backtest_mean_abs_rel_error"] for c, r in rows.items() if r.get("backtest_mean_abs_rel_error") is not None}
+    scored = {
+        c: r["backtest_mean_abs_rel_error"] for c, r in rows.items() if r.get("backtest_mean_abs_rel_error") is not None
+    }
     if study.spec.params_convention is not None:
         chosen, why = study.spec.params_convention, "set by the study spec"
     elif scored:
@@ -224,13 +275,17 @@ def stage_fit(study: Study) -> dict:
         atomic_write_json(study.conventions, conventions | {"primary_fit": primary})
     _say(f"parameter convention: {convention} ({conventions['why']})")
     for name, row in conventions["conventions"].items():
-        _say(f"  {name}: isoFLOP a = {_fmt(row.get('isoflop_a'), '.3f')}, {row.get('primary_fit', primary)} a = "
-             f"{_fmt(row.get('law_a'), '.3f')}, backtest |error| {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')}"
-             + (f" ({row['error']})" if row.get("error") else ""))
+        _say(
+            f"  {name}: isoFLOP a = {_fmt(row.get('isoflop_a'), '.3f')}, {row.get('primary_fit', primary)} a = "
+            f"{_fmt(row.get('law_a'), '.3f')}, backtest |error| {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')}"
+            + (f" ({row['error']})" if row.get("error") else "")
+        )
     if choice is not None:
-        _say(f"primary law: {primary}, chosen by evidence (primary_fit: auto) among {', '.join(choice['candidates'])}: "
-             + ", ".join(f"{r['method']} {r['mean_abs_rel_error']:.2%}" for r in choice["table"])
-             + f" out-of-sample |error| on {', '.join(s['source'] for s in choice['similar_sources'])}")
+        _say(
+            f"primary law: {primary}, chosen by evidence (primary_fit: auto) among {', '.join(choice['candidates'])}: "
+            + ", ".join(f"{r['method']} {r['mean_abs_rel_error']:.2%}" for r in choice["table"])
+            + f" out-of-sample |error| on {', '.join(s['source'] for s in choice['similar_sources'])}"
+        )
     out: dict[str, Any] = {}
     for method in study.spec.fits:
         start = time.perf_counter()
@@ -243,11 +298,17 @@ def stage_fit(study: Study) -> dict:
             _say(f"fit {method}: failed ({e})")
             continue
         atomic_write_json(study.fit_path(method), fit.to_json())
-        out[method] = {"params": fit.params, "seconds": round(time.perf_counter() - start, 2),
-                       "status": getattr(fit, "status", None), "allocation": getattr(fit, "allocation", None),
-                       "seed_noise_nats": fit.diagnostics.get("seed_noise_nats")}
-        _say(f"fit {method}: {', '.join(f'{k}={v:.4g}' for k, v in fit.params.items() if isinstance(v, (int, float)))}"
-             + (f" [{fit.status}]" if getattr(fit, "status", "ok") != "ok" else ""))
+        out[method] = {
+            "params": fit.params,
+            "seconds": round(time.perf_counter() - start, 2),
+            "status": getattr(fit, "status", None),
+            "allocation": getattr(fit, "allocation", None),
+            "seed_noise_nats": fit.diagnostics.get("seed_noise_nats"),
+        }
+        _say(
+            f"fit {method}: {', '.join(f'{k}={v:.4g}' for k, v in fit.params.items() if isinstance(v, (int, float)))}"
+            + (f" [{fit.status}]" if getattr(fit, "status", "ok") != "ok" else "")
+        )
     result: dict[str, Any] = {"params_convention": convention, "fits": out}
     if choice is not None:
         result |= {"primary_fit": primary, "primary_choice": choice}
@@ -277,9 +338,11 @@ def stage_backtest(study: Study) -> dict:
         out[method] = result
         for b in result["budgets"]:
             i90 = b.get("loss_interval_90")
-            _say(f"backtest {method}: budget {b['budget']:.3g}: predicted {b['predicted_loss']:.4f}"
-                 + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "")
-                 + f", observed {b['observed_best_loss']:.4f} ({b['rel_error']:+.2%})")
+            _say(
+                f"backtest {method}: budget {b['budget']:.3g}: predicted {b['predicted_loss']:.4f}"
+                + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "")
+                + f", observed {b['observed_best_loss']:.4f} ({b['rel_error']:+.2%})"
+            )
     atomic_write_json(study.fits_dir / "backtest.json", out)
     summary = None
     try:
@@ -297,8 +360,13 @@ def _sized_run(study: Study, compute: float, name: str, out: Path) -> dict:
     from delphi.ladder.hero import hero_from_fit
     from delphi.train.config import train_config_from_dict, train_config_to_dict
 
-    rung, details = hero_from_fit(study.fit_path(study.primary_fit), compute, _ladder_spec(study),
-                                  seed=study.spec.seed, results=pd.read_csv(study.results))
+    rung, details = hero_from_fit(
+        study.fit_path(study.primary_fit),
+        compute,
+        _ladder_spec(study),
+        seed=study.spec.seed,
+        results=pd.read_csv(study.results),
+    )
     config = train_config_to_dict(rung.train) | {"name": name}
     # The rung's own events (the ladder's evals_per_run, on multiples of its step quantum) let the
     # trainer fuse several steps per call; an override of eval_every may cost that.
@@ -317,9 +385,11 @@ def stage_hero(study: Study) -> dict:
     n_star = fit.predict(compute=hero_compute(study)).get("params")
     if n_star is None or not float(n_star) > 0:
         bound = ", ".join(fit.diagnostics.get("at_bound") or []) or "none"
-        raise CheckFailed(f"the {study.primary_fit} fit has no compute-optimal point (status {getattr(fit, 'status', '?')}, "
-                          f"on a bound: {bound}; parameters {fit.params}): gate fit_status fails and the hero cannot be "
-                          f"sized; nothing was trained or sealed. The ladder does not determine the law: add budgets or seeds.")
+        raise CheckFailed(
+            f"the {study.primary_fit} fit has no compute-optimal point (status {getattr(fit, 'status', '?')}, "
+            f"on a bound: {bound}; parameters {fit.params}): gate fit_status fails and the hero cannot be "
+            f"sized; nothing was trained or sealed. The ladder does not determine the law: add budgets or seeds."
+        )
     return _sized_run(study, hero_compute(study), "hero", study.hero_config)
 
 
@@ -347,15 +417,25 @@ def stage_dress_rehearsal(study: Study) -> dict:
 
     predicted = predict_hero(fit, cfg)[0]
     _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
-    _finished(train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists()), "the dress rehearsal")
-    result = run_predicted_vs_actual(fit, study.rehearsal_run, run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0])
-    _say(f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
+    _finished(
+        train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists()), "the dress rehearsal"
+    )
+    result = run_predicted_vs_actual(
+        fit, study.rehearsal_run, run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0]
+    )
+    _say(
+        f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})"
+    )
     thresholds = study.spec.thresholds()
-    gate = gate_dress_rehearsal(result | {"compute": compute}, thresholds.rehearsal_tolerance_rel or thresholds.tolerance_rel)
+    gate = gate_dress_rehearsal(
+        result | {"compute": compute}, thresholds.rehearsal_tolerance_rel or thresholds.tolerance_rel
+    )
     _say(f"gate {'PASS' if gate.passed else 'FAIL'} {gate.name}: {gate.detail}")
     if not gate.passed and not study.spec.force:
-        raise CheckFailed(f"gates failed before the hero trained: dress_rehearsal ({gate.detail}; {gate.threshold}); "
-                          "the hero was NOT trained and nothing was sealed. Set `force: true` in the study file to go on anyway.")
+        raise CheckFailed(
+            f"gates failed before the hero trained: dress_rehearsal ({gate.detail}; {gate.threshold}); "
+            "the hero was NOT trained and nothing was sealed. Set `force: true` in the study file to go on anyway."
+        )
     return result | {"multiple": multiple, "gate_passed": gate.passed}
 
 
@@ -372,21 +452,44 @@ def stage_gates(study: Study) -> dict:
     # While the study's own probes are untrained, the prediction they will correct is not known yet:
     # the ladder's gates decide whether to spend their compute, the prediction's wait for the seal.
     # Under the law alone nothing waits for them: the seals stage seals every prediction before any trains.
-    pending = [m for m in study.spec.hero.probe_multiples if study.spec.hero.probe_correction
-               and not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()]
+    pending = [
+        m
+        for m in study.spec.hero.probe_multiples
+        if study.spec.hero.probe_correction and not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()
+    ]
     correct = study.spec.hero.probe_correction and not pending
     probes = probe_runs(study)
-    final, fit = hero_prediction(study.fit_path(study.primary_fit), hero, study.results, probes,
-                                 correct, study.spec.hero.probe_carry, study.spec.hero.noise_scope,
-                                 len(study.spec.hero.seeds) or 1, study.spec.hero.point_correction)  # what prereg will seal
+    final, fit = hero_prediction(
+        study.fit_path(study.primary_fit),
+        hero,
+        study.results,
+        probes,
+        correct,
+        study.spec.hero.probe_carry,
+        study.spec.hero.noise_scope,
+        len(study.spec.hero.seeds) or 1,
+        study.spec.hero.point_correction,
+    )  # what prereg will seal
     thresholds = study.spec.thresholds()
     rehearsal = _rehearsal(study)
-    gates = compute_gates(fit, results=study.results, hero=hero, final=final, thresholds=thresholds,
-                          backtest=_primary_backtest(study), rehearsal=rehearsal, ladder=study.ladder_dir,
-                          rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-                          lr_calibration=_lr_calibration(study), probe_runs=probes, probe_correction=correct,
-                          probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope,
-                          recipe_check=getattr(study, "recipe_check", None), point_correction=study.spec.hero.point_correction)
+    gates = compute_gates(
+        fit,
+        results=study.results,
+        hero=hero,
+        final=final,
+        thresholds=thresholds,
+        backtest=_primary_backtest(study),
+        rehearsal=rehearsal,
+        ladder=study.ladder_dir,
+        rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
+        lr_calibration=_lr_calibration(study),
+        probe_runs=probes,
+        probe_correction=correct,
+        probe_carry=study.spec.hero.probe_carry,
+        noise_scope=study.spec.hero.noise_scope,
+        recipe_check=getattr(study, "recipe_check", None),
+        point_correction=study.spec.hero.point_correction,
+    )
     deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
     deciding = [g for g in gates if g not in deferred]
     report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
@@ -394,9 +497,11 @@ def stage_gates(study: Study) -> dict:
     if forced_gates:
         report["forced_gates"] = forced_gates
     if deferred:
-        report["deferred"] = {"gates": [g.to_json() for g in deferred],
-                              "why": f"the study's probes at {', '.join(f'{m:g}x' for m in pending)} have not trained: "
-                                     "these gates are evaluated at the seal, after them"}
+        report["deferred"] = {
+            "gates": [g.to_json() for g in deferred],
+            "why": f"the study's probes at {', '.join(f'{m:g}x' for m in pending)} have not trained: "
+            "these gates are evaluated at the seal, after them",
+        }
     atomic_write_json(study.gates, report)
     for line in gt.gate_lines(deciding):
         _say(f"gate {line}")
@@ -406,13 +511,21 @@ def stage_gates(study: Study) -> dict:
         _say(f"gate {name} FORCED by the study (gates.force): {reason}")
     if not report["passed"] and set(report["failed"]) - set(forced_gates):
         if not study.spec.force:
-            raise CheckFailed(f"gates failed before the hero trained: {', '.join(report['failed'])}; the hero was NOT "
-                              f"trained and nothing was sealed (report {study.gates}). Fix the ladder (more seeds, "
-                              f"budgets, healthier rungs) or set `force: true` in the study file to go on anyway.")
-        _say(f"GATES FAILED ({', '.join(report['failed'])}); going on because the study says force: true "
-             "(the preregistration records it)")
-    return {"passed": report["passed"], "failed": report["failed"], "forced": not report["passed"],
-            "gates": report["gates"]}
+            raise CheckFailed(
+                f"gates failed before the hero trained: {', '.join(report['failed'])}; the hero was NOT "
+                f"trained and nothing was sealed (report {study.gates}). Fix the ladder (more seeds, "
+                f"budgets, healthier rungs) or set `force: true` in the study file to go on anyway."
+            )
+        _say(
+            f"GATES FAILED ({', '.join(report['failed'])}); going on because the study says force: true "
+            "(the preregistration records it)"
+        )
+    return {
+        "passed": report["passed"],
+        "failed": report["failed"],
+        "forced": not report["passed"],
+        "gates": report["gates"],
+    }
 
 
 def pin_lr_calibration(study: Study) -> Path | None:
@@ -451,8 +564,10 @@ def stage_seals(study: Study) -> dict:
     never rewritten. With `hero.probe_correction: true` the hero's seal needs the trained probes:
     this stage is skipped, and the probes and prereg stages seal and train in turn."""
     if study.spec.hero.probe_correction:
-        return {"skipped": "hero.probe_correction: true: each probe is sealed and trained in turn (stage probes), "
-                           "the hero sealed after them, corrected by them (stage prereg)"}
+        return {
+            "skipped": "hero.probe_correction: true: each probe is sealed and trained in turn (stage probes), "
+            "the hero sealed after them, corrected by them (stage prereg)"
+        }
     probes = []
     for multiple in sorted(study.spec.hero.probe_multiples):
         name = own_probe_name(multiple)
@@ -460,9 +575,12 @@ def stage_seals(study: Study) -> dict:
     hero = _seal_or_stop("the hero", study.prereg, lambda: seal_hero(study))
     for name, sealed in [*((p["name"], p) for p in probes), ("hero", hero)]:
         final, i90 = sealed.get("final") or {}, (sealed.get("final") or {}).get("loss_90")
-        _say(f"seal {name}: {_fmt(sealed.get('flops'), '.3g')} FLOPs, predicted {_fmt(final.get('loss'))}"
-             + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "") + (" FORCED" if sealed.get("forced") else "")
-             + f", {'sealed earlier, kept' if sealed.get('note') else 'sealed'} in {sealed['prereg']}")
+        _say(
+            f"seal {name}: {_fmt(sealed.get('flops'), '.3g')} FLOPs, predicted {_fmt(final.get('loss'))}"
+            + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "")
+            + (" FORCED" if sealed.get("forced") else "")
+            + f", {'sealed earlier, kept' if sealed.get('note') else 'sealed'} in {sealed['prereg']}"
+        )
     return {"probes": probes, "hero": hero}
 
 
@@ -481,11 +599,17 @@ def _seal_or_stop(what: str, prereg: Path, seal: Callable[[], dict]) -> dict:
             if not g.get("passed"):
                 _say(f"gate {gt.gate_lines([gt.Gate.from_json(g)])[0]} ({what})")
         failed = ", ".join(report.get("failed", [])) or str(refused)
-        raise CheckFailed(f"gates failed before any run beyond the ladder trained: {failed} at the seal of {what}; "
-                          f"{what} was NOT sealed and no probe or hero was trained (report {report_path}). Fix the "
-                          f"ladder (more seeds, budgets, healthier rungs) or set `force: true` in the study file to go "
-                          f"on anyway.", result={"gates_file": str(report_path), "failed_gates": report.get("failed", []),
-                                                 "gates": report.get("gates", [])}) from refused
+        raise CheckFailed(
+            f"gates failed before any run beyond the ladder trained: {failed} at the seal of {what}; "
+            f"{what} was NOT sealed and no probe or hero was trained (report {report_path}). Fix the "
+            f"ladder (more seeds, budgets, healthier rungs) or set `force: true` in the study file to go "
+            f"on anyway.",
+            result={
+                "gates_file": str(report_path),
+                "failed_gates": report.get("failed", []),
+                "gates": report.get("gates", []),
+            },
+        ) from refused
 
 
 def _seal_evidence(study: Study) -> dict[str, Any]:
@@ -493,14 +617,26 @@ def _seal_evidence(study: Study) -> dict[str, Any]:
     the ladder, its fits' backtest, the rehearsal, calibrations, the pinned gates.probes and the
     recipe check; the hero's and (under the law alone) each probe's seal see the same gates."""
     rehearsal = _rehearsal(study)
-    return dict(ladder=study.ladder_dir, results=study.results, tolerance_rel=study.spec.hero.tolerance,
-                author=study.spec.author, bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed,
-                thresholds=study.spec.thresholds(), backtest=_primary_backtest(study),
-                rehearsal=rehearsal, rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-                lr_calibration=_lr_calibration(study), probe_runs=probe_runs(study),
-                probe_carry=study.spec.hero.probe_carry, noise_scope=study.spec.hero.noise_scope,
-                recipe_check=getattr(study, "recipe_check", None), seeds=list(study.spec.hero.seeds) or None,
-                forced_gates=dict(study.spec.gates.force), competing=lambda hero, final: _competing(study, hero, final))
+    return dict(
+        ladder=study.ladder_dir,
+        results=study.results,
+        tolerance_rel=study.spec.hero.tolerance,
+        author=study.spec.author,
+        bootstrap=min(study.spec.bootstrap, 200),
+        seed=study.spec.seed,
+        thresholds=study.spec.thresholds(),
+        backtest=_primary_backtest(study),
+        rehearsal=rehearsal,
+        rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
+        lr_calibration=_lr_calibration(study),
+        probe_runs=probe_runs(study),
+        probe_carry=study.spec.hero.probe_carry,
+        noise_scope=study.spec.hero.noise_scope,
+        recipe_check=getattr(study, "recipe_check", None),
+        seeds=list(study.spec.hero.seeds) or None,
+        forced_gates=dict(study.spec.gates.force),
+        competing=lambda hero, final: _competing(study, hero, final),
+    )
 
 
 def _competing(study: Study, hero, final: dict) -> dict:
@@ -524,8 +660,18 @@ def _competing(study: Study, hero, final: dict) -> dict:
                 atomic_write_json(path, fit.to_json())
         if "asymptotic" not in unfitted:
             paths["asymptotic"] = path
-    return competing_predictions(paths, study.primary_fit, final, hero, study.results, study.spec.hero.noise_scope,
-                                 len(study.spec.hero.seeds) or 1) | unfitted
+    return (
+        competing_predictions(
+            paths,
+            study.primary_fit,
+            final,
+            hero,
+            study.results,
+            study.spec.hero.noise_scope,
+            len(study.spec.hero.seeds) or 1,
+        )
+        | unfitted
+    )
 
 
 def probe_prereg(study: Study, multiple: float) -> Path:
@@ -551,7 +697,11 @@ def seed_runs(config: Path, run: Path, seeds: tuple[int, ...]) -> list[tuple[Pat
             out.append((config, run))
             continue
         other = config.with_name(f"{config.stem}_s{seed}.yaml")
-        doc = base | {"seed": seed, "data": base["data"] | {"seed": seed}, "name": f"{base.get('name') or run.name}_s{seed}"}
+        doc = base | {
+            "seed": seed,
+            "data": base["data"] | {"seed": seed},
+            "name": f"{base.get('name') or run.name}_s{seed}",
+        }
         if not other.is_file():
             atomic_write_yaml(other, doc)
         out.append((other, run.with_name(f"{run.name}_s{seed}")))
@@ -575,12 +725,19 @@ def _progress(run: Path, steps: int) -> str:
     # The rate over the newest records, in the run's own training time (wall_s): a resumed run's
     # clock time since its first record counts the hours it stood stopped.
     rate = [r for r in rows if isinstance(r.get("wall_s"), (int, float))][-ETA_RECORDS:]
-    steps_per_s = ((rate[-1]["step"] - rate[0]["step"]) / (rate[-1]["wall_s"] - rate[0]["wall_s"])
-                   if len(rate) > 1 and rate[-1]["wall_s"] > rate[0]["wall_s"] else None)
+    steps_per_s = (
+        (rate[-1]["step"] - rate[0]["step"]) / (rate[-1]["wall_s"] - rate[0]["wall_s"])
+        if len(rate) > 1 and rate[-1]["wall_s"] > rate[0]["wall_s"]
+        else None
+    )
     eta = f", ETA {(steps - last['step']) / steps_per_s / 60:.0f} min" if steps_per_s else ""
     loss = last.get("train_loss")
-    return (f"{run.name} step {last['step']}/{steps}" + (f", loss {loss:.4f}" if isinstance(loss, float) else "")
-            + (f", {last['tokens_per_s']:,.0f} tok/s" if isinstance(last.get("tokens_per_s"), float) else "") + eta)
+    return (
+        f"{run.name} step {last['step']}/{steps}"
+        + (f", loss {loss:.4f}" if isinstance(loss, float) else "")
+        + (f", {last['tokens_per_s']:,.0f} tok/s" if isinstance(last.get("tokens_per_s"), float) else "")
+        + eta
+    )
 
 
 def _stop_all(procs: list) -> None:
@@ -615,12 +772,20 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
     from delphi.train.trainer import train
 
     if len(runs) == 1:
-        (config, run), = runs
-        return [_finished(train(load_train_config(config), run, resume=(run / CONFIG_FILE).exists(),
-                                predicted_loss=predicted_loss_curve(seal)), what)]
-    from delphi.train.environment import single_thread_xla_flags
-
+        ((config, run),) = runs
+        return [
+            _finished(
+                train(
+                    load_train_config(config),
+                    run,
+                    resume=(run / CONFIG_FILE).exists(),
+                    predicted_loss=predicted_loss_curve(seal),
+                ),
+                what,
+            )
+        ]
     from delphi.signals import PARENT_PID_ENV
+    from delphi.train.environment import single_thread_xla_flags
 
     env = dict(os.environ) | {PARENT_PID_ENV: str(os.getpid())}  # each trainer stops when this process dies
     if len(runs) >= (os.cpu_count() or 1):
@@ -628,13 +793,25 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
     procs: list[subprocess.Popen] = []
     # SIGTERM or SIGHUP to the study must reach its seeds' processes, not orphan them: on the way out
     # each is stopped at a checkpoint (`_stop_all`), and the same command resumes them.
-    with stop_signals_raise(f"{what}: its seeds stopped at a checkpoint; rerun the study to resume"), \
-            contextlib.ExitStack() as stack:
+    with (
+        stop_signals_raise(f"{what}: its seeds stopped at a checkpoint; rerun the study to resume"),
+        contextlib.ExitStack() as stack,
+    ):
         stack.callback(_stop_all, procs)
         for config, run in runs:
             log = run.with_name(f"{run.name}.log")
-            cmd = [sys.executable, "-m", "delphi.cli", "train", str(config), "--out", str(run), "--prereg", str(seal),
-                   "--no-progress"] + (["--resume"] if (run / CONFIG_FILE).exists() else [])
+            cmd = [
+                sys.executable,
+                "-m",
+                "delphi.cli",
+                "train",
+                str(config),
+                "--out",
+                str(run),
+                "--prereg",
+                str(seal),
+                "--no-progress",
+            ] + (["--resume"] if (run / CONFIG_FILE).exists() else [])
             with open(log, "a") as handle:
                 procs.append(subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env))
             _say(f"{what}: {run.name} training (log {log})")
@@ -643,11 +820,13 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
             _say(f"{what}: " + "; ".join(_progress(run, load_train_config(config).steps) for config, run in runs))
         codes = [p.wait() for p in procs]
     summaries = []
-    for (config, run), code in zip(runs, codes):
+    for (_config, run), code in zip(runs, codes):
         summary_path = run / SUMMARY_FILE
         if not summary_path.is_file():
-            raise CheckFailed(f"{what}: {run} ended with exit {code} and no summary (log {run.with_name(run.name + '.log')}); "
-                              "run the same `delphi study` command to resume it")
+            raise CheckFailed(
+                f"{what}: {run} ended with exit {code} and no summary (log {run.with_name(run.name + '.log')}); "
+                "run the same `delphi study` command to resume it"
+            )
         summaries.append(_finished(json.loads(summary_path.read_text()), f"{what} ({run.name})"))
     return summaries
 
@@ -682,19 +861,27 @@ def foreign_seal(study: Study, path: Path, config: Path, seeds: list[int] | None
     except DelphiError:
         fit = None  # primary_fit: auto before the fit stage: no fit of this study yet
     provenance = doc.get("provenance") or {}
-    for key, own in (("manifest_sha256", study.ladder_dir / "manifest.csv"), ("results_sha256", study.results),
-                     ("fit_sha256", fit), ("hero_config_sha256", config)):
+    for key, own in (
+        ("manifest_sha256", study.ladder_dir / "manifest.csv"),
+        ("results_sha256", study.results),
+        ("fit_sha256", fit),
+        ("hero_config_sha256", config),
+    ):
         sealed = provenance.get(key)
         if sealed is None:
             continue
         if own is None or not own.is_file():
-            return (f"it seals provenance.{key} {str(sealed)[:12]}, and this study has no "
-                    f"{own if own is not None else 'primary fit'} yet: it was sealed by another study")
+            return (
+                f"it seals provenance.{key} {str(sealed)[:12]}, and this study has no "
+                f"{own if own is not None else 'primary fit'} yet: it was sealed by another study"
+            )
         if (mine := sha256_file(own)) != sealed:
             return f"its provenance.{key} {str(sealed)[:12]} is not that of this study's {own} ({mine[:12]})"
     tolerance = (doc.get("decision") or {}).get("tolerance_rel")
     if tolerance != study.spec.hero.tolerance:
-        return f"its decision.tolerance_rel {tolerance!r} is not this study's hero.tolerance {study.spec.hero.tolerance!r}"
+        return (
+            f"its decision.tolerance_rel {tolerance!r} is not this study's hero.tolerance {study.spec.hero.tolerance!r}"
+        )
     sealed_seeds = (doc.get("target") or {}).get("seeds") or None
     if sealed_seeds != seeds:
         return f"it seals the mean of seeds {sealed_seeds}, this study's run is at seeds {seeds}"
@@ -710,9 +897,11 @@ def sealed_seeds(study: Study, probe: bool) -> list[int] | None:
 
 
 def _foreign_seal_message(path: Path, problem: str) -> str:
-    return (f"{path}: a file is already at this study's seal path, and it is not this study's seal: {problem}. "
-            "Nothing was trained or sealed; choose another `preregistration:` path (a seal is never adopted or "
-            "replaced), or remove that file if it is yours to discard")
+    return (
+        f"{path}: a file is already at this study's seal path, and it is not this study's seal: {problem}. "
+        "Nothing was trained or sealed; choose another `preregistration:` path (a seal is never adopted or "
+        "replaced), or remove that file if it is yours to discard"
+    )
 
 
 def check_seal_paths(study: Study, study_file: str | Path | None) -> None:
@@ -723,8 +912,15 @@ def check_seal_paths(study: Study, study_file: str | Path | None) -> None:
 
     where = str(study_file) if study_file is not None else "the default study"
     seals = [(study.prereg, study.hero_config, "preregistration", sealed_seeds(study, probe=False))]
-    seals += [(probe_prereg(study, m), study.probes_dir / f"{own_probe_name(m)}.yaml", "probe_preregistration",
-               sealed_seeds(study, probe=True)) for m in study.spec.hero.probe_multiples]
+    seals += [
+        (
+            probe_prereg(study, m),
+            study.probes_dir / f"{own_probe_name(m)}.yaml",
+            "probe_preregistration",
+            sealed_seeds(study, probe=True),
+        )
+        for m in study.spec.hero.probe_multiples
+    ]
     for path, config, key, seeds in seals:
         check_output_file(path, flag=f"{where}: {key}")
         if path.exists() and (problem := foreign_seal(study, path, config, seeds)):
@@ -754,20 +950,37 @@ def seal_probe(study: Study, multiple: float) -> dict:
         return out | _sealed_earlier(study, seal, config, sealed_seeds(study, probe=True))
     for _, seed_run in seed_runs(config, run, study.spec.hero.seeds):
         if (seed_run / METRICS_FILE).exists():
-            raise DelphiError(f"{seed_run}: the probe started before its preregistration existed; remove it to start over")
+            raise DelphiError(
+                f"{seed_run}: the probe started before its preregistration existed; remove it to start over"
+            )
     if study.spec.hero.probe_correction:  # the behaviour of the corrected path, unchanged
-        doc = create_prereg(study.fit_path(study.primary_fit), config, seal, ladder=study.ladder_dir, results=study.results,
-                            tolerance_rel=study.spec.hero.tolerance, author=study.spec.author, force=True,
-                            rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
-                                      "(sealed with force: the gates judge the hero, not a probe).",
-                            bootstrap=min(study.spec.bootstrap, 200), seed=study.spec.seed, thresholds=study.spec.thresholds(),
-                            backtest=_primary_backtest(study))
+        doc = create_prereg(
+            study.fit_path(study.primary_fit),
+            config,
+            seal,
+            ladder=study.ladder_dir,
+            results=study.results,
+            tolerance_rel=study.spec.hero.tolerance,
+            author=study.spec.author,
+            force=True,
+            rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
+            "(sealed with force: the gates judge the hero, not a probe).",
+            bootstrap=min(study.spec.bootstrap, 200),
+            seed=study.spec.seed,
+            thresholds=study.spec.thresholds(),
+            backtest=_primary_backtest(study),
+        )
     else:
-        doc = create_prereg(study.fit_path(study.primary_fit), config, seal, force=study.spec.force,
-                            rationale=f"Study {study.spec.name}: a prediction at {multiple:g}x the top budget, the "
-                                      f"{study.primary_fit} law fitted on the ladder alone, sealed with every other "
-                                      "prediction beyond the ladder before any of them trained." + primary_choice_sentence(study),
-                            **_seal_evidence(study))
+        doc = create_prereg(
+            study.fit_path(study.primary_fit),
+            config,
+            seal,
+            force=study.spec.force,
+            rationale=f"Study {study.spec.name}: a prediction at {multiple:g}x the top budget, the "
+            f"{study.primary_fit} law fitted on the ladder alone, sealed with every other "
+            "prediction beyond the ladder before any of them trained." + primary_choice_sentence(study),
+            **_seal_evidence(study),
+        )
     return out | {"prereg": str(seal)} | _sealed_summary(doc)
 
 
@@ -783,10 +996,14 @@ def seal_hero(study: Study) -> dict:
         if (seed_run / METRICS_FILE).exists():
             raise DelphiError(f"{seed_run}: the hero started before a preregistration existed; remove it to start over")
     doc = create_prereg(
-        study.fit_path(study.primary_fit), study.hero_config, study.prereg,
+        study.fit_path(study.primary_fit),
+        study.hero_config,
+        study.prereg,
         rationale=(study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
-        force=study.spec.force, probe_correction=study.spec.hero.probe_correction,
-        trajectory_from_probes=study.spec.hero.trajectory == "probes", point_correction=study.spec.hero.point_correction,
+        force=study.spec.force,
+        probe_correction=study.spec.hero.probe_correction,
+        trajectory_from_probes=study.spec.hero.trajectory == "probes",
+        point_correction=study.spec.hero.point_correction,
         **_seal_evidence(study),
     )
     return {"prereg": str(study.prereg)} | _sealed_summary(doc)
@@ -820,8 +1037,14 @@ def stage_probes(study: Study) -> dict:
         result = run_predicted_vs_actual(fit, run, noise)
         if len(runs) > 1:
             verdict, _, _ = check(seal, run_dirs=[r for _, r in runs])
-            result |= {"seeds": verdict.get("seeds"), "actual": verdict["actual_final_loss"], "rel_error": verdict["rel_error"]}
-        _say(f"probe {name}: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})")
+            result |= {
+                "seeds": verdict.get("seeds"),
+                "actual": verdict["actual_final_loss"],
+                "rel_error": verdict["rel_error"],
+            }
+        _say(
+            f"probe {name}: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})"
+        )
         results.append(result | {"name": name, "multiple": multiple})
     return {"probes": results}
 
@@ -838,17 +1061,23 @@ def primary_choice_sentence(study: Study) -> str:
     if study.spec.primary_fit != AUTO_PRIMARY:
         return ""
     choice = study.done("fit")["result"]["primary_choice"]
-    table = "; ".join(f"{r['method']} {r['mean_abs_rel_error']:.2%} |error|, {r['coverage_90']:.0%} 90% coverage"
-                      for r in choice["table"])
-    return (f" The primary law {choice['method']} was chosen by evidence (primary_fit: auto) among "
-            f"{', '.join(choice['candidates'])}: {choice['rule']} ({', '.join(s['source'] for s in choice['similar_sources'])}): "
-            f"{table}.")
+    table = "; ".join(
+        f"{r['method']} {r['mean_abs_rel_error']:.2%} |error|, {r['coverage_90']:.0%} 90% coverage"
+        for r in choice["table"]
+    )
+    return (
+        f" The primary law {choice['method']} was chosen by evidence (primary_fit: auto) among "
+        f"{', '.join(choice['candidates'])}: {choice['rule']} ({', '.join(s['source'] for s in choice['similar_sources'])}): "
+        f"{table}."
+    )
 
 
 def _default_rationale(study: Study) -> str:
-    return (f"Study {study.spec.name}: the {study.primary_fit} law fitted on the ladder (N counted as "
-            f"{chosen_convention(study)}, compute allocated under the family's exact FLOPs) sizes the hero "
-            f"and predicts its final loss; the trajectory comes from the LR-annealing curve law fitted on the ladder's curves.")
+    return (
+        f"Study {study.spec.name}: the {study.primary_fit} law fitted on the ladder (N counted as "
+        f"{chosen_convention(study)}, compute allocated under the family's exact FLOPs) sizes the hero "
+        f"and predicts its final loss; the trajectory comes from the LR-annealing curve law fitted on the ladder's curves."
+    )
 
 
 def stage_train_hero(study: Study) -> dict:
@@ -862,8 +1091,10 @@ def _finished(summary: dict, what: str) -> dict:
     """A run that ended (completed, or diverged: a diverged hero is a failed prediction, checked as
     such); one stopped before its end (a signal) is not a stage done: nothing after it may run."""
     if summary.get("status") not in ("completed", "diverged"):
-        raise CheckFailed(f"{what} stopped before its end ({summary.get('reason') or summary.get('status')}); nothing "
-                          "after it ran or was checked. Run the same `delphi study` command to resume it.")
+        raise CheckFailed(
+            f"{what} stopped before its end ({summary.get('reason') or summary.get('status')}); nothing "
+            "after it ran or was checked. Run the same `delphi study` command to resume it."
+        )
     return summary
 
 
@@ -907,8 +1138,9 @@ def _refusal(study: Study) -> dict:
     return {"gates_file": str(study.gates), "failed_gates": report.get("failed", []), "gates": report.get("gates", [])}
 
 
-def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str | None = None,
-              accept_store: str | None = None) -> dict:
+def run_study(
+    study_path: str | Path | None, out: str | Path, *, stop_after: str | None = None, accept_store: str | None = None
+) -> dict:
     """Run (or resume) the stages of a study; return the verdict and the report path.
 
     `stop_after` ends the invocation after that stage, e.g. "seals" (under the law alone) or
@@ -920,8 +1152,10 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
     if stop_after is not None and stop_after not in STAGE_NAMES:
         raise DelphiError(f"--stop-after: unknown stage {stop_after!r} (expected one of {', '.join(STAGE_NAMES)})")
     if accept_store is not None and not re.fullmatch(r"[0-9a-f]{64}", accept_store):
-        raise DelphiError(f"--accept-store: {accept_store!r} is not a store's sha256 (64 lowercase hex digits, "
-                          "as the study's refusal prints it)")
+        raise DelphiError(
+            f"--accept-store: {accept_store!r} is not a store's sha256 (64 lowercase hex digits, "
+            "as the study's refusal prints it)"
+        )
     spec, ladder_spec_path, prereg, calibrations, probes = load_study(study_path)
     study = Study(out, spec, ladder_spec_path, prereg, calibrations, probes, accept_store)
     from delphi.ladder.recipe_check import study_report_path
@@ -944,15 +1178,27 @@ def run_study(study_path: str | Path | None, out: str | Path, *, stop_after: str
             try:
                 result = stage(study)
             except CheckFailed as failed:  # a refusal is the study's result too (`--json`)
-                failed.result = {"out": str(study.out), "stopped_at": name, "verdict": None} | _refusal(study) | (failed.result or {})
+                failed.result = (
+                    {"out": str(study.out), "stopped_at": name, "verdict": None}
+                    | _refusal(study)
+                    | (failed.result or {})
+                )
                 raise
-            atomic_write_json(study.marker(name), {"stage": name, "seconds": round(time.perf_counter() - t0, 2), "result": result})
+            atomic_write_json(
+                study.marker(name), {"stage": name, "seconds": round(time.perf_counter() - t0, 2), "result": result}
+            )
             _say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
         if name == stop_after:  # also when it was done earlier: the invocation goes no further
             _say(f"stopped after {name}, as asked; run the same command without --stop-after to continue")
             return {"out": str(study.out), "stopped_after": name, "verdict": None}
     verdict = study.done("check")["result"]
     _say(f"report: {study.report} ({time.perf_counter() - started:.0f} s this invocation)")
-    return {"out": str(study.out), "report": str(study.report), "verdict": verdict.get("verdict"),
-            "predicted_loss": verdict.get("predicted_final_loss"), "actual_loss": verdict.get("actual_final_loss"),
-            "rel_error": verdict.get("rel_error"), "covered_90": verdict.get("covered_90")}
+    return {
+        "out": str(study.out),
+        "report": str(study.report),
+        "verdict": verdict.get("verdict"),
+        "predicted_loss": verdict.get("predicted_final_loss"),
+        "actual_loss": verdict.get("actual_final_loss"),
+        "rel_error": verdict.get("rel_error"),
+        "covered_90": verdict.get("covered_90"),
+    }

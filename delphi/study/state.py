@@ -18,16 +18,22 @@ from delphi.io import atomic_write_json
 from delphi.study.spec import AUTO_PRIMARY, STUDY_SEED_STRIDE, StudySpec, probe_names
 from delphi.train.rundir import SUMMARY_FILE
 
-
 # ---- stage bookkeeping ---------------------------------------------------------------------------
 
 
 class Study:
     """Paths of a study directory and its stage markers."""
 
-    def __init__(self, out: str | Path, spec: StudySpec, ladder_spec_path: Path, prereg: Path | None = None,
-                 lr_calibration_sources: tuple[Path, ...] = (), probe_sources: tuple[Path, ...] = (),
-                 accept_store: str | None = None) -> None:
+    def __init__(
+        self,
+        out: str | Path,
+        spec: StudySpec,
+        ladder_spec_path: Path,
+        prereg: Path | None = None,
+        lr_calibration_sources: tuple[Path, ...] = (),
+        probe_sources: tuple[Path, ...] = (),
+        accept_store: str | None = None,
+    ) -> None:
         self.out = Path(out)
         self.accept_store = accept_store  # sha256 of a store to go on with though it differs from the pinned one
         self.store_accepted = self.out / "store_accepted.json"
@@ -59,8 +65,10 @@ class Study:
         done = self.done("fit")
         resolved = done["result"].get("primary_fit") if done is not None else None
         if resolved is None:
-            raise DelphiError(f"{self.marker('fit')}: primary_fit: auto is resolved by the fit stage, which has not "
-                              "completed; rerun the study to run it")
+            raise DelphiError(
+                f"{self.marker('fit')}: primary_fit: auto is resolved by the fit stage, which has not "
+                "completed; rerun the study to run it"
+            )
         return resolved
 
     def fit_path(self, method: str) -> Path:
@@ -94,12 +102,16 @@ def _pin_study(study: Study) -> None:
         current = json.loads(json.dumps(pinned))
         unjudged = study.done("gates") is None
         if _identity(recorded, unjudged) != _identity(current, unjudged):
-            raise DelphiError(f"--out: {study.out} holds a different study (study.json differs); choose a new directory")
+            raise DelphiError(
+                f"--out: {study.out} holds a different study (study.json differs); choose a new directory"
+            )
         if recorded == current:
             return
         if _without_check_points(recorded) == _without_check_points(current):
-            _say("the recipe check's points changed (they plan no run of this study; gate recipe judges the new "
-                 f"report): {path} records them")
+            _say(
+                "the recipe check's points changed (they plan no run of this study; gate recipe judges the new "
+                f"report): {path} records them"
+            )
         else:
             _say(f"the study's gates or runs beyond the ladder changed before its gates ran: {path} records them")
     atomic_write_json(path, pinned)
@@ -141,8 +153,11 @@ def _ladder_spec(study: Study):
     offset = seed_offset(study.spec.seed)
     if offset == 0:
         return spec
-    run = replace(spec.run, seeds=tuple(s + offset for s in spec.run.seeds),
-                  top_seeds=tuple(s + offset for s in spec.run.top_seeds))
+    run = replace(
+        spec.run,
+        seeds=tuple(s + offset for s in spec.run.seeds),
+        top_seeds=tuple(s + offset for s in spec.run.top_seeds),
+    )
     return replace(spec, run=run)
 
 
@@ -166,7 +181,9 @@ def load_table(study: Study, convention: str | None = None) -> pd.DataFrame:
     from delphi.ladder.plan import flops_family
 
     convention = convention or chosen_convention(study)
-    return load_results(study.results, params_convention=convention, family=flops_family(_ladder_spec(study), convention))
+    return load_results(
+        study.results, params_convention=convention, family=flops_family(_ladder_spec(study), convention)
+    )
 
 
 def hero_compute(study: Study) -> float:
@@ -193,7 +210,7 @@ def probe_runs(study: Study) -> list[Path]:
     """The pinned copies of gates.probes (a study continued from a snapshot has them), then the
     study's own probes (hero.probe_multiples) that have finished."""
     runs = [study.probes_dir / name for name in probe_names(study.spec)]
-    missing = [str(r) for r in runs[:len(study.spec.gates.probes)] if not (r / SUMMARY_FILE).is_file()]
+    missing = [str(r) for r in runs[: len(study.spec.gates.probes)] if not (r / SUMMARY_FILE).is_file()]
     if missing:
         raise DelphiError(f"{', '.join(missing)}: missing; the gates stage copies them from gates.probes")
     return [r for r in runs if (r / SUMMARY_FILE).is_file()]

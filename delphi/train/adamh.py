@@ -55,7 +55,8 @@ it is compared with sqrt(v), whose scale per coordinate the parameterisation set
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -164,7 +164,9 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
     held = io.StringIO()
     try:
         with contextlib.redirect_stderr(held):
-            _checkpointer().save((final / STATE_DIR).absolute(), args=_save_args(arrays))  # returns once every process is done
+            _checkpointer().save(
+                (final / STATE_DIR).absolute(), args=_save_args(arrays)
+            )  # returns once every process is done
     except Exception as e:
         refused = _refused_write(e, final, step)
         if refused is None:
@@ -216,8 +218,10 @@ def check_checkpoint_path(run_dir: Path) -> None:
     try:
         str(Path(run_dir).absolute()).encode("utf-8")
     except UnicodeEncodeError:
-        raise DelphiError(f"{quoted(str(run_dir))}: the run dir's path is not valid UTF-8, which the checkpoint "
-                          "writer needs; choose a name in UTF-8") from None
+        raise DelphiError(
+            f"{quoted(str(run_dir))}: the run dir's path is not valid UTF-8, which the checkpoint "
+            "writer needs; choose a name in UTF-8"
+        ) from None
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
@@ -283,7 +287,8 @@ def _load(path: Path, template: Any, shardings: Any) -> tuple[Any, dict]:
     except Exception as e:  # whatever tensorstore says about damaged data
         raise CorruptCheckpoint(f"Orbax could not read it ({type(e).__name__})") from None
     leaves = [
-        jax.random.wrap_key_data(arrays[f"leaf_{i:05d}"], impl=jax.random.key_impl(ref)) if _is_key(ref)
+        jax.random.wrap_key_data(arrays[f"leaf_{i:05d}"], impl=jax.random.key_impl(ref))
+        if _is_key(ref)
         else arrays[f"leaf_{i:05d}"]
         for i, ref in enumerate(template_leaves)
     ]

@@ -39,8 +39,11 @@ def add_commands(subparsers) -> None:
     sub.add_argument("--prereg", help="preregistration file: show the predicted loss beside the actual one")
     sub.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_device_flag(sub)
-    sub.add_argument("--force", action="store_true",
-                     help="train into a non-empty --out that is not a run dir (its config.yaml etc. are replaced)")
+    sub.add_argument(
+        "--force",
+        action="store_true",
+        help="train into a non-empty --out that is not a run dir (its config.yaml etc. are replaced)",
+    )
     add_json_flag(sub)
     sub.set_defaults(func=run_train)
     add_flops_command(subparsers)
@@ -131,8 +134,10 @@ def _check_run_dir(out: Path, inputs: tuple, seeds: str | None, force: bool) -> 
         if theirs:
             from delphi.errors import DelphiError
 
-            raise DelphiError(f"--out {out}: {theirs[0]} exists but {run_dir} is not a run dir (no {STATUS_FILE}); "
-                              "training would replace it: choose another directory, or pass --force")
+            raise DelphiError(
+                f"--out {out}: {theirs[0]} exists but {run_dir} is not a run dir (no {STATUS_FILE}); "
+                "training would replace it: choose another directory, or pass --force"
+            )
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -190,7 +195,9 @@ def add_flops_command(subparsers: argparse._SubParsersAction) -> None:
         "flops", help="parameter counts and training FLOPs per token of a model or train config"
     )
     sub.add_argument("config", type=Path, help="a train config (model: + data:) or a bare model config YAML")
-    sub.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (default: data.seq_len, else 128)")
+    sub.add_argument(
+        "--seq-len", type=positive_int, default=None, help="sequence length (default: data.seq_len, else 128)"
+    )
     add_json_flag(sub)
     sub.set_defaults(func=cmd_flops)
 

@@ -158,8 +158,12 @@ class TrainConfig:
 
     def store_needs(self) -> dict[str, Any]:
         """What this run asks of its token store, as `TokenStore.check_feeds` takes it."""
-        return {"batch_size": self.data.batch_size, "seq_len": self.data.seq_len, "eval_tokens": self.eval_tokens,
-                "final_eval_tokens": self.final_eval_tokens}
+        return {
+            "batch_size": self.data.batch_size,
+            "seq_len": self.data.seq_len,
+            "eval_tokens": self.eval_tokens,
+            "final_eval_tokens": self.final_eval_tokens,
+        }
 
     @property
     def tokens_per_step(self) -> int:
@@ -214,8 +218,11 @@ class TrainConfig:
         ):
             need(value > 0, key, f"must be a positive integer, got {value}")
         if self.final_eval_tokens is not None:
-            need(self.final_eval_tokens >= self.eval_tokens, "final_eval_tokens",
-                 f"must be >= eval_tokens ({self.eval_tokens}), got {self.final_eval_tokens}")
+            need(
+                self.final_eval_tokens >= self.eval_tokens,
+                "final_eval_tokens",
+                f"must be >= eval_tokens ({self.eval_tokens}), got {self.final_eval_tokens}",
+            )
         # before anything is written: a negative seed used to fail at the first batch (data.seed) or
         # in JAX's key (seed), after the run directory existed
         for key, value in (("seed", self.seed), ("data.seed", self.data.seed)):
@@ -233,14 +240,23 @@ class TrainConfig:
         need(o.warmup_frac + o.decay_frac <= 1, "optim.decay_frac", "warmup_frac + decay_frac must be <= 1")
         need(0 <= o.min_lr_frac <= 1, "optim.min_lr_frac", f"must be in [0, 1], got {o.min_lr_frac}")
         if o.optimizer == "adamh":
-            need(o.adam_lr is not None, "optim.adam_lr",
-                 "required with optim.optimizer adamh: the LR of the plain-Adam groups (embeddings, norm gains, router)")
+            need(
+                o.adam_lr is not None,
+                "optim.adam_lr",
+                "required with optim.optimizer adamh: the LR of the plain-Adam groups (embeddings, norm gains, router)",
+            )
             need(o.adam_lr > 0, "optim.adam_lr", f"must be positive, got {o.adam_lr}")
-            need(o.weight_decay == 0, "optim.weight_decay",
-                 f"AdamH has no weight decay (the norm constraint replaces it); must be 0 or omitted, got {o.weight_decay}")
+            need(
+                o.weight_decay == 0,
+                "optim.weight_decay",
+                f"AdamH has no weight decay (the norm constraint replaces it); must be 0 or omitted, got {o.weight_decay}",
+            )
         else:
-            need(o.adam_lr is None, "optim.adam_lr",
-                 f"only for optim.optimizer adamh (optim.lr is the one LR of adamw); leave it unset, got {o.adam_lr}")
+            need(
+                o.adam_lr is None,
+                "optim.adam_lr",
+                f"only for optim.optimizer adamh (optim.lr is the one LR of adamw); leave it unset, got {o.adam_lr}",
+            )
         m = self.mesh
         for key in ("data", "expert", "model"):
             need(getattr(m, key) >= 1, f"mesh.{key}", f"must be a positive integer, got {getattr(m, key)}")

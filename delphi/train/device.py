@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from delphi.errors import DelphiError, quoted
 from delphi.train.environment import device_env

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 import netrc
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 from urllib.parse import urlsplit
 
 from delphi.errors import DelphiError, quoted
@@ -87,8 +87,10 @@ def env_bool(name: str) -> bool:
         return True
     if text in FALSE_WORDS:
         return False
-    raise DelphiError(f"environment variable {name}={quoted(os.environ.get(name))}: expected "
-                      f"{'/'.join(TRUE_WORDS)} or {'/'.join(w for w in FALSE_WORDS if w)} (or unset)")
+    raise DelphiError(
+        f"environment variable {name}={quoted(os.environ.get(name))}: expected "
+        f"{'/'.join(TRUE_WORDS)} or {'/'.join(w for w in FALSE_WORDS if w)} (or unset)"
+    )
 
 
 def peak_flops_env(precision: str) -> float | None:
@@ -115,7 +117,9 @@ def device_env() -> str | None:
     if text is None:
         return None
     if text.lower() not in DEVICE_CHOICES:
-        raise DelphiError(f"environment variable {DEVICE_ENV}={quoted(text)}: expected one of {', '.join(DEVICE_CHOICES)}")
+        raise DelphiError(
+            f"environment variable {DEVICE_ENV}={quoted(text)}: expected one of {', '.join(DEVICE_CHOICES)}"
+        )
     return text.lower()
 
 
@@ -129,8 +133,10 @@ def wandb_mode(configured: str | None) -> str:
         return "disabled"
     mode = WANDB_MODE_ALIASES.get(text.lower(), text.lower())
     if mode not in WANDB_MODES:
-        raise DelphiError(f"environment variable {WANDB_MODE_ENV}={quoted(text)}: expected one of "
-                          f"{', '.join(WANDB_MODES)} (unset: disabled)")
+        raise DelphiError(
+            f"environment variable {WANDB_MODE_ENV}={quoted(text)}: expected one of "
+            f"{', '.join(WANDB_MODES)} (unset: disabled)"
+        )
     return mode
 
 
@@ -142,7 +148,9 @@ def wandb_key_source() -> str | None:
     if _raw("WANDB_IDENTITY_TOKEN_FILE"):
         return "WANDB_IDENTITY_TOKEN_FILE"
     host = urlsplit(_raw("WANDB_BASE_URL") or WANDB_DEFAULT_HOST).netloc or urlsplit(WANDB_DEFAULT_HOST).netloc
-    candidates = [Path(os.environ["NETRC"])] if _raw("NETRC") else [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+    candidates = (
+        [Path(os.environ["NETRC"])] if _raw("NETRC") else [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+    )
     for path in candidates:
         if not path.is_file():
             continue
@@ -161,8 +169,10 @@ def check_wandb(configured: str | None, where: str = "") -> str:
     mode = wandb_mode(configured)
     if mode in ("online", "shared") and wandb_key_source() is None:
         source = f"{where}wandb.mode: {configured}" if configured else f"environment variable {WANDB_MODE_ENV}={mode}"
-        raise DelphiError(f"{source}: W&B online needs an API key, and none is set (WANDB_API_KEY, or `wandb login`); "
-                          f"set one, or use {WANDB_MODE_ENV}=offline or unset it (disabled)")
+        raise DelphiError(
+            f"{source}: W&B online needs an API key, and none is set (WANDB_API_KEY, or `wandb login`); "
+            f"set one, or use {WANDB_MODE_ENV}=offline or unset it (disabled)"
+        )
     return mode
 
 

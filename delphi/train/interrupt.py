@@ -24,7 +24,7 @@ import itertools
 import os
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[str] = []  # signal names received while deferred, in order
@@ -46,8 +46,11 @@ def _note(signum: int, _frame: object) -> None:
     _received.append(name)
     if first:
         # os.write, not print: a handler may run while the main thread is inside a print.
-        os.write(2, f"\ndelphi: {name} received; stopping at the next safe point (after the current "
-                    "compilation or training step)\n".encode())
+        os.write(
+            2,
+            f"\ndelphi: {name} received; stopping at the next safe point (after the current "
+            "compilation or training step)\n".encode(),
+        )
 
 
 @contextlib.contextmanager

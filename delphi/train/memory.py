@@ -77,8 +77,10 @@ class MemoryEstimate:
     def describe(self) -> str:
         gb = lambda b: f"{b / 1e9:.3g} GB"  # noqa: E731
         blocks = f", MoE expert blocks {gb(self.expert_blocks)}" if self.expert_blocks else ""
-        return (f"{gb(self.total)} (parameters {gb(self.parameters)}, gradients {gb(self.gradients)}, optimizer "
-                f"state {gb(self.optimizer)}, activations {gb(self.activations)}{blocks}, runtime {gb(self.runtime)})")
+        return (
+            f"{gb(self.total)} (parameters {gb(self.parameters)}, gradients {gb(self.gradients)}, optimizer "
+            f"state {gb(self.optimizer)}, activations {gb(self.activations)}{blocks}, runtime {gb(self.runtime)})"
+        )
 
 
 def routed_rows(cfg: TrainConfig, tokens: int) -> tuple[int, bool]:
@@ -174,11 +176,18 @@ class CompiledMemory:
             return None
         if m is None:
             return None
-        return cls(*(int(getattr(m, f"{name}_size_in_bytes", 0) or 0) for name in ("argument", "output", "alias", "temp")))
+        return cls(
+            *(int(getattr(m, f"{name}_size_in_bytes", 0) or 0) for name in ("argument", "output", "alias", "temp"))
+        )
 
     def as_dict(self) -> dict[str, int]:
-        return {"argument": self.argument, "output": self.output, "alias": self.alias, "temp": self.temp,
-                "total": self.total}
+        return {
+            "argument": self.argument,
+            "output": self.output,
+            "alias": self.alias,
+            "temp": self.temp,
+            "total": self.total,
+        }
 
 
 @dataclass(frozen=True)
@@ -205,8 +214,13 @@ def available_memory(local_devices: list[Any]) -> Available:
     stats = device_memory_bytes(first) if first.platform != "cpu" else None
     if stats is not None:
         limit, in_use = stats
-        return Available(limit - in_use, f"one {first.platform} device's free ({first.device_kind}; JAX may allocate "
-                         f"{limit / 1e9:.3g} GB of it, see XLA_PYTHON_CLIENT_MEM_FRACTION)", True, len(local_devices))
+        return Available(
+            limit - in_use,
+            f"one {first.platform} device's free ({first.device_kind}; JAX may allocate "
+            f"{limit / 1e9:.3g} GB of it, see XLA_PYTHON_CLIENT_MEM_FRACTION)",
+            True,
+            len(local_devices),
+        )
     n = len(local_devices)
     have = host_available_bytes()
     what = f"this machine's available ({n} CPU device{'s' if n > 1 else ''}; MemAvailable)"
@@ -217,8 +231,10 @@ def available_memory(local_devices: list[Any]) -> Available:
 
 def run_shape(cfg: TrainConfig, seeds: int) -> str:
     """The run's shape as a refusal names it."""
-    return (f"model: d_model={cfg.model.d_model}, n_layers={cfg.model.n_layers} at data.batch_size="
-            f"{cfg.data.batch_size} x data.seq_len={cfg.data.seq_len}{f' x {seeds} seeds' if seeds > 1 else ''}")
+    return (
+        f"model: d_model={cfg.model.d_model}, n_layers={cfg.model.n_layers} at data.batch_size="
+        f"{cfg.data.batch_size} x data.seq_len={cfg.data.seq_len}{f' x {seeds} seeds' if seeds > 1 else ''}"
+    )
 
 
 def check_estimate_fits(cfg: TrainConfig, local_devices: list[Any], seeds: int = 1) -> MemoryEstimate:
@@ -236,7 +252,9 @@ def check_estimate_fits(cfg: TrainConfig, local_devices: list[Any], seeds: int =
     return estimate
 
 
-def check_program_fits(cfg: TrainConfig, memory: CompiledMemory | None, local_devices: list[Any], seeds: int = 1) -> None:
+def check_program_fits(
+    cfg: TrainConfig, memory: CompiledMemory | None, local_devices: list[Any], seeds: int = 1
+) -> None:
     """DelphiError when the compiled train step (XLA's memory analysis, per device) exceeds what the
     devices have free, naming both numbers and the trainer's own estimate beside them."""
     if memory is None:

@@ -16,8 +16,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-PEAK_MATMUL_SIZE = 1024  # large enough to reach ~90% of the BLAS peak on CPU, small enough to be cheap
 from delphi.train.environment import PEAK_ENV, peak_flops_env  # noqa: F401  (PEAK_ENV: its old home)
+
+PEAK_MATMUL_SIZE = 1024  # large enough to reach ~90% of the BLAS peak on CPU, small enough to be cheap
 
 
 def measure_matmul_flops(precision: str, size: int = PEAK_MATMUL_SIZE, repeats: int = 5, chain: int = 4) -> float:

@@ -6,7 +6,8 @@ actual one, so a hero run can be watched against its prediction live.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # tokens -> predicted eval loss: a number, or a band with .median/.lo90/.hi90. The caller builds it
 # (e.g. delphi.prereg_format.predicted_loss_curve from a preregistration), so training never
@@ -44,7 +45,9 @@ class Progress:
         if record.get("val_loss") is not None:
             postfix["val"] = f"{record['val_loss']:.4f}"
         predicted = self.predicted_loss(record["tokens"]) if self.predicted_loss is not None else None
-        if predicted is not None and not math.isnan(getattr(predicted, "median", predicted)):  # NaN: before the first predicted point
+        if predicted is not None and not math.isnan(
+            getattr(predicted, "median", predicted)
+        ):  # NaN: before the first predicted point
             postfix["pred"] = format_prediction(predicted)
         self.bar.set_postfix(postfix, refresh=False)
 

@@ -86,8 +86,10 @@ class RunLock:
 
 
 def _held_elsewhere(path: Path) -> DelphiError:
-    return DelphiError(f"--out: {path.parent} is being trained by another process (it holds {path}); "
-                       "wait for it to finish or use another directory")
+    return DelphiError(
+        f"--out: {path.parent} is being trained by another process (it holds {path}); "
+        "wait for it to finish or use another directory"
+    )
 
 
 def check_not_locked(run_dir: Path) -> None:
@@ -95,7 +97,7 @@ def check_not_locked(run_dir: Path) -> None:
     before its slower checks, and takes the lock itself after them)."""
     path = Path(run_dir) / LOCK_FILE
     try:
-        f = open(path, "r")
+        f = open(path)
     except OSError:
         return
     with f:
@@ -170,8 +172,10 @@ def stale_running(run_dir: Path) -> str | None:
     pid = lock_pid(run_dir)
     if pid is None or pid_alive(pid):
         return None
-    return (f"{run_dir}: status.json says running but its trainer (pid {pid}, recorded in {run_dir / LOCK_FILE}) "
-            "is gone: it was killed without recording it; continue it with `delphi train --resume`")
+    return (
+        f"{run_dir}: status.json says running but its trainer (pid {pid}, recorded in {run_dir / LOCK_FILE}) "
+        "is gone: it was killed without recording it; continue it with `delphi train --resume`"
+    )
 
 
 def signal_death_reason(signum: int) -> str:
@@ -246,12 +250,18 @@ def summary_problem(run_dir: Path, status: str) -> str | None:
     except FileNotFoundError:
         return f"{path} is missing although status.json says {status}"
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        why = e.strerror if isinstance(e, OSError) else ("not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "not valid JSON")
+        why = (
+            e.strerror
+            if isinstance(e, OSError)
+            else ("not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "not valid JSON")
+        )
         return f"{path} is corrupt ({why}) although status.json says {status}"
     if not isinstance(data, dict):
         return f"{path} holds {type(data).__name__}, expected a JSON object"
     loss = data.get("val_loss")
-    if status == "completed" and (isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)):
+    if status == "completed" and (
+        isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)
+    ):
         from delphi.errors import quoted
 
         return f"{path}: val_loss = {quoted(loss)}, expected a finite number for a completed run"
@@ -332,8 +342,10 @@ class MetricsLog:
         line = json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n"
         if not self._intact():
             if not self._warned:
-                warn(f"{self.path} was deleted or changed while training; recreated it with the "
-                     f"{len(self._lines)} records logged so far")
+                warn(
+                    f"{self.path} was deleted or changed while training; recreated it with the "
+                    f"{len(self._lines)} records logged so far"
+                )
                 self._warned = True
             self._reopen()
         self._lines.append(line)
@@ -358,15 +370,15 @@ def wandb_mode(configured: str | None) -> str:
 class WandbLog:
     """Mirror of metrics.jsonl in Weights & Biases; a no-op (wandb not imported) when disabled."""
 
-    def __init__(self, mode: str, *, project: str, entity: str | None, name: str | None, config: dict, run_dir: Path) -> None:
+    def __init__(
+        self, mode: str, *, project: str, entity: str | None, name: str | None, config: dict, run_dir: Path
+    ) -> None:
         self.run = None
         if mode == "disabled":
             return
         import wandb  # slow import: only when it is used
 
-        self.run = wandb.init(
-            mode=mode, project=project, entity=entity, name=name, config=config, dir=str(run_dir)
-        )
+        self.run = wandb.init(mode=mode, project=project, entity=entity, name=name, config=config, dir=str(run_dir))
 
     def write(self, record: dict) -> None:
         if self.run is not None:
@@ -412,6 +424,8 @@ def summary_log_problem(run_dir: Path) -> str | None:
     steps = summary.get("steps")
     from_log = final_eval_loss(read_metrics(run_dir), int(steps) if isinstance(steps, int) else None)
     if records_disagree(loss, from_log):
-        return (f"{Path(run_dir) / SUMMARY_FILE}: val_loss = {loss!r} disagrees with {METRICS_FILE}'s final eval "
-                f"({from_log!r}); the summary was edited or the log replaced")
+        return (
+            f"{Path(run_dir) / SUMMARY_FILE}: val_loss = {loss!r} disagrees with {METRICS_FILE}'s final eval "
+            f"({from_log!r}); the summary was edited or the log replaced"
+        )
     return None

@@ -28,23 +28,48 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from delphi.errors import CheckFailed, DelphiError, quoted
 from delphi.io import check_input_file, decode_utf8
-from delphi.train.rundir import (CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, read_metrics,
-                                 stopped_before_end, summary_log_problem)
+from delphi.train.rundir import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    read_json_object,
+    read_metrics,
+    stopped_before_end,
+    summary_log_problem,
+)
 
 # The names each quantity is looked for under, in order: Delphi's own first, then the usual names of
 # other trainers and of W&B (HF Trainer: global_step, eval_loss; nanoGPT: iter; W&B: _step, _timestamp).
 # A bare `loss` is not an eval loss alias: most trainers log the training loss under it.
 STEP_ALIASES = ("step", "_step", "iter", "iteration", "global_step", "train/global_step", "trainer/global_step")
-TOKENS_ALIASES = ("tokens", "tokens_seen", "num_tokens", "n_tokens", "total_tokens", "consumed_tokens",
-                  "train/tokens", "throughput/total_tokens")
-LOSS_ALIASES = ("val_loss", "eval_loss", "eval/loss", "val/loss", "validation/loss", "valid/loss", "validation_loss",
-                "valid_loss", "eval/val_loss")
+TOKENS_ALIASES = (
+    "tokens",
+    "tokens_seen",
+    "num_tokens",
+    "n_tokens",
+    "total_tokens",
+    "consumed_tokens",
+    "train/tokens",
+    "throughput/total_tokens",
+)
+LOSS_ALIASES = (
+    "val_loss",
+    "eval_loss",
+    "eval/loss",
+    "val/loss",
+    "validation/loss",
+    "valid/loss",
+    "validation_loss",
+    "valid_loss",
+    "eval/val_loss",
+)
 TIME_ALIASES = ("time", "timestamp", "_timestamp", "wall_time", "walltime", "unix_time")
 ALIASES = {"step": STEP_ALIASES, "tokens": TOKENS_ALIASES, "loss": LOSS_ALIASES, "time": TIME_ALIASES}
 LABELS = {"step": "step", "tokens": "tokens", "loss": "eval loss", "time": "time"}
@@ -148,15 +173,21 @@ def log_path(path: str | os.PathLike) -> Path:
     """The log file `path` names: itself, or the one log in a directory."""
     path = Path(path)
     if not path.is_dir():
-        return check_input_file(path, "metrics log (JSONL, CSV, TSV or JSON)", not_found="run dir or metrics log not found")
+        return check_input_file(
+            path, "metrics log (JSONL, CSV, TSV or JSON)", not_found="run dir or metrics log not found"
+        )
     found = log_files(path)
     if len(found) != 1:
-        raise DelphiError(f"{path}: holds {len(found)} metrics logs ({', '.join(p.name for p in found) or 'none'}); "
-                          f"give the log file itself (one of {', '.join(LOG_SUFFIXES)})")
+        raise DelphiError(
+            f"{path}: holds {len(found)} metrics logs ({', '.join(p.name for p in found) or 'none'}); "
+            f"give the log file itself (one of {', '.join(LOG_SUFFIXES)})"
+        )
     return found[0]
 
 
-def read_run(path: str | os.PathLike, columns: LogColumns = LogColumns(), *, tokens_per_step: float | None = None) -> RunState:
+def read_run(
+    path: str | os.PathLike, columns: LogColumns = LogColumns(), *, tokens_per_step: float | None = None
+) -> RunState:
     """A Delphi run dir (`read_run_dir`), or a log file or a directory holding one (`read_log`).
     A column mapping given for a Delphi run dir is refused: its own names are read."""
     path = Path(path)
@@ -165,8 +196,10 @@ def read_run(path: str | os.PathLike, columns: LogColumns = LogColumns(), *, tok
     if is_delphi_run_dir(path):
         if given := columns.given():
             mapping = ", ".join(f"{LABELS[k]} = {quoted(v, 60)}" for k, v in given.items())
-            raise DelphiError(f"{path} is a Delphi run dir, read by its own column names (step, tokens, val_loss, time); "
-                              f"a column mapping ({mapping}) is for another trainer's log")
+            raise DelphiError(
+                f"{path} is a Delphi run dir, read by its own column names (step, tokens, val_loss, time); "
+                f"a column mapping ({mapping}) is for another trainer's log"
+            )
         return read_run_dir(path)
     return read_log(log_path(path), columns, tokens_per_step=tokens_per_step)
 
@@ -202,8 +235,11 @@ def read_run_dir(run_dir: str | Path) -> RunState:
     summary = read_json_object(run_dir / SUMMARY_FILE)
     if problem := summary_log_problem(run_dir):
         raise CheckFailed(f"{problem}; nothing compared, no outcome written")
-    evals = [EvalPoint(int(r["step"]), None if r.get("tokens") is None else float(r["tokens"]), float(r["val_loss"]))
-             for r in rows if r.get("val_loss") is not None]
+    evals = [
+        EvalPoint(int(r["step"]), None if r.get("tokens") is None else float(r["tokens"]), float(r["val_loss"]))
+        for r in rows
+        if r.get("val_loss") is not None
+    ]
     with_tokens = [r for r in rows if r.get("tokens") is not None]
     return RunState(
         source=str(run_dir),
@@ -233,7 +269,9 @@ class Record:
     text: bool  # values are CSV/TSV text (numbers still to parse), not JSON values
 
 
-def read_log(path: str | os.PathLike, columns: LogColumns = LogColumns(), *, tokens_per_step: float | None = None) -> RunState:
+def read_log(
+    path: str | os.PathLike, columns: LogColumns = LogColumns(), *, tokens_per_step: float | None = None
+) -> RunState:
     """Another trainer's metrics log as a RunState: status `pending` (no row yet) or `running`; its
     end is for the caller to judge (`reach_end`). `tokens_per_step` gives the tokens of a log without
     a tokens column (step x tokens per step)."""
@@ -243,7 +281,9 @@ def read_log(path: str | os.PathLike, columns: LogColumns = LogColumns(), *, tok
     except OSError as e:
         raise DelphiError(f"{path}: cannot read ({e.strerror})") from None
     records, found, sparse = parse_log(path, decode_utf8(data, path, "metrics log"))
-    return replace(log_state(str(path), records, found, columns, sparse=sparse, tokens_per_step=tokens_per_step), path=path)
+    return replace(
+        log_state(str(path), records, found, columns, sparse=sparse, tokens_per_step=tokens_per_step), path=path
+    )
 
 
 def parse_log(path: Path, text: str) -> tuple[list[Record], list[str], bool]:
@@ -257,7 +297,9 @@ def parse_log(path: Path, text: str) -> tuple[list[Record], list[str], bool]:
         header, records = _delimited(path, text, "," if suffix == ".csv" else "\t")
         return records, header, False
     else:
-        raise DelphiError(f"{path}: unknown metrics log format {quoted(path.suffix)}; expected one of {', '.join(LOG_SUFFIXES)}")
+        raise DelphiError(
+            f"{path}: unknown metrics log format {quoted(path.suffix)}; expected one of {', '.join(LOG_SUFFIXES)}"
+        )
     found: dict[str, None] = {}
     for record in records:
         found.update(dict.fromkeys(record.values))
@@ -297,7 +339,9 @@ def _json_document(path: Path, text: str) -> list[Record]:
             raise DelphiError(f"{path}: a column mapping whose columns have different lengths {sorted(lengths)}")
         data = [{k: v[i] for k, v in columns.items()} for i in range(lengths.pop())]
     if not isinstance(data, list):
-        raise DelphiError(f"{path}: expected a JSON array of records (one object per logged row), got {type(data).__name__}")
+        raise DelphiError(
+            f"{path}: expected a JSON array of records (one object per logged row), got {type(data).__name__}"
+        )
     records = []
     for i, value in enumerate(data, start=1):
         if not isinstance(value, dict):
@@ -319,10 +363,12 @@ def _delimited(path: Path, text: str, delimiter: str) -> tuple[list[str], list[R
             if not row:
                 continue
             if len(row) != len(header):
-                raise DelphiError(f"{path}:{reader.line_num}: {len(row)} fields, the header has {len(header)} "
-                                  f"({', '.join(header)})")
-            records.append(Record(f"{path}:{reader.line_num}", {k: v for k, v in zip(header, row) if v.strip() != ""},
-                                  text=True))
+                raise DelphiError(
+                    f"{path}:{reader.line_num}: {len(row)} fields, the header has {len(header)} ({', '.join(header)})"
+                )
+            records.append(
+                Record(f"{path}:{reader.line_num}", {k: v for k, v in zip(header, row) if v.strip() != ""}, text=True)
+            )
     except csv.Error as e:
         raise DelphiError(f"{path}:{reader.line_num}: not a {'CSV' if delimiter == ',' else 'TSV'} row ({e})") from None
     return header, records
@@ -335,8 +381,11 @@ def resolve_columns(where: str, found: list[str], columns: LogColumns, *, sparse
         given = getattr(columns, quantity)
         if given is not None:
             if given not in found:
-                raise ColumnNotFound(f"{where}: column {quoted(given)} (mapped to the {LABELS[quantity]}) not found; "
-                                     f"{_columns_line(found, sparse)}", sparse=sparse)
+                raise ColumnNotFound(
+                    f"{where}: column {quoted(given)} (mapped to the {LABELS[quantity]}) not found; "
+                    f"{_columns_line(found, sparse)}",
+                    sparse=sparse,
+                )
             resolved[quantity] = given
             continue
         match = next((a for a in aliases if a in found), None)
@@ -346,14 +395,26 @@ def resolve_columns(where: str, found: list[str], columns: LogColumns, *, sparse
         if match is not None:
             resolved[quantity] = match
     if "loss" not in resolved:
-        hint = (" ('loss' is there, but most trainers log the training loss under it: if it is the eval loss, "
-                "pass --loss-col loss)") if any(c.lower() == "loss" for c in found) else ""
-        raise ColumnNotFound(f"{where}: no eval loss column (looked for {', '.join(LOSS_ALIASES)}){hint}; "
-                             f"{_columns_line(found, sparse)}; map one with --loss-col", sparse=sparse)
+        hint = (
+            (
+                " ('loss' is there, but most trainers log the training loss under it: if it is the eval loss, "
+                "pass --loss-col loss)"
+            )
+            if any(c.lower() == "loss" for c in found)
+            else ""
+        )
+        raise ColumnNotFound(
+            f"{where}: no eval loss column (looked for {', '.join(LOSS_ALIASES)}){hint}; "
+            f"{_columns_line(found, sparse)}; map one with --loss-col",
+            sparse=sparse,
+        )
     if "step" not in resolved and "tokens" not in resolved:
-        raise ColumnNotFound(f"{where}: no step or tokens column (looked for {', '.join(STEP_ALIASES)}; "
-                             f"{', '.join(TOKENS_ALIASES)}); {_columns_line(found, sparse)}; map one with --step-col "
-                             "or --tokens-col", sparse=sparse)
+        raise ColumnNotFound(
+            f"{where}: no step or tokens column (looked for {', '.join(STEP_ALIASES)}; "
+            f"{', '.join(TOKENS_ALIASES)}); {_columns_line(found, sparse)}; map one with --step-col "
+            "or --tokens-col",
+            sparse=sparse,
+        )
     return resolved
 
 
@@ -362,8 +423,15 @@ def _columns_line(found: list[str], sparse: bool) -> str:
     return f"{'keys in the rows so far' if sparse else 'columns'}: {shown or 'none'}"
 
 
-def log_state(source: str, records: list[Record], found: list[str], columns: LogColumns = LogColumns(), *,
-              sparse: bool, tokens_per_step: float | None = None) -> RunState:
+def log_state(
+    source: str,
+    records: list[Record],
+    found: list[str],
+    columns: LogColumns = LogColumns(),
+    *,
+    sparse: bool,
+    tokens_per_step: float | None = None,
+) -> RunState:
     """The RunState of a log's records (see the module docstring for the rules they must follow)."""
     if not records:
         return RunState(source=source, status="pending", evals=[], kind="log")
@@ -385,9 +453,11 @@ def log_state(source: str, records: list[Record], found: list[str], columns: Log
         key = step if step_col else tokens
         if key is not None:
             if previous is not None and key < previous[0]:
-                raise DelphiError(f"{record.where}: {order_col} = {key:g} after {order_col} = {previous[0]:g} "
-                                  f"({previous[1]}): the log goes backwards (a resumed run appended to it?); "
-                                  "one run's log, in step order")
+                raise DelphiError(
+                    f"{record.where}: {order_col} = {key:g} after {order_col} = {previous[0]:g} "
+                    f"({previous[1]}): the log goes backwards (a resumed run appended to it?); "
+                    "one run's log, in step order"
+                )
             previous = (key, record.where)
         if step is not None:
             latest_step = step
@@ -396,17 +466,30 @@ def log_state(source: str, records: list[Record], found: list[str], columns: Log
         if loss is None:
             continue
         if key is None:
-            raise DelphiError(f"{record.where}: an eval loss ({loss_col} = {loss:g}) without {' or '.join(filter(None, (step_col, tokens_col)))}")
+            raise DelphiError(
+                f"{record.where}: an eval loss ({loss_col} = {loss:g}) without {' or '.join(filter(None, (step_col, tokens_col)))}"
+            )
         if last_eval is not None and key == last_eval[0]:
-            raise DelphiError(f"{record.where}: a second eval at {order_col} = {key:g} (the first at {last_eval[1]}); "
-                              "one eval per step")
+            raise DelphiError(
+                f"{record.where}: a second eval at {order_col} = {key:g} (the first at {last_eval[1]}); "
+                "one eval per step"
+            )
         last_eval = (key, record.where)
         evals.append(EvalPoint(step, tokens, loss))
     described = dict(names)
     if "tokens" not in names and tokens_per_step is not None:
         described["tokens"] = f"{step_col} x {tokens_per_step:g} tokens per step"
-    return RunState(source=source, status="running", evals=evals, first_step_time=first_time, kind="log",
-                    n_rows=len(records), latest_step=latest_step, latest_tokens=latest_tokens, columns=described)
+    return RunState(
+        source=source,
+        status="running",
+        evals=evals,
+        first_step_time=first_time,
+        kind="log",
+        n_rows=len(records),
+        latest_step=latest_step,
+        latest_tokens=latest_tokens,
+        columns=described,
+    )
 
 
 def _raw(record: Record, column: str) -> Any:
@@ -424,12 +507,16 @@ def _number(record: Record, column: str, what: str) -> float | None:
         except ValueError:
             raise DelphiError(f"{record.where}: {column} = {quoted(value, 60)}, expected {what} as a number") from None
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DelphiError(f"{record.where}: {column} = {quoted(value, 60)} ({type(value).__name__}), expected {what} as a number")
+        raise DelphiError(
+            f"{record.where}: {column} = {quoted(value, 60)} ({type(value).__name__}), expected {what} as a number"
+        )
     else:
         number = float(value)
     if not math.isfinite(number):
-        raise DelphiError(f"{record.where}: {column} = {quoted(value, 60)}, expected {what} as a finite number"
-                          + (" (a diverged run? its log cannot be judged past it)" if what == "an eval loss" else ""))
+        raise DelphiError(
+            f"{record.where}: {column} = {quoted(value, 60)}, expected {what} as a finite number"
+            + (" (a diverged run? its log cannot be judged past it)" if what == "an eval loss" else "")
+        )
     if what != "an eval loss" and number < 0:
         raise DelphiError(f"{record.where}: {column} = {quoted(value, 60)}, expected {what} >= 0")
     return number
@@ -440,7 +527,9 @@ def _step(record: Record, column: str) -> int | None:
     if number is None:
         return None
     if number != int(number):
-        raise DelphiError(f"{record.where}: {column} = {quoted(_raw(record, column), 60)}, expected a whole step number")
+        raise DelphiError(
+            f"{record.where}: {column} = {quoted(_raw(record, column), 60)}, expected a whole step number"
+        )
     return int(number)
 
 
@@ -459,9 +548,11 @@ def _time(record: Record, column: str) -> float | None:
     else:
         number = float(value)
     if not (math.isfinite(number) and MIN_EPOCH_S <= number <= MAX_EPOCH_S):
-        raise DelphiError(f"{record.where}: {column} = {quoted(value, 60)}, expected wall-clock epoch seconds "
-                          f"(between {MIN_EPOCH_S:g} and {MAX_EPOCH_S:g}: elapsed seconds or milliseconds are not a time; "
-                          "map another column with --time-col)")
+        raise DelphiError(
+            f"{record.where}: {column} = {quoted(value, 60)}, expected wall-clock epoch seconds "
+            f"(between {MIN_EPOCH_S:g} and {MAX_EPOCH_S:g}: elapsed seconds or milliseconds are not a time; "
+            "map another column with --time-col)"
+        )
     return number
 
 
@@ -469,10 +560,14 @@ def _iso_time(record: Record, column: str, value: str) -> float:
     try:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise DelphiError(f"{record.where}: {column} = {quoted(value, 60)}, expected epoch seconds or an ISO 8601 time") from None
+        raise DelphiError(
+            f"{record.where}: {column} = {quoted(value, 60)}, expected epoch seconds or an ISO 8601 time"
+        ) from None
     if moment.tzinfo is None:
-        raise DelphiError(f"{record.where}: {column} = {quoted(value, 60)} has no time zone; expected an ISO 8601 time "
-                          "with one (Z or +hh:mm), or epoch seconds")
+        raise DelphiError(
+            f"{record.where}: {column} = {quoted(value, 60)} has no time zone; expected an ISO 8601 time "
+            "with one (Z or +hh:mm), or epoch seconds"
+        )
     return moment.timestamp()
 
 
@@ -497,16 +592,22 @@ class RunEnd:
         config = hero.get("config")
         cfg = train_config_from_dict(config, "hero.config") if isinstance(config, dict) else None
         tokens = hero.get("tokens", cfg.tokens if cfg is not None else None)
-        return cls(None if tokens is None else float(tokens), cfg.steps if cfg is not None else None,
-                   float(cfg.tokens_per_step) if cfg is not None else None)
+        return cls(
+            None if tokens is None else float(tokens),
+            cfg.steps if cfg is not None else None,
+            float(cfg.tokens_per_step) if cfg is not None else None,
+        )
 
     def reached_by(self, point: EvalPoint, tolerance_rel: float = TEXT_ROUNDING_REL) -> bool:
-        return ((self.tokens is not None and point.tokens is not None and point.tokens >= self.tokens * (1 - tolerance_rel))
-                or (self.steps is not None and point.step is not None and point.step >= self.steps))
+        return (
+            self.tokens is not None and point.tokens is not None and point.tokens >= self.tokens * (1 - tolerance_rel)
+        ) or (self.steps is not None and point.step is not None and point.step >= self.steps)
 
     def describe(self) -> str:
-        parts = [f"{self.tokens:.4g} tokens" if self.tokens is not None else None,
-                 f"step {self.steps}" if self.steps is not None else None]
+        parts = [
+            f"{self.tokens:.4g} tokens" if self.tokens is not None else None,
+            f"step {self.steps}" if self.steps is not None else None,
+        ]
         return " or ".join(p for p in parts if p)
 
 
@@ -520,17 +621,34 @@ def reach_end(run: RunState, end: RunEnd, *, finished: bool = False) -> RunState
         return run
     at_end = next((e for e in run.evals if end.reached_by(e)), None)
     if at_end is not None:
-        return replace(run, status="completed", final_loss=at_end.loss, reason=f"the log ends at its eval at {_at(at_end)}: the first to reach {end.describe()}")
+        return replace(
+            run,
+            status="completed",
+            final_loss=at_end.loss,
+            reason=f"the log ends at its eval at {_at(at_end)}: the first to reach {end.describe()}",
+        )
     last = run.evals[-1] if run.evals else None
     if finished and last is not None and end.reached_by(last, END_TOLERANCE_REL):
-        return replace(run, status="completed", final_loss=last.loss,
-                       reason=f"declared finished at {_at(last)}, within {END_TOLERANCE_REL:.1%} of {end.describe()}")
+        return replace(
+            run,
+            status="completed",
+            final_loss=last.loss,
+            reason=f"declared finished at {_at(last)}, within {END_TOLERANCE_REL:.1%} of {end.describe()}",
+        )
     if finished:
-        latest = ", ".join(p for p in (f"{run.latest_tokens:.4g} tokens" if run.latest_tokens is not None else None,
-                                       f"step {run.latest_step}" if run.latest_step is not None else None) if p)
-        raise DelphiError(f"{run.source}: declared finished (--finished) but its last row is at {latest or 'no step'}"
-                          + (f", its last eval at {_at(last)}" if last else ", with no eval")
-                          + f", short of {end.describe()} it was to reach; the run did not train what was sealed")
+        latest = ", ".join(
+            p
+            for p in (
+                f"{run.latest_tokens:.4g} tokens" if run.latest_tokens is not None else None,
+                f"step {run.latest_step}" if run.latest_step is not None else None,
+            )
+            if p
+        )
+        raise DelphiError(
+            f"{run.source}: declared finished (--finished) but its last row is at {latest or 'no step'}"
+            + (f", its last eval at {_at(last)}" if last else ", with no eval")
+            + f", short of {end.describe()} it was to reach; the run did not train what was sealed"
+        )
     return run
 
 
@@ -545,25 +663,43 @@ def read_to_end(path: str | os.PathLike, end: RunEnd, log: LogOptions = LogOptio
         return run
     if untimed := next((e for e in run.evals if e.tokens is None), None):
         at = f"step {untimed.step}" if untimed.step is not None else "an eval"
-        why = (f"its {run.columns['tokens']} is empty at {at}" if "tokens" in run.columns else
-               f"no tokens column (looked for {', '.join(TOKENS_ALIASES)})"
-               + ("" if end.tokens_per_step else " and no tokens per step to count them from the steps (the hero's "
-                                                 "train config gives them)"))
+        why = (
+            f"its {run.columns['tokens']} is empty at {at}"
+            if "tokens" in run.columns
+            else f"no tokens column (looked for {', '.join(TOKENS_ALIASES)})"
+            + (
+                ""
+                if end.tokens_per_step
+                else " and no tokens per step to count them from the steps (the hero's train config gives them)"
+            )
+        )
         raise DelphiError(f"{run.source}: {why}; map a column with --tokens-col")
     return reach_end(run, end, finished=log.finished)
 
 
 def _at(point: EvalPoint) -> str:
-    return ", ".join(p for p in (f"{point.tokens:.4g} tokens" if point.tokens is not None else None,
-                                 f"step {point.step}" if point.step is not None else None) if p)
+    return ", ".join(
+        p
+        for p in (
+            f"{point.tokens:.4g} tokens" if point.tokens is not None else None,
+            f"step {point.step}" if point.step is not None else None,
+        )
+        if p
+    )
 
 
 # --------------------------------------------------------------------------- W&B
 
 
 # W&B run states -> run dir statuses.
-WANDB_STATES = {"running": "running", "finished": "completed", "crashed": "failed", "failed": "failed", "killed": "failed",
-                "pending": "pending"}
+WANDB_STATES = {
+    "running": "running",
+    "finished": "completed",
+    "crashed": "failed",
+    "failed": "failed",
+    "killed": "failed",
+    "pending": "pending",
+}
 
 
 def read_wandb(path: str, columns: LogColumns = LogColumns()) -> RunState:
@@ -585,20 +721,32 @@ def read_wandb(path: str, columns: LogColumns = LogColumns()) -> RunState:
     except DelphiError:
         raise
     except Exception as e:  # no network, no API key, no such run: all bad input here
-        raise DelphiError(f"--wandb {path}: cannot read the run from W&B ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); offline? use --run RUN_DIR") from None
-    rows = sorted((r for r in rows if r.get("step", r.get("_step")) is not None), key=lambda r: r.get("step", r.get("_step")))
-    records = [Record(f"wandb:{path}: row {i}", {k: v for k, v in r.items() if v is not None}, text=False)
-               for i, r in enumerate(rows, start=1)]
+        raise DelphiError(
+            f"--wandb {path}: cannot read the run from W&B ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); offline? use --run RUN_DIR"
+        ) from None
+    rows = sorted(
+        (r for r in rows if r.get("step", r.get("_step")) is not None), key=lambda r: r.get("step", r.get("_step"))
+    )
+    records = [
+        Record(f"wandb:{path}: row {i}", {k: v for k, v in r.items() if v is not None}, text=False)
+        for i, r in enumerate(rows, start=1)
+    ]
     found: dict[str, None] = {}
     for record in records:
         found.update(dict.fromkeys(record.values))
     state_ = log_state(f"wandb:{path}", records, list(found), columns, sparse=True)
     final = summary.get("val_loss") if state == "completed" else None
-    return replace(state_, status=state, kind="wandb", first_step_time=created, final_loss=final,
-                   final_bpb=summary.get("val_bpb") if state == "completed" else None)
+    return replace(
+        state_,
+        status=state,
+        kind="wandb",
+        first_step_time=created,
+        final_loss=final,
+        final_bpb=summary.get("val_bpb") if state == "completed" else None,
+    )
 
 
 def _utc_epoch(text: str) -> float:
     """Epoch seconds of a W&B time (ISO 8601 in UTC, written with or without its zone)."""
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()

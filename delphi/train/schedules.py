@@ -20,7 +20,7 @@ weights; the decay ends exactly at the floor on the last step.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -50,7 +50,9 @@ def lr_factor_schedule(optim: OptimConfig, steps: int, xp=jnp) -> Schedule:
     `xp` is the array module: jnp (f32, traceable) or numpy (f64, for the host)."""
     n_warmup = warmup_steps(optim, steps)
     floor = optim.min_lr_frac
-    as_steps = (lambda step: jnp.asarray(step, jnp.float32)) if xp is jnp else (lambda step: np.asarray(step, np.float64))
+    as_steps = (
+        (lambda step: jnp.asarray(step, jnp.float32)) if xp is jnp else (lambda step: np.asarray(step, np.float64))
+    )
 
     if optim.schedule == "constant":
         return lambda step: _warmup(as_steps(step), n_warmup, xp)

@@ -131,7 +131,9 @@ def place_state(state: Any, shardings: Any) -> Any:
 
 # ---- communication volume from the compiled HLO
 
-_A2A = re.compile(r"^\s*(?:ROOT\s+)?\S+\s*=\s*(.*?)\s+all-to-all(?:-start)?\(", re.MULTILINE)  # result type(s) of each op
+_A2A = re.compile(
+    r"^\s*(?:ROOT\s+)?\S+\s*=\s*(.*?)\s+all-to-all(?:-start)?\(", re.MULTILINE
+)  # result type(s) of each op
 _ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
 

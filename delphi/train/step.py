@@ -14,7 +14,8 @@ maths, so several steps per call keeps the CPU busy (see benchmarks/trainer.py).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -101,8 +102,12 @@ def make_train_step(
 
 
 def make_train_chunk(
-    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, model_cfg: ModelConfig, shardings: Any = None,
-    *, seed_axis: bool = False,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    model_cfg: ModelConfig,
+    shardings: Any = None,
+    *,
+    seed_axis: bool = False,
 ) -> Callable[[TrainState, Int[Array, "steps batch seq_plus_1"]], tuple[TrainState, dict]]:
     """jit(scan(train_step)) over a (steps, batch, seq+1) block of batches, state donated.
 
@@ -128,7 +133,9 @@ def make_train_chunk(
 
 def make_eval_step(
     graphdef: nnx.GraphDef, shardings: Any = None, *, seed_axis: bool = False
-) -> Callable[[TrainState, Int[Array, "batches batch seq_plus_1"], Float[Array, "batches batch"]], Float[Array, " batches"]]:
+) -> Callable[
+    [TrainState, Int[Array, "batches batch seq_plus_1"], Float[Array, "batches batch"]], Float[Array, " batches"]
+]:
     """Summed next-token NLL (nats) of each batch of a whole validation set, in one call, dropless
     routing (train=False): `lax.map` over (batches, batch, seq+1) windows, each window weighted 1
     or 0 (0: padding that fills the last batch). The host adds the batch sums in float64. One call per evaluation: at small shapes the per-call
@@ -137,7 +144,9 @@ def make_eval_step(
     `shardings` = (state shardings, batch sharding, replicated), batch sharding on axis 1.
     `seed_axis`: a seed group, vmapped over the state's leading axis: (seeds, batches) sums."""
 
-    def batch_nll(state: TrainState, tokens: Int[Array, "batch seq_plus_1"], weights: Float[Array, " batch"]) -> Float[Array, ""]:
+    def batch_nll(
+        state: TrainState, tokens: Int[Array, "batch seq_plus_1"], weights: Float[Array, " batch"]
+    ) -> Float[Array, ""]:
         model = nnx.merge(graphdef, state.params, state.router_bias, state.other)
         logits, _ = model(tokens[:, :-1], train=False)
         # the per-token terms of delphi.model.transformer.cross_entropy (f32), summed per window

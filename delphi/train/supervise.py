@@ -22,8 +22,8 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from delphi.errors import SYSTEM_ERRNOS, CheckFailed, DelphiError, message_line, system_error_line
 

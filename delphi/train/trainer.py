@@ -27,9 +27,10 @@ import functools
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,15 @@ from delphi.train import checkpoint as ckpt
 from delphi.train import interrupt, sharding
 from delphi.train.config import OPTIM_KEYS_ADDED, TrainConfig, train_config_to_dict
 from delphi.train.device import check_precision, effective_device, request_platform, resolve_attention, select_devices
+from delphi.train.environment import (  # CHECKPOINT_CLOCK_ENV, STEPS_PER_CALL_ENV: their old home is here
+    CHECKPOINT_CLOCK_ENV,  # noqa: F401
+    SINGLE_THREAD_XLA_FLAG,
+    STEPS_PER_CALL_ENV,  # noqa: F401
+    check_training_environment,
+    checkpoint_clock_env,
+    steps_per_call_env,
+    xla_cpu_threads,
+)
 from delphi.train.optim import make_optimizer
 from delphi.train.peak import peak_flops
 from delphi.train.progress import PredictedLoss, Progress
@@ -63,15 +73,6 @@ from delphi.train.rundir import (
     wandb_mode,
     warn,
     write_status,
-)
-from delphi.train.environment import (  # CHECKPOINT_CLOCK_ENV, STEPS_PER_CALL_ENV: their old home is here
-    CHECKPOINT_CLOCK_ENV,  # noqa: F401
-    STEPS_PER_CALL_ENV,  # noqa: F401
-    check_training_environment,
-    checkpoint_clock_env,
-    SINGLE_THREAD_XLA_FLAG,
-    steps_per_call_env,
-    xla_cpu_threads,
 )
 from delphi.train.schedules import lr_schedule
 from delphi.train.step import TrainState, bits_per_byte, eval_blocks, make_eval_step, make_train_chunk, split_model
@@ -217,8 +218,18 @@ def latest_train_program() -> Callable | None:
 
 def _program_key(cfg: TrainConfig, mesh: jax.sharding.Mesh, seeds: int) -> tuple:
     devices = tuple((d.platform, d.id) for d in mesh.devices.flat)
-    return (cfg.model, cfg.optim, cfg.steps, cfg.precision, cfg.data.seq_len, cfg.data.batch_size, seeds, cfg.mesh,
-            attention_kernel(cfg, mesh), devices)
+    return (
+        cfg.model,
+        cfg.optim,
+        cfg.steps,
+        cfg.precision,
+        cfg.data.seq_len,
+        cfg.data.batch_size,
+        seeds,
+        cfg.mesh,
+        attention_kernel(cfg, mesh),
+        devices,
+    )
 
 
 def _train_chunk_program(
@@ -230,7 +241,9 @@ def _train_chunk_program(
 
     def build() -> Callable:
         with jax.set_mesh(mesh):
-            chunk = make_train_chunk(graphdef, tx, cfg.model, (state_sh, train_batch_sh, replicated), seed_axis=seeds > 0)
+            chunk = make_train_chunk(
+                graphdef, tx, cfg.model, (state_sh, train_batch_sh, replicated), seed_axis=seeds > 0
+            )
             return chunk.lower(state, tokens).compile()
 
     return _cache(("train", k, *_program_key(cfg, mesh, seeds)), build)
@@ -307,7 +320,9 @@ class EvalSet:
     in chunks of one shape: chunk 0 is every evaluation's set, the others join it at the last step
     (`TokenStore.final_eval_chunks`; none without final_eval_tokens)."""
 
-    chunks: tuple[tuple[jax.Array, jax.Array], ...]  # (tokens (batches, eval batch, seq+1), weights (batches, eval batch))
+    chunks: tuple[
+        tuple[jax.Array, jax.Array], ...
+    ]  # (tokens (batches, eval batch, seq+1), weights (batches, eval batch))
     n_targets: int  # next-token targets of the real windows of one chunk
     # bytes of eval text per target (TokenStore.eval_bytes): of chunk 0 (the curve) and of all chunks
     # (the final evaluation); exactly 1.0 for a byte store
@@ -331,7 +346,9 @@ def eval_set(cfg: TrainConfig, store: Any, batch_sharding: Any) -> EvalSet:
     return EvalSet(chunks, n_targets, (curve_bytes / n_targets, all_bytes / (len(windows) * n_targets)))
 
 
-def evaluate(eval_step: Callable, state: TrainState, data: EvalSet, *, final: bool = False) -> tuple[list[float], list[float]]:
+def evaluate(
+    eval_step: Callable, state: TrainState, data: EvalSet, *, final: bool = False
+) -> tuple[list[float], list[float]]:
     """Mean next-token loss (nats) per seed (one for a single run) over chunk 0, the curve's set,
     and over every chunk when `final` (else chunk 0 again): one device call per chunk, the
     per-batch sums added in float64."""
@@ -346,7 +363,9 @@ def _train_batches(cfgs: list[TrainConfig], store: Any, first: int, k: int, batc
     """Steps first .. first+k-1 as one (k, batch, seq+1) global array; a seed group: one such
     block per member (its own data.seed) stacked into (seeds, k, batch, seq+1)."""
     blocks = [
-        np.stack([store.train_batch(s, c.data.seed, c.data.batch_size, c.data.seq_len) for s in range(first, first + k)])
+        np.stack(
+            [store.train_batch(s, c.data.seed, c.data.batch_size, c.data.seq_len) for s in range(first, first + k)]
+        )
         for c in cfgs
     ]
     return sharding.place(blocks[0] if len(cfgs) == 1 else np.stack(blocks), batch_sharding)
@@ -394,7 +413,9 @@ def check_seed_group(cfgs: list[TrainConfig], run_dirs: list[Path]) -> None:
         raise DelphiError(f"seeds: (seed, data.seed) of a seed group must be unique, got {seeds}")
     dirs = [Path(d).resolve() for d in run_dirs]
     if len(set(dirs)) != len(dirs):
-        raise DelphiError(f"--out: the run directories of a seed group must be distinct, got {[str(d) for d in run_dirs]}")
+        raise DelphiError(
+            f"--out: the run directories of a seed group must be distinct, got {[str(d) for d in run_dirs]}"
+        )
     if cfgs[0].mesh.devices != 1:
         raise DelphiError(
             f"mesh: a seed group runs on one device (mesh.data x mesh.expert = {cfgs[0].mesh.devices} is not supported "
@@ -543,8 +564,12 @@ def train_group(
 
 
 def _train_group(
-    cfgs: list[TrainConfig], run_dirs: list[Path], resume: bool, predicted_loss: PredictedLoss | None,
-    progress: bool, max_steps: int | None,
+    cfgs: list[TrainConfig],
+    run_dirs: list[Path],
+    resume: bool,
+    predicted_loss: PredictedLoss | None,
+    progress: bool,
+    max_steps: int | None,
 ) -> list[dict]:
     from delphi.data.loader import TokenStore
     from delphi.data.store import check_store_for_config
@@ -607,7 +632,9 @@ def _restore_group(run_dirs: list[Path], templates: list[TrainState], shardings:
             found.append(restoration.restored)
         if any(r is None for r in found):
             if len(found) > 1 and any(r is not None for r in found) and primary:
-                warn(f"{run_dirs[found.index(None)]}: no checkpoint common to the seed group; every member restarts from step 0")
+                warn(
+                    f"{run_dirs[found.index(None)]}: no checkpoint common to the seed group; every member restarts from step 0"
+                )
             return None
         steps = {r.step for r in found}
         if len(steps) == 1:
@@ -616,8 +643,16 @@ def _restore_group(run_dirs: list[Path], templates: list[TrainState], shardings:
 
 
 def _train_locked(
-    cfgs: list[TrainConfig], run_dirs: list[Path], texts: list[str], mesh: jax.sharding.Mesh, store: Any,
-    resume: bool, predicted_loss: PredictedLoss | None, progress: bool, max_steps: int | None, primary: bool,
+    cfgs: list[TrainConfig],
+    run_dirs: list[Path],
+    texts: list[str],
+    mesh: jax.sharding.Mesh,
+    store: Any,
+    resume: bool,
+    predicted_loss: PredictedLoss | None,
+    progress: bool,
+    max_steps: int | None,
+    primary: bool,
 ) -> list[dict]:
     cfg, stacked = cfgs[0], len(cfgs) > 1
     summaries: list[dict] = []
@@ -657,27 +692,48 @@ def _train_locked(
         interrupt.check("initialisation")
 
         summaries = [
-            _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall) | {"cpu_threads": threads}
+            _summary_header(c, store, sha256_bytes(identity_yaml(text).encode()), start_step, wall)
+            | {"cpu_threads": threads}
             for c, text, wall in zip(cfgs, texts, wall_before)
         ]
         for i, (c, run_dir) in enumerate(zip(cfgs, run_dirs)):
-            members.append(Member(
-                cfg=c, run_dir=run_dir, primary=primary,
-                metrics=MetricsLog(run_dir, keep_through_step=start_step if restored is not None else None, enabled=primary),
-                wandb=WandbLog(
-                    wandb_mode(c.wandb.mode) if primary else "disabled", project=c.wandb.project,
-                    entity=c.wandb.entity, name=c.name, config=train_config_to_dict(c), run_dir=run_dir,
-                ),
-                # one progress bar for the group: the first member's
-                bar=Progress(c.steps, start_step, c.tokens_per_step, predicted_loss, enabled=progress and primary and i == 0),
-            ))
+            members.append(
+                Member(
+                    cfg=c,
+                    run_dir=run_dir,
+                    primary=primary,
+                    metrics=MetricsLog(
+                        run_dir, keep_through_step=start_step if restored is not None else None, enabled=primary
+                    ),
+                    wandb=WandbLog(
+                        wandb_mode(c.wandb.mode) if primary else "disabled",
+                        project=c.wandb.project,
+                        entity=c.wandb.entity,
+                        name=c.name,
+                        config=train_config_to_dict(c),
+                        run_dir=run_dir,
+                    ),
+                    # one progress bar for the group: the first member's
+                    bar=Progress(
+                        c.steps, start_step, c.tokens_per_step, predicted_loss, enabled=progress and primary and i == 0
+                    ),
+                )
+            )
         # ---- compile ahead of time so timings (and the progress bar) exclude it
         compile_start = time.perf_counter()
         k = summaries[0]["steps_per_call"]
         eval_data = eval_set(cfg, store, eval_sh)
         first_tokens = _train_batches(cfgs, store, start_step, k, batch_sh)
         train_chunk, eval_step, compiled_s = _compiled_steps(
-            cfg, k, graphdef, tx, state, first_tokens, eval_data.chunks[0], mesh, shardings,
+            cfg,
+            k,
+            graphdef,
+            tx,
+            state,
+            first_tokens,
+            eval_data.chunks[0],
+            mesh,
+            shardings,
             seeds=len(cfgs) if stacked else 0,
         )
         interrupt.check("compilation")
@@ -688,10 +744,20 @@ def _train_locked(
             summary["peak_flops"] = peak
             summary["seed_group"] = len(cfgs)
         ctx = RunContext(
-            cfg=cfg, members=tuple(members), stacked=stacked, store=store, k=k, train_chunk=train_chunk,
-            eval_step=eval_step, eval_data=eval_data, train_batch_sharding=batch_sh,
-            lr_at=lr_schedule(cfg.optim, cfg.steps), exact_flops_per_token=summaries[0]["flops_per_token"],
-            palm_per_token=summaries[0]["flops_per_token_palm"], peak=peak, max_steps=max_steps,
+            cfg=cfg,
+            members=tuple(members),
+            stacked=stacked,
+            store=store,
+            k=k,
+            train_chunk=train_chunk,
+            eval_step=eval_step,
+            eval_data=eval_data,
+            train_batch_sharding=batch_sh,
+            lr_at=lr_schedule(cfg.optim, cfg.steps),
+            exact_flops_per_token=summaries[0]["flops_per_token"],
+            palm_per_token=summaries[0]["flops_per_token_palm"],
+            peak=peak,
+            max_steps=max_steps,
         )
         return _run(ctx, LoopState(state=state, step=start_step, summaries=summaries, wall_before=wall_before))
     except BaseException as e:
@@ -731,8 +797,11 @@ def check_resume_threads(run_dir: Path, extra: dict, threads: int | None) -> Non
     recorded = extra.get("cpu_threads")
     if recorded is None or threads is None or int(recorded) == threads:
         return
-    how = ("XLA_FLAGS=" + SINGLE_THREAD_XLA_FLAG if int(recorded) == 1
-           else f"{int(recorded)} cores (e.g. `taskset -c 0-{int(recorded) - 1}`) and XLA_FLAGS without {SINGLE_THREAD_XLA_FLAG}")
+    how = (
+        "XLA_FLAGS=" + SINGLE_THREAD_XLA_FLAG
+        if int(recorded) == 1
+        else f"{int(recorded)} cores (e.g. `taskset -c 0-{int(recorded) - 1}`) and XLA_FLAGS without {SINGLE_THREAD_XLA_FLAG}"
+    )
     raise DelphiError(
         f"{run_dir}: its checkpoint was trained with {int(recorded)} XLA CPU thread(s), this process has {threads}: "
         f"resumed so, the run would not repeat its own numbers (a float sum split over another thread count rounds "
@@ -791,8 +860,10 @@ def _run(ctx: RunContext, loop: LoopState) -> list[dict]:
         step = loop.step
         is_log = step % cfg.log_every == 0 or step == cfg.steps
         is_eval = step % cfg.eval_every == 0 or step == cfg.steps
-        is_ckpt = step < cfg.steps and ((step % cfg.checkpoint_every == 0 and _checkpoint_due(cfg, loop))
-                                        or (is_log and _clock_checkpoint_due(loop)))
+        is_ckpt = step < cfg.steps and (
+            (step % cfg.checkpoint_every == 0 and _checkpoint_due(cfg, loop))
+            or (is_log and _clock_checkpoint_due(loop))
+        )
         stopping = _stop_requested(ctx, loop, at_sync_point=is_log or is_eval or is_ckpt)
         if not (is_log or is_eval or is_ckpt or stopping):
             continue
@@ -872,7 +943,9 @@ def _sync(ctx: RunContext, loop: LoopState) -> dict[int, tuple[dict, int | None]
             "wall_s": loop.wall(i),
             "time": time.time(),  # epoch seconds: lets `prereg verify` prove the prediction came first
         }
-        loop.summaries[i].update(steps=record_step, tokens=record["tokens"], flops=record["flops"], wall_time_s=loop.wall(i))
+        loop.summaries[i].update(
+            steps=record_step, tokens=record["tokens"], flops=record["flops"], wall_time_s=loop.wall(i)
+        )
         records[i] = (record, first_bad)
     return records
 
@@ -892,8 +965,11 @@ def _evaluate_into(ctx: RunContext, loop: LoopState, records: dict[int, tuple[di
             record["val_loss_final_set"] = full_losses[i]
             loop.summaries[i].update(final_eval_targets=len(ctx.eval_data.chunks) * ctx.eval_data.n_targets)
         full_bytes_per_target = ctx.eval_data.bytes_per_target[1 if final else 0]
-        loop.summaries[i].update(val_loss=full_losses[i], val_bpb=bits_per_byte(full_losses[i], full_bytes_per_target),
-                                 eval_bytes_per_token=full_bytes_per_target)
+        loop.summaries[i].update(
+            val_loss=full_losses[i],
+            val_bpb=bits_per_byte(full_losses[i], full_bytes_per_target),
+            eval_bytes_per_token=full_bytes_per_target,
+        )
 
 
 def _checkpoint(ctx: RunContext, loop: LoopState) -> None:
@@ -902,8 +978,13 @@ def _checkpoint(ctx: RunContext, loop: LoopState) -> None:
     start = time.perf_counter()
     for i, member in _active(ctx, loop):
         state = _member(loop.state, i, ctx.stacked)
-        ckpt.save_checkpoint(member.run_dir, loop.step, state, keep=None,
-                             extra={"wall_s": loop.wall(i), "cpu_threads": loop.summaries[i]["cpu_threads"]})
+        ckpt.save_checkpoint(
+            member.run_dir,
+            loop.step,
+            state,
+            keep=None,
+            extra={"wall_s": loop.wall(i), "cpu_threads": loop.summaries[i]["cpu_threads"]},
+        )
     for _, member in _active(ctx, loop):
         ckpt.prune_checkpoints(member.run_dir, member.cfg.keep_checkpoints)
     loop.last_checkpoint_time = time.perf_counter()

@@ -41,8 +41,10 @@ def main() -> None:
         for step in eval_steps:
             tokens = step * tokens_per_step
             loss = eval_loss(tokens, args.tokens, args.final_loss, first_tokens)
-            rows = [{"iter": step, "tokens_seen": tokens, "train/loss": loss * 1.01, "time": time.time()},
-                    {"iter": step, "tokens_seen": tokens, "eval/loss": loss, "time": time.time()}]
+            rows = [
+                {"iter": step, "tokens_seen": tokens, "train/loss": loss * 1.01, "time": time.time()},
+                {"iter": step, "tokens_seen": tokens, "eval/loss": loss, "time": time.time()},
+            ]
             for row in rows:
                 log.write(json.dumps(row) + "\n")
             log.flush()

@@ -29,9 +29,9 @@ import pandas as pd
 
 from delphi.editions import edition_tree
 from delphi.fits import fit_approach2, fit_vpnls, load_results
+from delphi.io import atomic_write_text
 from delphi.ladder.plan import make_rung, shape_for_width
 from delphi.ladder.spec import load_ladder_spec
-from delphi.io import atomic_write_text
 from delphi.model.flops import count_params, flops_per_token
 from delphi.prereg.create import predict_hero
 from delphi.train.config import load_train_config
@@ -60,9 +60,20 @@ def long_rung_rows(template: pd.DataFrame, dirs: list[Path]) -> pd.DataFrame:
         row = template[template["d_model"] == cfg.model.d_model].iloc[0].copy()
         tokens = cfg.tokens
         flops = flops_per_token(cfg.model, cfg.data.seq_len) * tokens
-        row.update({"run_id": d.name, "cell_id": d.name, "tokens": tokens, "flops": flops, "budget": flops,
-                    "loss": json.loads((d / "summary.json").read_text())["val_loss"], "steps": cfg.steps,
-                    "lr": cfg.optim.lr, "seed": cfg.seed, "tokens_per_param": tokens / count_params(cfg.model).nonembedding})
+        row.update(
+            {
+                "run_id": d.name,
+                "cell_id": d.name,
+                "tokens": tokens,
+                "flops": flops,
+                "budget": flops,
+                "loss": json.loads((d / "summary.json").read_text())["val_loss"],
+                "steps": cfg.steps,
+                "lr": cfg.optim.lr,
+                "seed": cfg.seed,
+                "tokens_per_param": tokens / count_params(cfg.model).nonembedding,
+            }
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -88,9 +99,17 @@ def main() -> int:
             cells += [f"{predicted:.4f}", f"{actual / predicted - 1:+.4f}"]
         tpp = cfg.tokens / count_params(cfg.model).nonembedding
         flops = flops_per_token(cfg.model, cfg.data.seq_len) * cfg.tokens
-        lines.append(f"{name},{cfg.model.d_model},{cfg.model.n_layers},{flops:.3g},{tpp:.0f},{actual:.4f}," + ",".join(cells))
-    lines.append("# E of each VPNLS fit: " + "; ".join(f"{k} E={f.params['E']:.3f} alpha={f.params['alpha']:.3f} "
-                                                      f"beta={f.params['beta']:.3f}" for k, f in fits.items() if "vpnls" in k))
+        lines.append(
+            f"{name},{cfg.model.d_model},{cfg.model.n_layers},{flops:.3g},{tpp:.0f},{actual:.4f}," + ",".join(cells)
+        )
+    lines.append(
+        "# E of each VPNLS fit: "
+        + "; ".join(
+            f"{k} E={f.params['E']:.3f} alpha={f.params['alpha']:.3f} beta={f.params['beta']:.3f}"
+            for k, f in fits.items()
+            if "vpnls" in k
+        )
+    )
     atomic_write_text(HERE / "diagnostics.csv", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -38,8 +38,10 @@ OUT = Path(__file__).with_suffix(".csv")
 STUDIES = [
     ("paper/editions/v2/study_10x", "vpnls"),
     ("paper/editions/v3/study", "vpnls"),
-    *((f"benchmarks/default_study/2026-12-01-{name}", "isoflop")
-      for name in ("v3-seed0", "v3-seed1", "v3-seed2", "v4-readme-run-final", "v4-seed1", "v4-seed2")),
+    *(
+        (f"benchmarks/default_study/2026-12-01-{name}", "isoflop")
+        for name in ("v3-seed0", "v3-seed1", "v3-seed2", "v4-readme-run-final", "v4-seed1", "v4-seed2")
+    ),
 ]
 
 
@@ -50,17 +52,27 @@ def row(study: str, primary: str) -> dict[str, object]:
     fit_table, _ = load_tables(d / "results.csv", fit_convention(fit))
     predicted = float(predict_hero(fit, hero)[0]["loss"])
     actual = float(json.loads((d / "hero" / "summary.json").read_text())["val_loss"])
-    out: dict[str, object] = {"study": study, "primary": primary, "primary_loss": round(predicted, 4),
-                              "actual_loss": round(actual, 4), "primary_error": round(actual / predicted - 1, 4)}
+    out: dict[str, object] = {
+        "study": study,
+        "primary": primary,
+        "primary_loss": round(predicted, 4),
+        "actual_loss": round(actual, 4),
+        "primary_error": round(actual / predicted - 1, 4),
+    }
     rehearsal = json.loads((d / "rehearsal" / "summary.json").read_text())["val_loss"]
-    out["primary_rehearsal_error"] = round(rehearsal / float(predict_hero(fit, load_train_config(d / "rehearsal.yaml"))[0]["loss"]) - 1, 4)
+    out["primary_rehearsal_error"] = round(
+        rehearsal / float(predict_hero(fit, load_train_config(d / "rehearsal.yaml"))[0]["loss"]) - 1, 4
+    )
     for name, check in cross_check_predictions(fit, fit_table, hero, d / "rehearsal").items():
-        out |= {"cross_check": name, "cross_check_loss": round(check["loss"], 4),
-                "cross_check_error": round(actual / check["loss"] - 1, 4),
-                "cross_check_backtest": round(check["backtest_rel_error"], 4),
-                "cross_check_rehearsal_error": round(check["probes"]["rehearsal"]["rel_error"], 4),
-                "disagreement": round(check["loss"] / predicted - 1, 4),
-                "actual_between_laws": min(predicted, check["loss"]) <= actual <= max(predicted, check["loss"])}
+        out |= {
+            "cross_check": name,
+            "cross_check_loss": round(check["loss"], 4),
+            "cross_check_error": round(actual / check["loss"] - 1, 4),
+            "cross_check_backtest": round(check["backtest_rel_error"], 4),
+            "cross_check_rehearsal_error": round(check["probes"]["rehearsal"]["rel_error"], 4),
+            "disagreement": round(check["loss"] / predicted - 1, 4),
+            "actual_between_laws": min(predicted, check["loss"]) <= actual <= max(predicted, check["loss"]),
+        }
     return out
 
 
@@ -70,10 +82,12 @@ def main() -> int:
     lines += [",".join(str(r[k]) for k in rows[0]) for r in rows]
     atomic_write_text(OUT, "\n".join(lines) + "\n")
     for r in csv.DictReader(OUT.read_text().splitlines()):
-        print(f"{r['study']:<56} {r['primary']:>7} hero {float(r['primary_error']):+.2%} rehearsal "
-              f"{float(r['primary_rehearsal_error']):+.2%} | {r['cross_check']:>7} hero {float(r['cross_check_error']):+.2%} "
-              f"rehearsal {float(r['cross_check_rehearsal_error']):+.2%} | disagree {float(r['disagreement']):+.2%} "
-              f"| actual between the laws: {r['actual_between_laws']}")
+        print(
+            f"{r['study']:<56} {r['primary']:>7} hero {float(r['primary_error']):+.2%} rehearsal "
+            f"{float(r['primary_rehearsal_error']):+.2%} | {r['cross_check']:>7} hero {float(r['cross_check_error']):+.2%} "
+            f"rehearsal {float(r['cross_check_rehearsal_error']):+.2%} | disagree {float(r['disagreement']):+.2%} "
+            f"| actual between the laws: {r['actual_between_laws']}"
+        )
     return 0
 
 

@@ -36,8 +36,11 @@ PROBES = ("probe3x", "probe10x")
 
 def rows() -> list[dict[str, object]]:
     fits = {name: load_fit(HERE / "study" / "fits" / f"{name}.json") for name in LAWS}
-    top_budget = max(float(r["budget"]) for r in csv.DictReader((HERE / "study" / "results.csv").open())
-                     if r.get("role", "isoflop") == "isoflop")
+    top_budget = max(
+        float(r["budget"])
+        for r in csv.DictReader((HERE / "study" / "results.csv").open())
+        if r.get("role", "isoflop") == "isoflop"
+    )
     out = []
     for probe in PROBES:
         hero = load_train_config(DATA / probe / "hero.yaml")
@@ -45,10 +48,18 @@ def rows() -> list[dict[str, object]]:
         actual = json.loads(summary.read_text())["val_loss"] if summary.is_file() else None
         for law, fit in fits.items():
             predicted = float(predict_hero(fit, hero)[0]["loss"])
-            out.append({"probe": probe, "multiple": round(hero.flops / top_budget, 2),
-                        "d_model": hero.model.d_model, "tokens": hero.tokens, "law": law,
-                        "predicted": round(predicted, 4), "actual": None if actual is None else round(actual, 4),
-                        "error": None if actual is None else round(actual / predicted - 1, 4)})
+            out.append(
+                {
+                    "probe": probe,
+                    "multiple": round(hero.flops / top_budget, 2),
+                    "d_model": hero.model.d_model,
+                    "tokens": hero.tokens,
+                    "law": law,
+                    "predicted": round(predicted, 4),
+                    "actual": None if actual is None else round(actual, 4),
+                    "error": None if actual is None else round(actual / predicted - 1, 4),
+                }
+            )
     return out
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from delphi.editions import edition_tree
 from delphi.cli import main as cli_main
+from delphi.editions import edition_tree
 from delphi.fits import load_fit
 from delphi.io import atomic_write_text
 from delphi.prereg.create import predict_hero
@@ -39,15 +39,21 @@ LAWS = ("vpnls", "isoflop")
 
 def variants(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     isoflop = table["role"] != "anchor"
-    return {"all rungs": table, "no anchors": table[isoflop], "d_model >= 40": table[table["d_model"] >= 40],
-            "no anchors, budgets >= 2.2e12": table[isoflop & (table["budget"] >= 2.2e12)]}
+    return {
+        "all rungs": table,
+        "no anchors": table[isoflop],
+        "d_model >= 40": table[table["d_model"] >= 40],
+        "no anchors, budgets >= 2.2e12": table[isoflop & (table["budget"] >= 2.2e12)],
+    }
 
 
 def main() -> int:
     table = pd.read_csv(HERE / "study" / "results.csv")
     family = HERE / "study" / "results.csv.family.json"
-    probes = {p: (load_train_config(DATA / p / "hero.yaml"), json.loads((DATA / p / "summary.json").read_text())["val_loss"])
-              for p in PROBES}
+    probes = {
+        p: (load_train_config(DATA / p / "hero.yaml"), json.loads((DATA / p / "summary.json").read_text())["val_loss"])
+        for p in PROBES
+    }
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, subset in variants(table).items():
@@ -55,15 +61,28 @@ def main() -> int:
             subset.to_csv(results, index=False)
             for law in LAWS:
                 fit_path = Path(tmp) / f"{law}.json"
-                if cli_main(["fit", law, str(results), "--family", str(family), "--bootstrap", "0", "--out", str(fit_path)]) != 0:
+                if (
+                    cli_main(
+                        ["fit", law, str(results), "--family", str(family), "--bootstrap", "0", "--out", str(fit_path)]
+                    )
+                    != 0
+                ):
                     raise SystemExit(f"{name}: delphi fit {law} failed")
                 fit = load_fit(fit_path)
                 for probe, (hero, actual) in probes.items():
                     predicted = float(predict_hero(fit, hero)[0]["loss"])
-                    rows.append({"variant": name, "runs": len(subset), "law": law, "probe": probe,
-                                 "predicted": round(predicted, 4), "actual": round(actual, 4),
-                                 "error": round(actual / predicted - 1, 4),
-                                 "E": round(fit.params["E"], 4) if "E" in fit.params else None})
+                    rows.append(
+                        {
+                            "variant": name,
+                            "runs": len(subset),
+                            "law": law,
+                            "probe": probe,
+                            "predicted": round(predicted, 4),
+                            "actual": round(actual, 4),
+                            "error": round(actual / predicted - 1, 4),
+                            "E": round(fit.params["E"], 4) if "E" in fit.params else None,
+                        }
+                    )
     frame = pd.DataFrame(rows)
     atomic_write_text(OUT, frame.to_csv(index=False))
     print(frame.to_string(index=False))

@@ -42,9 +42,19 @@ def probe_rows() -> pd.DataFrame:
     for run in sorted((STUDY / "probes").glob("*")):
         cfg = load_train_config(run / "config.yaml")
         summary = json.loads((run / "summary.json").read_text())
-        rows.append({"run_id": run.name, "params": summary["flops_per_token"] / 6, "tokens": float(cfg.tokens),
-                     "flops": float(cfg.flops), "budget": float(cfg.flops), "loss": float(summary["val_loss"]),
-                     "cell_id": run.name, "seed": cfg.seed, "cfg": cfg})
+        rows.append(
+            {
+                "run_id": run.name,
+                "params": summary["flops_per_token"] / 6,
+                "tokens": float(cfg.tokens),
+                "flops": float(cfg.flops),
+                "budget": float(cfg.flops),
+                "loss": float(summary["val_loss"]),
+                "cell_id": run.name,
+                "seed": cfg.seed,
+                "cfg": cfg,
+            }
+        )
     return pd.DataFrame(rows).sort_values("flops")
 
 
@@ -62,23 +72,38 @@ def main() -> int:
     err = np.array([row.loss / float(predict_hero(iso, row.cfg)[0]["loss"]) - 1 for row in probes.itertuples()])
     slope, intercept = np.polyfit(x, err, 1)
     carried = intercept + slope * np.log10(hero.flops / top)
-    out.append({"opinion": "isoFLOP law x (1 + its probe error carried to 30x)", "hero_loss": sealed * (1 + carried),
-                "note": f"probe errors {', '.join(f'{e:+.2%}' for e in err)}; carried {carried:+.2%}"})
+    out.append(
+        {
+            "opinion": "isoFLOP law x (1 + its probe error carried to 30x)",
+            "hero_loss": sealed * (1 + carried),
+            "note": f"probe errors {', '.join(f'{e:+.2%}' for e in err)}; carried {carried:+.2%}",
+        }
+    )
 
     # (2) The compute frontier with E free on the ladder's best losses plus the probes.
     best = budget_best_losses(gate_table)
     compute = np.concatenate([best["budget"].to_numpy(float), probes["flops"].to_numpy(float)])
     loss = np.concatenate([best["loss"].to_numpy(float), probes["loss"].to_numpy(float)])
     f = fit_frontier_arrays(compute, loss)
-    out.append({"opinion": "frontier E + A C^-gamma, ladder best losses + probes", "hero_loss": f["E"] + f["A"] * hero.flops ** -f["gamma"],
-                "note": f"E {f['E']:.4f}, gamma {f['gamma']:.4f}"})
+    out.append(
+        {
+            "opinion": "frontier E + A C^-gamma, ladder best losses + probes",
+            "hero_loss": f["E"] + f["A"] * hero.flops ** -f["gamma"],
+            "note": f"E {f['E']:.4f}, gamma {f['gamma']:.4f}",
+        }
+    )
 
     # (3) VPNLS on the ladder's runs plus the probes.
     table = pd.concat([fit_table, probes.drop(columns="cfg")], ignore_index=True)
     table.attrs = dict(fit_table.attrs)
     vp = fit_vpnls(table, n_bootstrap=0).with_family(iso.family)
-    out.append({"opinion": "VPNLS, ladder runs + probes", "hero_loss": float(predict_hero(vp, hero)[0]["loss"]),
-                "note": f"E {vp.params['E']:.4f}, alpha {vp.params['alpha']:.3f}, beta {vp.params['beta']:.3f}"})
+    out.append(
+        {
+            "opinion": "VPNLS, ladder runs + probes",
+            "hero_loss": float(predict_hero(vp, hero)[0]["loss"]),
+            "note": f"E {vp.params['E']:.4f}, alpha {vp.params['alpha']:.3f}, beta {vp.params['beta']:.3f}",
+        }
+    )
 
     frame = pd.DataFrame(out)
     frame["vs_sealed"] = frame["hero_loss"] / sealed - 1

@@ -31,9 +31,9 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -59,8 +59,10 @@ OWN = "delphi paper v6, 60x hero"  # target beyond the last probe, in probe span
 
 def _library(carry: str) -> Callable[[np.ndarray, np.ndarray, float], float]:
     """A carry of `delphi.fits.backtest.ProbeTrend` (x are log10 C, so its top budget is 1)."""
+
     def carried(x: np.ndarray, e: np.ndarray, at: float) -> float:
-        return ProbeTrend(1.0, tuple(map(str, range(len(x)))), tuple(x), tuple(e), carry).at(10 ** at)
+        return ProbeTrend(1.0, tuple(map(str, range(len(x)))), tuple(x), tuple(e), carry).at(10**at)
+
     return carried
 
 
@@ -95,10 +97,22 @@ def public_rows() -> pd.DataFrame:
                         continue
                     x = np.log10(np.array(r["probe_budgets"]))
                     reach = math.log(r["beyond_last_probe"]) / math.log(r["probe_span"])
-                    rows.append({"method": method, "probes": n_probes, "experiment": experiment, "budget": r["budget"],
-                                 "reach_in_spans": round(reach, 6)}
-                                | score(x, np.array(r["probe_errors"]), math.log10(r["budget"]), r["law_loss"],
-                                        r["observed_best_loss"]))
+                    rows.append(
+                        {
+                            "method": method,
+                            "probes": n_probes,
+                            "experiment": experiment,
+                            "budget": r["budget"],
+                            "reach_in_spans": round(reach, 6),
+                        }
+                        | score(
+                            x,
+                            np.array(r["probe_errors"]),
+                            math.log10(r["budget"]),
+                            r["law_loss"],
+                            r["observed_best_loss"],
+                        )
+                    )
     return pd.DataFrame(rows)
 
 
@@ -111,9 +125,13 @@ def own_row() -> dict:
     at = math.log10(read(SEAL)["hero"]["flops"] / final["probe_correction"]["top_budget"])
     observed = json.loads(OUTCOME.read_text())["actual_final_loss"]
     order = np.argsort(x)
-    return {"method": "isoflop", "probes": 3, "experiment": OWN, "budget": read(SEAL)["hero"]["flops"],
-            "reach_in_spans": round((at - x.max()) / (x.max() - x.min()), 6)} \
-        | score(x[order], e[order], at, final["uncorrected"]["loss"], observed)
+    return {
+        "method": "isoflop",
+        "probes": 3,
+        "experiment": OWN,
+        "budget": read(SEAL)["hero"]["flops"],
+        "reach_in_spans": round((at - x.max()) / (x.max() - x.min()), 6),
+    } | score(x[order], e[order], at, final["uncorrected"]["loss"], observed)
 
 
 def summarise(frame: pd.DataFrame) -> pd.DataFrame:
@@ -121,17 +139,21 @@ def summarise(frame: pd.DataFrame) -> pd.DataFrame:
     bins = pd.cut(frame["reach_in_spans"], REACH_BINS).astype(str).where(frame["experiment"] != OWN, OWN)
     out = []
     for (method, probes, reach), rows in frame.groupby([frame["method"], frame["probes"], bins], sort=True):
-        out.append({"method": method, "probes": probes, "reach_in_spans": reach, "n": len(rows)}
-                   | {f"{rule}_mean_abs": rows[rule].abs().mean() for rule in RULES}
-                   | {f"{rule}_mean": rows[rule].mean() for rule in RULES})
+        out.append(
+            {"method": method, "probes": probes, "reach_in_spans": reach, "n": len(rows)}
+            | {f"{rule}_mean_abs": rows[rule].abs().mean() for rule in RULES}
+            | {f"{rule}_mean": rows[rule].mean() for rule in RULES}
+        )
     return pd.DataFrame(out)
 
 
 def main(out: Path = OUT) -> int:
     table = summarise(pd.concat([public_rows(), pd.DataFrame([own_row()])], ignore_index=True))
     atomic_write_text(out, table.round(4).to_csv(index=False))
-    print("mean |predicted / observed - 1| of each rule; reach: targets beyond the last probe in probe spans "
-          "(gate probes allows 1)")
+    print(
+        "mean |predicted / observed - 1| of each rule; reach: targets beyond the last probe in probe spans "
+        "(gate probes allows 1)"
+    )
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return 0
 

@@ -55,17 +55,27 @@ def main() -> int:
     x, x_hero = np.log10(flops / top), np.log10(hero.flops / top)
     alone = float(predict_hero(law, hero)[0]["loss"])
     best = budget_best_losses(gate_table)
-    frontier = fit_frontier_arrays(np.concatenate([best["budget"].to_numpy(float), flops]),
-                                   np.concatenate([best["loss"].to_numpy(float), actual]))
+    frontier = fit_frontier_arrays(
+        np.concatenate([best["budget"].to_numpy(float), flops]), np.concatenate([best["loss"].to_numpy(float), actual])
+    )
     power = np.polyfit(np.log(flops), np.log(actual), 1)
     local_slope = np.log(actual[-1] / actual[-2]) / np.log(flops[-1] / flops[-2])
     opinions = [
         ("isoFLOP law alone", alone),
         ("sealed: law x (1 + linear trend in log C)", float(read(PREREG)["prediction"]["final"]["loss"])),
-        ("law x (1 + quadratic trend through the 3 probes)", alone * (1 + np.polyval(np.polyfit(x, errors, 2), x_hero))),
-        ("frontier E + A C^-gamma on ladder best losses + probes", frontier["E"] + frontier["A"] * hero.flops ** -frontier["gamma"]),
+        (
+            "law x (1 + quadratic trend through the 3 probes)",
+            alone * (1 + np.polyval(np.polyfit(x, errors, 2), x_hero)),
+        ),
+        (
+            "frontier E + A C^-gamma on ladder best losses + probes",
+            frontier["E"] + frontier["A"] * hero.flops ** -frontier["gamma"],
+        ),
         ("power law in C through the 3 probes", float(np.exp(np.polyval(power, np.log(hero.flops))))),
-        ("the last two probes' local slope from the furthest", float(actual[-1] * (hero.flops / flops[-1]) ** local_slope)),
+        (
+            "the last two probes' local slope from the furthest",
+            float(actual[-1] * (hero.flops / flops[-1]) ** local_slope),
+        ),
     ]
     frame = pd.DataFrame([{"opinion": name, "hero_loss": round(float(v), 4)} for name, v in opinions])
     atomic_write_text(OUT, frame.to_csv(index=False))

@@ -25,23 +25,26 @@ from __future__ import annotations
 
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from functools import partial
-
+from delphi.errors import DelphiError
 from delphi.fits import fit_approach2, fit_frontier, fit_vpnls, load_results
 from delphi.fits.backtest import probe_holdouts
-from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[2] / "tests" / "data" / "isoflops.csv"
 OUT = HERE / "probe_trend_public.csv"  # and probe_trend_public_summary.csv beside it
 PROBE_COUNTS = (3, 2)  # the sixth edition's, and two (the Marin sweeps have 6 budgets)
-METHODS = {"isoflop": fit_approach2, "vpnls": partial(fit_vpnls, n_bootstrap=0), "frontier": partial(fit_frontier, n_bootstrap=0)}
+METHODS = {
+    "isoflop": fit_approach2,
+    "vpnls": partial(fit_vpnls, n_bootstrap=0),
+    "frontier": partial(fit_frontier, n_bootstrap=0),
+}
 TOLERANCE = 0.03  # the sixth edition's
 Z90 = 1.6448536269514722  # the central 90% interval's half-width in sds
 REACH_BINS = (0, 0.5, 1.0, 1.5, 2.5, 5.0)  # target beyond the last probe, in probe spans (log C)
@@ -65,14 +68,22 @@ def _z_for_90(rows: pd.DataFrame) -> float:
 def by_reach(frame: pd.DataFrame) -> pd.DataFrame:
     """Mean |error| of the law and the corrected law against how far beyond the last probe the target
     lies, in units of the probes' own span in log C (gate probes allows up to 1)."""
-    reach = (np.log(frame["beyond_last_probe"]) / np.log(frame["probe_span"])).round(6)  # a target one span out is 1, not 1 + 1e-16
+    reach = (np.log(frame["beyond_last_probe"]) / np.log(frame["probe_span"])).round(
+        6
+    )  # a target one span out is 1, not 1 + 1e-16
     bins = pd.cut(reach, REACH_BINS)
     rows = []
     for (method, interval), part in frame.groupby([frame["method"], bins], observed=True, sort=False):
-        rows.append({"method": method, "reach_in_spans": str(interval), "n": len(part),
-                     "law_mean_abs_rel_error": part["law_rel_error"].abs().mean(),
-                     "corrected_mean_abs_rel_error": part["corrected_rel_error"].abs().mean(),
-                     "corrected_coverage_90": part["corrected_covered_90"].mean()})
+        rows.append(
+            {
+                "method": method,
+                "reach_in_spans": str(interval),
+                "n": len(part),
+                "law_mean_abs_rel_error": part["law_rel_error"].abs().mean(),
+                "corrected_mean_abs_rel_error": part["corrected_rel_error"].abs().mean(),
+                "corrected_coverage_90": part["corrected_covered_90"].mean(),
+            }
+        )
     return pd.DataFrame(rows).sort_values(["method", "reach_in_spans"], kind="stable", ignore_index=True)
 
 
@@ -90,24 +101,37 @@ def main(out: Path = OUT) -> int:
                         print(f"{method}, {experiment}, {n_probes} probes: skipped ({e})")
                         continue
                 rows += [{"method": method, "experiment": experiment, "probes": n_probes} | r for r in result["rows"]]
-                summary += [{"method": method, "experiment": experiment, "probes": n_probes, "rows": label} | s
-                            for label, s in result["summary"].items() if s["n"]]
+                summary += [
+                    {"method": method, "experiment": experiment, "probes": n_probes, "rows": label} | s
+                    for label, s in result["summary"].items()
+                    if s["n"]
+                ]
     frame = pd.DataFrame(rows)
     frame["probe_errors"] = frame["probe_errors"].map(lambda v: " ".join(f"{e:+.4f}" for e in v))
     frame = frame.drop(columns=["corrected_interval_90", "probe_budgets"])
     atomic_write_text(out, frame.round(6).to_csv(index=False))
     table = pd.DataFrame(summary)
-    pooled = [{"method": m, "experiment": "all", "probes": p, "rows": label, "n": len(part),
-               "law_mean_abs_rel_error": part["law_rel_error"].abs().mean(),
-               "corrected_mean_abs_rel_error": part["corrected_rel_error"].abs().mean(),
-               "law_coverage_90": part["law_covered_90"].mean(), "corrected_coverage_90": part["corrected_covered_90"].mean(),
-               "corrected_better": (part["corrected_rel_error"].abs() < part["law_rel_error"].abs()).mean(),
-               "law_mean_half_width_rel": part["law_half_width_rel"].mean(),
-               "corrected_mean_half_width_rel": part["corrected_half_width_rel"].mean(),
-               # the z (in sds of the corrected interval) that 90% of the errors stay within: Z90 = 1.645 is honest
-               "corrected_z_for_90": _z_for_90(part)}
-              for (m, p), by_p in frame.groupby(["method", "probes"], sort=False)
-              for label, part in (("all", by_p), ("tested", by_p[by_p["tested"]])) if len(part)]
+    pooled = [
+        {
+            "method": m,
+            "experiment": "all",
+            "probes": p,
+            "rows": label,
+            "n": len(part),
+            "law_mean_abs_rel_error": part["law_rel_error"].abs().mean(),
+            "corrected_mean_abs_rel_error": part["corrected_rel_error"].abs().mean(),
+            "law_coverage_90": part["law_covered_90"].mean(),
+            "corrected_coverage_90": part["corrected_covered_90"].mean(),
+            "corrected_better": (part["corrected_rel_error"].abs() < part["law_rel_error"].abs()).mean(),
+            "law_mean_half_width_rel": part["law_half_width_rel"].mean(),
+            "corrected_mean_half_width_rel": part["corrected_half_width_rel"].mean(),
+            # the z (in sds of the corrected interval) that 90% of the errors stay within: Z90 = 1.645 is honest
+            "corrected_z_for_90": _z_for_90(part),
+        }
+        for (m, p), by_p in frame.groupby(["method", "probes"], sort=False)
+        for label, part in (("all", by_p), ("tested", by_p[by_p["tested"]]))
+        if len(part)
+    ]
     table = pd.concat([pd.DataFrame(pooled), table], ignore_index=True)
     atomic_write_text(out.with_name("probe_trend_public_summary.csv"), table.round(4).to_csv(index=False))
     reach = by_reach(frame[frame["probes"] == 3])

@@ -31,7 +31,9 @@ from delphi.prereg.format import read
 from delphi.train.rundir import read_metrics
 
 HERE = Path(__file__).resolve().parent
-SHAPE_RUN = edition_tree(HERE.parent / "v5") / "study" / "hero"  # the compact edition, unpacked (delphi.editions): run dirs as they were
+SHAPE_RUN = (
+    edition_tree(HERE.parent / "v5") / "study" / "hero"
+)  # the compact edition, unpacked (delphi.editions): run dirs as they were
 PREREG = HERE.parents[2] / "preregistrations" / "paper-v6-hero-60x.yaml"
 OUT = HERE / "second_opinions.csv"
 
@@ -48,9 +50,16 @@ def main() -> int:
     rows = []
     for point in sealed["trajectory"]["points"]:
         f = int(point["step"]) / hero_steps
-        rows.append({"step": int(point["step"]), "fraction": round(f, 4), "sealed_trajectory": point["loss"],
-                     "sealed_lo90": point["lo90"], "sealed_hi90": point["hi90"],
-                     "shape_of_v5_hero": final * float(np.interp(f, fraction, ratio))})
+        rows.append(
+            {
+                "step": int(point["step"]),
+                "fraction": round(f, 4),
+                "sealed_trajectory": point["loss"],
+                "sealed_lo90": point["lo90"],
+                "sealed_hi90": point["hi90"],
+                "shape_of_v5_hero": final * float(np.interp(f, fraction, ratio)),
+            }
+        )
     frame = pd.DataFrame(rows).round(4)
     atomic_write_text(OUT, frame.to_csv(index=False))
     print(frame.to_string(index=False))
