@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from delphi.cli import main as cli_main
-from delphi.editions import CURVES_FILE, FILES_FILE, compare_trees, edition_tree, pack, read_curves, unpack
+from delphi.compact import CURVES_FILE, FILES_FILE, compare_trees, pack, read_curves, unpack
+from delphi.editions import edition_tree
 from delphi.errors import DelphiError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -87,7 +87,7 @@ def _table_row(text: str, first_cell: str) -> list[str]:
 
 
 def test_each_run_is_checked_against_its_own_seal_and_nothing_is_written(law_alone_study):
-    from delphi.paper.build import paper_numbers
+    from delphi.paper.numbers import paper_numbers
 
     before = sorted(p.relative_to(law_alone_study) for p in law_alone_study.rglob("*"))
     numbers = paper_numbers(law_alone_study, old_recipe=OLD_STUDY)
@@ -125,7 +125,7 @@ def test_the_old_recipe_is_the_seventh_editions_law_alone_at_3x_10x_and_30x(law_
     """The old side is the computation behind the seventh edition's table of runs beyond the
     ladder (its primary column), not numbers typed into the paper."""
     from delphi.paper.beyond import recipe_comparison, recipe_comparison_table
-    from delphi.paper.build import law_alone_at_runs
+    from delphi.paper.law_alone import law_alone_at_runs
 
     old = law_alone_at_runs(resolve_data(OLD_STUDY))
     assert [(r["run"], round(r["multiple"])) for r in old] == [("probe3x", 3), ("probe10x", 10), ("hero", 30)]
@@ -139,7 +139,7 @@ def test_the_old_recipe_is_the_seventh_editions_law_alone_at_3x_10x_and_30x(law_
 
 
 def test_untrained_runs_are_sealed_not_yet_trained(law_alone_study):
-    from delphi.paper.build import paper_numbers
+    from delphi.paper.numbers import paper_numbers
 
     shutil.rmtree(_run_dir(law_alone_study, "probe10x"))
     shutil.rmtree(_run_dir(law_alone_study, "hero"))
@@ -192,15 +192,15 @@ def test_a_seal_edited_after_sealing_is_reported_not_scored(law_alone_study):
 
 
 def test_a_study_whose_probes_corrected_the_hero_has_no_such_section():
-    from delphi.paper.build import law_alone_runs
+    from delphi.paper.law_alone import law_alone_runs
 
     seventh = resolve_data(REPO / "paper" / "editions" / "v7" / "study")
     assert law_alone_runs(seventh, REPO / "preregistrations" / "paper-v7-hero-90x.yaml", TOP_BUDGET) == []
 
 
 def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
-    from delphi.editions import CURVES_FILE, FILES_FILE
-    from delphi.paper.build import old_recipe_data
+    from delphi.compact import CURVES_FILE, FILES_FILE
+    from delphi.paper.law_alone import old_recipe_data
 
     # An eighth edition's compact data: the seventh edition's study (the old recipe's five runs beyond
     # its ladder) is found beside it, as the text quotes it.
@@ -220,7 +220,8 @@ def test_the_old_recipe_is_found_beside_the_editions(tmp_path):
 def test_the_paper_builds_once_the_seals_are_made_before_any_run_trains(law_alone_study, tmp_path):
     """Stage seals done, nothing beyond the ladder trained (issue 29 commits that stage): `paper
     build` renders, each run sealed, not yet trained, and the hero's verdict not yet checked."""
-    from delphi.paper.build import UNCHECKED, build_paper
+    from delphi.paper.build import build_paper
+    from delphi.paper.study_data import UNCHECKED
 
     (law_alone_study / "stages" / "seals.json").write_text(json.dumps({"stage": "seals", "result": {}}))
     for stage in ("check", "train_hero", "probes", "figures", "report"):

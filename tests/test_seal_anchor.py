@@ -237,16 +237,14 @@ def test_paper_verify_prints_json_when_a_run_cannot_be_verified(tmp_path, capsys
     shutil.copy(REPO / "preregistrations" / "paper-v5-hero-30x.yaml", prereg_dir)
     shutil.copy(REPO / "preregistrations" / "paper-v5-hero-30x.outcome.json", prereg_dir)
     shutil.copytree(REPO / "paper" / "editions" / "v5", paper / "v5")
-    from delphi.editions import FILES_FILE, _csv_text, _gzip_bytes, _read_csv_gz
+    from delphi.compact import FILES_FILE, csv_text, gzip_bytes, read_csv_gz
 
-    rows = _read_csv_gz(paper / "v5" / FILES_FILE)
+    rows = read_csv_gz(paper / "v5" / FILES_FILE)
     for row in rows:
         if row["path"] == "study/hero/summary.json":
             row["content"] = json.dumps(json.loads(row["content"]) | {"val_loss": 0.5})
     (paper / "v5" / FILES_FILE).write_bytes(
-        _gzip_bytes(
-            _csv_text(["path", "encoding", "content"], [[r["path"], r["encoding"], r["content"]] for r in rows])
-        )
+        gzip_bytes(csv_text(["path", "encoding", "content"], [[r["path"], r["encoding"], r["content"]] for r in rows]))
     )
     capsys.readouterr()
     assert (

@@ -453,7 +453,7 @@ def test_the_report_names_the_law_that_predicts_and_why():
 def test_paper_build_regenerates_each_edition_from_its_compact_data(tmp_path, monkeypatch, edition):
     """Each edition `delphi paper build` renders (v8 is the current one, paper/paper.md) is exactly what its template
     and its compact data (paper/editions/vN: curves and files tables, no run dirs) give."""
-    from delphi.paper.build import built_editions
+    from delphi.editions import built_editions
 
     monkeypatch.chdir(REPO)  # the text quotes the data path as given
     source, data = built_editions("paper")[edition]
@@ -470,7 +470,7 @@ def test_paper_build_regenerates_each_edition_from_its_compact_data(tmp_path, mo
 
 def test_paper_build_knows_which_editions_it_renders(capsys):
     """v2 and v4 were written by hand (a README): kept as text, not rendered; asking for one says so."""
-    from delphi.paper.build import built_editions, current_edition
+    from delphi.editions import built_editions, current_edition
 
     assert list(built_editions(REPO / "paper")) == ["v1", "v3", "v5", "v6", "v7", "v8"]
     assert current_edition(REPO / "paper").name == "v8"

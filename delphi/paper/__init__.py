@@ -1,3 +1,3 @@
 """The project's own write-up: `delphi paper build` renders paper/paper.md (and each edition's
-paper.md) from its template and a study's compact data (`build`); the runs beyond the ladder under
-the law alone, each against its own seal and beside an earlier recipe's law (`beyond`)."""
+paper.md) from its template and a study's compact data (`build`, the numbers the text quotes in
+`numbers`); `verify` checks every seal against the editions (`delphi.editions`)."""

@@ -1,13 +1,13 @@
-"""The runs beyond the ladder under the law alone (issue 29): each sealed run against its own seal,
-and an earlier recipe's law alone beside it at the same multiples of each ladder's top budget.
+"""The runs beyond the ladder under the law alone: each sealed run against its own seal, and an
+earlier recipe's law alone beside it at the same multiples of each ladder's top budget.
 
 Under `hero.probe_correction: false` a study seals every prediction beyond the ladder -- its own
 probes into STUDY/probes/NAME.prereg.yaml and the hero into its preregistration -- before any of
 them trains (`delphi.study.stages.stage_seals`). Each is scored against its OWN seal with
 `delphi.prereg.check.check` (read only: nothing is written beside a committed seal), with the order
 of seal and first step the check establishes; the old recipe's side is `run_vs_law`
-(`predict_hero`, the code a seal runs, at each run's own N, D and FLOPs). `delphi.paper.build` puts
-the tables into the paper's text.
+(`predict_hero`, the code a seal runs, at each run's own N, D and FLOPs). `delphi.paper.numbers`
+puts the tables into the paper's text.
 """
 
 from __future__ import annotations
@@ -19,17 +19,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from delphi.editions import seed_runs_of
 from delphi.errors import CheckFailed, DelphiError
+from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome, read_run_dir
+from delphi.prereg.create import parse_utc
+from delphi.prereg.predict import predict_hero
+from delphi.prereg_format import read, seal_status
+from delphi.train.config import load_train_config, train_config_from_dict
 
-# The old recipe's runs beyond its ladder (issues 29 and 40): v4's probe3x and probe10x, v5's
-# hero30x and v6's hero60x, pinned in the seventh edition's study as its gates.probes, and the
-# seventh edition's hero (90x), against that study's primary law (the isoFLOP law) fitted on the
-# fourth edition's ladder: -1.99%, +2.96%, +8.69%, +12.82%, +15.76%, computed, not typed.
+# The edition whose study holds the old recipe's runs beyond its ladder (its gates.probes and its
+# hero), set beside a study of the law alone at the same multiples of the top budget.
 OLD_RECIPE_EDITION = "v7"
 
 # Two runs stand at the same multiple of their ladders' top budgets when their multiples differ by
-# less than this factor: each run's exact FLOPs match its target within 0.2% (the seventh edition's
-# worst budget match), and the multiples the issue asks for (3x, 10x, 30x) lie a factor >= 3 apart.
+# less than this factor: a run's exact FLOPs match its target within a fraction of a percent, and
+# the multiples compared (3x, 10x, 30x) lie a factor >= 3 apart.
 SAME_MULTIPLE_FACTOR = 1.25
 
 NOT_SEALED = "not sealed"
@@ -44,9 +48,6 @@ TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 def run_vs_law(fit: Any, run_dir: Path) -> tuple[Any, float, float]:
     """A finished run's train config, the law's prediction at its own N, D and exact FLOPs
     (`predict_hero`, the code a seal runs) and the run's final validation loss."""
-    from delphi.prereg.predict import predict_hero
-    from delphi.train.config import load_train_config
-
     cfg = load_train_config(run_dir / "config.yaml")
     predicted = float(predict_hero(fit, cfg)[0]["loss"])
     actual = float(json.loads((run_dir / "summary.json").read_text())["val_loss"])
@@ -91,12 +92,6 @@ def sealed_run(name: str, seal: Path, run_dir: Path, top_budget: float) -> dict[
     of its seeds, each seed's beside it), error, coverage, every competing law's score and the order
     of seal and first step. A run with no step yet is NOT_TRAINED; a broken seal or a run that is
     not the sealed one is reported, not scored."""
-    from delphi.editions import seed_runs_of
-    from delphi.prereg import format as fmt
-    from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome, read_run_dir
-    from delphi.prereg.create import parse_utc
-    from delphi.train.config import train_config_from_dict
-
     row: dict[str, Any] = {
         "run": name,
         "seal": str(seal),
@@ -113,7 +108,7 @@ def sealed_run(name: str, seal: Path, run_dir: Path, top_budget: float) -> dict[
     }
     if not seal.is_file():
         return row
-    doc = fmt.read(seal)
+    doc = read(seal)
     final = doc["prediction"]["final"]
     cfg = train_config_from_dict(doc["hero"]["config"], f"{seal}: hero.config")
     row |= {
@@ -129,7 +124,7 @@ def sealed_run(name: str, seal: Path, run_dir: Path, top_budget: float) -> dict[
         "created_time": parse_utc(doc["created"]),
         "forced": bool(doc.get("forced")),
         "forced_gates": sorted(doc.get("forced_gates") or {}),
-        "seal_ok": fmt.seal_status(doc)["ok"],
+        "seal_ok": seal_status(doc)["ok"],
         "tolerance_rel": float(doc["decision"]["tolerance_rel"]),
         "recorded_verdict": (read_outcome(seal) or {}).get("verdict"),
         "status": NOT_TRAINED,
@@ -250,8 +245,8 @@ def sealed_runs_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def seal_order_sentence(rows: Sequence[dict[str, Any]]) -> str:
-    """Whether every seal came before the first step of any run beyond the ladder (issue 29: all
-    three sealed before any of them trains), from the seals' `created` and the runs' first steps."""
+    """Whether every seal came before the first step of any run beyond the ladder (a study of the law
+    alone seals them all before any trains), from the seals' `created` and the runs' first steps."""
     sealed = [r for r in rows if r["status"] != NOT_SEALED]
     if not sealed:
         return "No run beyond the ladder is sealed."
@@ -314,7 +309,7 @@ def runs_summary(rows: Sequence[dict[str, Any]]) -> str:
     return "; ".join(parts) + "." if parts else "No run beyond the ladder was sealed."
 
 
-# ---- every law sealed beside the primary (issue 40) ----------------------------------------------
+# ---- every law sealed beside the primary ----------------------------------------------------------
 
 
 def law_scores(row: dict[str, Any], primary: str) -> dict[str, dict[str, Any]]:

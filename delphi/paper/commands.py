@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from delphi.cli import add_json_flag
+from delphi.compact import unpack
+from delphi.editions import built_editions
 from delphi.errors import DelphiError
+from delphi.io import check_output_dir, check_owned_dir
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag
-
     paper = subparsers.add_parser("paper", help="the project's own write-up (paper/)")
     sub = paper.add_subparsers(dest="paper_command", metavar="ACTION")
     build = sub.add_parser(
@@ -85,7 +88,7 @@ def _say(text: str) -> None:
 
 
 def _build(args: argparse.Namespace):
-    from delphi.paper.build import build_edition, build_paper, built_editions
+    from delphi.paper.build import build_edition, build_paper  # lazy: imports pandas, jax and matplotlib
 
     if args.edition or args.all:
         if args.data or args.from_study:
@@ -101,9 +104,8 @@ def _build(args: argparse.Namespace):
 
 
 def _snapshot(args: argparse.Namespace) -> dict:
-    from delphi.io import check_output_dir, check_owned_dir
-    from delphi.paper.build import snapshot
-    from delphi.study import STUDY_FILE
+    from delphi.paper.study_import import snapshot  # lazy: imports the study pipeline (jax)
+    from delphi.study import STUDY_FILE  # lazy: imports the study pipeline (jax)
 
     check_output_dir(args.to, inputs=(args.from_study,), flag="--to")
     check_owned_dir(args.to, (STUDY_FILE,), "paper snapshot", force=args.force, flag="--to")
@@ -116,10 +118,6 @@ def _snapshot(args: argparse.Namespace) -> dict:
 
 
 def _unpack(args: argparse.Namespace) -> dict:
-    from pathlib import Path
-
-    from delphi.editions import unpack
-
     dest = Path(args.to)
     if dest.exists() and any(dest.iterdir()):
         raise DelphiError(f"--to {dest}: not empty; unpack into a new directory")
@@ -130,7 +128,7 @@ def _unpack(args: argparse.Namespace) -> dict:
 
 
 def _verify(args: argparse.Namespace):
-    from delphi.paper.build import verify_editions
+    from delphi.paper.verify import verify_editions  # lazy: imports prereg.check (pandas, scipy)
 
     rows = verify_editions(args.paper_root, args.preregistrations)
     for r in rows:
