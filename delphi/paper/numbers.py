@@ -28,7 +28,6 @@ from delphi.paper.study_data import (
     evals_per_run,
     prereg_file,
     primary_fit_name,
-    read_prereg,
     sealed_carry,
     stage_result,
 )
@@ -41,6 +40,7 @@ from delphi.paper.tables import (
     ladder_table,
     trajectory_table,
 )
+from delphi.prereg_format import read
 
 
 def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path | None = None) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def paper_numbers(data_dir: Path, shown_as: str | None = None, old_recipe: Path 
     }
     backtest = json.loads((data_dir / "fits" / "backtest.json").read_text())
     prereg_path = prereg_file(data_dir)
-    prereg_doc = read_prereg(prereg_path)
+    prereg_doc = read(prereg_path)
     final = prereg_doc["prediction"]["final"]
     table = pd.read_csv(data_dir / "results.csv")
     budgets = sorted(isoflop_rows(table)["budget"].unique())  # anchor rungs are not a budget of the ladder

@@ -10,12 +10,12 @@ import pandas as pd
 
 from delphi.config_schema import from_dict
 from delphi.errors import DelphiError
-from delphi.prereg_format import read
 from delphi.study import Study, StudySpec, probe_names
 from delphi.train.rundir import METRICS_FILE, read_metrics
 
 
 def stage_result(data_dir: Path, name: str) -> dict:
+    """The result a study's stage recorded (STUDY/stages/NAME.json)."""
     path = data_dir / "stages" / f"{name}.json"
     if not path.is_file():
         raise DelphiError(f"{path}: stage {name!r} not found; the paper needs a finished study")
@@ -53,11 +53,7 @@ def prereg_file(data_dir: Path) -> Path:
     )
 
 
-def read_prereg(path: Path) -> dict:
-    return read(path)
-
-
-def study_view(data_dir: Path, figures_dir: Path):
+def study_view(data_dir: Path, figures_dir: Path) -> Study:
     """A `Study` whose paths point into the paper's data (and figures) directory."""
     pinned = json.loads((data_dir / "study.json").read_text())
     spec = from_dict(StudySpec, pinned["study"], f"{data_dir}/study.json")
