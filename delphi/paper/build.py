@@ -606,7 +606,7 @@ def _cross_check_sentence(
     today, beside the sealed record: a gate changed after an outcome is shown as such."""
     from delphi.fits import load_fit
     from delphi.prereg import gates as gt
-    from delphi.prereg.create import cross_check_predictions
+    from delphi.prereg.measure import cross_check_predictions
     from delphi.prereg.predict import fit_convention, load_tables
     from delphi.train.config import load_train_config
 
