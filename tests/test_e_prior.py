@@ -25,7 +25,7 @@ from delphi.fits.calibration import calibration_key
 from delphi.fits.e_prior import EPrior, forecast_at_refits, parse_prior, prior_of
 from delphi.fits.frontier import fit_asymptotic, fit_frontier
 from delphi.fits.parametric import fit_approach3, fit_vpnls
-from delphi.prereg.create import law_name, refit_options
+from delphi.prereg.measure import law_name, refit_options
 
 REPO = Path(__file__).resolve().parents[1]
 ISOFLOPS = REPO / "tests" / "data" / "isoflops.csv"

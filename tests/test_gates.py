@@ -22,7 +22,8 @@ from delphi.fits.results import FitResult
 from delphi.model.flops import count_params
 from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
-from delphi.prereg.create import cross_check_predictions, gates_path, load_tables, predict_hero, run_predicted_vs_actual
+from delphi.prereg.create import gates_path, load_tables, predict_hero, run_predicted_vs_actual
+from delphi.prereg.measure import cross_check_predictions
 from delphi.train.config import load_train_config
 
 # The law that makes every synthetic ladder here (E, A, alpha, B, beta) and one seed's noise (nats).
@@ -151,12 +152,11 @@ def test_every_gate_passes_on_a_good_ladder(good):
             "lost_frac_now": 1e-4,
         }
     ]
-    gates = gt.evaluate_gates(
+    inputs = gt.GateInputs(
         fit=fit,
         table=raw,
         final=good["final"],
         hero=gt.hero_facts(cfg),
-        thresholds=gt.GateThresholds(tolerance_rel=0.01),
         backtest=bt,
         lobo=lobo,
         rehearsal=rehearsal,
@@ -165,6 +165,7 @@ def test_every_gate_passes_on_a_good_ladder(good):
         probes={"probe10x": {"compute": 3e14, "predicted": 1.4, "actual": 1.404, "rel_error": 0.003}},
         recipe_check=_recipe_report([0.001, 0.002], reach=(cfg.model.d_model, float(cfg.tokens))),
     )
+    gates = gt.evaluate_gates(inputs, gt.GateThresholds(tolerance_rel=0.01))
     assert [g.name for g in gates] == list(gt.GATE_NAMES)
     assert all(g.passed for g in gates), gt.gate_lines(g for g in gates if not g.passed)
     assert all(g.threshold and g.detail for g in gates)
@@ -854,7 +855,8 @@ def test_lr_calibration_needs_the_ladder_whose_rule_it_checks(good, tmp_path, ca
 
 
 def test_correct_by_probes_moves_and_widens_the_interval():
-    from delphi.prereg.create import Z90, correct_by_probes
+    from delphi.fits.intervals import Z_90 as Z90
+    from delphi.prereg.create import correct_by_probes
 
     trend = probe_trend({"a": {"compute": 3e13, "rel_error": 0.0}, "b": {"compute": 1e14, "rel_error": 0.1}}, 1e13)
     final = {"loss": 1.0, "loss_50": [0.99, 1.01], "loss_90": [0.98, 1.02], "source": "law"}
@@ -875,31 +877,26 @@ REPO_PREREGISTRATIONS = Path(__file__).resolve().parents[1] / "preregistrations"
 def test_paper_v6_seal_regenerates_from_committed_data():
     """The sixth edition's sealed prediction (the isoFLOP law x its error trend at three probes,
     carried to 60x) and its gates, recomputed from the committed study data, are the sealed ones."""
-    from delphi.prereg.create import compute_gates, hero_prediction
+    from delphi.prereg.evidence import Evidence, PredictionRule
     from delphi.prereg.format import read
+    from delphi.prereg.measure import compute_gates
+    from delphi.prereg.predict import hero_prediction
     from delphi.train.config import load_train_config
 
     study = PAPER_V6 / "study"
     sealed = read(REPO_PREREGISTRATIONS / "paper-v6-hero-60x.yaml")
     hero = load_train_config(study / "hero.yaml")
     probes = [study / "probes" / name for name in ("probe3x", "probe10x", "hero30x")]
-    final, fit = hero_prediction(
-        study / "fits" / "isoflop.json", hero, study / "results.csv", probes, probe_correction=True
+    backtest_of = json.loads((study / "fits" / "backtest.json").read_text())["isoflop"]
+    evidence = Evidence(
+        fit_path=study / "fits" / "isoflop.json", results=study / "results.csv", backtest=backtest_of, probe_runs=probes
     )
+    rule = PredictionRule(probe_correction=True)
+    final, fit = hero_prediction(evidence, hero, rule)
     for key in ("loss", "loss_50", "loss_90"):
         assert final[key] == pytest.approx(sealed["prediction"]["final"][key], rel=1e-9)
     assert final["uncorrected"]["loss"] == pytest.approx(0.8732, abs=1e-4)
-    backtest_of = json.loads((study / "fits" / "backtest.json").read_text())["isoflop"]
-    gates = compute_gates(
-        fit,
-        results=study / "results.csv",
-        hero=hero,
-        final=final,
-        backtest=backtest_of,
-        thresholds=gt.GateThresholds(tolerance_rel=0.03),
-        probe_runs=probes,
-        probe_correction=True,
-    )
+    gates = compute_gates(fit, evidence, hero, final, rule, gt.GateThresholds(tolerance_rel=0.03))
     by_name = {g.name: g for g in gates}
     assert by_name["probes"].value == pytest.approx(0.0113, abs=2e-4)
     # the sealed gates, lr_transfer aside (it needs the LR calibration, not given here)

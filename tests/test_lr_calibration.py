@@ -118,7 +118,7 @@ def test_analysis_recovers_a_known_drift_and_the_gate_judges_the_rule(tmp_path):
     assert not gate.passed and "d96@" in gate.detail and "d32@" not in gate.detail
 
     # What `prereg create --lr-calibration` and the study read: the report against the ladder dir's pinned rule.
-    from delphi.prereg.create import lr_drift_from
+    from delphi.prereg.measure import lr_drift_from
 
     assert lr_drift_from([tmp_path / "lr_calibration.json"], tmp_path) == rule_drift(report, spec)
 

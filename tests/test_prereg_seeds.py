@@ -16,7 +16,7 @@ from delphi.errors import DelphiError
 from delphi.prereg import format as fmt
 from delphi.prereg.check import check, verify
 from delphi.prereg.competing import ensemble_entry, score_competing
-from delphi.prereg.create import build_prereg, trajectory_from_final
+from delphi.prereg.create import PreregParts, build_prereg, trajectory_from_final
 from delphi.train.config import train_config_to_dict
 
 PREDICTED = 1.5
@@ -33,16 +33,18 @@ def seal(path: Path, cfg, seeds, *, created: float | None = None, competing=None
         "loss_90": [PREDICTED * 0.97, PREDICTED * 1.03],
     }
     doc = build_prereg(
-        prereg_id=path.stem,
-        hero_config=train_config_to_dict(cfg),
-        hero_summary={"params": 1, "tokens": int(cfg.tokens), "flops": 1.0, "family": "dense"},
-        final=final,
-        trajectory=trajectory_from_final(final, cfg),
-        provenance={},
-        tolerance_rel=0.01,
-        created=_stamp(created if created is not None else time.time() - 60),
-        seeds=seeds,
-        competing=competing,
+        PreregParts(
+            prereg_id=path.stem,
+            hero_config=train_config_to_dict(cfg),
+            hero_summary={"params": 1, "tokens": int(cfg.tokens), "flops": 1.0, "family": "dense"},
+            final=final,
+            trajectory=trajectory_from_final(final, cfg),
+            provenance={},
+            tolerance_rel=0.01,
+            created=_stamp(created if created is not None else time.time() - 60),
+            seeds=seeds,
+            competing=competing,
+        )
     )
     fmt.write_new(path, doc)
     return path
@@ -105,27 +107,31 @@ def test_a_seed_started_before_the_seal_makes_the_outcome_invalid(tmp_path, hero
 
 def test_a_one_seed_seal_reads_exactly_as_before(tmp_path, hero):
     one = build_prereg(
-        prereg_id="x",
-        hero_config=train_config_to_dict(hero),
-        hero_summary={},
-        final={"loss": 1.0},
-        trajectory={"points": []},
-        provenance={},
-        created="2026-01-01T00:00:00.000000Z",
-        toolkit={"name": "delphi"},
-        author="a",
+        PreregParts(
+            prereg_id="x",
+            hero_config=train_config_to_dict(hero),
+            hero_summary={},
+            final={"loss": 1.0},
+            trajectory={"points": []},
+            provenance={},
+            created="2026-01-01T00:00:00.000000Z",
+            toolkit={"name": "delphi"},
+            author="a",
+        )
     )
     listed = build_prereg(
-        prereg_id="x",
-        hero_config=train_config_to_dict(hero),
-        hero_summary={},
-        final={"loss": 1.0},
-        trajectory={"points": []},
-        provenance={},
-        created="2026-01-01T00:00:00.000000Z",
-        toolkit={"name": "delphi"},
-        author="a",
-        seeds=[0],
+        PreregParts(
+            prereg_id="x",
+            hero_config=train_config_to_dict(hero),
+            hero_summary={},
+            final={"loss": 1.0},
+            trajectory={"points": []},
+            provenance={},
+            created="2026-01-01T00:00:00.000000Z",
+            toolkit={"name": "delphi"},
+            author="a",
+            seeds=[0],
+        )
     )
     assert one == listed
     assert "target" not in one and "competing" not in one["prediction"]

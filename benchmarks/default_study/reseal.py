@@ -37,6 +37,7 @@ from delphi.fits.intervals import PointCorrection, correct_by_design
 from delphi.fits.isoflop import fit_approach2
 from delphi.ladder.plan import flops_family
 from delphi.ladder.spec import ladder_spec_from_dict
+from delphi.prereg.evidence import Evidence, PredictionRule
 from delphi.prereg.predict import hero_prediction
 from delphi.train.config import load_train_config
 
@@ -59,7 +60,8 @@ def reseal(name: str, run: Path, resample: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         fit_path = Path(tmp) / "isoflop.json"
         fit_path.write_text(json.dumps(fit.to_json()))
-        final, _ = hero_prediction(fit_path, load_train_config(run / "hero.yaml"), run / "results.csv")
+        evidence = Evidence(fit_path=fit_path, results=run / "results.csv")
+        final, _ = hero_prediction(evidence, load_train_config(run / "hero.yaml"), PredictionRule())
     outcome = json.loads((run / "preregistration.outcome.json").read_text())
     gates = json.loads((run / "gates.json").read_text())
     sealed = gates["prediction"]

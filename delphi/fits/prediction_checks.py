@@ -22,7 +22,7 @@ from delphi.errors import DelphiError
 # decade the two bracket what the data cannot decide: whether the loss is bending toward an E.
 CROSS_CHECK_METHODS = ("isoflop", "vpnls")
 # `delphi fit` method (or kind) -> the FITTERS name that refits it. A law fitted under a lab's E prior
-# is the same law ("vpnls-E-prior" refits as vpnls, with the prior: delphi.prereg.create.refit_options);
+# is the same law ("vpnls-E-prior" refits as vpnls, with the prior: delphi.prereg.measure.refit_options);
 # the weighted frontier through the vertices is the asymptotic law.
 REFIT_NAMES = {
     "vpnls": "vpnls",
@@ -40,7 +40,7 @@ def law_name(fit: Any) -> str:
     return REFIT_NAMES.get(str(fit.method).split("-E-")[0]) or fit.kind
 
 
-# `predict --tolerance`'s default: a seal's default tolerance (delphi.prereg.create.DEFAULT_TOLERANCE_REL),
+# `predict --tolerance`'s default: a seal's default tolerance (delphi.prereg.evidence.DEFAULT_TOLERANCE_REL),
 # which gate method_agreement applies to the same laws.
 AGREEMENT_TOLERANCE_REL = 0.01
 

@@ -14,8 +14,8 @@ from delphi.fits.probes import probe_trend
 from delphi.paper.beyond import count_words, run_vs_law
 from delphi.paper.law_alone import is_law_alone_study
 from delphi.paper.study_data import LAW_NAMES, pinned_spec, probe_dirs
-from delphi.prereg.create import cross_check_predictions
 from delphi.prereg.gates import gate_method_agreement, gate_probes
+from delphi.prereg.measure import cross_check_predictions
 from delphi.prereg.predict import fit_convention, load_tables, run_predicted_vs_actual
 from delphi.train.config import load_train_config
 from delphi.train.rundir import read_metrics

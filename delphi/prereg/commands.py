@@ -210,6 +210,7 @@ def _say(text: str) -> None:
 def _create(args: argparse.Namespace):
     from delphi.prereg import gates as gt
     from delphi.prereg.create import create_prereg, gates_path
+    from delphi.prereg.evidence import Evidence, PredictionRule, SealTerms  # lazy: imports pandas and the fits
 
     options = {
         k: v
@@ -252,31 +253,35 @@ def _create(args: argparse.Namespace):
     backtest = read_json(args.backtest, what="backtest JSON") if args.backtest else None
     try:
         doc = create_prereg(
-            Path(args.fit),
-            Path(args.hero) if args.hero else None,
+            Evidence(
+                fit_path=Path(args.fit),
+                results=Path(args.results) if args.results else None,
+                ladder=Path(args.ladder) if args.ladder else None,
+                options=reading,
+                curve_fit_path=Path(args.curve_fit) if args.curve_fit else None,
+                backtest=backtest,
+                rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
+                lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
+                probe_runs=[Path(p) for p in args.probe],
+                recipe_check=Path(args.recipe_check) if args.recipe_check else None,
+            ),
             Path(args.out),
-            ladder=Path(args.ladder) if args.ladder else None,
-            results=Path(args.results) if args.results else None,
-            curve_fit_path=Path(args.curve_fit) if args.curve_fit else None,
-            tolerance_rel=args.tolerance,
-            author=args.author,
-            rationale=args.rationale,
-            assumptions=args.assume,
-            bootstrap=args.bootstrap,
-            seed=args.seed,
-            force=args.force,
-            thresholds=thresholds,
-            backtest=backtest,
-            rehearsal_run=Path(args.rehearsal) if args.rehearsal else None,
-            lr_calibration=[Path(p) for p in args.lr_calibration] if args.lr_calibration else None,
-            probe_runs=[Path(p) for p in args.probe],
-            probe_correction=args.probe_correction,
-            probe_carry=args.probe_carry,
-            noise_scope=args.noise_scope,
-            trajectory_from_probes=args.trajectory_from_probes,
-            recipe_check=Path(args.recipe_check) if args.recipe_check else None,
+            hero_path=Path(args.hero) if args.hero else None,
             hero_numbers=hero_numbers,
-            options=reading,
+            rule=PredictionRule(
+                probe_correction=args.probe_correction, probe_carry=args.probe_carry, noise_scope=args.noise_scope
+            ),
+            terms=SealTerms(
+                tolerance_rel=args.tolerance,
+                thresholds=thresholds,
+                force=args.force,
+                author=args.author,
+                rationale=args.rationale,
+                assumptions=args.assume,
+                trajectory_from_probes=args.trajectory_from_probes,
+                curve_bootstrap=args.bootstrap,
+                curve_seed=args.seed,
+            ),
         )
     except CheckFailed as refused:
         report = json.loads(gates_path(Path(args.out)).read_text())

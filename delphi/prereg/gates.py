@@ -1,31 +1,16 @@
-"""Gates a prediction must pass before it may be sealed (issue 10).
+"""The gates a prediction must pass before it is sealed: one concept (each gate, its evidence's statistics, the report).
 
-Each gate is a pure function of the evidence behind a preregistration: the
-primary fit, its held-out-budget backtest, its leave-one-budget-out refits, the
-results table (cells of seeds, rung health), the hero's config and, when the
-study ran one, the dress rehearsal at ~3x the top budget. A gate reports its
-name, whether it passed, the measured value, the threshold and one line of
-detail. A gate whose evidence is missing fails: a prediction is sealed on
-evidence, not on its absence (`--force` seals anyway and says so forever).
+Each gate is a pure function of the evidence behind a preregistration (`GateInputs`: the primary
+fit, its held-out-budget backtest, its leave-one-budget-out refits, the results table, the hero's
+config, the runs beyond the ladder) and reports its name, whether it passed, the measured value,
+the threshold and one line of detail. A gate whose evidence is missing fails: a prediction is
+sealed on evidence, not on its absence (`--force` seals anyway and says so forever).
 
-Gates judge what exists. On an external table (a lab's own, a public sweep: no rung records of
-a Delphi ladder, `delphi.fits.data.LADDER_RECORD_COLUMNS`) a gate that reads only the ladder's
-records (rung health, seeds without a seed column, the hero's steps and batch, depth) is "not
-applicable" (`Gate.applicable` False), with its reason: recorded and shown, never a pass and never
-a failure. On Delphi's own ladders the same missing evidence is a failure, as before, and so is a
-hero given as N and D where the ladder could have judged its config.
-
-Why these gates: the first paper's hero missed by +3.99% at 10x after a ladder
-whose leave-one-budget-out hero predictions spread -5.8% .. +7.2%, whose E sat
-on its bound, whose frontier slopes steepened budget by budget and whose hero
-ran at 10x the ladder's tokens per parameter (docs/design.md §8.2). Each of
-those is visible before the hero trains; the gates make them block the seal.
-The second paper's 10x hero passed all of those and missed by -6.99% (docs/design.md §8.6): it
-had a depth the ladder trained only far from its optimum (`hero_depth`), and a d96 L3 run at the
-same compute landed within 0.5% of the same law. The third paper's 30x hero passed every gate,
-method_agreement under a rule that set aside a cross-check its own rehearsal contradicted, and
-missed by -7.05%, between the two laws: `method_agreement` now sets a law aside only for its
-held-out budget.
+On an external table (no rung records of a Delphi ladder, `delphi.fits.data.LADDER_RECORD_COLUMNS`)
+a gate that reads only the ladder's records is "not applicable" (`Gate.applicable` False), with its
+reason: recorded and shown, never a pass and never a failure. On Delphi's own ladders the same
+missing evidence is a failure, and so is a hero given as N and D where the ladder could judge its
+config. Why each gate exists: docs/design.md §8.
 """
 
 from __future__ import annotations
@@ -40,14 +25,20 @@ import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.fits.backtest import Z_90
+from delphi.fits.calibration import gate_uses_calibration, interval_for_gate
 from delphi.fits.data import isoflop_rows
+from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET, near_optimum_cells, parabola_vertex
 from delphi.fits.probes import PROBE_CARRIES, probe_trend
 from delphi.ladder.collect import relaxed_in_table
+from delphi.ladder.hero import HERO_MAX_OFF_OPTIMUM
+from delphi.ladder.recipe_check import MAX_LOST_FRAC, gate_problems
+from delphi.model.flops import count_params
+from delphi.prereg.hero import HeroSpec
 
 # A half-width of the 90% interval wider than this many tolerances cannot decide pass/fail:
-# the outcome could be 1.5 tolerances off and still be "covered" (issue 10's default).
+# the outcome could be 1.5 tolerances off and still be "covered".
 INTERVAL_WIDTH_FACTOR = 1.5
-# Seeds per cell needed to measure seed noise at all (issue 10: >= 2 seeds per rung).
+# Seeds per cell needed to measure seed noise at all.
 MIN_SEEDS = 2
 # Leave-one-budget-out refits need at least two budgets left to fit a trend in C.
 MIN_BUDGETS_LOBO = 3
@@ -58,16 +49,15 @@ TREND_Z = 1.6448536269514722
 # steps to whole batches and picking a shape from the family's width grid move them by well under 1%.
 RANGE_SLACK_REL = 0.01
 # Gate lr_transfer: the transfer rule may cost a calibrated point at most this share of the
-# prediction's tolerance in loss; the law's own error takes the rest. (Paper v3's 30x hero: a d96
-# run lost 9% of its loss to an LR 1.39x a better one, and the law carried it; paper/editions/v3/README.md.)
+# prediction's tolerance in loss; the law's own error takes the rest: a law fitted on rungs that
+# lose loss to a drifting LR carries that loss to the hero.
 LR_LOSS_SHARE_OF_TOLERANCE = 0.5
 # ... and the hero may train at most this many times longer than the longest calibrated horizon:
 # the optimum's drift with tokens is extrapolated over at most 0.6 decade.
 LR_HORIZON_REACH = 4.0
 # A finished run beyond the ladder (dress rehearsal or probe) rejects a cross-check law that it
 # misses by more than the tolerance plus this many sd of one run's noise around the law (it is one
-# seed): a 2-sd allowance keeps a one-seed miss from deciding, so the v2 and v3 rehearsals (+3.2%
-# at a 3% tolerance) did not reject the isoFLOP law, while the v4 probes (-7.3%, -9.7%) reject VPNLS.
+# seed): a 2-sd allowance keeps a one-seed miss from deciding.
 PROBE_NOISE_Z = 2.0
 
 GATE_NAMES = (
@@ -225,8 +215,6 @@ def pooled_seed_noise(table: pd.DataFrame) -> float | None:
 
 def gate_isoflop_vertices(table: pd.DataFrame) -> Gate:
     """Every budget's parabola in ln N (over cell means) is convex with its vertex inside the sampled N."""
-    from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET, parabola_vertex
-
     threshold = "every budget: parabola in ln N convex, vertex inside the sampled N range"
     c = cells(isoflop_rows(table))
     bad, n = [], 0
@@ -336,8 +324,6 @@ def gate_interval_width(final: dict, tolerance_rel: float, factor: float) -> Gat
     """The 90% interval's half-width (relative to the prediction) is at most `factor` tolerances."""
     limit = factor * tolerance_rel
     threshold = f"90% half-width <= {factor:g} x tolerance = {limit:.2%}"
-    from delphi.fits.calibration import interval_for_gate  # issue 30: the calibrated interval when there is one
-
     i90, centre, note, beyond = interval_for_gate(final)
     if not i90 or i90[0] is None:
         return Gate(
@@ -376,8 +362,6 @@ def interval_parts(final: dict) -> dict[str, float] | None:
     bootstrap, one run's noise around the law (residual scatter (+) seed noise) and the calibration's
     model error; and the half-width left if the run's noise were zero, which says whether any hero
     (however many seeds) could pass. None without a calibrated interval or the run's noise."""
-    from delphi.fits.calibration import gate_uses_calibration
-
     cal = final.get("calibrated") or {}
     if not gate_uses_calibration(final) or "base_sd_rel" not in cal:
         return None
@@ -408,8 +392,6 @@ def interval_parts(final: dict) -> dict[str, float] | None:
 def budget_best_losses(table: pd.DataFrame) -> pd.DataFrame:
     """Per budget: the best loss L* (the isoFLOP parabola's vertex over cell means when it is convex and
     inside the sampled range, else the lowest cell mean) and the seeds behind the best cell."""
-    from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET, parabola_vertex
-
     c = cells(isoflop_rows(table))
     rows = []
     for budget, g in c.groupby("budget", sort=True):
@@ -429,7 +411,7 @@ def frontier_slopes(
     """Local slopes -d ln(L* - E) / d ln C between consecutive budgets, with standard errors.
 
     Under L*(C) = E + G C^-gamma these are all gamma: a trend means the ladder is not yet on the
-    law it is fitted with (the first paper's slopes steepened 0.110, 0.119, 0.127). E is the fit's
+    law it is fitted with. E is the fit's
     irreducible loss (0 for laws without one). The SE of ln(L* - E) is the seed noise over
     sqrt(seeds) over (L* - E); 0 when the noise is unknown."""
     best = budget_best_losses(table)
@@ -546,9 +528,6 @@ def hero_facts(cfg) -> dict[str, float]:
     """What the ranges and depth gates compare: the hero's tokens per (non-embedding) parameter, steps,
     batch, beta2, its n_layers and its exact FLOPs. A hero given as N and D (delphi.prereg.hero.HeroSpec)
     has its tokens per parameter, tokens and FLOPs only."""
-    from delphi.model.flops import count_params
-    from delphi.prereg.hero import HeroSpec
-
     if isinstance(cfg, HeroSpec):
         return cfg.facts()
     n = count_params(cfg.model).nonembedding
@@ -640,8 +619,7 @@ def gate_hero_depth(table: pd.DataFrame, hero_layers: int | None, factor: float,
     """The hero's depth is one the ladder trained within `factor` of some budget's compute optimum.
 
     The law's N-term is identified by the rungs near each optimum; a depth seen only far from it
-    (the largest, most undertrained rungs) is an extrapolation in architecture as well as in scale.
-    The second paper's 10x hero (d112 L4, every near-optimal rung L3) missed by -6.99%."""
+    (the largest, most undertrained rungs) is an extrapolation in architecture as well as in scale."""
     threshold = f"the hero's n_layers among the depths of cells within {factor:g}x of a budget's optimal N"
     if "n_layers" not in table.columns:
         if external:
@@ -656,8 +634,6 @@ def gate_hero_depth(table: pd.DataFrame, hero_layers: int | None, factor: float,
             "not evaluated: the hero is given as N and D: its depth is unknown "
             "(give --hero HERO.yaml, the config it trains)",
         )
-    from delphi.fits.isoflop import near_optimum_cells
-
     near = near_optimum_cells(isoflop_rows(table), factor)
     depths = sorted({int(v) for v in near["n_layers"]})
     all_depths = sorted({int(v) for v in table["n_layers"]})
@@ -674,18 +650,13 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
     +-tolerance of the primary law.
 
     `cross_checks`: method -> {"loss", "backtest_rel_error", "probes"} or {"error"}
-    (`delphi.prereg.create.cross_check_predictions`); "probes" maps each finished run beyond the
+    (`delphi.prereg.measure.cross_check_predictions`); "probes" maps each finished run beyond the
     ladder (the dress rehearsal, sealed probes) to {"rel_error", "noise_rel"}. A cross-check is
     shown, not counted, when its held-out-budget backtest (seed-averaged cells) misses by more than
     the tolerance, or a run beyond the ladder misses it by more than the tolerance plus
     PROBE_NOISE_Z x that run's noise: the data already contradict it, so it is no competing
     explanation. Why the gate: two laws that both survive the evidence and still disagree at the
-    hero mean the ladder cannot tell which extrapolation is right. The paper's 30x hero (paper/editions/v3)
-    was sealed under an earlier rule that set a law aside for a +3.2% rehearsal with no noise
-    allowance: VPNLS 1.1573, isoFLOP 1.0169 (-12%), actual 1.0757 (-7.05% from VPNLS). On the 8
-    committed heroes (paper/editions/v2/method_agreement.csv) the two paper heroes, where the laws disagreed
-    by 7% and 12%, missed by 7%; 7 of the 8 outcomes lay between the two laws. The fourth edition's
-    probes (paper/editions/v4) missed VPNLS by -7.3% at 3x and -9.7% at 10x, the isoFLOP law by -2.0% and +3.0%."""
+    hero mean the ladder cannot tell which extrapolation is right."""
     threshold = (
         f"each cross-check within +-{tolerance_rel:.2%} of the primary prediction (a cross-check counts "
         f"when its held-out-budget backtest is within +-{tolerance_rel:.2%} and no run beyond the ladder misses "
@@ -736,7 +707,7 @@ def gate_fit_status(fit: Any) -> Gate:
     status = getattr(fit, "status", None)
     at_bound = list(diag.get("at_bound") or [])
     converged = diag.get("converged")
-    if status in (None, "ok"):  # older fit files carry only the diagnostics
+    if status in (None, "ok"):  # a fit file without a status carries only the diagnostics
         status = "at_bound" if at_bound else ("not_converged" if converged is False else "ok")
     detail = f"{getattr(fit, 'kind', '?')} fit ({getattr(fit, 'method', '?')}): status {status}"
     if at_bound:
@@ -846,7 +817,7 @@ def gate_lr_transfer(
 
     `drift`: `delphi.ladder.lr_calibration.rule_drift` of an `lr-calibrate` report under the
     ladder's rule today. A law fitted to rungs whose LR drifts away from the optimum with width or
-    horizon extrapolates the drift with the scale (paper v3)."""
+    horizon extrapolates the drift with the scale."""
     limit = share * tolerance_rel
     threshold = (
         f"the rule's LR costs every calibrated point <= {limit:.2%} of loss; calibrated up to the hero's "
@@ -880,9 +851,7 @@ def gate_lr_transfer(
 
 def gate_recipe(report: dict, hero: dict[str, float] | None = None) -> Gate:
     """The recipe loses <= 0.5% at every point of its check, and its trend carries <= 0.5% to the
-    hero, whose width and tokens the check reached (issue 29; delphi.ladder.recipe_check)."""
-    from delphi.ladder.recipe_check import MAX_LOST_FRAC, gate_problems
-
+    hero, whose width and tokens the check reached (delphi.ladder.recipe_check)."""
     threshold = (
         f"every recipe-check point and the trend carried to the hero lose <= {MAX_LOST_FRAC:.1%} against the "
         "sweep's optimum; the check reaches the hero's width and tokens"
@@ -894,113 +863,125 @@ def gate_recipe(report: dict, hero: dict[str, float] | None = None) -> Gate:
 # --------------------------------------------------------------------------- all together
 
 
-def evaluate_gates(
-    *,
-    fit: Any,
-    table: pd.DataFrame | None,
-    final: dict,
-    hero: dict[str, float],
-    thresholds: GateThresholds,
-    backtest: dict | None = None,
-    lobo: dict | None = None,
-    ranges: dict[str, tuple[float, float]] | None = None,
-    rehearsal: dict | None = None,
-    cross_checks: dict[str, dict] | None = None,
-    exact_required: bool | None = None,
-    lr_drift: list[dict] | None = None,
-    probes: dict[str, dict] | None = None,
-    probe_correction: bool = False,
-    probe_carry: str = "linear",
-    recipe_check: dict | None = None,
-    external: bool = False,
-) -> list[Gate]:
-    """Every gate, in a fixed order. `fit` is the primary FitResult; `table` the results table
-    (one row per run and seed); `final` the hero's prediction {loss, loss_90}; `hero` from
-    `hero_facts`; `backtest` the primary method's held-out-budget backtest; `lobo` from
-    `leave_one_budget_out`; `ranges` the ladder's ranges (default: from the table);
-    `rehearsal` {predicted, actual, rel_error, covered_90, compute} when a dress rehearsal ran;
-    `cross_checks` other methods' predictions for the hero (`gate_method_agreement`); `lr_drift`
-    the ladder's LR rule against a calibration (`gate_lr_transfer`; no gate without one); `probes`
-    the primary law against finished runs beyond the ladder (`gate_probes`; no gate without any);
-    `probe_correction` whether `final` is the primary law corrected by the probes' trend, carried by
-    `probe_carry`; `recipe_check` a `delphi ladder recipe-check` report (`gate_recipe`; no gate without one);
-    `external`: the table is not a Delphi ladder's (module docstring: what is not applicable)."""
-    from delphi.ladder.hero import HERO_MAX_OFF_OPTIMUM
+@dataclass(frozen=True)
+class GateInputs:
+    """What the gates read, measured from the evidence (`delphi.prereg.measure.compute_gates`).
 
-    agreement = gate_method_agreement(float(final["loss"]), cross_checks, thresholds.tol("agreement"))
+    `fit` the primary FitResult; `table` the results table (one row per run and seed; None: none
+    given); `final` the hero's prediction {loss, loss_90}; `hero` from `hero_facts`; `backtest` the
+    primary law's held-out-budget backtest; `lobo` from `leave_one_budget_out`; `ranges` the
+    ladder's ranges (None: from the table); `rehearsal` {predicted, actual, rel_error, covered_90,
+    compute} when a dress rehearsal ran; `cross_checks` other laws' predictions for the hero
+    (`gate_method_agreement`); `exact_required` whether the backtest must be scored at exact FLOPs
+    (None: when the law is in (N, D) with a FLOPs family); `lr_drift` the ladder's LR rule against a
+    calibration (`gate_lr_transfer`; no gate without one); `probes` the primary law against finished
+    runs beyond the ladder (`gate_probes`; no gate without any); `probe_correction` whether `final`
+    is the primary law corrected by the probes' trend, carried by `probe_carry`; `recipe_check` a
+    `delphi ladder recipe-check` report (`gate_recipe`; no gate without one); `external`: the table
+    is not a Delphi ladder's (module docstring: what is not applicable)."""
+
+    fit: Any
+    table: pd.DataFrame | None
+    final: dict
+    hero: dict[str, float]
+    backtest: dict | None = None
+    lobo: dict | None = None
+    ranges: dict[str, tuple[float, float]] | None = None
+    rehearsal: dict | None = None
+    cross_checks: dict[str, dict] | None = None
+    exact_required: bool | None = None
+    lr_drift: list[dict] | None = None
+    probes: dict[str, dict] | None = None
+    probe_correction: bool = False
+    probe_carry: str = "linear"
+    recipe_check: dict | None = None
+    external: bool = False
+
+
+def evaluate_gates(inputs: GateInputs, thresholds: GateThresholds) -> list[Gate]:
+    """Every gate, in a fixed order (GATE_NAMES), judged on `inputs` under `thresholds`."""
+    fit, table, final, hero = inputs.fit, inputs.table, inputs.final, inputs.hero
+    agreement = gate_method_agreement(float(final["loss"]), inputs.cross_checks, thresholds.tol("agreement"))
+    exact_required = inputs.exact_required
     if exact_required is None:  # laws in C are fitted on each budget's real cost; only (N, D) laws allocate
         exact_required = getattr(fit, "family", None) is not None and bool(getattr(fit, "law_in_nd", False))
+    backtest = gate_backtest(inputs.backtest, thresholds.tol("backtest"), exact_required=exact_required)
+    lobo = gate_lobo_spread(inputs.lobo, float(final["loss"]), thresholds.tol("lobo"))
+    width = gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor)
     if table is None or len(table) == 0:
         missing = "not evaluated: no results table (give --ladder or --results)"
         gates = [
             Gate(name, False, None, "needs the results table", missing)
             for name in ("isoflop_vertices", "frontier_slopes", "rung_health", "seeds", "hero_ranges", "hero_depth")
         ]
-        gates[1:1] = [
-            gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
-            gate_lobo_spread(lobo, float(final["loss"]), thresholds.tol("lobo")),
-            gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor),
-        ]
+        gates[1:1] = [backtest, lobo, width]
         gates += [agreement, gate_fit_status(fit)]
-        if rehearsal is not None:
-            gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
-        if probes:
-            gates.append(
-                gate_probes(probes, thresholds.tol("rehearsal"), corrected=probe_correction, carry=probe_carry)
+        probes = (
+            gate_probes(
+                inputs.probes, thresholds.tol("rehearsal"), corrected=inputs.probe_correction, carry=inputs.probe_carry
             )
-        if lr_drift is not None:
-            gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
-        if recipe_check is not None:
-            gates.append(gate_recipe(recipe_check, hero))
-        return gates
+            if inputs.probes
+            else None
+        )
+    else:
+        gates = [
+            gate_isoflop_vertices(table),
+            backtest,
+            lobo,
+            width,
+            _frontier_gate(table, fit, final, thresholds.trend_z, inputs.external),
+            gate_rung_health(table, inputs.external),
+            gate_seeds(table, thresholds.min_seeds, inputs.external),
+            gate_hero_ranges(
+                hero,
+                inputs.ranges if inputs.ranges is not None else ladder_ranges(table),
+                thresholds.range_slack_rel,
+                inputs.external,
+            ),
+            gate_hero_depth(
+                table,
+                None if "n_layers" not in hero else int(hero["n_layers"]),
+                HERO_MAX_OFF_OPTIMUM,
+                inputs.external,
+            ),
+            agreement,
+            gate_fit_status(fit),
+        ]
+        probes = (
+            gate_probes(
+                inputs.probes,
+                thresholds.tol("rehearsal"),
+                top_budget=ladder_top_budget(table),
+                hero_compute=hero.get("flops"),
+                corrected=inputs.probe_correction,
+                carry=inputs.probe_carry,
+            )
+            if inputs.probes
+            else None
+        )
+    if inputs.rehearsal is not None:
+        gates.append(gate_dress_rehearsal(inputs.rehearsal, thresholds.tol("rehearsal")))
+    if probes is not None:
+        gates.append(probes)
+    if inputs.lr_drift is not None:
+        gates.append(gate_lr_transfer(inputs.lr_drift, hero, thresholds.tolerance_rel))
+    if inputs.recipe_check is not None:
+        gates.append(gate_recipe(inputs.recipe_check, hero))
+    return gates
+
+
+def _frontier_gate(table: pd.DataFrame, fit: Any, final: dict, z: float, external: bool) -> Gate:
+    """Gate frontier_slopes with the fit's seed noise (else the table's pooled one); on an external
+    table without seeds, the law's residual scatter about the table is the noise it shows."""
     noise = (getattr(fit, "diagnostics", None) or {}).get("seed_noise_nats")
     noise = float(noise) if isinstance(noise, (int, float)) and math.isfinite(noise) else pooled_seed_noise(table)
     noise_note = ""
     scatter = final.get("residual_scatter_nats")
     if external and noise is None and isinstance(scatter, (int, float)) and math.isfinite(scatter):
-        # No seeds to measure noise with: the scatter of the table's points about the law is the noise it shows.
         noise, noise_note = (
             float(scatter),
             f"; noise per point: the law's residual scatter {float(scatter):.4f} nats (no seeds)",
         )
-    gates = [
-        gate_isoflop_vertices(table),
-        gate_backtest(backtest, thresholds.tol("backtest"), exact_required=exact_required),
-        gate_lobo_spread(lobo, float(final["loss"]), thresholds.tol("lobo")),
-        gate_interval_width(final, thresholds.tolerance_rel, thresholds.interval_width_factor),
-        _frontier_gate(table, noise, fit, thresholds.trend_z, noise_note),
-        gate_rung_health(table, external),
-        gate_seeds(table, thresholds.min_seeds, external),
-        gate_hero_ranges(
-            hero, ranges if ranges is not None else ladder_ranges(table), thresholds.range_slack_rel, external
-        ),
-        gate_hero_depth(
-            table, None if "n_layers" not in hero else int(hero["n_layers"]), HERO_MAX_OFF_OPTIMUM, external
-        ),
-        agreement,
-        gate_fit_status(fit),
-    ]
-    if rehearsal is not None:
-        gates.append(gate_dress_rehearsal(rehearsal, thresholds.tol("rehearsal")))
-    if probes:
-        gates.append(
-            gate_probes(
-                probes,
-                thresholds.tol("rehearsal"),
-                top_budget=ladder_top_budget(table),
-                hero_compute=hero.get("flops"),
-                corrected=probe_correction,
-                carry=probe_carry,
-            )
-        )
-    if lr_drift is not None:
-        gates.append(gate_lr_transfer(lr_drift, hero, thresholds.tolerance_rel))
-    if recipe_check is not None:
-        gates.append(gate_recipe(recipe_check, hero))
-    return gates
-
-
-def _frontier_gate(table: pd.DataFrame, noise: float | None, fit: Any, z: float, noise_note: str = "") -> Gate:
     params = getattr(fit, "params", None) or {}
     e = float(params.get("E", 0.0))  # laws without an asymptote (isoflop) have no E: slopes of ln L
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delphi.errors import DelphiError, quoted
-from delphi.fits.allocation import FLOPS_PER_PARAM_TOKEN
+from delphi.fits.allocation import FLOPS_PER_PARAM_TOKEN, flops_of
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,6 @@ def hero_from_numbers(
     has one, else 6ND. `--hero-compute C` sizes N* and D* by the fit's own allocation at C (a law in
     N and D allocates C under its family or 6ND; the isoFLOP law's N*(C), D*(C) are fitted); a law
     with no allocation (the frontier) cannot size a hero."""
-    from delphi.fits.allocation import flops_of
-
     if compute is not None:
         for flag, value in (("--hero-params", params), ("--hero-tokens", tokens), ("--hero-flops", flops)):
             if value is not None:

@@ -17,14 +17,26 @@ from typing import Any
 import numpy as np
 
 from delphi.errors import DelphiError
+from delphi.fits import best_point as bp
 from delphi.fits.backtest import Z_50 as Z50
 from delphi.fits.backtest import Z_90 as Z90
-from delphi.fits.data import TableOptions, isoflop_rows
-from delphi.fits.intervals import PointCorrection, correct_by_design
-from delphi.fits.probes import NOISE_SCOPES, correct_by_probes
+from delphi.fits.backtest import predictive_interval, residual_scatter
+from delphi.fits.calibration import calibrate_final, calibrated_status
+from delphi.fits.data import TableOptions, _read, cell_points, isoflop_rows, load_results, with_anchors
+from delphi.fits.e_prior import forecast_at_refits
+from delphi.fits.intervals import correct_by_design
+from delphi.fits.laws import SURFACES
+from delphi.fits.probes import NOISE_SCOPES, correct_by_probes, probe_trend
+from delphi.fits.results import load_fit
+from delphi.model.flops import count_params, flops_per_token
+from delphi.prereg.evidence import Evidence, PredictionRule
+from delphi.prereg.gates import ladder_top_budget, pooled_seed_noise
+from delphi.prereg.hero import HeroSpec
+from delphi.train.config import load_train_config
 
 
-def _interval(pred: dict, key: str) -> list[float] | None:
+def interval_pair(pred: dict, key: str) -> list[float] | None:
+    """The [lo, hi] interval under `key` of a prediction, as plain floats; None when it has none."""
     v = pred.get(key)
     return None if v is None else [float(v[0]), float(v[1])]
 
@@ -34,8 +46,8 @@ def final_from_prediction(pred: dict, source: str) -> dict[str, Any]:
     if "loss" not in pred:
         raise DelphiError(f"{source}: its prediction has no 'loss'; a fit of a loss law is needed")
     loss = float(pred["loss"])
-    i90 = _interval(pred, "loss_interval_90")
-    i50 = _interval(pred, "loss_interval_50")
+    i90 = interval_pair(pred, "loss_interval_90")
+    i50 = interval_pair(pred, "loss_interval_50")
     note = None
     if i90 is not None and i50 is None:
         # Only a 90% interval: derive the 50% one as if the spread were normal.
@@ -52,9 +64,6 @@ def law_scatter_nats(fit, fit_table) -> float | None:
     """RMS (nats) of the ladder's seed-averaged points about the law, per residual dof: each cell at
     its own N and D for a law in (N, D); for a law in C (isoFLOP, frontier) each budget's best cell
     against L*(C) (delphi.fits.backtest.residual_scatter)."""
-    from delphi.fits.backtest import residual_scatter
-    from delphi.fits.data import cell_points, with_anchors
-
     if fit_table is None or "budget" not in fit_table:
         return None
     if not fit.law_in_nd:
@@ -72,8 +81,6 @@ def law_scatter_nats(fit, fit_table) -> float | None:
 def seed_noise_nats(fit, fit_table, scope: str = "pooled") -> float | None:
     """One run's seed sd (nats) under `scope` (NOISE_SCOPES): the fit's pooled per-run seed sd, or
     the within-cell sd pooled over the top isoFLOP budget's cells. None without replicates."""
-    from delphi.prereg.gates import ladder_top_budget, pooled_seed_noise
-
     if scope not in NOISE_SCOPES:
         raise DelphiError(f"noise scope {scope!r}: expected one of {', '.join(NOISE_SCOPES)}")
     if scope == "pooled":
@@ -103,8 +110,6 @@ def run_noise_nats(fit, fit_table, scope: str = "pooled", n_seeds: int = 1) -> t
 def predictive(pred: dict, noise: float | None) -> dict:
     """`pred` with its 50% and 90% intervals widened, side by side in quadrature, by z x `noise`: an
     interval for one run's outcome rather than for the law's mean (the backtests' rule)."""
-    from delphi.fits.backtest import predictive_interval
-
     if noise is None:
         return pred
     out = dict(pred)
@@ -129,8 +134,6 @@ def fit_family(fit, ladder_families: set[str]) -> str | None:
 
 def hero_params(model, seq_len: int, convention: str = "nonembedding") -> float:
     """The hero's N counted as the fit counted its ladder's N (fits/allocation.PARAM_CONVENTIONS)."""
-    from delphi.model.flops import count_params, flops_per_token
-
     counts = count_params(model)
     if convention == "active":
         return float(counts.active)
@@ -148,8 +151,6 @@ def predict_hero(fit, hero) -> tuple[dict, str]:
     """(the fit's prediction, how) for the hero: `FitResult.predict_run` decides whether the law is
     evaluated at the hero's own N and D or at its exact compute. `hero`: a train config, or a hero
     given as N and D (delphi.prereg.hero.HeroSpec: its N as the table counts it, its C as given)."""
-    from delphi.prereg.hero import HeroSpec
-
     if isinstance(hero, HeroSpec):
         if fit.law_terms:
             raise DelphiError(
@@ -191,9 +192,6 @@ def predict_final(
     for the mean of `n_seeds` runs (`run_noise_nats` under `noise_scope`) and its calibrated version
     is beside it (`final["calibrated"]`). A fit with a lab's E prior says how much of the forecast the
     prior decides (`final["E_prior"]`, delphi.fits.e_prior)."""
-    from delphi.fits.laws import SURFACES
-    from delphi.fits.results import load_fit
-
     fit = load_fit(fit_path)
     if fit.kind not in SURFACES:
         raise DelphiError(
@@ -219,11 +217,7 @@ def predict_final(
     if not math.isfinite(final["loss"]):
         raise DelphiError(f"{fit_path}: the fit predicts a non-finite loss for the hero")
     if tables is not None:  # the interval calibrated for how far beyond the ladder the hero lies
-        from delphi.fits.calibration import calibrate_final
-
         final["calibrated"] = calibrate_final(fit, final, float(hero.flops), tables[1])
-    from delphi.fits.e_prior import forecast_at_refits
-
     decided = forecast_at_refits(fit, lambda f: float(predict_hero(f, hero)[0]["loss"]))
     if decided is not None:
         final["E_prior"] = decided
@@ -248,31 +242,20 @@ def probe_noise_rel(fit, fit_table, probes: dict[str, dict], noise_scope: str = 
     return float(nats) / float(np.mean([r["actual"] for r in probes.values()]))
 
 
-def hero_prediction(
-    fit_path: Path,
-    hero,
-    results: Path | None = None,
-    probe_runs: Sequence[Path] = (),
-    probe_correction: bool = False,
-    probe_carry: str = "linear",
-    noise_scope: str = "pooled",
-    n_seeds: int = 1,
-    point_correction: PointCorrection | None = None,
-    options: TableOptions | None = None,
-    ladder_given: bool = False,
-) -> tuple[dict, Any]:
-    """(final prediction, the loaded fit) for the hero: `predict_final`, and with `probe_correction` that
-    prediction corrected by the probes' error trend, carried by `probe_carry` (`correct_by_probes`);
-    one run's noise under `noise_scope` (NOISE_SCOPES); then, with `point_correction` (a
-    `delphi.fits.intervals.PointCorrection`), corrected by the design's measured bias (`correct_by_design`).
-    Last, the point that decides (`decide_final_point`): the calibrated centre on a table like the
-    calibration's public sources, else the law's own or its correction; `final["point"]` says which and why.
-    `ladder_given`: the table is a Delphi ladder's (its dir was given), whatever its columns."""
-    final, fit = _hero_prediction(
-        fit_path, hero, results, probe_runs, probe_correction, probe_carry, noise_scope, n_seeds, options
-    )
-    final = final if point_correction is None else correct_by_design(final, point_correction)
-    ladder = ladder_given or (
+def hero_prediction(evidence: Evidence, hero, rule: PredictionRule) -> tuple[dict, Any]:
+    """(final prediction, the loaded fit) for the hero: `predict_final` on the evidence's fit and
+    results table, with one run's noise under `rule.noise_scope` (NOISE_SCOPES) and the noise of the
+    mean of `rule.n_seeds` runs; with `rule.probe_correction` that prediction corrected by the probes'
+    error trend, carried by `rule.probe_carry` (`correct_by_probes`); then, with
+    `rule.point_correction` (a `delphi.fits.intervals.PointCorrection`), corrected by the design's
+    measured bias (`correct_by_design`). Last, the point that decides (`decide_final_point`): the
+    calibrated centre on a table like the calibration's public sources, else the law's own or its
+    correction; `final["point"]` says which and why. A table is a Delphi ladder's when the evidence
+    names its ladder dir, whatever its columns, else when it holds rung records."""
+    final, fit = _hero_prediction(evidence, hero, rule)
+    final = final if rule.point_correction is None else correct_by_design(final, rule.point_correction)
+    results, options = evidence.results, evidence.options
+    ladder = evidence.ladder is not None or (
         load_tables(results, fit_convention(fit), options)[1].attrs.get("ladder_records", False)
         if results is not None
         else None
@@ -284,9 +267,6 @@ def decide_final_point(final: dict, delphi_ladder: bool | None) -> dict:
     """`final` with the point that decides it (delphi.fits.best_point.decide_point) in `final["point"]`;
     where the calibrated centre decides, its loss and intervals become the sealed ones and the law's
     own stand beside them (`final["law"]`)."""
-    from delphi.fits import best_point as bp
-    from delphi.fits.calibration import calibrated_status
-
     cal = final.get("calibrated") or {}
     corrected = (
         bp.PROBE_CORRECTION
@@ -324,35 +304,24 @@ def decide_final_point(final: dict, delphi_ladder: bool | None) -> dict:
     return out
 
 
-def _hero_prediction(
-    fit_path: Path,
-    hero,
-    results: Path | None,
-    probe_runs: Sequence[Path],
-    probe_correction: bool,
-    probe_carry: str,
-    noise_scope: str,
-    n_seeds: int,
-    options: TableOptions | None = None,
-) -> tuple[dict, Any]:
-    from delphi.fits.probes import probe_trend
-    from delphi.prereg import gates as gt
-
-    final, fit = predict_final(fit_path, hero, results, noise_scope, n_seeds, options)
-    if not probe_correction:
+def _hero_prediction(evidence: Evidence, hero, rule: PredictionRule) -> tuple[dict, Any]:
+    results, options = evidence.results, evidence.options
+    final, fit = predict_final(evidence.fit_path, hero, results, rule.noise_scope, rule.n_seeds, options)
+    if not rule.probe_correction:
         return final, fit
     if results is None:
         raise DelphiError(
             "--probe-correction: needs the results table (--results or --ladder) to score the law on the probes"
         )
     fit_table, gate_table = load_tables(results, fit_convention(fit), options)
-    probes = score_probes(fit, probe_runs)
-    trend = probe_trend(probes, gt.ladder_top_budget(gate_table), probe_carry)
+    probes = score_probes(fit, evidence.probe_runs)
+    trend = probe_trend(probes, ladder_top_budget(gate_table), rule.probe_carry)
     if trend is None:
         raise DelphiError(
             f"--probe-correction: needs >= 2 finished probes at distinct computes (--probe); got {len(probes)}"
         )
-    return correct_by_probes(final, trend, float(hero.flops), probe_noise_rel(fit, fit_table, probes, noise_scope)), fit
+    noise_rel = probe_noise_rel(fit, fit_table, probes, rule.noise_scope)
+    return correct_by_probes(final, trend, float(hero.flops), noise_rel), fit
 
 
 def beyond_ladder_runs(rehearsal_run: Path | None = None, probe_runs: Sequence[Path] = ()) -> dict[str, Path]:
@@ -375,9 +344,6 @@ def load_tables(results: Path, convention: str = "nonembedding", options: TableO
     batch, role), matched by run_id where it is unique. A table without unique run ids keeps its other
     columns only where its rows are the file's rows in order (no query, nothing dropped): otherwise
     which row is which cannot be told, and the gates judge its canonical columns alone."""
-    from delphi.fits import load_results
-    from delphi.fits.data import _read, with_anchors
-
     options = options or TableOptions()
     fit_table = load_results(results, params_convention=convention, **options.load_kwargs())
     raw = _read(results)[1]
@@ -396,8 +362,6 @@ def load_tables(results: Path, convention: str = "nonembedding", options: TableO
 def run_predicted_vs_actual(fit, run_dir: Path, noise: float | None = None) -> dict[str, Any]:
     """A finished run (the dress rehearsal) predicted by `fit` at its own N and D, against its final
     loss; `noise` (run_noise_nats) makes the interval predictive for one run, as the hero's is."""
-    from delphi.train.config import load_train_config
-
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise DelphiError(f"{run_dir}: no config.yaml; not a run dir")

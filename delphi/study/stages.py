@@ -18,7 +18,15 @@ from typing import Any
 import pandas as pd
 
 from delphi.errors import CheckFailed, DelphiError
+from delphi.fits.results import load_fit
 from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
+from delphi.prereg import gates as gt
+from delphi.prereg.check import check
+from delphi.prereg.competing import competing_predictions
+from delphi.prereg.create import create_prereg, gates_path
+from delphi.prereg.evidence import Evidence, PredictionRule, SealTerms
+from delphi.prereg.measure import compute_gates
+from delphi.prereg.predict import hero_prediction, run_noise_nats, run_predicted_vs_actual
 from delphi.study.report import stage_figures, stage_report
 from delphi.study.spec import AUTO_PRIMARY, PREDICTION_GATES, load_study, own_probe_name
 from delphi.study.state import (
@@ -35,6 +43,7 @@ from delphi.study.state import (
     load_table,
     probe_runs,
 )
+from delphi.train.config import load_train_config
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_status
 
 
@@ -441,11 +450,6 @@ def stage_dress_rehearsal(study: Study) -> dict:
 
 def stage_gates(study: Study) -> dict:
     """Every gate, PASS/FAIL, before the hero trains; a failure stops the study here unless `force: true`."""
-    from delphi.prereg import gates as gt
-    from delphi.prereg.create import compute_gates
-    from delphi.prereg.predict import hero_prediction
-    from delphi.train.config import load_train_config
-
     hero = load_train_config(study.hero_config)
     pin_lr_calibration(study)
     pin_probes(study)
@@ -457,39 +461,11 @@ def stage_gates(study: Study) -> dict:
         for m in study.spec.hero.probe_multiples
         if study.spec.hero.probe_correction and not (study.probes_dir / own_probe_name(m) / SUMMARY_FILE).is_file()
     ]
-    correct = study.spec.hero.probe_correction and not pending
-    probes = probe_runs(study)
-    final, fit = hero_prediction(
-        study.fit_path(study.primary_fit),
-        hero,
-        study.results,
-        probes,
-        correct,
-        study.spec.hero.probe_carry,
-        study.spec.hero.noise_scope,
-        len(study.spec.hero.seeds) or 1,
-        study.spec.hero.point_correction,
-    )  # what prereg will seal
+    evidence = _seal_evidence(study)
+    rule = _seal_rule(study, probe_correction=study.spec.hero.probe_correction and not pending)
+    final, fit = hero_prediction(evidence, hero, rule)  # what prereg will seal
     thresholds = study.spec.thresholds()
-    rehearsal = _rehearsal(study)
-    gates = compute_gates(
-        fit,
-        results=study.results,
-        hero=hero,
-        final=final,
-        thresholds=thresholds,
-        backtest=_primary_backtest(study),
-        rehearsal=rehearsal,
-        ladder=study.ladder_dir,
-        rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
-        lr_calibration=_lr_calibration(study),
-        probe_runs=probes,
-        probe_correction=correct,
-        probe_carry=study.spec.hero.probe_carry,
-        noise_scope=study.spec.hero.noise_scope,
-        recipe_check=getattr(study, "recipe_check", None),
-        point_correction=study.spec.hero.point_correction,
-    )
+    gates = compute_gates(fit, evidence, hero, final, rule, thresholds)
     deferred = [g for g in gates if pending and g.name in PREDICTION_GATES]
     deciding = [g for g in gates if g not in deferred]
     report = gt.gate_report(deciding, forced=study.spec.force, thresholds=thresholds) | {"prediction": final}
@@ -552,7 +528,7 @@ def pin_probes(study: Study) -> None:
 
 def stage_seals(study: Study) -> dict:
     """Under the law alone (`hero.probe_correction: false`), seal every prediction beyond the ladder
-    before any of them has a step (issue 29): each of hero.probe_multiples, smallest first, sized
+    before any of them has a step: each of hero.probe_multiples, smallest first, sized
     like the hero and sealed into STUDY/probes/NAME.prereg.yaml, then the hero into its
     preregistration. No prediction depends on another run, so nothing waits for a probe; each seal
     evaluates the gates (the ladder's, as for the hero) and is refused unless they all pass or the
@@ -560,7 +536,7 @@ def stage_seals(study: Study) -> dict:
 
     `delphi study SPEC --out DIR --stop-after seals` ends there, so the seals can be committed
     before any run beyond the ladder trains; the probes and hero stages then train against them.
-    A seal already present (an earlier attempt, or a study dir from before this stage) is kept,
+    A seal already present (an earlier attempt, or a study dir whose prereg stage sealed it) is kept,
     never rewritten. With `hero.probe_correction: true` the hero's seal needs the trained probes:
     this stage is skipped, and the probes and prereg stages seal and train in turn."""
     if study.spec.hero.probe_correction:
@@ -587,9 +563,6 @@ def stage_seals(study: Study) -> dict:
 def _seal_or_stop(what: str, prereg: Path, seal: Callable[[], dict]) -> dict:
     """One seal of stage seals; a gate that refuses it stops the study before any run beyond the
     ladder trains, as the gates stage would (the seals written before it stay: never rewritten)."""
-    from delphi.prereg import gates as gt
-    from delphi.prereg.create import gates_path
-
     try:
         return seal()
     except CheckFailed as refused:
@@ -612,39 +585,58 @@ def _seal_or_stop(what: str, prereg: Path, seal: Callable[[], dict]) -> dict:
         ) from refused
 
 
-def _seal_evidence(study: Study) -> dict[str, Any]:
-    """What every seal of the ladder's law alone is judged on (create_prereg's keyword arguments):
-    the ladder, its fits' backtest, the rehearsal, calibrations, the pinned gates.probes and the
-    recipe check; the hero's and (under the law alone) each probe's seal see the same gates."""
+def _seal_evidence(study: Study) -> Evidence:
+    """What the gates and every seal of the study are judged on: the primary fit, the ladder and
+    its results, the fit's backtest, the rehearsal, the pinned LR calibration and gates.probes, and
+    the recipe check; the hero's and (under the law alone) each probe's seal see the same gates."""
     rehearsal = _rehearsal(study)
-    return dict(
-        ladder=study.ladder_dir,
+    return Evidence(
+        fit_path=study.fit_path(study.primary_fit),
         results=study.results,
-        tolerance_rel=study.spec.hero.tolerance,
-        author=study.spec.author,
-        bootstrap=min(study.spec.bootstrap, 200),
-        seed=study.spec.seed,
-        thresholds=study.spec.thresholds(),
+        ladder=study.ladder_dir,
         backtest=_primary_backtest(study),
-        rehearsal=rehearsal,
         rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
+        rehearsal=rehearsal,
         lr_calibration=_lr_calibration(study),
         probe_runs=probe_runs(study),
-        probe_carry=study.spec.hero.probe_carry,
-        noise_scope=study.spec.hero.noise_scope,
         recipe_check=getattr(study, "recipe_check", None),
-        seeds=list(study.spec.hero.seeds) or None,
+    )
+
+
+def _seal_rule(study: Study, *, probe_correction: bool, point_correction: bool = True) -> PredictionRule:
+    """How the study's prediction is made (its hero block): corrected by the probes or not, and by
+    the design's measured bias only where `point_correction` (a probe's seal carries none)."""
+    hero = study.spec.hero
+    return PredictionRule(
+        probe_correction=probe_correction,
+        probe_carry=hero.probe_carry,
+        noise_scope=hero.noise_scope,
+        seeds=list(hero.seeds) or None,
+        point_correction=hero.point_correction if point_correction else None,
+    )
+
+
+def _seal_terms(study: Study, rationale: str, trajectory_from_probes: bool = False) -> SealTerms:
+    """What the study seals beside a prediction: its tolerance, thresholds, author, the gates it
+    forces (each with its reason), the competing laws, `rationale`, and where the trajectory's shape comes from."""
+    return SealTerms(
+        tolerance_rel=study.spec.hero.tolerance,
+        thresholds=study.spec.thresholds(),
+        force=study.spec.force,
         forced_gates=dict(study.spec.gates.force),
+        author=study.spec.author,
+        rationale=rationale,
+        curve_bootstrap=min(study.spec.bootstrap, 200),
+        curve_seed=study.spec.seed,
+        trajectory_from_probes=trajectory_from_probes,
         competing=lambda hero, final: _competing(study, hero, final),
     )
 
 
 def _competing(study: Study, hero, final: dict) -> dict:
-    """Every other law's prediction for a run beyond the ladder, sealed beside the primary (issue 40):
+    """Every other law's prediction for a run beyond the ladder, sealed beside the primary:
     the study's fits and the asymptotic frontier law (fitted here once, on the fit stage's table). A
     law that cannot be fitted here is sealed as such (its error), beside the primary's seal."""
-    from delphi.prereg.competing import competing_predictions
-
     paths = {m: study.fit_path(m) for m in study.spec.fits if study.fit_path(m).is_file()}
     unfitted: dict[str, dict] = {}
     if "asymptotic" not in paths:
@@ -937,10 +929,8 @@ def seal_probe(study: Study, multiple: float) -> dict:
     """Size one of hero.probe_multiples like the hero (STUDY/probes/NAME.yaml) and seal its prediction
     (NAME.prereg.yaml) before its first step. Under the law alone it is a prediction like the hero's,
     judged by the same gates (force only if the study says so); with probe_correction it is evidence
-    for the hero's correction, sealed with force (the gates judge the hero, not a probe). A present
-    seal is kept; a probe that started before its seal existed is refused."""
-    from delphi.prereg.create import create_prereg
-
+    for the hero's correction, sealed with force on the ladder's own evidence (the gates judge the
+    hero, not a probe). A present seal is kept; a probe that started before its seal existed is refused."""
     name = own_probe_name(multiple)
     run, config, seal = study.probes_dir / name, study.probes_dir / f"{name}.yaml", probe_prereg(study, multiple)
     if not config.is_file():
@@ -953,33 +943,36 @@ def seal_probe(study: Study, multiple: float) -> dict:
             raise DelphiError(
                 f"{seed_run}: the probe started before its preregistration existed; remove it to start over"
             )
-    if study.spec.hero.probe_correction:  # the behaviour of the corrected path, unchanged
-        doc = create_prereg(
-            study.fit_path(study.primary_fit),
-            config,
-            seal,
-            ladder=study.ladder_dir,
+    if study.spec.hero.probe_correction:
+        evidence = Evidence(
+            fit_path=study.fit_path(study.primary_fit),
             results=study.results,
-            tolerance_rel=study.spec.hero.tolerance,
-            author=study.spec.author,
-            force=True,
-            rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
-            "(sealed with force: the gates judge the hero, not a probe).",
-            bootstrap=min(study.spec.bootstrap, 200),
-            seed=study.spec.seed,
-            thresholds=study.spec.thresholds(),
+            ladder=study.ladder_dir,
             backtest=_primary_backtest(study),
         )
+        terms = SealTerms(
+            tolerance_rel=study.spec.hero.tolerance,
+            thresholds=study.spec.thresholds(),
+            force=True,
+            author=study.spec.author,
+            rationale=f"Study {study.spec.name}: probe at {multiple:g}x the top budget, evidence for the hero's gates "
+            "(sealed with force: the gates judge the hero, not a probe).",
+            curve_bootstrap=min(study.spec.bootstrap, 200),
+            curve_seed=study.spec.seed,
+        )
+        doc = create_prereg(evidence, seal, hero_path=config, terms=terms)
     else:
-        doc = create_prereg(
-            study.fit_path(study.primary_fit),
-            config,
-            seal,
-            force=study.spec.force,
-            rationale=f"Study {study.spec.name}: a prediction at {multiple:g}x the top budget, the "
+        rationale = (
+            f"Study {study.spec.name}: a prediction at {multiple:g}x the top budget, the "
             f"{study.primary_fit} law fitted on the ladder alone, sealed with every other "
-            "prediction beyond the ladder before any of them trained." + primary_choice_sentence(study),
-            **_seal_evidence(study),
+            "prediction beyond the ladder before any of them trained." + primary_choice_sentence(study)
+        )
+        doc = create_prereg(
+            _seal_evidence(study),
+            seal,
+            hero_path=config,
+            rule=_seal_rule(study, probe_correction=False, point_correction=False),
+            terms=_seal_terms(study, rationale),
         )
     return out | {"prereg": str(seal)} | _sealed_summary(doc)
 
@@ -988,23 +981,21 @@ def seal_hero(study: Study) -> dict:
     """The hero's preregistration (study.prereg), sealed before its first step: by stage seals under
     the law alone, by stage prereg (after the probes that correct it) otherwise. One sealed earlier
     is kept, never rewritten; a hero that started before its seal existed is refused."""
-    from delphi.prereg.create import create_prereg
-
     if study.prereg.exists():  # sealed on an earlier, interrupted attempt or by stage seals: never rewrite it
         return _sealed_earlier(study, study.prereg, study.hero_config, sealed_seeds(study, probe=False))
     for _, seed_run in seed_runs(study.hero_config, study.hero_run, study.spec.hero.seeds):
         if (seed_run / METRICS_FILE).exists():
             raise DelphiError(f"{seed_run}: the hero started before a preregistration existed; remove it to start over")
     doc = create_prereg(
-        study.fit_path(study.primary_fit),
-        study.hero_config,
+        _seal_evidence(study),
         study.prereg,
-        rationale=(study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
-        force=study.spec.force,
-        probe_correction=study.spec.hero.probe_correction,
-        trajectory_from_probes=study.spec.hero.trajectory == "probes",
-        point_correction=study.spec.hero.point_correction,
-        **_seal_evidence(study),
+        hero_path=study.hero_config,
+        rule=_seal_rule(study, probe_correction=study.spec.hero.probe_correction),
+        terms=_seal_terms(
+            study,
+            (study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
+            trajectory_from_probes=study.spec.hero.trajectory == "probes",
+        ),
     )
     return {"prereg": str(study.prereg)} | _sealed_summary(doc)
 
@@ -1015,11 +1006,6 @@ def stage_probes(study: Study) -> dict:
     sized and sealed here (`seal_probe`, with force: the gates judge the hero, not a probe) just
     before it trains. A probe that started before its seal existed is refused; an interrupted one
     resumes."""
-    from delphi.fits import load_fit
-    from delphi.prereg.check import check
-    from delphi.prereg.predict import run_noise_nats, run_predicted_vs_actual
-    from delphi.train.config import load_train_config
-
     multiples = sorted(study.spec.hero.probe_multiples)
     if not multiples:
         return {"skipped": "hero.probe_multiples is empty: no probes of the study's own"}

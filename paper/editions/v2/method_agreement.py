@@ -5,7 +5,7 @@ Errors are the preregistration's: actual / predicted - 1; disagreement is cross-
 Hypothesis: a law with an asymptote (VPNLS) and one without (the isoFLOP power law) agree at the
 hero only where the ladder identifies E; where they disagree, at most one of them can be right,
 and the held-out evidence (top-budget backtest, dress rehearsal) should say which.
-Method: `delphi.prereg.create.cross_check_predictions` on each study's committed results table,
+Method: `delphi.prereg.measure.cross_check_predictions` on each study's committed results table,
 primary fit, hero config and rehearsal run (no retraining; the same code the gate runs).
 The six default-study directories left the tree in issue 32 (benchmarks/default_study/README.md):
 `git checkout 2c57663 -- benchmarks/default_study` restores them before a rerun.
@@ -29,7 +29,8 @@ from pathlib import Path
 from delphi.editions import resolve_data
 from delphi.fits import load_fit
 from delphi.io import atomic_write_text
-from delphi.prereg.create import cross_check_predictions, fit_convention, load_tables, predict_hero
+from delphi.prereg.measure import cross_check_predictions
+from delphi.prereg.predict import fit_convention, load_tables, predict_hero
 from delphi.train.config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[3]
