@@ -112,7 +112,7 @@ def decide_point(evidence: PointEvidence) -> PointChoice:
 
 def table_evidence(table: Any, calibration: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     """(whether the table is Delphi's own rung records, its `source_likeness`) for `decide_point`."""
-    from delphi.fits.calibration import source_likeness, table_features
+    from delphi.fits.method_choice import source_likeness, table_features
 
     return bool(table.attrs.get("ladder_records", False)), source_likeness(table_features(table), calibration)
 

@@ -474,7 +474,7 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
         )
     calibration = None
     if not (args.no_calibration or args.probes):  # checked (schema, numbers, source hash) before any fit
-        from delphi.fits.calibration import load_checked_calibration
+        from delphi.fits.calibration_file import load_checked_calibration
 
         calibration = load_checked_calibration(args.calibration)
     table = _load(args)
@@ -646,7 +646,6 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
 
     import pandas as pd
 
-    from delphi.fits import calibration as cal
     from delphi.fits.beyond import (
         beyond_rows,
         bin_table,
@@ -655,11 +654,13 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
         split_sources,
         sweep_features,
     )
+    from delphi.fits.calibration_file import calibration_provenance, load_checked_calibration
+    from delphi.fits.calibration_model import MODEL, apply_calibration, loso
     from delphi.fits.data import _read
     from delphi.io import atomic_write_json
     from delphi.query import select_rows
 
-    calibration = None if (args.no_calibration or args.loso) else cal.load_checked_calibration(args.calibration)
+    calibration = None if (args.no_calibration or args.loso) else load_checked_calibration(args.calibration)
     if args.source_col:
         where, raw, _ = _read(args.results)
         if args.query:
@@ -682,17 +683,15 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
             (failed if "error" in r else rows).append(r)
     frame = pd.DataFrame(rows)
     if args.loso:
-        scored = cal.loso(frame)
+        scored = loso(frame)
         provenance: dict[str, Any] = {
             "applied": True,
             "mode": "leave-one-source-out on this table's sources",
-            "model": cal.MODEL,
+            "model": MODEL,
         }
     elif calibration is not None:
-        scored = cal.apply_calibration(
-            frame, {m: c for m, c in calibration["methods_parsed"].items() if m in args.method}
-        )
-        provenance = cal.calibration_provenance(calibration)
+        scored = apply_calibration(frame, {m: c for m, c in calibration["methods_parsed"].items() if m in args.method})
+        provenance = calibration_provenance(calibration)
         overlap = sorted({name for name, _ in sweeps} & set(calibration["sources"]))
         if overlap:
             provenance["in_sample_sources"] = overlap
@@ -788,7 +787,8 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     parameter on a bound is a warning."""
     from delphi.cli import table_options
     from delphi.fits import prediction_checks as pc
-    from delphi.fits.calibration import calibrate_point, calibration_key, describe_calibrated, load_checked_calibration
+    from delphi.fits.calibration import calibrate_point, calibration_key, describe_calibrated
+    from delphi.fits.calibration_file import load_checked_calibration
     from delphi.fits.e_prior import forecast_at_refits
     from delphi.fits.results import _plain, check_sizing_exponents, load_fit
 

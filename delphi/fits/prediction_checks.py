@@ -72,7 +72,7 @@ def point_choice(fit: Any, calibrated: dict[str, Any] | None, calibration: dict[
     the prediction's calibrated centre (`calibrate_point`): {decides, why, loss, loss_90}."""
     from delphi.fits import best_point as bp
     from delphi.fits.beyond import record_features
-    from delphi.fits.calibration import source_likeness
+    from delphi.fits.method_choice import source_likeness
 
     record = (fit.diagnostics or {}).get("table")
     features = record_features(record) if record else None

@@ -340,7 +340,8 @@ def cross_check_predictions(
 def _calibrated_cross_check(fit, loss: float, factor: float) -> dict[str, Any]:
     """A cross-check law's calibrated centre at `factor` (delphi.fits.calibration.calibrate_point), as
     {"loss", "law_loss"}; its own point where its calibration does not apply."""
-    from delphi.fits.calibration import calibrate_point, calibration_key, load_checked_calibration
+    from delphi.fits.calibration import calibrate_point, calibration_key
+    from delphi.fits.calibration_file import load_checked_calibration
 
     point = calibrate_point(calibration_key(fit.kind, fit.method), loss, None, factor, load_checked_calibration())
     return (
@@ -355,7 +356,8 @@ def backtest_of_point(backtest: dict | None, final: dict, fit) -> dict | None:
     decides (`final["point"]`), each held-out budget is scored at the law's calibrated centre there
     (`calibrate_backtest`; "law_rel_error" keeps the law's own error), as gate backtest reads it."""
     from delphi.fits import best_point as bp
-    from delphi.fits.calibration import calibrate_backtest, load_checked_calibration
+    from delphi.fits.calibration import calibrate_backtest
+    from delphi.fits.calibration_file import load_checked_calibration
 
     if not backtest or backtest.get("error") or (final.get("point") or {}).get("decides") != bp.CALIBRATED:
         return backtest

@@ -367,7 +367,7 @@ def _probes_section(study: Study) -> list[str]:
 
 def _primary_choice_section(study: Study) -> list[str]:
     """With `primary_fit: auto`: the law the fit stage chose and the table behind it (stages/fit.json)."""
-    from delphi.fits.calibration import method_choice_lines
+    from delphi.fits.method_choice import method_choice_lines
 
     choice = (study.done("fit") or {}).get("result", {}).get("primary_choice")
     if not choice:

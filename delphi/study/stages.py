@@ -214,7 +214,7 @@ def _primary_for(study: Study, table: pd.DataFrame) -> tuple[str, dict | None]:
     (delphi.fits.calibration.choose_primary); a spec's explicit law comes with no choice."""
     if study.spec.primary_fit != AUTO_PRIMARY:
         return study.spec.primary_fit, None
-    from delphi.fits.calibration import choose_primary
+    from delphi.fits.method_choice import choose_primary
 
     choice = choose_primary(table, study.spec.fits)
     return choice["method"], choice
