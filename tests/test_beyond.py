@@ -300,4 +300,4 @@ def test_beyond_cli_writes_bins_and_says_whether_calibrated(tmp_path: Path, caps
 def test_asymptotic_without_the_e_profile_gives_the_same_law() -> None:
     table = load_results(surface_table(list(np.geomspace(1e18, 1e21, 5)), noise=1e-3))
     full, lean = fit_asymptotic(table), fit_asymptotic(table, with_sensitivity=False)
-    assert lean.params == full.params and lean.extra["sensitivity"] is None and full.extra["sensitivity"]
+    assert lean.params == full.params and lean.extra.sensitivity is None and full.extra.sensitivity

@@ -54,12 +54,6 @@ MOVED: list[tuple[str, str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "delphi.fits.curves",
-        "delphi.fits.shape_trajectory",
-        ("SCHEDULE_SHAPE_KEYS", "normalised_curve", "same_schedule_shape", "project_finals", "trajectory_from_shapes"),
-    ),
-    ("delphi.fits.curves", "delphi.fits.evals", ("eval_points", "eval_steps")),
-    (
         "delphi.ladder.plan",
         "delphi.ladder.hero",
         (

@@ -174,11 +174,11 @@ def backtest(
         "n_train_points": len(train),
         "fit_params": fit.params,
         "fit_status": str(fit.status),  # the plain string (a str enum on the fit)
-        "at_bound": fit.diagnostics.get("at_bound", []),
+        "at_bound": list(fit.diagnostics.at_bound),
         "allocation": fit.allocation,
         "flops_family_source": None if family is None else family.source,
         "residual_scatter_nats": scatter,
-        "seed_noise_nats": fit.diagnostics.get("seed_noise_nats"),
+        "seed_noise_nats": fit.diagnostics.seed_noise_nats,
         "interval": "bootstrap 90% of L*(C) widened in quadrature by z_0.95 x training residual scatter"
         if fit.samples
         else "L*(C) +- z_0.95 x training residual scatter (no bootstrap)",

@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from delphi.fits.calibration import CALIBRATED as APPLIED
+from delphi.fits.method_choice import source_likeness, table_features
+
 # What decides: the names sealed in `prediction.final.point.decides` and printed by `predict`.
 LAW, CALIBRATED, PROBE_CORRECTION, POINT_CORRECTION = "law", "calibrated", "probe_correction", "point_correction"
 # The measured cases behind the rule (module docstring), quoted in its reasons.
@@ -66,8 +69,6 @@ class PointChoice:
 
 def decide_point(evidence: PointEvidence) -> PointChoice:
     """Which point decides a forecast (module docstring), and why, in one line. Pure."""
-    from delphi.fits.calibration import CALIBRATED as APPLIED
-
     if evidence.corrected_by == PROBE_CORRECTION:
         return PointChoice(
             PROBE_CORRECTION,
@@ -112,8 +113,6 @@ def decide_point(evidence: PointEvidence) -> PointChoice:
 
 def table_evidence(table: Any, calibration: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     """(whether the table is Delphi's own rung records, its `source_likeness`) for `decide_point`."""
-    from delphi.fits.method_choice import source_likeness, table_features
-
     return bool(table.attrs.get("ladder_records", False)), source_likeness(table_features(table), calibration)
 
 

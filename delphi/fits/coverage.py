@@ -47,6 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from delphi.errors import DelphiError, quoted
+from delphi.fits.beyond import EXTRAPOLATION_BINS, extrapolation_bin
+from delphi.io import read_json, read_text, read_yaml
+from delphi.prereg_format import outcome_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = Path("benchmarks/default_study/summary.csv")
@@ -147,8 +150,6 @@ def shown(path: Path, root: Path) -> str:
 
 def _read_csv(path: Path, what: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     """(columns, [(line, row)]) of a CSV file; unreadable or malformed is a DelphiError naming it."""
-    from delphi.io import read_text
-
     text = read_text(path, what=what)
     reader = csv.DictReader(io.StringIO(text, newline=""))
     rows = []
@@ -367,8 +368,6 @@ def public_sweep_rows(
     """Per extrapolation bin (and all bins): the calibrated (LOSO) and fit-only intervals' coverage on
     the public sweeps, laws pooled or (`by_method`) one pair of rows per law; and notes, among them
     the check against the committed calibration's LOSO table (module docstring, 2)."""
-    from delphi.fits.beyond import EXTRAPOLATION_BINS, extrapolation_bin
-
     path, calibration_path = Path(path), Path(calibration_path)
     columns, rows = _read_csv(path, "table of leave-one-source-out predictions")
     _require(path, columns, BEYOND_COLUMNS, "table of leave-one-source-out predictions")
@@ -462,8 +461,6 @@ def public_sweep_rows(
 
 def loso_check(points: list[dict[str, Any]], calibration_path: Path, root: Path = REPO_ROOT) -> str:
     """Whether the rows' calibrated counts per (source, law) are the committed calibration's LOSO table."""
-    from delphi.io import read_json
-
     calibration = read_json(calibration_path, what="calibration file")
     table = calibration.get("loso") if isinstance(calibration, dict) else None
     if not isinstance(table, list) or not all(isinstance(e, dict) for e in table):
@@ -519,8 +516,6 @@ def _sealed_interval(path: Path, entry: dict[str, Any], key: str, where: str) ->
 def prereg_rows(directory: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]:
     """The primary prediction of every sealed outcome in `directory`, and the competing laws of the
     seals that sealed some (module docstring, 3)."""
-    from delphi.io import read_json, read_yaml
-    from delphi.prereg_format import outcome_path
 
     directory = Path(directory)
     if not directory.is_dir():

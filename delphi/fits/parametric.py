@@ -497,7 +497,7 @@ def _with_bootstrap(
             if len(all_draws[key]) < len(derived):
                 info[f"bootstrap_draws_without_{key}"] = len(derived) - len(all_draws[key])
         fit.intervals = percentile_intervals({k: v for k, v in all_draws.items() if v}, 0.9)
-        fit.diagnostics.update(info)
+        fit.diagnostics = fit.diagnostics.merged(info)
     return fit
 
 
@@ -595,11 +595,12 @@ def fit_approach3(
     refit = partial(_approach3_refit, start=out["theta"], starts=bootstrap_starts, prior=E_prior, scale=scale)
     fit = _with_bootstrap(fit, refit, table, n_bootstrap, seed, workers)
     if n_bootstrap:
-        fit.diagnostics["bootstrap_starts"] = (
+        starts = (
             f"warm: full-data optimum + {len(PERTURBED_STARTS)} perturbed"
             if bootstrap_starts == "warm"
             else f"grid: Epoch grid, best {top_starts}"
         )
+        fit.diagnostics = fit.diagnostics.merged({"bootstrap_starts": starts})
     return fit
 
 

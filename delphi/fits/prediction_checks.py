@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from delphi.errors import DelphiError
+from delphi.fits import FITTERS
+from delphi.fits import best_point as bp
+from delphi.fits.beyond import record_features
+from delphi.fits.data import TableOptions, load_results
+from delphi.fits.method_choice import source_likeness
+from delphi.io import sha256_file
 
 # Laws the primary prediction is checked against (gate method_agreement): the isoFLOP frontier is a
 # pure power law in C (no asymptote), VPNLS the Chinchilla surface with one. On a ladder spanning one
@@ -49,7 +55,7 @@ def bound_warning(fit: Any) -> str | None:
     """One line when the fit's estimate is not an interior optimum: a parameter on a bound of its
     search (E at 0: the data show no level-off; an exponent at its search limit) or no convergence."""
     status = str(getattr(fit, "status", "ok"))
-    at_bound = list((fit.diagnostics or {}).get("at_bound") or [])
+    at_bound = list(fit.diagnostics.at_bound or [])
     if status == "not_converged":
         return f"the {fit.kind} fit ({fit.method}) did not converge: its estimate is not an optimum"
     if not at_bound:
@@ -70,11 +76,7 @@ def point_choice(fit: Any, calibrated: dict[str, Any] | None, calibration: dict[
     """The point that decides a prediction (delphi.fits.best_point.decide_point) from what the fit
     records about its table (`diagnostics.table`: whether it is Delphi's own ladder, its features) and
     the prediction's calibrated centre (`calibrate_point`): {decides, why, loss, loss_90}."""
-    from delphi.fits import best_point as bp
-    from delphi.fits.beyond import record_features
-    from delphi.fits.method_choice import source_likeness
-
-    record = (fit.diagnostics or {}).get("table")
+    record = fit.diagnostics.table
     features = record_features(record) if record else None
     likeness = source_likeness(features, calibration) if features and calibration is not None else {}
     choice = bp.decide_point(
@@ -92,37 +94,33 @@ def point_choice(fit: Any, calibrated: dict[str, Any] | None, calibration: dict[
     return out
 
 
-def fit_table(fit: Any, fit_path: Path, results: Path | None = None, options: Any = None) -> tuple[Any, str | None]:
+def fit_table(
+    fit: Any, fit_path: Path, results: Path | None = None, options: TableOptions | None = None
+) -> tuple[Any, str | None]:
     """(the table the fit was made on, None) or (None, why it cannot be had): `results` read with
-    `options` (delphi.fits.data.TableOptions), else the fit's recorded source, query and column
-    mapping where that file still has the recorded sha256."""
-    from delphi.fits.data import load_results
-    from delphi.io import sha256_file
-
-    diag = fit.diagnostics or {}
-    convention = diag.get("params_convention") or "nonembedding"
+    `options`, else the fit's recorded source, query and column mapping where that file still has
+    the recorded sha256."""
+    diag = fit.diagnostics
+    convention = diag.params_convention or "nonembedding"
     if results is not None:
-        return load_results(results, params_convention=convention, **(options.load_kwargs() if options else {})), None
-    source = diag.get("source")
-    record = diag.get("table")
+        return load_results(results, options, params_convention=convention), None
+    source = diag.source
+    record = diag.table
     if not source or record is None:
         return None, f"{fit_path} does not record its table's reading; give --results TABLE"
     if not Path(source).is_file():
         return None, f"the fit's table {source} is not here; give --results TABLE"
     if fit.input_sha256 and sha256_file(source) != fit.input_sha256:
         return None, f"the fit's table {source} has changed since the fit (sha256 differs); give --results TABLE"
-    dropped = diag.get("dropped") or {}
-    columns = {f"{name}_col": col for name, col in (record.get("columns") or {}).items()}
+    dropped = diag.dropped or {}
     try:
-        table = load_results(
-            source,
-            query=diag.get("query"),
-            params_convention=convention,
-            family=fit.family,
+        options = TableOptions(
+            columns=tuple((record.get("columns") or {}).items()),
+            query=diag.query,
             drop_invalid="non_positive" in dropped,
             drop_duplicates="duplicates" in dropped,
-            **columns,
         )
+        table = load_results(source, options, params_convention=convention, family=fit.family)
     except DelphiError as e:
         return None, f"the fit's table {source} could not be read again ({e})"
     return table, None
@@ -140,8 +138,6 @@ def law_comparison(
     against the primary's answer. `calibrate(law, loss)`: each law's point where the calibrated
     centre decides (like with like, as gate method_agreement; each law's own point beside it as
     "law_loss"). {"laws": {name: {loss, rel} | {error}}, "primary", "tolerance_rel", "disagree": bool, "text"}."""
-    from delphi.fits import FITTERS
-
     own = float(predict(fit))
     primary = calibrate(fit, own) if calibrate else own
     laws: dict[str, dict[str, Any]] = {}

@@ -19,6 +19,7 @@ from jaxtyping import Float
 from delphi.errors import DelphiError, quoted
 from delphi.fits.evals import eval_points, eval_steps
 from delphi.fits.intervals import Z_50, Z_90
+from delphi.train.config import load_train_config
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, read_metrics
 
 # The optimizer keys that fix an LR schedule's shape as a function of the fraction of training.
@@ -44,8 +45,6 @@ def normalised_curve(run_dir: str | Path) -> tuple[Float[np.ndarray, " points"],
 def same_schedule_shape(run_dir: str | Path, hero: Any) -> Any:
     """The run's TrainConfig, when its LR schedule has the hero's shape (SCHEDULE_SHAPE_KEYS); a
     DelphiError naming the key otherwise: a curve's shape transfers only between runs on one schedule."""
-    from delphi.train.config import load_train_config
-
     cfg = load_train_config(Path(run_dir) / CONFIG_FILE)
     for key in SCHEDULE_SHAPE_KEYS:
         if getattr(cfg.optim, key) != getattr(hero.optim, key):

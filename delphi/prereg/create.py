@@ -251,7 +251,10 @@ def refit_options(fit) -> dict[str, Any]:
     prior = prior_of(fit)
     options: dict[str, Any] = {} if prior is None else {"E_prior": prior}
     if law_name(fit) == "frontier":
-        options |= {"points": (fit.diagnostics or {}).get("points", "min"), "with_sensitivity": False}
+        options |= {
+            "points": fit.diagnostics.points if "points" in fit.diagnostics else "min",
+            "with_sensitivity": False,
+        }
     elif law_name(fit) == "asymptotic":
         options["with_sensitivity"] = False
     return options
@@ -584,6 +587,7 @@ def create_prereg(
     `delphi.prereg.hero.hero_from_numbers` reads them ({params, tokens, flops, compute}; `hero_path`
     None); `options` how the results table is read (column mapping, query)."""
     from delphi.fits import curves as cv
+    from delphi.fits.shape_trajectory import trajectory_from_shapes
     from delphi.model.flops import count_params
     from delphi.prereg import gates as gt
     from delphi.train.config import load_train_config, train_config_to_dict
@@ -711,7 +715,7 @@ def create_prereg(
     # ladder's curves (or given), anchored to the scaling law's end.
     curve_fit = None
     if trajectory_from_probes:
-        trajectory = cv.trajectory_from_shapes(list(beyond_ladder_runs(None, probe_runs).values()), hero, final)
+        trajectory = trajectory_from_shapes(list(beyond_ladder_runs(None, probe_runs).values()), hero, final)
         assumptions.append(
             f"the trajectory is the final prediction x the normalised eval curve of {trajectory['model']['shape_run']} "
             "(the longest run beyond the ladder, on the hero's schedule) at the same fractions of training"

@@ -77,7 +77,7 @@ def seed_noise_nats(fit, fit_table, scope: str = "pooled") -> float | None:
     if scope not in NOISE_SCOPES:
         raise DelphiError(f"noise scope {scope!r}: expected one of {', '.join(NOISE_SCOPES)}")
     if scope == "pooled":
-        seed = (fit.diagnostics or {}).get("seed_noise_nats")
+        seed = fit.diagnostics.seed_noise_nats
     else:
         rows = isoflop_rows(fit_table)
         seed = pooled_seed_noise(rows[rows["budget"] == ladder_top_budget(fit_table)])
@@ -376,11 +376,12 @@ def load_tables(results: Path, convention: str = "nonembedding", options: TableO
     columns only where its rows are the file's rows in order (no query, nothing dropped): otherwise
     which row is which cannot be told, and the gates judge its canonical columns alone."""
     from delphi.fits import load_results
-    from delphi.fits.data import _read, with_anchors
+    from delphi.fits.data import with_anchors
+    from delphi.fits.table_files import read_table
 
     options = options or TableOptions()
-    fit_table = load_results(results, params_convention=convention, **options.load_kwargs())
-    raw = _read(results)[1]
+    fit_table = load_results(results, options, params_convention=convention)
+    raw = read_table(results)[1]
     rows = with_anchors(fit_table)
     extra = [c for c in raw.columns if c not in rows.columns]
     if "run_id" in rows.columns and "run_id" in raw.columns and raw["run_id"].is_unique:

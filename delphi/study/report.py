@@ -118,7 +118,7 @@ def stage_figures(study: Study) -> dict:
     table = load_table(study)
     primary = load_fit(study.fit_path(study.primary_fit))
     fits = {m: load_fit(study.fit_path(m)) for m in study.spec.fits if study.fit_path(m).is_file()}
-    optima = fits["isoflop"].extra.get("optima") if "isoflop" in fits else None
+    optima = fits["isoflop"].extra.optima if "isoflop" in fits else None
 
     figures.draw("isoflop", lambda: pf.isoflop_figure(table, optima))
     figures.draw("allocation", lambda: allocation_of(table, optima, primary, _hero_point(study)))
@@ -497,7 +497,7 @@ def pipeline_report(inputs: PipelineInputs, out: Path) -> dict:
     )
     hero = prereg.doc["hero"] if prereg is not None else {}
     hero_point = {"compute": hero.get("flops"), "params": hero.get("params"), "tokens": hero.get("tokens")}
-    optima = fit.extra.get("optima") if fit is not None else None
+    optima = fit.extra.optima if fit is not None else None
     actual = (checked or {}).get("actual_final_loss")
     if table is not None:
         figures.draw("isoflop", lambda: pf.isoflop_figure(table, optima))
