@@ -12,8 +12,9 @@ import pytest
 from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.fits import backtest, fit_approach2, fit_approach3, fit_vpnls, load_results
-from delphi.fits.backtest import all_holdouts, predictive_interval
+from delphi.fits.backtest import all_holdouts
 from delphi.fits.bootstrap import resample_indices
+from delphi.fits.intervals import predictive_interval
 from delphi.fits.laws import chinchilla_optimum
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,10 +2,8 @@
 
 The public calibration (`delphi.fits.calibration`) shifts a law's point by the bias the public isoFLOP
 sweeps showed for that law at that extrapolation factor. On sweeps like its sources the calibrated
-centre beats the law's own point: on nine public sweeps held out from the project, 0.44% mean |error|
-at 3x against the law's 1.23% (every law error on the same side), 1.01% at the top three budgets held
-out against 1.90%. On Delphi's own byte-level ladders it moves the point the wrong way: the eighth
-edition's 30x hero erred +3.57% calibrated against the law's +2.07% (docs/notebook.md §8.23). So the
+centre beats the law's own point; on Delphi's own byte-level ladders it moves the point the wrong way
+(the evidence: DELPHI_LADDER_EVIDENCE, PUBLIC_EVIDENCE and docs/notebook.md §8.23). So the
 calibration decides only where the evidence says it transfers (`decide_point`):
 
 - a correction measured on this design beyond its ladder (probes, or a study design's measured
@@ -13,7 +11,7 @@ calibration decides only where the evidence says it transfers (`decide_point`):
 - Delphi's own ladders (a results table collected from a Delphi ladder, or a study) keep the law's
   own point: the calibration was measured not to transfer there;
 - so does a table the source check flags as unlike the calibration's sources
-  (`delphi.fits.calibration.source_likeness`),
+  (`delphi.fits.method_choice.source_likeness`),
   and a prediction the calibration has no applicable entry for (no entry for the law, not beyond the
   fit, beyond the furthest calibrated factor);
 - otherwise the calibrated centre decides, the law's own point recorded beside it.
@@ -29,7 +27,7 @@ from delphi.fits.method_choice import source_likeness, table_features
 
 # What decides: the names sealed in `prediction.final.point.decides` and printed by `predict`.
 LAW, CALIBRATED, PROBE_CORRECTION, POINT_CORRECTION = "law", "calibrated", "probe_correction", "point_correction"
-# The measured cases behind the rule (module docstring), quoted in its reasons.
+# The measured cases behind the rule, quoted in its reasons (docs/notebook.md).
 DELPHI_LADDER_EVIDENCE = (
     "on Delphi's own byte-level ladders the public calibration moved the point the wrong way "
     "(the eighth edition's 30x hero: calibrated +3.57%, the law's own +2.07%; docs/notebook.md §8.23)"

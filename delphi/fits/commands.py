@@ -45,8 +45,8 @@ E_LAWS = (
     "parametric",
     "vpnls",
 )  # the laws with an irreducible loss E a lab may pin or give a prior
-# `predict` warns beyond this many times the largest fitted compute budget (issue 31: the
-# published laws were backtested at most ~100x beyond their fits; 1,000x is past any evidence).
+# `predict` warns beyond this many times the largest fitted compute budget: the published laws
+# were backtested at most ~100x beyond their fits; 1,000x is past any evidence.
 EXTRAPOLATION_WARN_FACTOR = 1_000.0
 # delphi.fits.bootstrap.MIN_BOOTSTRAP_FOR_INTERVAL (the reason is there), spelled out so that building
 # the parser does not import numpy and pandas; tests/test_hostile_configs.py checks they agree.
@@ -827,8 +827,8 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
         p["extrapolation"] = extrapolation(fit, p)
         factor = (p["extrapolation"] or {}).get("factor_over_largest")
         if calibration is not None and factor is not None and factor > 1 and p.get("loss") is not None:
-            # Beyond the fitted budgets the law's own interval covers far less than it says (issue 30):
-            # the calibrated one sits beside it.
+            # Beyond the fitted budgets the law's own interval covers far less than it says: the
+            # calibrated one sits beside it.
             p["calibrated"] = calibrate_point(
                 calibration_key(fit.kind, fit.method),
                 p["loss"],

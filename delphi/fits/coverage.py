@@ -1,5 +1,5 @@
-"""How often Delphi's 50% and 90% intervals covered what happened: one table the README can quote
-(issue 43 §4), `delphi fit coverage`.
+"""How often Delphi's 50% and 90% intervals covered what happened: one table the README can quote,
+`delphi fit coverage`.
 
 Every row is counted from files committed in the repository, named in its `source`, and nothing is
 refitted:
@@ -60,7 +60,7 @@ BEYOND_ROWS = Path("benchmarks/results/beyond/public_rows.csv")
 CALIBRATION = Path("delphi/fits/data/beyond_calibration.json")
 PREREGISTRATIONS = Path("preregistrations")
 
-BAND_90 = (0.85, 0.95)  # the issue's band for a 90% interval's empirical coverage
+BAND_90 = (0.85, 0.95)  # the target band for a 90% interval's empirical coverage
 MIN_POINTS = 10  # fewer points than this say little about a 90% interval (one miss moves it >= 10 points)
 WITHIN, OUTSIDE, TOO_FEW = "within 85-95%", "outside 85-95%", f"too few points (n<{MIN_POINTS})"
 

@@ -456,7 +456,7 @@ def provenance(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def table_record(table: pd.DataFrame) -> dict[str, Any]:
-    """What a fit keeps about its table for the readers that no longer have it (`delphi predict`'s
+    """What a fit keeps about its table for the readers that do not have it (`delphi predict`'s
     choice of point, delphi.fits.best_point): whether it is Delphi's own rung records, the column
     mapping it was read with, and what the sweep features are made of (`beyond.record_features`):
     the median model size and the distinct sizes at each budget."""

@@ -215,9 +215,8 @@ def curvature_law(optima: list[dict[str, Any]]) -> dict[str, float] | None:
     """The isoFLOP parabolas' curvature in ln N (nats per (ln N)^2) as a power law in C, K(C) =
     10^log10_K0 C^exponent, by OLS over the budgets; None with fewer than 2 budgets that have one.
 
-    Why a law and not the top budget's value: the curvature falls with C (the paper v2 ladder:
-    0.19, 0.11, 0.077, 0.056 nats over 1e12..1e13, ~C^-0.5), so a run 3.5x off N* at 10x costs a
-    third of what the top budget's parabola says (0.026 nats, not 0.07)."""
+    Why a law and not the top budget's value: the curvature falls with C, so a run off N* beyond the
+    ladder costs less than the top budget's parabola says."""
     known = [o for o in optima if o.get("curvature_ln_n", 0) > 0]
     if len(known) < 2:
         return None

@@ -453,7 +453,7 @@ def _fit_result(
 
 
 def _fitted_compute(data: dict[str, Any]) -> tuple[float, float] | None:
-    """The fit's compute range: its own record, else (older files) the per-budget optima's or
+    """The fit's compute range: its own record, else (a file without one) the per-budget optima's or
     frontier points' FLOPs; None when the file says neither (or says it wrongly)."""
     recorded = data.get("fitted_compute")
     if recorded is None:

@@ -39,9 +39,9 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_90
 from delphi.fits.data import isoflop_rows
 from delphi.fits.diagnostics import FitDiagnostics
+from delphi.fits.intervals import Z_90
 from delphi.fits.probes import PROBE_CARRIES, probe_trend
 from delphi.ladder.collect import relaxed_in_table
 

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_50 as Z50
-from delphi.fits.backtest import Z_90 as Z90
 from delphi.fits.data import TableOptions, isoflop_rows
+from delphi.fits.intervals import Z_50 as Z50
+from delphi.fits.intervals import Z_90 as Z90
 from delphi.fits.intervals import PointCorrection, correct_by_design
 from delphi.fits.probes import NOISE_SCOPES, correct_by_probes
 
@@ -103,7 +103,7 @@ def run_noise_nats(fit, fit_table, scope: str = "pooled", n_seeds: int = 1) -> t
 def predictive(pred: dict, noise: float | None) -> dict:
     """`pred` with its 50% and 90% intervals widened, side by side in quadrature, by z x `noise`: an
     interval for one run's outcome rather than for the law's mean (the backtests' rule)."""
-    from delphi.fits.backtest import predictive_interval
+    from delphi.fits.intervals import predictive_interval
 
     if noise is None:
         return pred
