@@ -149,14 +149,14 @@ def test_perturbed_starts_keep_the_centred_intercepts():
 
 
 def test_blas_threads_are_restored():
-    from delphi.fits.parametric import _BlasThreads
+    from delphi.fits.blas import BlasThreads
 
-    if not _BlasThreads.controls():
+    if not BlasThreads.controls():
         pytest.skip("BLAS is not OpenBLAS here: nothing to limit")
-    before = [int(get()) for get, _ in _BlasThreads.controls()]
-    with _BlasThreads(1):
-        assert all(int(get()) == 1 for get, _ in _BlasThreads.controls())
-    assert [int(get()) for get, _ in _BlasThreads.controls()] == before
+    before = [int(get()) for get, _ in BlasThreads.controls()]
+    with BlasThreads(1):
+        assert all(int(get()) == 1 for get, _ in BlasThreads.controls())
+    assert [int(get()) for get, _ in BlasThreads.controls()] == before
 
 
 def test_unknown_bootstrap_starts_is_a_clear_error():
