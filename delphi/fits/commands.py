@@ -1,4 +1,10 @@
-"""`delphi fit isoflop|envelope|parametric|vpnls|frontier|moe|backtest|coverage` and `delphi predict`."""
+"""The `delphi fit` and `delphi predict` command line, one concept: argument parsing and output only.
+
+`delphi fit isoflop|envelope|parametric|vpnls|frontier|moe|backtest|coverage` and `delphi predict`:
+each runner reads its flags, calls the library modules of `delphi.fits` (imported lazily, so that
+`delphi --help` does not load pandas and scipy) and prints or writes what they return. It stays one
+module because only a command module may import lazily; the work lives in the modules it calls.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +31,6 @@ from delphi.cli import (
 from delphi.errors import DelphiError
 from delphi.fits.e_prior import forecast_at_refits, parse_pinned, parse_prior, prior_of
 from delphi.io import atomic_write_json, check_output_file
-from delphi.model.flops import count_params, flops_per_token
-from delphi.train.config import load_train_config
 
 # delphi.fits.probes.PROBE_CARRIES, spelled out so that building the parser (every `delphi --help`)
 # does not import pandas and scipy; tests/test_cli_help.py checks they agree.
@@ -45,9 +49,6 @@ E_LAWS = (
     "parametric",
     "vpnls",
 )  # the laws with an irreducible loss E a lab may pin or give a prior
-# `predict` warns beyond this many times the largest fitted compute budget: the published laws
-# were backtested at most ~100x beyond their fits; 1,000x is past any evidence.
-EXTRAPOLATION_WARN_FACTOR = 1_000.0
 # delphi.fits.bootstrap.MIN_BOOTSTRAP_FOR_INTERVAL (the reason is there), spelled out so that building
 # the parser does not import numpy and pandas; tests/test_hostile_configs.py checks they agree.
 MIN_BOOTSTRAP_FOR_INTERVAL = 20
@@ -816,7 +817,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     table, not_compared = pc.fit_table(fit, args.fit, args.results, reading)
     predictions = []
     if args.config:
-        predictions.append(to_plain(_config_prediction(fit, args.config, terms)))
+        predictions.append(to_plain(pc.config_prediction(fit, args.config, terms)))
     predictions += [to_plain({**q, **fit.predict(**q, **terms)}) for q in queries]
     warnings = []
     bound = pc.bound_warning(fit)
@@ -824,7 +825,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
         warnings.append(bound)
         print(f"warning: {bound}", file=sys.stderr)
     for p in predictions:
-        p["extrapolation"] = extrapolation(fit, p)
+        p["extrapolation"] = pc.extrapolation(fit, p)
         factor = (p["extrapolation"] or {}).get("factor_over_largest")
         if calibration is not None and factor is not None and factor > 1 and p.get("loss") is not None:
             # Beyond the fitted budgets the law's own interval covers far less than it says: the
@@ -858,7 +859,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
         print(
             ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr
         )
-        print(f"  {extrapolation_text(p['extrapolation'])}", file=sys.stderr)
+        print(f"  {pc.extrapolation_text(p['extrapolation'])}", file=sys.stderr)
         if "calibrated" in p:
             own = p.get("loss_interval_90")
             print(
@@ -872,7 +873,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
             print(f"warning: {p['extrapolation']['warning']}", file=sys.stderr)
         if p.get("loss") is None:
             continue
-        ask = _question(fit, p, terms)
+        ask = pc.question(fit, p, terms)
         decided = forecast_at_refits(fit, ask)
         if decided is not None:
             p["E_prior"] = decided
@@ -883,132 +884,10 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
             continue
         calibrate = None
         if "loss" in p["point"]:
-            calibrate = lambda law, loss, f=factor: _calibrated_loss(law, loss, f, calibration)  # noqa: E731
+            calibrate = lambda law, loss, f=factor: pc.calibrated_loss(law, loss, f, calibration)  # noqa: E731
         p["laws"] = pc.law_comparison(fit, table, ask, args.tolerance, calibrate)
         print(f"  {p['laws']['text']}", file=sys.stderr)
         if p["laws"]["disagree"]:
             warnings.append(p["laws"]["text"])
     result = predictions[0] if len(predictions) == 1 else {"predictions": predictions}
     return {"fit": str(args.fit), "kind": fit.kind, "method": fit.method, **result, "warnings": warnings}
-
-
-def _question(fit, prediction: dict[str, Any], terms: dict[str, Any]):
-    """The prediction's question as a function of a law (the fit, a refit of it, another law): the
-    compute-optimal loss at C, or a run's loss at its N, D and FLOPs."""
-    from delphi.fits.allocation import flops_of  # lazy: numpy
-
-    if prediction.get("config") is None and prediction.get("compute") is not None:
-        return lambda law: law.predict(compute=float(prediction["compute"]))["loss"]
-    n, d = float(prediction["params"]), float(prediction["tokens"])
-    c = float(prediction["compute"]) if prediction.get("compute") is not None else float(flops_of(fit.family, n, d))
-    return lambda law: law.predict_run(
-        params=n, tokens=d, flops=c, **{k: v for k, v in terms.items() if k in law.law_terms}
-    )["loss"]
-
-
-def _calibrated_loss(law, loss: float, factor: float, calibration: dict[str, Any]) -> float:
-    """A law's calibrated centre at `factor` (its own point where its calibration does not apply)."""
-    from delphi.fits.calibration import calibrate_point, calibration_key  # lazy: the fits import pandas and scipy
-
-    point = calibrate_point(calibration_key(law.kind, law.method), loss, None, factor, calibration)
-    return float(point["loss"]) if point["applied"] else float(loss)
-
-
-def extrapolation(fit, prediction: dict[str, Any]) -> dict[str, Any] | None:
-    """How far beyond the fitted budgets a prediction lies: its compute over the largest fitted
-    compute budget, and a warning past EXTRAPOLATION_WARN_FACTOR. None when the fit does not
-    record its budgets (a fit JSON from before they were recorded, and no optima in it)."""
-    if fit.fitted_compute is None:
-        return None
-    compute = prediction.get("compute")
-    if compute is None and prediction.get("params") is not None and prediction.get("tokens") is not None:
-        from delphi.fits.allocation import flops_of  # lazy: numpy
-
-        compute = float(flops_of(fit.family, float(prediction["params"]), float(prediction["tokens"])))
-    if compute is None:
-        return None
-    low, high = fit.fitted_compute
-    factor = float(compute) / high
-    out: dict[str, Any] = {
-        "compute": float(compute),
-        "fitted_compute": [low, high],
-        "factor_over_largest": factor,
-        "warn_above_factor": EXTRAPOLATION_WARN_FACTOR,
-        "warning": None,
-    }
-    if factor > EXTRAPOLATION_WARN_FACTOR:
-        out["warning"] = (
-            f"C={float(compute):.3g} FLOPs is {factor:.3g}x the largest fitted budget ({high:.3g}); "
-            f"beyond {EXTRAPOLATION_WARN_FACTOR:,.0f}x the law is untested and this is not a forecast"
-        )
-    return out
-
-
-def extrapolation_text(ex: dict[str, Any] | None) -> str:
-    if ex is None:
-        return "extrapolation: unknown (the fit does not record the budgets it was fitted on)"
-    factor = ex["factor_over_largest"]
-    low, high = ex["fitted_compute"]
-    where = (
-        "below the fitted budgets"
-        if ex["compute"] < low
-        else "above the fitted budgets"
-        if ex["compute"] > high
-        else "inside the fitted budgets"
-    )
-    return (
-        f"extrapolation: C={ex['compute']:.3g} FLOPs is {factor:.3g}x the largest fitted budget "
-        f"({ex['fitted_compute'][1]:.3g}; fitted {ex['fitted_compute'][0]:.3g} .. {ex['fitted_compute'][1]:.3g}), {where}"
-    )
-
-
-def _config_query(path: Path, convention: str = "nonembedding") -> dict[str, Any]:
-    """A train config (a hero) -> its own N (counted as the fit counts it), D, exact training FLOPs
-    and the MoE law's expert terms."""
-
-    cfg = load_train_config(path)
-    counts = count_params(cfg.model)
-    fpt = flops_per_token(cfg.model, cfg.data.seq_len)
-    n = {"nonembedding": counts.nonembedding, "active": counts.active, "fpt6": fpt / 6.0}[convention]
-    d = cfg.tokens
-    terms = {}
-    if cfg.model.moe is not None:
-        terms = {"granularity": cfg.model.d_ff / cfg.model.moe.d_expert, "experts": cfg.model.moe.experts}
-    return {"params": float(n), "tokens": float(d), "compute": float(fpt * d), "terms": terms}
-
-
-def _config_prediction(fit, path: Path, terms: dict[str, Any]) -> dict[str, Any]:
-    """`predict --config`: the loss of that run, at its own N and D where the law can say (laws in N
-    and D), else at its exact compute C (laws in C alone: the compute-optimal loss there, plus the
-    isoFLOP curvature's price of the config's N off N* where the fit has one). "how" says which;
-    N*, D* of a law in C are reported as params_opt, tokens_opt beside the config's own N and D."""
-    convention = fit.family.convention if fit.family else fit.diagnostics.params_convention or "nonembedding"
-    q = _config_query(path, convention)
-    terms = {**q["terms"], **terms}
-    out = fit.predict_run(
-        params=q["params"],
-        tokens=q["tokens"],
-        flops=q["compute"],
-        **{k: v for k, v in terms.items() if k in fit.law_terms},
-    )
-    how = out.pop("how")
-    if not fit.law_in_nd:
-        optimum = {}
-        for key in [k for k in out if k.split("_interval_")[0] in ("params", "tokens", "tokens_per_param")]:
-            base, _, rest = key.partition("_interval_")
-            optimum[f"{base}_opt" + (f"_interval_{rest}" if rest else "")] = out.pop(key)
-        out.pop("compute", None)
-        if "off_optimum_penalty" not in out:
-            how += (
-                " (the compute-optimal loss at that C: this law has no N and D terms and no curvature law to "
-                "price the config's own N and D)"
-            )
-        out.update({k: v for k, v in optimum.items() if v is not None})  # a frontier law has no N*, D*
-    return {
-        "config": str(path),
-        "params": q["params"],
-        "tokens": q["tokens"],
-        "compute": q["compute"],
-        **out,
-        "how": how,
-    }
