@@ -55,14 +55,9 @@ from delphi.fits.beyond import (
     markdown_table,
     sweep_features,
 )  # noqa: E402
-from delphi.fits.calibration import (
-    DEFAULT_PATH,
-    apply_calibration,
-    calibrate,
-    calibration_document,
-    choose_method,
-    loso,
-)  # noqa: E402
+from delphi.fits.calibration_file import DEFAULT_PATH, calibration_document  # noqa: E402
+from delphi.fits.calibration_model import apply_calibration, calibrate, loso  # noqa: E402
+from delphi.fits.method_choice import choose_method  # noqa: E402
 from delphi.io import atomic_write_json  # noqa: E402
 
 # paper/editions/ are compact; resolve_data reads each from its unpacked copy.

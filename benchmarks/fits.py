@@ -35,6 +35,7 @@ import pandas as pd
 from machine import cpu_model
 
 from delphi.fits import fit_approach2, fit_approach3, fit_vpnls, load_results
+from delphi.fits.data import TableOptions
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
 # Besiroglu et al. 2024 (Epoch), grid fit of the Hoffmann et al. Figure 4 data (reference-data/README.md).
@@ -70,7 +71,7 @@ def compare_refits(table: pd.DataFrame, n: int, seed: int) -> dict:
     fast, t_fast, c_fast = timed_cpu(fit_approach3, table, n_bootstrap=n, seed=seed)
     slow, t_slow, c_slow = timed_cpu(fit_approach3, table, n_bootstrap=n, seed=seed, bootstrap_starts="grid")
     per_resample = {}
-    if fast.diagnostics["bootstrap_failed"] == slow.diagnostics["bootstrap_failed"] == 0:
+    if fast.diagnostics.bootstrap_failed == slow.diagnostics.bootstrap_failed == 0:
         per_resample = {k: max(rel_diff(x, y) for x, y in zip(fast.samples[k], slow.samples[k])) for k in fast.samples}
     endpoints = {k: [rel_diff(fast.intervals[k][i], slow.intervals[k][i]) for i in (0, 1)] for k in slow.intervals}
     return {
@@ -112,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
 
     raw = pd.read_csv(args.reference / "chinchilla_epoch.csv").sort_values("loss").iloc[:-5]
-    table = load_results(raw, params_col="Model Size", flops_col="Training FLOP")
+    table = load_results(raw, TableOptions(columns=(("params", "Model Size"), ("flops", "Training FLOP"))))
     report: dict = {
         "n_points": len(table),
         "cores": os.cpu_count(),
@@ -141,7 +142,7 @@ def main() -> None:
             "ratio_to_top_starts": t_full / t_a3,
             "params": full.params,
             "same_minimum": bool(
-                a3.diagnostics["objective_huber_sum"] <= full.diagnostics["objective_huber_sum"] * (1 + 1e-9)
+                a3.diagnostics.objective_huber_sum <= full.diagnostics.objective_huber_sum * (1 + 1e-9)
             ),
         }
     if args.bootstrap:
@@ -153,11 +154,11 @@ def main() -> None:
                 "seconds": t_boot,
                 "cpu_seconds": c_boot,
                 # what the run would take with the machine to itself: CPU shared by the workers
-                "seconds_if_quiet": c_boot / max(1, min(boot.diagnostics["bootstrap_workers"], os.cpu_count() or 1)),
+                "seconds_if_quiet": c_boot / max(1, min(boot.diagnostics.bootstrap_workers, os.cpu_count() or 1)),
                 "ratio_to_lstsq": t_boot / base,
                 "ratio_to_single_fit": t_boot / single,
-                "failed": boot.diagnostics["bootstrap_failed"],
-                "workers": boot.diagnostics["bootstrap_workers"],
+                "failed": boot.diagnostics.bootstrap_failed,
+                "workers": boot.diagnostics.bootstrap_workers,
                 "a_interval_90": boot.intervals["a"],
                 "intervals": boot.intervals,
             }
@@ -191,7 +192,7 @@ def main() -> None:
                     "approach2_a": a2.params["a"],
                     "approach2_b": a2.params["b"],
                     "approach2_a_ci90": a2.intervals.get("a"),
-                    "budgets_skipped": a2.diagnostics["n_budgets_skipped"],
+                    "budgets_skipped": a2.diagnostics.n_budgets_skipped,
                     "vpnls_a": vp_i.derived["a"],
                     "vpnls_alpha": vp_i.params["alpha"],
                     "vpnls_beta": vp_i.params["beta"],

@@ -101,7 +101,7 @@ def law_checks(raw: pd.DataFrame, family: Any) -> dict[str, Any]:
             "backtest_top": float(backtest(table, refit)["budgets"][0]["rel_error"]),
             "beyond": [float(full.predict(compute=c)["loss"]) for c in BEYOND],
             "E": full.params.get("E"),
-            "residual_sd_nats": full.diagnostics.get("residual_std_nats"),
+            "residual_sd_nats": full.diagnostics.residual_std_nats,
         }
         if name == "vpnls":
             at_30x = out["laws"][name]["beyond"][-1]

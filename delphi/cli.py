@@ -186,7 +186,7 @@ def add_table_options(parser: argparse.ArgumentParser) -> None:
 
 def table_options(args: argparse.Namespace):
     """The `add_column_options` flags as a delphi.fits.data.TableOptions."""
-    from delphi.fits.data import TableOptions
+    from delphi.fits.data import TableOptions  # lazy: delphi.fits.data imports pandas
 
     columns = tuple(
         (name, getattr(args, f"{name}_col")) for name in COLUMN_OPTIONS if getattr(args, f"{name}_col", None)
@@ -197,9 +197,10 @@ def table_options(args: argparse.Namespace):
 
 
 def table_load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """`load_results`' keyword arguments from the flags `add_table_options` added (warnings to stderr)."""
+    """`load_results`' keyword arguments from the flags `add_table_options` added: the TableOptions,
+    how N is counted, the FLOPs family and warnings to stderr."""
     return {
-        **table_options(args).load_kwargs(),
+        "options": table_options(args),
         "params_convention": args.params_convention,
         "family": args.family,
         "warn": lambda line: print(line, file=sys.stderr),

@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 from delphi.fits import curves as cv
+from delphi.fits.evals import eval_steps
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig, train_config_to_dict
@@ -44,7 +45,7 @@ def true_curve(cfg: TrainConfig, rng: np.random.Generator, noise: float = NOISE)
     """(steps, tokens, loss) at every eval step of `cfg`, from the true law plus noise."""
     lr = cv.lr_factors(cfg.optim, cfg.steps)
     s1, s2 = cv.annealing_areas(lr, cfg.tokens_per_step, warmup_updates=warmup_steps(cfg.optim, cfg.steps))
-    steps = np.asarray(cv.eval_steps(cfg.steps, cfg.eval_every))
+    steps = np.asarray(eval_steps(cfg.steps, cfg.eval_every))
     n = count_params(cfg.model).nonembedding
     loss = cv.law(TRUE, n, s1[steps], s2[steps]) + rng.normal(0.0, noise, steps.size)
     return steps, steps * cfg.tokens_per_step, loss

@@ -12,8 +12,9 @@ import pytest
 from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.fits import backtest, fit_approach2, fit_approach3, fit_vpnls, load_results
-from delphi.fits.backtest import all_holdouts, predictive_interval
+from delphi.fits.backtest import all_holdouts
 from delphi.fits.bootstrap import resample_indices
+from delphi.fits.intervals import predictive_interval
 from delphi.fits.laws import chinchilla_optimum
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,8 +82,8 @@ def test_seeds_are_averaged_weighted_and_resampled_hierarchically():
     table = load_results(raw)
     assert "cell_id" in table and table["cell_id"].nunique() == len(raw) // 3
     fit = fit_vpnls(table)
-    assert fit.n_points == len(raw) // 3 and fit.diagnostics["n_runs"] == len(raw)
-    assert 0.015 < fit.diagnostics["seed_noise_nats"] < 0.025
+    assert fit.n_points == len(raw) // 3 and fit.diagnostics.n_runs == len(raw)
+    assert 0.015 < fit.diagnostics.seed_noise_nats < 0.025
     # hierarchical resample: budgets keep their size, every drawn row belongs to a drawn cell
     for idx in resample_indices(table, 5, seed=1):
         sample = table.iloc[idx]
@@ -93,12 +94,12 @@ def test_seeds_are_averaged_weighted_and_resampled_hierarchically():
         assert (sample.groupby("cell_id").size() == table.groupby("cell_id").size()).all()
         assert sample["cell_id"].nunique() == table["cell_id"].nunique()
     a3 = fit_approach3(table)
-    assert a3.n_points == len(raw) // 3 and a3.diagnostics["seed_noise_nats"] == fit.diagnostics["seed_noise_nats"]
+    assert a3.n_points == len(raw) // 3 and a3.diagnostics.seed_noise_nats == fit.diagnostics.seed_noise_nats
     iso = fit_approach2(table)
-    assert iso.diagnostics["seed_noise_nats"] == pytest.approx(fit.diagnostics["seed_noise_nats"])
+    assert iso.diagnostics.seed_noise_nats == pytest.approx(fit.diagnostics.seed_noise_nats)
     # a single-seed table is fitted exactly as before: no cells, weight 1
     single = load_results(raw[raw["seed"] == 0].drop(columns="seed"))
-    assert "cell_id" not in single and fit_vpnls(single).diagnostics["seed_noise_nats"] is None
+    assert "cell_id" not in single and fit_vpnls(single).diagnostics.seed_noise_nats is None
 
 
 def test_resampling_only_seeds_gives_a_two_seed_cell_mean_half_its_variance():
@@ -119,10 +120,10 @@ def test_resampling_only_seeds_gives_a_two_seed_cell_mean_half_its_variance():
 def test_isoflop_bootstrap_resamples_cells_then_seeds_by_default():
     table = load_results(seeded_design(seeds=2, noise=0.02))
     fit = fit_approach2(table, n_bootstrap=40, seed=0, workers=1)
-    assert fit.diagnostics["bootstrap_unit"] == "seeds within cells, then cells"
-    assert fit.diagnostics["bootstrap_failed"] <= 4  # a draw that repeats one side of a parabola is counted, not fitted
+    assert fit.diagnostics.bootstrap_unit == "seeds within cells, then cells"
+    assert fit.diagnostics.bootstrap_failed <= 4  # a draw that repeats one side of a parabola is counted, not fitted
     seeds = fit_approach2(table, n_bootstrap=40, seed=0, workers=1, resample="seeds")
-    assert seeds.diagnostics["bootstrap_unit"] == "seeds within cells (design fixed)"
+    assert seeds.diagnostics.bootstrap_unit == "seeds within cells (design fixed)"
     lo, hi = fit.predict(compute=1e23)["loss_interval_90"]
     assert lo < fit.predict(compute=1e23)["loss"] < hi
     with pytest.raises(DelphiError, match="resample 'rows'"):
@@ -133,7 +134,7 @@ def test_seed_noise_enters_the_bootstrap_interval():
     raw = seeded_design(seeds=3, noise=0.02, budgets=(1e18, 1e19, 1e20, 1e21))
     table = load_results(raw)
     fit = fit_vpnls(table, n_bootstrap=40, seed=0, workers=1)
-    assert fit.diagnostics["bootstrap_unit"] == "seeds within cells, then cells"
+    assert fit.diagnostics.bootstrap_unit == "seeds within cells, then cells"
     lo, hi = fit.predict(compute=1e22)["loss_interval_90"]
     assert hi > lo
 
@@ -152,7 +153,7 @@ def test_all_holdouts_scores_every_budget_above_the_third():
 def test_fit_at_bound_is_a_status_and_a_warning():
     table = load_results(seeded_design(seeds=1, noise=0.0, e=0.0).drop(columns="seed"))
     fit = fit_vpnls(table)
-    assert fit.status == "at_bound" and "E" in fit.diagnostics["at_bound"]
+    assert fit.status == "at_bound" and "E" in fit.diagnostics.at_bound
     assert "WARNING" in fit.summary() and fit.to_json()["status"] == "at_bound"
     ok = fit_vpnls(load_results(seeded_design(seeds=1, noise=0.0).drop(columns="seed")))
     assert ok.status == "ok" and ok.to_json()["status"] == "ok"

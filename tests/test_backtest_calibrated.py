@@ -16,6 +16,7 @@ import pytest
 
 from delphi.cli import main
 from delphi.fits import calibration as cal
+from delphi.fits import calibration_file
 
 REPO = Path(__file__).resolve().parents[1]
 ISOFLOPS = REPO / "tests" / "data" / "isoflops.csv"
@@ -69,7 +70,7 @@ def _refused(code: int, err: str, name: str) -> None:
 
 
 def _calibration_copy(tmp_path: Path, change) -> Path:
-    data = json.loads(cal.DEFAULT_PATH.read_text())
+    data = json.loads(calibration_file.DEFAULT_PATH.read_text())
     change(data)
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps(data))
@@ -80,7 +81,7 @@ def _calibration_copy(tmp_path: Path, change) -> Path:
 
 
 def test_calibrate_point_is_the_calibrated_prediction_with_its_status() -> None:
-    calibration = cal.load_checked_calibration()
+    calibration = calibration_file.load_checked_calibration()
     point = cal.calibrate_point("isoflop", 2.0, [1.98, 2.02], 10.0, calibration)
     same = cal.calibrated_prediction("isoflop", 2.0, [1.98, 2.02], 10.0, calibration)
     assert point["applied"] and point["status"] == cal.CALIBRATED

@@ -18,6 +18,7 @@ import pytest
 from delphi.cli import main
 from delphi.fits import best_point as bp
 from delphi.fits import calibration as cal
+from delphi.fits import calibration_file, method_choice
 
 REPO = Path(__file__).resolve().parents[1]
 ISOFLOPS = REPO / "tests" / "data" / "isoflops.csv"
@@ -47,12 +48,12 @@ def test_decide_point_follows_the_evidence() -> None:
 
 
 def test_the_source_check_reaches_as_far_as_the_calibration_was_tested() -> None:
-    calibration = cal.load_calibration()
-    like = cal.source_likeness(calibration["sources"]["llama_3/llama_3/exp_loss"], calibration)
+    calibration = calibration_file.load_calibration()
+    like = method_choice.source_likeness(calibration["sources"]["llama_3/llama_3/exp_loss"], calibration)
     assert like["like"] and like["distance"] == pytest.approx(0, abs=1e-5)
     assert like["reach"] == pytest.approx(2.37, abs=0.01)  # misfitting, scored leave-one-source-out, from Llama 3
     byte_ladder = {"log10_median_params": 5.0, "n_budgets": 4, "min_budget": 1e11, "max_budget": 1e13}
-    assert not cal.source_likeness(byte_ladder, calibration)["like"]
+    assert not method_choice.source_likeness(byte_ladder, calibration)["like"]
 
 
 @pytest.fixture(scope="module")

@@ -15,21 +15,19 @@ from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.fits import FITTERS, fit_asymptotic, load_results
 from delphi.fits.beyond import beyond_rows, bin_table, extrapolation_bin, split_sources
-from delphi.fits.calibration import (
-    DEFAULT_PATH,
-    SCHEMA_VERSION,
+from delphi.fits.calibration import interval_for_gate
+from delphi.fits.calibration_file import DEFAULT_PATH, SCHEMA_VERSION, load_calibration
+from delphi.fits.calibration_model import (
     apply_calibration,
     assert_out_of_sample,
     calibrate,
-    choose_method,
     fit_method_calibration,
-    interval_for_gate,
-    load_calibration,
     loso,
     out_of_source_errors,
     weighted_quantile,
 )
 from delphi.fits.frontier import fit_frontier_arrays
+from delphi.fits.method_choice import choose_method
 
 # A Chinchilla-form surface: its compute frontier is exactly E + K C^-(alpha beta / (alpha + beta)) (C = 6 N D).
 E, A, B, ALPHA, BETA = 1.8, 400.0, 2000.0, 0.34, 0.36
@@ -302,4 +300,4 @@ def test_beyond_cli_writes_bins_and_says_whether_calibrated(tmp_path: Path, caps
 def test_asymptotic_without_the_e_profile_gives_the_same_law() -> None:
     table = load_results(surface_table(list(np.geomspace(1e18, 1e21, 5)), noise=1e-3))
     full, lean = fit_asymptotic(table), fit_asymptotic(table, with_sensitivity=False)
-    assert lean.params == full.params and lean.extra["sensitivity"] is None and full.extra["sensitivity"]
+    assert lean.params == full.params and lean.extra.sensitivity is None and full.extra.sensitivity

@@ -73,7 +73,7 @@ def test_the_parsers_copy_of_the_param_conventions_is_the_fitters():
 
 def test_the_parsers_copies_of_the_probe_carries_and_noise_scopes_are_the_backtests():
     from delphi.fits import commands as fit_commands
-    from delphi.fits.backtest import NOISE_SCOPES, PROBE_CARRIES
+    from delphi.fits.probes import NOISE_SCOPES, PROBE_CARRIES
     from delphi.prereg import commands as prereg_commands
 
     assert fit_commands.PROBE_CARRIES == prereg_commands.PROBE_CARRIES == tuple(PROBE_CARRIES)

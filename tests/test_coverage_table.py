@@ -13,6 +13,7 @@ import yaml
 from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.fits import coverage as cov
+from delphi.fits import coverage_rows as cov_rows
 from delphi.fits.beyond import EXTRAPOLATION_BINS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +40,9 @@ def test_every_row_names_a_file_of_the_repository(committed):
         assert (ROOT / r["source"]).exists(), r["source"]
         assert r["covered_90"] is not None and r["covered_90"]["n"] <= r["n"]
         expected = (
-            cov.TOO_FEW
+            cov_rows.TOO_FEW
             if r["covered_90"]["n"] < cov.MIN_POINTS
-            else (cov.WITHIN if 0.85 <= r["covered_90"]["k"] / r["covered_90"]["n"] <= 0.95 else cov.OUTSIDE)
+            else (cov_rows.WITHIN if 0.85 <= r["covered_90"]["k"] / r["covered_90"]["n"] <= 0.95 else cov_rows.OUTSIDE)
         )
         assert r["flag"] == expected
     assert committed["markdown"].count("\n") == len(rows) + 1
@@ -234,7 +235,7 @@ def test_hand_made_files_give_exact_counts(tmp_path, capsys):
     study = rows[0]
     assert study["edition"] == "2" and study["n"] == 2 and study["runs"] == ["e2-s0", "e2-s1"]
     assert study["covered_90"] == {"k": 1, "n": 2} and study["covered_50"] == {"k": 0, "n": 2}
-    assert study["flag"] == cov.TOO_FEW
+    assert study["flag"] == cov_rows.TOO_FEW
     assert any("e2-s1: sealed_90_covered says False, recomputed True" in n for n in data["notes"])
     assert any("e2-s0-old" in n for n in data["notes"]) and any("e2-s2-refused" in n for n in data["notes"])
 
@@ -315,10 +316,10 @@ def test_a_stale_row_table_is_a_note_not_an_error(tmp_path):
 
 
 def test_flags_and_editions():
-    assert cov.flag_90({"k": 9, "n": 10}) == cov.WITHIN
-    assert cov.flag_90({"k": 8, "n": 10}) == cov.OUTSIDE
-    assert cov.flag_90({"k": 10, "n": 10}) == cov.OUTSIDE
-    assert cov.flag_90({"k": 9, "n": 9}) == cov.TOO_FEW
+    assert cov_rows.flag_90({"k": 9, "n": 10}) == cov_rows.WITHIN
+    assert cov_rows.flag_90({"k": 8, "n": 10}) == cov_rows.OUTSIDE
+    assert cov_rows.flag_90({"k": 10, "n": 10}) == cov_rows.OUTSIDE
+    assert cov_rows.flag_90({"k": 9, "n": 9}) == cov_rows.TOO_FEW
     assert cov.current_edition(["3", "4", "5", "5b", "5c", "10a"]) == "5"
     assert cov.current_edition(["5b", "5c"]) == "5c"
     assert cov.fraction(None) == "not recorded" and cov.fraction({"k": 1, "n": 3}) == "1/3 (33%)"

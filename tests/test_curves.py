@@ -12,6 +12,8 @@ import pytest
 
 from delphi.errors import DelphiError
 from delphi.fits import curves as cv
+from delphi.fits.evals import eval_steps
+from delphi.fits.shape_trajectory import normalised_curve, trajectory_from_shapes
 from delphi.train.config import OptimConfig
 from delphi.train.schedules import warmup_steps
 
@@ -137,7 +139,7 @@ def test_trajectory_anchors_and_orders_bands():
         a["lo90"] == pytest.approx(f["lo90"]) and a["hi90"] == pytest.approx(f["hi90"] + 0.05)
         for a, f in zip(anchored["points"], free["points"])
     )
-    assert [p["step"] for p in free["points"]] == cv.eval_steps(hero.steps, hero.eval_every)
+    assert [p["step"] for p in free["points"]] == eval_steps(hero.steps, hero.eval_every)
     for p in free["points"]:
         assert p["lo90"] <= p["lo50"] <= p["loss"] <= p["hi50"] <= p["hi90"]
 
@@ -168,17 +170,17 @@ def test_trajectory_from_the_probes_shape_on_the_v5_hero():
     hero = load_train_config(hero_dir / "config.yaml")
     final = json.loads((hero_dir / "summary.json").read_text())["val_loss"]
     probes = [edition_tree(editions / "v4") / "probe10x", edition_tree(editions / "v4") / "probe3x"]
-    traj = cv.trajectory_from_shapes(probes, hero, {"loss": final, "loss_50": None, "loss_90": None})
+    traj = trajectory_from_shapes(probes, hero, {"loss": final, "loss_50": None, "loss_90": None})
     assert traj["model"]["shape_run"].endswith("probe10x") and traj["model"]["spread_run"].endswith("probe3x")
     actual = [r["val_loss"] for r in read_metrics(hero_dir) if r.get("val_loss") is not None]
     points = traj["points"]
-    assert [p["step"] for p in points] == cv.eval_steps(hero.steps, hero.eval_every) and len(actual) == len(points)
+    assert [p["step"] for p in points] == eval_steps(hero.steps, hero.eval_every) and len(actual) == len(points)
     errors = [p["loss"] / a - 1 for p, a in zip(points, actual)]
     assert max(abs(e) for p, e in zip(points, errors) if p["step"] >= 0.3 * hero.steps) < 0.033
     assert sum(p["lo90"] <= a <= p["hi90"] for p, a in zip(points, actual)) == 9
     # A run on another schedule cannot lend its shape; a run without a final loss neither.
     other = dataclasses.replace(hero, optim=dataclasses.replace(hero.optim, decay_frac=0.5))
     with pytest.raises(DelphiError, match="optim.decay_frac is 0.2 but the hero's is 0.5"):
-        cv.trajectory_from_shapes(probes, other, {"loss": 1.0})
+        trajectory_from_shapes(probes, other, {"loss": 1.0})
     with pytest.raises(DelphiError, match="no final val_loss"):
-        cv.normalised_curve(edition_tree(editions / "v4"))
+        normalised_curve(edition_tree(editions / "v4"))

@@ -22,6 +22,7 @@ from delphi.cli import main
 from delphi.errors import DelphiError
 from delphi.fits import backtest, load_fit, load_results
 from delphi.fits.calibration import calibration_key
+from delphi.fits.data import TableOptions
 from delphi.fits.e_prior import EPrior, forecast_at_refits, parse_prior, prior_of
 from delphi.fits.frontier import fit_asymptotic, fit_frontier
 from delphi.fits.parametric import fit_approach3, fit_vpnls
@@ -35,15 +36,15 @@ FITTERS = {"frontier": fit_frontier, "asymptotic": fit_asymptotic, "parametric":
 
 @pytest.fixture(scope="module")
 def comma():
-    return load_results(ISOFLOPS, query=COMMA)
+    return load_results(ISOFLOPS, TableOptions(query=COMMA))
 
 
 @pytest.mark.parametrize("law", sorted(FITTERS))
 def test_every_law_with_an_E_takes_it_pinned_or_with_a_prior(comma, law) -> None:
     free = FITTERS[law](comma)
     pinned = FITTERS[law](comma, E_prior=EPrior(1.6))
-    assert pinned.params["E"] == pytest.approx(1.6) and "E" not in pinned.diagnostics["at_bound"]
-    record = pinned.extra["E_prior"]
+    assert pinned.params["E"] == pytest.approx(1.6) and "E" not in pinned.diagnostics.at_bound
+    record = pinned.extra.E_prior
     assert record["mode"] == "pinned" and record["refits"]["E_free"]["E"] == pytest.approx(free.params["E"])
     # A prior as wide as the data's own doubt leaves E where the data put it; a tight one pins it.
     wide = FITTERS[law](comma, E_prior=EPrior(1.6, 100.0))
@@ -51,8 +52,8 @@ def test_every_law_with_an_E_takes_it_pinned_or_with_a_prior(comma, law) -> None
     assert wide.params["E"] == pytest.approx(free.params["E"], abs=0.02)
     assert tight.params["E"] == pytest.approx(1.6, abs=1e-3)
     prior = FITTERS[law](comma, E_prior=EPrior(1.6, 0.1))
-    assert set(prior.extra["E_prior"]["refits"]) == {"E_free", "E_minus_sd", "E_plus_sd"}
-    assert prior.extra["E_prior"]["refits"]["E_minus_sd"]["E"] == pytest.approx(1.5)
+    assert set(prior.extra.E_prior["refits"]) == {"E_free", "E_minus_sd", "E_plus_sd"}
+    assert prior.extra.E_prior["refits"]["E_minus_sd"]["E"] == pytest.approx(1.5)
     # The public calibration is of the laws with E free: a law under a lab's E has no entry, and the
     # gates refit it under the same prior.
     assert calibration_key(prior.kind, prior.method) is None and prior_of(prior) == EPrior(1.6, 0.1)
@@ -70,7 +71,7 @@ def test_the_prior_survives_the_fit_file_and_the_bootstrap(comma, tmp_path) -> N
     path.write_text(json.dumps(fit.to_json()))
     back = load_fit(path)
     assert back.method == "vpnls-E-prior" and prior_of(back) == EPrior(1.6, 0.1)
-    assert back.extra["E_prior"]["refits"] == fit.extra["E_prior"]["refits"]
+    assert back.extra.E_prior["refits"] == fit.extra.E_prior["refits"]
     draws = np.asarray(back.samples["E"])
     assert np.all(draws >= 0) and np.median(draws) == pytest.approx(fit.params["E"], rel=0.1)
     data = json.loads(path.read_text())
@@ -87,7 +88,7 @@ def test_the_asymptotic_law_on_its_bound_and_under_a_prior(tmp_path, capsys) -> 
     query = COMMA + " and not outlier"
     free, prior = tmp_path / "free.json", tmp_path / "prior.json"
     assert main(["fit", "asymptotic", str(ISOFLOPS), "--query", query, "--out", str(free)]) == 0
-    assert load_fit(free).diagnostics["at_bound"] == ["E"]
+    assert load_fit(free).diagnostics.at_bound == ("E",)
     capsys.readouterr()
     assert main(["predict", str(free), "--compute", "3e21", "--json"]) == 0
     out = capsys.readouterr()

@@ -175,8 +175,8 @@ def _check_fit_like(fit: FitLike) -> None:
     assert fit.params and all(isinstance(v, float) for v in fit.params.values())
     for name, (lo, hi) in fit.intervals.items():
         assert name in fit.params and lo <= hi
-    assert isinstance(fit.diagnostics["at_bound"], list)
-    assert (fit.status == FitStatus.AT_BOUND) == bool(fit.diagnostics["at_bound"])
+    assert isinstance(fit.diagnostics.at_bound, tuple)
+    assert (fit.status == FitStatus.AT_BOUND) == bool(fit.diagnostics.at_bound)
 
 
 def test_fit_result_and_curve_law_conform_to_one_result_protocol():
@@ -193,7 +193,7 @@ def test_fit_result_and_curve_law_conform_to_one_result_protocol():
 
 def test_curve_law_on_a_bound_says_so():
     at_zero = _curve_law(E=0.0)
-    assert at_zero.status is FitStatus.AT_BOUND and at_zero.diagnostics["at_bound"] == ["E"]
+    assert at_zero.status is FitStatus.AT_BOUND and at_zero.diagnostics.at_bound == ("E",)
     on_edge = _curve_law(beta=cv.EXPONENT_BOUNDS[1])
     assert on_edge.at_bound == ["beta"]
     # one model size: the N term is not searched, so its placeholders are not "on a bound"

@@ -22,6 +22,7 @@ from delphi.fits import (
     load_results,
 )
 from delphi.fits.bootstrap import bootstrap, resample_indices
+from delphi.fits.data import TableOptions
 from delphi.fits.laws import chinchilla_optimum
 
 REFERENCE = Path(__file__).resolve().parent / "data"  # copies of the public reference tables (tests/data/README.md)
@@ -46,7 +47,7 @@ def isoflop_design(
 # ----------------------------------------------------------------------------- tables
 def test_load_results_maps_columns_and_derives_tokens(tmp_path):
     df = pd.DataFrame({"N": [1e6, 2e6, 4e6], "C": [6e15, 6e15, 6e15], "L": [3.0, 2.9, 3.1]})
-    table = load_results(df, params_col="N", flops_col="C", loss_col="L")
+    table = load_results(df, TableOptions(columns=(("params", "N"), ("flops", "C"), ("loss", "L"))))
     np.testing.assert_allclose(table["tokens"], df["C"] / (6 * df["N"]))
     assert (table["budget"] == 6e15).all() and table.attrs["budget_derived"]
 
@@ -60,7 +61,7 @@ def test_invalid_loss_is_an_error_naming_the_row_unless_dropped(tmp_path, bad):
     with pytest.raises(DelphiError, match=r"row 3 .*--drop-invalid"):
         load_results(path)
     lines: list[str] = []
-    table = load_results(path, drop_invalid=True, warn=lines.append)
+    table = load_results(path, TableOptions(drop_invalid=True), warn=lines.append)
     assert len(table) == len(df) - 1 and table.attrs["dropped"] == {"nan_or_inf": 1}
     assert any("row 3" in line for line in lines) and len(table.attrs["sha256"]) == 64
 
@@ -179,8 +180,8 @@ def test_every_isoflops_source_fits(method):
 def test_approach1_envelope():
     df = isoflop_design(TRUTH)
     fit = fit_approach1(load_results(df))
-    assert fit.kind == "envelope" and fit.diagnostics["n_envelope_points"] >= 3
-    losses = [p["loss"] for p in fit.extra["frontier_points"]]
+    assert fit.kind == "envelope" and fit.diagnostics.n_envelope_points >= 3
+    losses = [p["loss"] for p in fit.extra.frontier_points]
     assert all(np.diff(losses) < 0)
 
 
@@ -206,14 +207,14 @@ def test_frontier_free_fixed_profile():
     free = fit_frontier(table)
     assert free.params["E"] == pytest.approx(1.5, rel=1e-5) and free.params["gamma"] == pytest.approx(0.08, rel=1e-4)
     fixed = fit_frontier(table, E=1.0)
-    assert fixed.params["E"] == 1.0 and fixed.diagnostics["rss"] > free.diagnostics["rss"]
+    assert fixed.params["E"] == 1.0 and fixed.diagnostics.rss > free.diagnostics.rss
     prof = fit_frontier(table, E="profile", target_compute=[1e23])
     assert prof.params["E"] == pytest.approx(1.5, rel=1e-4)
     assert prof.predict(compute=1e23)["loss"] == pytest.approx(1.5 + 40 * 1e23**-0.08, rel=1e-4)
     noisy = fit_frontier(frontier_table(noise=0.002), E="profile", target_compute=[1e23])
     lo, hi = noisy.intervals["E"]
     assert lo < noisy.params["E"] < hi and hi - lo > 0.01
-    sens = noisy.extra["sensitivity"]
+    sens = noisy.extra.sensitivity
     # a higher floor predicts a higher loss far out: the prediction depends on E and says so
     assert sens["dloss_dE"][0] > 0
     low, high = sens["predicted_loss_range_over_E_interval"][0]

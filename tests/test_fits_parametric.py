@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from delphi.fits import fit_approach3, fit_vpnls, load_results
+from delphi.fits.data import TableOptions
 from delphi.fits.laws import chinchilla_optimum
 
 REFERENCE = Path(__file__).resolve().parent / "data"  # copies of the public reference tables (tests/data/README.md)
@@ -30,7 +31,7 @@ def epoch_table() -> pd.DataFrame:
     if not path.is_file():
         pytest.skip("reference data not found")
     raw = pd.read_csv(path).sort_values("loss").iloc[:-5]  # Epoch drop the 5 highest-loss rows
-    return load_results(raw, params_col="Model Size", flops_col="Training FLOP")
+    return load_results(raw, TableOptions(columns=(("params", "Model Size"), ("flops", "Training FLOP"))))
 
 
 def synthetic_surface(truth: dict[str, float]) -> pd.DataFrame:
@@ -45,7 +46,7 @@ def test_epoch_grid_fit_reproduced():
     for name, value in EPOCH_GRID_FIT.items():  # within 0.1% (issue 11); Epoch print 4-5 digits
         assert fit.params[name] == pytest.approx(value, rel=1e-3), name
     assert fit.derived["a"] == pytest.approx(0.513, abs=0.005)  # Epoch: a = 0.513
-    assert fit.diagnostics["n_starts_at_best"] >= 3  # the optimum is reached from several starts
+    assert fit.diagnostics.n_starts_at_best >= 3  # the optimum is reached from several starts
 
 
 @pytest.mark.slow
@@ -53,7 +54,7 @@ def test_top_starts_match_full_grid():
     """The vectorised top-20 start selection finds the minimum of Epoch's full 4,500-start grid."""
     table = epoch_table()
     fast, full = fit_approach3(table), fit_approach3(table, top_starts=None)
-    assert fast.diagnostics["objective_huber_sum"] <= full.diagnostics["objective_huber_sum"] * (1 + 1e-9)
+    assert fast.diagnostics.objective_huber_sum <= full.diagnostics.objective_huber_sum * (1 + 1e-9)
     for name in fast.params:
         assert fast.params[name] == pytest.approx(full.params[name], rel=1e-4)
 
@@ -73,7 +74,7 @@ def test_noise_free_recovery(fit_fn):
 
 def test_vpnls_on_epoch_close_to_approach3():
     fit = fit_vpnls(epoch_table())
-    assert fit.diagnostics["converged"]
+    assert fit.diagnostics.converged
     assert 0.3 < fit.params["alpha"] < 0.45 and 0.3 < fit.params["beta"] < 0.5
     assert 0.45 < fit.derived["a"] < 0.6
 
@@ -128,7 +129,7 @@ def test_warm_bootstrap_refits_reach_the_grid_refits_minimum():
     table = epoch_table()
     warm = fit_approach3(table, n_bootstrap=4, seed=5, workers=1)
     grid = fit_approach3(table, n_bootstrap=4, seed=5, workers=1, bootstrap_starts="grid")
-    assert warm.diagnostics["bootstrap_starts"].startswith("warm")
+    assert warm.diagnostics.bootstrap_starts.startswith("warm")
     for name in warm.samples:
         np.testing.assert_allclose(warm.samples[name], grid.samples[name], rtol=1e-4, err_msg=name)
 
@@ -148,14 +149,14 @@ def test_perturbed_starts_keep_the_centred_intercepts():
 
 
 def test_blas_threads_are_restored():
-    from delphi.fits.parametric import _BlasThreads
+    from delphi.fits.blas import BlasThreads
 
-    if not _BlasThreads.controls():
+    if not BlasThreads.controls():
         pytest.skip("BLAS is not OpenBLAS here: nothing to limit")
-    before = [int(get()) for get, _ in _BlasThreads.controls()]
-    with _BlasThreads(1):
-        assert all(int(get()) == 1 for get, _ in _BlasThreads.controls())
-    assert [int(get()) for get, _ in _BlasThreads.controls()] == before
+    before = [int(get()) for get, _ in BlasThreads.controls()]
+    with BlasThreads(1):
+        assert all(int(get()) == 1 for get, _ in BlasThreads.controls())
+    assert [int(get()) for get, _ in BlasThreads.controls()] == before
 
 
 def test_unknown_bootstrap_starts_is_a_clear_error():
@@ -181,6 +182,6 @@ def test_bootstrap_draws_without_an_optimum_leave_the_exponent_interval(monkeypa
 
     monkeypatch.setattr(parametric, "bootstrap", with_a_flat_draw)
     fit = fit_approach3(table, n_bootstrap=8, seed=0, workers=1)
-    assert fit.diagnostics["bootstrap_draws_without_a"] == 1
+    assert fit.diagnostics.bootstrap_draws_without["a"] == 1
     lo, hi = fit.intervals["a"]
     assert np.isfinite(lo) and np.isfinite(hi)

@@ -128,10 +128,10 @@ def fits(tmp_path_factory) -> dict[str, Path]:
 def test_predict_config_at_its_own_n_and_d(fits, capsys):
     """Before: an isoFLOP fit predicted the compute-optimal model at the config's compute and
     reported its N*, D* as if they were the config's."""
-    from delphi.fits.commands import _config_query
+    from delphi.fits.prediction_checks import config_query
     from delphi.fits.results import load_fit
 
-    q = _config_query(TINY)
+    q = config_query(TINY)
     code, out, _ = run(["predict", fits["vpnls"], "--config", TINY, "--json"], capsys)
     vp = json.loads(out)
     assert code == 0 and vp["params"] == q["params"] and vp["tokens"] == q["tokens"] and vp["compute"] == q["compute"]

@@ -550,7 +550,7 @@ def _fake_run(ladder: Path, row: dict, loss: float, drops: list[float], n_evals:
 
 
 def test_health_flags_and_seed_cells_from_constructed_runs(tmp_path, capsys):
-    from delphi.fits.data import read_family
+    from delphi.fits.table_files import read_family
     from delphi.ladder.collect import collect_ladder, format_health_table, rung_health_table
 
     raw = yaml.safe_load(_micro_spec(tmp_path).read_text())
@@ -626,7 +626,7 @@ def test_flops_family_is_exact_at_the_planned_shapes(path):
 
 
 def test_family_cli_writes_what_fit_reads(tmp_path, capsys):
-    from delphi.fits.data import read_family
+    from delphi.fits.table_files import read_family
 
     out = tmp_path / "family.json"
     assert cli_main(["ladder", "family", str(DEFAULT), "--out", str(out), "--convention", "fpt6", "--json"]) == 0

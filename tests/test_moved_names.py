@@ -12,8 +12,7 @@ import pytest
 MOVED: list[tuple[str, str, tuple[str, ...]]] = [
     # probe_holdouts, the probes' correction backtested, lives in delphi.fits.backtest (issue 43: the
     # backtest imports the probes, never the other way round)
-    ("delphi.fits.backtest", "delphi.fits.probes", ("PROBE_CARRIES", "NOISE_SCOPES", "ProbeTrend", "probe_trend")),
-    ("delphi.fits.backtest", "delphi.fits.intervals", ("Z_90", "Z_50", "predictive_interval")),
+    ("delphi.fits.backtest", "delphi.fits.probes", ("ProbeTrend", "probe_trend")),
     ("delphi.prereg.create", "delphi.fits.probes", ("CARRY_ASSUMPTION", "correct_by_probes", "correction_text")),
     (
         "delphi.prereg.create",
@@ -53,12 +52,6 @@ MOVED: list[tuple[str, str, tuple[str, ...]]] = [
             "load_prereg",
         ),
     ),
-    (
-        "delphi.fits.curves",
-        "delphi.fits.shape_trajectory",
-        ("SCHEDULE_SHAPE_KEYS", "normalised_curve", "same_schedule_shape", "project_finals", "trajectory_from_shapes"),
-    ),
-    ("delphi.fits.curves", "delphi.fits.evals", ("eval_points", "eval_steps")),
     (
         "delphi.ladder.plan",
         "delphi.ladder.hero",

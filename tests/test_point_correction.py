@@ -7,8 +7,7 @@ import math
 import pytest
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_90
-from delphi.fits.intervals import PointCorrection, correct_by_design
+from delphi.fits.intervals import Z_90, PointCorrection, correct_by_design
 from delphi.prereg.competing import competing_predictions
 from delphi.study.spec import GatesSpec, HeroSpec, StudySpec, load_study
 

@@ -41,13 +41,13 @@ def _auto_study(tmp_path: Path, fits: list[str]) -> Study:
 
 
 def test_primary_laws_are_the_calibrations_hero_sizing_laws():
-    from delphi.fits.calibration import PRIMARY_CAPABLE
+    from delphi.fits.method_choice import PRIMARY_CAPABLE
 
     assert PRIMARY_LAWS == PRIMARY_CAPABLE
 
 
 def test_auto_resolves_to_choose_methods_answer_once_and_a_resumed_study_reads_it(tmp_path, monkeypatch):
-    from delphi.fits import calibration as cal
+    from delphi.fits import calibration_file, method_choice
     from delphi.study.report import _primary_choice_section
     from delphi.study.stages import primary_choice_sentence, stage_fit
 
@@ -56,15 +56,17 @@ def test_auto_resolves_to_choose_methods_answer_once_and_a_resumed_study_reads_i
     with pytest.raises(DelphiError, match="primary_fit: auto is resolved by the fit stage"):
         study.primary_fit  # noqa: B018 -- nothing reads an unresolved law
     result = stage_fit(study)
-    expected = cal.choose_method(
-        cal.table_features(load_table(study, "nonembedding")), cal.load_calibration(), ["isoflop", "parametric"]
+    expected = method_choice.choose_method(
+        method_choice.table_features(load_table(study, "nonembedding")),
+        calibration_file.load_calibration(),
+        ["isoflop", "parametric"],
     )
     assert result["primary_fit"] == expected["method"] and expected["method"] in ("isoflop", "parametric")
     assert result["primary_choice"]["table"] == expected["table"] and result["primary_choice"]["candidates"] == [
         "isoflop",
         "parametric",
     ]
-    assert result["primary_choice"]["calibration"]["sha256"] == cal.load_calibration()["sha256"]
+    assert result["primary_choice"]["calibration"]["sha256"] == calibration_file.load_calibration()["sha256"]
     assert json.loads(study.conventions.read_text())["primary_fit"] == expected["method"]
     assert study.fit_path(expected["method"]).is_file()
     atomic_write_json(
@@ -72,7 +74,7 @@ def test_auto_resolves_to_choose_methods_answer_once_and_a_resumed_study_reads_i
     )  # as run_study records it
 
     # A resumed study (a new Study on the same dir) reads the recorded law and never chooses again.
-    monkeypatch.setattr(cal, "choose_primary", lambda *a, **k: pytest.fail("a resumed study chose again"))
+    monkeypatch.setattr(method_choice, "choose_primary", lambda *a, **k: pytest.fail("a resumed study chose again"))
     resumed = Study(tmp_path, study.spec, tmp_path / "ladder.yaml")
     assert resumed.primary_fit == expected["method"]
     atomic_write_json(resumed.fits_dir / "backtest.json", {m: {"law": m} for m in ("isoflop", "parametric", "vpnls")})

@@ -19,6 +19,7 @@ import pytest
 
 from delphi.errors import DelphiError
 from delphi.fits import load_results
+from delphi.fits.data import TableOptions
 from delphi.query import MAX_NESTING, parse, query_mask, select_rows
 
 ISOFLOPS = Path(__file__).resolve().parent / "data" / "isoflops.csv"
@@ -126,7 +127,7 @@ def test_backticks_name_odd_columns_and_missing_booleans_count_as_false(no_code_
 
 def test_load_results_filters_with_the_grammar_and_records_the_query(no_code_runs):
     expr = "experiment == 'llama_3__exp_loss'"
-    table = load_results(ISOFLOPS, query=expr)
+    table = load_results(ISOFLOPS, TableOptions(query=expr))
     assert len(table) == (pd.read_csv(ISOFLOPS).experiment == "llama_3__exp_loss").sum()
     assert table.attrs["query"] == expr
 

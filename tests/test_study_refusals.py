@@ -107,7 +107,7 @@ def test_prereg_create_prints_json_when_a_gate_refuses(tmp_path, capsys):
 def test_the_query_a_fit_suggests_drops_exactly_the_budget_it_names(tmp_path):
     """Cause 18: two budgets that print alike to 6 digits; the suggested --query kept the short one."""
     from delphi.fits import FITTERS
-    from delphi.fits.data import load_results
+    from delphi.fits.data import TableOptions, load_results
 
     rows = []
     for budget, widths in ((1.0000001e19, (1e8,)), (1.0000002e19, (5e7, 1e8, 2e8)), (1e20, (2e8, 4e8, 8e8))):
@@ -125,5 +125,5 @@ def test_the_query_a_fit_suggests_drops_exactly_the_budget_it_names(tmp_path):
     with pytest.raises(DelphiError, match=r"--query '(budget != [^']+)'") as refused:
         FITTERS["isoflop"](load_results(tmp_path / "t.csv"), n_bootstrap=0)
     query = str(refused.value).split("--query '")[1].split("'")[0]
-    kept = load_results(tmp_path / "t.csv", query=query)
+    kept = load_results(tmp_path / "t.csv", TableOptions(query=query))
     assert sorted(kept["budget"].unique()) == [1.0000002e19, 1e20]

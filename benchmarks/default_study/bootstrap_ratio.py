@@ -100,7 +100,7 @@ def score(rungs: pd.DataFrame, draws: int, seed: int) -> list[dict]:
             failed = 0
         else:
             fit = fit_approach2(rungs, n_bootstrap=draws, seed=seed, workers=1, resample=mode)
-            losses, failed = law_losses(fit, hero_flops), fit.diagnostics["bootstrap_failed"]
+            losses, failed = law_losses(fit, hero_flops), fit.diagnostics.bootstrap_failed
         q05, q95 = np.quantile(losses, [0.05, 0.95])
         out.append(
             {

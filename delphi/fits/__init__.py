@@ -61,7 +61,7 @@ def __getattr__(name: str):
 class _FitsPackage(types.ModuleType):
     def __setattr__(self, name: str, value: object) -> None:
         # Importing the submodule `delphi.fits.backtest` binds it here as `backtest`; the
-        # function of that name (the eager imports' old meaning) must win over the module.
+        # function of that name (what `from delphi.fits import backtest` means) wins over the module.
         if name in _LAZY and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)

@@ -34,8 +34,8 @@ import pandas as pd
 from delphi.errors import DelphiError
 from delphi.fits.allocation import FlopsFamily, flops_of
 from delphi.fits.data import cell_points
-from delphi.fits.intervals import Z_50, Z_90, predictive_interval  # noqa: F401 (moved there; importable from here)
-from delphi.fits.probes import NOISE_SCOPES, PROBE_CARRIES, ProbeTrend, probe_trend  # noqa: F401 (moved there; importable from here)
+from delphi.fits.intervals import predictive_interval
+from delphi.fits.probes import ProbeTrend, probe_trend  # noqa: F401 (ProbeTrend: the paper's v6 scripts import it from here)
 from delphi.fits.results import FitResult
 
 LEVEL = 0.90
@@ -174,11 +174,11 @@ def backtest(
         "n_train_points": len(train),
         "fit_params": fit.params,
         "fit_status": str(fit.status),  # the plain string (a str enum on the fit)
-        "at_bound": fit.diagnostics.get("at_bound", []),
+        "at_bound": list(fit.diagnostics.at_bound),
         "allocation": fit.allocation,
         "flops_family_source": None if family is None else family.source,
         "residual_scatter_nats": scatter,
-        "seed_noise_nats": fit.diagnostics.get("seed_noise_nats"),
+        "seed_noise_nats": fit.diagnostics.seed_noise_nats,
         "interval": "bootstrap 90% of L*(C) widened in quadrature by z_0.95 x training residual scatter"
         if fit.samples
         else "L*(C) +- z_0.95 x training residual scatter (no bootstrap)",

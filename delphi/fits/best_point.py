@@ -2,10 +2,8 @@
 
 The public calibration (`delphi.fits.calibration`) shifts a law's point by the bias the public isoFLOP
 sweeps showed for that law at that extrapolation factor. On sweeps like its sources the calibrated
-centre beats the law's own point: on nine public sweeps held out from the project, 0.44% mean |error|
-at 3x against the law's 1.23% (every law error on the same side), 1.01% at the top three budgets held
-out against 1.90%. On Delphi's own byte-level ladders it moves the point the wrong way: the eighth
-edition's 30x hero erred +3.57% calibrated against the law's +2.07% (docs/notebook.md §8.23). So the
+centre beats the law's own point; on Delphi's own byte-level ladders it moves the point the wrong way
+(the evidence: DELPHI_LADDER_EVIDENCE, PUBLIC_EVIDENCE and docs/notebook.md §8.23). So the
 calibration decides only where the evidence says it transfers (`decide_point`):
 
 - a correction measured on this design beyond its ladder (probes, or a study design's measured
@@ -13,7 +11,7 @@ calibration decides only where the evidence says it transfers (`decide_point`):
 - Delphi's own ladders (a results table collected from a Delphi ladder, or a study) keep the law's
   own point: the calibration was measured not to transfer there;
 - so does a table the source check flags as unlike the calibration's sources
-  (`delphi.fits.calibration.source_likeness`),
+  (`delphi.fits.method_choice.source_likeness`),
   and a prediction the calibration has no applicable entry for (no entry for the law, not beyond the
   fit, beyond the furthest calibrated factor);
 - otherwise the calibrated centre decides, the law's own point recorded beside it.
@@ -24,9 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from delphi.fits.calibration import CALIBRATED as APPLIED
+from delphi.fits.method_choice import source_likeness, table_features
+
 # What decides: the names sealed in `prediction.final.point.decides` and printed by `predict`.
 LAW, CALIBRATED, PROBE_CORRECTION, POINT_CORRECTION = "law", "calibrated", "probe_correction", "point_correction"
-# The measured cases behind the rule (module docstring), quoted in its reasons.
+# The measured cases behind the rule, quoted in its reasons (docs/notebook.md).
 DELPHI_LADDER_EVIDENCE = (
     "on Delphi's own byte-level ladders the public calibration moved the point the wrong way "
     "(the eighth edition's 30x hero: calibrated +3.57%, the law's own +2.07%; docs/notebook.md §8.23)"
@@ -66,8 +67,6 @@ class PointChoice:
 
 def decide_point(evidence: PointEvidence) -> PointChoice:
     """Which point decides a forecast (module docstring), and why, in one line. Pure."""
-    from delphi.fits.calibration import CALIBRATED as APPLIED
-
     if evidence.corrected_by == PROBE_CORRECTION:
         return PointChoice(
             PROBE_CORRECTION,
@@ -112,8 +111,6 @@ def decide_point(evidence: PointEvidence) -> PointChoice:
 
 def table_evidence(table: Any, calibration: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     """(whether the table is Delphi's own rung records, its `source_likeness`) for `decide_point`."""
-    from delphi.fits.calibration import source_likeness, table_features
-
     return bool(table.attrs.get("ladder_records", False)), source_likeness(table_features(table), calibration)
 
 

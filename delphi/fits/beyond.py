@@ -1,6 +1,6 @@
 """Backtests beyond the ladder: fit on the first k budgets, predict every higher budget's best loss.
 
-`delphi fit backtest --beyond` (docs/design.md §6.2, issue 30). For each k with at least
+`delphi fit backtest --beyond` (docs/design.md §6.2). For each k with at least
 MIN_FITTED_BUDGETS fitted budgets the law is fitted on budgets[:k] and predicts the best loss of
 every budget above (the best seed-averaged cell, as `backtest` scores a budget). Each prediction
 records its extrapolation factor (held-out budget / largest fitted budget), its bin
@@ -30,7 +30,7 @@ from delphi.fits.results import FitResult
 
 MIN_FITTED_BUDGETS = 3  # the smallest fit: three budgets (E + A C^-alpha has three parameters)
 MIN_SOURCE_BUDGETS = 2  # a source with one budget has nothing to extrapolate to
-# (label, lowest factor, highest factor): the issue's bins of extrapolation factor, upper bound included.
+# (label, lowest factor, highest factor): the bins of extrapolation factor, upper bound included.
 EXTRAPOLATION_BINS: tuple[tuple[str, float, float], ...] = (
     ("1-3x", 1.0, 3.0),
     ("3-10x", 3.0, 10.0),

@@ -42,6 +42,8 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
+from delphi.signals import die_with_parent, stop_signals_raise
+from delphi.train.memory import host_available_bytes
 
 Refit = Callable[[pd.DataFrame], dict[str, float]]
 # Below this many refits the process start-up costs more than it saves.
@@ -71,8 +73,6 @@ def bootstrap_memory_bytes(n: int, rows: int) -> int:
 def check_bootstrap_memory(n: int, rows: int, flag: str = "bootstrap") -> None:
     """DelphiError (exit 2) when `n` replicates would need more memory than is available now
     (MemAvailable), before any index is drawn."""
-    from delphi.train.memory import host_available_bytes
-
     need = bootstrap_memory_bytes(n, rows)
     available = host_available_bytes()
     if available is not None and need > available:
@@ -101,8 +101,6 @@ def _worker_init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
-    from delphi.signals import die_with_parent
-
     if not die_with_parent(parent):  # the parent died before the death signal was armed
         os._exit(1)
 
@@ -246,8 +244,6 @@ def bootstrap(
     if workers == 1:
         results = _run_chunk(refit, table, indices)
     else:
-        from delphi.signals import stop_signals_raise
-
         chunks = [indices[i::workers] for i in range(workers)]
         # fork is cheapest, but forking a process that has imported jax (multithreaded) can
         # deadlock: spawn then.

@@ -1,16 +1,36 @@
-"""`delphi fit isoflop|envelope|parametric|vpnls|frontier|moe|backtest|coverage` and `delphi predict`."""
+"""The `delphi fit` and `delphi predict` command line, one concept: argument parsing and output only.
+
+`delphi fit isoflop|envelope|parametric|vpnls|frontier|moe|backtest|coverage` and `delphi predict`:
+each runner reads its flags, calls the library modules of `delphi.fits` (imported lazily, so that
+`delphi --help` does not load pandas and scipy) and prints or writes what they return. It stays one
+module because only a command module may import lazily; the work lives in the modules it calls.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from delphi.cli import (
+    add_column_options,
+    add_json_flag,
+    add_table_options,
+    nonnegative_int,
+    output_path,
+    positive_float,
+    positive_int,
+    table_load_kwargs,
+    table_options,
+)
 from delphi.errors import DelphiError
+from delphi.fits.e_prior import forecast_at_refits, parse_pinned, parse_prior, prior_of
+from delphi.io import atomic_write_json, check_output_file
 
 # delphi.fits.probes.PROBE_CARRIES, spelled out so that building the parser (every `delphi --help`)
 # does not import pandas and scipy; tests/test_cli_help.py checks they agree.
@@ -29,9 +49,6 @@ E_LAWS = (
     "parametric",
     "vpnls",
 )  # the laws with an irreducible loss E a lab may pin or give a prior
-# `predict` warns beyond this many times the largest fitted compute budget (issue 31: the
-# published laws were backtested at most ~100x beyond their fits; 1,000x is past any evidence).
-EXTRAPOLATION_WARN_FACTOR = 1_000.0
 # delphi.fits.bootstrap.MIN_BOOTSTRAP_FOR_INTERVAL (the reason is there), spelled out so that building
 # the parser does not import numpy and pandas; tests/test_hostile_configs.py checks they agree.
 MIN_BOOTSTRAP_FOR_INTERVAL = 20
@@ -48,15 +65,6 @@ HELP = {
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import (
-        add_column_options,
-        add_json_flag,
-        add_table_options,
-        nonnegative_int,
-        output_path,
-        positive_float,
-        positive_int,
-    )
 
     fit = subparsers.add_parser("fit", help="fit scaling laws to a results table")
     fit_sub = fit.add_subparsers(dest="fit_command", metavar="METHOD", parser_class=type(fit))
@@ -253,7 +261,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_method_options(sub: argparse.ArgumentParser, method: str) -> None:
-    from delphi.cli import positive_float
 
     if method in ("isoflop", "backtest"):
         sub.add_argument("--robust", action="store_true", help="isoflop: Huber instead of least-squares parabolas")
@@ -322,18 +329,18 @@ def _naming_table(table) -> Iterator[None]:
 
 
 def _load(args: argparse.Namespace, source: Any = None, query: Any = "from-args"):
-    from delphi.cli import table_load_kwargs
-    from delphi.fits.data import load_results
+    from delphi.fits.data import load_results  # lazy: the fits import pandas and scipy
 
-    options = table_load_kwargs(args) | ({} if query == "from-args" else {"query": query})
-    return load_results(args.results if source is None else source, **options)
+    kwargs = table_load_kwargs(args)
+    if query != "from-args":
+        kwargs["options"] = dataclasses.replace(kwargs["options"], query=query)
+    return load_results(args.results if source is None else source, **kwargs)
 
 
 def e_prior_of(args: argparse.Namespace, method: str):
     """The lab's E for `method` from --E and --E-prior (delphi.fits.e_prior): None (E free, or a law
     without an E: `backtest` says so once), pinned, or a Gaussian prior. DelphiError (exit 2) for both
     flags at once or a value that is not one."""
-    from delphi.fits.e_prior import parse_pinned, parse_prior
 
     e_mode, e_prior = getattr(args, "e_mode", "free"), getattr(args, "e_prior", None)
     if e_prior is not None and e_mode != "free":
@@ -352,7 +359,7 @@ def e_prior_of(args: argparse.Namespace, method: str):
 
 
 def _fit_function(args: argparse.Namespace, method: str):
-    from delphi.fits import FITTERS
+    from delphi.fits import FITTERS  # lazy: the fits import pandas and scipy
 
     options: dict[str, Any] = {"n_bootstrap": args.bootstrap, "seed": args.seed, "workers": args.workers}
     _check_bootstrap(args)
@@ -393,13 +400,12 @@ def _check_bootstrap(args: argparse.Namespace, rows: int | None = None) -> None:
             f"use 0 for no interval or at least {MIN_BOOTSTRAP_FOR_INTERVAL}"
         )
     if rows is not None and args.bootstrap > 0:
-        from delphi.fits.bootstrap import check_bootstrap_memory
+        from delphi.fits.bootstrap import check_bootstrap_memory  # lazy: the fits import pandas and scipy
 
         check_bootstrap_memory(args.bootstrap, rows, flag="--bootstrap")
 
 
 def _check_out(args: argparse.Namespace) -> None:
-    from delphi.io import check_output_file
 
     _check_bootstrap(args)  # before any work: a bad --bootstrap must not cost a table's loading
     if args.out is not None:  # before any work: a bad --out must not cost a bootstrap
@@ -409,7 +415,6 @@ def _check_out(args: argparse.Namespace) -> None:
 
 
 def run_fit(args: argparse.Namespace) -> dict[str, Any]:
-    from delphi.io import atomic_write_json
 
     _check_out(args)
     e_prior_of(args, args.fit_method)  # a bad --E / --E-prior before the table is read
@@ -435,7 +440,6 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 def prior_forecasts(fit, computes: list[float] | None = None) -> list[dict[str, Any]]:
     """How much of the forecast a fit's E prior decides (delphi.fits.e_prior.forecast_at_refits) at
     each of `computes` (default: 10x the largest fitted budget); [] for a fit without a prior."""
-    from delphi.fits.e_prior import forecast_at_refits, prior_of
 
     if prior_of(fit) is None:
         return []
@@ -474,7 +478,7 @@ def run_backtest(args: argparse.Namespace) -> dict[str, Any]:
         )
     calibration = None
     if not (args.no_calibration or args.probes):  # checked (schema, numbers, source hash) before any fit
-        from delphi.fits.calibration import load_checked_calibration
+        from delphi.fits.calibration_file import load_checked_calibration  # lazy: the fits import pandas and scipy
 
         calibration = load_checked_calibration(args.calibration)
     table = _load(args)
@@ -494,8 +498,7 @@ def _fits_seen(fit_fn, seen: dict[str, tuple[str, str]], method: str):
 
 
 def _backtest(args: argparse.Namespace, table, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    from delphi.fits.backtest import backtest
-    from delphi.io import atomic_write_json
+    from delphi.fits.backtest import backtest  # lazy: the fits import pandas and scipy
 
     if args.all_holdouts:
         return _all_holdouts(args, table, calibration)
@@ -527,9 +530,8 @@ def _calibrated_backtest(args: argparse.Namespace, table, calibration: dict[str,
     """The default backtest with calibrated intervals: per held-out budget its extrapolation factor, the
     law's prediction and own interval (uncalibrated) and the calibrated interval beside them
     (`calibration.calibrate_backtest`), then both intervals' coverage."""
-    from delphi.fits import calibration as cal
-    from delphi.fits.backtest import backtest
-    from delphi.io import atomic_write_json
+    from delphi.fits import calibration as cal  # lazy: the fits import pandas and scipy
+    from delphi.fits.backtest import backtest  # lazy: the fits import pandas and scipy
 
     method, seen = args.method[0], {}
     result = backtest(table, _fits_seen(_fit_function(args, method), seen, method), cut=args.cut, holdout=args.holdout)
@@ -569,7 +571,7 @@ def _calibrated_backtest(args: argparse.Namespace, table, calibration: dict[str,
 def with_best_points(
     result: dict[str, Any], table, calibration: dict[str, Any], key: str = "budgets"
 ) -> dict[str, Any]:
-    from delphi.fits.best_point import with_best_points as add
+    from delphi.fits.best_point import with_best_points as add  # lazy: the fits import pandas and scipy
 
     return add(result, table, calibration, key)
 
@@ -598,7 +600,7 @@ def _calibration_line(provenance: dict[str, Any]) -> str:
 
 
 def _coverage_line(method: str, c: dict[str, Any]) -> str:
-    from delphi.fits.calibration import NOT_CALIBRATED_WHY
+    from delphi.fits.calibration import NOT_CALIBRATED_WHY  # lazy: the fits import pandas and scipy
 
     own, cal = c["uncalibrated_90"], c["calibrated_90"]
     left = ", ".join(f"{n} {NOT_CALIBRATED_WHY.get(why, why)}" for why, n in sorted(cal["not_calibrated"].items()))
@@ -610,8 +612,7 @@ def _coverage_line(method: str, c: dict[str, Any]) -> str:
 
 
 def _all_holdouts(args: argparse.Namespace, table, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    from delphi.fits.backtest import all_holdouts
-    from delphi.io import atomic_write_json
+    from delphi.fits.backtest import all_holdouts  # lazy: the fits import pandas and scipy
 
     seen: dict[str, tuple[str, str]] = {}
     fit_fns = {m: _fit_function(args, m) for m in args.method}
@@ -619,7 +620,7 @@ def _all_holdouts(args: argparse.Namespace, table, calibration: dict[str, Any] |
         fit_fns = {m: _fits_seen(fn, seen, m) for m, fn in fit_fns.items()}
     result = all_holdouts(table, fit_fns, min_train_budgets=args.min_train_budgets)
     if calibration is not None:
-        from delphi.fits.calibration import calibrate_all_holdouts
+        from delphi.fits.calibration import calibrate_all_holdouts  # lazy: the fits import pandas and scipy
 
         result = with_best_points(calibrate_all_holdouts(result, calibration, seen), table, calibration, key="rows")
         print(_calibration_line(result["calibration"]), file=sys.stderr)
@@ -646,7 +647,6 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
 
     import pandas as pd
 
-    from delphi.fits import calibration as cal
     from delphi.fits.beyond import (
         beyond_rows,
         bin_table,
@@ -654,14 +654,18 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
         markdown_table,
         split_sources,
         sweep_features,
+    )  # lazy: the fits import pandas and scipy
+    from delphi.fits.calibration_file import (  # lazy: the fits import pandas and scipy
+        calibration_provenance,
+        load_checked_calibration,
     )
-    from delphi.fits.data import _read
-    from delphi.io import atomic_write_json
-    from delphi.query import select_rows
+    from delphi.fits.calibration_model import MODEL, apply_calibration, loso  # lazy: the fits import pandas and scipy
+    from delphi.fits.table_files import read_table  # lazy: the fits import pandas and scipy
+    from delphi.query import select_rows  # lazy: pandas
 
-    calibration = None if (args.no_calibration or args.loso) else cal.load_checked_calibration(args.calibration)
+    calibration = None if (args.no_calibration or args.loso) else load_checked_calibration(args.calibration)
     if args.source_col:
-        where, raw, _ = _read(args.results)
+        where, raw, _ = read_table(args.results)
         if args.query:
             try:
                 raw = select_rows(raw, args.query)
@@ -682,17 +686,15 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
             (failed if "error" in r else rows).append(r)
     frame = pd.DataFrame(rows)
     if args.loso:
-        scored = cal.loso(frame)
+        scored = loso(frame)
         provenance: dict[str, Any] = {
             "applied": True,
             "mode": "leave-one-source-out on this table's sources",
-            "model": cal.MODEL,
+            "model": MODEL,
         }
     elif calibration is not None:
-        scored = cal.apply_calibration(
-            frame, {m: c for m, c in calibration["methods_parsed"].items() if m in args.method}
-        )
-        provenance = cal.calibration_provenance(calibration)
+        scored = apply_calibration(frame, {m: c for m, c in calibration["methods_parsed"].items() if m in args.method})
+        provenance = calibration_provenance(calibration)
         overlap = sorted({name for name, _ in sweeps} & set(calibration["sources"]))
         if overlap:
             provenance["in_sample_sources"] = overlap
@@ -732,8 +734,7 @@ def _beyond(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
-    from delphi.fits.backtest import probe_holdouts
-    from delphi.io import atomic_write_json
+    from delphi.fits.backtest import probe_holdouts  # lazy: the fits import pandas and scipy
 
     if len(args.method) > 1:
         raise DelphiError("backtest --probes: one --method at a time")
@@ -760,7 +761,7 @@ def _probe_holdouts(args: argparse.Namespace, table) -> dict[str, Any]:
 
 def run_coverage(args: argparse.Namespace) -> dict[str, Any]:
     """`delphi fit coverage`: the table on stderr (markdown, then its notes); --json: rows, notes, markdown."""
-    from delphi.fits.coverage import REPO_ROOT, coverage_table
+    from delphi.fits.coverage import REPO_ROOT, coverage_table  # lazy: the fits import pandas and scipy
 
     root = args.root if args.root is not None else REPO_ROOT
     if args.root is not None and not Path(args.root).is_dir():
@@ -786,11 +787,14 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     law's own numbers, its extrapolation, both intervals, how much a lab's E prior decides, and whether
     the seal's cross-check laws agree on the fit's table (delphi.fits.prediction_checks). A fitted
     parameter on a bound is a warning."""
-    from delphi.cli import table_options
-    from delphi.fits import prediction_checks as pc
-    from delphi.fits.calibration import calibrate_point, calibration_key, describe_calibrated, load_checked_calibration
-    from delphi.fits.e_prior import forecast_at_refits
-    from delphi.fits.results import _plain, check_sizing_exponents, load_fit
+    from delphi.fits import prediction_checks as pc  # lazy: the fits import pandas and scipy
+    from delphi.fits.calibration import (  # lazy: the fits import pandas and scipy
+        calibrate_point,
+        calibration_key,
+        describe_calibrated,
+    )
+    from delphi.fits.calibration_file import load_checked_calibration  # lazy: the fits import pandas and scipy
+    from delphi.fits.results import check_sizing_exponents, load_fit, to_plain  # lazy: the fits import pandas and scipy
 
     if args.no_calibration and args.calibration is not None:
         raise DelphiError("predict: --no-calibration and --calibration FILE contradict each other; give one")
@@ -813,19 +817,19 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     table, not_compared = pc.fit_table(fit, args.fit, args.results, reading)
     predictions = []
     if args.config:
-        predictions.append(_plain(_config_prediction(fit, args.config, terms)))
-    predictions += [_plain({**q, **fit.predict(**q, **terms)}) for q in queries]
+        predictions.append(to_plain(pc.config_prediction(fit, args.config, terms)))
+    predictions += [to_plain({**q, **fit.predict(**q, **terms)}) for q in queries]
     warnings = []
     bound = pc.bound_warning(fit)
     if bound:
         warnings.append(bound)
         print(f"warning: {bound}", file=sys.stderr)
     for p in predictions:
-        p["extrapolation"] = extrapolation(fit, p)
+        p["extrapolation"] = pc.extrapolation(fit, p)
         factor = (p["extrapolation"] or {}).get("factor_over_largest")
         if calibration is not None and factor is not None and factor > 1 and p.get("loss") is not None:
-            # Beyond the fitted budgets the law's own interval covers far less than it says (issue 30):
-            # the calibrated one sits beside it.
+            # Beyond the fitted budgets the law's own interval covers far less than it says: the
+            # calibrated one sits beside it.
             p["calibrated"] = calibrate_point(
                 calibration_key(fit.kind, fit.method),
                 p["loss"],
@@ -855,7 +859,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
         print(
             ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()), file=sys.stderr
         )
-        print(f"  {extrapolation_text(p['extrapolation'])}", file=sys.stderr)
+        print(f"  {pc.extrapolation_text(p['extrapolation'])}", file=sys.stderr)
         if "calibrated" in p:
             own = p.get("loss_interval_90")
             print(
@@ -869,7 +873,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
             print(f"warning: {p['extrapolation']['warning']}", file=sys.stderr)
         if p.get("loss") is None:
             continue
-        ask = _question(fit, p, terms)
+        ask = pc.question(fit, p, terms)
         decided = forecast_at_refits(fit, ask)
         if decided is not None:
             p["E_prior"] = decided
@@ -880,134 +884,10 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
             continue
         calibrate = None
         if "loss" in p["point"]:
-            calibrate = lambda law, loss, f=factor: _calibrated_loss(law, loss, f, calibration)  # noqa: E731
+            calibrate = lambda law, loss, f=factor: pc.calibrated_loss(law, loss, f, calibration)  # noqa: E731
         p["laws"] = pc.law_comparison(fit, table, ask, args.tolerance, calibrate)
         print(f"  {p['laws']['text']}", file=sys.stderr)
         if p["laws"]["disagree"]:
             warnings.append(p["laws"]["text"])
     result = predictions[0] if len(predictions) == 1 else {"predictions": predictions}
     return {"fit": str(args.fit), "kind": fit.kind, "method": fit.method, **result, "warnings": warnings}
-
-
-def _question(fit, prediction: dict[str, Any], terms: dict[str, Any]):
-    """The prediction's question as a function of a law (the fit, a refit of it, another law): the
-    compute-optimal loss at C, or a run's loss at its N, D and FLOPs."""
-    from delphi.fits.allocation import flops_of
-
-    if prediction.get("config") is None and prediction.get("compute") is not None:
-        return lambda law: law.predict(compute=float(prediction["compute"]))["loss"]
-    n, d = float(prediction["params"]), float(prediction["tokens"])
-    c = float(prediction["compute"]) if prediction.get("compute") is not None else float(flops_of(fit.family, n, d))
-    return lambda law: law.predict_run(
-        params=n, tokens=d, flops=c, **{k: v for k, v in terms.items() if k in law.law_terms}
-    )["loss"]
-
-
-def _calibrated_loss(law, loss: float, factor: float, calibration: dict[str, Any]) -> float:
-    """A law's calibrated centre at `factor` (its own point where its calibration does not apply)."""
-    from delphi.fits.calibration import calibrate_point, calibration_key
-
-    point = calibrate_point(calibration_key(law.kind, law.method), loss, None, factor, calibration)
-    return float(point["loss"]) if point["applied"] else float(loss)
-
-
-def extrapolation(fit, prediction: dict[str, Any]) -> dict[str, Any] | None:
-    """How far beyond the fitted budgets a prediction lies: its compute over the largest fitted
-    compute budget, and a warning past EXTRAPOLATION_WARN_FACTOR. None when the fit does not
-    record its budgets (a fit JSON from before they were recorded, and no optima in it)."""
-    if fit.fitted_compute is None:
-        return None
-    compute = prediction.get("compute")
-    if compute is None and prediction.get("params") is not None and prediction.get("tokens") is not None:
-        from delphi.fits.allocation import flops_of
-
-        compute = float(flops_of(fit.family, float(prediction["params"]), float(prediction["tokens"])))
-    if compute is None:
-        return None
-    low, high = fit.fitted_compute
-    factor = float(compute) / high
-    out: dict[str, Any] = {
-        "compute": float(compute),
-        "fitted_compute": [low, high],
-        "factor_over_largest": factor,
-        "warn_above_factor": EXTRAPOLATION_WARN_FACTOR,
-        "warning": None,
-    }
-    if factor > EXTRAPOLATION_WARN_FACTOR:
-        out["warning"] = (
-            f"C={float(compute):.3g} FLOPs is {factor:.3g}x the largest fitted budget ({high:.3g}); "
-            f"beyond {EXTRAPOLATION_WARN_FACTOR:,.0f}x the law is untested and this is not a forecast"
-        )
-    return out
-
-
-def extrapolation_text(ex: dict[str, Any] | None) -> str:
-    if ex is None:
-        return "extrapolation: unknown (the fit does not record the budgets it was fitted on)"
-    factor = ex["factor_over_largest"]
-    low, high = ex["fitted_compute"]
-    where = (
-        "below the fitted budgets"
-        if ex["compute"] < low
-        else "above the fitted budgets"
-        if ex["compute"] > high
-        else "inside the fitted budgets"
-    )
-    return (
-        f"extrapolation: C={ex['compute']:.3g} FLOPs is {factor:.3g}x the largest fitted budget "
-        f"({ex['fitted_compute'][1]:.3g}; fitted {ex['fitted_compute'][0]:.3g} .. {ex['fitted_compute'][1]:.3g}), {where}"
-    )
-
-
-def _config_query(path: Path, convention: str = "nonembedding") -> dict[str, Any]:
-    """A train config (a hero) -> its own N (counted as the fit counts it), D, exact training FLOPs
-    and the MoE law's expert terms."""
-    from delphi.model.flops import count_params, flops_per_token
-    from delphi.train.config import load_train_config
-
-    cfg = load_train_config(path)
-    counts = count_params(cfg.model)
-    fpt = flops_per_token(cfg.model, cfg.data.seq_len)
-    n = {"nonembedding": counts.nonembedding, "active": counts.active, "fpt6": fpt / 6.0}[convention]
-    d = cfg.tokens
-    terms = {}
-    if cfg.model.moe is not None:
-        terms = {"granularity": cfg.model.d_ff / cfg.model.moe.d_expert, "experts": cfg.model.moe.experts}
-    return {"params": float(n), "tokens": float(d), "compute": float(fpt * d), "terms": terms}
-
-
-def _config_prediction(fit, path: Path, terms: dict[str, Any]) -> dict[str, Any]:
-    """`predict --config`: the loss of that run, at its own N and D where the law can say (laws in N
-    and D), else at its exact compute C (laws in C alone: the compute-optimal loss there, plus the
-    isoFLOP curvature's price of the config's N off N* where the fit has one). "how" says which;
-    N*, D* of a law in C are reported as params_opt, tokens_opt beside the config's own N and D."""
-    convention = fit.family.convention if fit.family else fit.diagnostics.get("params_convention") or "nonembedding"
-    q = _config_query(path, convention)
-    terms = {**q["terms"], **terms}
-    out = fit.predict_run(
-        params=q["params"],
-        tokens=q["tokens"],
-        flops=q["compute"],
-        **{k: v for k, v in terms.items() if k in fit.law_terms},
-    )
-    how = out.pop("how")
-    if not fit.law_in_nd:
-        optimum = {}
-        for key in [k for k in out if k.split("_interval_")[0] in ("params", "tokens", "tokens_per_param")]:
-            base, _, rest = key.partition("_interval_")
-            optimum[f"{base}_opt" + (f"_interval_{rest}" if rest else "")] = out.pop(key)
-        out.pop("compute", None)
-        if "off_optimum_penalty" not in out:
-            how += (
-                " (the compute-optimal loss at that C: this law has no N and D terms and no curvature law to "
-                "price the config's own N and D)"
-            )
-        out.update({k: v for k, v in optimum.items() if v is not None})  # a frontier law has no N*, D*
-    return {
-        "config": str(path),
-        "params": q["params"],
-        "tokens": q["tokens"],
-        "compute": q["compute"],
-        **out,
-        "how": how,
-    }

@@ -1,5 +1,5 @@
-"""How often Delphi's 50% and 90% intervals covered what happened: one table the README can quote
-(issue 43 §4), `delphi fit coverage`.
+"""How often Delphi's 50% and 90% intervals covered what happened: one table the README can quote,
+`delphi fit coverage`.
 
 Every row is counted from files committed in the repository, named in its `source`, and nothing is
 refitted:
@@ -38,15 +38,27 @@ is not a number) is a DelphiError naming the file and the column or key.
 
 from __future__ import annotations
 
-import csv
-import io
-import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from delphi.errors import DelphiError, quoted
+from delphi.fits.beyond import EXTRAPOLATION_BINS, extrapolation_bin
+from delphi.fits.coverage_rows import (
+    BAND_90,
+    MIN_POINTS,
+    boolean,
+    covered,
+    interval_of,
+    make_row,
+    number,
+    read_csv_rows,
+    require_columns,
+    shown,
+)
+from delphi.io import read_json, read_yaml
+from delphi.prereg_format import outcome_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = Path("benchmarks/default_study/summary.csv")
@@ -57,9 +69,6 @@ BEYOND_ROWS = Path("benchmarks/results/beyond/public_rows.csv")
 CALIBRATION = Path("delphi/fits/data/beyond_calibration.json")
 PREREGISTRATIONS = Path("preregistrations")
 
-BAND_90 = (0.85, 0.95)  # the issue's band for a 90% interval's empirical coverage
-MIN_POINTS = 10  # fewer points than this say little about a 90% interval (one miss moves it >= 10 points)
-WITHIN, OUTSIDE, TOO_FEW = "within 85-95%", "outside 85-95%", f"too few points (n<{MIN_POINTS})"
 
 SUMMARY_COLUMNS = ("edition", "study_seed", "sealed_90_lo", "sealed_90_hi", "actual")
 BEYOND_COLUMNS = (
@@ -78,139 +87,6 @@ BEYOND_COLUMNS = (
 )
 EDITION = re.compile(r"(\d+)([A-Za-z]*)")
 LOSO_TOLERANCE = 1e-9  # the calibration's LOSO coverages are floats of the same counts
-
-
-# --------------------------------------------------------------------------- rows and counts
-
-
-def count(hits: Iterable[bool | None]) -> dict[str, int] | None:
-    """{"k": covered, "n": points with an interval}; None when no point had one (not recorded)."""
-    known = [bool(h) for h in hits if h is not None]
-    return {"k": sum(known), "n": len(known)} if known else None
-
-
-def covered(interval: Sequence[float] | None, observed: float) -> bool | None:
-    """lo <= observed <= hi; None without an interval."""
-    if interval is None:
-        return None
-    return bool(interval[0] <= observed <= interval[1])
-
-
-def flag_90(c90: dict[str, int] | None) -> str:
-    if c90 is None:
-        return "no 90% interval recorded"
-    if c90["n"] < MIN_POINTS:
-        return TOO_FEW
-    share = c90["k"] / c90["n"]
-    return WITHIN if BAND_90[0] <= share <= BAND_90[1] else OUTSIDE
-
-
-def make_row(
-    label: str,
-    source: str,
-    n: int,
-    hits_50: Iterable[bool | None] | None,
-    hits_90: Iterable[bool | None],
-    *,
-    section: str,
-    notes: Sequence[str] = (),
-    **extra: Any,
-) -> dict[str, Any]:
-    """One row of the table: `hits_50` None means the source records no 50% interval."""
-    c50 = None if hits_50 is None else count(hits_50)
-    c90 = count(hits_90)
-    return {
-        "section": section,
-        "label": label,
-        "source": source,
-        "n": n,
-        "covered_50": c50,
-        "covered_90": c90,
-        "coverage_50": None if c50 is None or not c50["n"] else c50["k"] / c50["n"],
-        "coverage_90": None if c90 is None or not c90["n"] else c90["k"] / c90["n"],
-        "flag": flag_90(c90),
-        **extra,
-        "notes": list(notes),
-    }
-
-
-def shown(path: Path, root: Path) -> str:
-    """A path as the table names it: relative to the repository root when inside it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path(root).resolve()))
-    except ValueError:
-        return str(path)
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def _read_csv(path: Path, what: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
-    """(columns, [(line, row)]) of a CSV file; unreadable or malformed is a DelphiError naming it."""
-    from delphi.io import read_text
-
-    text = read_text(path, what=what)
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    rows = []
-    try:
-        columns = list(reader.fieldnames or [])
-        for row in reader:
-            rows.append((reader.line_num, row))
-    except csv.Error as e:
-        raise DelphiError(f"{path}: not a valid CSV file (line {reader.line_num}: {e})") from None
-    if not columns:
-        raise DelphiError(f"{path}: empty; expected a {what} with a header line")
-    return columns, rows
-
-
-def _require(path: Path, columns: Sequence[str], needed: Sequence[str], what: str) -> None:
-    for column in needed:
-        if column not in columns:
-            raise DelphiError(f"{path}: no column {column!r} (a {what} needs {', '.join(needed)})")
-
-
-def _number(path: Path, line: int | str, column: str, value: Any, *, empty_ok: bool = False) -> float | None:
-    """A finite number from a cell or a key; empty (when allowed) is None."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        if empty_ok:
-            return None
-        raise DelphiError(f"{path}: {_where(line)}{column!r} is empty; expected a number")
-    if isinstance(value, bool):
-        raise DelphiError(f"{path}: {_where(line)}{column!r} is {quoted(value)}; expected a number")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DelphiError(f"{path}: {_where(line)}{column!r} is {quoted(value)}; expected a number") from None
-    if not math.isfinite(number):
-        if empty_ok and math.isnan(number):
-            return None  # pandas writes a missing interval as an empty cell, but a hand edit may say nan
-        raise DelphiError(
-            f"{path}: {_where(line)}{column!r} is {quoted(value)}; expected a finite number"
-            + (" (an infinite bound is not a missing one)" if empty_ok else "")
-        )
-    return number
-
-
-def _where(line: int | str) -> str:
-    return f"line {line}, column " if isinstance(line, int) else (f"{line}: " if line else "")
-
-
-def _boolean(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower() if value is not None else ""
-    return {"true": True, "false": False}.get(text)
-
-
-def _interval(path: Path, line: int | str, lo_key: str, hi_key: str, lo: Any, hi: Any) -> tuple[float, float] | None:
-    a, b = _number(path, line, lo_key, lo, empty_ok=True), _number(path, line, hi_key, hi, empty_ok=True)
-    if a is None or b is None:
-        return None
-    if a > b:
-        raise DelphiError(
-            f"{path}: {_where(line)}{lo_key!r} {a:g} is above {hi_key!r} {b:g}; expected an interval lo <= hi"
-        )
-    return a, b
 
 
 # --------------------------------------------------------------------------- 1. the default study
@@ -233,8 +109,8 @@ def default_study_row(path: Path, root: Path = REPO_ROOT, edition: str | None = 
     """The default study's current edition: one hero per study seed, its sealed 90% interval (and 50%
     where the summary records one) against its outcome (module docstring, 1)."""
     path = Path(path)
-    columns, rows = _read_csv(path, "default-study summary")
-    _require(path, columns, SUMMARY_COLUMNS, "default-study summary")
+    columns, rows = read_csv_rows(path, "default-study summary")
+    require_columns(path, columns, SUMMARY_COLUMNS, "default-study summary")
     has_50 = "sealed_50_lo" in columns and "sealed_50_hi" in columns
     with_outcome = [(line, r) for line, r in rows if (r.get("actual") or "").strip()]
     if not with_outcome:
@@ -265,8 +141,8 @@ def default_study_row(path: Path, root: Path = REPO_ROOT, edition: str | None = 
         newest[seed] = (line, r)  # the file lists runs in the order they were archived: the last is the newest
     hits_50, hits_90, notes, runs = [], [], [], []
     for _seed, (line, r) in sorted(newest.items(), key=lambda t: (len(t[0]), t[0])):
-        actual = _number(path, line, "actual", r["actual"])
-        sealed_90 = _interval(path, line, "sealed_90_lo", "sealed_90_hi", r["sealed_90_lo"], r["sealed_90_hi"])
+        actual = number(path, line, "actual", r["actual"])
+        sealed_90 = interval_of(path, line, "sealed_90_lo", "sealed_90_hi", r["sealed_90_lo"], r["sealed_90_hi"])
         if sealed_90 is None:
             raise DelphiError(
                 f"{path}: line {line}, column 'sealed_90_lo'/'sealed_90_hi' is empty; a run with an outcome "
@@ -274,13 +150,14 @@ def default_study_row(path: Path, root: Path = REPO_ROOT, edition: str | None = 
             )
         hit = covered(sealed_90, actual)
         hits_90.append(hit)
-        recorded = _boolean(r.get("sealed_90_covered"))
+        recorded = boolean(r.get("sealed_90_covered"))
         if recorded is not None and recorded != hit:
             notes.append(f"{r.get('run') or f'line {line}'}: sealed_90_covered says {recorded}, recomputed {hit}")
         if has_50:
             hits_50.append(
                 covered(
-                    _interval(path, line, "sealed_50_lo", "sealed_50_hi", r["sealed_50_lo"], r["sealed_50_hi"]), actual
+                    interval_of(path, line, "sealed_50_lo", "sealed_50_hi", r["sealed_50_lo"], r["sealed_50_hi"]),
+                    actual,
                 )
             )
         runs.append(r.get("run") or f"line {line}")
@@ -316,8 +193,8 @@ def reseal_rows(path: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]:
     """The default study's heroes against today's interval rule on their own ladders, post hoc, one
     row per value of `correction` (module docstring, 1b)."""
     path = Path(path)
-    columns, rows = _read_csv(path, "default-study reseal table")
-    _require(path, columns, RESEAL_COLUMNS, "default-study reseal table")
+    columns, rows = read_csv_rows(path, "default-study reseal table")
+    require_columns(path, columns, RESEAL_COLUMNS, "default-study reseal table")
     corrections = sorted({(r.get("correction") or "none").strip() for _, r in rows}, key=lambda c: c != "none")
     return [reseal_row(path, rows, correction, root) for correction in corrections]
 
@@ -334,9 +211,9 @@ def reseal_row(
         raise DelphiError(f"{path}: no row has resample {RESEAL_RESAMPLE!r}; nothing to count")
     hits_50, hits_90, seeds = [], [], []
     for line, r in mine:
-        actual = _number(path, line, "actual", r["actual"])
-        hits_90.append(covered(_interval(path, line, "lo90", "hi90", r["lo90"], r["hi90"]), actual))
-        hits_50.append(covered(_interval(path, line, "lo50", "hi50", r["lo50"], r["hi50"]), actual))
+        actual = number(path, line, "actual", r["actual"])
+        hits_90.append(covered(interval_of(path, line, "lo90", "hi90", r["lo90"], r["hi90"]), actual))
+        hits_50.append(covered(interval_of(path, line, "lo50", "hi50", r["lo50"], r["hi50"]), actual))
         seeds.append((r["study_seed"] or "").strip())
     how = (
         "the law's own point"
@@ -367,17 +244,15 @@ def public_sweep_rows(
     """Per extrapolation bin (and all bins): the calibrated (LOSO) and fit-only intervals' coverage on
     the public sweeps, laws pooled or (`by_method`) one pair of rows per law; and notes, among them
     the check against the committed calibration's LOSO table (module docstring, 2)."""
-    from delphi.fits.beyond import EXTRAPOLATION_BINS, extrapolation_bin
-
     path, calibration_path = Path(path), Path(calibration_path)
-    columns, rows = _read_csv(path, "table of leave-one-source-out predictions")
-    _require(path, columns, BEYOND_COLUMNS, "table of leave-one-source-out predictions")
+    columns, rows = read_csv_rows(path, "table of leave-one-source-out predictions")
+    require_columns(path, columns, BEYOND_COLUMNS, "table of leave-one-source-out predictions")
     if not rows:
         raise DelphiError(f"{path}: no rows; expected one per prediction beyond a sweep's fitted budgets")
     points, notes = [], []
     bin_disagrees = in_sample = 0
     for line, r in rows:
-        factor = _number(path, line, "factor", r["factor"])
+        factor = number(path, line, "factor", r["factor"])
         if factor <= 1:
             raise DelphiError(
                 f"{path}: line {line}, column 'factor' is {factor:g}; expected > 1 (a prediction beyond the "
@@ -388,11 +263,11 @@ def public_sweep_rows(
             bin_disagrees += 1
         if "calibration_sources" in columns and r["source"] in (r["calibration_sources"] or "").split("|"):
             in_sample += 1
-        observed = _number(path, line, "observed_best_loss", r["observed_best_loss"])
+        observed = number(path, line, "observed_best_loss", r["observed_best_loss"])
         point = {"source": r["source"] or "", "method": r["method"] or "", "bin": label}
         for prefix in ("", "cal_"):
             for level in ("50", "90"):
-                interval = _interval(
+                interval = interval_of(
                     path,
                     line,
                     f"{prefix}lo_{level}",
@@ -422,7 +297,7 @@ def public_sweep_rows(
             key = f"{prefix}covered_{level}"
             if key in columns:
                 differ = sum(
-                    1 for (_, r), p in zip(rows, points) if _boolean(r[key]) is not None and _boolean(r[key]) != p[key]
+                    1 for (_, r), p in zip(rows, points) if boolean(r[key]) is not None and boolean(r[key]) != p[key]
                 )
                 if differ:
                     notes.append(
@@ -462,8 +337,6 @@ def public_sweep_rows(
 
 def loso_check(points: list[dict[str, Any]], calibration_path: Path, root: Path = REPO_ROOT) -> str:
     """Whether the rows' calibrated counts per (source, law) are the committed calibration's LOSO table."""
-    from delphi.io import read_json
-
     calibration = read_json(calibration_path, what="calibration file")
     table = calibration.get("loso") if isinstance(calibration, dict) else None
     if not isinstance(table, list) or not all(isinstance(e, dict) for e in table):
@@ -487,9 +360,9 @@ def loso_check(points: list[dict[str, Any]], calibration_path: Path, root: Path 
         c50 = sum(bool(p["cal_covered_50"]) for p in ps) / len(ps)
         c90 = sum(bool(p["cal_covered_90"]) for p in ps) / len(ps)
         if (
-            len(ps) != _number(calibration_path, "loso", "n", e["n"])
-            or abs(c50 - _number(calibration_path, "loso", "coverage_50", e["coverage_50"])) > LOSO_TOLERANCE
-            or abs(c90 - _number(calibration_path, "loso", "coverage_90", e["coverage_90"])) > LOSO_TOLERANCE
+            len(ps) != number(calibration_path, "loso", "n", e["n"])
+            or abs(c50 - number(calibration_path, "loso", "coverage_50", e["coverage_50"])) > LOSO_TOLERANCE
+            or abs(c90 - number(calibration_path, "loso", "coverage_90", e["coverage_90"])) > LOSO_TOLERANCE
         ):
             differ.append(
                 f"{cell[0]} {cell[1]}: n {len(ps)}, 50% {c50:.3f}, 90% {c90:.3f} here; "
@@ -513,14 +386,12 @@ def _sealed_interval(path: Path, entry: dict[str, Any], key: str, where: str) ->
         return None
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise DelphiError(f"{path}: key '{where}.{key}' is {quoted(value)}; expected [lo, hi]")
-    return _interval(path, f"key '{where}.{key}'", "lo", "hi", value[0], value[1])
+    return interval_of(path, f"key '{where}.{key}'", "lo", "hi", value[0], value[1])
 
 
 def prereg_rows(directory: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]:
     """The primary prediction of every sealed outcome in `directory`, and the competing laws of the
     seals that sealed some (module docstring, 3)."""
-    from delphi.io import read_json, read_yaml
-    from delphi.prereg_format import outcome_path
 
     directory = Path(directory)
     if not directory.is_dir():
@@ -550,7 +421,7 @@ def prereg_rows(directory: Path, root: Path = REPO_ROOT) -> list[dict[str, Any]]
         if outcome.get("actual_final_loss") is None:
             notes.append(f"{outcome_file.name}: no actual_final_loss (verdict {outcome.get('verdict')!r}), not counted")
             continue
-        actual = _number(outcome_file, "", "actual_final_loss", outcome["actual_final_loss"])
+        actual = number(outcome_file, "", "actual_final_loss", outcome["actual_final_loss"])
         final = doc["prediction"]["final"]
         sealed_50 = _sealed_interval(seal, final, "loss_50", "prediction.final")
         sealed_90 = _sealed_interval(seal, final, "loss_90", "prediction.final")

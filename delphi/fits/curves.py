@@ -52,14 +52,11 @@ from scipy.optimize import least_squares, nnls
 from scipy.signal import lfilter
 
 from delphi.errors import DelphiError, quoted
-from delphi.fits.evals import eval_points, eval_steps  # noqa: F401 (moved there; importable from here)
+from delphi.fits.diagnostics import FitDiagnostics
+from delphi.fits.evals import eval_points, eval_steps
 from delphi.fits.results import FitStatus, fit_status
-
-# Moved to delphi.fits.shape_trajectory (a trajectory with no law); importable from here. That module
-# imports delphi.fits.evals, not this one, so the import runs one way.
-from delphi.fits.shape_trajectory import (
-    project_finals,  # noqa: F401
-)
+from delphi.model.flops import count_params
+from delphi.train.config import load_train_config
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, read_metrics, read_status
 from delphi.train.schedules import lr_factor_schedule, warmup_steps
 
@@ -163,8 +160,6 @@ def load_run_curve(
     run_dir: str | Path, *, lr_ref: float | None = None, momentum_decay: float = TISSUE_MOMENTUM_DECAY
 ) -> Curve:
     """A run dir's eval curve, with S1/S2 rebuilt from its resolved config's schedule."""
-    from delphi.model.flops import count_params
-    from delphi.train.config import load_train_config
 
     run_dir = Path(run_dir)
     cfg = load_train_config(run_dir / CONFIG_FILE)
@@ -193,8 +188,6 @@ def find_run_dirs(root: str | Path) -> list[Path]:
 
 def ladder_lr_ref(ladder_dir: str | Path) -> float:
     """The reference LR of a ladder's curves: the largest peak LR among its runs."""
-    from delphi.train.config import load_train_config
-
     return max(load_train_config(r / CONFIG_FILE).optim.lr for r in find_run_dirs(ladder_dir))
 
 
@@ -347,14 +340,16 @@ class CurveLawFit:
         return fit_status(True, self.at_bound)
 
     @property
-    def diagnostics(self) -> dict[str, Any]:
-        return {
-            "at_bound": self.at_bound,
-            "residual_sd_nats": self.residual_sd,
-            "n_runs": self.n_runs,
-            "bootstrap": self.bootstrap,
-            "n_bootstrap": len(self.samples),
-        }
+    def diagnostics(self) -> FitDiagnostics:
+        return FitDiagnostics.from_mapping(
+            {
+                "at_bound": self.at_bound,
+                "residual_sd_nats": self.residual_sd,
+                "n_runs": self.n_runs,
+                "bootstrap": self.bootstrap,
+                "n_bootstrap": len(self.samples),
+            }
+        )
 
     def predict(self, params: float, s1, s2) -> dict[str, np.ndarray]:
         """Median and band edges of an observed eval loss at (N, S1, S2) points."""
@@ -494,8 +489,6 @@ def predict_trajectory(
     `anchor_offset` so the file can say how far the two predictions were apart, and
     the bands are widened to cover the unshifted curve law's bands as well.
     """
-    from delphi.model.flops import count_params
-
     n = count_params(hero.model).nonembedding
     lr_ref = fit.lr_ref or hero.optim.lr
     lr = hero.optim.lr / lr_ref * lr_factors(hero.optim, hero.steps)

@@ -10,13 +10,13 @@ Rows whose `status` is not "completed" are dropped and counted. A loss that is
 not a finite number (NaN, inf, text) in a completed row is an error naming the
 rows: dropping it quietly can remove a budget's optimum and move the exponent.
 Non-positive values are an error too: a negative loss or a zero parameter count
-means a wrong column mapping, not a run to skip. Pass `drop_invalid=True` to drop
+means a wrong column mapping, not a run to skip. TableOptions(drop_invalid=True) drops
 such rows with a count (and, given `warn`, a line naming them). The same holds for every other
 column a fit uses (params, tokens, flops, budget, experts, granularity): text, an empty cell, a
 null, NaN or inf is an error naming the row and column, unless dropped so. A value beyond what a fit
 can compute with (FIT_MAGNITUDE_MIN .. MAX) is an error too. A row repeating an
 earlier row exactly, or a run_id given to several rows, is an error too: it would count as
-another seed and shrink every interval; `drop_duplicates=True` drops exact copies (a run_id
+another seed and shrink every interval; `drop_duplicates` drops exact copies (a run_id
 with two different rows stays an error). All losses equal
 is a degenerate table, an error.
 
@@ -29,18 +29,17 @@ travels in `DataFrame.attrs` so a fit can record its provenance.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from delphi.errors import QUOTED_VALUE_MAX_CHARS, DelphiError, quoted
+from delphi.errors import DelphiError, quoted
 from delphi.fits.allocation import CONVENTION_COLUMNS, FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS, FlopsFamily
+from delphi.fits.table_files import read_table, resolve_family
 from delphi.query import select_rows
 
 # Budgets are derived from `flops` when a table has no budget column: sorted log10 C values
@@ -52,7 +51,6 @@ BUDGET_GAP_LOG10 = 0.05
 CANONICAL_COLUMNS = ("params", "tokens", "flops", "loss", "budget", "run_id", "experts", "granularity")
 CANONICAL = CANONICAL_COLUMNS + ("seed", "cell_id")  # what a fit keeps: the canonical columns and the seed cells
 NUMERIC = ("params", "tokens", "flops", "loss", "budget", "experts", "granularity")
-FAMILY_SUFFIX = ".family.json"  # `delphi ladder collect` writes <results>.family.json beside the table
 # Losses this close together (relative) carry no scaling signal: a degenerate table, not a fit.
 MIN_LOSS_SPREAD_REL = 1e-9
 # Columns only `delphi ladder collect` writes (delphi.ladder.collect.RESULT_COLUMNS): a table with any of
@@ -60,31 +58,54 @@ MIN_LOSS_SPREAD_REL = 1e-9
 LADDER_RECORD_COLUMNS = ("params_nonembedding", "health_ok", "cell_id", "config_sha256")
 
 
+@dataclass(frozen=True)
+class TableOptions:
+    """How a user asked for a results table to be read: `load_results`' column mapping (canonical name,
+    the table's column; a name given must exist in the table), row query (the closed language of
+    delphi/query.py, never evaluated as Python) and what to drop. `delphi fit` and `delphi prereg create` build one
+    from the same flags (delphi.cli.table_options)."""
+
+    columns: tuple[tuple[str, str], ...] = ()
+    query: str | None = None
+    drop_invalid: bool = False
+    drop_duplicates: bool = False
+
+    def __post_init__(self) -> None:
+        for name, _ in self.columns:
+            if name not in CANONICAL_COLUMNS:
+                raise DelphiError(
+                    f"table options: column {quoted(name)}, expected one of {', '.join(CANONICAL_COLUMNS)}"
+                )
+
+    def column(self, name: str) -> str | None:
+        """The table's column mapped to canonical `name`; None: the canonical name, if the table has it."""
+        return dict(self.columns).get(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "columns": dict(self.columns),
+            "query": self.query,
+            "drop_invalid": self.drop_invalid,
+            "drop_duplicates": self.drop_duplicates,
+        }
+
+    @property
+    def is_default(self) -> bool:
+        return self == TableOptions()
+
+
 def load_results(
     source: str | os.PathLike | pd.DataFrame,
+    options: TableOptions | None = None,
     *,
-    params_col: str | None = None,
-    tokens_col: str | None = None,
-    flops_col: str | None = None,
-    loss_col: str | None = None,
-    budget_col: str | None = None,
-    run_id_col: str | None = None,
-    experts_col: str | None = None,
-    granularity_col: str | None = None,
-    query: str | None = None,
-    drop_invalid: bool = False,
-    drop_duplicates: bool = False,
-    derive_budgets: bool = True,
     params_convention: str = "nonembedding",
     family: FlopsFamily | str | os.PathLike | None = None,
-    warn: Any = None,
+    warn: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """Read a results table and return it with canonical column names.
 
-    A `*_col` left as None means "the canonical name, if the table has it";
-    a name given explicitly must exist. `query` selects rows first, in the closed language of
-    delphi/query.py (e.g. `"experiment == 'llama_3__raw_loss' and not outlier"`); it is never
-    evaluated as Python.
+    `options` (TableOptions): the column mapping, the row query (applied first, e.g.
+    `"experiment == 'llama_3__raw_loss' and not outlier"`) and what to drop.
 
     `params_convention` (PARAM_CONVENTIONS): how N is counted. A ladder table (with
     params_nonembedding / params_active / flops_per_token or flops and tokens columns) has
@@ -100,7 +121,9 @@ def load_results(
         raise DelphiError(
             f"params convention {quoted(params_convention)}: expected one of {', '.join(PARAM_CONVENTIONS)}"
         )
-    where, raw, sha = _read(source)
+    options = options or TableOptions()
+    query = options.query
+    where, raw, sha = read_table(source)
     if query:
         try:
             raw = select_rows(raw, query)
@@ -108,10 +131,12 @@ def load_results(
             raise DelphiError(f"{where}: {e}") from None
     if raw.empty:
         raise DelphiError(f"{where}: no rows" + (f" after query {quoted(query)}" if query else ""))
-    raw, duplicates_dropped = check_duplicates(raw, where, run_id_col, drop_duplicates=drop_duplicates, warn=warn)
+    raw, duplicates_dropped = check_duplicates(
+        raw, where, options.column("run_id"), drop_duplicates=options.drop_duplicates, warn=warn
+    )
 
     params_mapped = False
-    if params_col is None and _is_ladder_table(raw):
+    if options.column("params") is None and _is_ladder_table(raw):
         raw = raw.copy()
         if params_convention == "fpt6":
             raw["params"] = _flops_per_token(raw) / FLOPS_PER_PARAM_TOKEN
@@ -122,17 +147,10 @@ def load_results(
                 f"{where}: no {quoted(CONVENTION_COLUMNS[params_convention])} column for params convention {quoted(params_convention)}"
             )
         params_mapped = True
-    model_family = _model_family(raw, experts_col)
+    model_family = _model_family(raw, options.column("experts"))
 
     mapping = {
-        "params": params_col,
-        "tokens": tokens_col,
-        "flops": flops_col,
-        "loss": loss_col,
-        "budget": budget_col,
-        "run_id": run_id_col,
-        "experts": experts_col,
-        "granularity": granularity_col,
+        **{name: options.column(name) for name in CANONICAL_COLUMNS},
         "seed": None,
         "cell_id": None,
     }
@@ -171,7 +189,7 @@ def load_results(
     shown: list[str] = []
     if invalid_rows:
         shown = [f"row {i} ({col} = {quoted(str(v), 40)})" for i, col, v in invalid_rows]
-        if not drop_invalid:
+        if not options.drop_invalid:
             raise DelphiError(
                 f"{where}: {len(shown)} value(s) a fit uses are not finite numbers: {', '.join(shown[:10])}"
                 f"{' ...' if len(shown) > 10 else ''}; fix or remove them, or pass --drop-invalid to drop their rows"
@@ -202,7 +220,7 @@ def load_results(
 
     positive = (table[needed].to_numpy(dtype=float) > 0).all(axis=1)
     if (~positive).any():
-        if not drop_invalid:
+        if not options.drop_invalid:
             row = int(np.flatnonzero(~positive)[0])
             bad = [c for c in needed if not table[c].iloc[row] > 0][0]
             raise DelphiError(
@@ -226,7 +244,7 @@ def load_results(
         table["flops"] = FLOPS_PER_PARAM_TOKEN * table["params"] * table["tokens"]
     check_magnitudes(table, where)
     budget_derived = False
-    if "budget" not in table and derive_budgets:
+    if "budget" not in table:
         table["budget"] = derive_budget(table["flops"].to_numpy())
         budget_derived = True
 
@@ -246,7 +264,7 @@ def load_results(
         if table.empty:
             raise DelphiError(f"{where}: only anchor rungs (role = {quoted(ANCHOR_ROLE)}); no isoFLOP points to fit")
     table = table[[c for c in CANONICAL if c in table]].reset_index(drop=True)
-    flops_family, family_origin = _resolve_family(family, source, raw, params_convention, params_mapped, where)
+    flops_family, family_origin = resolve_family(family, source, raw, params_convention, params_mapped, where)
     if warn is not None and flops_family is not None:
         warn(f"{where}: exact-FLOP allocation with the FLOPs family from {family_origin} ({params_convention} params)")
     table.attrs.update(
@@ -337,104 +355,6 @@ def _model_family(raw: pd.DataFrame, experts_col: str | None) -> str | None:
         return "dense" if _is_ladder_table(raw) else None
     experts = pd.to_numeric(raw[col], errors="coerce")
     return "moe" if (experts > 1).any() else "dense"
-
-
-def _resolve_family(
-    family: FlopsFamily | str | os.PathLike | None,
-    source: Any,
-    raw: pd.DataFrame,
-    convention: str,
-    params_mapped: bool,
-    where: str,
-) -> tuple[FlopsFamily | None, str | None]:
-    """(family, where it came from): given > <results>.family.json > the ladder table's rows > none."""
-    if isinstance(family, FlopsFamily):
-        origin = family.source
-    elif family is not None:
-        family, origin = read_family(family), str(family)
-    else:
-        beside = Path(str(source) + FAMILY_SUFFIX) if isinstance(source, (str, os.PathLike)) else None
-        if beside is not None and beside.is_file():
-            family, origin = read_family(beside), str(beside)
-            if family.convention != convention:
-                family = None  # counted another way: the table's own shapes below give this convention
-        if family is None and params_mapped:
-            family = FlopsFamily.from_table(raw, convention, source=f"{where} rows")
-            origin = f"the table's own shapes ({where}; no {Path(str(source)).name}{FAMILY_SUFFIX})"
-        if family is None:
-            return None, None
-    if family.convention != convention:
-        raise DelphiError(
-            f"{origin}: the FLOPs family counts N as {quoted(family.convention)} but the fit uses {quoted(convention)} "
-            f"(--params-convention {family.convention}, or a family written for {convention})"
-        )
-    return family, origin
-
-
-def read_family(path: str | os.PathLike) -> FlopsFamily:
-    """A FAMILY.json written by `delphi ladder family` / `delphi ladder collect`."""
-    import json
-
-    path = Path(path)
-    if not path.is_file():
-        raise DelphiError(f"{path}: FLOPs family file not found")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DelphiError(f"{path}: not valid JSON ({e})") from None
-    return FlopsFamily.from_json(data, str(path))
-
-
-def _read(source: str | os.PathLike | pd.DataFrame) -> tuple[str, pd.DataFrame, str]:
-    if isinstance(source, pd.DataFrame):
-        sha = hashlib.sha256(source.to_csv(index=False).encode()).hexdigest()
-        return "table", source.copy(), sha
-    from delphi.io import check_input_file, decode_utf8
-
-    # `-`, /dev/null, a FIFO or a process substitution: said what it is, not "not found"
-    path = check_input_file(source, "results table file (CSV, JSON, JSONL or Parquet)", not_found="file not found")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DelphiError(f"{path}: cannot read ({e.strerror})") from None
-    # Text formats are decoded here, not by pandas, whose error gives the position in its read
-    # buffer ("position 0") rather than the line of the bad byte.
-    text = None if path.suffix == ".parquet" else decode_utf8(data, path, "results table")
-    if path.suffix == ".parquet":
-        _check_parquet_engine(path)
-    try:
-        if path.suffix in (".jsonl", ".ndjson"):
-            frame = pd.read_json(io.StringIO(text), lines=True)
-        elif path.suffix == ".json":
-            frame = pd.read_json(io.StringIO(text))
-        elif path.suffix == ".parquet":
-            frame = pd.read_parquet(path)
-        else:
-            frame = pd.read_csv(io.StringIO(text))
-    except pd.errors.EmptyDataError:
-        raise DelphiError(f"{path}: empty file, expected a results table with a header row") from None
-    except Exception as e:
-        raise DelphiError(f"{path}: cannot read as a table ({type(e).__name__}: {quoted_message(e)})") from None
-    return str(path), frame, hashlib.sha256(data).hexdigest()
-
-
-def _check_parquet_engine(path: Path) -> None:
-    """Parquet is read by pyarrow (or fastparquet), an optional dependency (`delphi[parquet]`): a
-    ~40 MB wheel for one input format, and once installed pandas 3 backs every string column with it.
-    Its absence is one line saying what to do, not pandas' "Unable to find a usable engine"."""
-    import importlib.util
-
-    if not any(importlib.util.find_spec(engine) for engine in ("pyarrow", "fastparquet")):
-        raise DelphiError(
-            f"{path}: reading Parquet needs pyarrow, which is not installed: "
-            "pip install 'delphi[parquet]' (or pyarrow), or save the table as CSV"
-        )
-
-
-def quoted_message(error: Exception) -> str:
-    """An exception's message on one line, at most QUOTED_VALUE_MAX_CHARS (it may quote the input)."""
-    text = " ".join(str(error).split())
-    return text if len(text) <= QUOTED_VALUE_MAX_CHARS else text[:QUOTED_VALUE_MAX_CHARS] + "..."
 
 
 def _rows_named(index: list, limit: int = 10) -> str:
@@ -536,7 +456,7 @@ def provenance(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def table_record(table: pd.DataFrame) -> dict[str, Any]:
-    """What a fit keeps about its table for the readers that no longer have it (`delphi predict`'s
+    """What a fit keeps about its table for the readers that do not have it (`delphi predict`'s
     choice of point, delphi.fits.best_point): whether it is Delphi's own rung records, the column
     mapping it was read with, and what the sweep features are made of (`beyond.record_features`):
     the median model size and the distinct sizes at each budget."""
@@ -582,35 +502,3 @@ def cell_points(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
     points.attrs = dict(table.attrs)
     info.update({"n_cells": len(points), "seed_noise_nats": pooled, "seeds_per_cell_max": int(points["n_seeds"].max())})
     return points, info
-
-
-@dataclass(frozen=True)
-class TableOptions:
-    """How a user asked for a results table to be read: `load_results`' column mapping (canonical name,
-    the table's column), row query and what to drop. `delphi fit` and `delphi prereg create` build one
-    from the same flags (delphi.cli.table_options)."""
-
-    columns: tuple[tuple[str, str], ...] = ()
-    query: str | None = None
-    drop_invalid: bool = False
-    drop_duplicates: bool = False
-
-    def load_kwargs(self) -> dict[str, Any]:
-        return {
-            **{f"{name}_col": col for name, col in self.columns},
-            "query": self.query,
-            "drop_invalid": self.drop_invalid,
-            "drop_duplicates": self.drop_duplicates,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "columns": dict(self.columns),
-            "query": self.query,
-            "drop_invalid": self.drop_invalid,
-            "drop_duplicates": self.drop_duplicates,
-        }
-
-    @property
-    def is_default(self) -> bool:
-        return self == TableOptions()

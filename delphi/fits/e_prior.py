@@ -16,7 +16,7 @@ curvature. Every law with an E (frontier, asymptotic, parametric, VPNLS) takes o
   where the data pin E, the prior barely moves it; where the data leave E free (a flat profile), the
   prior decides.
 
-A fit with a prior records it (`FitResult.extra["E_prior"]`: mode, mean, sd, the scale s2) and the
+A fit with a prior records it (`FitResult.extra.E_prior`: mode, mean, sd, the scale s2) and the
 law refitted with E free and, for a prior, with E pinned at MEAN - SD and MEAN + SD ("refits", their
 parameters): `forecast_at_refits` evaluates any forecast under each, so every output that shows a
 forecast from such a fit says how much of it the prior decides.
@@ -149,7 +149,8 @@ def record(prior: EPrior, scale: float | None, refits: dict[str, dict[str, float
 
 def prior_of(fit: Any) -> EPrior | None:
     """The E prior a fit was made with (None: E free, or a fit that has none)."""
-    data = (getattr(fit, "extra", None) or {}).get("E_prior")
+    extra = getattr(fit, "extra", None)  # a law without extras (the curve law) has no prior
+    data = None if extra is None else extra.E_prior
     return None if data is None else EPrior.from_json(data, "fit: E_prior")
 
 
@@ -162,10 +163,8 @@ def forecast_at_refits(fit: Any, forecast: Callable[[Any], float]) -> dict[str, 
         return None
     base = float(forecast(fit))
     rows: dict[str, Any] = {}
-    for name, params in ((fit.extra.get("E_prior") or {}).get("refits") or {}).items():
-        other = dataclasses.replace(
-            fit, params=dict(params), samples=None, extra={k: v for k, v in fit.extra.items() if k != "E_prior"}
-        )
+    for name, params in ((fit.extra.E_prior or {}).get("refits") or {}).items():
+        other = dataclasses.replace(fit, params=dict(params), samples=None, extra=fit.extra.without("E_prior"))
         try:
             value = float(forecast(other))
         except (DelphiError, ValueError, TypeError, ZeroDivisionError):

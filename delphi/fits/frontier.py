@@ -337,7 +337,7 @@ def fit_frontier(
         if mode == "profile":
             boot["E"] = e_interval  # the profile interval is the one this mode is for
         result.intervals = boot
-        result.diagnostics.update(info)
+        result.diagnostics = result.diagnostics.merged(info)
     return result
 
 

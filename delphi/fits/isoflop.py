@@ -33,7 +33,7 @@ import statsmodels.api as sm
 from delphi.errors import DelphiError
 from delphi.fits.allocation import PARAM_CONVENTIONS
 from delphi.fits.bootstrap import bootstrap
-from delphi.fits.data import cell_points, load_results, provenance
+from delphi.fits.data import TableOptions, cell_points, load_results, provenance
 from delphi.fits.results import FitResult, percentile_intervals, table_context
 
 MIN_POINTS_PER_BUDGET = 3  # a parabola has three coefficients
@@ -215,9 +215,8 @@ def curvature_law(optima: list[dict[str, Any]]) -> dict[str, float] | None:
     """The isoFLOP parabolas' curvature in ln N (nats per (ln N)^2) as a power law in C, K(C) =
     10^log10_K0 C^exponent, by OLS over the budgets; None with fewer than 2 budgets that have one.
 
-    Why a law and not the top budget's value: the curvature falls with C (the paper v2 ladder:
-    0.19, 0.11, 0.077, 0.056 nats over 1e12..1e13, ~C^-0.5), so a run 3.5x off N* at 10x costs a
-    third of what the top budget's parabola says (0.026 nats, not 0.07)."""
+    Why a law and not the top budget's value: the curvature falls with C, so a run off N* beyond the
+    ladder costs less than the top budget's parabola says."""
     known = [o for o in optima if o.get("curvature_ln_n", 0) > 0]
     if len(known) < 2:
         return None
@@ -277,7 +276,7 @@ def fit_approach2(
         )
         fit.samples = samples
         fit.intervals = percentile_intervals(samples)
-        fit.diagnostics.update(info)
+        fit.diagnostics = fit.diagnostics.merged(info)
     return fit
 
 
@@ -329,12 +328,12 @@ def fit_approach1(table: pd.DataFrame, *, n_bootstrap: int = 0, seed: int = 0, w
         samples, info = bootstrap(_approach1_params, table, n_bootstrap, seed, workers=workers)
         fit.samples = samples
         fit.intervals = percentile_intervals(samples)
-        fit.diagnostics.update(info)
+        fit.diagnostics = fit.diagnostics.merged(info)
     return fit
 
 
 def isoflop_exponent_by_convention(
-    raw: pd.DataFrame, conventions: tuple[str, ...] = PARAM_CONVENTIONS, **load_options: Any
+    raw: pd.DataFrame, conventions: tuple[str, ...] = PARAM_CONVENTIONS, options: TableOptions | None = None
 ) -> dict[str, dict[str, Any]]:
     """The isoFLOP (Approach 2) exponent a of N* ~ C^a under each parameter-count convention.
 
@@ -345,7 +344,7 @@ def isoflop_exponent_by_convention(
     out: dict[str, dict[str, Any]] = {}
     for convention in conventions:
         try:
-            table = load_results(raw, params_convention=convention, **load_options)
+            table = load_results(raw, options, params_convention=convention)
             fit = fit_approach2(table)
         except DelphiError as e:
             out[convention] = {"error": str(e)}
@@ -353,7 +352,7 @@ def isoflop_exponent_by_convention(
         out[convention] = {
             "a": fit.params["a"],
             "a_interval_90": fit.intervals.get("a"),
-            "n_budgets": fit.diagnostics.get("n_budgets"),
+            "n_budgets": fit.diagnostics.n_budgets,
             "mapped": bool(table.attrs.get("params_mapped")),
         }
     return out

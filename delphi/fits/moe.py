@@ -156,5 +156,5 @@ def fit_moe(
         samples, info = bootstrap(refit, table, n_bootstrap, seed, workers=workers)
         fit.samples = samples
         fit.intervals = percentile_intervals(samples)
-        fit.diagnostics.update(info)
+        fit.diagnostics = fit.diagnostics.merged(info)
     return fit

@@ -4,24 +4,21 @@ Approach 3 (Hoffmann et al. 2022, as repaired by Besiroglu et al. 2024):
     log L = logsumexp(a - alpha log N, b - beta log D, e),  A = e^a, B = e^b, E = e^e,
     objective = SUM of Huber(delta = 1e-3) of the log-loss residuals (averaging makes
     L-BFGS-B stop early), minimised by L-BFGS-B with an analytic gradient from Epoch's
-    grid of starts. The problem is badly conditioned (condition number ~3.5e11), hence
-    the grid. Running L-BFGS-B from all 4,500 grid points takes ~20 s; instead the
-    objective is evaluated on the whole grid at once (one vectorised pass) and L-BFGS-B
-    runs from the best `top_starts` grid points. On the Epoch data every one of the 10
-    best grid points converges to the global minimum of the full-grid search (checked by
-    `tests/test_fits_parametric.py::test_top_starts_match_full_grid`, marked slow).
+    grid of starts. The problem is badly conditioned, hence the grid. The objective is
+    evaluated on the whole grid at once (one vectorised pass) and L-BFGS-B runs from the
+    best `top_starts` grid points, which reach the full-grid search's minimum
+    (`tests/test_fits_parametric.py::test_top_starts_match_full_grid`, marked slow).
 
 Bootstrap refits (`bootstrap_starts="warm"`, the default) skip the grid: each resample is
 refitted by L-BFGS-B from the full-data optimum and from `len(PERTURBED_STARTS)` starts
-displaced from it along the E-exponent ridge, keeping the best. On the Epoch data this
-reaches the per-resample grid fit's minimum (`bootstrap_starts="grid"`, ~50x slower) on
-every resample checked (`benchmarks/fits.py --compare`). All Approach 3 and VPNLS work runs
-with one BLAS thread: scipy's L-BFGS-B calls BLAS on 5-vectors, and OpenBLAS waking its
-thread pool for each call cost 10x the whole refit on a busy 2-core machine.
+displaced from it along the E-exponent ridge, keeping the best, which reaches the
+per-resample grid fit's minimum (`bootstrap_starts="grid"`; `benchmarks/fits.py --compare`).
+All Approach 3 and VPNLS work runs with one BLAS thread (delphi.fits.blas): scipy's L-BFGS-B
+calls BLAS on 5-vectors, where waking OpenBLAS's thread pool costs more than the work.
 
-VPNLS (variable projection + non-negative least squares): for fixed (alpha, beta) the
-law is linear in (E, A, B) >= 0, solved exactly by NNLS; only (alpha, beta) is
-searched, on a grid then by Nelder-Mead. Least squares on the loss itself.
+VPNLS (variable projection + non-negative least squares, delphi.fits.vpnls): for fixed
+(alpha, beta) the law is linear in (E, A, B) >= 0, solved exactly by NNLS; only (alpha, beta)
+is searched, on a grid then by Nelder-Mead. Least squares on the loss itself.
 """
 
 from __future__ import annotations
@@ -33,14 +30,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
-from scipy.optimize import minimize, nnls
+from scipy.optimize import minimize
 
 from delphi.errors import DelphiError, quoted
+from delphi.fits.blas import BlasThreads
 from delphi.fits.bootstrap import bootstrap
 from delphi.fits.data import cell_points, check_points, provenance, with_anchors
 from delphi.fits.e_prior import REFIT_FREE, EPrior, check_below_loss, noise_scale, pinned_refits, record
 from delphi.fits.laws import derived_quantities
 from delphi.fits.results import FitResult, fit_status, percentile_intervals, table_context
+from delphi.fits.vpnls import EXPONENT_BOUNDS, vpnls_arrays, vpnls_prior_arrays
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, Appendix D.2; Besiroglu et al. 2024
 # Epoch's grid of L-BFGS-B starts (Besiroglu et al. 2024; github.com/epoch-research/analyzing-chinchilla).
@@ -56,12 +55,7 @@ LBFGS_OPTIONS = {"ftol": 1e-15, "gtol": 1e-12, "maxiter": 10_000}
 # Bootstrap refits start at the full-data optimum; in the centred coordinates these looser
 # tolerances reach the same minimum to ~6 digits in ~30% less time.
 BOOTSTRAP_LBFGS_OPTIONS = {"ftol": 1e-12, "gtol": 1e-9, "maxiter": 10_000}
-# VPNLS search range and grid for the exponents.
-EXPONENT_BOUNDS = (0.01, 2.5)
-VPNLS_GRID = np.linspace(0.05, 1.5, 30)
 PARAM_NAMES = ("E", "A", "B", "alpha", "beta")
-# Converged when the simplex is within 1e-10 in the exponents and 1e-15 in RSS (Open-Athena's settings).
-NELDER_MEAD_OPTIONS = {"xatol": 1e-10, "fatol": 1e-15, "maxiter": 5_000}
 # Extra bootstrap starts, as offsets from the full-data optimum in centred coordinates
 # (a_c, b_c, e, alpha, beta): the centred intercepts are kept, so each start predicts the
 # data's centre as well as the optimum does, and moves along the ridge where a higher E trades
@@ -131,57 +125,6 @@ def huber_objective(
     return _huber_on_design(np.asarray(theta, float), stacked_design(log_n, log_d), log_loss, weights)
 
 
-class _BlasThreads:
-    """Context manager: OpenBLAS (numpy's and scipy's copies) limited to `n` threads inside.
-
-    Found through the loaded shared objects (Linux /proc/self/maps); a no-op elsewhere or when
-    BLAS is not OpenBLAS. The previous thread counts are restored on exit."""
-
-    _SYMBOLS = (  # (get, set) pairs: plain OpenBLAS, and the prefixed builds in numpy/scipy wheels
-        ("openblas_get_num_threads", "openblas_set_num_threads"),
-        ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
-        ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
-        ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
-    )
-    _found: list[tuple[Any, Any]] | None = None
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.saved: list[int] = []
-
-    @classmethod
-    def controls(cls) -> list[tuple[Any, Any]]:
-        if cls._found is None:
-            import ctypes
-
-            cls._found = []
-            try:
-                with open("/proc/self/maps") as maps:
-                    paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line})
-            except OSError:
-                paths = []
-            for path in paths:
-                try:
-                    lib = ctypes.CDLL(path)
-                except OSError:
-                    continue
-                for get, set_ in cls._SYMBOLS:
-                    if hasattr(lib, get) and hasattr(lib, set_):
-                        cls._found.append((getattr(lib, get), getattr(lib, set_)))
-                        break
-        return cls._found
-
-    def __enter__(self) -> "_BlasThreads":
-        self.saved = [int(get()) for get, _ in self.controls()]
-        for _, set_ in self.controls():
-            set_(self.n)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for (_, set_), n in zip(self.controls(), self.saved):
-            set_(n)
-
-
 def epoch_grid() -> np.ndarray:
     g = EPOCH_GRID
     return np.array(list(itertools.product(g["a"], g["b"], g["e"], g["alpha"], g["beta"])), float)
@@ -244,7 +187,7 @@ def approach3_arrays(
     if pinned:
         bounds[2] = (float(np.log(prior.mean)),) * 2
     best, objectives = None, []
-    with _BlasThreads(1):
+    with BlasThreads(1):
         for x0 in starts @ shift.T:  # each start in centred coordinates
             res = minimize(
                 objective, x0, jac=True, method="L-BFGS-B", options=options, bounds=bounds if pinned else None
@@ -317,111 +260,6 @@ def _approach3_refit(
 
 
 # --------------------------------------------------------------------------- VPNLS
-def nnls_coefficients(
-    exponents: tuple[float, ...],
-    columns_log: list[np.ndarray],
-    loss: np.ndarray,
-    weights: np.ndarray | None = None,
-    intercept: float | None = None,
-) -> tuple[np.ndarray, float]:
-    """For fixed exponents, the law is linear in its coefficients (all >= 0): solve by NNLS.
-
-    columns_log[i] is log of the variable the i-th exponent applies to; the design is
-    [1, exp(-e_i * log x_i) ...]. Columns are scaled to unit norm for conditioning.
-    `intercept` (E pinned): held at that value, the other coefficients fitted to loss - E.
-    Returns (coefficients, the intercept first, and the residual sum of squares).
-    """
-    powers = [np.exp(-e * lx) for e, lx in zip(exponents, columns_log)]
-    design = np.column_stack(([np.ones_like(loss)] if intercept is None else []) + powers)
-    target = loss if intercept is None else loss - intercept
-    if weights is not None:  # weighted least squares: rows scaled by sqrt(weight)
-        root = np.sqrt(weights)
-        design, target = design * root[:, None], target * root
-    scale = np.linalg.norm(design, axis=0)
-    scale[scale == 0] = 1.0
-    coef, rnorm = nnls(design / scale, target)
-    coef = coef / scale
-    return (coef if intercept is None else np.concatenate([[intercept], coef])), float(rnorm**2)
-
-
-def vpnls_arrays(
-    log_n: np.ndarray,
-    log_d: np.ndarray,
-    loss: np.ndarray,
-    start: tuple[float, float] | None = None,
-    weights: np.ndarray | None = None,
-    E: float | None = None,
-) -> dict[str, Any]:
-    """VPNLS: (alpha, beta) searched, (E, A, B) >= 0 by NNLS; `E` given: held there (pinned)."""
-    cols = [log_n, log_d]
-
-    def rss(x: np.ndarray) -> float:
-        if not (EXPONENT_BOUNDS[0] <= x[0] <= EXPONENT_BOUNDS[1] and EXPONENT_BOUNDS[0] <= x[1] <= EXPONENT_BOUNDS[1]):
-            return np.inf
-        return nnls_coefficients(tuple(x), cols, loss, weights, intercept=E)[1]
-
-    with _BlasThreads(1):  # NNLS on 240 x 3: BLAS threads only add wake-up latency
-        if start is None:
-            grid = [(al, be) for al in VPNLS_GRID for be in VPNLS_GRID]
-            start = grid[int(np.argmin([rss(np.array(g)) for g in grid]))]
-        res = minimize(
-            rss,
-            np.array(start, float),
-            method="Nelder-Mead",
-            options=NELDER_MEAD_OPTIONS,
-        )
-    alpha, beta = (float(v) for v in res.x)
-    (E, A, B), value = nnls_coefficients((alpha, beta), cols, loss, weights, intercept=E)
-    return {
-        "params": {"E": float(E), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta},
-        "rss": value,
-        "converged": bool(res.success),
-        "n_evaluations": int(res.nfev),
-    }
-
-
-def vpnls_prior_arrays(
-    log_n: np.ndarray,
-    log_d: np.ndarray,
-    loss: np.ndarray,
-    prior: EPrior,
-    scale: float,
-    starts: list[tuple[float, float, float]],
-    weights: np.ndarray | None = None,
-) -> dict[str, Any]:
-    """The maximum a posteriori VPNLS fit under a Gaussian prior on E (delphi.fits.e_prior):
-    (alpha, beta, E) searched by Nelder-Mead from each start, (A, B) >= 0 by NNLS on loss - E,
-    objective RSS + scale x ((E - mean) / sd)^2; the best start kept."""
-    cols, upper = [log_n, log_d], float(loss.min())
-
-    def objective(x: np.ndarray) -> float:
-        if not (
-            EXPONENT_BOUNDS[0] <= x[0] <= EXPONENT_BOUNDS[1]
-            and EXPONENT_BOUNDS[0] <= x[1] <= EXPONENT_BOUNDS[1]
-            and 0.0 <= x[2] < upper
-        ):
-            return np.inf
-        return nnls_coefficients(tuple(x[:2]), cols, loss, weights, intercept=float(x[2]))[1] + scale * prior.z2(x[2])
-
-    with _BlasThreads(1):
-        best = min(
-            (
-                minimize(objective, np.array(x0, float), method="Nelder-Mead", options=NELDER_MEAD_OPTIONS)
-                for x0 in starts
-            ),
-            key=lambda r: r.fun,
-        )
-    alpha, beta, e = (float(v) for v in best.x)
-    (E, A, B), value = nnls_coefficients((alpha, beta), cols, loss, weights, intercept=e)
-    return {
-        "params": {"E": float(E), "A": float(A), "B": float(B), "alpha": alpha, "beta": beta},
-        "rss": value,
-        "objective": float(best.fun),
-        "converged": bool(best.success),
-        "n_evaluations": int(best.nfev),
-    }
-
-
 def _vpnls_refit(
     table: pd.DataFrame, start: tuple[float, ...], prior: EPrior | None = None, scale: float | None = None
 ) -> dict[str, float]:
@@ -497,7 +335,7 @@ def _with_bootstrap(
             if len(all_draws[key]) < len(derived):
                 info[f"bootstrap_draws_without_{key}"] = len(derived) - len(all_draws[key])
         fit.intervals = percentile_intervals({k: v for k, v in all_draws.items() if v}, 0.9)
-        fit.diagnostics.update(info)
+        fit.diagnostics = fit.diagnostics.merged(info)
     return fit
 
 
@@ -595,11 +433,12 @@ def fit_approach3(
     refit = partial(_approach3_refit, start=out["theta"], starts=bootstrap_starts, prior=E_prior, scale=scale)
     fit = _with_bootstrap(fit, refit, table, n_bootstrap, seed, workers)
     if n_bootstrap:
-        fit.diagnostics["bootstrap_starts"] = (
+        starts = (
             f"warm: full-data optimum + {len(PERTURBED_STARTS)} perturbed"
             if bootstrap_starts == "warm"
             else f"grid: Epoch grid, best {top_starts}"
         )
+        fit.diagnostics = fit.diagnostics.merged({"bootstrap_starts": starts})
     return fit
 
 

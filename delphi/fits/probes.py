@@ -29,16 +29,13 @@ from delphi.fits.intervals import Z_90, predictive_interval
 from delphi.fits.intervals import Z_90 as Z90
 
 # How a law's error at the probes is carried beyond them (`ProbeTrend.carry`), and how the text says it.
-# "linear": least squares linear in log C through every probe (the sixth edition's sealed rule);
-# "local_slope": the line through the two furthest probes. On the public isoFLOP sweeps, within one
-# probe span, the local slope carried the isoFLOP law's error to 0.42% mean |error| against the
-# line's 0.50%, and with less optimistic bias (paper/editions/v6/alternative_rules_public.csv).
+# "linear": least squares linear in log C through every probe; "local_slope": the line through the
+# two furthest probes (compared on the public sweeps: paper/editions/v6/alternative_rules_public.csv).
 PROBE_CARRIES = {"linear": "fitted linear in log10 C", "local_slope": "along the line through the two furthest probes"}
 
 # Whose seed spread stands for one run's seed noise at the hero and the probes (`run_noise_nats`).
-# The ladder's within-cell seed sd falls with compute (paper/editions/v6: 0.027 nats at 1e12, 0.010 at
-# 2.2e12, 0.0057 at 4.6e12, 0.0066 at 1e13, 0.0044 for the 4e13 anchors), so the pool over every
-# budget (0.0138) is set by the smallest and overstates the noise of runs beyond the top.
+# A ladder's within-cell seed sd falls with compute, so the pool over every budget is set by the
+# smallest and overstates the noise of runs beyond the top (docs/notebook.md).
 NOISE_SCOPES = {
     "pooled": "the within-cell seed sd pooled over every budget",
     "top_budget": "the within-cell seed sd at the top isoFLOP budget, the measured scale nearest the runs beyond the ladder",
@@ -49,8 +46,7 @@ NOISE_SCOPES = {
 class ProbeTrend:
     """A law's relative error (actual / predicted - 1) at runs beyond its fit (probes), carried to
     another compute linearly in x = log10(C / top budget), by `carry` (PROBE_CARRIES). Why: a law
-    whose error grows with distance passes every probe and still misses further out (paper v5: the
-    isoFLOP law at -1.99%, +2.96% at 3x, 10x carried +7.48% to 30x; the hero missed by +8.69%)."""
+    whose error grows with distance passes every probe and still misses further out."""
 
     top_budget: float
     names: tuple[str, ...]  # sorted by x
@@ -193,10 +189,8 @@ CARRY_ASSUMPTION = {"linear": "linearly in log10 C", "local_slope": PROBE_CARRIE
 def correct_by_probes(final: dict, trend, hero_compute: float, noise_rel: float) -> dict[str, Any]:
     """`final` x (1 + the probes' error trend carried to the hero), its intervals moved with it and
     widened, in quadrature, by z x the carried error's sd when each probe is one run of relative sd
-    `noise_rel` (`delphi.fits.probes.ProbeTrend.correct`). Why: the isoFLOP law's error grew with
-    distance in the fifth edition (-1.99%, +2.96%, +8.69% at 3x, 10x, 30x); the trend of its first
-    two probes, carried to 30x, put the hero at 1.0029 against an actual 1.0142 (+1.13%;
-    paper/editions/v5/second_opinions.csv)."""
+    `noise_rel` (`ProbeTrend.correct`). Why: a law's error that grows with distance is carried to the
+    hero from the probes where it was measured (docs/notebook.md)."""
     carried, sd = trend.at(hero_compute), trend.sd_at(hero_compute, noise_rel)
     out = dict(final) | {"loss": float(final["loss"]) * (1 + carried)}
     for key, z in (("loss_50", Z50), ("loss_90", Z90)):
@@ -251,7 +245,7 @@ def correction_text(final: dict, actual: float | None, *, primary_law: str) -> d
             f"against the sealed number it is {float(actual) / sealed - 1:+.2%}."
         )
     )
-    # The abstract states what the ladder's law alone scored (issue 29: the seventh edition's +15.76%).
+    # The abstract states what the ladder's law alone would have scored.
     law_alone = (
         ""
         if actual is None

@@ -25,6 +25,8 @@ import numpy as np
 import delphi
 from delphi.errors import DelphiError, quoted
 from delphi.fits.allocation import FlopsFamily
+from delphi.fits.diagnostics import EXTRA_KEYS, FitDiagnostics, FitExtras
+from delphi.fits.e_prior import EPrior
 from delphi.fits.laws import (
     DEFAULT_TERM,
     ND_KINDS,
@@ -35,6 +37,7 @@ from delphi.fits.laws import (
     off_optimum_penalty,
     surface_class,
 )
+from delphi.io import read_json
 
 ALLOCATION_FITTED = "fitted in C"  # the `allocation` of a law in C: N*(C), D*(C) fitted, not allocated
 INTERVAL_LEVELS = (0.5, 0.9)  # central percentile intervals reported on predictions
@@ -74,7 +77,7 @@ class FitLike(Protocol):
     def intervals(self) -> Mapping[str, tuple[float, float]]: ...  # 90%, per parameter that has one
 
     @property
-    def diagnostics(self) -> Mapping[str, Any]: ...  # "at_bound": names of parameters on a bound
+    def diagnostics(self) -> FitDiagnostics: ...  # .at_bound: names of parameters on a bound
 
     @property
     def status(self) -> FitStatus: ...
@@ -90,20 +93,26 @@ class FitResult:
     method: str  # approach3 | vpnls | approach2 | approach1 | frontier-free | ...
     params: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 90%
-    diagnostics: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # per-budget optima, E profile, ...
+    # Typed records (a mapping of their JSON keys is converted): how the fit went, and what the law
+    # records beside its parameters (per-budget optima, E profile, ...).
+    diagnostics: FitDiagnostics = field(default_factory=FitDiagnostics)
+    extra: FitExtras = field(default_factory=FitExtras)
     input_sha256: str | None = None
     n_points: int = 0
     seed: int | None = None
     version: str = delphi.__version__
     samples: dict[str, list[float]] | None = None  # bootstrap draws, one list per parameter
     family: FlopsFamily | None = None  # exact FLOPs per token of the fitted models; None: C = 6 N D
-    status: FitStatus = FitStatus.OK  # names of parameters on a bound in diagnostics["at_bound"]
+    status: FitStatus = FitStatus.OK  # names of parameters on a bound in diagnostics.at_bound
     model_family: str | None = None  # "dense" | "moe" from the table's expert counts; None: not said
     # (smallest, largest) compute budget of the fitted rows, FLOPs: how far a prediction extrapolates
     fitted_compute: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.diagnostics, Mapping):
+            self.diagnostics = FitDiagnostics.from_mapping(self.diagnostics)
+        if isinstance(self.extra, Mapping):
+            self.extra = FitExtras.from_mapping(self.extra)
         if self.status not in FIT_STATUSES:
             raise DelphiError(f"fit status {quoted(self.status)}: expected one of {FIT_STATUSES}")
         self.status = FitStatus(self.status)
@@ -124,7 +133,7 @@ class FitResult:
     @property
     def term(self) -> str:
         """The MoE law's expert term (the keyword its X is passed as)."""
-        return self.extra.get("term", DEFAULT_TERM)
+        return self.extra.term if "term" in self.extra else DEFAULT_TERM
 
     @property
     def law_terms(self) -> tuple[str, ...]:
@@ -167,10 +176,10 @@ class FitResult:
         family = self.family if law.in_nd else None
         point = law.from_params(self.params, self.term).predict_point(family=family, **query)
         out: dict[str, Any] = {"compute": compute} if compute is not None else {}
-        out.update({k: _plain(v) for k, v in point.items()})
+        out.update({k: to_plain(v) for k, v in point.items()})
         if compute is not None and point["params"] is not None:
             with np.errstate(invalid="ignore"):
-                out["tokens_per_param"] = _plain(point["tokens"] / point["params"])
+                out["tokens_per_param"] = to_plain(point["tokens"] / point["params"])
         if compute is not None:
             out["allocation"] = self.allocation
         if self.samples:
@@ -218,16 +227,16 @@ class FitResult:
             return out
         out = self.predict(compute=flops)
         out["how"] = f"{self.kind} fit at the run's exact compute C"
-        curvature = self.extra.get("curvature_law")
+        curvature = self.extra.curvature_law
         if curvature and out.get("params") is not None and params is not None:
             # An isoFLOP law knows the optimum at C; its parabolas' curvature prices a run off it.
             # Runs may be one or an array (the residual figure predicts every rung at once).
             penalty = off_optimum_penalty(curvature, flops, params, np.asarray(out["params"], float))
-            shift = lambda v: None if v is None else _plain(np.asarray(v, float) + penalty)  # noqa: E731
+            shift = lambda v: None if v is None else to_plain(np.asarray(v, float) + penalty)  # noqa: E731
             out["loss"] = shift(out["loss"])
             for key in [k for k in out if k.startswith("loss_interval_")]:
                 out[key] = [shift(v) for v in out[key]]
-            out["off_optimum_penalty"] = _plain(penalty)
+            out["off_optimum_penalty"] = to_plain(penalty)
             if np.ndim(penalty) == 0:
                 out["how"] += (
                     f", plus the isoFLOP curvature's penalty {float(penalty):.4f} nats for N = "
@@ -240,7 +249,7 @@ class FitResult:
     def summary(self) -> str:
         lines = [f"{self.kind} fit ({self.method}), {self.n_points} points"]
         if self.status == FitStatus.AT_BOUND:
-            names = ", ".join(self.diagnostics.get("at_bound", [])) or "?"
+            names = ", ".join(self.diagnostics.at_bound) or "?"
             lines.append(
                 f"  WARNING: parameter(s) on a bound of the search: {names}; the estimate is not an interior optimum"
             )
@@ -258,13 +267,13 @@ class FitResult:
             lo_hi = self.intervals.get(name)
             ci = f"  90% [{lo_hi[0]:.6g}, {lo_hi[1]:.6g}]" if lo_hi else ""
             lines.append(f"  {name:>14} = {value:.6g}{ci}  (derived)")
-        for name, value in self.diagnostics.items():
+        for name, value in self.diagnostics.to_json().items():
             if isinstance(value, (int, float, str)) and not isinstance(value, bool):
                 lines.append(f"  {name}: {value:.6g}" if isinstance(value, float) else f"  {name}: {value}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(
+        return to_plain(
             {
                 "schema": SCHEMA,
                 "kind": self.kind,
@@ -276,8 +285,8 @@ class FitResult:
                 "params": self.params,
                 "derived": self.derived,
                 "intervals": {k: list(v) for k, v in self.intervals.items()},
-                "diagnostics": self.diagnostics,
-                **self.extra,
+                "diagnostics": self.diagnostics.to_json(),
+                **self.extra.to_json(),
                 "input_sha256": self.input_sha256,
                 "n_points": self.n_points,
                 "seed": self.seed,
@@ -288,20 +297,6 @@ class FitResult:
                 "fitted_compute": None if self.fitted_compute is None else list(self.fitted_compute),
             }
         )
-
-
-EXTRA_KEYS = (
-    "optima",
-    "term",
-    "E_profile",
-    "sensitivity",
-    "frontier_points",
-    "skipped_budgets",
-    "ols_intervals",
-    "e_mode",
-    "curvature_law",
-    "E_prior",
-)
 
 
 # What each law's parameters may be, as its fitters bound them: coefficients and the asymptote are
@@ -333,8 +328,6 @@ ISOFLOP_SIZING_SIGNS = {
 
 def check_sizing_exponents(fit: "FitResult", where: str) -> None:
     """DelphiError unless an isoFLOP law's allocation exponents are positive (before it sizes a run)."""
-    from delphi.errors import quoted
-
     for name, sign in ISOFLOP_SIZING_SIGNS.get(fit.kind, {}).items():
         value = fit.params.get(name)
         if isinstance(value, (int, float)) and not value > 0:
@@ -416,8 +409,6 @@ def fit_from_json(data: dict[str, Any], where: str = "fit") -> FitResult:
         for key in ("log10_K0", "exponent"):
             _real(_mapping(curvature, "curvature_law", where).get(key), f"curvature_law.{key}", where)
     if data.get("E_prior") is not None:  # a lab's prior on E (delphi.fits.e_prior): checked as the fit reads it
-        from delphi.fits.e_prior import EPrior
-
         EPrior.from_json(data["E_prior"], f"{where}: E_prior")
     n_points = data.get("n_points", 0)
     if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 0:
@@ -445,8 +436,8 @@ def _fit_result(
         method=data["method"],
         params=params,
         intervals=intervals,
-        diagnostics=_mapping(data.get("diagnostics") or {}, "diagnostics", where),
-        extra={k: data[k] for k in EXTRA_KEYS if k in data},
+        diagnostics=FitDiagnostics.from_mapping(_mapping(data.get("diagnostics") or {}, "diagnostics", where)),
+        extra=FitExtras.from_mapping({k: data[k] for k in EXTRA_KEYS if k in data}),
         input_sha256=data.get("input_sha256"),
         n_points=n_points,
         seed=seed,
@@ -462,7 +453,7 @@ def _fit_result(
 
 
 def _fitted_compute(data: dict[str, Any]) -> tuple[float, float] | None:
-    """The fit's compute range: its own record, else (older files) the per-budget optima's or
+    """The fit's compute range: its own record, else (a file without one) the per-budget optima's or
     frontier points' FLOPs; None when the file says neither (or says it wrongly)."""
     recorded = data.get("fitted_compute")
     if recorded is None:
@@ -493,8 +484,6 @@ def table_context(table: Any) -> dict[str, Any]:
 
 def load_fit(path: str | os.PathLike) -> FitResult:
     """Rebuild a results object from the JSON that `delphi fit ... --out` wrote."""
-    from delphi.io import read_json
-
     path = Path(path)
     data = read_json(path, what="fit JSON")
     if not isinstance(data, dict):
@@ -528,18 +517,18 @@ def _sample_dicts(samples: dict[str, list[float]]) -> list[dict[str, float]]:
     return [dict(zip(keys, row)) for row in zip(*(samples[k] for k in keys))]
 
 
-def _plain(obj: Any) -> Any:
+def to_plain(obj: Any) -> Any:
     """JSON-able copy: numpy scalars/arrays to Python, enums to their values, NaN/inf to None."""
     if isinstance(obj, enum.Enum):
-        return _plain(obj.value)
+        return to_plain(obj.value)
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [to_plain(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist()) if obj.ndim else _plain(obj.item())
+        return to_plain(obj.tolist()) if obj.ndim else to_plain(obj.item())
     if isinstance(obj, np.generic):
-        return _plain(obj.item())
+        return to_plain(obj.item())
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj

@@ -19,6 +19,7 @@ from jaxtyping import Float
 from delphi.errors import DelphiError, quoted
 from delphi.fits.evals import eval_points, eval_steps
 from delphi.fits.intervals import Z_50, Z_90
+from delphi.train.config import load_train_config
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, read_metrics
 
 # The optimizer keys that fix an LR schedule's shape as a function of the fraction of training.
@@ -44,8 +45,6 @@ def normalised_curve(run_dir: str | Path) -> tuple[Float[np.ndarray, " points"],
 def same_schedule_shape(run_dir: str | Path, hero: Any) -> Any:
     """The run's TrainConfig, when its LR schedule has the hero's shape (SCHEDULE_SHAPE_KEYS); a
     DelphiError naming the key otherwise: a curve's shape transfers only between runs on one schedule."""
-    from delphi.train.config import load_train_config
-
     cfg = load_train_config(Path(run_dir) / CONFIG_FILE)
     for key in SCHEDULE_SHAPE_KEYS:
         if getattr(cfg.optim, key) != getattr(hero.optim, key):
@@ -58,9 +57,8 @@ def same_schedule_shape(run_dir: str | Path, hero: Any) -> Any:
 
 def project_finals(points: Sequence[dict], shape_run: str | Path, hero: Any) -> list[dict[str, float]]:
     """Each eval point {step, actual} of a live run divided by `shape_run`'s normalised curve at the
-    same fraction of training: the final loss the run is heading for if it keeps that shape. On the
-    fifth edition's hero, the 10x probe's shape put it at 1.011-1.029 from 30% to 70% of training
-    (actual 1.0142; sealed 0.9331): the miss was visible at 30%."""
+    same fraction of training: the final loss the run is heading for if it keeps that shape, an early
+    warning long before the run ends."""
     same_schedule_shape(shape_run, hero)
     fraction, ratio = normalised_curve(shape_run)
     out = []
@@ -82,9 +80,8 @@ def trajectory_from_shapes(shape_runs: Sequence[str | Path], hero: Any, final: d
     hero's schedule shape (SCHEDULE_SHAPE_KEYS). Bands: the final's 50%/90% intervals scaled by the
     same ratio, widened in quadrature by z x the RMS relative difference between the two longest
     runs' normalised curves before their end (the shape's own uncertainty; one run gives none).
-    Why: on the fifth edition's 30x hero the curve law fitted on the ladder's short runs put the
-    constant-LR phase 6-9% too high, while the 10x probe's normalised curve was within 3.3% of it
-    after warmup (paper/editions/v6/second_opinions.py)."""
+    Why: a run beyond the ladder shares the hero's schedule and length scale, where the curve law
+    fitted on the ladder's short runs extrapolates their shape (docs/notebook.md)."""
     if not shape_runs:
         raise DelphiError("trajectory from probes: no finished run beyond the ladder to take the curve's shape from")
     runs = []

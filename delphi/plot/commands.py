@@ -178,7 +178,7 @@ def _isoflop(args):
     table = _table(args.results, args)
     if "budget" not in table:
         raise DelphiError(f"{args.results}: no budget column; isoFLOP curves need one budget per run")
-    optima = _fit(args.fit).extra.get("optima") if args.fit else None
+    optima = _fit(args.fit).extra.optima if args.fit else None
     return _done(isoflop_figure(table, optima), args)
 
 
@@ -189,7 +189,7 @@ def _allocation(args):
 
     _check_out(args)
     fit = _fit(args.fit)
-    optima = fit.extra.get("optima")
+    optima = fit.extra.optima
     if optima:
         frame = pd.DataFrame(
             {

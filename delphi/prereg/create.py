@@ -25,9 +25,9 @@ import pandas as pd
 import delphi
 from delphi.errors import CheckFailed, DelphiError
 from delphi.fits import curves as cv
-from delphi.fits.backtest import Z_50 as Z50  # noqa: F401 (importable from here)
 from delphi.fits.bootstrap import MIN_BOOTSTRAP_FOR_INTERVAL
 from delphi.fits.data import TableOptions
+from delphi.fits.intervals import Z_50 as Z50  # noqa: F401 (importable from here)
 from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, REFIT_NAMES, law_name  # noqa: F401 (importable from here)
 from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.fits.results import load_fit

@@ -24,9 +24,10 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-from delphi.fits.backtest import Z_90
 from delphi.fits.calibration import gate_uses_calibration, interval_for_gate
 from delphi.fits.data import isoflop_rows
+from delphi.fits.diagnostics import FitDiagnostics
+from delphi.fits.intervals import Z_90
 from delphi.fits.isoflop import MIN_POINTS_PER_BUDGET, near_optimum_cells, parabola_vertex
 from delphi.fits.probes import PROBE_CARRIES, probe_trend
 from delphi.ladder.collect import relaxed_in_table
@@ -703,10 +704,10 @@ def gate_method_agreement(final_loss: float, cross_checks: dict[str, dict] | Non
 def gate_fit_status(fit: Any) -> Gate:
     """The primary fit converged with no parameter on a bound (FitResult.status, diagnostics.at_bound)."""
     threshold = "status ok: converged, no parameter on a bound"
-    diag = getattr(fit, "diagnostics", None) or {}
+    diag = getattr(fit, "diagnostics", None) or FitDiagnostics()
     status = getattr(fit, "status", None)
-    at_bound = list(diag.get("at_bound") or [])
-    converged = diag.get("converged")
+    at_bound = list(diag.at_bound or [])
+    converged = diag.converged
     if status in (None, "ok"):  # a fit file without a status carries only the diagnostics
         status = "at_bound" if at_bound else ("not_converged" if converged is False else "ok")
     detail = f"{getattr(fit, 'kind', '?')} fit ({getattr(fit, 'method', '?')}): status {status}"
@@ -973,7 +974,7 @@ def evaluate_gates(inputs: GateInputs, thresholds: GateThresholds) -> list[Gate]
 def _frontier_gate(table: pd.DataFrame, fit: Any, final: dict, z: float, external: bool) -> Gate:
     """Gate frontier_slopes with the fit's seed noise (else the table's pooled one); on an external
     table without seeds, the law's residual scatter about the table is the noise it shows."""
-    noise = (getattr(fit, "diagnostics", None) or {}).get("seed_noise_nats")
+    noise = (getattr(fit, "diagnostics", None) or FitDiagnostics()).seed_noise_nats
     noise = float(noise) if isinstance(noise, (int, float)) and math.isfinite(noise) else pooled_seed_noise(table)
     noise_note = ""
     scatter = final.get("residual_scatter_nats")

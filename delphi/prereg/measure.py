@@ -14,7 +14,8 @@ from delphi.errors import DelphiError
 from delphi.fits import FITTERS
 from delphi.fits import best_point as bp
 from delphi.fits.backtest import backtest as run_backtest
-from delphi.fits.calibration import calibrate_backtest, calibrate_point, calibration_key, load_checked_calibration
+from delphi.fits.calibration import calibrate_backtest, calibrate_point, calibration_key
+from delphi.fits.calibration_file import load_checked_calibration
 from delphi.fits.e_prior import prior_of
 from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, law_name
 from delphi.fits.probes import probe_trend
@@ -41,7 +42,10 @@ def refit_options(fit) -> dict[str, Any]:
     prior = prior_of(fit)
     options: dict[str, Any] = {} if prior is None else {"E_prior": prior}
     if law_name(fit) == "frontier":
-        options |= {"points": (fit.diagnostics or {}).get("points", "min"), "with_sensitivity": False}
+        options |= {
+            "points": fit.diagnostics.points if "points" in fit.diagnostics else "min",
+            "with_sensitivity": False,
+        }
     elif law_name(fit) == "asymptotic":
         options["with_sensitivity"] = False
     return options

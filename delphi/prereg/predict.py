@@ -18,16 +18,17 @@ import numpy as np
 
 from delphi.errors import DelphiError
 from delphi.fits import best_point as bp
-from delphi.fits.backtest import Z_50 as Z50
-from delphi.fits.backtest import Z_90 as Z90
-from delphi.fits.backtest import predictive_interval, residual_scatter
+from delphi.fits.backtest import residual_scatter
 from delphi.fits.calibration import calibrate_final, calibrated_status
-from delphi.fits.data import TableOptions, _read, cell_points, isoflop_rows, load_results, with_anchors
+from delphi.fits.data import TableOptions, cell_points, isoflop_rows, load_results, with_anchors
 from delphi.fits.e_prior import forecast_at_refits
-from delphi.fits.intervals import correct_by_design
+from delphi.fits.intervals import Z_50 as Z50
+from delphi.fits.intervals import Z_90 as Z90
+from delphi.fits.intervals import correct_by_design, predictive_interval
 from delphi.fits.laws import SURFACES
 from delphi.fits.probes import NOISE_SCOPES, correct_by_probes, probe_trend
 from delphi.fits.results import load_fit
+from delphi.fits.table_files import read_table
 from delphi.model.flops import count_params, flops_per_token
 from delphi.prereg.evidence import Evidence, PredictionRule
 from delphi.prereg.gates import ladder_top_budget, pooled_seed_noise
@@ -84,7 +85,7 @@ def seed_noise_nats(fit, fit_table, scope: str = "pooled") -> float | None:
     if scope not in NOISE_SCOPES:
         raise DelphiError(f"noise scope {scope!r}: expected one of {', '.join(NOISE_SCOPES)}")
     if scope == "pooled":
-        seed = (fit.diagnostics or {}).get("seed_noise_nats")
+        seed = fit.diagnostics.seed_noise_nats
     else:
         rows = isoflop_rows(fit_table)
         seed = pooled_seed_noise(rows[rows["budget"] == ladder_top_budget(fit_table)])
@@ -345,8 +346,8 @@ def load_tables(results: Path, convention: str = "nonembedding", options: TableO
     columns only where its rows are the file's rows in order (no query, nothing dropped): otherwise
     which row is which cannot be told, and the gates judge its canonical columns alone."""
     options = options or TableOptions()
-    fit_table = load_results(results, params_convention=convention, **options.load_kwargs())
-    raw = _read(results)[1]
+    fit_table = load_results(results, options, params_convention=convention)
+    raw = read_table(results)[1]
     rows = with_anchors(fit_table)
     extra = [c for c in raw.columns if c not in rows.columns]
     if "run_id" in rows.columns and "run_id" in raw.columns and raw["run_id"].is_unique:

@@ -118,7 +118,7 @@ def stage_figures(study: Study) -> dict:
     table = load_table(study)
     primary = load_fit(study.fit_path(study.primary_fit))
     fits = {m: load_fit(study.fit_path(m)) for m in study.spec.fits if study.fit_path(m).is_file()}
-    optima = fits["isoflop"].extra.get("optima") if "isoflop" in fits else None
+    optima = fits["isoflop"].extra.optima if "isoflop" in fits else None
 
     figures.draw("isoflop", lambda: pf.isoflop_figure(table, optima))
     figures.draw("allocation", lambda: allocation_of(table, optima, primary, _hero_point(study)))
@@ -367,7 +367,7 @@ def _probes_section(study: Study) -> list[str]:
 
 def _primary_choice_section(study: Study) -> list[str]:
     """With `primary_fit: auto`: the law the fit stage chose and the table behind it (stages/fit.json)."""
-    from delphi.fits.calibration import method_choice_lines
+    from delphi.fits.method_choice import method_choice_lines
 
     choice = (study.done("fit") or {}).get("result", {}).get("primary_choice")
     if not choice:
@@ -497,7 +497,7 @@ def pipeline_report(inputs: PipelineInputs, out: Path) -> dict:
     )
     hero = prereg.doc["hero"] if prereg is not None else {}
     hero_point = {"compute": hero.get("flops"), "params": hero.get("params"), "tokens": hero.get("tokens")}
-    optima = fit.extra.get("optima") if fit is not None else None
+    optima = fit.extra.optima if fit is not None else None
     actual = (checked or {}).get("actual_final_loss")
     if table is not None:
         figures.draw("isoflop", lambda: pf.isoflop_figure(table, optima))

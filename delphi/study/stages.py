@@ -223,7 +223,7 @@ def _primary_for(study: Study, table: pd.DataFrame) -> tuple[str, dict | None]:
     (delphi.fits.calibration.choose_primary); a spec's explicit law comes with no choice."""
     if study.spec.primary_fit != AUTO_PRIMARY:
         return study.spec.primary_fit, None
-    from delphi.fits.calibration import choose_primary
+    from delphi.fits.method_choice import choose_primary
 
     choice = choose_primary(table, study.spec.fits)
     return choice["method"], choice
@@ -312,7 +312,7 @@ def stage_fit(study: Study) -> dict:
             "seconds": round(time.perf_counter() - start, 2),
             "status": getattr(fit, "status", None),
             "allocation": getattr(fit, "allocation", None),
-            "seed_noise_nats": fit.diagnostics.get("seed_noise_nats"),
+            "seed_noise_nats": fit.diagnostics.seed_noise_nats,
         }
         _say(
             f"fit {method}: {', '.join(f'{k}={v:.4g}' for k, v in fit.params.items() if isinstance(v, (int, float)))}"
@@ -393,7 +393,7 @@ def stage_hero(study: Study) -> dict:
     fit = load_fit(study.fit_path(study.primary_fit))
     n_star = fit.predict(compute=hero_compute(study)).get("params")
     if n_star is None or not float(n_star) > 0:
-        bound = ", ".join(fit.diagnostics.get("at_bound") or []) or "none"
+        bound = ", ".join(fit.diagnostics.at_bound or []) or "none"
         raise CheckFailed(
             f"the {study.primary_fit} fit has no compute-optimal point (status {getattr(fit, 'status', '?')}, "
             f"on a bound: {bound}; parameters {fit.params}): gate fit_status fails and the hero cannot be "
