@@ -263,7 +263,7 @@ def check_ladder_dir_writes(out: str, spec_path: str, *, force: bool) -> None:
     ladder there, or refuses a different one."""
     from delphi.errors import DelphiError
     from delphi.io import check_not_an_input
-    from delphi.ladder.plan import CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, ladder_own_paths
+    from delphi.ladder.manifest import CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, ladder_own_paths
 
     out_dir = Path(out)
     check_not_an_input(ladder_own_paths(out_dir), (spec_path,))
@@ -436,7 +436,9 @@ def _lr_calibrate(args: argparse.Namespace) -> dict:
 
 def _recipe_check(args: argparse.Namespace):
     from delphi.io import check_output_dir
-    from delphi.ladder.recipe_check import analyse, format_report, save_report, write_check
+    from delphi.ladder.recipe_check_analysis import analyse
+    from delphi.ladder.recipe_check_plan import write_check
+    from delphi.ladder.recipe_check_report import format_report, save_report
     from delphi.ladder.spec import load_ladder_spec
 
     check_output_dir(args.out, inputs=(args.spec,))

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from delphi.errors import DelphiError, quoted
 from delphi.fits.data import ANCHOR_ROLE
@@ -685,50 +684,3 @@ def check_ladder_store(
             )
         epochs[run_id] = e
     return epochs
-
-
-# Moved, still importable from here: the hero sized against the ladder (delphi.ladder.hero) and the
-# ladder directory on disk (delphi.ladder.manifest). Resolved lazily: both import this module.
-_MOVED = {
-    **dict.fromkeys(
-        (
-            "RANGE_SCOPES",
-            "_ladder_rows",
-            "_top_budget",
-            "ladder_ranges",
-            "_hero_values",
-            "hero_ranges",
-            "HERO_MAX_OFF_OPTIMUM",
-            "PREFLIGHT_FACTORS",
-            "_family_shapes_around",
-            "plan_hero",
-            "depths_near_optimum",
-            "expected_depths",
-            "hero_preflight",
-        ),
-        "delphi.ladder.hero",
-    ),
-    **dict.fromkeys(
-        (
-            "MANIFEST_FILE",
-            "SPEC_FILE",
-            "CONFIG_DIR",
-            "RUNS_DIR",
-            "MANIFEST_COLUMNS",
-            "manifest_row",
-            "_fmt",
-            "manifest_csv",
-            "ladder_own_paths",
-            "read_manifest",
-            "write_ladder",
-            "format_table",
-        ),
-        "delphi.ladder.manifest",
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delphi.ladder.plan import Rung, rule_layers, rung_role, shape_for_width
-from delphi.ladder.spec import LadderSpec, _has_key, defaults_scale, large_scale_fills
+from delphi.ladder.spec import LadderSpec, defaults_scale, has_key, large_scale_fills
 
 SHOWN = 3  # rungs named per line; the count says how many more
 
@@ -30,7 +30,7 @@ def _some(rungs: list[Rung], value: Callable[[Rung], str]) -> str:
 
 def _origin(raw: dict, key: str) -> str | None:
     """ "the default" or "the large-scale default" for a key the spec leaves unset; None when it sets it."""
-    if _has_key(raw, key):
+    if has_key(raw, key):
         return None
     return "the large-scale default" if key in large_scale_fills(raw) else "the default"
 
@@ -255,7 +255,7 @@ def unused_key_warnings(raw: dict) -> list[str]:
     """One line per key the spec file sets that its other choices leave unused (set but inert)."""
     out = []
     for key, unused, why in UNUSED_WHEN:
-        if not _has_key(raw, key) or raw_value(raw, key) is None:
+        if not has_key(raw, key) or raw_value(raw, key) is None:
             continue
         try:
             inert = unused(raw)

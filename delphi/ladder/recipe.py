@@ -58,7 +58,7 @@ def _c(value: float, source: str | None = None) -> RecipeConstant:
 @dataclass(frozen=True)
 class RecipeCheckSpec:
     """Where `delphi ladder recipe-check` measures the loss the recipe leaves on the table
-    (delphi.ladder.recipe_check). It must reach the planned hero: its width (`widths`) and its
+    (delphi.ladder.recipe_check_plan). It must reach the planned hero: its width (`widths`) and its
     token count (`horizons`), and start at the smallest rung."""
 
     # The computes of the runs planned beyond the ladder (FLOPs); the largest is the planned hero.

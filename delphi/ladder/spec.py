@@ -665,7 +665,8 @@ LARGE_SCALE_ALTERNATIVES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _has_key(data: dict, key: str) -> bool:
+def has_key(data: dict, key: str) -> bool:
+    """Whether a raw spec dict sets the dotted `key` (e.g. "shape.head_dim"), null included."""
     node, parts = data, key.split(".")
     for part in parts[:-1]:
         node = node.get(part) if isinstance(node, dict) else None
@@ -701,7 +702,7 @@ def large_scale_fills(data: dict) -> dict[str, ScaleDefault]:
             continue
         if key.startswith("isoflop.") and (data.get("mode", "isoflop") != "isoflop" or data.get("isoflop", {}) is None):
             continue
-        if any(_has_key(data, k) for k in LARGE_SCALE_ALTERNATIVES.get(key, ())):
+        if any(has_key(data, k) for k in LARGE_SCALE_ALTERNATIVES.get(key, ())):
             continue
         node, parts = data, key.split(".")
         for part in parts[:-1]:
