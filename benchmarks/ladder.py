@@ -153,7 +153,8 @@ def rung_phases(run_dir: Path, placed_at: float, rung_wall_s: float) -> dict:
 
 def run_one(name: str, ladder_dir: Path, cache: Path | None, peak: float, **options) -> dict:
     """One ladder through the real runner; its aggregate rate and every rung's phases."""
-    from delphi.ladder.runner import JAX_CACHE_ENV, run_ladder
+    from delphi.ladder.runner import run_ladder
+    from delphi.train.environment import JAX_CACHE_ENV
 
     os.environ[JAX_CACHE_ENV] = str(cache) if cache is not None else "off"
     print(f"[bench] {name}: {ladder_dir.name} {options or ''} ({uptime()})", file=sys.stderr, flush=True)

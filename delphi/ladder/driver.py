@@ -42,7 +42,11 @@ from pathlib import Path
 from typing import Protocol
 
 from delphi.errors import DelphiError
-from delphi.ladder.manifest import RUNS_DIR, read_manifest
+from delphi.io import read_yaml
+from delphi.ladder.manifest import RUNS_DIR, SPEC_FILE, read_manifest
+from delphi.ladder.plan import check_ladder_store
+from delphi.ladder.spec import load_ladder_spec
+from delphi.train.config import load_train_config
 from delphi.train.rundir import METRICS_FILE, read_status, summary_problem
 
 LOCKS_DIR = "locks"
@@ -91,7 +95,6 @@ def cell_key(config: Path) -> str | None:
     """The rung's config without its seeds (SEED_CONFIG_PATHS), as canonical JSON: rungs with equal
     keys can train as one seed group. None when it cannot be grouped (a multi-device mesh, or a
     config that does not read as a mapping; the trainer reports that one)."""
-    from delphi.io import read_yaml
 
     try:
         raw = read_yaml(config)
@@ -160,10 +163,9 @@ class Placer(Protocol):
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (a scheduler, `kill`) and SIGHUP stop the driver as Ctrl-C does, through `Placer.stop`: every
-    rung checkpoints and exits with it. Python's default SIGTERM ended the driver at once and left
-    its workers training with no one to report to (stopping the eighth edition's recipe check,
-    2026-12-04). The driver is plain Python between polls, so raising here is safe, unlike in the
-    trainer (`delphi.train.interrupt`)."""
+    rung checkpoints and exits with it. Python's default SIGTERM would end the driver at once and leave
+    its workers training with no one to report to. The driver is plain Python between polls, so
+    raising here is safe, unlike in the trainer (`delphi.train.interrupt`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -262,10 +264,6 @@ def check_store(ladder_dir: Path, rungs: list[Rung]) -> None:
     evaluation windows, vocabulary) within the ladder spec's run.max_epochs (its ladder.yaml; no
     limit without one): `delphi.ladder.plan.check_ladder_store`, a DelphiError naming the rung.
     A config that does not read is left to its rung, which fails alone in its worker."""
-    from delphi.ladder.manifest import SPEC_FILE
-    from delphi.ladder.plan import check_ladder_store
-    from delphi.ladder.spec import load_ladder_spec
-    from delphi.train.config import load_train_config
 
     runs = []
     for rung in rungs:

@@ -32,19 +32,17 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from delphi.data.loader import TokenStore
+from delphi.data.store import check_store_for_config
 from delphi.errors import DelphiError, quoted
+from delphi.fits.allocation import FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS, FlopsFamily
 from delphi.fits.data import ANCHOR_ROLE
+from delphi.ladder.recipe import RecipeHyperparams, optim_config, recipe_batch_seqs, recipe_for_tokens
 from delphi.ladder.spec import LadderSpec
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig
-
-if TYPE_CHECKING:
-    from delphi.fits.allocation import FlopsFamily
-    from delphi.ladder.recipe import RecipeHyperparams
-
 
 # ---- shape family -------------------------------------------------------------------------------
 
@@ -134,7 +132,6 @@ class RecipeRun:
 def recipe_run(spec: LadderSpec, width_or_model: int | ModelConfig, tokens: float) -> RecipeRun:
     """Shape (the spec's family at this width), batch, steps and hyperparameters of a run of
     `tokens` tokens: the whole mapping in one call (steps before the plan's step quantum)."""
-    from delphi.ladder.recipe import recipe_for_tokens
 
     if spec.recipe is None:
         raise DelphiError("recipe: the ladder spec has no recipe section")
@@ -301,8 +298,6 @@ def make_rung(
     fpt, tokens = rung_tokens(model, spec.seq_len, budget)
     halvings = 0
     if spec.recipe is not None:
-        from delphi.ladder.recipe import recipe_batch_seqs
-
         rule_batch, rule_halvings = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len, model.d_model)
         batch = batch if batch is not None else rule_batch
         halvings = rule_halvings if batch == rule_batch else 0
@@ -323,8 +318,6 @@ def make_rung(
     t = spec.transfer
     run_id = run_id or run_id_for(budget, model, seed)
     if spec.recipe is not None:
-        from delphi.ladder.recipe import optim_config, recipe_for_tokens
-
         # Hyperparameters for the horizon the run trains (steps x batch), as the transfer rule's.
         rhp = recipe_for_tokens(
             spec.recipe, steps * batch_tokens, spec.seq_len, batch_seqs=batch, d_model=model.d_model
@@ -593,7 +586,6 @@ def family_widths(spec: LadderSpec, max_width: int | None = None) -> list[int]:
 
 def params_in_convention(model: ModelConfig, seq_len: int, convention: str) -> float:
     """N of `model` counted as `convention` (delphi.fits.allocation.PARAM_CONVENTIONS)."""
-    from delphi.fits.allocation import FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS
 
     if convention == "nonembedding":
         return float(count_params(model).nonembedding)
@@ -610,7 +602,6 @@ def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: 
 
     Returns a `delphi.fits.allocation.FlopsFamily`; at every width of the grid its value is the exact
     `flops_per_token` of that shape (the fit interpolates between them in log-log)."""
-    from delphi.fits.allocation import FlopsFamily
 
     points: dict[float, float] = {}
     for w in family_widths(spec, max_width):
@@ -663,8 +654,6 @@ def check_ladder_store(
     needs (`delphi.data.store.check_store_for_config`), it cannot feed a run's batches and evaluation
     windows (`TokenStore.check_feeds`), or a run would read more than `max_epochs` passes over its
     train split (run.max_epochs; None: no limit). `ladder plan` reads no store."""
-    from delphi.data.loader import TokenStore
-    from delphi.data.store import check_store_for_config
 
     prefix = f"{where}: " if where else ""
     stores: dict[Path, TokenStore] = {}
