@@ -19,21 +19,20 @@ import yaml
 from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
 from delphi.ladder.collect import relaxed_bounds
+from delphi.ladder.family import flops_family
 from delphi.ladder.hero import HERO_MAX_OFF_OPTIMUM, depths_near_optimum, hero_preflight, hero_ranges, plan_hero
 from delphi.ladder.manifest import manifest_row, read_manifest
 from delphi.ladder.plan import (
     batch_for_tokens,
     cell_id_of,
-    evals_of,
     expected_optimum,
-    flops_family,
     layers_for_width,
     make_rung,
-    plan_health_warnings,
     plan_ladder,
     shape_for_width,
     transfer,
 )
+from delphi.ladder.plan_report import evals_of, plan_health_warnings
 from delphi.ladder.spec import ladder_spec_from_dict, load_ladder_spec
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import load_train_config

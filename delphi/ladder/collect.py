@@ -34,8 +34,9 @@ from delphi.errors import DelphiError
 from delphi.fits.data import CANONICAL_COLUMNS
 from delphi.io import atomic_write_json, atomic_write_text, read_yaml
 from delphi.ladder.driver import rung_status
+from delphi.ladder.family import flops_family
 from delphi.ladder.manifest import RUNS_DIR, SPEC_FILE, read_manifest
-from delphi.ladder.plan import cell_id_of, flops_family, rung_role
+from delphi.ladder.plan import cell_id_of, rung_role
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
 from delphi.train.rundir import CONFIG_FILE, LOSS_UNIT, read_metrics, read_summary, summary_problem
 

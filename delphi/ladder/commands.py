@@ -215,7 +215,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def _plan(args: argparse.Namespace) -> dict:
     from delphi.ladder import plan_report  # lazy: imports pandas (delphi.fits.data, via delphi.ladder.plan)
     from delphi.ladder.manifest import format_table, write_ladder  # lazy: imports pandas
-    from delphi.ladder.plan import plan_health_warnings, plan_ladder  # lazy: imports pandas
+    from delphi.ladder.plan import plan_ladder  # lazy: imports pandas
 
     check_output_dir(args.out, inputs=(args.spec,))
     check_ladder_dir_writes(args.out, args.spec, force=args.force)
@@ -230,7 +230,7 @@ def _plan(args: argparse.Namespace) -> dict:
         + plan_report.binding_cap_notes(spec, raw, rungs)
         + plan_report.head_size_notes(spec, rungs)
     )
-    health = plan_health_warnings(spec, rungs)
+    health = plan_report.plan_health_warnings(spec, rungs)
     if spec.recipe is not None:
         health += [
             f"{key}: no source (a citation or the measurement file it came from)"
@@ -377,7 +377,7 @@ def _export(args: argparse.Namespace) -> dict:
 
 
 def _family(args: argparse.Namespace) -> dict:
-    from delphi.ladder.plan import flops_family  # lazy: imports pandas
+    from delphi.ladder.family import flops_family  # lazy: imports pandas
 
     if args.max_width is not None and args.max_width <= 0:
         raise DelphiError(

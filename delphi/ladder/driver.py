@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from delphi.data.loader import TokenStore
+from delphi.data.store import check_store_for_config
 from delphi.errors import DelphiError
 from delphi.io import read_yaml
 from delphi.ladder.manifest import RUNS_DIR, SPEC_FILE, read_manifest
-from delphi.ladder.plan import check_ladder_store
 from delphi.ladder.spec import load_ladder_spec
-from delphi.train.config import load_train_config
+from delphi.train.config import TrainConfig, load_train_config
 from delphi.train.rundir import METRICS_FILE, read_status, summary_problem
 
 LOCKS_DIR = "locks"
@@ -262,7 +263,7 @@ def select_budgets(rungs: list[Rung], budgets: tuple[float, ...] | None) -> list
 def check_store(ladder_dir: Path, rungs: list[Rung]) -> None:
     """Before any rung is placed: the store of every rung about to train can feed it (batch,
     evaluation windows, vocabulary) within the ladder spec's run.max_epochs (its ladder.yaml; no
-    limit without one): `delphi.ladder.plan.check_ladder_store`, a DelphiError naming the rung.
+    limit without one): `check_ladder_store`, a DelphiError naming the rung.
     A config that does not read is left to its rung, which fails alone in its worker."""
 
     runs = []
@@ -464,3 +465,32 @@ class LadderDriver:
             "wall_s": round(self.wall_s, 3),
             "rung_times": dict(self.rung_times),
         }
+
+
+def check_ladder_store(
+    runs: list[tuple[str, TrainConfig]], max_epochs: float | None, where: str = ""
+) -> dict[str, float]:
+    """Epochs of its store each run reads (run id -> epochs), checked where training starts (`ladder
+    run`, a study's ladder stage): DelphiError when a store's bytes or vocabulary are not what a run
+    needs (`delphi.data.store.check_store_for_config`), it cannot feed a run's batches and evaluation
+    windows (`TokenStore.check_feeds`), or a run would read more than `max_epochs` passes over its
+    train split (run.max_epochs; None: no limit). `ladder plan` reads no store."""
+
+    prefix = f"{where}: " if where else ""
+    stores: dict[Path, TokenStore] = {}
+    epochs = {}
+    for run_id, cfg in runs:
+        name = cfg.data.store
+        at = f"{prefix}run.store ({run_id})"
+        store_dir = check_store_for_config(cfg, where=at)
+        store = stores[store_dir] if store_dir in stores else stores.setdefault(store_dir, TokenStore(store_dir))
+        store.check_feeds(**cfg.store_needs(), where=at)
+        e = store.epochs(cfg.steps, cfg.data.batch_size, cfg.data.seq_len)
+        if max_epochs is not None and e > max_epochs:
+            tokens = cfg.steps * cfg.data.batch_size * cfg.data.seq_len
+            raise DelphiError(
+                f"{prefix}run.max_epochs: rung {run_id} reads {e:.3g} epochs of {name} "
+                f"({tokens:,} tokens; run.max_epochs is {max_epochs:g}); lower the budgets or use a larger store"
+            )
+        epochs[run_id] = e
+    return epochs

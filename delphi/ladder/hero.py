@@ -19,6 +19,7 @@ from delphi.errors import DelphiError, quoted
 from delphi.fits import load_fit
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
 from delphi.fits.isoflop import near_optimum_cells
+from delphi.ladder.family import params_in_convention
 from delphi.ladder.manifest import manifest_row
 from delphi.ladder.plan import (
     Rung,
@@ -26,7 +27,6 @@ from delphi.ladder.plan import (
     expected_optimum,
     format_budget,
     make_rung,
-    params_in_convention,
     plan_ladder,
     rung_role,
     rung_tokens,
