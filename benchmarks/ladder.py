@@ -96,7 +96,8 @@ def paper_min_raw() -> dict:
 
 def plan(raw: dict, out: Path, keep: int | None = None, only: str | None = None) -> list[dict]:
     """Plan `raw` into `out`; keep `keep` rungs spread over the ladder (or only the rung `only`)."""
-    from delphi.ladder.plan import plan_ladder, write_ladder
+    from delphi.ladder.manifest import write_ladder
+    from delphi.ladder.plan import plan_ladder
     from delphi.ladder.spec import ladder_spec_from_dict
 
     spec = ladder_spec_from_dict(raw)
@@ -152,7 +153,8 @@ def rung_phases(run_dir: Path, placed_at: float, rung_wall_s: float) -> dict:
 
 def run_one(name: str, ladder_dir: Path, cache: Path | None, peak: float, **options) -> dict:
     """One ladder through the real runner; its aggregate rate and every rung's phases."""
-    from delphi.ladder.runner import JAX_CACHE_ENV, run_ladder
+    from delphi.ladder.runner import run_ladder
+    from delphi.train.environment import JAX_CACHE_ENV
 
     os.environ[JAX_CACHE_ENV] = str(cache) if cache is not None else "off"
     print(f"[bench] {name}: {ladder_dir.name} {options or ''} ({uptime()})", file=sys.stderr, flush=True)
@@ -195,7 +197,7 @@ def run_one(name: str, ladder_dir: Path, cache: Path | None, peak: float, **opti
 def health_eval_share(ladder_dir: Path) -> dict:
     """What issue 10's eval bounds (10 evals x 1M tokens) would cost these rungs: eval forward
     FLOPs (1/3 of a training token's) over the rung's training FLOPs."""
-    from delphi.ladder.plan import read_manifest
+    from delphi.ladder.manifest import read_manifest
     from delphi.model.flops import flops_per_token
     from delphi.train.config import load_train_config
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from delphi.fits import FITTERS, load_results  # noqa: E402
 from delphi.fits.backtest import backtest  # noqa: E402
 from delphi.ladder.collect import collect_ladder  # noqa: E402
-from delphi.ladder.plan import flops_family  # noqa: E402
+from delphi.ladder.family import flops_family  # noqa: E402
 from delphi.ladder.spec import load_ladder_spec  # noqa: E402
 
 V8 = ROOT / "paper" / "next" / "v8"

@@ -1,4 +1,4 @@
-"""The constants of `delphi.ladder.recipe_check.estimate_wall_s`, refitted on completed runs.
+"""The constants of `delphi.ladder.wall_estimate.estimate_wall_s`, refitted on completed runs.
 
     .venv/bin/python benchmarks/wall_estimate.py RUNS_PARENT [RUNS_PARENT ...] [--out DIR]
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from machine import cpu_model, uptime
 
-from delphi.ladder.recipe_check import RUN_FIXED_S, STEP_OVERHEAD_S, WORKER_FLOPS_PER_S
+from delphi.ladder.wall_estimate import RUN_FIXED_S, STEP_OVERHEAD_S, WORKER_FLOPS_PER_S
 
 
 def completed_runs(parents: list[Path]) -> list[dict]:

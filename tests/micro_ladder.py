@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 
 from delphi.data.store import prepare_store
-from delphi.ladder.plan import plan_ladder, write_ladder
+from delphi.ladder.manifest import write_ladder
+from delphi.ladder.plan import plan_ladder
 from delphi.ladder.spec import ladder_spec_from_dict
 
 TINY = Path(__file__).resolve().parents[1] / "studies" / "ladder_tiny.yaml"

@@ -123,7 +123,7 @@ def test_fit_json_with_a_wrong_parameter_is_exit_2_naming_the_key(edit, key, lad
 @pytest.fixture
 def planned_ladder(tmp_path) -> Path:
     """A planned micro ladder whose rungs are all finished (constructed run dirs, no training)."""
-    from delphi.ladder.plan import read_manifest
+    from delphi.ladder.manifest import read_manifest
 
     ladder = micro_ladder(tmp_path, [1e9, 2e9])
     for i, row in enumerate(read_manifest(ladder)):

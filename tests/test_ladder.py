@@ -19,26 +19,20 @@ import yaml
 from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
 from delphi.ladder.collect import relaxed_bounds
+from delphi.ladder.family import flops_family
+from delphi.ladder.hero import HERO_MAX_OFF_OPTIMUM, depths_near_optimum, hero_preflight, hero_ranges, plan_hero
+from delphi.ladder.manifest import manifest_row, read_manifest
 from delphi.ladder.plan import (
-    HERO_MAX_OFF_OPTIMUM,
     batch_for_tokens,
     cell_id_of,
-    depths_near_optimum,
-    evals_of,
     expected_optimum,
-    flops_family,
-    hero_preflight,
-    hero_ranges,
     layers_for_width,
     make_rung,
-    manifest_row,
-    plan_health_warnings,
-    plan_hero,
     plan_ladder,
-    read_manifest,
     shape_for_width,
     transfer,
 )
+from delphi.ladder.plan_report import evals_of, plan_health_warnings
 from delphi.ladder.spec import ladder_spec_from_dict, load_ladder_spec
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import load_train_config
@@ -727,7 +721,8 @@ def test_anchor_rungs_extend_the_steps_range_and_join_only_the_nd_laws(tmp_path)
     so that a 30x L3 hero fits it (gate hero_ranges refused the same hero without them); in a
     results table they join VPNLS's points and not the isoFLOP law's, nor the backtest's."""
     from delphi.fits import backtest, fit_approach2, fit_vpnls, load_results
-    from delphi.ladder.plan import ANCHOR_PREFIX, ladder_ranges, rung_role
+    from delphi.ladder.hero import ladder_ranges
+    from delphi.ladder.plan import ANCHOR_PREFIX, rung_role
     from delphi.ladder.spec import AnchorSpec
 
     base = load_ladder_spec(PAPER)

@@ -56,14 +56,7 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
 }
 # Import cycles that exist today (modules of one strongly connected component); a cycle found
 # must lie inside one of these. Same rule: the test fails on a new cycle and on a stale entry.
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # delphi.ladder.plan hands out the names issue 32 moved to hero.py and manifest.py (lazily, by
-    # `__getattr__`), and both import plan's rungs back (hero also imports manifest). Tests and
-    # benchmarks import those names from plan (tests/test_recipe.py, tests/micro_ladder.py,
-    # benchmarks/ladder.py, ...; see tests/test_moved_names.py). Owner: the lead (issue 43): the
-    # importers move to the new homes and the re-exports go, or plan's rung core moves below both.
-    frozenset({"delphi.ladder.plan", "delphi.ladder.hero", "delphi.ladder.manifest"}),
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 
 def module_files() -> dict[str, Path]:
@@ -221,7 +214,6 @@ def test_graph_sees_imports_inside_functions():
 def test_graph_sees_lazy_imports():
     graph = import_graph()
     # the old home of moved names hands them out from the new one, by `__getattr__`
-    assert "delphi.ladder.hero" in graph["delphi.ladder.plan"]
     assert "delphi.study.report" in graph["delphi.study"]  # f"{__name__}.{module}"
     assert "delphi.fits.parametric" in graph["delphi.fits"]
     assert not {m for m in graph["delphi.cli"] if m.endswith(".commands")}  # found by name, on purpose

@@ -23,7 +23,8 @@ from delphi.ladder.lr_calibration import (
     save_report,
     write_calibration,
 )
-from delphi.ladder.plan import RUNS_DIR, make_rung, shape_for_width
+from delphi.ladder.manifest import RUNS_DIR
+from delphi.ladder.plan import make_rung, shape_for_width
 from delphi.ladder.spec import load_ladder_spec
 from delphi.prereg.gates import gate_lr_transfer
 
@@ -144,7 +145,7 @@ def test_a_calibration_dir_is_extended_not_replaced_and_holds_one_spec(tmp_path)
     first = write_calibration(spec, POINTS[:1], (0.25, 1.0), tmp_path)
     text = {p.name: p.read_text() for p in (tmp_path / "configs").iterdir()}
     second = write_calibration(spec, POINTS[:2], (0.125, 0.25), tmp_path)
-    from delphi.ladder.plan import read_manifest
+    from delphi.ladder.manifest import read_manifest
 
     ids = [row["run_id"] for row in read_manifest(tmp_path)]
     assert ids[:2] == [r.run_id for r in first] and len(ids) == 2 + 4 - 1 == len(set(ids))

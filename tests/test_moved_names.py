@@ -52,37 +52,6 @@ MOVED: list[tuple[str, str, tuple[str, ...]]] = [
             "load_prereg",
         ),
     ),
-    (
-        "delphi.ladder.plan",
-        "delphi.ladder.hero",
-        (
-            "ladder_ranges",
-            "hero_ranges",
-            "HERO_MAX_OFF_OPTIMUM",
-            "PREFLIGHT_FACTORS",
-            "plan_hero",
-            "depths_near_optimum",
-            "expected_depths",
-            "hero_preflight",
-        ),
-    ),
-    (
-        "delphi.ladder.plan",
-        "delphi.ladder.manifest",
-        (
-            "MANIFEST_FILE",
-            "SPEC_FILE",
-            "CONFIG_DIR",
-            "RUNS_DIR",
-            "MANIFEST_COLUMNS",
-            "manifest_row",
-            "manifest_csv",
-            "ladder_own_paths",
-            "read_manifest",
-            "write_ladder",
-            "format_table",
-        ),
-    ),
     ("delphi.study", "delphi.study.spec", ("StudySpec", "HeroSpec", "GatesSpec", "load_study", "probe_names")),
     ("delphi.study", "delphi.study.state", ("Study", "_ladder_spec", "_lr_calibration", "probe_runs", "STUDY_FILE")),
     ("delphi.study", "delphi.study.snapshot", ("compact_files", "export_study")),
@@ -104,7 +73,7 @@ def test_moved_names_import_from_their_old_module(old: str, new: str, names: tup
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:
-    for old in ("delphi.study", "delphi.fits.backtest", "delphi.fits.curves", "delphi.ladder.plan"):
+    for old in ("delphi.study", "delphi.fits.backtest", "delphi.fits.curves"):
         with pytest.raises(AttributeError):
             _ = importlib.import_module(old).no_such_name
 

@@ -14,7 +14,8 @@ import yaml
 
 from delphi.cli import main as cli_main
 from delphi.ladder.export import CONVENTIONS, export_ladder
-from delphi.ladder.plan import plan_ladder, read_manifest
+from delphi.ladder.manifest import read_manifest
+from delphi.ladder.plan import plan_ladder
 from delphi.ladder.spec import (
     LARGE_SCALE_DEFAULTS,
     LARGE_SCALE_MAX_TOKENS_PER_PARAM,

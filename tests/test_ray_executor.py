@@ -18,7 +18,7 @@ from micro_ladder import micro_ladder
 
 from delphi.cli import main as cli_main
 from delphi.ladder.collect import collect_ladder
-from delphi.ladder.plan import read_manifest
+from delphi.ladder.manifest import read_manifest
 
 ATTEMPT_HEADER = "--- ray attempt on "
 # Generous waits: on a loaded 2-core machine (a study beside the tests) Ray took over 3 minutes to

@@ -13,17 +13,9 @@ import yaml
 
 from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
-from delphi.ladder.plan import (
-    expected_depths,
-    expected_optimum,
-    hero_ranges,
-    make_rung,
-    plan_hero,
-    plan_ladder,
-    recipe_run,
-    rung_tokens,
-    write_ladder,
-)
+from delphi.ladder.hero import expected_depths, hero_ranges, plan_hero
+from delphi.ladder.manifest import RUNS_DIR, write_ladder
+from delphi.ladder.plan import expected_optimum, make_rung, plan_ladder, recipe_run, rung_tokens
 from delphi.ladder.recipe import (
     RecipeConstant,
     RecipeSpec,
@@ -35,16 +27,9 @@ from delphi.ladder.recipe import (
     trainer_has_optimizer_choice,
     unsourced_constants,
 )
-from delphi.ladder.recipe_check import (
-    PLAN_FILE,
-    RUNS_DIR,
-    analyse,
-    check_summary,
-    gate_problems,
-    plan_check,
-    planned_hero,
-    write_check,
-)
+from delphi.ladder.recipe_check import PLAN_FILE, gate_problems
+from delphi.ladder.recipe_check_analysis import analyse
+from delphi.ladder.recipe_check_plan import check_summary, plan_check, planned_hero, write_check
 from delphi.ladder.spec import ladder_spec_from_dict, load_ladder_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -385,7 +370,7 @@ def test_recipe_check_analysis_finds_the_optimum_and_the_loss_lost(tmp_path):
     assert (
         report["drift"]["c"] > 0 and report["recipe_suggested"]["horizon_exponent"] < spec.recipe.horizon_exponent.value
     )
-    from delphi.ladder.recipe_check import RUNS_CSV, save_report
+    from delphi.ladder.recipe_check_report import RUNS_CSV, save_report
 
     save_report(report, tmp_path)
     rows = (tmp_path / RUNS_CSV).read_text().splitlines()
@@ -424,7 +409,7 @@ def test_recipe_check_gate_reads_the_curve_not_one_unlucky_seed(tmp_path):
 
 def test_paper_v8_spans_and_sizes():
     """Issue 29's ladder span and held-out runs, one batch rule throughout, on the 2-core budget."""
-    from delphi.ladder.recipe_check import estimate_wall_s
+    from delphi.ladder.wall_estimate import estimate_wall_s
     from delphi.study import load_study
 
     spec, _ = _v8()

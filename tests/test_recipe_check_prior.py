@@ -1,7 +1,8 @@
 """`delphi ladder recipe-check --prior DIR`: an earlier check's runs are LR-sweep points of a
-retuned recipe (delphi.ladder.recipe_check: load_priors, plan_check, analyse). The prior runs are
-fabricated from the configs their check planned plus a summary in the format `completed_val_loss`
-reads: the planner and the analyser are under test, not the trainer."""
+retuned recipe (delphi.ladder.recipe_check_plan: load_priors, plan_check; delphi.ladder.
+recipe_check_analysis: analyse). The prior runs are fabricated from the configs their check planned
+plus a summary in the format `completed_val_loss` reads: the planner and the analyser are under
+test, not the trainer."""
 
 from __future__ import annotations
 
@@ -15,19 +16,18 @@ import yaml
 
 from delphi.cli import main as cli_main
 from delphi.errors import DelphiError
-from delphi.ladder.recipe_check import (
+from delphi.ladder.manifest import RUNS_DIR
+from delphi.ladder.recipe_check import PLAN_FILE
+from delphi.ladder.recipe_check_analysis import analyse
+from delphi.ladder.recipe_check_plan import (
     BATCH_PRIOR_MATCH,
-    PLAN_FILE,
     RUN_IDENTITY_KEYS,
-    RUNS_CSV,
-    RUNS_DIR,
-    analyse,
     load_priors,
     plan_check,
     reuse_identity,
-    save_report,
     write_check,
 )
+from delphi.ladder.recipe_check_report import RUNS_CSV, save_report
 from delphi.ladder.spec import ladder_spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

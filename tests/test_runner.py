@@ -19,7 +19,8 @@ from micro_ladder import micro_ladder
 
 from delphi.errors import DelphiError
 from delphi.ladder.driver import Rung, placement_order
-from delphi.ladder.plan import cell_id_of, read_manifest
+from delphi.ladder.manifest import read_manifest
+from delphi.ladder.plan import cell_id_of
 from delphi.ladder.runner import WORKER_LOG_PREFIX, core_slots, default_workers, run_ladder
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,7 +35,7 @@ import pandas as pd
 from delphi.fits import load_results
 from delphi.fits.intervals import PointCorrection, correct_by_design
 from delphi.fits.isoflop import fit_approach2
-from delphi.ladder.plan import flops_family
+from delphi.ladder.family import flops_family
 from delphi.ladder.spec import ladder_spec_from_dict
 from delphi.prereg.evidence import Evidence, PredictionRule
 from delphi.prereg.predict import hero_prediction

@@ -12,7 +12,7 @@ Seeds: one row per (rung, seed) run; the rows of one cell (budget x shape) share
 carry the cell's `loss_mean`, `loss_std` (ddof=1; NaN with one seed) and `n_seeds` (completed
 seeds with a finite loss).
 
-Health (spec `health:` bounds, docs/design.md §8.2 / issue 10): every row reports the mean share of routed
+Health (spec `health:` bounds, docs/design.md §8.2): every row reports the mean share of routed
 assignments dropped in training (`drop_frac_mean`, the mean of the `drop_frac` the trainer logs at
 every log step of metrics.jsonl; 0 for a dense model), its steps, tokens per parameter, number of
 evals and eval tokens, and `health_ok` / `health_issues` (";"-joined names of the bounds it misses).
@@ -23,6 +23,7 @@ beside the table, which `delphi fit` picks up for exact-FLOP allocation.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from pathlib import Path
@@ -31,10 +32,11 @@ import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.fits.data import CANONICAL_COLUMNS
-from delphi.io import atomic_write_json, atomic_write_text
+from delphi.io import atomic_write_json, atomic_write_text, read_yaml
+from delphi.ladder.driver import rung_status
+from delphi.ladder.family import flops_family
 from delphi.ladder.manifest import RUNS_DIR, SPEC_FILE, read_manifest
-from delphi.ladder.plan import cell_id_of, flops_family, rung_role
-from delphi.ladder.runner import rung_status
+from delphi.ladder.plan import cell_id_of, rung_role
 from delphi.ladder.spec import HealthSpec, LadderSpec, load_ladder_spec
 from delphi.train.rundir import CONFIG_FILE, LOSS_UNIT, read_metrics, read_summary, summary_problem
 
@@ -79,7 +81,7 @@ HEALTH_COLUMNS = ("drop_frac_mean", "n_evals", "eval_tokens", "health_ok", "heal
 ROLE_COLUMNS = ("role",)
 # What the loss is measured in: `loss` (and loss_mean, loss_std) in nats per token of the run's
 # tokenizer ("byte" or "bpe"), `bpb` in bits per byte of text; tables of different tokenizers
-# compare on bpb (`delphi fit ... --loss-col bpb`). Runs from before the columns were byte runs.
+# compare on bpb (`delphi fit ... --loss-col bpb`). A run summary without them is a byte-level run.
 UNIT_COLUMNS = ("loss_unit", "tokenizer")
 RESULT_COLUMNS = CANONICAL_COLUMNS + EXTRA_COLUMNS + CELL_COLUMNS + HEALTH_COLUMNS + ROLE_COLUMNS + UNIT_COLUMNS
 # The per-row view of rung health (the report's and the gates' table).
@@ -145,7 +147,7 @@ def health_issues(row: dict | pd.Series, health: HealthSpec) -> list[str]:
 
 
 def relaxed_bounds(health: HealthSpec) -> str:
-    """The spec's bounds looser than issue 10's defaults (HealthSpec()), e.g. "min_d_model 12 < 24":
+    """The spec's bounds looser than the default bounds (HealthSpec()), e.g. "min_d_model 12 < 24":
     a rung may be healthy by its own spec and still below the defaults; the gates and report say so."""
     default = HealthSpec()
     looser = []
@@ -172,7 +174,6 @@ def ladder_spec_of(ladder_dir: str | Path) -> LadderSpec | None:
 def _eval_tokens(run_dir: Path, default: int) -> int:
     """Validation tokens of the final evaluation in the run's resolved config (the spec's when the
     run has not started)."""
-    from delphi.io import read_yaml
 
     try:
         cfg = read_yaml(run_dir / CONFIG_FILE)
@@ -296,7 +297,6 @@ def family_path(results: str | Path) -> Path:
 def write_family(spec: LadderSpec, out: str | Path, source: str | None = None, written_by: str | None = None) -> dict:
     """Write the spec's FLOPs family (non-embedding N, the canonical `params`) as JSON; return it.
     `written_by`: the command, which the file then names (delphi.io's output policy)."""
-    import dataclasses
 
     family = flops_family(spec)
     if source is not None:

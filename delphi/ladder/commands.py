@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
+from delphi.cli import add_device_flag, add_json_flag, nonnegative_int, positive_float, positive_int
+from delphi.errors import DelphiError
+from delphi.io import (
+    atomic_write_json,
+    atomic_write_yaml,
+    check_not_an_input,
+    check_output_dir,
+    check_output_file,
+    read_yaml,
+)
+from delphi.ladder.recipe import unsourced_constants
+from delphi.ladder.spec import load_ladder_spec
+from delphi.train.config import train_config_to_dict
+
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_device_flag, add_json_flag, nonnegative_int, positive_float, positive_int
-
     ladder = subparsers.add_parser("ladder", help="plan, run and collect a ladder of compute-optimal runs")
     sub = ladder.add_subparsers(dest="ladder_command", metavar="SUBCOMMAND")
 
@@ -200,11 +213,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> dict:
-    from delphi.io import check_output_dir, read_yaml
-    from delphi.ladder import plan_report
-    from delphi.ladder.manifest import format_table, write_ladder
-    from delphi.ladder.plan import plan_health_warnings, plan_ladder
-    from delphi.ladder.spec import load_ladder_spec
+    from delphi.ladder import plan_report  # lazy: imports pandas (delphi.fits.data, via delphi.ladder.plan)
+    from delphi.ladder.manifest import format_table, write_ladder  # lazy: imports pandas
+    from delphi.ladder.plan import plan_ladder  # lazy: imports pandas
 
     check_output_dir(args.out, inputs=(args.spec,))
     check_ladder_dir_writes(args.out, args.spec, force=args.force)
@@ -219,10 +230,8 @@ def _plan(args: argparse.Namespace) -> dict:
         + plan_report.binding_cap_notes(spec, raw, rungs)
         + plan_report.head_size_notes(spec, rungs)
     )
-    health = plan_health_warnings(spec, rungs)
+    health = plan_report.plan_health_warnings(spec, rungs)
     if spec.recipe is not None:
-        from delphi.ladder.recipe import unsourced_constants
-
         health += [
             f"{key}: no source (a citation or the measurement file it came from)"
             for key in unsourced_constants(spec.recipe)
@@ -261,9 +270,7 @@ def check_ladder_dir_writes(out: str, spec_path: str, *, force: bool) -> None:
     ladder Delphi planned) an existing ladder.yaml or configs/*.yaml is the user's: exit 2
     unless `force`. A directory with a manifest is Delphi's: `write_ladder` replans the same
     ladder there, or refuses a different one."""
-    from delphi.errors import DelphiError
-    from delphi.io import check_not_an_input
-    from delphi.ladder.plan import CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, ladder_own_paths
+    from delphi.ladder.manifest import CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, ladder_own_paths  # lazy: imports pandas
 
     out_dir = Path(out)
     check_not_an_input(ladder_own_paths(out_dir), (spec_path,))
@@ -279,14 +286,14 @@ def check_ladder_dir_writes(out: str, spec_path: str, *, force: bool) -> None:
 
 
 def _run(args: argparse.Namespace):
-    from delphi.ladder.runner import run_ladder
+    from delphi.ladder.runner import run_ladder  # lazy: imports jax (the trainer)
 
     if args.executor == "ray":
-        from delphi.ladder.ray_executor import run_ray_ladder_from_args
+        from delphi.ladder.ray_executor import run_ray_ladder_from_args  # lazy: imports jax, and ray when used
 
         result = run_ray_ladder_from_args(args)
     else:
-        from delphi.ladder.ray_executor import reject_ray_options
+        from delphi.ladder.ray_executor import reject_ray_options  # lazy: imports jax
 
         reject_ray_options(args)
         result = run_ladder(
@@ -305,9 +312,14 @@ def _run(args: argparse.Namespace):
 
 
 def _collect(args: argparse.Namespace) -> dict:
-    from delphi.io import check_output_file
-    from delphi.ladder.collect import collect_ladder, family_path, write_results
-    from delphi.ladder.manifest import ladder_own_paths, read_manifest
+    from delphi.ladder.collect import (  # lazy: imports pandas
+        collect_ladder,
+        family_path,
+        format_health_table,
+        rung_health_table,
+        write_results,
+    )
+    from delphi.ladder.manifest import ladder_own_paths, read_manifest  # lazy: imports pandas
 
     check_output_file(args.out, protected=ladder_own_paths(args.ladder_dir), command="ladder collect", force=args.force)
     check_output_file(
@@ -316,8 +328,6 @@ def _collect(args: argparse.Namespace) -> dict:
     total = len(read_manifest(args.ladder_dir))
     frame = collect_ladder(args.ladder_dir, include_all=args.all)
     write_results(frame, args.out, written_by="ladder collect")  # and <out>.family.json from the pinned spec
-    from delphi.ladder.collect import family_path, format_health_table, rung_health_table
-
     health = rung_health_table(frame)
     if len(health):
         print(format_health_table(health), file=sys.stderr)
@@ -340,10 +350,12 @@ def _collect(args: argparse.Namespace) -> dict:
 
 
 def _export(args: argparse.Namespace) -> dict:
-    from delphi.errors import DelphiError
-    from delphi.io import check_output_file
-    from delphi.ladder.export import export_format, export_ladder, write_export
-    from delphi.ladder.manifest import ladder_own_paths
+    from delphi.ladder.export import (  # lazy: imports jax (delphi.train.optim)
+        export_format,
+        export_ladder,
+        write_export,
+    )
+    from delphi.ladder.manifest import ladder_own_paths  # lazy: imports pandas
 
     if args.out is None and not args.json:
         raise DelphiError("ladder export: give --out FILE.csv or FILE.json, or --json to print it")
@@ -365,12 +377,7 @@ def _export(args: argparse.Namespace) -> dict:
 
 
 def _family(args: argparse.Namespace) -> dict:
-    import dataclasses
-
-    from delphi.errors import DelphiError
-    from delphi.io import atomic_write_json, check_output_file
-    from delphi.ladder.plan import flops_family
-    from delphi.ladder.spec import load_ladder_spec
+    from delphi.ladder.family import flops_family  # lazy: imports pandas
 
     if args.max_width is not None and args.max_width <= 0:
         raise DelphiError(
@@ -390,17 +397,12 @@ def _family(args: argparse.Namespace) -> dict:
 
 
 def _hero(args: argparse.Namespace) -> dict:
-    from delphi.io import atomic_write_yaml, check_output_file
-    from delphi.ladder.hero import hero_from_fit
-    from delphi.ladder.manifest import format_table
-    from delphi.ladder.spec import load_ladder_spec
-    from delphi.train.config import train_config_to_dict
+    from delphi.ladder.hero import hero_from_fit  # lazy: imports scipy and pandas (delphi.fits)
+    from delphi.ladder.manifest import format_table  # lazy: imports pandas
 
     check_output_file(args.out, inputs=(args.fit, args.spec), command="ladder hero", force=args.force)
     spec = load_ladder_spec(args.spec)
     if not Path(args.fit).is_file():
-        from delphi.errors import DelphiError
-
         raise DelphiError(f"--fit: {args.fit}: file not found")
     rung, details = hero_from_fit(args.fit, args.compute, spec, seed=args.seed)
     atomic_write_yaml(args.out, train_config_to_dict(rung.train), written_by="ladder hero")
@@ -415,10 +417,14 @@ def _hero(args: argparse.Namespace) -> dict:
 
 
 def _lr_calibrate(args: argparse.Namespace) -> dict:
-    from delphi.io import check_output_dir
-    from delphi.ladder.lr_calibration import DEFAULT_MULTIPLIERS, Point, analyse, save_report, write_calibration
-    from delphi.ladder.runner import run_ladder
-    from delphi.ladder.spec import load_ladder_spec
+    from delphi.ladder.lr_calibration import (  # lazy: imports pandas
+        DEFAULT_MULTIPLIERS,
+        Point,
+        analyse,
+        save_report,
+        write_calibration,
+    )
+    from delphi.ladder.runner import run_ladder  # lazy: imports jax (the trainer)
 
     check_output_dir(args.out, inputs=(args.spec,))
     check_ladder_dir_writes(args.out, args.spec, force=args.force)
@@ -435,9 +441,9 @@ def _lr_calibrate(args: argparse.Namespace) -> dict:
 
 
 def _recipe_check(args: argparse.Namespace):
-    from delphi.io import check_output_dir
-    from delphi.ladder.recipe_check import analyse, format_report, save_report, write_check
-    from delphi.ladder.spec import load_ladder_spec
+    from delphi.ladder.recipe_check_analysis import analyse  # lazy: imports pandas
+    from delphi.ladder.recipe_check_plan import write_check  # lazy: imports pandas
+    from delphi.ladder.recipe_check_report import format_report, save_report  # lazy: imports pandas
 
     check_output_dir(args.out, inputs=(args.spec,))
     spec = load_ladder_spec(args.spec)
@@ -467,7 +473,7 @@ def _recipe_check(args: argparse.Namespace):
         )
     if args.plan_only:
         return {"out": str(args.out), **summary}
-    from delphi.ladder.runner import run_ladder
+    from delphi.ladder.runner import run_ladder  # lazy: imports jax (the trainer)
 
     run = run_ladder(args.out, workers=args.workers)
     report = analyse(spec, args.out)

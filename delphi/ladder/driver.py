@@ -41,8 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from delphi.data.loader import TokenStore
+from delphi.data.store import check_store_for_config
 from delphi.errors import DelphiError
-from delphi.ladder.manifest import RUNS_DIR, read_manifest
+from delphi.io import read_yaml
+from delphi.ladder.manifest import RUNS_DIR, SPEC_FILE, read_manifest
+from delphi.ladder.spec import load_ladder_spec
+from delphi.train.config import TrainConfig, load_train_config
 from delphi.train.rundir import METRICS_FILE, read_status, summary_problem
 
 LOCKS_DIR = "locks"
@@ -91,7 +96,6 @@ def cell_key(config: Path) -> str | None:
     """The rung's config without its seeds (SEED_CONFIG_PATHS), as canonical JSON: rungs with equal
     keys can train as one seed group. None when it cannot be grouped (a multi-device mesh, or a
     config that does not read as a mapping; the trainer reports that one)."""
-    from delphi.io import read_yaml
 
     try:
         raw = read_yaml(config)
@@ -160,10 +164,9 @@ class Placer(Protocol):
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (a scheduler, `kill`) and SIGHUP stop the driver as Ctrl-C does, through `Placer.stop`: every
-    rung checkpoints and exits with it. Python's default SIGTERM ended the driver at once and left
-    its workers training with no one to report to (stopping the eighth edition's recipe check,
-    2026-12-04). The driver is plain Python between polls, so raising here is safe, unlike in the
-    trainer (`delphi.train.interrupt`)."""
+    rung checkpoints and exits with it. Python's default SIGTERM would end the driver at once and leave
+    its workers training with no one to report to. The driver is plain Python between polls, so
+    raising here is safe, unlike in the trainer (`delphi.train.interrupt`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -260,12 +263,8 @@ def select_budgets(rungs: list[Rung], budgets: tuple[float, ...] | None) -> list
 def check_store(ladder_dir: Path, rungs: list[Rung]) -> None:
     """Before any rung is placed: the store of every rung about to train can feed it (batch,
     evaluation windows, vocabulary) within the ladder spec's run.max_epochs (its ladder.yaml; no
-    limit without one): `delphi.ladder.plan.check_ladder_store`, a DelphiError naming the rung.
+    limit without one): `check_ladder_store`, a DelphiError naming the rung.
     A config that does not read is left to its rung, which fails alone in its worker."""
-    from delphi.ladder.manifest import SPEC_FILE
-    from delphi.ladder.plan import check_ladder_store
-    from delphi.ladder.spec import load_ladder_spec
-    from delphi.train.config import load_train_config
 
     runs = []
     for rung in rungs:
@@ -466,3 +465,32 @@ class LadderDriver:
             "wall_s": round(self.wall_s, 3),
             "rung_times": dict(self.rung_times),
         }
+
+
+def check_ladder_store(
+    runs: list[tuple[str, TrainConfig]], max_epochs: float | None, where: str = ""
+) -> dict[str, float]:
+    """Epochs of its store each run reads (run id -> epochs), checked where training starts (`ladder
+    run`, a study's ladder stage): DelphiError when a store's bytes or vocabulary are not what a run
+    needs (`delphi.data.store.check_store_for_config`), it cannot feed a run's batches and evaluation
+    windows (`TokenStore.check_feeds`), or a run would read more than `max_epochs` passes over its
+    train split (run.max_epochs; None: no limit). `ladder plan` reads no store."""
+
+    prefix = f"{where}: " if where else ""
+    stores: dict[Path, TokenStore] = {}
+    epochs = {}
+    for run_id, cfg in runs:
+        name = cfg.data.store
+        at = f"{prefix}run.store ({run_id})"
+        store_dir = check_store_for_config(cfg, where=at)
+        store = stores[store_dir] if store_dir in stores else stores.setdefault(store_dir, TokenStore(store_dir))
+        store.check_feeds(**cfg.store_needs(), where=at)
+        e = store.epochs(cfg.steps, cfg.data.batch_size, cfg.data.seq_len)
+        if max_epochs is not None and e > max_epochs:
+            tokens = cfg.steps * cfg.data.batch_size * cfg.data.seq_len
+            raise DelphiError(
+                f"{prefix}run.max_epochs: rung {run_id} reads {e:.3g} epochs of {name} "
+                f"({tokens:,} tokens; run.max_epochs is {max_epochs:g}); lower the budgets or use a larger store"
+            )
+        epochs[run_id] = e
+    return epochs

@@ -14,14 +14,21 @@ token) -- plus the init and forward multipliers of `delphi.model.transformer` an
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from pathlib import Path
 from typing import Any
 
 from delphi.errors import DelphiError
+from delphi.io import atomic_write_json, atomic_write_text
+from delphi.ladder.collect import ladder_spec_of
+from delphi.ladder.manifest import SPEC_FILE, read_manifest
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token
-from delphi.train.config import TrainConfig
+from delphi.train.config import TrainConfig, load_train_config
+from delphi.train.optim import group_hyperparams
+from delphi.train.schedules import decay_steps, warmup_steps
 
 # The muP parameter groups (delphi.model.mup.GROUPS) under the names the export gives them.
 EXPORT_GROUPS = {
@@ -72,7 +79,6 @@ CONVENTIONS = {
 
 
 def _schedule_steps(cfg: TrainConfig) -> dict[str, int]:
-    from delphi.train.schedules import decay_steps, warmup_steps
 
     o, steps = cfg.optim, cfg.steps
     warmup = warmup_steps(o, steps)
@@ -106,7 +112,6 @@ def forward_multipliers(model: ModelConfig) -> dict[str, float]:
 
 def export_rung(run_id: str, budget: float, cfg: TrainConfig) -> dict[str, Any]:
     """Every number rung `run_id` trains with, flat (one CSV row); see CONVENTIONS for their meaning."""
-    from delphi.train.optim import group_hyperparams
 
     m, o, counts = cfg.model, cfg.optim, count_params(cfg.model)
     fpt = flops_per_token(m, cfg.data.seq_len)
@@ -191,9 +196,6 @@ def export_rung(run_id: str, budget: float, cfg: TrainConfig) -> dict[str, Any]:
 
 def export_ladder(ladder_dir: str | Path) -> dict[str, Any]:
     """{"ladder": name, budgets, spec path; "conventions": CONVENTIONS; "rungs": export_rung per manifest row}."""
-    from delphi.ladder.collect import ladder_spec_of
-    from delphi.ladder.manifest import SPEC_FILE, read_manifest
-    from delphi.train.config import load_train_config
 
     ladder_dir = Path(ladder_dir)
     rows = read_manifest(ladder_dir)
@@ -229,10 +231,6 @@ def export_format(path: str | Path) -> str:
 
 def write_export(doc: dict[str, Any], path: str | Path, written_by: str) -> None:
     """The export as CSV (one row per rung, columns as export_rung orders them) or JSON, atomically."""
-    import csv
-    import io
-
-    from delphi.io import atomic_write_json, atomic_write_text
 
     if export_format(path) == ".json":
         atomic_write_json(path, doc, written_by=written_by)

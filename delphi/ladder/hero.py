@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from delphi.errors import DelphiError, quoted
+from delphi.fits import load_fit
 from delphi.fits.data import ANCHOR_ROLE, isoflop_rows
+from delphi.fits.isoflop import near_optimum_cells
+from delphi.ladder.family import params_in_convention
 from delphi.ladder.manifest import manifest_row
 from delphi.ladder.plan import (
     Rung,
@@ -24,7 +27,6 @@ from delphi.ladder.plan import (
     expected_optimum,
     format_budget,
     make_rung,
-    params_in_convention,
     plan_ladder,
     rung_role,
     rung_tokens,
@@ -42,11 +44,11 @@ if TYPE_CHECKING:
 __all__ = ["hero_from_fit", "hero_ranges", "plan_hero"]
 
 
-# ---- the hero against the ladder's ranges, sized (moved from delphi.ladder.plan) ----------------
+# ---- the hero against the ladder's ranges, sized ------------------------------------------------
 
 # What the hero is compared against: its training length and data per parameter against every rung
 # the ladder trained; its batch and beta2 against the top budget's (no discontinuity where the
-# extrapolation starts: issue 10).
+# extrapolation starts).
 RANGE_SCOPES = {"tokens_per_param": "ladder", "steps": "ladder", "batch_tokens": "top budget", "beta2": "top budget"}
 
 
@@ -133,12 +135,11 @@ def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataF
 # flat near their vertex (within 2x of N*, Hoffmann et al. 2022 Fig. 3 and this project's ladders:
 # a few hundredths of a nat), and the law predicts the loss of whatever (N, D) is trained, so an
 # off-optimal hero inside the ranges is a fairer test than an optimal one outside them.
-# The same factor defines "near the optimum" for the depths a hero may have (gate hero_depth): at
-# 10x the allowance once chose d112 L4 (1.88x N*), a depth the ladder held only as under-trained
-# rungs, and that hero came in 7% below its prediction (paper/editions/v2/README.md).
+# The same factor defines "near the optimum" for the depths a hero may have (gate hero_depth): a
+# depth the ladder holds only as under-trained rungs far from N* is not one it measured.
 HERO_MAX_OFF_OPTIMUM = 2.0
-# Where the fitted N* may land relative to the spec's expected optimum, for `hero_preflight`: the
-# default ladder's fitted optima sat at 0.8-0.9x its centre (benchmarks/default_study/).
+# Where the fitted N* may land relative to the spec's expected optimum, for `hero_preflight`: a span
+# around where the default ladder's fitted optima land (benchmarks/default_study/).
 PREFLIGHT_FACTORS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0)
 
 
@@ -219,7 +220,6 @@ def depths_near_optimum(results: "pd.DataFrame | None") -> set[int] | None:
     has a loss (the plan's preflight), when every depth is allowed."""
     if results is None or not {"loss", "params", "budget", "n_layers"} <= set(results.columns):
         return None
-    from delphi.fits.isoflop import near_optimum_cells
 
     frame = isoflop_rows(results[results["status"] == "completed"] if "status" in results.columns else results)
     if len(frame) == 0:
@@ -280,7 +280,6 @@ def hero_from_fit(
 ) -> tuple[Rung, dict]:
     """(Rung, details) for the hero at `compute` FLOPs; `results` (the ladder's results DataFrame, or
     None for the spec's plan) gives the ranges the hero is sized into; details["ranges"] reports them."""
-    from delphi.fits import load_fit
 
     if not (compute > 0 and math.isfinite(compute)):
         raise DelphiError(f"--compute: must be a positive number of FLOPs, got {quoted(compute)}")

@@ -1,10 +1,10 @@
 """Is the ladder's LR transfer rule near the optimum at the shapes and horizons it trains?
-`delphi ladder lr-calibrate` (issue 10; paper/editions/v3/README.md, the 30x hero's miss).
+`delphi ladder lr-calibrate`.
 
 A scaling law fitted to a ladder predicts the hero's loss under the ladder's recipe. When the
 recipe's learning rate drifts away from the optimum with width or token horizon, the ladder's
 large or long rungs lose loss to the LR, and the law carries that loss into the extrapolation
-(paper v3: a d96 run at 10x lost 9% to an LR 1.39x its better value). This experiment measures
+(docs/notebook.md). This experiment measures
 the drift at the ladder's own shapes, batch and schedule:
 
     for each point (d_model, tokens) and multiplier m:  train the rung `make_rung` plans there,
@@ -28,8 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from delphi.errors import DelphiError, quoted
-from delphi.io import atomic_write_text, atomic_write_yaml
+from delphi.fits.lr_optimum import fit_lr_drift, fit_quadratic
+from delphi.io import atomic_write_text, atomic_write_yaml, read_json
 from delphi.ladder.manifest import (
     CONFIG_DIR,
     MANIFEST_FILE,
@@ -40,15 +43,15 @@ from delphi.ladder.manifest import (
     read_manifest,
     write_ladder,
 )
-from delphi.ladder.plan import Rung, make_rung, plan_ladder, shape_for_width
+from delphi.ladder.plan import Rung, make_rung, plan_ladder, shape_for_width, transfer
 from delphi.ladder.spec import LadderSpec, load_ladder_spec
 from delphi.model.flops import flops_per_token
 from delphi.train.config import train_config_to_dict
 
 DEFAULT_MULTIPLIERS = (0.125, 0.25, 0.5, 1.0, 2.0)
 # The quadratic in log2 LR goes through the best multiplier and one on each side: past the optimum
-# the loss climbs a cliff, not a parabola (paper v4 calibration, d48 on 34M tokens: 1.203, 1.199,
-# 1.308, 1.358 at 1/8, 1/4, 1/2, 1x the rule), and a wider fit drags the vertex off the grid.
+# the loss climbs a cliff, not a parabola (the calibration sweeps: docs/notebook.md), and a wider fit
+# drags the vertex off the grid.
 FIT_NEIGHBOURS = 1
 REPORT_FILE = "lr_calibration.json"
 
@@ -251,9 +254,6 @@ def completed_val_loss(run_dir: Path) -> float:
 
 def analyse(spec: LadderSpec, ladder_dir: str | Path) -> CalibrationResult:
     """Every point of the calibration in `ladder_dir` (its manifest), against `spec`'s rule."""
-    import numpy as np
-
-    from delphi.fits.lr_optimum import fit_quadratic
 
     ladder_dir = Path(ladder_dir)
     groups: dict[tuple[int, int, int], list[dict[str, str]]] = {}
@@ -311,7 +311,6 @@ def _multiplier(run_id: str) -> float:
 
 def _fit_drift(points: list[PointOptimum], d0: int, t0: float) -> dict[str, float | None]:
     """log m* = c + a log(d / d0) + b log(T / t0) over the interior optima (`fit_lr_drift`)."""
-    from delphi.fits.lr_optimum import fit_lr_drift
 
     ok = [p for p in points if p.m_opt is not None and p.interior]
     fitted = (
@@ -333,7 +332,6 @@ def save_report(result: CalibrationResult, out: str | Path) -> Path:
 def merge_reports(paths: list[Path]) -> dict[str, Any]:
     """The points of several `lr-calibrate` reports as one (e.g. a family's narrow points measured
     under one spec and its widest under another: each point's optimum LR is absolute)."""
-    from delphi.io import read_json
 
     points, sources = [], []
     for path in paths:
@@ -349,7 +347,6 @@ def rule_drift(calibration: dict, spec: LadderSpec) -> list[dict[str, Any]]:
     """Each calibrated point under `spec`'s transfer rule (which may have been corrected since the
     calibration ran): m_now = LR* / the rule's LR now, and the loss that costs, c (log2 m_now)^2,
     as a share of the optimum's loss. Points without an interior optimum have m_now None."""
-    from delphi.ladder.plan import transfer
 
     rows = []
     for p in calibration["points"]:

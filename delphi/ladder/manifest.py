@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from delphi.errors import DelphiError, quoted
-from delphi.io import atomic_write_text, atomic_write_yaml
+from delphi.io import atomic_write_text, atomic_write_yaml, read_text
 from delphi.ladder.plan import Rung
 from delphi.ladder.spec import LadderSpec, ladder_spec_to_dict
 from delphi.model.flops import count_params
@@ -158,7 +158,6 @@ def read_manifest(ladder_dir: str | Path) -> list[dict[str, str]]:
         raise DelphiError(
             f"{ladder_dir}: no {MANIFEST_FILE}; plan a ladder there with `delphi ladder plan SPEC --out DIR`"
         )
-    from delphi.io import read_text
 
     reader = csv.DictReader(io.StringIO(read_text(path, what="manifest"), newline=""))
     rows = []

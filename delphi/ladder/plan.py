@@ -8,9 +8,7 @@
     write_ladder(spec, rungs, out)  -> manifest rows (delphi.ladder.manifest: configs/*.yaml + manifest.csv + ladder.yaml)
     plan_hero(spec, params, compute, seed) -> Rung   (delphi.ladder.hero: inside the ladder's ranges when it can be)
     hero_ranges(spec, hero, results) -> dict       (delphi.ladder.hero: the hero against the ladder's ranges)
-    flops_family(spec, convention, max_width) -> FlopsFamily  (exact FLOPs per token against N)
-    plan_health_warnings(spec, rungs) -> list[str] (health bounds visible before training)
-    check_ladder_store(runs, max_epochs) -> epochs per run (the store can feed every run; at `ladder run`)
+    flops_family(spec, convention)  -> FlopsFamily (delphi.ladder.family: exact FLOPs per token against N)
 
 A rung's tokens are budget / flops_per_token (exact, docs/design.md §4.5), its
 batch the largest power of two of sequences that still leaves >= min_steps
@@ -28,24 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from delphi.errors import DelphiError, quoted
+from delphi.errors import DelphiError
 from delphi.fits.data import ANCHOR_ROLE
+from delphi.ladder.recipe import RecipeHyperparams, optim_config, recipe_batch_seqs, recipe_for_tokens
 from delphi.ladder.spec import LadderSpec
 from delphi.model.config import ModelConfig, MoEConfig, MuPConfig
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import DataConfig, OptimConfig, TrainConfig
-
-if TYPE_CHECKING:
-    from delphi.fits.allocation import FlopsFamily
-    from delphi.ladder.recipe import RecipeHyperparams
-
 
 # ---- shape family -------------------------------------------------------------------------------
 
@@ -135,7 +126,6 @@ class RecipeRun:
 def recipe_run(spec: LadderSpec, width_or_model: int | ModelConfig, tokens: float) -> RecipeRun:
     """Shape (the spec's family at this width), batch, steps and hyperparameters of a run of
     `tokens` tokens: the whole mapping in one call (steps before the plan's step quantum)."""
-    from delphi.ladder.recipe import recipe_for_tokens
 
     if spec.recipe is None:
         raise DelphiError("recipe: the ladder spec has no recipe section")
@@ -302,8 +292,6 @@ def make_rung(
     fpt, tokens = rung_tokens(model, spec.seq_len, budget)
     halvings = 0
     if spec.recipe is not None:
-        from delphi.ladder.recipe import recipe_batch_seqs
-
         rule_batch, rule_halvings = recipe_batch_seqs(spec.recipe, tokens, spec.seq_len, model.d_model)
         batch = batch if batch is not None else rule_batch
         halvings = rule_halvings if batch == rule_batch else 0
@@ -324,8 +312,6 @@ def make_rung(
     t = spec.transfer
     run_id = run_id or run_id_for(budget, model, seed)
     if spec.recipe is not None:
-        from delphi.ladder.recipe import optim_config, recipe_for_tokens
-
         # Hyperparameters for the horizon the run trains (steps x batch), as the transfer rule's.
         rhp = recipe_for_tokens(
             spec.recipe, steps * batch_tokens, spec.seq_len, batch_seqs=batch, d_model=model.d_model
@@ -574,161 +560,3 @@ def plan_anchors(spec: LadderSpec, rungs: list[Rung], granularity: float | None 
                 )
             out.append(rung)
     return out
-
-
-# ---- shape family and its exact FLOPs ------------------------------------------------------------
-
-# The family a fit extrapolates along reaches far past the ladder: 64x its largest width by default
-# (interfaces.md section 2), i.e. ~4e3x in N at fixed depth ratio, past any hero this toolkit plans.
-FAMILY_WIDTH_REACH = 64
-
-
-def family_widths(spec: LadderSpec, max_width: int | None = None) -> list[int]:
-    """The ladder's widths plus every multiple of shape.hero_width_multiple up to max_width."""
-    multiple = spec.shape.hero_width_multiple
-    top = max_width if max_width is not None else FAMILY_WIDTH_REACH * max(spec.shape.widths)
-    if top < max(spec.shape.widths):
-        raise DelphiError(f"max_width: {top} is below the ladder's largest width {max(spec.shape.widths)}")
-    return sorted(set(spec.shape.widths) | set(range(multiple, top + 1, multiple)))
-
-
-def params_in_convention(model: ModelConfig, seq_len: int, convention: str) -> float:
-    """N of `model` counted as `convention` (delphi.fits.allocation.PARAM_CONVENTIONS)."""
-    from delphi.fits.allocation import FLOPS_PER_PARAM_TOKEN, PARAM_CONVENTIONS
-
-    if convention == "nonembedding":
-        return float(count_params(model).nonembedding)
-    if convention == "active":
-        return float(count_params(model).active)
-    if convention == "fpt6":
-        return flops_per_token(model, seq_len) / FLOPS_PER_PARAM_TOKEN
-    raise DelphiError(f"--convention: {quoted(convention)}, expected one of {', '.join(PARAM_CONVENTIONS)}")
-
-
-def flops_family(spec: LadderSpec, convention: str = "nonembedding", max_width: int | None = None) -> "FlopsFamily":
-    """The spec's shape family (its width grid extended by hero_width_multiple steps up to max_width,
-    default 64x the largest ladder width) as (N, exact flops_per_token at spec.seq_len).
-
-    Returns a `delphi.fits.allocation.FlopsFamily`; at every width of the grid its value is the exact
-    `flops_per_token` of that shape (the fit interpolates between them in log-log)."""
-    from delphi.fits.allocation import FlopsFamily
-
-    points: dict[float, float] = {}
-    for w in family_widths(spec, max_width):
-        model = shape_for_width(spec, w)
-        n = params_in_convention(model, spec.seq_len, convention)
-        points.setdefault(n, flops_per_token(model, spec.seq_len))  # equal N: the narrower shape
-    params = sorted(points)
-    top = max_width if max_width is not None else FAMILY_WIDTH_REACH * max(spec.shape.widths)
-    return FlopsFamily(
-        params=tuple(params),
-        flops_per_token=tuple(points[n] for n in params),
-        convention=convention,
-        source=f"ladder spec {spec.name!r} (seq_len {spec.seq_len}, widths up to {top})",
-    )
-
-
-# ---- health and the store, before training --------------------------------------------------------
-
-
-def evals_of(train: TrainConfig) -> int:
-    """Evaluations the trainer logs: every eval_every steps and at the last step."""
-    return train.steps // train.eval_every + (1 if train.steps % train.eval_every else 0)
-
-
-def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
-    """The health bounds (spec.health) that planned rungs already miss: layers, width, evals, eval tokens.
-
-    Drops are only known after training (`delphi ladder collect` reports them)."""
-    h = spec.health
-    checks = (
-        ("min_layers", h.min_layers, lambda r: r.model.n_layers, "layers"),
-        ("min_d_model", h.min_d_model, lambda r: r.model.d_model, "d_model"),
-        ("min_evals", h.min_evals, lambda r: evals_of(r.train), "evals"),
-        ("min_eval_tokens", h.min_eval_tokens, lambda r: r.train.last_eval_tokens, "final eval tokens"),
-    )
-    warnings = []
-    for key, bound, value, what in checks:
-        low = [r for r in rungs if value(r) < bound]
-        if low:
-            shown = ", ".join(f"{r.run_id} ({value(r):,})" for r in low[:3]) + (", ..." if len(low) > 3 else "")
-            warnings.append(f"health.{key}={bound:,}: {len(low)} of {len(rungs)} rungs have fewer {what}: {shown}")
-    return warnings
-
-
-def check_ladder_store(
-    runs: list[tuple[str, TrainConfig]], max_epochs: float | None, where: str = ""
-) -> dict[str, float]:
-    """Epochs of its store each run reads (run id -> epochs), checked where training starts (`ladder
-    run`, a study's ladder stage): DelphiError when a store's bytes or vocabulary are not what a run
-    needs (`delphi.data.store.check_store_for_config`), it cannot feed a run's batches and evaluation
-    windows (`TokenStore.check_feeds`), or a run would read more than `max_epochs` passes over its
-    train split (run.max_epochs; None: no limit). `ladder plan` reads no store."""
-    from delphi.data.loader import TokenStore
-    from delphi.data.store import check_store_for_config
-
-    prefix = f"{where}: " if where else ""
-    stores: dict[Path, TokenStore] = {}
-    epochs = {}
-    for run_id, cfg in runs:
-        name = cfg.data.store
-        at = f"{prefix}run.store ({run_id})"
-        store_dir = check_store_for_config(cfg, where=at)
-        store = stores[store_dir] if store_dir in stores else stores.setdefault(store_dir, TokenStore(store_dir))
-        store.check_feeds(**cfg.store_needs(), where=at)
-        e = store.epochs(cfg.steps, cfg.data.batch_size, cfg.data.seq_len)
-        if max_epochs is not None and e > max_epochs:
-            tokens = cfg.steps * cfg.data.batch_size * cfg.data.seq_len
-            raise DelphiError(
-                f"{prefix}run.max_epochs: rung {run_id} reads {e:.3g} epochs of {name} "
-                f"({tokens:,} tokens; run.max_epochs is {max_epochs:g}); lower the budgets or use a larger store"
-            )
-        epochs[run_id] = e
-    return epochs
-
-
-# Moved, still importable from here: the hero sized against the ladder (delphi.ladder.hero) and the
-# ladder directory on disk (delphi.ladder.manifest). Resolved lazily: both import this module.
-_MOVED = {
-    **dict.fromkeys(
-        (
-            "RANGE_SCOPES",
-            "_ladder_rows",
-            "_top_budget",
-            "ladder_ranges",
-            "_hero_values",
-            "hero_ranges",
-            "HERO_MAX_OFF_OPTIMUM",
-            "PREFLIGHT_FACTORS",
-            "_family_shapes_around",
-            "plan_hero",
-            "depths_near_optimum",
-            "expected_depths",
-            "hero_preflight",
-        ),
-        "delphi.ladder.hero",
-    ),
-    **dict.fromkeys(
-        (
-            "MANIFEST_FILE",
-            "SPEC_FILE",
-            "CONFIG_DIR",
-            "RUNS_DIR",
-            "MANIFEST_COLUMNS",
-            "manifest_row",
-            "_fmt",
-            "manifest_csv",
-            "ladder_own_paths",
-            "read_manifest",
-            "write_ladder",
-            "format_table",
-        ),
-        "delphi.ladder.manifest",
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

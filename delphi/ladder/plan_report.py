@@ -1,6 +1,6 @@
-"""What `delphi ladder plan` says about a plan before it writes it, beyond the health bounds
-(delphi.ladder.plan.plan_health_warnings):
+"""What `delphi ladder plan` says about a plan before it writes it:
 
+    plan_health_warnings(spec, rungs) -> the health bounds (spec.health) planned rungs already miss
     scale_default_notes(raw)          -> the keys that took a large-scale default, with their sources
     binding_cap_notes(spec, raw, rungs) -> each default cap or floor that changed a rung
     head_size_notes(spec, rungs)      -> widths whose head size is not shape.head_dim
@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from delphi.ladder.plan import Rung, rule_layers, rung_role, shape_for_width
-from delphi.ladder.spec import LadderSpec, _has_key, defaults_scale, large_scale_fills
+from delphi.ladder.spec import LadderSpec, defaults_scale, has_key, large_scale_fills
+from delphi.train.config import TrainConfig
 
 SHOWN = 3  # rungs named per line; the count says how many more
 
@@ -30,7 +31,7 @@ def _some(rungs: list[Rung], value: Callable[[Rung], str]) -> str:
 
 def _origin(raw: dict, key: str) -> str | None:
     """ "the default" or "the large-scale default" for a key the spec leaves unset; None when it sets it."""
-    if _has_key(raw, key):
+    if has_key(raw, key):
         return None
     return "the large-scale default" if key in large_scale_fills(raw) else "the default"
 
@@ -255,7 +256,7 @@ def unused_key_warnings(raw: dict) -> list[str]:
     """One line per key the spec file sets that its other choices leave unused (set but inert)."""
     out = []
     for key, unused, why in UNUSED_WHEN:
-        if not _has_key(raw, key) or raw_value(raw, key) is None:
+        if not has_key(raw, key) or raw_value(raw, key) is None:
             continue
         try:
             inert = unused(raw)
@@ -271,3 +272,28 @@ def raw_value(raw: dict, key: str) -> Any:
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node
+
+
+def evals_of(train: TrainConfig) -> int:
+    """Evaluations the trainer logs: every eval_every steps and at the last step."""
+    return train.steps // train.eval_every + (1 if train.steps % train.eval_every else 0)
+
+
+def plan_health_warnings(spec: LadderSpec, rungs: list[Rung]) -> list[str]:
+    """The health bounds (spec.health) that planned rungs already miss: layers, width, evals, eval tokens.
+
+    Drops are only known after training (`delphi ladder collect` reports them)."""
+    h = spec.health
+    checks = (
+        ("min_layers", h.min_layers, lambda r: r.model.n_layers, "layers"),
+        ("min_d_model", h.min_d_model, lambda r: r.model.d_model, "d_model"),
+        ("min_evals", h.min_evals, lambda r: evals_of(r.train), "evals"),
+        ("min_eval_tokens", h.min_eval_tokens, lambda r: r.train.last_eval_tokens, "final eval tokens"),
+    )
+    warnings = []
+    for key, bound, value, what in checks:
+        low = [r for r in rungs if value(r) < bound]
+        if low:
+            shown = ", ".join(f"{r.run_id} ({value(r):,})" for r in low[:3]) + (", ..." if len(low) > 3 else "")
+            warnings.append(f"health.{key}={bound:,}: {len(low)} of {len(rungs)} rungs have fewer {what}: {shown}")
+    return warnings

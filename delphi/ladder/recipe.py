@@ -1,12 +1,12 @@
 """The training recipe: one pure function from a run's shape and token horizon to everything it
-trains with (issue 29, "One recipe owner"; docs/design.md §5, Marin's "adamh_scaling_v6").
+trains with (docs/design.md §5, Marin's "adamh_scaling_v6").
 
 A ladder spec with a `recipe:` section hands batch size, optimizer, LR per parameter group, eps,
 beta2, warmup and schedule of EVERY run it plans to this module: isoFLOP rungs, anchors,
 calibration and recipe-check points, rehearsals, probes and the hero all call `recipe_for_tokens`
 through `delphi.ladder.plan.make_rung`, so no batch rule, optimizer or schedule can switch
-between them. A spec without `recipe:` plans exactly as before (its `batch:`, `transfer:` and the
-hyperparameters of `base:`), so old studies reproduce byte for byte.
+between them. A spec without `recipe:` plans by its `batch:`, `transfer:` and the hyperparameters
+of `base:`.
 
 The forms (Marin, experiments/scaling_law_sweeps/completed_adamh.py; constants are ours):
 
@@ -34,12 +34,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from delphi.errors import DelphiError
-
-if TYPE_CHECKING:
-    from delphi.train.config import OptimConfig
+from delphi.train.config import OptimConfig
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ def _c(value: float, source: str | None = None) -> RecipeConstant:
 @dataclass(frozen=True)
 class RecipeCheckSpec:
     """Where `delphi ladder recipe-check` measures the loss the recipe leaves on the table
-    (delphi.ladder.recipe_check). It must reach the planned hero: its width (`widths`) and its
+    (delphi.ladder.recipe_check_plan). It must reach the planned hero: its width (`widths`) and its
     token count (`horizons`), and start at the smallest rung."""
 
     # The computes of the runs planned beyond the ladder (FLOPs); the largest is the planned hero.
@@ -395,7 +393,6 @@ def recipe_for_tokens(
 
 def trainer_has_optimizer_choice() -> bool:
     """Whether delphi.train.config.OptimConfig takes `optimizer` and `adam_lr` (the AdamH trainer)."""
-    from delphi.train.config import OptimConfig
 
     names = {f.name for f in dataclasses.fields(OptimConfig)}
     return {"optimizer", "adam_lr"} <= names
@@ -403,7 +400,6 @@ def trainer_has_optimizer_choice() -> bool:
 
 def optim_config(hp: RecipeHyperparams, lr: float | None = None) -> "OptimConfig":
     """The trainer's optim section for these hyperparameters (`lr` overrides the projection LR)."""
-    from delphi.train.config import OptimConfig
 
     kwargs: dict = dict(
         lr=hp.lr if lr is None else lr,

@@ -57,26 +57,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import jax
+
 from delphi.errors import DelphiError
-from delphi.ladder.driver import (  # noqa: F401  (re-exported: the names every caller of the runner knows)
+from delphi.ladder.driver import (
     EXIT_COMPLETED,
     EXIT_DIVERGED,
     EXIT_FAILED,
     EXIT_LOCKED,
-    LOCKED_RETRY_S,
-    LOCKS_DIR,
     LOGS_DIR,
     PROGRESS_EVERY_S,
     LadderDriver,
     Outcome,
     Rung,
     is_finished,
-    load_rungs,
-    progress_line,
     rung_status,
 )
+from delphi.train.checkpoint import check_checkpoint_path
+from delphi.train.config import load_train_config
 from delphi.train.device import CUDA_VISIBLE_ENV, check_gpu_host, worker_gpus
-from delphi.train.environment import JAX_CACHE_ENV, JAX_CACHE_SUBDIR, device_env, jax_cache_dir, single_thread_xla_flags  # noqa: F401
+from delphi.train.environment import (
+    check_cache_dirs,
+    device_env,
+    jax_cache_dir,
+    single_thread_xla_flags,
+)
+from delphi.train.rundir import record_death, signal_death_reason
+from delphi.train.trainer import train_group
 
 POLL_S = 0.5
 STOP_WAIT_S = 60.0  # a stopped rung writes its checkpoint first
@@ -98,8 +105,6 @@ def enable_compilation_cache() -> Path | None:
     path = jax_cache_dir()
     if path is None:
         return None
-    import jax
-
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", JAX_CACHE_MIN_COMPILE_S)
@@ -150,8 +155,6 @@ def run_group(configs: list[str | Path], run_dirs: list[str | Path], lock_paths:
         todo = [i for i, code in enumerate(codes) if code is None]
         if todo:
             enable_compilation_cache()
-            from delphi.train.config import load_train_config
-            from delphi.train.trainer import train_group
 
             cfgs = [load_train_config(configs[i]) for i in todo]
             summaries = train_group(cfgs, [Path(run_dirs[i]) for i in todo], resume=True, progress=False)
@@ -275,10 +278,9 @@ def default_workers(pending_rungs: int, cpus: int, memory_bytes: int | None = No
 
 
 def worker_env(pin_cores: bool, gpu: str | None = None) -> dict[str, str]:
-    """A worker's environment: with pinning, a one-thread XLA runtime whatever its slot's cores.
-    Before issue 41 a slot of several cores (fewer rungs than cores, or --workers 1) ran XLA's thread
-    pool over them, and `ladder run --workers 1` against `--workers 2` changed 5 of 9 rungs by up to 3.5%.
-    `gpu`: the one GPU the worker sees (CUDA_VISIBLE_DEVICES), so that each rung has a GPU to itself."""
+    """A worker's environment: with pinning, a one-thread XLA runtime whatever its slot's cores, so
+    that a rung's numbers do not depend on how many workers ran beside it (XLA's CPU sums round
+    differently over another thread count). `gpu`: the one GPU the worker sees (CUDA_VISIBLE_DEVICES), so that each rung has a GPU to itself."""
     env = dict(os.environ)
     if pin_cores:  # one core per worker: no intra-op thread pool to fight over it
         env["XLA_FLAGS"] = single_thread_xla_flags(env.get("XLA_FLAGS"))
@@ -309,7 +311,6 @@ def _record_worker_death(rungs: list[Rung], code: int) -> str | None:
     train.lock (delphi.train.rundir.record_death); the reason, or None for an ordinary exit."""
     if code >= 0:
         return None
-    from delphi.train.rundir import record_death, signal_death_reason
 
     reason = "worker " + signal_death_reason(-code).removeprefix("the trainer process ")
     for rung in rungs:
@@ -533,8 +534,6 @@ def run_ladder(
     """
     if workers is not None and workers < 1:
         raise DelphiError(f"--workers: must be >= 1, got {workers}")
-    from delphi.train.checkpoint import check_checkpoint_path
-    from delphi.train.environment import check_cache_dirs
 
     check_cache_dirs()  # before any rung: a cache or a run dir no worker can use would fail every rung in turn
     check_checkpoint_path(Path(ladder_dir))

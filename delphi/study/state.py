@@ -178,7 +178,7 @@ def chosen_convention(study: Study) -> str:
 def load_table(study: Study, convention: str | None = None) -> pd.DataFrame:
     """The results table with N counted as `convention` and the ladder family's exact FLOPs attached."""
     from delphi.fits import load_results
-    from delphi.ladder.plan import flops_family
+    from delphi.ladder.family import flops_family
 
     convention = convention or chosen_convention(study)
     return load_results(
