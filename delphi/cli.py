@@ -97,7 +97,7 @@ def positive_float(text: str) -> float:
 def output_path(text: str) -> str:
     """argparse type of an --out path: Path("") would silently mean the current directory. The text
     is kept as given (not a Path, which drops a trailing separator): `--out newdir/` names a
-    directory, and the output policy refuses it where a file is expected (delphi.io)."""
+    directory, and the output policy refuses it where a file is expected (delphi.path_policy)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path; expected a file or directory name")
     return text

@@ -296,7 +296,7 @@ def check_provenance(prereg_doc: dict, tree: Path) -> dict:
     """The sha256s a sealed preregistration recorded (fit, hero config, ladder manifest, results
     table, probe summaries), each against the file of that name in an (unpacked) edition: the
     compact copy is the one sealed if every recorded hash is found."""
-    from delphi.io import sha256_file
+    from delphi.hashes import sha256_file
 
     provenance = prereg_doc.get("provenance") or {}
     recorded = {k: v for k, v in provenance.items() if k.endswith("_sha256") and isinstance(v, str)}
@@ -354,7 +354,7 @@ def hero_runs(doc: dict, trees: dict[str, Path]) -> tuple[str, Path, list[Path]]
     """Where the editions hold a sealed preregistration's hero: (the edition's name, its run dir, the
     runs its outcome is the mean of), from the first edition whose data hold every sha256 the seal
     recorded and a finished run of the sealed hero config; None when none does."""
-    from delphi.io import sha256_file
+    from delphi.hashes import sha256_file
 
     hero_sha = (doc.get("provenance") or {}).get("hero_config_sha256")
     for name, tree in trees.items():

@@ -62,7 +62,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _prepare(args: argparse.Namespace) -> dict:
     from delphi.data.store import PrepareOptions, prepare_store
-    from delphi.io import check_output_dir
+    from delphi.path_policy import check_output_dir
     from delphi.signals import stop_signals_raise
 
     tokenizer_file = () if args.tokenizer in ("byte", "bpe") else (args.tokenizer,)

@@ -79,7 +79,7 @@ def _parse_list(text: str, kind: type, flag: str) -> tuple:
 def _check_replaceable_in(out: str, names: tuple[str, ...], command: str, force: bool) -> None:
     from pathlib import Path
 
-    from delphi.io import check_replaceable
+    from delphi.path_policy import check_replaceable
 
     for name in names:
         check_replaceable(Path(out) / name, command, force=force)
@@ -96,7 +96,7 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
             raise DelphiError(f"--{name.replace('_', '-')}: must be a positive integer, got {getattr(args, name)}")
     if args.lr is not None and args.lr <= 0:
         raise DelphiError(f"--lr: must be positive, got {args.lr}")
-    from delphi.io import check_output_dir
+    from delphi.path_policy import check_output_dir
 
     check_output_dir(args.out)
     _check_replaceable_in(args.out, ("coordcheck.json", "coordcheck.png"), "mup coord-check", args.force)
@@ -137,7 +137,7 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
 
 def cmd_lr_sweep(args: argparse.Namespace) -> dict[str, Any]:
     from delphi.experiments.lrsweep import LRSweepSpec, run_sweep, save_report
-    from delphi.io import check_output_dir
+    from delphi.path_policy import check_output_dir
 
     check_output_dir(args.out)
     _check_replaceable_in(args.out, ("sweep.csv", "sweep.json", "sweep.png", "sweep.svg"), "mup lr-sweep", args.force)

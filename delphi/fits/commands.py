@@ -378,7 +378,7 @@ def _fit_function(args: argparse.Namespace, method: str):
 
 
 def _command(args: argparse.Namespace) -> str:
-    """The command that writes --out, as its file says (delphi.io's output policy)."""
+    """The command that writes --out, as its file says (delphi.path_policy)."""
     return f"fit {args.fit_method}"
 
 
@@ -399,7 +399,7 @@ def _check_bootstrap(args: argparse.Namespace, rows: int | None = None) -> None:
 
 
 def _check_out(args: argparse.Namespace) -> None:
-    from delphi.io import check_output_file
+    from delphi.path_policy import check_output_file
 
     _check_bootstrap(args)  # before any work: a bad --bootstrap must not cost a table's loading
     if args.out is not None:  # before any work: a bad --out must not cost a bootstrap

@@ -389,7 +389,8 @@ def _read(source: str | os.PathLike | pd.DataFrame) -> tuple[str, pd.DataFrame, 
     if isinstance(source, pd.DataFrame):
         sha = hashlib.sha256(source.to_csv(index=False).encode()).hexdigest()
         return "table", source.copy(), sha
-    from delphi.io import check_input_file, decode_utf8
+    from delphi.io import decode_utf8
+    from delphi.path_policy import check_input_file
 
     # `-`, /dev/null, a FIFO or a process substitution: said what it is, not "not found"
     path = check_input_file(source, "results table file (CSV, JSON, JSONL or Parquet)", not_found="file not found")

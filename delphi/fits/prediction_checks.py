@@ -97,7 +97,7 @@ def fit_table(fit: Any, fit_path: Path, results: Path | None = None, options: An
     `options` (delphi.fits.data.TableOptions), else the fit's recorded source, query and column
     mapping where that file still has the recorded sha256."""
     from delphi.fits.data import load_results
-    from delphi.io import sha256_file
+    from delphi.hashes import sha256_file
 
     diag = fit.diagnostics or {}
     convention = diag.get("params_convention") or "nonembedding"

@@ -295,7 +295,7 @@ def family_path(results: str | Path) -> Path:
 
 def write_family(spec: LadderSpec, out: str | Path, source: str | None = None, written_by: str | None = None) -> dict:
     """Write the spec's FLOPs family (non-embedding N, the canonical `params`) as JSON; return it.
-    `written_by`: the command, which the file then names (delphi.io's output policy)."""
+    `written_by`: the command, which the file then names (delphi.path_policy)."""
     import dataclasses
 
     family = flops_family(spec)

@@ -200,11 +200,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> dict:
-    from delphi.io import check_output_dir, read_yaml
+    from delphi.io import read_yaml
     from delphi.ladder import plan_report
     from delphi.ladder.manifest import format_table, write_ladder
     from delphi.ladder.plan import plan_health_warnings, plan_ladder
     from delphi.ladder.spec import load_ladder_spec
+    from delphi.path_policy import check_output_dir
 
     check_output_dir(args.out, inputs=(args.spec,))
     check_ladder_dir_writes(args.out, args.spec, force=args.force)
@@ -262,8 +263,8 @@ def check_ladder_dir_writes(out: str, spec_path: str, *, force: bool) -> None:
     unless `force`. A directory with a manifest is Delphi's: `write_ladder` replans the same
     ladder there, or refuses a different one."""
     from delphi.errors import DelphiError
-    from delphi.io import check_not_an_input
     from delphi.ladder.plan import CONFIG_DIR, MANIFEST_FILE, SPEC_FILE, ladder_own_paths
+    from delphi.path_policy import check_not_an_input
 
     out_dir = Path(out)
     check_not_an_input(ladder_own_paths(out_dir), (spec_path,))
@@ -305,9 +306,9 @@ def _run(args: argparse.Namespace):
 
 
 def _collect(args: argparse.Namespace) -> dict:
-    from delphi.io import check_output_file
     from delphi.ladder.collect import collect_ladder, family_path, write_results
     from delphi.ladder.manifest import ladder_own_paths, read_manifest
+    from delphi.path_policy import check_output_file
 
     check_output_file(args.out, protected=ladder_own_paths(args.ladder_dir), command="ladder collect", force=args.force)
     check_output_file(
@@ -341,9 +342,9 @@ def _collect(args: argparse.Namespace) -> dict:
 
 def _export(args: argparse.Namespace) -> dict:
     from delphi.errors import DelphiError
-    from delphi.io import check_output_file
     from delphi.ladder.export import export_format, export_ladder, write_export
     from delphi.ladder.manifest import ladder_own_paths
+    from delphi.path_policy import check_output_file
 
     if args.out is None and not args.json:
         raise DelphiError("ladder export: give --out FILE.csv or FILE.json, or --json to print it")
@@ -368,9 +369,10 @@ def _family(args: argparse.Namespace) -> dict:
     import dataclasses
 
     from delphi.errors import DelphiError
-    from delphi.io import atomic_write_json, check_output_file
+    from delphi.io import atomic_write_json
     from delphi.ladder.plan import flops_family
     from delphi.ladder.spec import load_ladder_spec
+    from delphi.path_policy import check_output_file
 
     if args.max_width is not None and args.max_width <= 0:
         raise DelphiError(
@@ -390,10 +392,11 @@ def _family(args: argparse.Namespace) -> dict:
 
 
 def _hero(args: argparse.Namespace) -> dict:
-    from delphi.io import atomic_write_yaml, check_output_file
+    from delphi.io import atomic_write_yaml
     from delphi.ladder.hero import hero_from_fit
     from delphi.ladder.manifest import format_table
     from delphi.ladder.spec import load_ladder_spec
+    from delphi.path_policy import check_output_file
     from delphi.train.config import train_config_to_dict
 
     check_output_file(args.out, inputs=(args.fit, args.spec), command="ladder hero", force=args.force)
@@ -415,10 +418,10 @@ def _hero(args: argparse.Namespace) -> dict:
 
 
 def _lr_calibrate(args: argparse.Namespace) -> dict:
-    from delphi.io import check_output_dir
     from delphi.ladder.lr_calibration import DEFAULT_MULTIPLIERS, Point, analyse, save_report, write_calibration
     from delphi.ladder.runner import run_ladder
     from delphi.ladder.spec import load_ladder_spec
+    from delphi.path_policy import check_output_dir
 
     check_output_dir(args.out, inputs=(args.spec,))
     check_ladder_dir_writes(args.out, args.spec, force=args.force)
@@ -435,9 +438,9 @@ def _lr_calibrate(args: argparse.Namespace) -> dict:
 
 
 def _recipe_check(args: argparse.Namespace):
-    from delphi.io import check_output_dir
     from delphi.ladder.recipe_check import analyse, format_report, save_report, write_check
     from delphi.ladder.spec import load_ladder_spec
+    from delphi.path_policy import check_output_dir
 
     check_output_dir(args.out, inputs=(args.spec,))
     spec = load_ladder_spec(args.spec)

@@ -101,8 +101,8 @@ def _build(args: argparse.Namespace):
 
 
 def _snapshot(args: argparse.Namespace) -> dict:
-    from delphi.io import check_output_dir, check_owned_dir
     from delphi.paper.build import snapshot
+    from delphi.path_policy import check_output_dir, check_owned_dir
     from delphi.study import STUDY_FILE
 
     check_output_dir(args.to, inputs=(args.from_study,), flag="--to")

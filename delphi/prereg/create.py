@@ -27,7 +27,8 @@ from delphi.fits.data import TableOptions
 from delphi.fits.intervals import PointCorrection
 from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, REFIT_NAMES, law_name  # noqa: F401 (importable from here)
 from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
-from delphi.io import atomic_write_json, read_json, sha256_file
+from delphi.hashes import sha256_file
+from delphi.io import atomic_write_json, read_json
 from delphi.prereg import format as fmt
 from delphi.prereg.hero import HeroSpec
 from delphi.prereg.predict import (  # noqa: F401 (moved there; importable from here)
@@ -234,7 +235,7 @@ def _ladder_bpb_per_nat(run_dirs: list[Path]) -> float | None:
     return float(np.median(ratios)) if ratios else None
 
 
-GATES_COMMAND = "prereg create"  # the gate report's output-policy marker (delphi.io)
+GATES_COMMAND = "prereg create"  # the gate report's output-policy marker (delphi.written_by)
 
 
 def gates_path(out: Path) -> Path:
@@ -592,7 +593,7 @@ def create_prereg(
     check_seeds(seeds)
     n_seeds = len(seeds) if seeds else 1
     # The gate report beside the seal is written even when the seal is refused: never over a user's file.
-    from delphi.io import check_output_file
+    from delphi.path_policy import check_output_file
 
     check_output_file(
         gates_path(out), inputs=(fit_path, hero_path, results), flag="gate report", command=GATES_COMMAND, force=force

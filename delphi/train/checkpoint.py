@@ -43,7 +43,8 @@ import jax
 import numpy as np
 
 from delphi.errors import DelphiError, quoted
-from delphi.io import atomic_write_json, sha256_file
+from delphi.hashes import sha256_file
+from delphi.io import atomic_write_json
 
 CHECKPOINT_PREFIX = "step_"
 CHECKPOINTS_DIR = "checkpoints"

@@ -50,7 +50,7 @@ def add_commands(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace):
-    from delphi.io import check_output_dir
+    from delphi.path_policy import check_output_dir
     from delphi.train import supervise
     from delphi.train.interrupt import check, deferred_signals
 
@@ -121,7 +121,7 @@ def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | 
 def _check_run_dir(out: Path, inputs: tuple, seeds: str | None, force: bool) -> None:
     """The files a run writes (config.yaml, status.json, metrics.jsonl, summary.json) are never an
     input, and replace only a run dir's own (one with status.json), unless --force."""
-    from delphi.io import check_not_an_input
+    from delphi.path_policy import check_not_an_input
     from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 
     run_dirs = [out / f"seed{s}" for s in parse_seeds(seeds)] if seeds is not None else [out]
@@ -205,8 +205,9 @@ def add_flops_command(subparsers: argparse._SubParsersAction) -> None:
 def load_model_config(path: Path, seq_len: int | None) -> tuple[Any, int, str]:
     """(ModelConfig, seq_len, kind) from a train config or a bare model config."""
     from delphi.config_schema import from_dict
-    from delphi.io import check_input_file, read_yaml
+    from delphi.io import read_yaml
     from delphi.model.config import ModelConfig
+    from delphi.path_policy import check_input_file
     from delphi.train.config import DataConfig, load_train_config
 
     check_input_file(path, "config file (YAML)", not_found="no such config file")  # `-`, /dev/null, a FIFO: named

@@ -210,7 +210,7 @@ def check_cache_dirs() -> None:
     directories this process can create and write, checked before any step: otherwise every rung of
     a ladder fails on them in turn. DelphiError naming the variable and the directory."""
     from delphi.data.store import cache_dir
-    from delphi.io import check_output_dir
+    from delphi.path_policy import check_output_dir
 
     for name, path in ((CACHE_ENV, cache_dir()), (JAX_CACHE_ENV, jax_cache_dir())):
         if path is None:

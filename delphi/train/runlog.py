@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from delphi.errors import CheckFailed, DelphiError, quoted
-from delphi.io import check_input_file, decode_utf8
+from delphi.io import decode_utf8
+from delphi.path_policy import check_input_file
 from delphi.train.rundir import (
     CONFIG_FILE,
     METRICS_FILE,

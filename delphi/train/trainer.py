@@ -38,7 +38,8 @@ import numpy as np
 from flax import nnx
 
 from delphi.errors import DelphiError
-from delphi.io import atomic_write_json, atomic_write_text, sha256_bytes
+from delphi.hashes import sha256_bytes
+from delphi.io import atomic_write_json, atomic_write_text
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
 from delphi.train import checkpoint as ckpt
