@@ -44,9 +44,12 @@ from flax import nnx
 from jaxtyping import Array, Int
 
 from delphi.experiments.shapes import WidthFamily
+from delphi.io import atomic_write_json
 from delphi.model import mup
 from delphi.model.config import ModelConfig, MoEConfig
 from delphi.model.transformer import Transformer, cross_entropy
+from delphi.plot.figures import coordcheck_figure
+from delphi.plot.style import write_png
 
 # Slope tolerances of OLMo-core's coordinate-check test (docs/design.md §4.4): each layer's output,
 # and the whole model's output (the logits).
@@ -205,10 +208,6 @@ def save_report(
     results: list[CoordCheckResult], out_dir: str | Path, *, passed: bool, written_by: str | None = None
 ) -> dict[str, Any]:
     """Write coordcheck.json and coordcheck.png into out_dir; return the JSON dict."""
-    from delphi.io import atomic_write_json
-    from delphi.plot.figures import coordcheck_figure
-    from delphi.plot.style import write_png
-
     out_dir = Path(out_dir)
     report = {
         "passed": passed,

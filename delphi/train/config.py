@@ -13,6 +13,7 @@ from typing import Any, Literal
 from delphi.config_schema import from_dict, load_config, to_dict
 from delphi.errors import DelphiError
 from delphi.model.config import ModelConfig
+from delphi.model.flops import check_plausible_size, flops_per_token
 
 # Seeds are in [0, SEED_LIMIT): JAX makes a key from a signed 64-bit integer (jax.random.key raises
 # OverflowError from 2**63 on), so a larger seed could never train.
@@ -176,8 +177,6 @@ class TrainConfig:
     @property
     def flops(self) -> float:
         """Model FLOPs of the whole run: exact FLOPs per token (Chinchilla appendix F) x tokens."""
-        from delphi.model.flops import flops_per_token
-
         return flops_per_token(self.model, self.data.seq_len) * self.tokens
 
     @property
@@ -196,8 +195,6 @@ class TrainConfig:
         return min(-(-wanted // shards), -(-n_windows // shards)) * shards
 
     def validate(self) -> "TrainConfig":
-        from delphi.model.flops import check_plausible_size
-
         self.model.validate("model")
         check_plausible_size(self.model, "model")  # a typo like d_model: 1000000000, named with the file
 

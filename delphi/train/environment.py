@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from delphi.data.store import cache_dir
 from delphi.errors import DelphiError, quoted
+from delphi.path_policy import check_output_dir
 from delphi.train.config import DEVICE_CHOICES
 
 PEAK_ENV = {"f32": "DELPHI_PEAK_FLOPS_F32", "bf16": "DELPHI_PEAK_FLOPS_BF16"}  # FLOP/s, > 0
@@ -200,7 +202,6 @@ def jax_cache_dir() -> Path | None:
         return None
     if configured:
         return Path(configured).expanduser()
-    from delphi.data.store import cache_dir
 
     return cache_dir() / JAX_CACHE_SUBDIR
 
@@ -209,9 +210,6 @@ def check_cache_dirs() -> None:
     """Delphi's caches (DELPHI_CACHE: token stores; DELPHI_JAX_CACHE: compiled programs) are
     directories this process can create and write, checked before any step: otherwise every rung of
     a ladder fails on them in turn. DelphiError naming the variable and the directory."""
-    from delphi.data.store import cache_dir
-    from delphi.path_policy import check_output_dir
-
     for name, path in ((CACHE_ENV, cache_dir()), (JAX_CACHE_ENV, jax_cache_dir())):
         if path is None:
             continue

@@ -26,6 +26,8 @@ import signal
 import threading
 from collections.abc import Iterator
 
+from delphi.train.rundir import RESUME_HINT
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[str] = []  # signal names received while deferred, in order
 _arrivals = [itertools.count()]  # numbers the signals received while deferred (next() is one C call)
@@ -90,8 +92,6 @@ def requested() -> str | None:
 def check(stage: str) -> None:
     """Raise Interrupted if a stop signal arrived; `stage` says where the run stood, for the
     status reason ("... during compilation; continue with --resume")."""
-    from delphi.train.rundir import RESUME_HINT
-
     name = requested()
     if name is not None:
         raise Interrupted(f"stopped by signal {name} during {stage}; {RESUME_HINT}")

@@ -41,7 +41,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from delphi.errors import DelphiError
+from delphi.model.flops import count_params, expert_params
+from delphi.model.moe import DROPLESS_BLOCK, expert_capacity, is_dropless
 from delphi.train.config import TrainConfig
+from delphi.train.device import device_memory_bytes
 
 PARAM_BYTES = 4  # f32 master weights
 GRAD_BYTES = 4  # f32 gradients
@@ -86,8 +89,6 @@ class MemoryEstimate:
 def routed_rows(cfg: TrainConfig, tokens: int) -> tuple[int, bool]:
     """(rows of the MoE's expert matmuls for `tokens` tokens, whether the dispatch is dropless):
     delphi.model.moe.MoE's dispatch buffer in training."""
-    from delphi.model.moe import DROPLESS_BLOCK, expert_capacity, is_dropless
-
     moe = cfg.model.moe
     if is_dropless(moe.capacity_factor, moe.top_k, moe.experts, train=True):
         return (-(-tokens * moe.top_k // DROPLESS_BLOCK) + moe.experts) * DROPLESS_BLOCK, True
@@ -118,8 +119,6 @@ def activation_bytes_per_token(cfg: TrainConfig, tokens: int, attention: str = "
 def expert_block_bytes(cfg: TrainConfig, tokens: int) -> int:
     """A dropless MoE's per-block expert weights: kept in every layer in the compute dtype, and one
     layer's f32 gradient of them (module docstring); 0 for a dense model or capacity groups."""
-    from delphi.model.moe import DROPLESS_BLOCK
-
     m = cfg.model
     if m.moe is None:
         return 0
@@ -134,8 +133,6 @@ def expert_block_bytes(cfg: TrainConfig, tokens: int) -> int:
 def estimate_train_memory(cfg: TrainConfig, seeds: int = 1, attention: str = "blocked") -> MemoryEstimate:
     """One device's bytes at the peak of a step of `cfg` (a seed group of `seeds` holds each
     member's state and activations); `attention`: the kernel (delphi.train.device.resolve_attention)."""
-    from delphi.model.flops import count_params, expert_params
-
     counts = count_params(cfg.model)
     experts = expert_params(cfg.model)
     per_device_params = counts.total - experts + experts // max(cfg.mesh.expert, 1)
@@ -208,8 +205,6 @@ class Available:
 def available_memory(local_devices: list[Any]) -> Available:
     """What the run's devices on this host have free now: an accelerator's memory stats (what
     JAX's allocator may still take: its limit less what it holds), else the host's MemAvailable."""
-    from delphi.train.device import device_memory_bytes
-
     first = local_devices[0]
     stats = device_memory_bytes(first) if first.platform != "cpu" else None
     if stats is not None:

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from delphi.errors import CheckFailed, DelphiError, quoted
 from delphi.io import decode_utf8
 from delphi.path_policy import check_input_file
+from delphi.train.config import train_config_from_dict
 from delphi.train.rundir import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -588,8 +589,6 @@ class RunEnd:
     def of_hero(cls, hero: dict) -> "RunEnd":
         """The end of a preregistration's `hero` block: its tokens, and its steps and tokens per step
         where it carries its train config (a hero sealed from N and D alone has none)."""
-        from delphi.train.config import train_config_from_dict
-
         config = hero.get("config")
         cfg = train_config_from_dict(config, "hero.config") if isinstance(config, dict) else None
         tokens = hero.get("tokens", cfg.tokens if cfg is not None else None)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from delphi.errors import SYSTEM_ERRNOS, CheckFailed, DelphiError, message_line, system_error_line
+from delphi.train.rundir import record_death, signal_death_reason
 
 SUPERVISE_ENV = "DELPHI_TRAIN_SUPERVISE"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # delphi.train.interrupt's
@@ -77,8 +78,6 @@ def _child(work: Callable[[], int]) -> None:
 def supervised(work: Callable[[], int], run_dirs: list[Path]) -> int:
     """Run `work` (returns an exit code; prints its own output) in a child process and return its
     exit code; a child killed by a signal is recorded in `run_dirs` (delphi.train.rundir.record_death)."""
-    from delphi.train.rundir import record_death, signal_death_reason
-
     child = [0]
     early: list[int] = []  # stop signals received before the child's pid was known
 

@@ -37,11 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from delphi.data.loader import TokenStore
+from delphi.data.store import check_store_for_config
 from delphi.errors import DelphiError
 from delphi.hashes import sha256_bytes
-from delphi.io import atomic_write_json, atomic_write_text
+from delphi.io import atomic_write_json, atomic_write_text, read_yaml
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
+from delphi.model.transformer import Transformer
 from delphi.train import checkpoint as ckpt
 from delphi.train import interrupt, sharding
 from delphi.train.config import OPTIM_KEYS_ADDED, TrainConfig, train_config_to_dict
@@ -55,6 +58,7 @@ from delphi.train.environment import (  # CHECKPOINT_CLOCK_ENV, STEPS_PER_CALL_E
     steps_per_call_env,
     xla_cpu_threads,
 )
+from delphi.train.memory import CompiledMemory, check_program_fits
 from delphi.train.optim import make_optimizer
 from delphi.train.peak import peak_flops
 from delphi.train.progress import PredictedLoss, Progress
@@ -126,8 +130,6 @@ def _existing_identity(path: Path) -> str:
     """The identity of a run dir's config.yaml; a file that is not a YAML mapping is a clear error."""
     import yaml
 
-    from delphi.io import read_yaml
-
     try:
         data = read_yaml(path)
     except DelphiError as e:
@@ -168,8 +170,6 @@ INIT_PRNG_IMPL = "rbg"
 def _build_model(
     key: jax.Array, model: ModelConfig, compute_dtype: Any, mesh: jax.sharding.Mesh | None, attention: str
 ) -> nnx.Module:
-    from delphi.model.transformer import Transformer
-
     return Transformer(model, rngs=nnx.Rngs(key), compute_dtype=compute_dtype, mesh=mesh, attention=attention)
 
 
@@ -308,8 +308,6 @@ def check_compiled_memory(cfgs: list[TrainConfig], mesh: jax.sharding.Mesh) -> A
     """Refuse (DelphiError) a run whose compiled train chunk needs more memory than its device has
     (delphi.train.memory.check_program_fits), before anything is written; returns the program's
     memory (delphi.train.memory.CompiledMemory, None where XLA reports none)."""
-    from delphi.train.memory import CompiledMemory, check_program_fits
-
     memory = CompiledMemory.of(compile_train_chunk(cfgs, mesh)[0])
     check_program_fits(cfgs[0], memory, sharding.local_devices(list(mesh.devices.flat)), seeds=len(cfgs))
     return memory
@@ -572,9 +570,6 @@ def _train_group(
     progress: bool,
     max_steps: int | None,
 ) -> list[dict]:
-    from delphi.data.loader import TokenStore
-    from delphi.data.store import check_store_for_config
-
     # ---- validate everything before writing anything
     cfgs = [cfg.validate() for cfg in cfgs]
     check_training_environment([c.wandb.mode for c in cfgs])  # DELPHI_*, WANDB_MODE and its API key
