@@ -1,4 +1,4 @@
-"""muP learning-rate transfer check: `delphi mup lr-sweep` (docs/design.md §4.4, issue 4 part 4).
+"""muP learning-rate transfer check: `delphi mup lr-sweep` (docs/design.md §4.4).
 
     for each width w and base LR eta:  train a small muP model with the real trainer
                                        (delphi.train.trainer.train) -> final val loss

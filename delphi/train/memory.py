@@ -1,8 +1,7 @@
 """Will a training run fit in memory? Two answers, both before anything is written.
 
-A model too large for the machine used to abort inside XLA's allocator with a C++ stack (exit
-134, issue 31), which no Python code can catch, after the run directory had been written. So
-`train` refuses (DelphiError, exit 2, with the numbers) a run that does not fit what its devices
+A model too large for the machine aborts inside XLA's allocator with a C++ stack (exit 134),
+which no Python code can catch. So `train` refuses (DelphiError, exit 2, with the numbers) a run that does not fit what its devices
 have free, twice: first on this module's estimate (`estimate_train_memory`: arithmetic, no JAX,
 so that even an absurd config is refused at once), then on XLA's memory analysis of the compiled
 train step (`CompiledMemory`, `check_program_fits`; delphi.train.trainer.check_compiled_memory
@@ -25,12 +24,11 @@ The estimate, per device, counts what autodiff keeps for the backward pass as JA
   softmax and, in the backward pass, their gradients (f32, 4 V);
 - a dropless MoE's expert blocks: every dispatch block multiplies its rows by its own expert's
   weights, gathered per block ([blocks, d, 2 d_expert] and [blocks, d_expert, d] in the compute
-  dtype) and kept for the backward pass in every layer, and one layer's f32 gradient of them. At
-  the default ladder family's d1024 rung (16,384 tokens a step) this is 3/4 of the step's memory;
+  dtype) and kept for the backward pass in every layer, and one layer's f32 gradient of them (at
+  large widths most of the step's memory);
 - the JAX/XLA runtime itself (JAX_RUNTIME_BYTES, host memory).
-Against XLA:CPU's analysis of every shape of the default and eighth-edition ladders and of the GPU
-check's shapes, in f32 and bf16, the estimate is within ESTIMATE_TOLERANCE
-(tests/test_memory_estimate.py; benchmarks/memory_estimate.py prints the table).
+The estimate is held within ESTIMATE_TOLERANCE of XLA:CPU's analysis of the ladders' shapes, in f32
+and bf16 (tests/test_memory_estimate.py; benchmarks/memory_estimate.py prints the table).
 """
 
 from __future__ import annotations
@@ -50,8 +48,8 @@ PARAM_BYTES = 4  # f32 master weights
 GRAD_BYTES = 4  # f32 gradients
 ADAM_STATE_BYTES = 8  # two f32 moments per parameter (optax.adamw; AdamH keeps the same two)
 F32_BYTES = 4  # norms, softmaxes, the residual stream and every saved non-matmul input are f32
-# A process with JAX and XLA's CPU runtime loaded holds ~0.4 GB before any array (measured on the
-# ladder workers, delphi.ladder.runner.WORKER_MEMORY_BYTES allows 1 GB with the compiler's peaks).
+# What a process with JAX and XLA's CPU runtime loaded holds before any array (the ladder workers;
+# delphi.ladder.runner.WORKER_MEMORY_BYTES allows 1 GB with the compiler's peaks).
 JAX_RUNTIME_BYTES = 400 * 1024**2
 MEMINFO = "/proc/meminfo"
 # How close the estimate is held to XLA's memory analysis of the compiled step.

@@ -161,7 +161,7 @@ def pid_alive(pid: int) -> bool:
 def stale_running(run_dir: Path) -> str | None:
     """Why a run whose status.json says `running` is not running any more, or None while it may be.
 
-    A trainer killed by a signal no handler runs for (SIGKILL, or SIGHUP before issue 41) left
+    A trainer killed by a signal no handler runs for (SIGKILL) leaves
     `status: running` and its train.lock, which records the trainer's pid: when that process is
     gone, the status is stale. Only this machine's processes are known: a lock without a pid, or
     a pid that is alive (possibly reused by another process), reads as running. No flock is taken,

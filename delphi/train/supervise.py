@@ -2,7 +2,7 @@
 
 An abort inside XLA (SIGABRT from C++, e.g. an allocation that fails), a segmentation fault or the
 kernel's out-of-memory killer (SIGKILL) ends the training process with no Python code run: the run
-directory kept `status: pending` (or running) and a `train.lock` (issue 31). So the CLI forks before
+directory would keep `status: pending` (or running) and a `train.lock`. So the CLI forks before
 JAX is imported: the child trains (and prints everything, its --json result included) and the
 parent, which holds no JAX state, waits for it. If the child dies of a signal, the parent writes
 `status: failed` with the reason and "continue with --resume" into each run directory whose status
