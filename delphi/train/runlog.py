@@ -80,7 +80,7 @@ JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
 LOG_SUFFIXES = (*JSON_LINES_SUFFIXES, ".json", ".csv", ".tsv", ".tab")
 DELPHI_RUN_FILES = (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE)  # a directory with one of these is a Delphi run dir
 
-# Times before this are not wall-clock epoch seconds (2001-09-09): a column of elapsed seconds
+# Times before this (September 2001) are not wall-clock epoch seconds: a column of elapsed seconds
 # mapped as the time would date the run to 1970 and call every seal late.
 MIN_EPOCH_S = 1e9
 # Times above this are milliseconds (or finer) since the epoch, not seconds (year 5138).
