@@ -1,4 +1,5 @@
-"""The training loop: `train(cfg, run_dir)` runs one config to a run directory.
+"""The training loop, one concept over ~1000 lines: `train(cfg, run_dir)` runs one config (or a seed
+group) to a run directory; its program cache and run-identity helpers serve only this loop.
 
     validate everything (config, model size, store size, run dir) -> lock the run dir
     -> write config.yaml -> init or restore -> compile -> loop over chunks of steps:
