@@ -1,4 +1,4 @@
-"""Token stores: a corpus turned into train.bin / val.bin plus meta.json.
+"""Token stores, one concept over ~760 lines: a corpus turned into train.bin / val.bin plus meta.json.
 
     prepare_store(source, out_dir) -> meta      build a store from a source (streamed)
     resolve_store("stdlib" | "environment" | PATH) -> Path

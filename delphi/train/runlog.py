@@ -1,4 +1,5 @@
-"""A training run's log, from any trainer, as one typed table of eval points (`RunState`).
+"""A training run's log, from any trainer, as one typed table of eval points (`RunState`): one concept
+over ~750 lines (reading every log format into that table).
 
 What `prereg check`, `plot prediction|frontier --run` and `delphi report` read a run from:
 
