@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from machine import cpu_model  # noqa: E402
 
-from delphi.experiments.lrsweep import LRSweepSpec, run_sweep  # noqa: E402
+from delphi.experiments.lrsweep import run_sweep  # noqa: E402
+from delphi.experiments.lrsweep_spec import LRSweepSpec  # noqa: E402
 from delphi.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 # The grid: 2x apart around a pilot's optimum (300 steps, eta 4e-3, 1.6e-2, 6.4e-2: eta* 0.027 at w32, 0.017 at w64).

@@ -28,10 +28,14 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from delphi import __version__
 from delphi.errors import SYSTEM_ERRNOS, CheckFailed, DelphiError, message_line, system_error_line
+from delphi.train.config import DEVICE_CHOICES
+from delphi.train.environment import DEVICE_ENV
+from delphi.train.runlog import LogColumns
 
 # Subpackages that contribute subcommands, in the order they appear in --help.
 COMMAND_MODULES = (
@@ -97,7 +101,7 @@ def positive_float(text: str) -> float:
 def output_path(text: str) -> str:
     """argparse type of an --out path: Path("") would silently mean the current directory. The text
     is kept as given (not a Path, which drops a trailing separator): `--out newdir/` names a
-    directory, and the output policy refuses it where a file is expected (delphi.io)."""
+    directory, and the output policy refuses it where a file is expected (delphi.path_policy)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path; expected a file or directory name")
     return text
@@ -165,8 +169,6 @@ def add_column_options(parser: argparse.ArgumentParser) -> None:
 def add_table_options(parser: argparse.ArgumentParser) -> None:
     """`add_column_options` plus how N is counted and the FLOPs family: the flags of every command that
     fits or draws a results table (`table_load_kwargs`)."""
-    from pathlib import Path
-
     add_column_options(parser)
     parser.add_argument(
         "--params-convention",
@@ -223,8 +225,6 @@ def add_log_options(parser: argparse.ArgumentParser, *, flag_prefix: str = "") -
 
 def log_columns(args: argparse.Namespace):
     """The `delphi.train.runlog.LogColumns` the flags of `add_log_options` give."""
-    from delphi.train.runlog import LogColumns
-
     return LogColumns(**{name: getattr(args, f"log_{name}_col", None) for name in LOG_COLUMNS})
 
 
@@ -234,8 +234,6 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 
 def add_device_flag(parser: argparse.ArgumentParser) -> None:
     """`--device auto|cpu|gpu` of a command that trains (delphi.train.device)."""
-    from delphi.train.config import DEVICE_CHOICES
-
     parser.add_argument(
         "--device",
         choices=DEVICE_CHOICES,
@@ -253,7 +251,6 @@ def _device_from_flag(args: argparse.Namespace) -> Iterator[None]:
     if device is None:
         yield
         return
-    from delphi.train.environment import DEVICE_ENV
 
     saved = os.environ.get(DEVICE_ENV)
     os.environ[DEVICE_ENV] = device

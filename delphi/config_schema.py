@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from delphi.errors import DelphiError, quoted
+from delphi.io import read_yaml
 
 T = TypeVar("T")
 
@@ -47,8 +48,6 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
 
 def load_config(path: Any, build: Callable[[Any], T]) -> T:
     """Read the YAML file at `path` and `build` a config from it; every error names the file."""
-    from delphi.io import read_yaml
-
     try:
         return build(read_yaml(path))
     except DelphiError as e:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from delphi.compact import CURVES_FILE, FILES_FILE, is_run_dir, unpack
 from delphi.errors import DelphiError
-from delphi.io import read_yaml, sha256_file
+from delphi.hashes import sha256_file
+from delphi.io import read_yaml
 
 CACHE_ENV = "DELPHI_EDITIONS_CACHE"  # where unpacked editions are kept (default: the system temp dir)
 

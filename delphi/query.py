@@ -1,9 +1,8 @@
 """Row filters (`--query EXPR`): a small closed language, parsed and evaluated here.
 
-A query used to go to pandas' `DataFrame.query`, which evaluates Python: `@name` reaches the
-caller's local variables, and from there `@pd.io.common.os.system('...')` runs a shell command.
-Here an expression is tokenized and parsed by the code below and evaluated into a boolean mask
-with plain pandas comparisons; nothing in it is ever handed to eval, exec or pandas.eval.
+An expression is tokenized and parsed by the code below and evaluated into a boolean mask with
+plain pandas comparisons; nothing in it is ever handed to eval, exec or pandas.eval (pandas'
+`DataFrame.query` evaluates Python: `@name` reaches the caller's locals, and from there a shell).
 
 Grammar (lowest precedence first; `not a == b` is `not (a == b)`, as in Python):
 

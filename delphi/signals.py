@@ -1,9 +1,8 @@
 """Stop signals outside training: work that holds resources ends cleanly, renames finish whole.
 
 Python's defaults: SIGINT raises KeyboardInterrupt (the CLI exits 130), while SIGTERM and SIGHUP
-end the process at once, with no `finally` run. That killed `delphi fit --bootstrap`'s parent and
-left its worker processes running (issue 41), and would leave a half-built token store's temporary
-directory behind. Two context managers (main thread only; elsewhere they do nothing):
+end the process at once, with no `finally` run: a parent would leave its worker processes running
+(`delphi fit --bootstrap`) and a half-built token store's temporary directory behind. Two context managers (main thread only; elsewhere they do nothing):
 
     stop_signals_raise()   SIGTERM and SIGHUP raise `Stopped` where the main thread is, so cleanup
                            (terminating a process pool, removing a temporary directory) runs; on the

@@ -305,7 +305,7 @@ def committed_run_dirs() -> list[Path]:
 def test_adamw_configs_keep_their_config_sha256(tmp_path):
     """The sha256 each committed run recorded (before AdamH existed) is the one its config gets now;
     `optimizer: adamw` written out explicitly is the same config."""
-    from delphi.io import sha256_bytes
+    from delphi.hashes import sha256_bytes
     from delphi.train.trainer import config_yaml, identity_yaml
 
     runs = committed_run_dirs()

@@ -23,7 +23,7 @@ from delphi.data.store import (
 )
 from delphi.data.tokenizer import ByteTokenizer
 from delphi.errors import DelphiError
-from delphi.io import sha256_file
+from delphi.hashes import sha256_file
 
 
 def _corpus(root: Path, n_files: int = 60, lines: int = 200) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from delphi.cli import main
 from delphi.errors import DelphiError
-from delphi.io import load_yaml_text as load_yaml_strict
+from delphi.yaml_strict import load_yaml_text as load_yaml_strict
 
 REPO = Path(__file__).resolve().parents[1]
 ISOFLOPS = REPO / "tests" / "data" / "isoflops.csv"

@@ -145,7 +145,7 @@ def test_out_onto_a_fifo_is_refused_not_hung_or_replaced(force, work, capsys):
 def test_a_device_is_never_an_output_force_or_not(tmp_path):
     """As root, `--out /dev/null --force` replaced /dev/null with a regular file. Checked on the path
     alone: the policy and the atomic write both refuse before anything is written."""
-    from delphi.io import check_output_file, check_replaceable, refuse_non_regular
+    from delphi.path_policy import check_output_file, check_replaceable, refuse_non_regular
 
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     for force in (False, True):
@@ -205,7 +205,7 @@ def test_the_atomic_write_itself_refuses_special_files_and_directory_names(tmp_p
 
 def test_an_outputs_sidecar_follows_the_same_rules(tmp_path):
     """A CSV says who wrote it in FILE.delphi.json: that sidecar may not be a FIFO, a link or an input either."""
-    from delphi.io import check_output_file
+    from delphi.path_policy import check_output_file
 
     out = tmp_path / "results.csv"
     os.mkfifo(tmp_path / "results.csv.delphi.json")
@@ -286,7 +286,7 @@ def test_a_300_character_name_is_one_line(where, work, capsys):
 
 def test_a_name_too_long_for_its_sidecar_is_refused_before_the_work(tmp_path):
     """250 bytes fit a name, but not with `.delphi.json` after it: refused before, not half written after."""
-    from delphi.io import check_output_file
+    from delphi.path_policy import check_output_file
 
     with pytest.raises(DelphiError, match=r"with its \.delphi\.json sidecar.*shorter name"):
         check_output_file(tmp_path / ("b" * 240 + ".csv"), command="ladder collect")

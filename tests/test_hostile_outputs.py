@@ -114,7 +114,7 @@ def test_out_replaces_only_what_that_command_wrote(name, world, tmp_path, capsys
         user.unlink()
     code, err = _run(argv, capsys)  # a new file: written, and it says which command wrote it
     assert code == 0, err
-    from delphi.io import written_by
+    from delphi.written_by import written_by
 
     assert all(written_by(stem.with_suffix(s)) == name for s in suffixes)
     code, err = _run(argv, capsys)  # the command's own file: replaced

@@ -30,7 +30,15 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "delphi"
 # modules excepted, see `layer_of`). Parts listed together would share a layer and must not import
 # each other; today only the command modules share one.
 LAYERS: list[tuple[str, ...]] = [
-    ("delphi", "delphi.errors", "delphi.io", "delphi.config_schema"),  # base: one part
+    (
+        "delphi",
+        "delphi.errors",
+        "delphi.hashes",
+        "delphi.written_by",
+        "delphi.path_policy",
+        "delphi.io",
+        "delphi.config_schema",
+    ),  # base: one part
     ("delphi.data",),
     ("delphi.model",),
     ("delphi.train",),

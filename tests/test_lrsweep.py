@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from delphi.cli import main
-from delphi.experiments.lrsweep import LRSweepResult, LRSweepSpec
+from delphi.experiments.lrsweep import LRSweepResult
+from delphi.experiments.lrsweep_spec import LRSweepSpec
 from delphi.fits.lr_optimum import fit_quadratic
 
 LRS = np.array([1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2])

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from delphi.cli import add_json_flag, positive_int
+from delphi.data.shards import DEFAULT_TEXT_FIELD
+from delphi.data.store import BPE_TRAIN_BYTES, PrepareOptions, prepare_store
+from delphi.path_policy import check_output_dir
+from delphi.signals import stop_signals_raise
+
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, positive_int
-    from delphi.data.shards import DEFAULT_TEXT_FIELD
-    from delphi.data.store import BPE_TRAIN_BYTES
-
     data = subparsers.add_parser("data", help="corpus sources and token stores")
     data_sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
     prepare = data_sub.add_parser(
@@ -61,10 +63,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> dict:
-    from delphi.data.store import PrepareOptions, prepare_store
-    from delphi.io import check_output_dir
-    from delphi.signals import stop_signals_raise
-
     tokenizer_file = () if args.tokenizer in ("byte", "bpe") else (args.tokenizer,)
     check_output_dir(args.out, inputs=(args.source, *tokenizer_file))
     options = PrepareOptions(

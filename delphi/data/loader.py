@@ -23,6 +23,7 @@ from jaxtyping import Int, UInt
 
 from delphi.data.store import META_FILE, check_token_file, resolve_store, store_dtype
 from delphi.errors import DelphiError, quoted
+from delphi.io import read_json
 
 
 @functools.lru_cache(maxsize=4)
@@ -38,7 +39,6 @@ class TokenStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = resolve_store(str(path))
-        from delphi.io import read_json
 
         meta = read_json(self.path / META_FILE, what="token store meta.json")
         missing = [k for k in ("n_train", "n_val") if not isinstance(meta, dict) or k not in meta]

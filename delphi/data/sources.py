@@ -47,7 +47,7 @@ SITE_PACKAGES_SUFFIXES = (".py",)
 SKIP_DIR_NAMES = frozenset({"__pycache__", "site-packages", "dist-packages", "lib-dynload", ".git", ".hg", ".svn"})
 # Files an installer writes into site-packages for an editable install (setuptools' import finder
 # for `pip install -e`): install artefacts, not corpus text, and whether one exists depends on the
-# setuptools version pip built with, so the same packages gave two `environment` stores (paper/editions/v7).
+# setuptools version pip built with, so the same packages would give two `environment` stores.
 SITE_PACKAGES_SKIP_PREFIXES = ("__editable__",)
 SINGLE_FILE_CHUNK_BYTES = 64 * 1024  # a lone text file is split into documents of about this size
 # A NUL byte separates documents in the stream: text files never contain it.

@@ -1,4 +1,4 @@
-"""Token stores: a corpus turned into train.bin / val.bin plus meta.json.
+"""Token stores, one concept over ~760 lines: a corpus turned into train.bin / val.bin plus meta.json.
 
     prepare_store(source, out_dir) -> meta      build a store from a source (streamed)
     resolve_store("stdlib" | "environment" | PATH) -> Path
@@ -57,7 +57,8 @@ from delphi.data.sources import (
 )
 from delphi.data.tokenizer import ByteTokenizer
 from delphi.errors import DelphiError, quoted
-from delphi.io import atomic_write_bytes, atomic_write_text
+from delphi.io import NEW_DIR_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text, current_umask, read_json
+from delphi.signals import held, stop_signals_raise
 
 if TYPE_CHECKING:  # numpy is imported where it is used: a byte store is prepared without it (a smaller process)
     import numpy as np
@@ -137,7 +138,6 @@ def check_store_replaceable(out: Path, source: str, *, force: bool = False) -> N
         raise DelphiError(f"--out: {out} is a non-empty directory that is not a token store")
     if not (out / META_FILE).exists() or force:
         return
-    from delphi.io import read_json
 
     meta = read_json(out / META_FILE, what="token store meta")
     built_from = meta.get("source") if isinstance(meta, dict) else None
@@ -173,8 +173,6 @@ def prepare_store(
     SIGTERM, a bad record, a full disk) leaves an existing store intact. A split that comes out
     empty (a handful of documents) is redone in a second pass with the fallback of the split rule.
     """
-    from delphi.signals import stop_signals_raise
-
     started = time.perf_counter()
     out = Path(out_dir).expanduser()
     check_store_replaceable(out, source, force=force)
@@ -204,7 +202,6 @@ def prepare_store(
             meta["prepare_s"] = round(time.perf_counter() - started, 3)
             # atomic_write_text, not _json: the last write before the swap (tests hold it to interrupt the build)
             atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            from delphi.signals import held
 
             with held():
                 _swap_in(tmp, _real_out(out))
@@ -489,8 +486,6 @@ STORE_FILES = ("train.bin", "val.bin", "documents.tsv", META_FILE, TOKENIZER_FIL
 
 def _new_build_dir(out: Path) -> Path:
     """A temporary sibling of `out` to build the store in (removed by _remove_build on failure)."""
-    from delphi.io import NEW_DIR_MODE, current_umask
-
     out = _real_out(out)
     parent = out.parent
     try:
@@ -586,7 +581,6 @@ def resolve_store(store: str) -> Path:
             if is_store(target):  # another process built it while we waited
                 return target
             tmp = Path(tempfile.mkdtemp(prefix=f".{store}.", suffix=".tmp", dir=stores))
-            from delphi.io import NEW_DIR_MODE, current_umask
 
             tmp.chmod(NEW_DIR_MODE & ~current_umask())  # mkdtemp's 0700 would hide the store from other accounts
             try:
@@ -679,8 +673,6 @@ def verify_store_bytes(store_dir: Path, meta: dict) -> None:
             )
     _VERIFIED.add(frozen)
     with contextlib.suppress(OSError):
-        from delphi.io import atomic_write_json
-
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(marker, key)
 
@@ -756,8 +748,6 @@ def check_store_for_config(cfg: Any, *, where: str = "") -> Path:
     sha256 are not meta.json's (`verify_store_bytes`), and a `model.vocab_size` or a
     `data.tokenizer` that is not the store's (`check_vocabulary`). Whether the store can feed the
     run's batches and eval set is TokenStore.check_run."""
-    from delphi.io import read_json
-
     store_dir = resolve_store(cfg.data.store)
     meta = read_json(store_dir / META_FILE, what="token store meta.json")
     if not isinstance(meta, dict) or not all(k in meta for k in ("n_train", "n_val")):

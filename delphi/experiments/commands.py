@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
+from delphi.cli import add_json_flag, nonnegative_int, output_path, positive_float, positive_int
 from delphi.errors import DelphiError, quoted
+from delphi.experiments.lrsweep_spec import DEFAULT_LRS, DEFAULT_STEPS, DEFAULT_WIDTHS, LRSweepSpec
+from delphi.path_policy import check_output_dir, check_replaceable
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, nonnegative_int, output_path, positive_float, positive_int
-    from delphi.experiments.lrsweep import DEFAULT_LRS, DEFAULT_STEPS, DEFAULT_WIDTHS, LRSweepSpec
-
     mup = subparsers.add_parser("mup", help="muP verification")
     mup_sub = mup.add_subparsers(dest="mup_command", metavar="MUP_COMMAND", parser_class=type(mup))
     cc = mup_sub.add_parser(
@@ -77,16 +78,17 @@ def _parse_list(text: str, kind: type, flag: str) -> tuple:
 
 
 def _check_replaceable_in(out: str, names: tuple[str, ...], command: str, force: bool) -> None:
-    from pathlib import Path
-
-    from delphi.io import check_replaceable
-
     for name in names:
         check_replaceable(Path(out) / name, command, force=force)
 
 
 def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
-    from delphi.experiments.coordcheck import CoordCheckSpec, coord_check, expected_outcome, save_report
+    from delphi.experiments.coordcheck import (  # lazy: imports JAX (seconds)
+        CoordCheckSpec,
+        coord_check,
+        expected_outcome,
+        save_report,
+    )
 
     widths = _parse_list(args.widths, int, "--widths")
     if len(widths) < 2 or any(w <= 0 for w in widths) or list(widths) != sorted(set(widths)):
@@ -96,7 +98,6 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
             raise DelphiError(f"--{name.replace('_', '-')}: must be a positive integer, got {getattr(args, name)}")
     if args.lr is not None and args.lr <= 0:
         raise DelphiError(f"--lr: must be positive, got {args.lr}")
-    from delphi.io import check_output_dir
 
     check_output_dir(args.out)
     _check_replaceable_in(args.out, ("coordcheck.json", "coordcheck.png"), "mup coord-check", args.force)
@@ -136,8 +137,7 @@ def cmd_coord_check(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
 
 
 def cmd_lr_sweep(args: argparse.Namespace) -> dict[str, Any]:
-    from delphi.experiments.lrsweep import LRSweepSpec, run_sweep, save_report
-    from delphi.io import check_output_dir
+    from delphi.experiments.lrsweep import run_sweep, save_report  # lazy: imports JAX (seconds)
 
     check_output_dir(args.out)
     _check_replaceable_in(args.out, ("sweep.csv", "sweep.json", "sweep.png", "sweep.svg"), "mup lr-sweep", args.force)

@@ -10,23 +10,9 @@ The training loop here is deliberately minimal and self-contained (optax Adam, p
 multipliers from delphi.model.mup, no schedule, no weight decay, no clipping): it tests the
 parameterisation, not the trainer.
 
-Measured here (fixed head size 16, lr 3e-3, 10 steps): one layer passes every component at widths
-32..256. With two layers every component but the FFN outputs sits within +-0.03; the FFN outputs are
-noise-limited, not drifting. Evidence (2 layers, slope of log2 mean|out| vs log2 width):
-  - block1.ffn_out over 32..256: -0.057 (4 seeds), -0.058 (8 seeds), but the per-seed slopes scatter
-    from -0.16 to +0.11 (sd ~0.10, so the 8-seed mean has a standard error of ~0.035, comparable to
-    the +-0.05 tolerance);
-  - the magnitudes fall ~10% from width 32 to 128 and are then flat to 512 (mean|out| at step 10:
-    0.074, 0.066, 0.065, 0.065, 0.065): a finite-width correction at the smallest widths (2-4 heads,
-    d_ff = 128-256 against 128 tokens per batch), where a missing or wrong muP multiplier would give
-    a power law that keeps going (slope ~+-0.5 or more) — over 32..512 the slope is -0.033;
-  - at init (step 0) every component is flat to +-0.03, so the init scalings are right;
-  - starting at width 64 (base 64, 64..512) does not help: block1's FFN passes (-0.018) but block0's
-    FFN then fails (-0.080) with non-monotone magnitudes (0.038, 0.033, 0.036, 0.031): seed noise.
-No multiplier was found missing (init sigma/sqrt(m) and LR eta/m for every hidden matrix including
-the SwiGLU and expert matrices, alpha_out/m logits, 1/d_head attention with QK-norm gains as vectors,
-router logits x 1/m, CompleteP branches x 1/m_L = 1 here). Hence the default of one layer, where
-4 seeds resolve the slopes well inside the tolerance; pass more layers (and more seeds) to look deeper.
+The default is one layer, where a few seeds resolve every slope well inside the tolerance; with
+more layers the FFN outputs are noise-limited, so pass more seeds too (docs/history/lower.md has
+the measurements).
 """
 
 from __future__ import annotations
@@ -44,9 +30,12 @@ from flax import nnx
 from jaxtyping import Array, Int
 
 from delphi.experiments.shapes import WidthFamily
+from delphi.io import atomic_write_json
 from delphi.model import mup
 from delphi.model.config import ModelConfig, MoEConfig
 from delphi.model.transformer import Transformer, cross_entropy
+from delphi.plot.figures import coordcheck_figure
+from delphi.plot.style import write_png
 
 # Slope tolerances of OLMo-core's coordinate-check test (docs/design.md §4.4): each layer's output,
 # and the whole model's output (the logits).
@@ -205,10 +194,6 @@ def save_report(
     results: list[CoordCheckResult], out_dir: str | Path, *, passed: bool, written_by: str | None = None
 ) -> dict[str, Any]:
     """Write coordcheck.json and coordcheck.png into out_dir; return the JSON dict."""
-    from delphi.io import atomic_write_json
-    from delphi.plot.figures import coordcheck_figure
-    from delphi.plot.style import write_png
-
     out_dir = Path(out_dir)
     report = {
         "passed": passed,

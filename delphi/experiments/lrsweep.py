@@ -1,4 +1,4 @@
-"""muP learning-rate transfer check: `delphi mup lr-sweep` (docs/design.md §4.4, issue 4 part 4).
+"""muP learning-rate transfer check: `delphi mup lr-sweep` (docs/design.md §4.4).
 
     for each width w and base LR eta:  train a small muP model with the real trainer
                                        (delphi.train.trainer.train) -> final val loss
@@ -28,102 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from delphi.errors import DelphiError, quoted
-from delphi.experiments.shapes import WidthFamily
+from delphi.data.loader import TokenStore
+from delphi.data.store import resolve_store
+from delphi.errors import DelphiError
+from delphi.experiments.lrsweep_spec import LRSweepSpec, run_id
 from delphi.fits.lr_optimum import QuadraticFit, fit_quadratic
-from delphi.model.config import ModelConfig, MoEConfig
-
-# Defaults sized for ~6-8 minutes on 2 CPU cores: 1000 steps of 8 x 64 tokens take ~9 s at width 32,
-# ~18 s at 64 and ~35 s at 128, plus ~4 s compilation per run. Many small steps rather than a few big
-# ones: at 400 steps of 16 x 64 tokens the final loss was not even monotone in LR (runs that short
-# sit on the early plateau, whose exit time is erratic; issue 4's pilot found the same below ~300-1000
-# steps), while 1000 steps of 8 x 64 gave smooth curves. A 1000-step pilot here put the optimum
-# near 4e-3 (width 32) and 1e-2 (width 64), so the grid is centred on 6e-3, 2x apart.
-DEFAULT_WIDTHS = (32, 64, 128)
-DEFAULT_LRS = (1.5e-3, 3e-3, 6e-3, 1.2e-2, 2.4e-2)
-DEFAULT_STEPS = 1000
-DEFAULT_BATCH_SIZE = 8
-
-
-@dataclass(frozen=True)
-class LRSweepSpec:
-    widths: tuple[int, ...] = DEFAULT_WIDTHS  # the first is the muP base width
-    lrs: tuple[float, ...] = DEFAULT_LRS  # base Adam LRs (at the base width)
-    steps: int = DEFAULT_STEPS
-    ffn: str = "dense"  # "dense" or "moe"
-    n_layers: int = 2
-    d_head: int = 16  # fixed head size: heads grow with width (muP practice)
-    ffn_mult: int = 4  # d_ff = 4 d; MoE: 4 experts top-2 of width d (granularity 4)
-    experts: int = 4
-    top_k: int = 2
-    batch_size: int = DEFAULT_BATCH_SIZE
-    seq_len: int = 64
-    eval_tokens: int = 16_384
-    store: str = "stdlib"
-    seed: int = 0
-
-    def validate(self) -> "LRSweepSpec":
-        if len(self.widths) < 2 or list(self.widths) != sorted(set(self.widths)) or self.widths[0] <= 0:
-            raise DelphiError(f"--widths: need at least two increasing positive widths, got {list(self.widths)}")
-        bad = [w for w in self.widths if w % self.d_head]
-        if bad:
-            raise DelphiError(f"--widths: every width must be a multiple of the head size {self.d_head}, got {bad}")
-        if (
-            len(self.lrs) < 3
-            or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs)
-            or len(set(self.lrs)) != len(self.lrs)
-        ):
-            raise DelphiError(f"--lrs: need at least three distinct positive learning rates, got {list(self.lrs)}")
-        if len({run_id(self.widths[0], lr) for lr in self.lrs}) != len(self.lrs):
-            raise DelphiError(
-                f"--lrs: learning rates must differ in their first 3 significant digits (run ids), got {list(self.lrs)}"
-            )
-        for flag, value in (
-            ("steps", self.steps),
-            ("layers", self.n_layers),
-            ("batch-size", self.batch_size),
-            ("seq-len", self.seq_len),
-            ("eval-tokens", self.eval_tokens),
-        ):
-            if value <= 0:
-                raise DelphiError(f"--{flag}: must be a positive integer, got {value}")
-        if self.ffn not in ("dense", "moe"):
-            raise DelphiError(f"--ffn: expected dense or moe, got {quoted(self.ffn)}")
-        for w in self.widths:
-            self.model_config(w)
-        return self
-
-    @property
-    def family(self) -> WidthFamily:
-        moe = MoEConfig(experts=self.experts, top_k=self.top_k, balance="bias") if self.ffn == "moe" else None
-        return WidthFamily(self.widths[0], self.n_layers, self.d_head, self.ffn_mult, moe=moe, mup=True)
-
-    def model_config(self, width: int) -> ModelConfig:
-        return self.family.config(width, "lr_sweep")
-
-    def train_config(self, width: int, lr: float) -> Any:
-        from delphi.train.config import DataConfig, OptimConfig, TrainConfig
-
-        # Log ten times per run when the steps allow it; one eval and no checkpoint before the end.
-        log_every = self.steps // 10 if self.steps % 10 == 0 else self.steps
-        return TrainConfig(
-            model=self.model_config(width),
-            data=DataConfig(store=self.store, seq_len=self.seq_len, batch_size=self.batch_size, seed=self.seed),
-            optim=OptimConfig(lr=lr),
-            steps=self.steps,
-            seed=self.seed,
-            log_every=log_every,
-            eval_every=self.steps,
-            eval_tokens=self.eval_tokens,
-            checkpoint_every=self.steps,
-            keep_checkpoints=1,
-            name=run_id(width, lr),
-        ).validate()
-
-
-def run_id(width: int, lr: float) -> str:
-    return f"w{width}-lr{lr:.3g}"
-
+from delphi.io import atomic_write_json, atomic_write_text
+from delphi.plot import style as st
+from delphi.plot.figures import lrsweep_figure
+from delphi.train.rundir import CONFIG_FILE, SUMMARY_FILE, read_status
+from delphi.train.trainer import config_yaml, train
 
 # --------------------------------------------------------------------------- results
 
@@ -203,9 +117,6 @@ class LRSweepResult:
 
 def check_run_dirs(spec: LRSweepSpec, out_dir: Path) -> None:
     """Refuse (before training anything) a DIR whose existing runs were made with other settings."""
-    from delphi.train.rundir import CONFIG_FILE
-    from delphi.train.trainer import config_yaml
-
     if out_dir.exists() and not out_dir.is_dir():
         raise DelphiError(f"--out: {out_dir} exists and is not a directory")
     for w in spec.widths:
@@ -220,11 +131,6 @@ def check_run_dirs(spec: LRSweepSpec, out_dir: Path) -> None:
 
 def run_sweep(spec: LRSweepSpec, out_dir: str | Path, *, log: bool = True) -> LRSweepResult:
     """Train every (width, LR) not already completed under OUT/runs/, then fit and return the result."""
-    from delphi.data.loader import TokenStore
-    from delphi.data.store import resolve_store
-    from delphi.train.rundir import SUMMARY_FILE, read_status
-    from delphi.train.trainer import train
-
     spec.validate()
     out_dir = Path(out_dir)
     try:
@@ -271,10 +177,6 @@ def save_report(result: LRSweepResult, out_dir: str | Path, written_by: str | No
     """sweep.csv, sweep.json and sweep.png/.svg (lrsweep_figure plus the fitted quadratics)."""
     import numpy as np
     import pandas as pd
-
-    from delphi.io import atomic_write_json, atomic_write_text
-    from delphi.plot import style as st
-    from delphi.plot.figures import lrsweep_figure
 
     out_dir = Path(out_dir)
     table = pd.DataFrame(result.records)

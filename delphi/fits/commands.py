@@ -30,7 +30,8 @@ from delphi.cli import (
 )
 from delphi.errors import DelphiError
 from delphi.fits.e_prior import forecast_at_refits, parse_pinned, parse_prior, prior_of
-from delphi.io import atomic_write_json, check_output_file
+from delphi.io import atomic_write_json
+from delphi.path_policy import check_output_file
 
 # delphi.fits.probes.PROBE_CARRIES, spelled out so that building the parser (every `delphi --help`)
 # does not import pandas and scipy; tests/test_cli_help.py checks they agree.

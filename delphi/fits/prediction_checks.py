@@ -24,7 +24,7 @@ from delphi.fits.beyond import record_features
 from delphi.fits.calibration import calibrate_point, calibration_key
 from delphi.fits.data import TableOptions, load_results
 from delphi.fits.method_choice import source_likeness
-from delphi.io import sha256_file
+from delphi.hashes import sha256_file
 from delphi.model.flops import count_params, flops_per_token
 from delphi.train.config import load_train_config
 

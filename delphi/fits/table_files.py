@@ -14,7 +14,8 @@ import pandas as pd
 
 from delphi.errors import QUOTED_VALUE_MAX_CHARS, DelphiError, quoted
 from delphi.fits.allocation import FlopsFamily
-from delphi.io import check_input_file, decode_utf8
+from delphi.io import decode_utf8
+from delphi.path_policy import check_input_file
 
 FAMILY_SUFFIX = ".family.json"  # `delphi ladder collect` writes <results>.family.json beside the table
 

@@ -9,16 +9,10 @@ from pathlib import Path
 
 from delphi.cli import add_device_flag, add_json_flag, nonnegative_int, positive_float, positive_int
 from delphi.errors import DelphiError
-from delphi.io import (
-    atomic_write_json,
-    atomic_write_yaml,
-    check_not_an_input,
-    check_output_dir,
-    check_output_file,
-    read_yaml,
-)
+from delphi.io import atomic_write_json, atomic_write_yaml, read_yaml
 from delphi.ladder.recipe import unsourced_constants
 from delphi.ladder.spec import load_ladder_spec
+from delphi.path_policy import check_not_an_input, check_output_dir, check_output_file
 from delphi.train.config import train_config_to_dict
 
 

@@ -10,7 +10,7 @@ from delphi.cli import add_json_flag
 from delphi.compact import unpack
 from delphi.editions import built_editions
 from delphi.errors import DelphiError
-from delphi.io import check_output_dir, check_owned_dir
+from delphi.path_policy import check_output_dir, check_owned_dir
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:

@@ -130,13 +130,13 @@ INPUT_ARGS = ("results", "fit", "hero", "prereg", "run", "report", "sweep", "lad
 
 
 def _command(args) -> str:
-    """The command that writes the figure, as its files say (delphi.io's output policy)."""
+    """The command that writes the figure, as its files say (delphi.path_policy)."""
     return f"plot {args.plot_command}"
 
 
 def _check_out(args) -> None:
     """Refuse (exit 2, before any work) an --out whose .png/.svg cannot be written or is an input."""
-    from delphi.io import check_output_file
+    from delphi.path_policy import check_output_file
 
     inputs = tuple(getattr(args, name) for name in INPUT_ARGS if getattr(args, name, None))
     check_output_file(args.out, inputs=inputs, command=_command(args), force=args.force)

@@ -16,7 +16,8 @@ import matplotlib
 matplotlib.use("Agg")  # figures are files; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 
-from delphi.io import atomic_write_bytes, refuse_directory_name  # noqa: E402
+from delphi.io import atomic_write_bytes  # noqa: E402
+from delphi.path_policy import refuse_directory_name  # noqa: E402
 
 DATA = "#222222"
 FIT = "#1f5fa8"
@@ -71,7 +72,7 @@ def budget_colors(n: int):
 
 def save_figure(fig, out: str | Path, written_by: str | None = None) -> list[str]:
     """Write OUT as given (.png or .svg) and its sibling in the other format; return both paths.
-    `written_by`: the command, which both files then name (delphi.io's output policy)."""
+    `written_by`: the command, which both files then name (delphi.path_policy)."""
     refuse_directory_name(out)  # `figs/` is a directory, never figs.png
     out = Path(out)
     stem = out.with_suffix("") if out.suffix.lower() in (".png", ".svg") else out

@@ -43,7 +43,8 @@ from typing import Any
 
 from delphi.errors import CheckFailed, DelphiError
 from delphi.first_commit import FirstCommit, first_commit
-from delphi.io import atomic_write_json, sha256_file
+from delphi.hashes import sha256_file
+from delphi.io import atomic_write_json
 from delphi.prereg import format as fmt
 from delphi.prereg.create import parse_utc, utc_now
 from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, stale_running
@@ -74,7 +75,7 @@ EXIT = {
     SEAL_BROKEN: 1,
 }
 FINAL_VERDICTS = ("passed", "failed")  # the verdicts an outcome file records
-OUTCOME_COMMAND = "prereg check"  # the outcome file's output-policy marker (delphi.io)
+OUTCOME_COMMAND = "prereg check"  # the outcome file's output-policy marker (delphi.written_by)
 
 
 def exit_code(verdict: str) -> int:

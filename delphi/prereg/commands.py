@@ -222,7 +222,8 @@ def _create(args: argparse.Namespace):
         if v is not None
     }
     from delphi.cli import table_options
-    from delphi.io import check_output_file, read_json
+    from delphi.io import read_json
+    from delphi.path_policy import check_output_file
 
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
     check_output_file(
@@ -422,7 +423,7 @@ def _check(args: argparse.Namespace):
     log = LogOptions(log_columns(args), finished=args.finished)
     run_dir = run_dirs[0] if run_dirs else None
     if args.plot:
-        from delphi.io import check_output_file
+        from delphi.path_policy import check_output_file
 
         if not Path(args.plot).parent.exists():
             raise DelphiError(f"--plot {args.plot}: directory does not exist")
@@ -501,8 +502,9 @@ def _index(args: argparse.Namespace):
 
 def _curves(args: argparse.Namespace):
     from delphi.fits import curves as cv
-    from delphi.io import atomic_write_json, check_output_file
+    from delphi.io import atomic_write_json
     from delphi.ladder.manifest import ladder_own_paths
+    from delphi.path_policy import check_output_file
 
     for flag, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None:

@@ -32,8 +32,10 @@ from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, REFIT_NAMES, law_
 from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.fits.results import load_fit
 from delphi.fits.shape_trajectory import trajectory_from_shapes
-from delphi.io import atomic_write_json, check_output_file, read_json, sha256_file
+from delphi.hashes import sha256_file
+from delphi.io import atomic_write_json, read_json
 from delphi.model.flops import count_params
+from delphi.path_policy import check_output_file
 from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
 from delphi.prereg.evidence import DEFAULT_TOLERANCE_REL, Evidence, PredictionRule, SealTerms

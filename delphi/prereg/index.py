@@ -188,9 +188,9 @@ def _competing_lines(rows: list[dict]) -> list[str]:
 
 def write_index(directory: str | Path, *, force: bool = False, paper_root: str | Path | None = None) -> dict:
     """Write DIR/README.md; one that `prereg index` did not write (its generated header says so) is
-    replaced only with `force` (delphi.io's output policy). `paper_root`: where the editions that
+    replaced only with `force` (delphi.path_policy). `paper_root`: where the editions that
     hold the outcomes' runs are (`index_rows`)."""
-    from delphi.io import check_replaceable
+    from delphi.path_policy import check_replaceable
 
     directory = Path(directory)
     if not directory.is_dir():

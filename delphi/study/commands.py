@@ -65,7 +65,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _study(args: argparse.Namespace):
-    from delphi.io import check_output_dir, check_owned_dir
+    from delphi.path_policy import check_output_dir, check_owned_dir
     from delphi.study import STUDY_FILE, run_study
 
     check_output_dir(args.out, inputs=(args.study,))
@@ -81,7 +81,7 @@ def _report(args: argparse.Namespace):
 
     from delphi.cli import log_columns, table_load_kwargs
     from delphi.errors import DelphiError
-    from delphi.io import check_output_dir, check_output_file
+    from delphi.path_policy import check_output_dir, check_output_file
     from delphi.study.report import PIPELINE_FIGURES, REPORT_COMMAND, PipelineInputs, pipeline_report
     from delphi.train.runlog import LogOptions
 

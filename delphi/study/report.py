@@ -452,7 +452,7 @@ def _markdown_table(table: pd.DataFrame) -> str:
 
 # --------------------------------------------------------------------------- a pipeline assembled by hand
 
-REPORT_COMMAND = "report"  # what report.md and its figures say wrote them (delphi.io's output policy)
+REPORT_COMMAND = "report"  # what report.md and its figures say wrote them (delphi.path_policy)
 PIPELINE_FIGURES = ("isoflop", "allocation", "frontier", "prediction", "residuals")
 MAX_TABLE_ROWS = 200  # a larger results table is summarised, not copied into the report
 
@@ -584,7 +584,7 @@ def render_pipeline_report(
 def _input_lines(
     inputs: PipelineInputs, table: pd.DataFrame | None, fit: Any, prereg: Any, checked: dict | None
 ) -> list[str]:
-    from delphi.io import sha256_file
+    from delphi.hashes import sha256_file
     from delphi.prereg.format import seal_status
 
     lines = []
@@ -626,7 +626,7 @@ def _loss_unit(doc: dict) -> str:
 
 def _seal_sentence(doc: dict, fit: Any, fit_path: Path | None) -> str:
     """What the seal predicts, from which fit, and whether the fit given is that fit."""
-    from delphi.io import sha256_file
+    from delphi.hashes import sha256_file
 
     final, hero, prov = doc["prediction"]["final"], doc["hero"], doc.get("provenance") or {}
     lo, hi = final.get("loss_90") or (final["loss"], final["loss"])

@@ -839,7 +839,7 @@ def foreign_seal(study: Study, path: Path, config: Path, seeds: list[int] | None
     table, primary fit and run config by their sha256, and this spec's tolerance and seeds: anything else
     was sealed by another study (or another version of this one) and its verdict would not be this
     study's."""
-    from delphi.io import sha256_file
+    from delphi.hashes import sha256_file
     from delphi.prereg.format import read, seal_status
 
     try:
@@ -900,7 +900,7 @@ def check_seal_paths(study: Study, study_file: str | Path | None) -> None:
     """Before any stage: every seal the study will write (the hero's, each of hero.probe_multiples')
     has a path it can write, and a file already there is this study's own seal (`foreign_seal`),
     kept as it is; otherwise exit 2 naming the difference, before the ladder trains."""
-    from delphi.io import check_output_file
+    from delphi.path_policy import check_output_file
 
     where = str(study_file) if study_file is not None else "the default study"
     seals = [(study.prereg, study.hero_config, "preregistration", sealed_seeds(study, probe=False))]

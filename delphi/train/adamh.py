@@ -7,50 +7,11 @@ For every AdamH matrix W (initial Frobenius norm r = ||W0||), one update is
     W <- W' * r / ||W'||                             back onto the sphere of radius r
 
 so W moves by ~eta of its own norm per step whatever its width, and its norm never changes: the
-role weight decay played (holding the norm at an LR-dependent equilibrium) is taken by the
-constraint, and there is no weight decay anywhere (Marin's "Scaling laws that extrapolate",
-levanter.optim.adamh; the form and the groups below follow it, the code does not).
-
-Norms are per matrix: a parameter of shape [*stack, fan_in, fan_out] is a stack of independent
-matrices over its leading axes (the routed experts [E, d, f]; a stack of layers [L, ...] or of
-both, were layers ever stacked) and each one keeps its own norm. Stacked seeds
-(delphi.train.trainer.train_group) never reach the optimizer: the train step is vmapped over them.
-The radius r of each matrix is taken at `init` and kept in the optimizer state, so the norm is
-projected back to the initial one exactly at every step (no drift from rounding over 100k steps)
-and a resumed run restores it with the rest of the state.
-
-Groups under `optimizer: adamh` (the muP groups of delphi.model.mup; each tensor of the model):
-
-    tensor                                    muP group     update        LR
-    attention w_qkv, w_out                    hidden        AdamH         eta (optim.lr), no width term
-    dense FFN w_in, w_out                     hidden        AdamH         eta
-    routed experts w_in, w_out [E, d, f]      hidden        AdamH         eta, each expert its own norm
-    shared experts w_in, w_out                hidden        AdamH         eta
-    token embedding [V, d]                    embedding     Adam          adam_lr
-    unembedding [d, V]                        unembedding   Adam          adam_lr
-    router [d, E]                             router        Adam          adam_lr
-    RMSNorm and QK-norm gains [d]             vector        Adam          adam_lr
-    biases                                    (none)        -             the model has no bias Params; the
-                                                                          MoE RouterBias is set by the
-                                                                          DeepSeek-V3 balancing rule, never
-                                                                          by the optimizer
-Why these are not AdamH:
-- embedding: a lookup table, each row is one token's vector updated only when the token is seen;
-  one norm for the table would couple rare and frequent tokens (Marin: Adam).
-- unembedding: zero-initialised under muP (mup.zero_init_unembedding), so it has no sphere to stay
-  on; its forward multiplier alpha_out/m already makes a constant Adam LR the muP rule.
-- router: d -> E with E fixed (muP's unembedding rule), initialised like it (sigma, logits x 1/m).
-  Its norm is the scale of the gate logits, i.e. how sharply a token's top-k experts are weighted;
-  pinned at its small init that scale could only grow through the norm gain in front of it. It
-  keeps the free norm it had under AdamW; the router z-loss holds its logits in check.
-- norm gains: vectors that start at 1, where a relative step on a sphere has no meaning.
-
-muP under AdamH: the hidden step is relative to each matrix's own norm, and the norm stays at the
-muP init sigma/sqrt(m), so the update's spectral size scales like the weight's: width-stable with
-no 1/m on eta. The Adam groups keep their muP multipliers, which are all 1 (the table above:
-embedding, unembedding with alpha_out/m, router with 1/m, gains): adam_lr transfers across width
-as the AdamW LR of those groups did. Adam's eps keeps CompleteP's eps/(m*m_L) for every group:
-it is compared with sqrt(v), whose scale per coordinate the parameterisation sets, not the optimizer.
+constraint takes weight decay's role, and there is no weight decay (Marin's "Scaling laws that
+extrapolate", levanter.optim.adamh). Norms are per matrix: the leading axes of a parameter
+[*stack, fan_in, fan_out] index independent matrices (the routed experts [E, d, f]). The radii are
+kept in the optimizer state, so a resumed run restores them. The groups AdamH updates, why the
+others keep Adam, and how it meets muP: docs/design.md §4.4.
 """
 
 from __future__ import annotations

@@ -42,8 +42,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from delphi.errors import DelphiError, quoted
-from delphi.io import atomic_write_json, sha256_file
+from delphi.errors import SYSTEM_ERRNOS, DelphiError, quoted
+from delphi.hashes import sha256_file
+from delphi.io import atomic_write_json
 
 CHECKPOINT_PREFIX = "step_"
 CHECKPOINTS_DIR = "checkpoints"
@@ -201,8 +202,6 @@ _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)'?|\[Errno (\d+)\]")
 def _refused_write(error: Exception, final: Path, step: int) -> OSError | None:
     """The OSError behind a checkpoint write the system refused (a full disk, a quota, a file too
     large, a read-only mount), naming the checkpoint; None for any other failure."""
-    from delphi.errors import SYSTEM_ERRNOS
-
     code = error.errno if isinstance(error, OSError) else None
     if code is None and (match := _OS_ERROR_CODE.search(str(error))):
         code = int(match.group(1) or match.group(2))

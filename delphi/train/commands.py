@@ -5,13 +5,28 @@ delphi/model/commands.py, which sits below the train config in the layer order).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import signal
 import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from delphi.cli import add_device_flag, add_json_flag, emit, positive_int
+from delphi.config_schema import from_dict
 from delphi.errors import DelphiError, quoted
-from delphi.train.config import SEED_LIMIT, load_train_config, naming_config
+from delphi.io import read_yaml
+from delphi.model.config import ModelConfig
+from delphi.model.flops import flops_summary
+from delphi.path_policy import check_input_file, check_not_an_input, check_output_dir
+from delphi.prereg_format import predicted_loss_curve
+from delphi.signals import PARENT_PID_ENV, die_with_parent
+from delphi.train import supervise
+from delphi.train.config import SEED_LIMIT, DataConfig, load_train_config, naming_config
+from delphi.train.environment import check_training_environment
+from delphi.train.interrupt import check, deferred_signals
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 
 DEFAULT_CONFIG = "tiny.yaml"  # package data: delphi/defaults/tiny.yaml
 
@@ -21,8 +36,6 @@ def default_config_path() -> Path:
 
 
 def add_commands(subparsers) -> None:
-    from delphi.cli import add_device_flag, add_json_flag
-
     sub = subparsers.add_parser(
         "train",
         help="train one config into a run directory",
@@ -50,10 +63,6 @@ def add_commands(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace):
-    from delphi.io import check_output_dir
-    from delphi.train import supervise
-    from delphi.train.interrupt import check, deferred_signals
-
     # From here on Ctrl-C only sets a flag, also while JAX is imported (delphi.train.interrupt).
     with deferred_signals():
         _stop_with_parent()
@@ -62,7 +71,6 @@ def run_train(args: argparse.Namespace):
         _check_run_dir(Path(args.out), (config_path, args.prereg), args.seeds, args.force)
         cfg = load_train_config(config_path)
         seeds = parse_seeds(args.seeds) if args.seeds is not None else None
-        from delphi.train.environment import check_training_environment
 
         check_training_environment([cfg.wandb.mode])  # DELPHI_*, WANDB_MODE: one line naming a bad one, nothing written
         check("start-up (nothing was written)")
@@ -71,8 +79,6 @@ def run_train(args: argparse.Namespace):
         run_dirs = [Path(args.out)] if seeds is None else [Path(args.out) / f"seed{s}" for s in seeds]
 
         def work() -> int:
-            from delphi.cli import emit
-
             result, code = _train(args, cfg, config_path, seeds)
             if result is not None:
                 emit(args, result)
@@ -84,11 +90,6 @@ def run_train(args: argparse.Namespace):
 def _stop_with_parent() -> None:
     """A trainer started by a study for one of its seeds (PARENT_PID_ENV set to the study's pid) stops
     at a checkpoint, as on SIGTERM, when the study dies, however it dies (kill -9 included)."""
-    import os
-    import signal
-
-    from delphi.signals import PARENT_PID_ENV, die_with_parent
-
     text = os.environ.get(PARENT_PID_ENV)
     if not text:
         return
@@ -99,11 +100,8 @@ def _stop_with_parent() -> None:
 
 
 def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | None) -> tuple[dict, int]:
-    from delphi.train.interrupt import check
-
     check("start-up (nothing was written)")
-    from delphi.prereg_format import predicted_loss_curve
-    from delphi.train.trainer import train  # imports JAX: seconds
+    from delphi.train.trainer import train  # lazy: imports JAX (seconds), after the Ctrl-C check above
 
     check("start-up (nothing was written)")
     predicted_loss = predicted_loss_curve(Path(args.prereg)) if args.prereg else None
@@ -121,9 +119,6 @@ def _train(args: argparse.Namespace, cfg, config_path: Path, seeds: list[int] | 
 def _check_run_dir(out: Path, inputs: tuple, seeds: str | None, force: bool) -> None:
     """The files a run writes (config.yaml, status.json, metrics.jsonl, summary.json) are never an
     input, and replace only a run dir's own (one with status.json), unless --force."""
-    from delphi.io import check_not_an_input
-    from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
-
     run_dirs = [out / f"seed{s}" for s in parse_seeds(seeds)] if seeds is not None else [out]
     names = (CONFIG_FILE, STATUS_FILE, METRICS_FILE, SUMMARY_FILE)
     for run_dir in run_dirs:
@@ -132,8 +127,6 @@ def _check_run_dir(out: Path, inputs: tuple, seeds: str | None, force: bool) -> 
             continue
         theirs = [run_dir / name for name in names if (run_dir / name).exists()]
         if theirs:
-            from delphi.errors import DelphiError
-
             raise DelphiError(
                 f"--out {out}: {theirs[0]} exists but {run_dir} is not a run dir (no {STATUS_FILE}); "
                 "training would replace it: choose another directory, or pass --force"
@@ -153,9 +146,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _run_seed_group(args: argparse.Namespace, cfg, seeds: list[int], predicted_loss, progress: bool):
-    import dataclasses
-
-    from delphi.train.trainer import train_group
+    from delphi.train.trainer import train_group  # lazy: imports JAX (seconds)
 
     cfgs = [
         dataclasses.replace(
@@ -189,8 +180,6 @@ def _report(summary: dict, out) -> None:
 
 
 def add_flops_command(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_json_flag, positive_int
-
     sub = subparsers.add_parser(
         "flops", help="parameter counts and training FLOPs per token of a model or train config"
     )
@@ -204,11 +193,6 @@ def add_flops_command(subparsers: argparse._SubParsersAction) -> None:
 
 def load_model_config(path: Path, seq_len: int | None) -> tuple[Any, int, str]:
     """(ModelConfig, seq_len, kind) from a train config or a bare model config."""
-    from delphi.config_schema import from_dict
-    from delphi.io import check_input_file, read_yaml
-    from delphi.model.config import ModelConfig
-    from delphi.train.config import DataConfig, load_train_config
-
     check_input_file(path, "config file (YAML)", not_found="no such config file")  # `-`, /dev/null, a FIFO: named
     data = read_yaml(path)  # a directory, binary or broken YAML: one line naming the file
     if not isinstance(data, dict):
@@ -226,8 +210,6 @@ def load_model_config(path: Path, seq_len: int | None) -> tuple[Any, int, str]:
 
 
 def cmd_flops(args: argparse.Namespace) -> dict[str, Any]:
-    from delphi.model.flops import flops_summary
-
     cfg, seq_len, kind = load_model_config(args.config, args.seq_len)
     result = {"config": str(args.config), "kind": kind, **flops_summary(cfg, seq_len)}
     print(format_flops(result), file=sys.stderr)

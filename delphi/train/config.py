@@ -13,16 +13,16 @@ from typing import Any, Literal
 from delphi.config_schema import from_dict, load_config, to_dict
 from delphi.errors import DelphiError
 from delphi.model.config import ModelConfig
+from delphi.model.flops import check_plausible_size, flops_per_token
 
 # Seeds are in [0, SEED_LIMIT): JAX makes a key from a signed 64-bit integer (jax.random.key raises
 # OverflowError from 2**63 on), so a larger seed could never train.
 SEED_LIMIT = 2**63
 
 
-# Tokens per evaluation batch by default (32 sequences at seq 128). Measured on the default ladder's
-# d24 and d72 rungs (2-core EPYC): one fused eval of 65,536 tokens takes the same time at 256 to
-# 32,768 tokens per batch within the noise (d72: 3.5-4.5 s), so the eval is bound by its forward
-# FLOPs (dropless MoE: every expert sees every token), not by dispatch; 4,096 keeps activations small.
+# Tokens per evaluation batch by default (32 sequences at seq 128). The eval is bound by its forward
+# FLOPs (dropless MoE: every expert sees every token), not by the batch size, so a small batch costs
+# no time and keeps activations small (docs/history/lower.md has the timings).
 EVAL_BATCH_TOKENS = 4_096
 
 
@@ -144,9 +144,9 @@ class TrainConfig:
     eval_batch_size: int | None = None
     checkpoint_every: int = 200
     # > 0: a checkpoint_every checkpoint is skipped while the last save (or the session's start) is
-    # less than this many seconds ago; the final one and one on a stop are always written. Each
-    # Orbax save costs ~0.8 s even for a tiny model (measured on the default ladder's d32 rung: 4
-    # saves = ~6% of it), so short rungs keep only what a kill would cost more than that to redo.
+    # less than this many seconds ago; the final one and one on a stop are always written. An Orbax
+    # save costs most of a second even for a tiny model, so short rungs keep only what a kill would
+    # cost more than that to redo.
     # 0: every checkpoint_every steps. Changes no number: left out of config_sha256.
     checkpoint_every_s: float = 0.0
     keep_checkpoints: int = 2
@@ -176,8 +176,6 @@ class TrainConfig:
     @property
     def flops(self) -> float:
         """Model FLOPs of the whole run: exact FLOPs per token (Chinchilla appendix F) x tokens."""
-        from delphi.model.flops import flops_per_token
-
         return flops_per_token(self.model, self.data.seq_len) * self.tokens
 
     @property
@@ -196,8 +194,6 @@ class TrainConfig:
         return min(-(-wanted // shards), -(-n_windows // shards)) * shards
 
     def validate(self) -> "TrainConfig":
-        from delphi.model.flops import check_plausible_size
-
         self.model.validate("model")
         check_plausible_size(self.model, "model")  # a typo like d_model: 1000000000, named with the file
 
@@ -223,8 +219,8 @@ class TrainConfig:
                 "final_eval_tokens",
                 f"must be >= eval_tokens ({self.eval_tokens}), got {self.final_eval_tokens}",
             )
-        # before anything is written: a negative seed used to fail at the first batch (data.seed) or
-        # in JAX's key (seed), after the run directory existed
+        # before anything is written: a seed out of range would otherwise fail at the first batch
+        # (data.seed) or in JAX's key (seed), after the run directory exists
         for key, value in (("seed", self.seed), ("data.seed", self.data.seed)):
             need(0 <= value < SEED_LIMIT, key, f"must be an integer in [0, 2**63), got {value}")
         o = self.optim

@@ -16,7 +16,7 @@ Attention (docs/design.md §4.1): `blocked` is delphi.model.transformer's query-
 with its written-out backward pass, the fastest on XLA:CPU; `fused` is
 `jax.nn.dot_product_attention`, with cuDNN's flash attention on an NVIDIA GPU in bf16 (the
 transformer falls back to JAX's XLA implementation where cuDNN refuses a shape). `auto` is fused
-on a GPU and blocked elsewhere, so every CPU number stays what it was.
+on a GPU and blocked elsewhere.
 """
 
 from __future__ import annotations

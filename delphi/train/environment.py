@@ -1,9 +1,9 @@
 """The environment variables training reads, each checked before anything is written.
 
 A value that cannot be used is a DelphiError (exit 2) naming the variable, its value and what was
-expected; before issue 41 they were read where they were used, after the run directory existed,
-and a bad one gave a traceback (`DELPHI_STEPS_PER_CALL=abc`, `WANDB_MODE=garbage`, `WANDB_MODE=online`
-without an API key) or a wrong number (`DELPHI_PEAK_FLOPS_F32=-1`: a negative MFU).
+expected, before the run directory exists: read where it is used, a bad one would give a traceback
+(`DELPHI_STEPS_PER_CALL=abc`, `WANDB_MODE=online` without an API key) or a wrong number
+(`DELPHI_PEAK_FLOPS_F32=-1`: a negative MFU).
 
 No JAX here: `delphi train` checks the environment in the supervising parent, before it forks.
 """
@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from delphi.data.store import cache_dir
 from delphi.errors import DelphiError, quoted
+from delphi.path_policy import check_output_dir
 from delphi.train.config import DEVICE_CHOICES
 
 PEAK_ENV = {"f32": "DELPHI_PEAK_FLOPS_F32", "bf16": "DELPHI_PEAK_FLOPS_BF16"}  # FLOP/s, > 0
@@ -40,8 +42,8 @@ TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "
 # XLA's CPU backend splits an op over an Eigen thread pool as large as the cores the process may use,
 # unless this flag turns the pool off (a ladder's one-core workers run so: delphi.ladder.runner). A
 # float sum split over another number of threads rounds differently, and a few hundred steps amplify
-# it: the same config reached 2.9636 on one core and 2.8614 on two (issue 41). The count is therefore
-# part of what a run's numbers depend on; docs/design.md says what is deterministic.
+# it to a visibly different loss. The count is therefore part of what a run's numbers depend on;
+# docs/design.md says what is deterministic.
 SINGLE_THREAD_XLA_FLAG = "--xla_cpu_multi_thread_eigen=false"
 
 
@@ -200,7 +202,6 @@ def jax_cache_dir() -> Path | None:
         return None
     if configured:
         return Path(configured).expanduser()
-    from delphi.data.store import cache_dir
 
     return cache_dir() / JAX_CACHE_SUBDIR
 
@@ -209,9 +210,6 @@ def check_cache_dirs() -> None:
     """Delphi's caches (DELPHI_CACHE: token stores; DELPHI_JAX_CACHE: compiled programs) are
     directories this process can create and write, checked before any step: otherwise every rung of
     a ladder fails on them in turn. DelphiError naming the variable and the directory."""
-    from delphi.data.store import cache_dir
-    from delphi.io import check_output_dir
-
     for name, path in ((CACHE_ENV, cache_dir()), (JAX_CACHE_ENV, jax_cache_dir())):
         if path is None:
             continue

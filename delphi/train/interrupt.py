@@ -3,15 +3,14 @@
 Python's default SIGINT handler raises KeyboardInterrupt wherever the main thread happens to be.
 During `delphi train`'s start-up that is often inside JAX: tracing, XLA compilation, a callback from
 C++ or an import; the exception then unwinds through native frames, or ends the interpreter while
-XLA's threads still run, and the process died with a segmentation fault (exit 139) in 4 of 5 tries
-(issue 31). So from the moment `delphi train` starts until training returns, these signals only set
+XLA's threads still run, and the process dies with a segmentation fault (exit 139). So from the moment `delphi train` starts until training returns, these signals only set
 a flag (`deferred_signals`). The trainer looks at it between its stages (`check`: after validation,
 after writing the run directory, after building the state, after compiling) and at every call
 boundary of the training loop, and stops there: a checkpoint in the loop, `status: failed` with
 "continue with --resume" before it, the run lock released, and exit 130 from the CLI.
 
-SIGHUP (the terminal or SSH session closed) is a stop signal like SIGTERM: its default action ended
-the trainer with no Python code run, leaving `status: running` and a train.lock (issue 41).
+SIGHUP (the terminal or SSH session closed) is a stop signal like SIGTERM: its default action would
+end the trainer with no Python code run, leaving `status: running` and a train.lock.
 
 A stage in native code (a compilation of several seconds) finishes before the signal is acted on:
 Python runs signal handlers only between bytecodes, so that part is not a choice.
@@ -25,6 +24,8 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+
+from delphi.train.rundir import RESUME_HINT
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[str] = []  # signal names received while deferred, in order
@@ -90,8 +91,6 @@ def requested() -> str | None:
 def check(stage: str) -> None:
     """Raise Interrupted if a stop signal arrived; `stage` says where the run stood, for the
     status reason ("... during compilation; continue with --resume")."""
-    from delphi.train.rundir import RESUME_HINT
-
     name = requested()
     if name is not None:
         raise Interrupted(f"stopped by signal {name} during {stage}; {RESUME_HINT}")

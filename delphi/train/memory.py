@@ -1,8 +1,7 @@
 """Will a training run fit in memory? Two answers, both before anything is written.
 
-A model too large for the machine used to abort inside XLA's allocator with a C++ stack (exit
-134, issue 31), which no Python code can catch, after the run directory had been written. So
-`train` refuses (DelphiError, exit 2, with the numbers) a run that does not fit what its devices
+A model too large for the machine aborts inside XLA's allocator with a C++ stack (exit 134),
+which no Python code can catch. So `train` refuses (DelphiError, exit 2, with the numbers) a run that does not fit what its devices
 have free, twice: first on this module's estimate (`estimate_train_memory`: arithmetic, no JAX,
 so that even an absurd config is refused at once), then on XLA's memory analysis of the compiled
 train step (`CompiledMemory`, `check_program_fits`; delphi.train.trainer.check_compiled_memory
@@ -25,12 +24,11 @@ The estimate, per device, counts what autodiff keeps for the backward pass as JA
   softmax and, in the backward pass, their gradients (f32, 4 V);
 - a dropless MoE's expert blocks: every dispatch block multiplies its rows by its own expert's
   weights, gathered per block ([blocks, d, 2 d_expert] and [blocks, d_expert, d] in the compute
-  dtype) and kept for the backward pass in every layer, and one layer's f32 gradient of them. At
-  the default ladder family's d1024 rung (16,384 tokens a step) this is 3/4 of the step's memory;
+  dtype) and kept for the backward pass in every layer, and one layer's f32 gradient of them (at
+  large widths most of the step's memory);
 - the JAX/XLA runtime itself (JAX_RUNTIME_BYTES, host memory).
-Against XLA:CPU's analysis of every shape of the default and eighth-edition ladders and of the GPU
-check's shapes, in f32 and bf16, the estimate is within ESTIMATE_TOLERANCE
-(tests/test_memory_estimate.py; benchmarks/memory_estimate.py prints the table).
+The estimate is held within ESTIMATE_TOLERANCE of XLA:CPU's analysis of the ladders' shapes, in f32
+and bf16 (tests/test_memory_estimate.py; benchmarks/memory_estimate.py prints the table).
 """
 
 from __future__ import annotations
@@ -41,14 +39,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from delphi.errors import DelphiError
+from delphi.model.flops import count_params, expert_params
+from delphi.model.moe import DROPLESS_BLOCK, expert_capacity, is_dropless
 from delphi.train.config import TrainConfig
+from delphi.train.device import device_memory_bytes
 
 PARAM_BYTES = 4  # f32 master weights
 GRAD_BYTES = 4  # f32 gradients
 ADAM_STATE_BYTES = 8  # two f32 moments per parameter (optax.adamw; AdamH keeps the same two)
 F32_BYTES = 4  # norms, softmaxes, the residual stream and every saved non-matmul input are f32
-# A process with JAX and XLA's CPU runtime loaded holds ~0.4 GB before any array (measured on the
-# ladder workers, delphi.ladder.runner.WORKER_MEMORY_BYTES allows 1 GB with the compiler's peaks).
+# What a process with JAX and XLA's CPU runtime loaded holds before any array (the ladder workers;
+# delphi.ladder.runner.WORKER_MEMORY_BYTES allows 1 GB with the compiler's peaks).
 JAX_RUNTIME_BYTES = 400 * 1024**2
 MEMINFO = "/proc/meminfo"
 # How close the estimate is held to XLA's memory analysis of the compiled step.
@@ -86,8 +87,6 @@ class MemoryEstimate:
 def routed_rows(cfg: TrainConfig, tokens: int) -> tuple[int, bool]:
     """(rows of the MoE's expert matmuls for `tokens` tokens, whether the dispatch is dropless):
     delphi.model.moe.MoE's dispatch buffer in training."""
-    from delphi.model.moe import DROPLESS_BLOCK, expert_capacity, is_dropless
-
     moe = cfg.model.moe
     if is_dropless(moe.capacity_factor, moe.top_k, moe.experts, train=True):
         return (-(-tokens * moe.top_k // DROPLESS_BLOCK) + moe.experts) * DROPLESS_BLOCK, True
@@ -118,8 +117,6 @@ def activation_bytes_per_token(cfg: TrainConfig, tokens: int, attention: str = "
 def expert_block_bytes(cfg: TrainConfig, tokens: int) -> int:
     """A dropless MoE's per-block expert weights: kept in every layer in the compute dtype, and one
     layer's f32 gradient of them (module docstring); 0 for a dense model or capacity groups."""
-    from delphi.model.moe import DROPLESS_BLOCK
-
     m = cfg.model
     if m.moe is None:
         return 0
@@ -134,8 +131,6 @@ def expert_block_bytes(cfg: TrainConfig, tokens: int) -> int:
 def estimate_train_memory(cfg: TrainConfig, seeds: int = 1, attention: str = "blocked") -> MemoryEstimate:
     """One device's bytes at the peak of a step of `cfg` (a seed group of `seeds` holds each
     member's state and activations); `attention`: the kernel (delphi.train.device.resolve_attention)."""
-    from delphi.model.flops import count_params, expert_params
-
     counts = count_params(cfg.model)
     experts = expert_params(cfg.model)
     per_device_params = counts.total - experts + experts // max(cfg.mesh.expert, 1)
@@ -208,8 +203,6 @@ class Available:
 def available_memory(local_devices: list[Any]) -> Available:
     """What the run's devices on this host have free now: an accelerator's memory stats (what
     JAX's allocator may still take: its limit less what it holds), else the host's MemAvailable."""
-    from delphi.train.device import device_memory_bytes
-
     first = local_devices[0]
     stats = device_memory_bytes(first) if first.platform != "cpu" else None
     if stats is not None:

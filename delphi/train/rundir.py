@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from delphi.errors import DelphiError
-from delphi.io import atomic_write_json, atomic_write_text
+from delphi.errors import DelphiError, quoted
+from delphi.io import atomic_write_json, atomic_write_text, read_text
+from delphi.train.environment import wandb_mode as checked
 
 Status = Literal["pending", "running", "completed", "diverged", "failed"]
 METRICS_FILE = "metrics.jsonl"
@@ -160,7 +161,7 @@ def pid_alive(pid: int) -> bool:
 def stale_running(run_dir: Path) -> str | None:
     """Why a run whose status.json says `running` is not running any more, or None while it may be.
 
-    A trainer killed by a signal no handler runs for (SIGKILL, or SIGHUP before issue 41) left
+    A trainer killed by a signal no handler runs for (SIGKILL) leaves
     `status: running` and its train.lock, which records the trainer's pid: when that process is
     gone, the status is stale. Only this machine's processes are known: a lock without a pid, or
     a pid that is alive (possibly reused by another process), reads as running. No flock is taken,
@@ -262,8 +263,6 @@ def summary_problem(run_dir: Path, status: str) -> str | None:
     if status == "completed" and (
         isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)
     ):
-        from delphi.errors import quoted
-
         return f"{path}: val_loss = {quoted(loss)}, expected a finite number for a completed run"
     return summary_log_problem(run_dir) if status == "completed" else None
 
@@ -281,7 +280,6 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    from delphi.io import read_text
 
     rows = []
     lines = read_text(path, what="metrics file").splitlines()
@@ -362,8 +360,6 @@ class MetricsLog:
 def wandb_mode(configured: str | None) -> str:
     """The config's mode, else WANDB_MODE, else disabled (no account, no network); an unknown
     WANDB_MODE is a DelphiError naming it (delphi.train.environment)."""
-    from delphi.train.environment import wandb_mode as checked
-
     return checked(configured)
 
 

@@ -1,4 +1,5 @@
-"""A training run's log, from any trainer, as one typed table of eval points (`RunState`).
+"""A training run's log, from any trainer, as one typed table of eval points (`RunState`): one concept
+over ~750 lines (reading every log format into that table).
 
 What `prereg check`, `plot prediction|frontier --run` and `delphi report` read a run from:
 
@@ -33,7 +34,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from delphi.errors import CheckFailed, DelphiError, quoted
-from delphi.io import check_input_file, decode_utf8
+from delphi.io import decode_utf8
+from delphi.path_policy import check_input_file
+from delphi.train.config import train_config_from_dict
 from delphi.train.rundir import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -78,7 +81,7 @@ JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
 LOG_SUFFIXES = (*JSON_LINES_SUFFIXES, ".json", ".csv", ".tsv", ".tab")
 DELPHI_RUN_FILES = (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE)  # a directory with one of these is a Delphi run dir
 
-# Times before this are not wall-clock epoch seconds (2001-09-09): a column of elapsed seconds
+# Times before this (September 2001) are not wall-clock epoch seconds: a column of elapsed seconds
 # mapped as the time would date the run to 1970 and call every seal late.
 MIN_EPOCH_S = 1e9
 # Times above this are milliseconds (or finer) since the epoch, not seconds (year 5138).
@@ -587,8 +590,6 @@ class RunEnd:
     def of_hero(cls, hero: dict) -> "RunEnd":
         """The end of a preregistration's `hero` block: its tokens, and its steps and tokens per step
         where it carries its train config (a hero sealed from N and D alone has none)."""
-        from delphi.train.config import train_config_from_dict
-
         config = hero.get("config")
         cfg = train_config_from_dict(config, "hero.config") if isinstance(config, dict) else None
         tokens = hero.get("tokens", cfg.tokens if cfg is not None else None)

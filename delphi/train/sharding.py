@@ -22,10 +22,12 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from delphi.errors import DelphiError
+from delphi.model.flops import check_plausible_size
 from delphi.model.moe import expert_capacity
 from delphi.model.moe_parallel import DATA_AXIS, EXPERT_AXIS
 from delphi.train.config import MeshConfig, TrainConfig
 from delphi.train.environment import DISTRIBUTED_ENV, distributed_env  # noqa: F401  (DISTRIBUTED_ENV's old home)
+from delphi.train.memory import check_estimate_fits
 
 MESH_AXES = (DATA_AXIS, EXPERT_AXIS)
 BATCH_AXES = (DATA_AXIS, EXPERT_AXIS)  # the batch axis is split over both
@@ -72,9 +74,6 @@ def check_fits_in_memory(cfg: TrainConfig, seeds: int = 1, devices: list | None 
     one of its devices has free (its memory stats), or for CPU devices (which share the host's
     memory) what this machine has available now (MemAvailable). The compiled program is checked
     after (delphi.train.trainer.check_compiled_memory)."""
-    from delphi.model.flops import check_plausible_size
-    from delphi.train.memory import check_estimate_fits
-
     check_plausible_size(cfg.model)
     check_estimate_fits(cfg, local_devices(devices), seeds)
 

@@ -25,6 +25,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from delphi.model.config import ModelConfig
+from delphi.model.moe import RouterBias, bias_update
 from delphi.model.transformer import cross_entropy
 
 
@@ -36,8 +37,6 @@ class TrainState(NamedTuple):
 
 
 def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, Any, Any, Any]:
-    from delphi.model.moe import RouterBias
-
     return nnx.split(model, nnx.Param, RouterBias, ...)
 
 
@@ -47,8 +46,6 @@ def update_router_bias(router_bias: Any, expert_load: Float[Array, "layers exper
     The biases come either as one (layers, experts) array (scanned layers) or as
     one (experts,) array per layer, in layer order (the state's sorted paths).
     """
-    from delphi.model.moe import bias_update
-
     leaves, treedef = jax.tree.flatten(router_bias)
     if not leaves:
         return router_bias

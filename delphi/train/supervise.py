@@ -2,7 +2,7 @@
 
 An abort inside XLA (SIGABRT from C++, e.g. an allocation that fails), a segmentation fault or the
 kernel's out-of-memory killer (SIGKILL) ends the training process with no Python code run: the run
-directory kept `status: pending` (or running) and a `train.lock` (issue 31). So the CLI forks before
+directory would keep `status: pending` (or running) and a `train.lock`. So the CLI forks before
 JAX is imported: the child trains (and prints everything, its --json result included) and the
 parent, which holds no JAX state, waits for it. If the child dies of a signal, the parent writes
 `status: failed` with the reason and "continue with --resume" into each run directory whose status
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from delphi.errors import SYSTEM_ERRNOS, CheckFailed, DelphiError, message_line, system_error_line
+from delphi.train.rundir import record_death, signal_death_reason
 
 SUPERVISE_ENV = "DELPHI_TRAIN_SUPERVISE"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # delphi.train.interrupt's
@@ -77,8 +78,6 @@ def _child(work: Callable[[], int]) -> None:
 def supervised(work: Callable[[], int], run_dirs: list[Path]) -> int:
     """Run `work` (returns an exit code; prints its own output) in a child process and return its
     exit code; a child killed by a signal is recorded in `run_dirs` (delphi.train.rundir.record_death)."""
-    from delphi.train.rundir import record_death, signal_death_reason
-
     child = [0]
     early: list[int] = []  # stop signals received before the child's pid was known
 

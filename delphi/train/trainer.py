@@ -1,4 +1,5 @@
-"""The training loop: `train(cfg, run_dir)` runs one config to a run directory.
+"""The training loop, one concept over ~1000 lines: `train(cfg, run_dir)` runs one config (or a seed
+group) to a run directory; its program cache and run-identity helpers serve only this loop.
 
     validate everything (config, model size, store size, run dir) -> lock the run dir
     -> write config.yaml -> init or restore -> compile -> loop over chunks of steps:
@@ -37,10 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from delphi.data.loader import TokenStore
+from delphi.data.store import check_store_for_config
 from delphi.errors import DelphiError
-from delphi.io import atomic_write_json, atomic_write_text, sha256_bytes
+from delphi.hashes import sha256_bytes
+from delphi.io import atomic_write_json, atomic_write_text, read_yaml
 from delphi.model.config import ModelConfig
 from delphi.model.flops import count_params, flops_per_token, palm_flops_per_token
+from delphi.model.transformer import Transformer
 from delphi.train import checkpoint as ckpt
 from delphi.train import interrupt, sharding
 from delphi.train.config import OPTIM_KEYS_ADDED, TrainConfig, train_config_to_dict
@@ -54,6 +59,7 @@ from delphi.train.environment import (  # CHECKPOINT_CLOCK_ENV, STEPS_PER_CALL_E
     steps_per_call_env,
     xla_cpu_threads,
 )
+from delphi.train.memory import CompiledMemory, check_program_fits
 from delphi.train.optim import make_optimizer
 from delphi.train.peak import peak_flops
 from delphi.train.progress import PredictedLoss, Progress
@@ -77,7 +83,8 @@ from delphi.train.rundir import (
 from delphi.train.schedules import lr_schedule
 from delphi.train.step import TrainState, bits_per_byte, eval_blocks, make_eval_step, make_train_chunk, split_model
 
-MAX_STEPS_PER_CALL = 16  # scan length cap: d_model 32, 1 -> 4 -> 8 -> 16 steps per call: 360, 255, 235, 230 ms/step
+# Scan length cap: more steps per call pay less dispatch per step, with diminishing returns past 16.
+MAX_STEPS_PER_CALL = 16
 # CHECKPOINT_CLOCK_ENV (seconds): a single-process run also checkpoints at the first log point this
 # long after its last save, so a hard kill of a long run (a hero outlasting a working session) loses
 # at most this much. A setting of the machine, not of the experiment: an environment variable, out
@@ -125,8 +132,6 @@ def _existing_identity(path: Path) -> str:
     """The identity of a run dir's config.yaml; a file that is not a YAML mapping is a clear error."""
     import yaml
 
-    from delphi.io import read_yaml
-
     try:
         data = read_yaml(path)
     except DelphiError as e:
@@ -167,8 +172,6 @@ INIT_PRNG_IMPL = "rbg"
 def _build_model(
     key: jax.Array, model: ModelConfig, compute_dtype: Any, mesh: jax.sharding.Mesh | None, attention: str
 ) -> nnx.Module:
-    from delphi.model.transformer import Transformer
-
     return Transformer(model, rngs=nnx.Rngs(key), compute_dtype=compute_dtype, mesh=mesh, attention=attention)
 
 
@@ -307,8 +310,6 @@ def check_compiled_memory(cfgs: list[TrainConfig], mesh: jax.sharding.Mesh) -> A
     """Refuse (DelphiError) a run whose compiled train chunk needs more memory than its device has
     (delphi.train.memory.check_program_fits), before anything is written; returns the program's
     memory (delphi.train.memory.CompiledMemory, None where XLA reports none)."""
-    from delphi.train.memory import CompiledMemory, check_program_fits
-
     memory = CompiledMemory.of(compile_train_chunk(cfgs, mesh)[0])
     check_program_fits(cfgs[0], memory, sharding.local_devices(list(mesh.devices.flat)), seeds=len(cfgs))
     return memory
@@ -571,9 +572,6 @@ def _train_group(
     progress: bool,
     max_steps: int | None,
 ) -> list[dict]:
-    from delphi.data.loader import TokenStore
-    from delphi.data.store import check_store_for_config
-
     # ---- validate everything before writing anything
     cfgs = [cfg.validate() for cfg in cfgs]
     check_training_environment([c.wandb.mode for c in cfgs])  # DELPHI_*, WANDB_MODE and its API key
