@@ -39,21 +39,6 @@ MOVED: list[tuple[str, str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "delphi.prereg.format",
-        "delphi.prereg_format",
-        (
-            "seal",
-            "read",
-            "write_new",
-            "seal_status",
-            "outcome_path",
-            "Band",
-            "Prereg",
-            "predicted_loss_curve",
-            "load_prereg",
-        ),
-    ),
-    (
         "delphi.fits.curves",
         "delphi.fits.shape_trajectory",
         ("SCHEDULE_SHAPE_KEYS", "normalised_curve", "same_schedule_shape", "project_finals", "trajectory_from_shapes"),

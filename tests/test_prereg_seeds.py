@@ -11,12 +11,13 @@ import prereg_synthetic as ps
 import pytest
 import yaml
 
+from delphi import prereg_format as fmt
 from delphi.cli import main
 from delphi.errors import DelphiError
-from delphi.prereg import format as fmt
-from delphi.prereg.check import check, verify
+from delphi.prereg.check import check
 from delphi.prereg.competing import ensemble_entry, score_competing
 from delphi.prereg.create import build_prereg, trajectory_from_final
+from delphi.prereg.verify import verify
 from delphi.train.config import train_config_to_dict
 
 PREDICTED = 1.5

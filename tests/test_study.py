@@ -509,7 +509,7 @@ def test_the_paper_says_how_a_corrected_seal_came_from_the_law():
     """The sixth edition sealed the isoFLOP law x its probe trend: the paper's sentence gives the
     law's own number, the probes' errors, the carried correction and, with an outcome, both errors."""
     from delphi.prereg.create import correction_text
-    from delphi.prereg.format import read
+    from delphi.prereg_format import read
 
     final = read(REPO / "preregistrations" / "paper-v6-hero-60x.yaml")["prediction"]["final"]
     text = correction_text(final, 1.0, primary_law="the isoFLOP power law (Approach 2)")
@@ -540,7 +540,7 @@ def test_study_trains_its_own_probes_and_seals_the_corrected_hero(tmp_path):
     gates are deferred while the probes are untrained."""
     import pytest
 
-    from delphi.prereg import format as fmt
+    from delphi import prereg_format as fmt
 
     study = _micro_study(tmp_path)
     raw = yaml.safe_load(study.read_text())

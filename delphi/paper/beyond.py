@@ -91,11 +91,12 @@ def sealed_run(name: str, seal: Path, run_dir: Path, top_budget: float) -> dict[
     of its seeds, each seed's beside it), error, coverage, every competing law's score and the order
     of seal and first step. A run with no step yet is NOT_TRAINED; a broken seal or a run that is
     not the sealed one is reported, not scored."""
+    from delphi import prereg_format as fmt
     from delphi.editions import seed_runs_of
-    from delphi.prereg import format as fmt
-    from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome, read_run_dir
+    from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome
     from delphi.prereg.create import parse_utc
     from delphi.train.config import train_config_from_dict
+    from delphi.train.runlog import read_run_dir
 
     row: dict[str, Any] = {
         "run": name,

@@ -826,7 +826,7 @@ def _data_words(
 
 
 def _read_prereg(path: Path) -> dict:
-    from delphi.prereg import format as fmt
+    from delphi import prereg_format as fmt
 
     return fmt.read(path)
 
@@ -1017,9 +1017,10 @@ def verify_editions(paper_root: str | Path = "paper", preregistrations: str | Pa
     manifest, results table, probe summaries), and `prereg verify --run` on its hero as unpacked
     from the first such edition. A preregistration that cannot be verified (a run whose records
     disagree) is a problem of its row, not the end of the command."""
+    from delphi import prereg_format as fmt
     from delphi.editions import check_provenance, edition_trees, hero_runs
-    from delphi.prereg import format as fmt
-    from delphi.prereg.check import read_outcome, verify
+    from delphi.prereg.check import read_outcome
+    from delphi.prereg.verify import verify
 
     if not Path(paper_root).is_dir():
         raise DelphiError(f"--paper-root {paper_root}: not a directory; nothing to verify against")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 import delphi
+from delphi import prereg_format as fmt
 from delphi.errors import CheckFailed, DelphiError
 from delphi.fits.backtest import Z_50 as Z50  # noqa: F401 (importable from here)
 from delphi.fits.data import TableOptions
@@ -28,7 +29,6 @@ from delphi.fits.intervals import PointCorrection
 from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, REFIT_NAMES, law_name  # noqa: F401 (importable from here)
 from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
 from delphi.io import atomic_write_json, read_json, sha256_file
-from delphi.prereg import format as fmt
 from delphi.prereg.hero import HeroSpec
 from delphi.prereg.predict import (  # noqa: F401 (moved there; importable from here)
     _interval,

@@ -111,7 +111,7 @@ def stage_figures(study: Study) -> dict:
     from delphi.fits import load_fit
     from delphi.plot import figures as pf
     from delphi.prereg.check import compare, read_run_dir
-    from delphi.prereg.format import load_prereg
+    from delphi.prereg_format import load_prereg
 
     study.figures.mkdir(parents=True, exist_ok=True)
     figures = FigureSet(study.figures)
@@ -338,8 +338,8 @@ def _probes_section(study: Study) -> list[str]:
         return []
     from delphi.fits import load_fit
     from delphi.fits.probes import correction_text
-    from delphi.prereg.format import read
     from delphi.prereg.predict import score_probes
+    from delphi.prereg_format import read
 
     lines = [
         "## Probes beyond the ladder",
@@ -477,7 +477,7 @@ def pipeline_report(inputs: PipelineInputs, out: Path) -> dict:
     from delphi.fits import load_fit, load_results
     from delphi.plot import figures as pf
     from delphi.prereg.check import check, read_hero_run
-    from delphi.prereg.format import load_prereg
+    from delphi.prereg_format import load_prereg
 
     if inputs.runs and inputs.prereg is None:
         raise DelphiError("--run: a run is judged against a preregistration; give --prereg too")
@@ -585,7 +585,7 @@ def _input_lines(
     inputs: PipelineInputs, table: pd.DataFrame | None, fit: Any, prereg: Any, checked: dict | None
 ) -> list[str]:
     from delphi.io import sha256_file
-    from delphi.prereg.format import seal_status
+    from delphi.prereg_format import seal_status
 
     lines = []
     if table is not None:

@@ -766,7 +766,7 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
     import os
     import subprocess
 
-    from delphi.prereg.format import predicted_loss_curve
+    from delphi.prereg_format import predicted_loss_curve
     from delphi.signals import stop_signals_raise
     from delphi.train.config import load_train_config
     from delphi.train.trainer import train
@@ -834,7 +834,7 @@ def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[di
 def _sealed_earlier(study: Study, path: Path, config: Path, seeds: list[int] | None) -> dict:
     """A seal written on an earlier attempt (or stage) of this study: checked to be this study's seal
     of the run `config` at `seeds` (`foreign_seal`), never rewritten."""
-    from delphi.prereg.format import read
+    from delphi.prereg_format import read
 
     if problem := foreign_seal(study, path, config, seeds):
         raise DelphiError(_foreign_seal_message(path, problem))
@@ -848,7 +848,7 @@ def foreign_seal(study: Study, path: Path, config: Path, seeds: list[int] | None
     was sealed by another study (or another version of this one) and its verdict would not be this
     study's."""
     from delphi.io import sha256_file
-    from delphi.prereg.format import read, seal_status
+    from delphi.prereg_format import read, seal_status
 
     try:
         doc = read(path)

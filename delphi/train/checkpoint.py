@@ -44,9 +44,9 @@ import numpy as np
 
 from delphi.errors import DelphiError, quoted
 from delphi.io import atomic_write_json, sha256_file
+from delphi.train.rundir import CHECKPOINTS_DIR
 
 CHECKPOINT_PREFIX = "step_"
-CHECKPOINTS_DIR = "checkpoints"
 STATE_DIR = "state"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "orbax-pytree-1"
