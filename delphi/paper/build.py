@@ -54,7 +54,7 @@ def import_study(study_dir: Path, data_dir: Path) -> list[str]:
 
     if not (study_dir / "stages" / "report.json").is_file():
         raise DelphiError(f"--from-study: {study_dir} is not a finished study (no stages/report.json)")
-    from delphi.study import compact_files
+    from delphi.study.snapshot import compact_files
 
     copied = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,7 +113,8 @@ def prereg_file(data_dir: Path) -> Path:
 def _study_view(data_dir: Path, figures_dir: Path):
     """A `Study` whose paths point into the paper's data (and figures) directory."""
     from delphi.config_schema import from_dict
-    from delphi.study import Study, StudySpec
+    from delphi.study.spec import StudySpec
+    from delphi.study.state import Study
 
     pinned = json.loads((data_dir / "study.json").read_text())
     spec = from_dict(StudySpec, pinned["study"], f"{data_dir}/study.json")
@@ -380,7 +381,7 @@ def _probe_dirs(data_dir: Path) -> list[Path]:
     pinned in its data (`delphi.study.pin_probes`). A copy there that the study does not name, left
     by an earlier invocation, is not one of its probes (the seventh edition had one: probes/hero, a
     stale copy of hero60x, left out of its compact data)."""
-    from delphi.study import probe_names
+    from delphi.study.spec import probe_names
 
     spec = _pinned_spec(data_dir)
     return [run for name in probe_names(spec) if ((run := data_dir / "probes" / name) / "summary.json").is_file()]
@@ -389,7 +390,7 @@ def _probe_dirs(data_dir: Path) -> list[Path]:
 def _pinned_spec(data_dir: Path) -> Any:
     """The study's spec as its data pinned it (a `delphi.study.StudySpec`)."""
     from delphi.config_schema import from_dict
-    from delphi.study import StudySpec
+    from delphi.study.spec import StudySpec
 
     return from_dict(StudySpec, json.loads((data_dir / "study.json").read_text())["study"], f"{data_dir}/study.json")
 
@@ -420,7 +421,7 @@ def law_alone_at_runs(data_dir: Path) -> list[dict]:
 def _probe_seal(data_dir: Path, prereg_path: Path, multiple: float) -> Path:
     """Where the study sealed its own probe at `multiple` (`delphi.study.stages.probe_prereg`): beside
     the hero's seal when the study names it (probe_preregistration), else in its probes/."""
-    from delphi.study import own_probe_name
+    from delphi.study.spec import own_probe_name
 
     template = _pinned_spec(data_dir).probe_preregistration
     if template is None:
@@ -432,7 +433,7 @@ def law_alone_runs(data_dir: Path, prereg_path: Path, top_budget: float) -> list
     """A study of the law alone's sealed runs (its own probes, nearest first, then the hero), each
     against its own seal (`sealed_runs`: every seed, every competing law); empty for a study whose
     probes were evidence for the hero's seal."""
-    from delphi.study import own_probe_name
+    from delphi.study.spec import own_probe_name
 
     spec = _pinned_spec(data_dir)
     if not _law_alone_study(spec):
@@ -897,7 +898,7 @@ def build_paper(
     paper/editions/v3/study, or a plain directory), else PAPER_DIR/data, else the newest edition's
     study. The text quotes the data's path as given."""
     from delphi.editions import resolve_data
-    from delphi.study import stage_figures
+    from delphi.study.report import stage_figures
 
     paper_dir = Path(paper_dir)
     if from_study is not None and data_dir is not None:
@@ -1002,7 +1003,7 @@ def snapshot(study_dir: str | Path, dest: str | Path, *, resumable: bool = False
     import tempfile
 
     from delphi.editions import pack
-    from delphi.study import export_study
+    from delphi.study.snapshot import export_study
 
     with tempfile.TemporaryDirectory() as tmp:
         copied = export_study(study_dir, Path(tmp) / "study", resumable=resumable)

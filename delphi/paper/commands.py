@@ -103,7 +103,7 @@ def _build(args: argparse.Namespace):
 def _snapshot(args: argparse.Namespace) -> dict:
     from delphi.io import check_output_dir, check_owned_dir
     from delphi.paper.build import snapshot
-    from delphi.study import STUDY_FILE
+    from delphi.study.state import STUDY_FILE
 
     check_output_dir(args.to, inputs=(args.from_study,), flag="--to")
     check_owned_dir(args.to, (STUDY_FILE,), "paper snapshot", force=args.force, flag="--to")

@@ -13,7 +13,7 @@ Verdicts and exit codes (docs/design.md §3.1: 0 ok, 1 the checked thing failed)
     invalid: the run predates the preregistration                    exit 1
                  its first step was logged before the seal was made
     invalid: the run's start cannot be established                  exit 1
-                 it ran, but its log no longer says when (or never did)
+                 it ran, but its log does not say when
     (a broken seal is CheckFailed: exit 1, nothing compared)
 
 The run is a Delphi run dir, another trainer's metrics log or a directory holding one
@@ -116,8 +116,8 @@ def run_identity(run: RunState, run_dir: Path | None) -> dict[str, Any]:
 
 
 def same_run(outcome: dict, identity: dict[str, Any]) -> bool:
-    """Whether an existing outcome scored the run `identity` describes. An outcome from before runs
-    were bound (no first-step time recorded) names its run by path only."""
+    """Whether an existing outcome scored the run `identity` describes. An outcome with no first-step
+    time recorded names its run by path only."""
     if outcome.get("run_first_step_time") is not None:
         return outcome.get("run_first_step_time") == identity.get("run_first_step_time") and outcome.get(
             "run_config_sha256"
@@ -218,7 +218,7 @@ def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path, seed: int | None 
     multi-seed seal) the hero config with seed and data.seed set to it, the run's name aside."""
     sealed = (doc.get("hero") or {}).get("config")
     if not isinstance(sealed, dict):
-        return None  # an older preregistration without the config: nothing to compare
+        return None  # a preregistration without the hero's config: nothing to compare
     config_path = Path(run_dir) / CONFIG_FILE
     if not config_path.is_file():
         return None  # not started yet (a watch may begin before the trainer writes its config)

@@ -75,7 +75,7 @@ def verified_verdict(path: Path, doc: dict, seal_ok: bool, outcome: dict, trees:
     """The verdict the index shows: the outcome's, unless `prereg verify` (with the outcome's run)
     would fail, in which case what it would say. The seal and the outcome as first committed; when
     the run started, from the outcome's own record (written by `prereg check`) or, for an outcome
-    from before that was recorded, by verifying its run dir where it still exists; the outcome's
+    that does not record it, by verifying its run dir where it still exists; the outcome's
     fields recomputed from its runs, where they are or where the editions (`trees`) hold them."""
     if not seal_ok:
         return SEAL_BROKEN
