@@ -356,7 +356,7 @@ def stage_gates(study: Study) -> dict:
 
 def stage_seals(study: Study) -> dict:
     """Under the law alone (`hero.probe_correction: false`), seal every prediction beyond the ladder
-    before any of them has a step (issue 29): each of hero.probe_multiples, smallest first, sized
+    before any of them has a step: each of hero.probe_multiples, smallest first, sized
     like the hero and sealed into STUDY/probes/NAME.prereg.yaml, then the hero into its
     preregistration. No prediction depends on another run, so nothing waits for a probe; each seal
     evaluates the gates (the ladder's, as for the hero) and is refused unless they all pass or the
@@ -441,7 +441,7 @@ def _seal_evidence(study: Study) -> dict[str, Any]:
 
 
 def _competing(study: Study, hero, final: dict) -> dict:
-    """Every other law's prediction for a run beyond the ladder, sealed beside the primary (issue 40):
+    """Every other law's prediction for a run beyond the ladder, sealed beside the primary:
     the study's fits and the asymptotic frontier law (fitted here once, on the fit stage's table). A
     law that cannot be fitted here is sealed as such (its error), beside the primary's seal."""
     paths = {m: study.fit_path(m) for m in study.spec.fits if study.fit_path(m).is_file()}
