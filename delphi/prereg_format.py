@@ -34,7 +34,7 @@ from typing import NamedTuple
 import yaml
 
 from delphi.errors import DelphiError, quoted
-from delphi.io import atomic_write_text
+from delphi.io import atomic_write_text, read_yaml
 
 SCHEMA_VERSION = 1
 SEAL_ALGORITHM = "sha256"
@@ -77,8 +77,6 @@ def write_new(path: str | Path, doc: dict) -> None:
 
 
 def read(path: str | Path) -> dict:
-    from delphi.io import read_yaml
-
     path = Path(path)
     if not path.is_file():
         raise DelphiError(f"{path}: preregistration file not found")

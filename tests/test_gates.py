@@ -13,6 +13,7 @@ import prereg_synthetic as ps
 import pytest
 import yaml
 
+from delphi import prereg_format as fmt
 from delphi.cli import main
 from delphi.editions import edition_tree
 from delphi.errors import DelphiError
@@ -20,7 +21,6 @@ from delphi.fits import backtest, fit_vpnls, load_results
 from delphi.fits.backtest import probe_trend
 from delphi.fits.results import FitResult
 from delphi.model.flops import count_params
-from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
 from delphi.prereg.create import gates_path, load_tables, predict_hero, run_predicted_vs_actual
 from delphi.prereg.measure import cross_check_predictions
@@ -572,8 +572,8 @@ def test_the_v5_hero_sealed_green_on_the_probes_and_missed_high():
     the v4 probes confirmed (0.9331); it landed at 1.0142 (+8.69%), between the isoFLOP law and
     VPNLS (1.1571), as 7 of the 8 earlier heroes did. The isoFLOP law's error grew with distance:
     -1.99% at 3x, +2.96% at 10x, +8.69% at 30x."""
+    from delphi import prereg_format as fmt
     from delphi.fits import load_fit
-    from delphi.prereg import format as fmt
 
     v5 = edition_tree(Path(__file__).resolve().parents[1] / "paper" / "editions" / "v5") / "study"
     doc = fmt.read(Path(__file__).resolve().parents[1] / "preregistrations" / "paper-v5-hero-30x.yaml")
@@ -878,9 +878,9 @@ def test_paper_v6_seal_regenerates_from_committed_data():
     """The sixth edition's sealed prediction (the isoFLOP law x its error trend at three probes,
     carried to 60x) and its gates, recomputed from the committed study data, are the sealed ones."""
     from delphi.prereg.evidence import Evidence, PredictionRule
-    from delphi.prereg.format import read
     from delphi.prereg.measure import compute_gates
     from delphi.prereg.predict import hero_prediction
+    from delphi.prereg_format import read
     from delphi.train.config import load_train_config
 
     study = PAPER_V6 / "study"
@@ -910,7 +910,7 @@ def test_prereg_create_corrects_by_the_probes_and_takes_their_shape(tmp_path, ca
     data: the same sealed number as the study's, all gates green, the trajectory's shape from the
     longest probe (the fifth edition's 30x hero) and ending on the final prediction; with fewer than
     three probes gate probes refuses the correction (exit 1, nothing sealed)."""
-    from delphi.prereg import format as fmt
+    from delphi import prereg_format as fmt
 
     study = PAPER_V6 / "study"
     sealed = fmt.read(REPO_PREREGISTRATIONS / "paper-v6-hero-60x.yaml")

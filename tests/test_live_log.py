@@ -16,9 +16,9 @@ import numpy as np
 import prereg_synthetic as ps
 import pytest
 
+from delphi import prereg_format as fmt
 from delphi.cli import main
 from delphi.errors import DelphiError
-from delphi.prereg import format as fmt
 from delphi.train.runlog import END_TOLERANCE_REL, ColumnNotFound, EvalPoint, LogColumns, RunEnd, read_log, read_run
 
 SEED = 5  # the hero curve's noise; this seed's curve passes the seals below (tests/test_prereg.py)

@@ -37,30 +37,6 @@ MOVED: list[tuple[str, str, tuple[str, ...]]] = [
             "run_predicted_vs_actual",
         ),
     ),
-    (
-        "delphi.prereg.format",
-        "delphi.prereg_format",
-        (
-            "seal",
-            "read",
-            "write_new",
-            "seal_status",
-            "outcome_path",
-            "Band",
-            "Prereg",
-            "predicted_loss_curve",
-            "load_prereg",
-        ),
-    ),
-    ("delphi.study", "delphi.study.spec", ("StudySpec", "HeroSpec", "GatesSpec", "load_study", "probe_names")),
-    ("delphi.study", "delphi.study.state", ("Study", "_ladder_spec", "_lr_calibration", "probe_runs", "STUDY_FILE")),
-    ("delphi.study", "delphi.study.snapshot", ("compact_files", "export_study")),
-    (
-        "delphi.study",
-        "delphi.study.stages",
-        ("run_study", "STAGES", "stage_gates", "check_store_unchanged", "_finished"),
-    ),
-    ("delphi.study", "delphi.study.report", ("render_report", "health_table", "stage_figures", "_gates_section")),
 ]
 
 
@@ -73,13 +49,6 @@ def test_moved_names_import_from_their_old_module(old: str, new: str, names: tup
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:
-    for old in ("delphi.study", "delphi.fits.backtest", "delphi.fits.curves"):
+    for old in ("delphi.fits.backtest", "delphi.fits.curves"):
         with pytest.raises(AttributeError):
             _ = importlib.import_module(old).no_such_name
-
-
-def test_the_study_package_lists_every_name_of_the_former_module() -> None:
-    study = importlib.import_module("delphi.study")
-    assert len(study.__all__) == len(set(study.__all__)) > 60
-    for name in study.__all__:
-        getattr(study, name)

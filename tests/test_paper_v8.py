@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from delphi import prereg_format as fmt
 from delphi.editions import edition_tree, resolve_data
-from delphi.prereg import format as fmt
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_STUDY = REPO / "paper" / "editions" / "v5" / "study"
@@ -68,7 +68,7 @@ def _reseal(seal: Path, created_s: float) -> None:
 
 
 def _first_step(study: Path, run: str) -> float:
-    from delphi.prereg.check import read_run_dir
+    from delphi.train.runlog import read_run_dir
 
     return read_run_dir(_run_dir(study, run)).first_step_time
 

@@ -12,8 +12,8 @@ import prereg_synthetic as ps
 import pytest
 import yaml
 
+from delphi import prereg_format as fmt
 from delphi.cli import main
-from delphi.prereg import format as fmt
 
 
 @pytest.fixture(scope="module")

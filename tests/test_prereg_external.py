@@ -18,9 +18,9 @@ import pytest
 import yaml
 from test_backtest_calibrated import _run  # (code, stdout, stderr) of one `delphi` command
 
+from delphi import prereg_format as fmt
 from delphi.cli import main
 from delphi.fits import load_fit
-from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
 from delphi.prereg.index import gates_cell
 

@@ -11,12 +11,13 @@ import prereg_synthetic as ps
 import pytest
 import yaml
 
+from delphi import prereg_format as fmt
 from delphi.cli import main
 from delphi.errors import DelphiError
-from delphi.prereg import format as fmt
-from delphi.prereg.check import check, verify
+from delphi.prereg.check import check
 from delphi.prereg.competing import ensemble_entry, score_competing
 from delphi.prereg.create import PreregParts, build_prereg, trajectory_from_final
+from delphi.prereg.verify import verify
 from delphi.train.config import train_config_to_dict
 
 PREDICTED = 1.5
@@ -287,7 +288,7 @@ def test_a_study_trains_a_runs_seeds_side_by_side_and_checks_their_mean(store, t
     from dataclasses import replace
 
     from delphi.model.config import ModelConfig, MoEConfig
-    from delphi.study.stages import seed_runs, train_seeds
+    from delphi.study.seeds import seed_runs, train_seeds
     from delphi.train.config import DataConfig, OptimConfig, TrainConfig
     from delphi.train.rundir import read_metrics
 
@@ -327,7 +328,7 @@ def test_the_eta_of_a_resumed_run_ignores_the_hours_it_stood_stopped(tmp_path):
     newest records: a run stopped for an hour and resumed must not report an ETA twice too long."""
     import json
 
-    from delphi.study.stages import _progress
+    from delphi.study.seeds import seed_progress
 
     run = tmp_path / "hero"
     run.mkdir()
@@ -342,4 +343,6 @@ def test_the_eta_of_a_resumed_run_ignores_the_hours_it_stood_stopped(tmp_path):
         for s in range(0, 201, 20)
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert _progress(run, 400) == "hero step 200/400, loss 1.0000, 10 tok/s, ETA 3 min"  # 200 steps left at 1 step/s
+    assert (
+        seed_progress(run, 400) == "hero step 200/400, loss 1.0000, 10 tok/s, ETA 3 min"
+    )  # 200 steps left at 1 step/s

@@ -15,7 +15,7 @@ from delphi.config_schema import from_dict
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_json
 from delphi.study.spec import PRIMARY_LAWS, StudySpec, load_study
-from delphi.study.state import Study, _primary_backtest, load_table
+from delphi.study.state import Study, load_table, primary_backtest
 
 REPO = Path(__file__).resolve().parents[1]
 # A finished default study's ladder (30 rungs, 3 budgets): its results table and pinned ladder spec.
@@ -48,8 +48,10 @@ def test_primary_laws_are_the_calibrations_hero_sizing_laws():
 
 def test_auto_resolves_to_choose_methods_answer_once_and_a_resumed_study_reads_it(tmp_path, monkeypatch):
     from delphi.fits import calibration_file, method_choice
-    from delphi.study.report import _primary_choice_section
-    from delphi.study.stages import primary_choice_sentence, stage_fit
+    from delphi.study import fitting
+    from delphi.study.fitting import primary_choice_sentence
+    from delphi.study.report import primary_choice_section
+    from delphi.study.stages import stage_fit
 
     # vpnls (the default's law) is not among fits: the choice is restricted to isoflop and parametric.
     study = _auto_study(tmp_path, ["isoflop", "parametric", "frontier"])
@@ -74,13 +76,13 @@ def test_auto_resolves_to_choose_methods_answer_once_and_a_resumed_study_reads_i
     )  # as run_study records it
 
     # A resumed study (a new Study on the same dir) reads the recorded law and never chooses again.
-    monkeypatch.setattr(method_choice, "choose_primary", lambda *a, **k: pytest.fail("a resumed study chose again"))
+    monkeypatch.setattr(fitting, "choose_primary", lambda *a, **k: pytest.fail("a resumed study chose again"))
     resumed = Study(tmp_path, study.spec, tmp_path / "ladder.yaml")
     assert resumed.primary_fit == expected["method"]
     atomic_write_json(resumed.fits_dir / "backtest.json", {m: {"law": m} for m in ("isoflop", "parametric", "vpnls")})
-    assert _primary_backtest(resumed) == {"law": expected["method"]}
+    assert primary_backtest(resumed) == {"law": expected["method"]}
     # The report and the preregistration's rationale state the choice and the table behind it.
-    section = "\n".join(_primary_choice_section(resumed))
+    section = "\n".join(primary_choice_section(resumed))
     assert f"**{expected['method']}**" in section and "| isoflop |" in section and "| parametric |" in section
     sentence = primary_choice_sentence(resumed)
     assert f"primary law {expected['method']} was chosen by evidence" in sentence and "coverage" in sentence
@@ -91,11 +93,11 @@ def test_an_explicit_primary_fit_is_the_specs_and_reads_no_stage(tmp_path):
     assert spec.primary_fit in PRIMARY_LAWS
     study = Study(tmp_path, spec, tmp_path / "ladder.yaml")
     assert study.primary_fit == spec.primary_fit and not study.marker("fit").exists()
-    from delphi.study.report import _primary_choice_section
-    from delphi.study.stages import _primary_for, primary_choice_sentence
+    from delphi.study.fitting import primary_choice_sentence, primary_for
+    from delphi.study.report import primary_choice_section
 
-    assert _primary_for(study, None) == (spec.primary_fit, None)
-    assert primary_choice_sentence(study) == "" and _primary_choice_section(study) == []
+    assert primary_for(study, None) == (spec.primary_fit, None)
+    assert primary_choice_sentence(study) == "" and primary_choice_section(study) == []
 
 
 @pytest.mark.parametrize(

@@ -410,7 +410,7 @@ def test_recipe_check_gate_reads_the_curve_not_one_unlucky_seed(tmp_path):
 def test_paper_v8_spans_and_sizes():
     """Issue 29's ladder span and held-out runs, one batch rule throughout, on the 2-core budget."""
     from delphi.ladder.wall_estimate import estimate_wall_s
-    from delphi.study import load_study
+    from delphi.study.spec import load_study
 
     spec, _ = _v8()
     assert len(spec.budgets) >= 5 and math.log10(max(spec.budgets) / min(spec.budgets)) >= 1.5

@@ -17,9 +17,10 @@ import pytest
 import yaml
 from test_prereg_seeds import PREDICTED, seal, seed_run
 
+from delphi import prereg_format as fmt
 from delphi.cli import main
-from delphi.prereg import format as fmt
-from delphi.prereg.check import check, verify
+from delphi.prereg.check import check
+from delphi.prereg.verify import verify
 
 REPO = Path(__file__).resolve().parents[1]
 GIT_ENV = {

@@ -178,7 +178,10 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     import pytest
 
     from delphi.errors import DelphiError
-    from delphi.study import Study, check_store_unchanged, load_study, run_study
+    from delphi.study.spec import load_study
+    from delphi.study.stages import run_study
+    from delphi.study.state import Study
+    from delphi.study.store import check_store_unchanged
 
     study_file = _micro_study(tmp_path)
     run_study(study_file, tmp_path / "out", stop_after="prepare")
@@ -217,7 +220,7 @@ def test_study_refuses_to_train_on_another_corpus_than_its_first_rungs(tmp_path)
     accepted = json.loads((tmp_path / "out" / "store_accepted.json").read_text())["accepted"]
     assert [a["sha256"] for a in accepted] == ["2" * 64, now]
     # The one-store file of earlier versions reads as a history of one.
-    from delphi.study import read_store_acceptances
+    from delphi.study.store import read_store_acceptances
 
     (tmp_path / "old.json").write_text(json.dumps({"pinned_sha256": "0" * 64, "accepted_sha256": "3" * 64}))
     assert read_store_acceptances(tmp_path / "old.json") == {"accepted": [{"sha256": "3" * 64, "train_tokens": None}]}
@@ -231,13 +234,14 @@ def test_accept_store_that_is_not_a_sha256_exits_2_before_anything_is_written(tm
 
 def test_study_seed_offsets_the_ladder_seeds(tmp_path):
     """Study seed k trains run seeds + k * STUDY_SEED_STRIDE: three study seeds, three ladders."""
-    from delphi.study import STUDY_SEED_STRIDE, Study, _ladder_spec, load_study
+    from delphi.study.spec import STUDY_SEED_STRIDE, load_study
+    from delphi.study.state import Study, ladder_spec
 
     (tmp_path / "s.yaml").write_text(
         yaml.safe_dump({"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "seed": 2})
     )
     spec, ladder_path, prereg, _, _ = load_study(tmp_path / "s.yaml")
-    seeds = _ladder_spec(Study(tmp_path / "o", spec, ladder_path, prereg)).run.seeds
+    seeds = ladder_spec(Study(tmp_path / "o", spec, ladder_path, prereg)).run.seeds
     base = yaml.safe_load((REPO / "studies" / "ladder_tiny.yaml").read_text())["run"].get("seeds", [0])
     assert list(seeds) == [s + 2 * STUDY_SEED_STRIDE for s in base]
 
@@ -248,7 +252,8 @@ def test_study_lr_calibration_is_resolved_checked_and_pinned(tmp_path):
     import pytest
 
     from delphi.errors import DelphiError
-    from delphi.study import Study, _lr_calibration, load_study, pin_lr_calibration
+    from delphi.study.spec import load_study
+    from delphi.study.state import Study, lr_calibration_paths, pin_lr_calibration
 
     raw = {
         "name": "x",
@@ -265,8 +270,8 @@ def test_study_lr_calibration_is_resolved_checked_and_pinned(tmp_path):
     assert calibrations == ((tmp_path / "cal" / "a.json").resolve(), (tmp_path / "cal" / "b.json").resolve())
     study = Study(tmp_path / "out", spec, ladder, prereg, calibrations)
     with pytest.raises(DelphiError, match="the gates stage writes it"):
-        _lr_calibration(study)
-    assert [pin_lr_calibration(study)] == _lr_calibration(study) == [study.lr_calibration]
+        lr_calibration_paths(study)
+    assert [pin_lr_calibration(study)] == lr_calibration_paths(study) == [study.lr_calibration]
     assert [p["d_model"] for p in json.loads(study.lr_calibration.read_text())["points"]] == [32, 160]
     (tmp_path / "cal" / "b.json").write_text('{"points": [{"d_model": 160}, {"d_model": 192}]}')  # extended
     pin_lr_calibration(study)
@@ -280,7 +285,9 @@ def test_study_probes_are_finished_runs_pinned_into_the_study_dir(tmp_path):
     import pytest
 
     from delphi.errors import DelphiError
-    from delphi.study import Study, compact_files, load_study, pin_probes, probe_runs
+    from delphi.study.snapshot import compact_files
+    from delphi.study.spec import load_study
+    from delphi.study.state import Study, pin_probes, probe_runs
 
     raw = {"name": "x", "ladder": str(REPO / "studies" / "ladder_tiny.yaml"), "gates": {"probes": ["p/probe3x"]}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
@@ -330,17 +337,19 @@ def test_report_sections_come_from_the_files(tmp_path):
     import pandas as pd
 
     from delphi.prereg.gates import Gate, gate_report
-    from delphi.study import Study, StudySpec, _conventions_section, _gates_section, health_table
+    from delphi.study.report import conventions_section, gates_section, health_table
+    from delphi.study.spec import StudySpec
+    from delphi.study.state import Study
 
     study = Study(tmp_path, StudySpec(), tmp_path / "ladder.yaml")
-    assert _gates_section(study) == [] and _conventions_section(study) == []
+    assert gates_section(study) == [] and conventions_section(study) == []
     (tmp_path / "fits").mkdir()
     gates = [
         Gate("seeds", False, 1, ">= 2 seeds in every cell", "one seed"),
         Gate("fit_status", True, "ok", "status ok", "ok"),
     ]
     study.gates.write_text(json.dumps(gate_report(gates, forced=True)))
-    text = "\n".join(_gates_section(study))
+    text = "\n".join(gates_section(study))
     assert "FAILED (seeds); the study went on with force: true" in text and "| seeds | FAIL | 1 |" in text
     study.conventions.write_text(
         json.dumps(
@@ -355,7 +364,7 @@ def test_report_sections_come_from_the_files(tmp_path):
             }
         )
     )
-    text = "\n".join(_conventions_section(study))
+    text = "\n".join(conventions_section(study))
     assert "Chosen: **fpt6**" in text and "| fpt6 | 0.680 - | 0.550 | 0.40% |" in text and "fit failed" in text
     table = pd.DataFrame(
         {
@@ -496,20 +505,20 @@ def test_a_run_stopped_by_a_signal_is_not_a_stage_done():
     import pytest
 
     from delphi.errors import CheckFailed
-    from delphi.study import _finished
+    from delphi.study.seeds import finished
 
     stopped = {"status": "failed", "reason": "stopped by signal SIGTERM at step 8312; continue with --resume"}
     with pytest.raises(CheckFailed, match="the hero stopped before its end .*SIGTERM at step 8312.* resume"):
-        _finished(stopped, "the hero")
-    assert _finished({"status": "diverged"}, "the hero")["status"] == "diverged"
-    assert _finished({"status": "completed"}, "the hero")["status"] == "completed"
+        finished(stopped, "the hero")
+    assert finished({"status": "diverged"}, "the hero")["status"] == "diverged"
+    assert finished({"status": "completed"}, "the hero")["status"] == "completed"
 
 
 def test_the_paper_says_how_a_corrected_seal_came_from_the_law():
     """The sixth edition sealed the isoFLOP law x its probe trend: the paper's sentence gives the
     law's own number, the probes' errors, the carried correction and, with an outcome, both errors."""
     from delphi.prereg.create import correction_text
-    from delphi.prereg.format import read
+    from delphi.prereg_format import read
 
     final = read(REPO / "preregistrations" / "paper-v6-hero-60x.yaml")["prediction"]["final"]
     text = correction_text(final, 1.0, primary_law="the isoFLOP power law (Approach 2)")
@@ -540,7 +549,7 @@ def test_study_trains_its_own_probes_and_seals_the_corrected_hero(tmp_path):
     gates are deferred while the probes are untrained."""
     import pytest
 
-    from delphi.prereg import format as fmt
+    from delphi import prereg_format as fmt
 
     study = _micro_study(tmp_path)
     raw = yaml.safe_load(study.read_text())
@@ -585,8 +594,8 @@ def test_a_study_resumes_after_its_recipe_check_gains_a_point(tmp_path, capsys):
     extending it (a fitted hero longer than its longest horizon) is the same study, and study.json
     records the new points; any other change to the ladder is still a different study."""
     from delphi.errors import DelphiError
-    from delphi.study import load_study
-    from delphi.study.state import STUDY_FILE, Study, _pin_study
+    from delphi.study.spec import load_study
+    from delphi.study.state import STUDY_FILE, Study, pin_study
 
     shutil.copy(REPO / "studies" / "paper_v8.yaml", tmp_path / "paper_v8.yaml")
     ladder = yaml.safe_load((REPO / "studies" / "ladder_paper_v8.yaml").read_text())
@@ -596,7 +605,7 @@ def test_a_study_resumes_after_its_recipe_check_gains_a_point(tmp_path, capsys):
         change(raw)
         (tmp_path / "ladder_paper_v8.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         spec, ladder_path, prereg, calibrations, probes = load_study(tmp_path / "paper_v8.yaml")
-        _pin_study(Study(tmp_path / "out", spec, ladder_path, prereg, calibrations, probes))
+        pin_study(Study(tmp_path / "out", spec, ladder_path, prereg, calibrations, probes))
 
     pin(lambda raw: None)
     pin(lambda raw: raw["recipe"]["check"]["horizons"].append(1.5e8))

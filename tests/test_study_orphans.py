@@ -22,7 +22,7 @@ PACKAGE_ROOT = Path(delphi.__file__).resolve().parents[1]  # the checkout whose 
 STUDY = """
 import sys
 from pathlib import Path
-from delphi.study.stages import seed_runs, train_seeds
+from delphi.study.seeds import seed_runs, train_seeds
 root = Path(sys.argv[1])
 train_seeds(seed_runs(root / "hero.yaml", root / "hero", (0, 1)), root / "hero.prereg.yaml", "the hero")
 """

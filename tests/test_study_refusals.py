@@ -17,8 +17,8 @@ from test_study import _micro_study
 
 from delphi.cli import main
 from delphi.errors import DelphiError
-from delphi.study import Study
 from delphi.study.spec import StudySpec
+from delphi.study.state import Study
 
 REPO = Path(__file__).resolve().parents[1]
 

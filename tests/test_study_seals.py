@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from delphi import prereg_format as fmt
 from delphi.errors import CheckFailed, DelphiError
-from delphi.prereg import format as fmt
-from delphi.study import STAGE_NAMES, Study, load_study, run_study, stage_seals
+from delphi.study.spec import load_study
+from delphi.study.stages import STAGE_NAMES, run_study, stage_seals
+from delphi.study.state import Study
 from delphi.train.rundir import METRICS_FILE
 from tests.test_study import _micro_study
 

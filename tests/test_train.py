@@ -142,7 +142,7 @@ def test_a_resumable_snapshot_continues_an_unfinished_run_elsewhere(store, unint
     """`delphi paper snapshot --resumable` (a hero longer than one working session): a run stopped
     mid-way is kept with its newest checkpoint only; copied to a fresh directory it resumes there
     and ends as if it had never stopped. A plain snapshot keeps only finished runs."""
-    from delphi.study import compact_files
+    from delphi.study.snapshot import compact_files
 
     run_a, _ = uninterrupted
     cfg, study, fresh = tiny_config(store), tmp_path / "study", tmp_path / "fresh"

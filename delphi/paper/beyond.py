@@ -21,11 +21,13 @@ from typing import Any
 
 from delphi.editions import seed_runs_of
 from delphi.errors import CheckFailed, DelphiError
-from delphi.prereg.check import FINAL_VERDICTS, check, read_outcome, read_run_dir
+from delphi.prereg.check import check, read_outcome
 from delphi.prereg.create import parse_utc
 from delphi.prereg.predict import predict_hero
 from delphi.prereg_format import read, seal_status
 from delphi.train.config import load_train_config, train_config_from_dict
+from delphi.train.runlog import read_run_dir
+from delphi.train.verdict import FINAL_VERDICTS
 
 # The edition whose study holds the old recipe's runs beyond its ladder (its gates.probes and its
 # hero), set beside a study of the law alone at the same multiples of the top budget.

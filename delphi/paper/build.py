@@ -24,7 +24,7 @@ from delphi.paper.law_alone import LAW_ALONE_FIGURE, law_alone_figure, old_recip
 from delphi.paper.numbers import paper_numbers
 from delphi.paper.study_data import prereg_file, study_view
 from delphi.paper.study_import import import_study
-from delphi.study import stage_figures
+from delphi.study.report import stage_figures
 
 
 def build_paper(

@@ -105,7 +105,7 @@ def _build(args: argparse.Namespace):
 
 def _snapshot(args: argparse.Namespace) -> dict:
     from delphi.paper.study_import import snapshot  # lazy: imports the study pipeline (jax)
-    from delphi.study import STUDY_FILE  # lazy: imports the study pipeline (jax)
+    from delphi.study.state import STUDY_FILE  # lazy: imports the study pipeline (jax)
 
     check_output_dir(args.to, inputs=(args.from_study,), flag="--to")
     check_owned_dir(args.to, (STUDY_FILE,), "paper snapshot", force=args.force, flag="--to")

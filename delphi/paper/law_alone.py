@@ -15,7 +15,7 @@ from delphi.paper.beyond import NOT_SEALED, OLD_RECIPE_EDITION, law_alone_rows, 
 from delphi.paper.study_data import pinned_spec, primary_fit_name, probe_dirs
 from delphi.plot.figures import law_alone_error_figure
 from delphi.plot.style import save_figure
-from delphi.study import StudySpec, own_probe_name
+from delphi.study.spec import StudySpec, own_probe_name
 
 
 def is_law_alone_study(spec: StudySpec) -> bool:

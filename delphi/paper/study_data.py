@@ -10,7 +10,8 @@ import pandas as pd
 
 from delphi.config_schema import from_dict
 from delphi.errors import DelphiError
-from delphi.study import Study, StudySpec, probe_names
+from delphi.study.spec import StudySpec, probe_names
+from delphi.study.state import Study
 from delphi.train.rundir import METRICS_FILE, read_metrics
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from delphi.compact import pack
 from delphi.errors import DelphiError
-from delphi.study import compact_files, export_study
+from delphi.study.snapshot import compact_files, export_study
 
 
 def import_study(study_dir: Path, data_dir: Path) -> list[str]:

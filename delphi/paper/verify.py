@@ -6,7 +6,8 @@ from pathlib import Path
 
 from delphi.editions import EDITIONS_DIR, NEXT_DIR, check_provenance, edition_trees, hero_runs
 from delphi.errors import CheckFailed, DelphiError
-from delphi.prereg.check import read_outcome, verify
+from delphi.prereg.check import read_outcome
+from delphi.prereg.verify import verify
 from delphi.prereg_format import read
 
 

@@ -271,13 +271,12 @@ def _prediction(args):
     from delphi.plot.figures import prediction_figure
     from delphi.prereg_format import load_prereg
     from delphi.train.runlog import LogOptions, RunEnd, read_to_end
+    from delphi.train.verdict import compare  # lazy: YAML and the run reader, kept out of `delphi --help`
 
     _check_out(args)
     prereg = load_prereg(args.prereg)
     state = verdict = None
     if args.run:
-        from delphi.prereg.check import compare
-
         state = read_to_end(args.run, RunEnd.of_hero(prereg.doc["hero"]), LogOptions(log_columns(args)))
         verdict = compare(prereg, state)["verdict"]
     return _done(prediction_figure(prereg.doc, state, verdict), args)

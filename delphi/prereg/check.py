@@ -13,7 +13,7 @@ Verdicts and exit codes (docs/design.md §3.1: 0 ok, 1 the checked thing failed)
     invalid: the run predates the preregistration                    exit 1
                  its first step was logged before the seal was made
     invalid: the run's start cannot be established                  exit 1
-                 it ran, but its log no longer says when (or never did)
+                 it ran, but its log does not say when
     (a broken seal is CheckFailed: exit 1, nothing compared)
 
 The run is a Delphi run dir, another trainer's metrics log or a directory holding one
@@ -35,19 +35,29 @@ sets the exit code.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from delphi import prereg_format as fmt
+from delphi.config_schema import to_dict
 from delphi.errors import CheckFailed, DelphiError
-from delphi.first_commit import FirstCommit, first_commit
+from delphi.fits.shape_trajectory import project_finals
 from delphi.hashes import sha256_file
-from delphi.io import atomic_write_json
-from delphi.prereg import format as fmt
+from delphi.io import atomic_write_json, read_yaml
+from delphi.prereg.competing import score_competing
 from delphi.prereg.create import parse_utc, utc_now
-from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json_object, stale_running
+from delphi.train.config import train_config_from_dict
+from delphi.train.rundir import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    METRICS_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    read_json_object,
+    stale_running,
+)
 from delphi.train.runlog import (
     TIME_ALIASES,
     ColumnNotFound,
@@ -55,10 +65,10 @@ from delphi.train.runlog import (
     RunEnd,
     RunState,
     is_delphi_run_dir,
-    read_run_dir,
     read_to_end,
     read_wandb,
 )
+from delphi.train.verdict import FINAL_VERDICTS, compare, judged
 
 PREDATES = "invalid: the run predates the preregistration"
 START_UNKNOWN = "invalid: the run's start cannot be established"
@@ -74,7 +84,6 @@ EXIT = {
     START_UNKNOWN: 1,
     SEAL_BROKEN: 1,
 }
-FINAL_VERDICTS = ("passed", "failed")  # the verdicts an outcome file records
 OUTCOME_COMMAND = "prereg check"  # the outcome file's output-policy marker (delphi.written_by)
 
 
@@ -82,117 +91,9 @@ def exit_code(verdict: str) -> int:
     return EXIT[verdict]
 
 
-# --------------------------------------------------------------------------- comparison
-
-
-def compare(prereg: fmt.Prereg, run: RunState) -> dict[str, Any]:
-    """Every eval point against the band, and the verdict (see module docstring)."""
-    tol = prereg.tolerance_rel
-    points = []
-    for e in run.evals:
-        if e.tokens is None:
-            continue
-        bands = prereg.bands_at(e.tokens)
-        if bands is None or not math.isfinite(e.loss):
-            continue  # before the first predicted point (warmup) or a non-finite loss (handled by status)
-        points.append(
-            {
-                "step": e.step,
-                "tokens": e.tokens,
-                "actual": e.loss,
-                "predicted": bands["loss"],
-                "lo90": bands["lo90"],
-                "hi90": bands["hi90"],
-                "rel_error": (e.loss - bands["loss"]) / bands["loss"],
-                "in_50": bands["lo50"] <= e.loss <= bands["hi50"],
-                "in_90": bands["lo90"] <= e.loss <= bands["hi90"],
-            }
-        )
-    final_pred = prereg.final
-    latest = next((e.tokens for e in reversed(run.evals) if e.tokens is not None), None)
-    result: dict[str, Any] = {
-        "prereg": prereg.id,
-        "seal": prereg.doc.get("seal", {}).get("digest"),
-        "run": run.source,
-        "status": run.status,
-        "tolerance_rel": tol,
-        "predicted_final_loss": final_pred["loss"],
-        "n_points": len(points),
-        "n_outside_90": sum(not p["in_90"] for p in points),
-        "points": points,
-    }
-    midway = {"n_evals": len(run.evals), "judged": judged(prereg, latest)}
-    if run.status in ("diverged", "failed"):
-        result |= {"verdict": "failed", "why": f"run {run.status}" + (f": {run.reason}" if run.reason else "")}
-    elif run.status == "completed":
-        actual = run.final_loss if run.final_loss is not None else (points[-1]["actual"] if points else _last_val(run))
-        if actual is None:
-            result |= {"verdict": "failed", "why": "run completed without a final val_loss"}
-        else:
-            rel = (actual - final_pred["loss"]) / final_pred["loss"]
-            lo50, hi50 = final_pred.get("loss_50") or (None, None)
-            lo90, hi90 = final_pred.get("loss_90") or (None, None)
-            result |= {
-                "verdict": "passed" if abs(rel) <= tol else "failed",
-                "actual_final_loss": actual,
-                "actual_final_bpb": run.final_bpb,
-                "rel_error": rel,
-                "covered_50": None if lo50 is None else bool(lo50 <= actual <= hi50),
-                "covered_90": None if lo90 is None else bool(lo90 <= actual <= hi90),
-                "why": f"final val_loss {actual:.4f} vs predicted {final_pred['loss']:.4f}: {rel:+.2%} (tolerance {tol:.2%})",
-            }
-            if run.kind == "log":
-                result["why"] += f" ({run.reason})"
-    elif not points and not run.evals:
-        result |= {"verdict": "not-started", "why": "no eval point inside the predicted trajectory yet"}
-    elif not points:
-        last = run.evals[-1]
-        result |= {
-            "verdict": "in-progress",
-            "latest_tokens": latest,
-            "why": f"latest eval {last.loss:.4f}"
-            + (f" at {last.tokens:.4g} tokens" if last.tokens is not None else "")
-            + f"; {midway['judged']}",
-        }
-    else:
-        last = points[-1]
-        ok = last["in_90"] or abs(last["rel_error"]) <= tol
-        result |= {
-            "verdict": "on-track" if ok else "deviating",
-            "rel_error": last["rel_error"],
-            "latest_tokens": last["tokens"],
-            "why": f"at {last['tokens']:.4g} tokens: {last['actual']:.4f} vs {last['predicted']:.4f} ({last['rel_error']:+.2%}), "
-            f"{'inside' if last['in_90'] else 'outside'} the 90% band [{last['lo90']:.4f}, {last['hi90']:.4f}]",
-        }
-    if run.status == "stopped":
-        result["why"] += f" (the run is stopped, to be resumed: {run.reason})"
-    return (
-        result if result["verdict"] in FINAL_VERDICTS else result | midway
-    )  # an outcome file records the verdict alone
-
-
-def judged(prereg: fmt.Prereg, latest_tokens: float | None) -> str:
-    """What the seal can judge of a run whose latest eval is at `latest_tokens`, and against which band:
-    the sealed trajectory's 90% band at each eval inside it, or (a seal of the final loss only, as one
-    made from a table without ladder curves) nothing until the run reaches the hero's tokens."""
-    xs, final = prereg.tokens, prereg.final
-    lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
-    verdict_at = f"the verdict on the final loss at {xs[-1]:.4g} tokens ({final['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}])"
-    share = "" if latest_tokens is None else f"; the latest eval is at {latest_tokens / xs[-1]:.0%} of them"
-    if len(xs) == 1:
-        return f"the seal predicts the final loss only: nothing to judge before {verdict_at}{share}"
-    band = f"the sealed trajectory's 90% band ({len(xs)} points, {xs[0]:.4g} to {xs[-1]:.4g} tokens)"
-    if latest_tokens is not None and latest_tokens < xs[0] * (1 - 1e-9):
-        return f"nothing to judge before {xs[0]:.4g} tokens, where {band} starts; then each eval against it, and {verdict_at}{share}"
-    return f"each eval against {band}; {verdict_at}{share}"
-
-
 def with_projection(result: dict[str, Any], prereg: fmt.Prereg, shape_run: Path) -> dict[str, Any]:
     """`result` plus, at every eval point, the final loss the run is heading for on `shape_run`'s
     curve (`delphi.fits.shape_trajectory.project_finals`) against the sealed final: an early warning, not a verdict."""
-    from delphi.fits.shape_trajectory import project_finals
-    from delphi.train.config import train_config_from_dict
-
     if not isinstance(prereg.doc["hero"].get("config"), dict):
         raise DelphiError(
             f"--shape: {prereg.path}'s hero is given as N and D, with no schedule to project its evals along"
@@ -202,10 +103,6 @@ def with_projection(result: dict[str, Any], prereg: fmt.Prereg, shape_run: Path)
     for p in projected:
         p["vs_predicted"] = p["projected_final"] / float(prereg.final["loss"]) - 1
     return result | {"projection": {"shape_run": str(shape_run), "points": projected}}
-
-
-def _last_val(run: RunState) -> float | None:
-    return run.evals[-1].loss if run.evals else None
 
 
 def run_identity(run: RunState, run_dir: Path | None) -> dict[str, Any]:
@@ -220,8 +117,8 @@ def run_identity(run: RunState, run_dir: Path | None) -> dict[str, Any]:
 
 
 def same_run(outcome: dict, identity: dict[str, Any]) -> bool:
-    """Whether an existing outcome scored the run `identity` describes. An outcome from before runs
-    were bound (no first-step time recorded) names its run by path only."""
+    """Whether an existing outcome scored the run `identity` describes. An outcome with no first-step
+    time recorded names its run by path only."""
     if outcome.get("run_first_step_time") is not None:
         return outcome.get("run_first_step_time") == identity.get("run_first_step_time") and outcome.get(
             "run_config_sha256"
@@ -262,7 +159,7 @@ def record_outcome(prereg_path: Path, result: dict, identity: dict[str, Any] | N
         differ = {
             k: {"recorded": existing.get(k), "now": result.get(k)}
             for k in OUTCOME_FIELDS
-            if k in existing and _differs(existing.get(k), result.get(k))
+            if k in existing and numbers_differ(existing.get(k), result.get(k))
         }
         if differ:
             shown = "; ".join(f"{k}: recorded {v['recorded']!r}, now {v['now']!r}" for k, v in differ.items())
@@ -295,8 +192,6 @@ def ran_evidence(run_dir: Path, n_rows: int) -> str | None:
     metrics.jsonl (`n_rows` rows) is the only record of when the first step happened; if it is
     missing, empty or has no timestamps while status.json, summary.json or checkpoints show steps
     were taken, the run's start is unknown, not "after the preregistration"."""
-    from delphi.train.checkpoint import CHECKPOINTS_DIR
-
     run_dir = Path(run_dir)
     metrics = run_dir / METRICS_FILE
     lost = (
@@ -322,17 +217,12 @@ def hero_mismatch(doc: dict, prereg_path: Path, run_dir: Path, seed: int | None 
     both normalised through the config schema (defaults filled) and without `mesh`, which
     does not change the maths (the trainer's own config identity). With `seed` (one seed of a
     multi-seed seal) the hero config with seed and data.seed set to it, the run's name aside."""
-    from delphi.config_schema import to_dict
-    from delphi.train.config import train_config_from_dict
-
     sealed = (doc.get("hero") or {}).get("config")
     if not isinstance(sealed, dict):
-        return None  # an older preregistration without the config: nothing to compare
+        return None  # a preregistration without the hero's config: nothing to compare
     config_path = Path(run_dir) / CONFIG_FILE
     if not config_path.is_file():
         return None  # not started yet (a watch may begin before the trainer writes its config)
-    from delphi.io import read_yaml
-
     data = read_yaml(config_path)
     if not isinstance(data, dict):
         raise DelphiError(f"{config_path}: expected a train config mapping, got {type(data).__name__}")
@@ -502,7 +392,7 @@ def check_seeds(
             "trainer's log and the others Delphi run dirs; give the seeds' runs in one form"
         )
     for run_dir in run_dirs if all(delphi_dirs) else []:
-        seed = _run_seed(Path(run_dir))
+        seed = run_seed(Path(run_dir))
         if seed not in seeds:
             raise DelphiError(f"--run {run_dir}: its seed {seed} is not one of the sealed seeds {seeds}")
         if mismatch := hero_mismatch(prereg.doc, prereg_path, Path(run_dir), seed):
@@ -571,8 +461,6 @@ def check_seeds(
                 ),
             }
             if "competing" in prereg.doc.get("prediction", {}):
-                from delphi.prereg.competing import score_competing
-
                 result["competing"] = score_competing(prereg.doc["prediction"]["competing"], actual)
     else:
         order = ("deviating", "on-track", "in-progress", "not-started", "passed", "failed")
@@ -612,9 +500,7 @@ def _slowest(runs: Any) -> float | None:
     return None if any(t is None for t in latest) else min(latest)
 
 
-def _run_seed(run_dir: Path) -> int:
-    from delphi.io import read_yaml
-
+def run_seed(run_dir: Path) -> int:
     config = read_yaml(run_dir / CONFIG_FILE) if (run_dir / CONFIG_FILE).is_file() else None
     if not isinstance(config, dict) or not isinstance(config.get("seed"), int):
         raise DelphiError(f"--run {run_dir}: no config.yaml with a seed; has the run started?")
@@ -678,98 +564,11 @@ def watch(
         time.sleep(interval_s)
 
 
-def verify(
-    prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None, run_dirs: list[Path] | None = None
-) -> dict:
-    """Recompute the seal; with a run, flag a preregistration created after its first logged step.
-    A multi-seed seal's runs (`run_dirs`, one per sealed seed) are each verified so. Then everything
-    else the file claims, against records it cannot edit: each fingerprinted input's sha256, the
-    outcome file (consistent with the sealed rule, and recomputed from its runs' metrics logs where
-    they exist), and the git commit that first added the seal against the runs' first steps."""
-    runs = list(run_dirs) if run_dirs else ([Path(run_dir)] if run_dir is not None else [])
-    result = _verify_runs(prereg_path, runs, wandb_path)
-    return _against_records(prereg_path, result, runs)
-
-
-def _against_records(prereg_path: Path, result: dict, runs: list[Path]) -> dict:
-    doc = fmt.read(prereg_path)
-    problems, result["fingerprints"] = fingerprint_problems(doc)
-    warnings = result.setdefault("warnings", [])
-    seal_anchor = first_commit(prereg_path)
-    result["first_commit"] = seal_anchor.to_json()
-    problems += [p for p in [seal_anchor.problem("the seal")] if p]
-    warnings += [n for n in [seal_anchor.note("the seal")] if n]
-    outcome = read_outcome(prereg_path)
-    if outcome:
-        outcome_anchor = first_commit(fmt.outcome_path(prereg_path))
-        result["outcome_first_commit"] = outcome_anchor.to_json()
-        problems += [p for p in [outcome_anchor.problem("the outcome")] if p]
-        warnings += [n for n in [outcome_anchor.note("the outcome")] if n]
-        problems += outcome_consistency(doc, outcome)
-        scored = runs or outcome_run_dirs(outcome)
-        if scored and len(scored) == len(target_seeds(doc) or [None]):
-            problems += outcome_vs_records(prereg_path, outcome, scored)
-            result["outcome_recomputed_from"] = [str(r) for r in scored]
-    commit = seal_commit(prereg_path, seal_anchor)
-    result["seal_commit"] = commit
-    starts = [r.get("run_first_step_time") for r in result.get("runs", [result])]
-    starts = [t for t in starts if isinstance(t, (int, float))]
-    if commit is not None and starts:
-        result["commit_before_start"] = commit["epoch"] <= min(starts)
-        if not result["commit_before_start"]:
-            warnings.append(
-                f"the seal was first committed in {commit['commit'][:12]} at {commit['time']}, after the first step of a "
-                "run it predicts: its creation time is the file's own word"
-            )
-    result["problems"] = result["problems"] + problems
-    result["ok"] = not result["problems"]
-    return result
-
-
-def _verify_runs(prereg_path: Path, run_dirs: list[Path], wandb_path: str | None) -> dict:
-    seeds = target_seeds(fmt.read(prereg_path))
-    if seeds is not None and (wandb_path is not None or len(run_dirs) not in (0, len(seeds))):
-        given = "--wandb" if wandb_path is not None else f"{len(run_dirs)} --run"
-        raise DelphiError(
-            f"--run: {prereg_path} seals the mean of seeds {', '.join(map(str, seeds))}: give one --run per "
-            f"seed ({len(seeds)}), got {given}"
-        )
-    if len(run_dirs) > 1:
-        base = _verify_one(prereg_path)
-        doc = fmt.read(prereg_path)
-        seeds = target_seeds(doc)
-        if seeds is None or len(run_dirs) != len(seeds) or len({Path(r).resolve() for r in run_dirs}) != len(run_dirs):
-            raise DelphiError(
-                f"--run: {prereg_path} seals {'one run' if seeds is None else f'seeds {seeds}'}: give one "
-                f"distinct --run per sealed seed, got {len(run_dirs)}"
-            )
-        runs = []
-        for one in run_dirs:
-            seed = _run_seed(Path(one))
-            if seed not in seeds or hero_mismatch(doc, prereg_path, Path(one), seed):
-                raise DelphiError(f"--run {one}: not one of the sealed seeds {seeds} of the hero of {prereg_path}")
-            runs.append(_verify_one(prereg_path, run_dir=Path(one), seed=seed))
-        problems = base["problems"] + [f"seed run {r['run']}: {p}" for r in runs for p in r["problems"]]
-        return base | {
-            "runs": runs,
-            "problems": problems,
-            "ok": not problems,
-            "created_before_start": all(r["created_before_start"] is True for r in runs),
-        }
-    return _verify_one(prereg_path, run_dir=run_dirs[0] if run_dirs else None, wandb_path=wandb_path)
-
-
 # What an outcome file states that its run's own records decide (recomputed by verify and index).
 OUTCOME_FIELDS = ("actual_final_loss", "rel_error", "verdict", "covered_50", "covered_90")
-# provenance: (path key, sha256 key) of each fingerprinted input whose file the seal names.
-FINGERPRINTS = (
-    ("fit_path", "fit_sha256"),
-    ("hero_config_path", "hero_config_sha256"),
-    ("results_path", "results_sha256"),
-)
 
 
-def _differs(a: Any, b: Any) -> bool:
+def numbers_differ(a: Any, b: Any) -> bool:
     if (
         isinstance(a, (int, float))
         and isinstance(b, (int, float))
@@ -778,131 +577,3 @@ def _differs(a: Any, b: Any) -> bool:
     ):
         return abs(float(a) - float(b)) > 1e-9 * max(abs(float(b)), 1.0)
     return a != b
-
-
-def outcome_consistency(doc: dict, outcome: dict) -> list[str]:
-    """Fields of an outcome file that contradict its own actual loss under the sealed prediction and
-    decision rule (a verdict, error or coverage edited by hand)."""
-    actual = outcome.get("actual_final_loss")
-    if outcome.get("verdict") not in FINAL_VERDICTS or not isinstance(actual, (int, float)):
-        return []
-    final, tol = doc["prediction"]["final"], float(doc["decision"]["tolerance_rel"])
-    rel = (float(actual) - float(final["loss"])) / float(final["loss"])
-    expected = {"rel_error": rel, "verdict": "passed" if abs(rel) <= tol else "failed"}
-    for key, field in (("loss_50", "covered_50"), ("loss_90", "covered_90")):
-        if final.get(key) and field in outcome:
-            expected[field] = bool(final[key][0] <= actual <= final[key][1])
-    if outcome.get("why", "").startswith("run ") and outcome.get("verdict") == "failed":
-        expected["verdict"] = "failed"  # diverged or failed runs fail whatever their last loss
-    problems = [
-        f"outcome field {k} = {outcome.get(k)!r}, but its actual_final_loss {actual!r} against the sealed prediction "
-        f"gives {v!r}"
-        for k, v in expected.items()
-        if _differs(outcome.get(k), v)
-    ]
-    sealed = (doc.get("seal") or {}).get("digest")
-    if outcome.get("seal") is not None and outcome.get("seal") != sealed:
-        problems.append(
-            f"outcome field seal = {outcome.get('seal')!r}: it scored another seal, not this file's {sealed!r}"
-        )
-    seeds = outcome.get("seeds")
-    finals = [s.get("actual_final_loss") for s in seeds] if isinstance(seeds, list) and seeds else []
-    if finals and all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in finals):
-        mean = sum(float(f) for f in finals) / len(finals)
-        if _differs(float(actual), mean):
-            problems.append(
-                f"outcome field actual_final_loss = {actual!r}, but the mean of its seeds' own final losses "
-                f"({', '.join(f'{float(f):.6g}' for f in finals)}) is {mean!r}"
-            )
-    return problems
-
-
-def outcome_run_dirs(outcome: dict) -> list[Path]:
-    """The run dir(s) an outcome scored, where they still exist."""
-    recorded = [r.get("run_dir") for r in outcome.get("runs", [])] if outcome.get("runs") else [outcome.get("run_dir")]
-    return [Path(r) for r in recorded if isinstance(r, str) and Path(r).is_dir()]
-
-
-def outcome_vs_records(prereg_path: Path, outcome: dict, run_dirs: list[Path]) -> list[str]:
-    """Fields of an outcome file that its run(s)' own records (config, metrics log) do not give: the
-    outcome recomputed by `check` (without recording) and compared field by field."""
-    try:
-        again, _, _ = check(prereg_path, run_dirs=run_dirs, record=False)
-    except (DelphiError, CheckFailed) as e:
-        return [f"the outcome cannot be recomputed from {', '.join(map(str, run_dirs))}: {e}"]
-    return [
-        f"outcome field {k} = {outcome.get(k)!r}, but the run's records give {again.get(k)!r}"
-        for k in OUTCOME_FIELDS
-        if k in outcome and _differs(outcome.get(k), again.get(k))
-    ]
-
-
-def fingerprint_problems(doc: dict) -> tuple[list[str], dict[str, str]]:
-    """Each fingerprinted input the seal names by path: problems where its file's sha256 differs from
-    the one sealed, and for each key whether it was checked ("ok", "differs", "absent")."""
-    prov = doc.get("provenance") or {}
-    problems, checked = [], {}
-    for path_key, sha_key in FINGERPRINTS:
-        path, sealed = prov.get(path_key), prov.get(sha_key)
-        if not isinstance(path, str) or not isinstance(sealed, str):
-            continue
-        if not Path(path).is_file():
-            checked[sha_key] = "absent"
-            continue
-        ok = sha256_file(Path(path)) == sealed
-        checked[sha_key] = "ok" if ok else "differs"
-        if not ok:
-            problems.append(
-                f"provenance.{sha_key}: {path} no longer has the sha256 sealed for it (an input changed after the seal)"
-            )
-    return problems, checked
-
-
-def seal_commit(prereg_path: Path, anchor: FirstCommit | None = None) -> dict[str, Any] | None:
-    """The git commit that first added the seal file, and its commit time (epoch seconds): what anchors
-    the seal's time outside the file itself. None outside a git checkout or for an uncommitted file."""
-    anchor = anchor or first_commit(prereg_path)
-    if anchor.commit is None:
-        return None
-    return {"commit": anchor.commit, "time": anchor.time, "epoch": anchor.epoch}
-
-
-def _verify_one(
-    prereg_path: Path, *, run_dir: Path | None = None, wandb_path: str | None = None, seed: int | None = None
-) -> dict:
-    doc = fmt.read(prereg_path)
-    seal = fmt.seal_status(doc)
-    result = {
-        "file": str(prereg_path),
-        "id": doc.get("id"),
-        "created": doc.get("created"),
-        "seal_ok": seal["ok"],
-        "seal_recorded": seal["recorded"],
-        "seal_computed": seal["computed"],
-        "problems": [],
-    }
-    if not seal["ok"]:
-        result["problems"].append("the seal does not match the content: the file was edited after it was sealed")
-    if run_dir is not None and (mismatch := hero_mismatch(doc, prereg_path, run_dir, seed)):
-        raise DelphiError(f"--run {run_dir}: not the preregistered hero of {prereg_path}: {mismatch}")
-    if run_dir is not None or wandb_path is not None:
-        run = read_run_dir(run_dir) if run_dir is not None else read_wandb(wandb_path)
-        result["run"] = run.source
-        result["run_first_step_time"] = run.first_step_time
-        # it ran but when is gone (None), or it started first (False): the check cannot pass
-        result["created_before_start"], problem = start_order(doc, run, run_dir)
-        if problem:
-            result["problems"].append(problem)
-    result["forced"] = bool(doc.get("forced", False))
-    if result["forced"]:
-        failed = [
-            g.get("name", "?") for g in doc.get("gates") or [] if not g.get("passed") and g.get("applicable", True)
-        ]
-        forced_gates = doc.get("forced_gates") or {}
-        result["warnings"] = [
-            f"sealed with {'gate(s) forced by the study' if set(failed) <= set(forced_gates) else '--force'} "
-            f"although gates failed: {', '.join(failed)}"
-            + "".join(f" ({n}: {forced_gates[n]})" for n in failed if n in forced_gates)
-        ]
-    result["ok"] = not result["problems"]
-    return result

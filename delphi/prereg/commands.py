@@ -11,7 +11,20 @@ import json
 import sys
 from pathlib import Path
 
+from delphi.cli import (
+    add_column_options,
+    add_json_flag,
+    add_log_options,
+    log_columns,
+    nonnegative_int,
+    positive_float,
+    table_options,
+)
+from delphi.editions import resolve_data
 from delphi.errors import CheckFailed, DelphiError
+from delphi.io import atomic_write_json, read_json
+from delphi.path_policy import check_output_file
+from delphi.train.runlog import LogOptions
 
 # delphi.fits.probes.PROBE_CARRIES and NOISE_SCOPES, spelled out so that building the parser does
 # not import pandas (tests/test_cli_help.py checks they agree).
@@ -20,8 +33,6 @@ NOISE_SCOPES = ("pooled", "top_budget")
 
 
 def add_commands(subparsers) -> None:
-    from delphi.cli import add_column_options, add_json_flag, add_log_options, nonnegative_int, positive_float
-
     prereg = subparsers.add_parser(
         "prereg", help="preregister a hero run's loss, verify the seal, check a run against it"
     )
@@ -208,9 +219,9 @@ def _say(text: str) -> None:
 
 
 def _create(args: argparse.Namespace):
-    from delphi.prereg import gates as gt
-    from delphi.prereg.create import create_prereg, gates_path
-    from delphi.prereg.evidence import Evidence, PredictionRule, SealTerms  # lazy: imports pandas and the fits
+    from delphi.prereg import gates as gt  # lazy: pandas
+    from delphi.prereg.create import create_prereg, gates_path  # lazy: pandas
+    from delphi.prereg.evidence import Evidence, PredictionRule, SealTerms  # lazy: pandas and the fits
 
     options = {
         k: v
@@ -221,10 +232,6 @@ def _create(args: argparse.Namespace):
         )
         if v is not None
     }
-    from delphi.cli import table_options
-    from delphi.io import read_json
-    from delphi.path_policy import check_output_file
-
     thresholds = gt.GateThresholds(tolerance_rel=args.tolerance, **options).validate("prereg create")
     check_output_file(
         args.out,
@@ -356,8 +363,7 @@ def forecast_lines(doc: dict) -> list[str]:
 
 
 def _verify(args: argparse.Namespace):
-    from delphi.editions import resolve_data
-    from delphi.prereg.check import verify
+    from delphi.prereg.verify import verify  # lazy: pandas
 
     result = verify(
         Path(args.file), run_dirs=[resolve_data(r) for r in args.run] if args.run else None, wandb_path=args.wandb
@@ -404,10 +410,7 @@ def _verify(args: argparse.Namespace):
 
 
 def _check(args: argparse.Namespace):
-    from delphi.cli import log_columns
-    from delphi.editions import resolve_data
-    from delphi.prereg import check as ck
-    from delphi.train.runlog import LogOptions
+    from delphi.prereg import check as ck  # lazy: pandas
 
     run_dirs = (
         [resolve_data(r) for r in args.run] if args.run else None
@@ -423,8 +426,6 @@ def _check(args: argparse.Namespace):
     log = LogOptions(log_columns(args), finished=args.finished)
     run_dir = run_dirs[0] if run_dirs else None
     if args.plot:
-        from delphi.path_policy import check_output_file
-
         if not Path(args.plot).parent.exists():
             raise DelphiError(f"--plot {args.plot}: directory does not exist")
         for path in _figure_files(args.plot):
@@ -469,8 +470,8 @@ def _check(args: argparse.Namespace):
                 f"({p['vs_predicted']:+.2%} vs the sealed {float(prereg.final['loss']):.4f})"
             )
     if args.plot:
-        from delphi.plot.figures import prediction_figure
-        from delphi.plot.style import save_figure
+        from delphi.plot.figures import prediction_figure  # lazy: matplotlib
+        from delphi.plot.style import save_figure  # lazy: matplotlib
 
         seed_runs = (
             {s["seed"]: ck.read_hero_run(prereg.doc, Path(s["run"]), None, log) for s in result["seeds"]}
@@ -493,7 +494,7 @@ def _figure_files(out: str) -> list[Path]:
 
 
 def _index(args: argparse.Namespace):
-    from delphi.prereg.index import write_index
+    from delphi.prereg.index import write_index  # lazy: pandas
 
     result = write_index(args.dir, force=args.force, paper_root=args.paper_root)
     _say(f"wrote {result['index']} ({result['n']} preregistrations)")
@@ -501,10 +502,8 @@ def _index(args: argparse.Namespace):
 
 
 def _curves(args: argparse.Namespace):
-    from delphi.fits import curves as cv
-    from delphi.io import atomic_write_json
-    from delphi.ladder.manifest import ladder_own_paths
-    from delphi.path_policy import check_output_file
+    from delphi.fits import curves as cv  # lazy: jax and scipy
+    from delphi.ladder.manifest import ladder_own_paths  # lazy: pandas
 
     for flag, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None:
@@ -527,8 +526,8 @@ def _curves(args: argparse.Namespace):
     if args.out:
         atomic_write_json(args.out, fit.to_json(), written_by="prereg curves")
     if args.plot:
-        from delphi.plot.figures import curves_figure
-        from delphi.plot.style import save_figure
+        from delphi.plot.figures import curves_figure  # lazy: matplotlib
+        from delphi.plot.style import save_figure  # lazy: matplotlib
 
         result["plot"] = save_figure(curves_figure(curves, fit, backtest), args.plot, written_by="prereg curves")
     return result

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 import delphi
+from delphi import prereg_format as fmt
 from delphi.errors import CheckFailed, DelphiError
 from delphi.fits import curves as cv
 from delphi.fits.bootstrap import MIN_BOOTSTRAP_FOR_INTERVAL
@@ -36,7 +37,6 @@ from delphi.hashes import sha256_file
 from delphi.io import atomic_write_json, read_json
 from delphi.model.flops import count_params
 from delphi.path_policy import check_output_file
-from delphi.prereg import format as fmt
 from delphi.prereg import gates as gt
 from delphi.prereg.evidence import DEFAULT_TOLERANCE_REL, Evidence, PredictionRule, SealTerms
 from delphi.prereg.hero import HeroSpec, hero_from_numbers

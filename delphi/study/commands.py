@@ -1,15 +1,26 @@
 """`delphi study [STUDY.yaml] --out DIR`: the whole loop (delphi.study); `delphi report`: its report
-for a pipeline assembled by hand (delphi.study.report.pipeline_report)."""
+for a pipeline assembled by hand (delphi.study.pipeline_report)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from delphi.cli import (
+    add_device_flag,
+    add_json_flag,
+    add_log_options,
+    add_table_options,
+    log_columns,
+    table_load_kwargs,
+)
+from delphi.errors import DelphiError
+from delphi.path_policy import check_output_dir, check_output_file, check_owned_dir
+from delphi.train.runlog import LogOptions
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from delphi.cli import add_device_flag, add_json_flag, add_log_options, add_table_options
-
     sub = subparsers.add_parser(
         "study", help="run (or resume) a whole study: ladder, fits, preregistration, hero, report"
     )
@@ -65,8 +76,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _study(args: argparse.Namespace):
-    from delphi.path_policy import check_output_dir, check_owned_dir
-    from delphi.study import STUDY_FILE, run_study
+    from delphi.study.stages import run_study  # lazy: jax (the trainer)
+    from delphi.study.state import STUDY_FILE  # lazy: pandas
 
     check_output_dir(args.out, inputs=(args.study,))
     check_owned_dir(args.out, (STUDY_FILE,), "study", force=args.force)  # a study resumes in its own dir
@@ -77,13 +88,12 @@ def _study(args: argparse.Namespace):
 
 
 def _report(args: argparse.Namespace):
-    from pathlib import Path
-
-    from delphi.cli import log_columns, table_load_kwargs
-    from delphi.errors import DelphiError
-    from delphi.path_policy import check_output_dir, check_output_file
-    from delphi.study.report import PIPELINE_FIGURES, REPORT_COMMAND, PipelineInputs, pipeline_report
-    from delphi.train.runlog import LogOptions
+    from delphi.study.pipeline_report import (  # lazy: pandas
+        PIPELINE_FIGURES,
+        REPORT_COMMAND,
+        PipelineInputs,
+        pipeline_report,
+    )
 
     if not (args.results or args.fit or args.prereg):
         raise DelphiError("delphi report: give at least one of --results, --fit, --prereg (and --run with --prereg)")

@@ -1,13 +1,11 @@
 """What a study shows: its figures (`stage_figures`) and report.md (`render_report`), every number
-read from the stage markers and the files they name; and the same report for a pipeline assembled
-by hand from a results table, a fit, a seal and a run's log (`pipeline_report`, `delphi report`)."""
+read from the stage markers and the files they name. The same pieces make the report of a pipeline
+assembled by hand (`delphi.study.pipeline_report`)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +13,28 @@ import pandas as pd
 
 from delphi.editions import seed_runs_of
 from delphi.errors import DelphiError
-from delphi.io import atomic_write_text
-from delphi.study.state import Study, _fmt, _rehearsal, _say, load_table, probe_runs
-from delphi.train.runlog import LogOptions
+from delphi.fits import curves as cv
+from delphi.fits import load_fit
+from delphi.fits.calibration import report_lines
+from delphi.fits.isoflop import per_budget_optima
+from delphi.fits.method_choice import method_choice_lines
+from delphi.fits.probes import correction_text
+from delphi.io import atomic_write_text, read_yaml
+from delphi.ladder.collect import HEALTH_TABLE_COLUMNS, relaxed_in_table
+from delphi.model.flops import count_params
+from delphi.plot import figures as pf
+from delphi.plot.style import save_figure
+from delphi.prereg.gates import gate_table, ladder_top_budget
+from delphi.prereg.predict import score_probes
+from delphi.prereg_format import load_prereg, read
+from delphi.study.spec import AUTO_PRIMARY
+from delphi.study.state import Study, format_value, load_table, probe_runs, rehearsal_result, say
+from delphi.train.config import load_train_config
+from delphi.train.runlog import read_run_dir
+from delphi.train.verdict import compare
 
 
 def _hero_point(study: Study) -> dict:
-    from delphi.model.flops import count_params
-    from delphi.train.config import load_train_config
-
     if not study.hero_config.is_file():
         return {}
     cfg = load_train_config(study.hero_config)
@@ -47,7 +58,7 @@ class FigureSet:
     """Figures drawn into one directory as NAME.png and NAME.svg; a figure whose input is missing or
     unusable is named in `not_drawn` and does not lose the others."""
 
-    def __init__(self, directory: Path, written_by: str | None = None, say: Callable[[str], None] = _say) -> None:
+    def __init__(self, directory: Path, written_by: str | None = None, say: Callable[[str], None] = say) -> None:
         self.directory = directory
         self.written_by = written_by
         self.say = say
@@ -55,8 +66,6 @@ class FigureSet:
         self.failed: list[str] = []
 
     def draw(self, name: str, make: Callable[[], Any]) -> None:
-        from delphi.plot.style import save_figure
-
         try:
             self.files.extend(save_figure(make(), str(self.directory / f"{name}.png"), written_by=self.written_by))
         except (DelphiError, ValueError, KeyError) as e:
@@ -70,9 +79,6 @@ class FigureSet:
 
 def allocation_of(table: pd.DataFrame, optima: list[dict] | None, fit: Any, hero: dict):
     """N*(C) and D*(C): the isoFLOP optima given, else the table's own per-budget parabolas."""
-    from delphi.fits.isoflop import per_budget_optima
-    from delphi.plot import figures as pf
-
     optima = optima or per_budget_optima(table)[0]
     frame = pd.DataFrame(
         {
@@ -86,8 +92,6 @@ def allocation_of(table: pd.DataFrame, optima: list[dict] | None, fit: Any, hero
 
 def frontier_of(table: pd.DataFrame, fit: Any, prereg_doc: dict | None, actual: float | None):
     """The compute frontier with the sealed hero's 90% interval and its actual final loss."""
-    from delphi.plot import figures as pf
-
     hero_c = interval = None
     if prereg_doc is not None:
         final = prereg_doc["prediction"]["final"]
@@ -98,8 +102,6 @@ def frontier_of(table: pd.DataFrame, fit: Any, prereg_doc: dict | None, actual: 
 
 
 def residuals_of(table: pd.DataFrame, fit: Any):
-    from delphi.plot import figures as pf
-
     return pf.residuals_figure(
         table, _residual_prediction(fit, table), title=f"{fit.kind} fit ({fit.method}) residuals"
     )
@@ -107,12 +109,6 @@ def residuals_of(table: pd.DataFrame, fit: Any):
 
 def stage_figures(study: Study) -> dict:
     """Every figure of the study, drawn by the library functions behind `delphi plot ...`."""
-    from delphi.fits import curves as cv
-    from delphi.fits import load_fit
-    from delphi.plot import figures as pf
-    from delphi.prereg.check import compare, read_run_dir
-    from delphi.prereg.format import load_prereg
-
     study.figures.mkdir(parents=True, exist_ok=True)
     figures = FigureSet(study.figures)
     table = load_table(study)
@@ -154,8 +150,6 @@ def stage_figures(study: Study) -> dict:
 
 
 def _seed_of(run_dir: Path) -> int:
-    from delphi.io import read_yaml
-
     return int(read_yaml(run_dir / "config.yaml")["seed"])
 
 
@@ -166,8 +160,6 @@ def stage_report(study: Study) -> dict:
 
 def render_report(study: Study) -> str:
     """report.md: every number comes from the stage markers and the files they name."""
-    from delphi.prereg.gates import ladder_top_budget
-
     plan = study.done("plan")["result"]
     fits = study.done("fit")["result"]
     fits = fits.get("fits", fits)  # studies before conventions stored the fits at the top level
@@ -183,8 +175,8 @@ def render_report(study: Study) -> str:
         f"{', '.join(f'{b:.3g}' for b in sorted(table['budget'].unique()))}. "
         f"Hero: {hero['compute']:.3g} FLOPs ({hero['compute'] / ladder_top_budget(table):.3g}x the top isoFLOP budget, "
         f"{hero['compute'] / top:.3g}x the largest run), "
-        f"d_model {hero.get('d_model')}, {hero.get('n_layers')} layers, N = {_fmt(hero.get('params'))}, "
-        f"D = {_fmt(hero.get('tokens'))} tokens.",
+        f"d_model {hero.get('d_model')}, {hero.get('n_layers')} layers, N = {format_value(hero.get('params'))}, "
+        f"D = {format_value(hero.get('tokens'))} tokens.",
         "",
         "## Preregistered prediction against the outcome",
         "",
@@ -195,21 +187,22 @@ def render_report(study: Study) -> str:
     ]
     final = json.loads(study.gates.read_text()).get("prediction", {}) if study.gates.is_file() else {}
     lines += primary_law_lines(study.primary_fit, study.spec.primary_fit, final, check.get("actual_final_loss"))
-    lines += _gates_section(study)
-    from delphi.fits.calibration import report_lines  # issue 30: the calibrated interval and the method choice
+    lines += gates_section(study)
 
     lines += report_lines(final, primary_fit=study.spec.primary_fit, primary_law=study.primary_fit)
-    lines += _primary_choice_section(study)
+    lines += primary_choice_section(study)
     lines += _rehearsal_section(study)
     lines += _probes_section(study)
-    lines += _conventions_section(study)
+    lines += conventions_section(study)
     lines += ["## Fits", "", "| method | status | allocation | parameters |", "|---|---|---|---|"]
     for method, info in fits.items():
         if "error" in info:
             lines.append(f"| {method} | failed | - | {info['error']} |")
             continue
-        params = ", ".join(f"{k} = {_fmt(v)}" for k, v in info["params"].items() if isinstance(v, (int, float)))
-        lines.append(f"| {method} | {_fmt(info.get('status'))} | {_fmt(info.get('allocation'))} | {params} |")
+        params = ", ".join(f"{k} = {format_value(v)}" for k, v in info["params"].items() if isinstance(v, (int, float)))
+        lines.append(
+            f"| {method} | {format_value(info.get('status'))} | {format_value(info.get('allocation'))} | {params} |"
+        )
     lines += [
         "",
         "## Backtests (fit below the top budget, predict it)",
@@ -220,8 +213,8 @@ def render_report(study: Study) -> str:
     for method, result in backtest.items():
         for b in result.get("budgets", []):
             lines.append(
-                f"| {method} | {b['budget']:.3g} | {_fmt(b['predicted_loss'])} | {_fmt(b.get('loss_interval_90'))} "
-                f"| {_fmt(b['observed_best_loss'])} | {_fmt(b['rel_error'], '+.2%')} | {_fmt(b.get('covered_90'))} |"
+                f"| {method} | {b['budget']:.3g} | {format_value(b['predicted_loss'])} | {format_value(b.get('loss_interval_90'))} "
+                f"| {format_value(b['observed_best_loss'])} | {format_value(b['rel_error'], '+.2%')} | {format_value(b.get('covered_90'))} |"
             )
         if "error" in result:
             lines.append(f"| {method} | - | - | - | - | {result['error']} | - |")
@@ -236,12 +229,12 @@ def render_report(study: Study) -> str:
         ]
         for method, s in summary.items():
             lines.append(
-                f"| {method} | {s.get('n')} | {_fmt(s.get('mean_abs_rel_error'), '.2%')} | {_fmt(s.get('coverage_90'), '.0%')} |"
+                f"| {method} | {s.get('n')} | {format_value(s.get('mean_abs_rel_error'), '.2%')} | {format_value(s.get('coverage_90'), '.0%')} |"
             )
     lines += ["", "## Figures", ""]
     for png in sorted(study.figures.glob("*.png")):
         lines.append(f"![{png.stem}](figures/{png.name})")
-    lines += ["", "## Rung health", "", health_table(table), "", "## Ladder", "", _markdown_table(table), ""]
+    lines += ["", "## Rung health", "", health_table(table), "", "## Ladder", "", markdown_table(table), ""]
     return "\n".join(lines)
 
 
@@ -251,9 +244,9 @@ def verdict_table(check: dict, unit: str = "nats/byte") -> list[str]:
     return [
         "| quantity | predicted | actual | relative error | inside 90% interval | verdict |",
         "|---|---|---|---|---|---|",
-        f"| hero final val loss ({unit}) | {_fmt(check.get('predicted_final_loss'), '.4f')} "
-        f"| {_fmt(check.get('actual_final_loss'), '.4f')} "
-        f"| {_fmt(check.get('rel_error'), '+.2%')} | {_fmt(check.get('covered_90'))} | {check.get('verdict')} |",
+        f"| hero final val loss ({unit}) | {format_value(check.get('predicted_final_loss'), '.4f')} "
+        f"| {format_value(check.get('actual_final_loss'), '.4f')} "
+        f"| {format_value(check.get('rel_error'), '+.2%')} | {format_value(check.get('covered_90'))} | {check.get('verdict')} |",
     ]
 
 
@@ -264,8 +257,6 @@ def primary_law_lines(law: str, setting: str, final: dict | None = None, actual:
     `final` is the sealed prediction: corrected by the probes, or by a design's measured bias
     (hero.point_correction), whose law-alone point it names with, once the hero has trained, its
     error against `actual`."""
-    from delphi.study.spec import AUTO_PRIMARY
-
     final = final or {}
     made = f"the {law} law" + (
         ', corrected by its error trend at the probes (see "Probes beyond the ladder")'
@@ -292,7 +283,7 @@ def primary_law_lines(law: str, setting: str, final: dict | None = None, actual:
     return [f"The sealed prediction was made by the study's primary law, {made}. Why {law}: {why}.", ""]
 
 
-def _gates_section(study: Study) -> list[str]:
+def gates_section(study: Study) -> list[str]:
     if not study.gates.is_file():
         return []
     return gates_lines(json.loads(study.gates.read_text()), forced_by="the study went on with force: true")
@@ -301,8 +292,6 @@ def _gates_section(study: Study) -> list[str]:
 def gates_lines(report: dict, forced_by: str) -> list[str]:
     """The gates section of a report from a gate report (NAME.gates.json): whether every gate passed,
     and the table; `forced_by` says how a seal went on over failed gates."""
-    from delphi.prereg.gates import gate_table
-
     verdict = (
         "all passed"
         if report["passed"]
@@ -319,14 +308,14 @@ def gates_lines(report: dict, forced_by: str) -> list[str]:
 
 
 def _rehearsal_section(study: Study) -> list[str]:
-    r = _rehearsal(study)
+    r = rehearsal_result(study)
     if r is None:
         return []
     return [
         "## Dress rehearsal",
         "",
         f"At {r['compute']:.3g} FLOPs ({r.get('multiple', float('nan')):g}x the top budget): predicted {r['predicted']:.4f}"
-        f" (90% {_fmt(r.get('loss_interval_90'))}), actual {r['actual']:.4f}, error {r['rel_error']:+.2%}.",
+        f" (90% {format_value(r.get('loss_interval_90'))}), actual {r['actual']:.4f}, error {r['rel_error']:+.2%}.",
         "",
     ]
 
@@ -336,10 +325,6 @@ def _probes_section(study: Study) -> list[str]:
     runs = probe_runs(study)
     if not runs:
         return []
-    from delphi.fits import load_fit
-    from delphi.fits.probes import correction_text
-    from delphi.prereg.format import read
-    from delphi.prereg.predict import score_probes
 
     lines = [
         "## Probes beyond the ladder",
@@ -365,10 +350,8 @@ def _probes_section(study: Study) -> list[str]:
     return lines + [""]
 
 
-def _primary_choice_section(study: Study) -> list[str]:
+def primary_choice_section(study: Study) -> list[str]:
     """With `primary_fit: auto`: the law the fit stage chose and the table behind it (stages/fit.json)."""
-    from delphi.fits.method_choice import method_choice_lines
-
     choice = (study.done("fit") or {}).get("result", {}).get("primary_choice")
     if not choice:
         return []
@@ -387,7 +370,7 @@ def _primary_choice_section(study: Study) -> list[str]:
     )
 
 
-def _conventions_section(study: Study) -> list[str]:
+def conventions_section(study: Study) -> list[str]:
     if not study.conventions.is_file():
         return []
     data = json.loads(study.conventions.read_text())
@@ -401,8 +384,8 @@ def _conventions_section(study: Study) -> list[str]:
     ]
     for name, row in data["conventions"].items():
         lines.append(
-            f"| {name} | {_fmt(row.get('isoflop_a'), '.3f')} {_fmt(row.get('isoflop_a_interval_90'), '.3f')} "
-            f"| {_fmt(row.get('law_a'), '.3f')} | {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')} | {_convention_note(row, data)} |"
+            f"| {name} | {format_value(row.get('isoflop_a'), '.3f')} {format_value(row.get('isoflop_a_interval_90'), '.3f')} "
+            f"| {format_value(row.get('law_a'), '.3f')} | {format_value(row.get('backtest_mean_abs_rel_error'), '.2%')} | {_convention_note(row, data)} |"
         )
     return lines + [""]
 
@@ -419,8 +402,6 @@ def health_table(table: pd.DataFrame) -> str:
     """One row per rung: what its health bounds check, and whether it met them (the columns of
     delphi.ladder.collect's rung health view that the table has), after a line naming any bound the
     ladder spec set looser than the defaults."""
-    from delphi.ladder.collect import HEALTH_TABLE_COLUMNS, relaxed_in_table
-
     if "health_ok" not in table:
         return "(the results table has no health columns)"
     cols = [c for c in HEALTH_TABLE_COLUMNS if c in table and c != "health_relaxed"]
@@ -433,12 +414,14 @@ def health_table(table: pd.DataFrame) -> str:
     rows += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.sort_values(["budget", "run_id"] if "run_id" in table else ["budget"])[cols].iterrows():
         rows.append(
-            "| " + " | ".join(str(r[c]) if c in ("run_id", "cell_id") else _fmt(r[c], ".3g") for c in cols) + " |"
+            "| "
+            + " | ".join(str(r[c]) if c in ("run_id", "cell_id") else format_value(r[c], ".3g") for c in cols)
+            + " |"
         )
     return "\n".join(rows)
 
 
-def _markdown_table(table: pd.DataFrame) -> str:
+def markdown_table(table: pd.DataFrame) -> str:
     cols = [
         c
         for c in ("run_id", "budget", "d_model", "n_layers", "params", "tokens", "steps", "lr", "loss", "status")
@@ -446,225 +429,5 @@ def _markdown_table(table: pd.DataFrame) -> str:
     ]
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table[cols].iterrows():
-        rows.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
+        rows.append("| " + " | ".join(format_value(r[c]) for c in cols) + " |")
     return "\n".join(rows)
-
-
-# --------------------------------------------------------------------------- a pipeline assembled by hand
-
-REPORT_COMMAND = "report"  # what report.md and its figures say wrote them (delphi.path_policy)
-PIPELINE_FIGURES = ("isoflop", "allocation", "frontier", "prediction", "residuals")
-MAX_TABLE_ROWS = 200  # a larger results table is summarised, not copied into the report
-
-
-@dataclass(frozen=True)
-class PipelineInputs:
-    """The pieces of a pipeline assembled by hand (`delphi report`); each may be absent, and a run
-    is judged against the seal, so `runs` needs `prereg` (one run, or one per seed of a multi-seed seal)."""
-
-    results: Path | None = None
-    table_options: dict[str, Any] = field(default_factory=dict)  # delphi.fits.data.load_results's keywords
-    fit: Path | None = None
-    prereg: Path | None = None
-    runs: tuple[Path, ...] = ()
-    log: LogOptions = LogOptions()
-
-
-def pipeline_report(inputs: PipelineInputs, out: Path) -> dict:
-    """report.md and figures/ in `out` for `inputs`, drawn and written as a study's are: the verdict
-    of the run against the seal (checked, nothing recorded beside the seal), the seal's gates, its
-    calibrated interval, the fit's summary, the figures and the table."""
-    from delphi.fits import load_fit, load_results
-    from delphi.plot import figures as pf
-    from delphi.prereg.check import check, read_hero_run
-    from delphi.prereg.format import load_prereg
-
-    if inputs.runs and inputs.prereg is None:
-        raise DelphiError("--run: a run is judged against a preregistration; give --prereg too")
-    table = load_results(inputs.results, **inputs.table_options) if inputs.results is not None else None
-    fit = load_fit(inputs.fit) if inputs.fit is not None else None
-    prereg = load_prereg(inputs.prereg) if inputs.prereg is not None else None
-    checked, run, seed_runs = None, None, None
-    if prereg is not None and inputs.runs:
-        checked, _, run = check(inputs.prereg, run_dirs=list(inputs.runs), record=False, log=inputs.log)
-        if checked.get("seeds"):
-            seed_runs = {
-                s["seed"]: read_hero_run(prereg.doc, Path(s["run"]), None, inputs.log) for s in checked["seeds"]
-            }
-    (out / "figures").mkdir(parents=True, exist_ok=True)
-    figures = FigureSet(
-        out / "figures", written_by=REPORT_COMMAND, say=lambda line: print(f"delphi report: {line}", file=sys.stderr)
-    )
-    hero = prereg.doc["hero"] if prereg is not None else {}
-    hero_point = {"compute": hero.get("flops"), "params": hero.get("params"), "tokens": hero.get("tokens")}
-    optima = fit.extra.optima if fit is not None else None
-    actual = (checked or {}).get("actual_final_loss")
-    if table is not None:
-        figures.draw("isoflop", lambda: pf.isoflop_figure(table, optima))
-        figures.draw("frontier", lambda: frontier_of(table, fit, prereg.doc if prereg else None, actual))
-        if fit is not None and fit.kind != "frontier":
-            figures.draw("residuals", lambda: residuals_of(table, fit))
-    if fit is not None and (optima or table is not None):
-        figures.draw("allocation", lambda: allocation_of(table, optima, fit, hero_point))
-    if prereg is not None:
-        figures.draw(
-            "prediction", lambda: pf.prediction_figure(prereg.doc, run, (checked or {}).get("verdict"), seed_runs)
-        )
-    drawn = figures.result()
-    text = render_pipeline_report(
-        inputs, table, fit, prereg, checked, [Path(p) for p in drawn["files"]], drawn["not_drawn"]
-    )
-    atomic_write_text(out / "report.md", text, written_by=REPORT_COMMAND)
-    return {
-        "report": str(out / "report.md"),
-        "figures": drawn["files"],
-        "not_drawn": drawn["not_drawn"],
-        **({"check": {k: v for k, v in checked.items() if k != "points"}} if checked else {}),
-    }
-
-
-def render_pipeline_report(
-    inputs: PipelineInputs,
-    table: pd.DataFrame | None,
-    fit: Any,
-    prereg: Any,
-    checked: dict | None,
-    figure_files: list[Path],
-    not_drawn: list[str] = (),
-) -> str:
-    """report.md of a pipeline assembled by hand, from what `pipeline_report` read."""
-    from delphi.fits.calibration import report_lines
-
-    lines = [
-        "# Report",
-        "",
-        "Assembled by hand (`delphi report`) from:",
-        "",
-        *_input_lines(inputs, table, fit, prereg, checked),
-        "",
-    ]
-    if prereg is not None:
-        doc = prereg.doc
-        final = doc["prediction"]["final"]
-        lines += [
-            "## Preregistered prediction against the outcome",
-            "",
-            *verdict_table(
-                checked or {"predicted_final_loss": final["loss"], "verdict": "no run given"}, _loss_unit(doc)
-            ),
-            "",
-        ]
-        if checked is not None:
-            lines += [checked.get("why", ""), ""]
-            if checked.get("judged"):
-                lines += [f"What the seal judges: {checked['judged']}.", ""]
-        lines += [_seal_sentence(doc, fit, inputs.fit), ""]
-        lines += _seal_gates_lines(inputs.prereg, doc)
-        lines += report_lines(final, primary_law=(doc.get("provenance") or {}).get("fit_kind"))
-    if fit is not None:
-        lines += ["## Fit", "", f"`{inputs.fit}`:", "", "```text", fit.summary(), "```", ""]
-    lines += ["## Figures", ""]
-    lines += [f"![{png.stem}](figures/{png.name})" for png in figure_files] or ["(none: no input draws one)"]
-    lines += ["", *(f"Not drawn: {why}." for why in not_drawn)] if not_drawn else []
-    lines.append("")
-    if table is not None:
-        lines += ["## Results table", ""]
-        lines += (
-            [_markdown_table(table)]
-            if len(table) <= MAX_TABLE_ROWS
-            else [
-                f"{len(table)} rows (more than {MAX_TABLE_ROWS}: not copied here); budgets "
-                f"{', '.join(f'{b:.3g}' for b in sorted(table['budget'].unique()))}."
-            ]
-        )
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _input_lines(
-    inputs: PipelineInputs, table: pd.DataFrame | None, fit: Any, prereg: Any, checked: dict | None
-) -> list[str]:
-    from delphi.hashes import sha256_file
-    from delphi.prereg.format import seal_status
-
-    lines = []
-    if table is not None:
-        query = table.attrs.get("query")
-        lines.append(
-            f"- results table `{inputs.results}` (sha256 {sha256_file(inputs.results)[:12]}): {len(table)} rows"
-            + (f" selected by `{query}`" if query else "")
-        )
-    if fit is not None:
-        lines.append(
-            f"- fit `{inputs.fit}` (sha256 {sha256_file(inputs.fit)[:12]}): {fit.kind} ({fit.method}), "
-            f"{fit.n_points} points, status {fit.status}"
-        )
-    if prereg is not None:
-        seal = seal_status(prereg.doc)
-        lines.append(
-            f"- preregistration `{inputs.prereg}`: id {prereg.id}, created {prereg.doc['created']}, "
-            f"seal {'ok' if seal['ok'] else 'BROKEN'} ({str(seal['recorded'])[:12]})"
-        )
-    described = [checked.get("log")] + [s.get("log") for s in checked.get("seeds") or []] if checked else []
-    for run in inputs.runs:
-        log = next((d for d in described if d and Path(d["path"]).resolve().is_relative_to(Path(run).resolve())), None)
-        if log is None:
-            how = "a Delphi run dir"
-        else:
-            where = "" if Path(log["path"]) == Path(run) else f" ({log['path']})"
-            how = f"a metrics log{where} read as " + ", ".join(f"{k} = {v}" for k, v in log["columns"].items())
-        lines.append(f"- run `{run}`: {how}")
-    return lines
-
-
-def _loss_unit(doc: dict) -> str:
-    """The unit of the sealed loss: per byte for a byte-level hero, per token for another vocabulary."""
-    config = (doc.get("hero") or {}).get("config")
-    vocab = ((config or {}).get("model") or {}).get("vocab_size") if isinstance(config, dict) else None
-    return "nats/byte" if vocab == 256 else "nats/token"
-
-
-def _seal_sentence(doc: dict, fit: Any, fit_path: Path | None) -> str:
-    """What the seal predicts, from which fit, and whether the fit given is that fit."""
-    from delphi.hashes import sha256_file
-
-    final, hero, prov = doc["prediction"]["final"], doc["hero"], doc.get("provenance") or {}
-    lo, hi = final.get("loss_90") or (final["loss"], final["loss"])
-    text = (
-        f"The seal `{doc['id']}` (tolerance {float(doc['decision']['tolerance_rel']):.2%}) predicts the hero's final loss "
-        f"{final['loss']:.4f}, 90% [{lo:.4f}, {hi:.4f}], at N = {_fmt(hero.get('params'))}, D = {_fmt(hero.get('tokens'))} "
-        f"tokens, C = {_fmt(hero.get('flops'), '.3g')} FLOPs, made by the {prov.get('fit_kind', '?')} fit "
-        f"`{prov.get('fit_path', '?')}` (sha256 {str(prov.get('fit_sha256'))[:12]})."
-    )
-    if doc.get("forced"):
-        text += " It was sealed with --force over failed gates."
-    if fit is not None and fit_path is not None:
-        same = sha256_file(fit_path) == prov.get("fit_sha256")
-        text += (
-            " The fit given here is that fit."
-            if same
-            else f" The fit given here (`{fit_path}`) is not the one the seal names: its sha256 differs."
-        )
-    return text
-
-
-def _seal_gates_lines(prereg_path: Path, doc: dict) -> list[str]:
-    """The seal's gates: its gate report beside it (NAME.gates.json) where there is one, else the
-    gates sealed in the file."""
-    from delphi.io import read_json
-    from delphi.prereg.create import gates_path
-
-    beside = gates_path(prereg_path)
-    if beside.is_file():
-        report = read_json(beside, what="gate report")
-    elif doc.get("gates"):
-        gates = doc["gates"]
-        report = {
-            "passed": all(g.get("passed") for g in gates),
-            "gates": gates,
-            "forced": bool(doc.get("forced")),
-            "failed": [g.get("name") for g in gates if not g.get("passed")],
-        }
-    else:
-        return []
-    return gates_lines(report, forced_by="sealed with --force, recorded in the seal")

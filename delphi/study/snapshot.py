@@ -6,7 +6,9 @@ from pathlib import Path
 
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_bytes
+from delphi.ladder.driver import is_finished
 from delphi.study.state import STUDY_FILE
+from delphi.train.checkpoint import CorruptCheckpoint, list_checkpoints, read_manifest
 from delphi.train.rundir import CONFIG_FILE, read_status
 
 # Too big or too machine-bound to commit: a finished run's result is its config, status, summary
@@ -20,9 +22,6 @@ def compact_files(study_dir: str | Path, *, resumable: bool = False) -> list[Pat
     With `resumable` an unfinished run is kept too, with its newest complete checkpoint (one with
     a manifest), so that a fresh machine resumes it where it stopped rather than from step 0: a
     hero longer than one working session continues on the next."""
-    from delphi.ladder.driver import is_finished
-    from delphi.train.checkpoint import CorruptCheckpoint, list_checkpoints, read_manifest
-
     study_dir = Path(study_dir)
     unfinished = {
         p.parent

@@ -8,19 +8,21 @@ from importlib import resources
 from pathlib import Path
 
 from delphi.config_schema import from_dict
+from delphi.editions import resolve_data
 from delphi.errors import DelphiError
 from delphi.fits import FIT_METHODS
 from delphi.fits.allocation import PARAM_CONVENTIONS
 from delphi.fits.intervals import PointCorrection
 from delphi.fits.probes import NOISE_SCOPES, PROBE_CARRIES
 from delphi.io import read_yaml
+from delphi.prereg.gates import GATE_NAMES, GateThresholds
 from delphi.train.config import SEED_LIMIT
 from delphi.train.rundir import CONFIG_FILE, SUMMARY_FILE
 
 DEFAULT_STUDY = "default_study.yaml"  # package data in delphi/defaults/
 # How N is counted (PARAM_CONVENTIONS): the study fits under each and keeps the one its backtest
-# favours (issue 10: 0.91 / 0.71 / 0.68 isoFLOP exponents on the first paper ladder).
-# A dress rehearsal at ~3x the top budget (issue 10) sits between the ladder and a >= 10x hero.
+# favours, since the conventions' isoFLOP exponents differ on one ladder.
+# A dress rehearsal at ~3x the top budget sits between the ladder and a >= 10x hero.
 DEFAULT_REHEARSAL_MULTIPLE = 3.0
 # Study seed k trains the ladder's run seeds + k * STUDY_SEED_STRIDE: disjoint from seed 0's as long as
 # a spec lists fewer seeds than the stride.
@@ -31,7 +33,7 @@ TRAJECTORY_SOURCES = ("curve_law", "probes")
 PREDICTION_GATES = ("lobo_spread", "interval_width", "method_agreement", "probes")
 # The laws that can size a hero (they predict N*(C); delphi.fits.calibration.PRIMARY_CAPABLE, not
 # imported: reading a study file must not import scipy), and `primary_fit: auto`, which the fit stage
-# resolves once among them by the public-sweep evidence (delphi.fits.calibration.choose_primary).
+# resolves once among them by the public-sweep evidence (delphi.fits.method_choice.choose_primary).
 PRIMARY_LAWS = ("isoflop", "parametric", "vpnls")
 AUTO_PRIMARY = "auto"
 
@@ -61,15 +63,13 @@ class HeroSpec:
     trajectory: str = "curve_law"
     # Probes of the study's own, as multiples of the top ladder budget (e.g. [3, 10, 30]), each sized
     # like the hero. Under the law alone (probe_correction: false) they are predictions like the
-    # hero's: stage seals seals them all and the hero, under the same gates, before any trains (issue
-    # 29). With probe_correction each is sealed (with --force: the gates judge the hero) and trained in
-    # turn, then counts as evidence like gates.probes (paper/editions/v6: three probes let
-    # probe_correction seal a hero up to their span beyond the last).
+    # hero's: stage seals seals them all and the hero, under the same gates, before any trains.
+    # With probe_correction each is sealed (with --force: the gates judge the hero) and trained in
+    # turn, then counts as evidence like gates.probes.
     probe_multiples: tuple[float, ...] = ()
     # Seeds of every run beyond the ladder (probes and hero), each run's config with seed and
     # data.seed set to it: with two or more, each run trains them side by side (one process each)
-    # and its seal predicts their mean final loss (issue 40; one run's seed noise is ~1% of the loss
-    # at a CPU's scale). Empty: one run, at the study seed.
+    # and its seal predicts their mean final loss. Empty: one run, at the study seed.
     seeds: tuple[int, ...] = ()
     # A measured bias of the primary law on this design, sealed as a correction (delphi.fits.intervals);
     # None: the law's own point. Not with probe_correction (the probes measure the same error).
@@ -91,10 +91,10 @@ class GatesSpec:
     # gate probes scores the primary law on them and method_agreement sets aside a cross-check law
     # they reject. Empty: the dress rehearsal is the only such run.
     probes: tuple[str, ...] = ()
-    # A `delphi ladder recipe-check` report (relative to the study file): gate recipe (issue 29).
+    # A `delphi ladder recipe-check` report (relative to the study file): gate recipe.
     recipe_check: str | None = None
-    interval_width_factor: float = 1.5  # issue 10: 90% half-width <= 1.5 x tolerance
-    min_seeds: int = 2  # issue 10: >= 2 seeds per rung
+    interval_width_factor: float = 1.5  # 90% half-width <= 1.5 x tolerance
+    min_seeds: int = 2  # >= 2 seeds per rung
     # Gates forced one by one, {gate: reason}: a seal passes over these alone failing, and seals each
     # reason (every other gate must still pass; `force: true` forces all, with no reason).
     force: dict[str, str] = field(default_factory=dict)
@@ -125,8 +125,6 @@ class StudySpec:
     params_convention: str | None = None  # None: the convention whose backtest is best
 
     def thresholds(self):
-        from delphi.prereg.gates import GateThresholds
-
         g = self.gates
         return GateThresholds(
             tolerance_rel=self.hero.tolerance,
@@ -232,7 +230,6 @@ class StudySpec:
                 raise DelphiError(
                     f"{where}: hero.point_correction.source: needs where the bias was measured (a sentence)"
                 )
-        from delphi.prereg.gates import GATE_NAMES
 
         for gate, reason in self.gates.force.items():
             if gate not in GATE_NAMES:
@@ -269,8 +266,6 @@ def load_study(path: str | Path | None) -> tuple[StudySpec, Path, Path | None, t
     its LR calibration reports and its probe run dirs.
 
     With `path` None this is the built-in default study."""
-    from delphi.editions import resolve_data
-
     if path is None:
         base = Path(str(resources.files("delphi") / "defaults"))
         path = base / DEFAULT_STUDY

@@ -1,13 +1,15 @@
-"""The stages of a study, in order (`STAGES`), and `run_study`, which runs or resumes them.
+"""The stages of a study, in order (`STAGES`), and `run_study`, which runs or resumes them:
+
+    prepare -> plan -> ladder -> collect -> fit -> backtest -> hero -> gates -> dress_rehearsal
+            -> seals -> probes -> prereg -> train_hero -> check -> figures -> report
 
 Each stage is a function of the `Study` that returns a JSON-able result; `run_study` writes it to
-`stages/<name>.json` when the stage completes and skips the completed ones on a rerun.
+`stages/<name>.json` when the stage completes and skips the completed ones on a rerun (docs/cli.md).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 import time
@@ -15,58 +17,68 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from delphi.errors import CheckFailed, DelphiError
-from delphi.fits.results import load_fit
-from delphi.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
+from delphi.fits import backtest, load_fit
+from delphi.fits.backtest import all_holdouts
+from delphi.io import atomic_write_json
+from delphi.ladder.collect import collect_ladder, write_results
+from delphi.ladder.hero import hero_preflight
+from delphi.ladder.manifest import format_table, write_ladder
+from delphi.ladder.plan import plan_ladder
+from delphi.ladder.recipe_check import study_report_path
+from delphi.ladder.runner import run_ladder
+from delphi.path_policy import check_output_file
 from delphi.prereg import gates as gt
 from delphi.prereg.check import check
 from delphi.prereg.competing import competing_predictions
 from delphi.prereg.create import create_prereg, gates_path
 from delphi.prereg.evidence import Evidence, PredictionRule, SealTerms
+from delphi.prereg.gates import gate_dress_rehearsal
 from delphi.prereg.measure import compute_gates
-from delphi.prereg.predict import hero_prediction, run_noise_nats, run_predicted_vs_actual
+from delphi.prereg.predict import hero_prediction, predict_hero, run_noise_nats, run_predicted_vs_actual
+from delphi.prereg_format import read
+from delphi.study.fitting import (
+    compare_conventions,
+    default_rationale,
+    fit_one,
+    primary_choice_sentence,
+    primary_for,
+    sized_run,
+)
 from delphi.study.report import stage_figures, stage_report
-from delphi.study.spec import AUTO_PRIMARY, PREDICTION_GATES, load_study, own_probe_name
+from delphi.study.seal_identity import foreign_seal, foreign_seal_message, sealed_seeds
+from delphi.study.seeds import finished, seed_runs, train_seeds
+from delphi.study.spec import PREDICTION_GATES, load_study, own_probe_name
 from delphi.study.state import (
     Study,
-    _fmt,
-    _ladder_spec,
-    _lr_calibration,
-    _pin_study,
-    _primary_backtest,
-    _rehearsal,
-    _say,
-    chosen_convention,
+    format_value,
     hero_compute,
+    ladder_spec,
     load_table,
+    lr_calibration_paths,
+    pin_lr_calibration,
+    pin_probes,
+    pin_study,
+    primary_backtest,
     probe_runs,
+    rehearsal_result,
+    say,
 )
+from delphi.study.store import check_store_unchanged, current_store
+from delphi.train.checkpoint import check_checkpoint_path
 from delphi.train.config import load_train_config
-from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_status
+from delphi.train.environment import check_cache_dirs
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from delphi.train.trainer import train
 
 
 def stage_prepare(study: Study) -> dict:
-    from delphi.data.store import resolve_store
-
-    ladder = _ladder_spec(study)
-    store = resolve_store(ladder.run.store)
-    meta = json.loads((store / "meta.json").read_text())
-    return {
-        "store": str(store),
-        "sha256": meta.get("sha256"),
-        "train_tokens": meta.get("n_train"),
-        "val_tokens": meta.get("n_val"),
-        "bytes_by_package": meta.get("bytes_by_package"),
-    }
+    """The corpus store the ladder trains on, pinned by its sha256 (`delphi.study.store`)."""
+    return current_store(study)
 
 
 def stage_plan(study: Study) -> dict:
-    from delphi.ladder.manifest import format_table, write_ladder
-    from delphi.ladder.plan import plan_ladder
-
-    ladder = _ladder_spec(study)
+    ladder = ladder_spec(study)
     preflight = _hero_preflight(study, ladder)
     rows = write_ladder(ladder, plan_ladder(ladder), study.ladder_dir)
     print(format_table(rows), file=sys.stderr)
@@ -77,8 +89,6 @@ def _hero_preflight(study: Study, ladder) -> dict:
     """Before the ladder trains: would the rehearsal and the hero fit the ladder's ranges if the
     optimum came out where the spec expects it? If not at the expected optimum itself, the gates
     would refuse after hours of ladder; stop now unless `force: true`."""
-    from delphi.ladder.hero import hero_preflight
-
     if ladder.isoflop is None:
         return {"skipped": "a tokens_per_param ladder has no expected optimum"}
     runs = {"hero": hero_compute(study)}
@@ -86,11 +96,11 @@ def _hero_preflight(study: Study, ladder) -> dict:
         runs["rehearsal"] = study.spec.hero.rehearsal_multiple * max(ladder.budgets)
     out = {}
     for name, compute in runs.items():
-        check = out[name] = hero_preflight(ladder, compute)
-        band = check["inside_factors"]
-        expected = check["expected"]
-        _say(
-            f"preflight {name} at {compute:.3g} FLOPs: at the expected N* ({check['expected_params']:.3g}) it would be "
+        facts = out[name] = hero_preflight(ladder, compute)
+        band = facts["inside_factors"]
+        expected = facts["expected"]
+        say(
+            f"preflight {name} at {compute:.3g} FLOPs: at the expected N* ({facts['expected_params']:.3g}) it would be "
             f"{expected['run_id']} ({expected['steps']:,} steps), "
             + (
                 f"inside the ladder's ranges and depths for a fitted N* {band[0]:g}-{band[1]:g}x the expected"
@@ -110,8 +120,6 @@ def _hero_preflight(study: Study, ladder) -> dict:
 
 
 def stage_ladder(study: Study) -> dict:
-    from delphi.ladder.runner import run_ladder
-
     check_store_unchanged(study)
     summary = run_ladder(study.ladder_dir, workers=study.spec.workers)
     if summary.get("failed"):
@@ -119,157 +127,10 @@ def stage_ladder(study: Study) -> dict:
     return summary
 
 
-def check_store_unchanged(study: Study) -> None:
-    """A study continued elsewhere (its committed stages copied to a fresh machine) must train on
-    the corpus its first rungs trained on: a built-in store is rebuilt from the machine's files
-    (`environment`: its installed packages), so compare its sha256 with the one pinned at prepare.
-
-    Each store accepted instead (`--accept-store`) is appended to store_accepted.json with its
-    bytes per package and the hero's step when it was accepted, so that a later machine can name
-    what differs from the store the study last trained on, and the hero's steps can be traced."""
-    prepared = study.done("prepare")
-    if prepared is None:
-        return
-    pinned = prepared["result"].get("sha256")
-    now = stage_prepare(study)
-    if pinned is None or now["sha256"] == pinned:
-        return
-    history = read_store_acceptances(study.store_accepted)
-    last = history["accepted"][-1] if history["accepted"] else {"sha256": pinned, **prepared["result"]}
-    if study.accept_store != now["sha256"]:
-        from delphi.data.store import package_differences
-
-        before, after = last.get("bytes_by_package"), now.get("bytes_by_package")
-        which = (
-            f"; packages that differ from sha256 {last['sha256'][:12]}: {package_differences(before, after)}"
-            if before and after
-            else ""
-        )
-        raise DelphiError(
-            f"{study.marker('prepare')}: the study's rungs trained on store sha256 {pinned}, but "
-            f"{now['store']} now holds sha256 {now['sha256']} (another machine or other installed "
-            f"packages{which}); rebuild that corpus, start a new study directory, or pass "
-            f"--accept-store {now['sha256']} to go on with it (recorded in {study.store_accepted})"
-        )
-    if last["sha256"] != now["sha256"]:
-        hero = read_status(study.hero_run) or {}
-        history["accepted"].append(
-            {
-                "sha256": now["sha256"],
-                "train_tokens": now.get("train_tokens"),
-                "val_tokens": now.get("val_tokens"),
-                "accepted_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "hero_step": hero.get("step"),
-                "bytes_by_package": now.get("bytes_by_package"),
-            }
-        )
-        atomic_write_json(
-            study.store_accepted,
-            {
-                "pinned_sha256": pinned,
-                "pinned_train_tokens": prepared["result"].get("train_tokens"),
-                "store": now["store"],
-                **history,
-            },
-        )
-    _say(
-        f"store: going on with sha256 {now['sha256'][:12]} ({now.get('train_tokens')} train tokens), not the pinned "
-        f"{pinned[:12]} ({prepared['result'].get('train_tokens')}), as --accept-store asked; recorded in {study.store_accepted}"
-    )
-
-
-def read_store_acceptances(path: Path) -> dict[str, list[dict]]:
-    """The stores a study went on with instead of its pinned one, oldest first (none if no file).
-    A file from before the history was kept holds one store as accepted_sha256/accepted_train_tokens."""
-    if not path.is_file():
-        return {"accepted": []}
-    record = json.loads(path.read_text())
-    if "accepted_sha256" in record:
-        return {
-            "accepted": [{"sha256": record["accepted_sha256"], "train_tokens": record.get("accepted_train_tokens")}]
-        }
-    return {"accepted": list(record.get("accepted", []))}
-
-
 def stage_collect(study: Study) -> dict:
-    from delphi.ladder.collect import collect_ladder, write_results
-
     table = collect_ladder(study.ladder_dir)
     write_results(table, study.results)
     return {"rows": len(table), "results": str(study.results)}
-
-
-def _fit_one(study: Study, method: str, table: pd.DataFrame, n_bootstrap: int) -> Any:
-    from delphi.fits import FITTERS
-
-    kwargs: dict[str, Any] = {"n_bootstrap": n_bootstrap, "seed": study.spec.seed}
-    if method == "frontier":
-        kwargs["target_compute"] = [hero_compute(study)]
-    fit = FITTERS[method](table, **kwargs)
-    family = table.attrs.get("flops_family")
-    return fit.with_family(family) if family is not None and hasattr(fit, "with_family") else fit
-
-
-def optimal_exponent(fit: Any, compute_lo: float, compute_hi: float) -> float | None:
-    """d ln N* / d ln C of the fit between two computes (under its own allocation, exact or 6ND)."""
-    lo, hi = fit.predict(compute=compute_lo).get("params"), fit.predict(compute=compute_hi).get("params")
-    if lo is None or hi is None or not (lo > 0 and hi > 0):
-        return None
-    return math.log(float(hi) / float(lo)) / math.log(compute_hi / compute_lo)
-
-
-def _primary_for(study: Study, table: pd.DataFrame) -> tuple[str, dict | None]:
-    """The primary law on this table and, with `primary_fit: auto`, the evidence that chose it
-    (delphi.fits.calibration.choose_primary); a spec's explicit law comes with no choice."""
-    if study.spec.primary_fit != AUTO_PRIMARY:
-        return study.spec.primary_fit, None
-    from delphi.fits.method_choice import choose_primary
-
-    choice = choose_primary(table, study.spec.fits)
-    return choice["method"], choice
-
-
-def compare_conventions(study: Study) -> dict:
-    """For each parameter-count convention: the isoFLOP exponent, the primary law's compute-optimal
-    exponent, and its held-out-budget backtest; the convention with the lowest backtest error wins.
-    With `primary_fit: auto` the primary law under each convention is the one its table's evidence picks."""
-    from delphi.fits import backtest
-    from delphi.fits.isoflop import isoflop_exponent_by_convention
-
-    raw = pd.read_csv(study.results)
-    iso = isoflop_exponent_by_convention(raw, tuple(study.spec.conventions))
-    budgets = sorted(float(b) for b in raw["budget"].unique())
-    rows = {}
-    for convention in study.spec.conventions:
-        row: dict[str, Any] = {
-            "isoflop_a": iso.get(convention, {}).get("a"),
-            "isoflop_a_interval_90": iso.get(convention, {}).get("a_interval_90"),
-        }
-        try:
-            table = load_table(study, convention)
-            law, choice = _primary_for(study, table)
-            if choice is not None:
-                row["primary_fit"] = law
-            fit = _fit_one(study, law, table, 0)
-            row["law_a"] = optimal_exponent(fit, budgets[-1], hero_compute(study))
-            row["fit_status"] = getattr(fit, "status", None)
-            bt = backtest(table, lambda t: _fit_one(study, law, t, 0))  # noqa: B023  (called at once, inside the loop)
-            row["backtest_mean_abs_rel_error"] = bt["mean_abs_rel_error"]
-            row["backtest"] = [{"budget": b["budget"], "rel_error": b["rel_error"]} for b in bt["budgets"]]
-        except DelphiError as e:
-            row["error"] = str(e)
-        rows[convention] = row
-    scored = {
-        c: r["backtest_mean_abs_rel_error"] for c, r in rows.items() if r.get("backtest_mean_abs_rel_error") is not None
-    }
-    if study.spec.params_convention is not None:
-        chosen, why = study.spec.params_convention, "set by the study spec"
-    elif scored:
-        chosen = min(scored, key=scored.get)
-        why = f"lowest held-out-budget backtest |error| ({scored[chosen]:.2%}) of {len(scored)} conventions"
-    else:
-        chosen, why = "nonembedding", "no convention could be backtested; non-embedding N by default"
-    return {"conventions": rows, "chosen": chosen, "why": why, "primary_fit": study.spec.primary_fit}
 
 
 def stage_fit(study: Study) -> dict:
@@ -279,18 +140,18 @@ def stage_fit(study: Study) -> dict:
     table = load_table(study, convention)
     # primary_fit: auto is resolved here, once, on the chosen convention's table (the features the
     # seal's calibration compares), and recorded in this stage's result: Study.primary_fit reads it.
-    primary, choice = _primary_for(study, table)
+    primary, choice = primary_for(study, table)
     if choice is not None:
         atomic_write_json(study.conventions, conventions | {"primary_fit": primary})
-    _say(f"parameter convention: {convention} ({conventions['why']})")
+    say(f"parameter convention: {convention} ({conventions['why']})")
     for name, row in conventions["conventions"].items():
-        _say(
-            f"  {name}: isoFLOP a = {_fmt(row.get('isoflop_a'), '.3f')}, {row.get('primary_fit', primary)} a = "
-            f"{_fmt(row.get('law_a'), '.3f')}, backtest |error| {_fmt(row.get('backtest_mean_abs_rel_error'), '.2%')}"
+        say(
+            f"  {name}: isoFLOP a = {format_value(row.get('isoflop_a'), '.3f')}, {row.get('primary_fit', primary)} a = "
+            f"{format_value(row.get('law_a'), '.3f')}, backtest |error| {format_value(row.get('backtest_mean_abs_rel_error'), '.2%')}"
             + (f" ({row['error']})" if row.get("error") else "")
         )
     if choice is not None:
-        _say(
+        say(
             f"primary law: {primary}, chosen by evidence (primary_fit: auto) among {', '.join(choice['candidates'])}: "
             + ", ".join(f"{r['method']} {r['mean_abs_rel_error']:.2%}" for r in choice["table"])
             + f" out-of-sample |error| on {', '.join(s['source'] for s in choice['similar_sources'])}"
@@ -299,12 +160,12 @@ def stage_fit(study: Study) -> dict:
     for method in study.spec.fits:
         start = time.perf_counter()
         try:
-            fit = _fit_one(study, method, table, study.spec.bootstrap)
+            fit = fit_one(study, method, table, study.spec.bootstrap)
         except DelphiError as e:
             if method == primary:
                 raise
             out[method] = {"error": str(e)}  # a secondary law that cannot be fitted here is reported, not fatal
-            _say(f"fit {method}: failed ({e})")
+            say(f"fit {method}: failed ({e})")
             continue
         atomic_write_json(study.fit_path(method), fit.to_json())
         out[method] = {
@@ -314,7 +175,7 @@ def stage_fit(study: Study) -> dict:
             "allocation": getattr(fit, "allocation", None),
             "seed_noise_nats": fit.diagnostics.seed_noise_nats,
         }
-        _say(
+        say(
             f"fit {method}: {', '.join(f'{k}={v:.4g}' for k, v in fit.params.items() if isinstance(v, (int, float)))}"
             + (f" [{fit.status}]" if getattr(fit, "status", "ok") != "ok" else "")
         )
@@ -331,23 +192,20 @@ BACKTEST_BOOTSTRAP_MAX = 100
 def stage_backtest(study: Study) -> dict:
     """Hold out the top budget (every method, with 90% intervals and coverage), then every budget above
     the third in turn (mean |error| and coverage per method)."""
-    from delphi.fits import backtest
-    from delphi.fits.backtest import all_holdouts
-
     table = load_table(study)
     n_boot = min(study.spec.bootstrap, BACKTEST_BOOTSTRAP_MAX)
     methods = [m for m in study.spec.fits if m != "envelope"]
     out: dict[str, Any] = {}
     for method in methods:
         try:
-            result = backtest(table, lambda t, m=method: _fit_one(study, m, t, n_boot))
+            result = backtest(table, lambda t, m=method: fit_one(study, m, t, n_boot))
         except DelphiError as e:  # too few budgets below the cut for this method
             out[method] = {"error": str(e)}
             continue
         out[method] = result
         for b in result["budgets"]:
             i90 = b.get("loss_interval_90")
-            _say(
+            say(
                 f"backtest {method}: budget {b['budget']:.3g}: predicted {b['predicted_loss']:.4f}"
                 + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "")
                 + f", observed {b['observed_best_loss']:.4f} ({b['rel_error']:+.2%})"
@@ -355,41 +213,15 @@ def stage_backtest(study: Study) -> dict:
     atomic_write_json(study.fits_dir / "backtest.json", out)
     summary = None
     try:
-        many = all_holdouts(table, {m: (lambda t, m=m: _fit_one(study, m, t, n_boot)) for m in methods})
+        many = all_holdouts(table, {m: (lambda t, m=m: fit_one(study, m, t, n_boot)) for m in methods})
         atomic_write_json(study.fits_dir / "backtest_all.json", many)
         summary = many["summary"]
     except DelphiError as e:  # too few budgets for more than one cut
-        _say(f"backtest over every held-out budget: skipped ({e})")
+        say(f"backtest over every held-out budget: skipped ({e})")
     return {"methods": sorted(out), "summary": summary}
 
 
-def _sized_run(study: Study, compute: float, name: str, out: Path) -> dict:
-    """Size a run at `compute` from the primary fit (exact-FLOP allocation, inside the ladder's ranges)
-    and write its train config to `out`."""
-    from delphi.ladder.hero import hero_from_fit
-    from delphi.train.config import train_config_from_dict, train_config_to_dict
-
-    rung, details = hero_from_fit(
-        study.fit_path(study.primary_fit),
-        compute,
-        _ladder_spec(study),
-        seed=study.spec.seed,
-        results=pd.read_csv(study.results),
-    )
-    config = train_config_to_dict(rung.train) | {"name": name}
-    # The rung's own events (the ladder's evals_per_run, on multiples of its step quantum) let the
-    # trainer fuse several steps per call; an override of eval_every may cost that.
-    if study.spec.hero.eval_every:
-        config.update(eval_every=study.spec.hero.eval_every, checkpoint_every=study.spec.hero.eval_every)
-    if name == "hero" and study.spec.hero.checkpoint_every_s:
-        config["checkpoint_every_s"] = study.spec.hero.checkpoint_every_s
-    atomic_write_yaml(out, train_config_to_dict(train_config_from_dict(config)))
-    return details
-
-
 def stage_hero(study: Study) -> dict:
-    from delphi.fits import load_fit
-
     fit = load_fit(study.fit_path(study.primary_fit))
     n_star = fit.predict(compute=hero_compute(study)).get("params")
     if n_star is None or not float(n_star) > 0:
@@ -399,7 +231,7 @@ def stage_hero(study: Study) -> dict:
             f"on a bound: {bound}; parameters {fit.params}): gate fit_status fails and the hero cannot be "
             f"sized; nothing was trained or sealed. The ladder does not determine the law: add budgets or seeds."
         )
-    return _sized_run(study, hero_compute(study), "hero", study.hero_config)
+    return sized_run(study, hero_compute(study), "hero", study.hero_config)
 
 
 def stage_dress_rehearsal(study: Study) -> dict:
@@ -407,39 +239,32 @@ def stage_dress_rehearsal(study: Study) -> dict:
 
     It runs after the other gates passed (no compute is spent on a rehearsal of a ladder the gates
     already refuse) and stops the study before the hero when it misses, unless `force: true`."""
-    from delphi.fits import load_fit
-    from delphi.prereg.gates import gate_dress_rehearsal
-    from delphi.prereg.predict import run_predicted_vs_actual
-    from delphi.train.config import load_train_config
-    from delphi.train.trainer import train
-
     multiple = study.spec.hero.rehearsal_multiple
     if multiple is None:
         return {"skipped": "hero.rehearsal_multiple is null: no dress rehearsal"}
-    compute = multiple * max(_ladder_spec(study).budgets)
+    compute = multiple * max(ladder_spec(study).budgets)
     check_store_unchanged(study)
     if not study.rehearsal_config.is_file():
-        _sized_run(study, compute, "rehearsal", study.rehearsal_config)
+        sized_run(study, compute, "rehearsal", study.rehearsal_config)
     fit = load_fit(study.fit_path(study.primary_fit))
     cfg = load_train_config(study.rehearsal_config)
-    from delphi.prereg.predict import predict_hero, run_noise_nats
 
     predicted = predict_hero(fit, cfg)[0]
-    _say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
-    _finished(
+    say(f"dress rehearsal at {compute:.3g} FLOPs ({multiple:g}x the top budget): predicted {predicted['loss']:.4f}")
+    finished(
         train(cfg, study.rehearsal_run, resume=(study.rehearsal_run / CONFIG_FILE).exists()), "the dress rehearsal"
     )
     result = run_predicted_vs_actual(
         fit, study.rehearsal_run, run_noise_nats(fit, load_table(study), study.spec.hero.noise_scope)[0]
     )
-    _say(
+    say(
         f"dress rehearsal: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})"
     )
     thresholds = study.spec.thresholds()
     gate = gate_dress_rehearsal(
         result | {"compute": compute}, thresholds.rehearsal_tolerance_rel or thresholds.tolerance_rel
     )
-    _say(f"gate {'PASS' if gate.passed else 'FAIL'} {gate.name}: {gate.detail}")
+    say(f"gate {'PASS' if gate.passed else 'FAIL'} {gate.name}: {gate.detail}")
     if not gate.passed and not study.spec.force:
         raise CheckFailed(
             f"gates failed before the hero trained: dress_rehearsal ({gate.detail}; {gate.threshold}); "
@@ -480,11 +305,11 @@ def stage_gates(study: Study) -> dict:
         }
     atomic_write_json(study.gates, report)
     for line in gt.gate_lines(deciding):
-        _say(f"gate {line}")
+        say(f"gate {line}")
     for g in deferred:
-        _say(f"gate DEFERRED {g.name}: evaluated at the seal, after the study's probes")
+        say(f"gate DEFERRED {g.name}: evaluated at the seal, after the study's probes")
     for name, reason in forced_gates.items():
-        _say(f"gate {name} FORCED by the study (gates.force): {reason}")
+        say(f"gate {name} FORCED by the study (gates.force): {reason}")
     if not report["passed"] and set(report["failed"]) - set(forced_gates):
         if not study.spec.force:
             raise CheckFailed(
@@ -492,7 +317,7 @@ def stage_gates(study: Study) -> dict:
                 f"trained and nothing was sealed (report {study.gates}). Fix the ladder (more seeds, "
                 f"budgets, healthier rungs) or set `force: true` in the study file to go on anyway."
             )
-        _say(
+        say(
             f"GATES FAILED ({', '.join(report['failed'])}); going on because the study says force: true "
             "(the preregistration records it)"
         )
@@ -502,28 +327,6 @@ def stage_gates(study: Study) -> dict:
         "forced": not report["passed"],
         "gates": report["gates"],
     }
-
-
-def pin_lr_calibration(study: Study) -> Path | None:
-    """Merge gates.lr_calibration into one report in the study dir, where the gates and the seal read
-    it: the study's data then hold the evidence. Written afresh by the gates stage (a calibration may
-    be extended while the ladder trains); the seal reads the copy the gates saw."""
-    from delphi.ladder.lr_calibration import merge_reports
-
-    if not study.lr_calibration_sources:
-        return None
-    atomic_write_json(study.lr_calibration, merge_reports(list(study.lr_calibration_sources)))
-    return study.lr_calibration
-
-
-def pin_probes(study: Study) -> None:
-    """Copy each of gates.probes' config, status, summary and metrics into the study dir, where the
-    gates, the seal and the paper read them: the study's data then hold the evidence (and a
-    snapshot, which keeps finished runs only, keeps them)."""
-    for source in study.probe_sources:
-        for name in (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE, METRICS_FILE):
-            if (source / name).is_file():
-                atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())
 
 
 def stage_seals(study: Study) -> dict:
@@ -551,8 +354,8 @@ def stage_seals(study: Study) -> dict:
     hero = _seal_or_stop("the hero", study.prereg, lambda: seal_hero(study))
     for name, sealed in [*((p["name"], p) for p in probes), ("hero", hero)]:
         final, i90 = sealed.get("final") or {}, (sealed.get("final") or {}).get("loss_90")
-        _say(
-            f"seal {name}: {_fmt(sealed.get('flops'), '.3g')} FLOPs, predicted {_fmt(final.get('loss'))}"
+        say(
+            f"seal {name}: {format_value(sealed.get('flops'), '.3g')} FLOPs, predicted {format_value(final.get('loss'))}"
             + (f" [{i90[0]:.4f}, {i90[1]:.4f}]" if i90 else "")
             + (" FORCED" if sealed.get("forced") else "")
             + f", {'sealed earlier, kept' if sealed.get('note') else 'sealed'} in {sealed['prereg']}"
@@ -570,7 +373,7 @@ def _seal_or_stop(what: str, prereg: Path, seal: Callable[[], dict]) -> dict:
         report = json.loads(report_path.read_text()) if report_path.is_file() else {}
         for g in report.get("gates", []):
             if not g.get("passed"):
-                _say(f"gate {gt.gate_lines([gt.Gate.from_json(g)])[0]} ({what})")
+                say(f"gate {gt.gate_lines([gt.Gate.from_json(g)])[0]} ({what})")
         failed = ", ".join(report.get("failed", [])) or str(refused)
         raise CheckFailed(
             f"gates failed before any run beyond the ladder trained: {failed} at the seal of {what}; "
@@ -589,15 +392,15 @@ def _seal_evidence(study: Study) -> Evidence:
     """What the gates and every seal of the study are judged on: the primary fit, the ladder and
     its results, the fit's backtest, the rehearsal, the pinned LR calibration and gates.probes, and
     the recipe check; the hero's and (under the law alone) each probe's seal see the same gates."""
-    rehearsal = _rehearsal(study)
+    rehearsal = rehearsal_result(study)
     return Evidence(
         fit_path=study.fit_path(study.primary_fit),
         results=study.results,
         ladder=study.ladder_dir,
-        backtest=_primary_backtest(study),
+        backtest=primary_backtest(study),
         rehearsal_run=study.rehearsal_run if rehearsal is not None else None,
         rehearsal=rehearsal,
-        lr_calibration=_lr_calibration(study),
+        lr_calibration=lr_calibration_paths(study),
         probe_runs=probe_runs(study),
         recipe_check=getattr(study, "recipe_check", None),
     )
@@ -644,10 +447,10 @@ def _competing(study: Study, hero, final: dict) -> dict:
         if not path.is_file():
             convention = (study.done("fit") or {}).get("result", {}).get("params_convention")
             try:
-                fit = _fit_one(study, "asymptotic", load_table(study, convention), study.spec.bootstrap)
+                fit = fit_one(study, "asymptotic", load_table(study, convention), study.spec.bootstrap)
             except (DelphiError, ValueError, ArithmeticError) as e:
                 unfitted["asymptotic"] = {"error": f"cannot be fitted on this ladder ({e})"}
-                _say(f"competing law asymptotic: cannot be fitted ({e}); sealed as such")
+                say(f"competing law asymptotic: cannot be fitted ({e}); sealed as such")
             else:
                 atomic_write_json(path, fit.to_json())
         if "asymptotic" not in unfitted:
@@ -674,234 +477,18 @@ def probe_prereg(study: Study, multiple: float) -> Path:
     return study.prereg.parent / template.format(multiple=f"{multiple:g}")
 
 
-def seed_runs(config: Path, run: Path, seeds: tuple[int, ...]) -> list[tuple[Path, Path]]:
-    """(config, run dir) of each of a run's seeds (hero.seeds): the sized config's own seed keeps its
-    paths; every other seed gets a copy of the config with seed and data.seed set to it, at
-    NAME_s<seed>.yaml, trained into RUN_s<seed>. No seeds: the one run."""
-    from delphi.train.config import load_train_config, train_config_to_dict
-
-    if not seeds:
-        return [(config, run)]
-    base = train_config_to_dict(load_train_config(config))
-    out = []
-    for seed in seeds:
-        if seed == base["seed"]:
-            out.append((config, run))
-            continue
-        other = config.with_name(f"{config.stem}_s{seed}.yaml")
-        doc = base | {
-            "seed": seed,
-            "data": base["data"] | {"seed": seed},
-            "name": f"{base.get('name') or run.name}_s{seed}",
-        }
-        if not other.is_file():
-            atomic_write_yaml(other, doc)
-        out.append((other, run.with_name(f"{run.name}_s{seed}")))
-    return out
-
-
-SEED_PROGRESS_EVERY_S = 60.0  # how often a run's side-by-side seeds report their progress
-
-
-ETA_RECORDS = 8  # metrics records the ETA's rate is measured over (the newest)
-
-
-def _progress(run: Path, steps: int) -> str:
-    """One seed's progress from its metrics log: step, train loss, tokens/s and the time left."""
-    from delphi.train.rundir import read_metrics
-
-    rows = [r for r in read_metrics(run) if isinstance(r.get("step"), int)]
-    if not rows:
-        return f"{run.name} starting"
-    last = rows[-1]
-    # The rate over the newest records, in the run's own training time (wall_s): a resumed run's
-    # clock time since its first record counts the hours it stood stopped.
-    rate = [r for r in rows if isinstance(r.get("wall_s"), (int, float))][-ETA_RECORDS:]
-    steps_per_s = (
-        (rate[-1]["step"] - rate[0]["step"]) / (rate[-1]["wall_s"] - rate[0]["wall_s"])
-        if len(rate) > 1 and rate[-1]["wall_s"] > rate[0]["wall_s"]
-        else None
-    )
-    eta = f", ETA {(steps - last['step']) / steps_per_s / 60:.0f} min" if steps_per_s else ""
-    loss = last.get("train_loss")
-    return (
-        f"{run.name} step {last['step']}/{steps}"
-        + (f", loss {loss:.4f}" if isinstance(loss, float) else "")
-        + (f", {last['tokens_per_s']:,.0f} tok/s" if isinstance(last.get("tokens_per_s"), float) else "")
-        + eta
-    )
-
-
-def _stop_all(procs: list) -> None:
-    """Stop every still-running seed process (SIGTERM: it checkpoints and exits), waiting for each."""
-    import signal
-    import subprocess
-
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=SEED_STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
-SEED_STOP_WAIT_S = 120.0  # a stopping seed saves a checkpoint first; past this it is killed
-
-
-def train_seeds(runs: list[tuple[Path, Path]], seal: Path, what: str) -> list[dict]:
-    """Train one run's seeds side by side, one process each (`delphi train`, single-threaded XLA when
-    the seeds share the cores), and return their summaries; one seed trains in this process. Each
-    resumes where it stopped; a signal stops them all (their checkpoints stay)."""
-    import contextlib
-    import os
-    import subprocess
-
-    from delphi.prereg.format import predicted_loss_curve
-    from delphi.signals import stop_signals_raise
-    from delphi.train.config import load_train_config
-    from delphi.train.trainer import train
-
-    if len(runs) == 1:
-        ((config, run),) = runs
-        return [
-            _finished(
-                train(
-                    load_train_config(config),
-                    run,
-                    resume=(run / CONFIG_FILE).exists(),
-                    predicted_loss=predicted_loss_curve(seal),
-                ),
-                what,
-            )
-        ]
-    from delphi.signals import PARENT_PID_ENV
-    from delphi.train.environment import single_thread_xla_flags
-
-    env = dict(os.environ) | {PARENT_PID_ENV: str(os.getpid())}  # each trainer stops when this process dies
-    if len(runs) >= (os.cpu_count() or 1):
-        env["XLA_FLAGS"] = single_thread_xla_flags(env.get("XLA_FLAGS"))
-    procs: list[subprocess.Popen] = []
-    # SIGTERM or SIGHUP to the study must reach its seeds' processes, not orphan them: on the way out
-    # each is stopped at a checkpoint (`_stop_all`), and the same command resumes them.
-    with (
-        stop_signals_raise(f"{what}: its seeds stopped at a checkpoint; rerun the study to resume"),
-        contextlib.ExitStack() as stack,
-    ):
-        stack.callback(_stop_all, procs)
-        for config, run in runs:
-            log = run.with_name(f"{run.name}.log")
-            cmd = [
-                sys.executable,
-                "-m",
-                "delphi.cli",
-                "train",
-                str(config),
-                "--out",
-                str(run),
-                "--prereg",
-                str(seal),
-                "--no-progress",
-            ] + (["--resume"] if (run / CONFIG_FILE).exists() else [])
-            with open(log, "a") as handle:
-                procs.append(subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env))
-            _say(f"{what}: {run.name} training (log {log})")
-        while any(p.poll() is None for p in procs):
-            time.sleep(SEED_PROGRESS_EVERY_S if all(p.poll() is None for p in procs) else 1.0)
-            _say(f"{what}: " + "; ".join(_progress(run, load_train_config(config).steps) for config, run in runs))
-        codes = [p.wait() for p in procs]
-    summaries = []
-    for (_config, run), code in zip(runs, codes):
-        summary_path = run / SUMMARY_FILE
-        if not summary_path.is_file():
-            raise CheckFailed(
-                f"{what}: {run} ended with exit {code} and no summary (log {run.with_name(run.name + '.log')}); "
-                "run the same `delphi study` command to resume it"
-            )
-        summaries.append(_finished(json.loads(summary_path.read_text()), f"{what} ({run.name})"))
-    return summaries
-
-
 def _sealed_earlier(study: Study, path: Path, config: Path, seeds: list[int] | None) -> dict:
     """A seal written on an earlier attempt (or stage) of this study: checked to be this study's seal
     of the run `config` at `seeds` (`foreign_seal`), never rewritten."""
-    from delphi.prereg.format import read
-
     if problem := foreign_seal(study, path, config, seeds):
-        raise DelphiError(_foreign_seal_message(path, problem))
+        raise DelphiError(foreign_seal_message(path, problem))
     return {"prereg": str(path), "note": "sealed earlier"} | _sealed_summary(read(path))
-
-
-def foreign_seal(study: Study, path: Path, config: Path, seeds: list[int] | None) -> str | None:
-    """Why the file at `path` is not this study's seal of the run `config` at `seeds` (None: it is).
-    A study keeps a seal it finds only if the seal names this study's own ladder manifest, results
-    table, primary fit and run config by their sha256, and this spec's tolerance and seeds: anything else
-    was sealed by another study (or another version of this one) and its verdict would not be this
-    study's."""
-    from delphi.hashes import sha256_file
-    from delphi.prereg.format import read, seal_status
-
-    try:
-        doc = read(path)
-    except DelphiError as e:
-        return f"it is not a preregistration ({e})"
-    if not seal_status(doc)["ok"]:
-        return "its seal is broken: it was edited after sealing"
-    try:
-        fit = study.fit_path(study.primary_fit)
-    except DelphiError:
-        fit = None  # primary_fit: auto before the fit stage: no fit of this study yet
-    provenance = doc.get("provenance") or {}
-    for key, own in (
-        ("manifest_sha256", study.ladder_dir / "manifest.csv"),
-        ("results_sha256", study.results),
-        ("fit_sha256", fit),
-        ("hero_config_sha256", config),
-    ):
-        sealed = provenance.get(key)
-        if sealed is None:
-            continue
-        if own is None or not own.is_file():
-            return (
-                f"it seals provenance.{key} {str(sealed)[:12]}, and this study has no "
-                f"{own if own is not None else 'primary fit'} yet: it was sealed by another study"
-            )
-        if (mine := sha256_file(own)) != sealed:
-            return f"its provenance.{key} {str(sealed)[:12]} is not that of this study's {own} ({mine[:12]})"
-    tolerance = (doc.get("decision") or {}).get("tolerance_rel")
-    if tolerance != study.spec.hero.tolerance:
-        return (
-            f"its decision.tolerance_rel {tolerance!r} is not this study's hero.tolerance {study.spec.hero.tolerance!r}"
-        )
-    sealed_seeds = (doc.get("target") or {}).get("seeds") or None
-    if sealed_seeds != seeds:
-        return f"it seals the mean of seeds {sealed_seeds}, this study's run is at seeds {seeds}"
-    return None
-
-
-def sealed_seeds(study: Study, probe: bool) -> list[int] | None:
-    """The seeds whose mean a seal of this study predicts: hero.seeds, except a probe under
-    probe_correction (evidence for the hero, sealed as one run)."""
-    if probe and study.spec.hero.probe_correction:
-        return None
-    return list(study.spec.hero.seeds) or None
-
-
-def _foreign_seal_message(path: Path, problem: str) -> str:
-    return (
-        f"{path}: a file is already at this study's seal path, and it is not this study's seal: {problem}. "
-        "Nothing was trained or sealed; choose another `preregistration:` path (a seal is never adopted or "
-        "replaced), or remove that file if it is yours to discard"
-    )
 
 
 def check_seal_paths(study: Study, study_file: str | Path | None) -> None:
     """Before any stage: every seal the study will write (the hero's, each of hero.probe_multiples')
     has a path it can write, and a file already there is this study's own seal (`foreign_seal`),
     kept as it is; otherwise exit 2 naming the difference, before the ladder trains."""
-    from delphi.path_policy import check_output_file
-
     where = str(study_file) if study_file is not None else "the default study"
     seals = [(study.prereg, study.hero_config, "preregistration", sealed_seeds(study, probe=False))]
     seals += [
@@ -916,7 +503,7 @@ def check_seal_paths(study: Study, study_file: str | Path | None) -> None:
     for path, config, key, seeds in seals:
         check_output_file(path, flag=f"{where}: {key}")
         if path.exists() and (problem := foreign_seal(study, path, config, seeds)):
-            raise DelphiError(_foreign_seal_message(path, problem))
+            raise DelphiError(foreign_seal_message(path, problem))
 
 
 def _sealed_summary(doc: dict) -> dict:
@@ -934,7 +521,7 @@ def seal_probe(study: Study, multiple: float) -> dict:
     name = own_probe_name(multiple)
     run, config, seal = study.probes_dir / name, study.probes_dir / f"{name}.yaml", probe_prereg(study, multiple)
     if not config.is_file():
-        _sized_run(study, multiple * max(_ladder_spec(study).budgets), name, config)
+        sized_run(study, multiple * max(ladder_spec(study).budgets), name, config)
     out = {"name": name, "multiple": multiple, "config": str(config)}
     if seal.exists():
         return out | _sealed_earlier(study, seal, config, sealed_seeds(study, probe=True))
@@ -948,7 +535,7 @@ def seal_probe(study: Study, multiple: float) -> dict:
             fit_path=study.fit_path(study.primary_fit),
             results=study.results,
             ladder=study.ladder_dir,
-            backtest=_primary_backtest(study),
+            backtest=primary_backtest(study),
         )
         terms = SealTerms(
             tolerance_rel=study.spec.hero.tolerance,
@@ -993,7 +580,7 @@ def seal_hero(study: Study) -> dict:
         rule=_seal_rule(study, probe_correction=study.spec.hero.probe_correction),
         terms=_seal_terms(
             study,
-            (study.spec.rationale or _default_rationale(study)) + primary_choice_sentence(study),
+            (study.spec.rationale or default_rationale(study)) + primary_choice_sentence(study),
             trajectory_from_probes=study.spec.hero.trajectory == "probes",
         ),
     )
@@ -1017,7 +604,7 @@ def stage_probes(study: Study) -> dict:
         sealed = seal_probe(study, multiple)
         name, run, seal = sealed["name"], study.probes_dir / sealed["name"], Path(sealed["prereg"])
         cfg = load_train_config(Path(sealed["config"]))
-        _say(f"probe {name}: {cfg.flops:.3g} FLOPs, sealed in {seal}")
+        say(f"probe {name}: {cfg.flops:.3g} FLOPs, sealed in {seal}")
         runs = seed_runs(Path(sealed["config"]), run, study.spec.hero.seeds)
         train_seeds(runs, seal, f"probe {name}")
         result = run_predicted_vs_actual(fit, run, noise)
@@ -1028,7 +615,7 @@ def stage_probes(study: Study) -> dict:
                 "actual": verdict["actual_final_loss"],
                 "rel_error": verdict["rel_error"],
             }
-        _say(
+        say(
             f"probe {name}: actual {result['actual']:.4f} vs predicted {result['predicted']:.4f} ({result['rel_error']:+.2%})"
         )
         results.append(result | {"name": name, "multiple": multiple})
@@ -1040,32 +627,6 @@ def stage_prereg(study: Study) -> dict:
     return seal_hero(study)
 
 
-def primary_choice_sentence(study: Study) -> str:
-    """With `primary_fit: auto`, how the fit stage chose the primary law (the full table is in the
-    study's stages/fit.json and report, and the seal's prediction.final.calibrated.method_choice);
-    nothing for a spec's explicit law."""
-    if study.spec.primary_fit != AUTO_PRIMARY:
-        return ""
-    choice = study.done("fit")["result"]["primary_choice"]
-    table = "; ".join(
-        f"{r['method']} {r['mean_abs_rel_error']:.2%} |error|, {r['coverage_90']:.0%} 90% coverage"
-        for r in choice["table"]
-    )
-    return (
-        f" The primary law {choice['method']} was chosen by evidence (primary_fit: auto) among "
-        f"{', '.join(choice['candidates'])}: {choice['rule']} ({', '.join(s['source'] for s in choice['similar_sources'])}): "
-        f"{table}."
-    )
-
-
-def _default_rationale(study: Study) -> str:
-    return (
-        f"Study {study.spec.name}: the {study.primary_fit} law fitted on the ladder (N counted as "
-        f"{chosen_convention(study)}, compute allocated under the family's exact FLOPs) sizes the hero "
-        f"and predicts its final loss; the trajectory comes from the LR-annealing curve law fitted on the ladder's curves."
-    )
-
-
 def stage_train_hero(study: Study) -> dict:
     check_store_unchanged(study)
     runs = seed_runs(study.hero_config, study.hero_run, study.spec.hero.seeds)
@@ -1073,23 +634,10 @@ def stage_train_hero(study: Study) -> dict:
     return summaries[0] if len(summaries) == 1 else {"status": "completed", "seeds": summaries}
 
 
-def _finished(summary: dict, what: str) -> dict:
-    """A run that ended (completed, or diverged: a diverged hero is a failed prediction, checked as
-    such); one stopped before its end (a signal) is not a stage done: nothing after it may run."""
-    if summary.get("status") not in ("completed", "diverged"):
-        raise CheckFailed(
-            f"{what} stopped before its end ({summary.get('reason') or summary.get('status')}); nothing "
-            "after it ran or was checked. Run the same `delphi study` command to resume it."
-        )
-    return summary
-
-
 def stage_check(study: Study) -> dict:
-    from delphi.prereg.check import check
-
     runs = seed_runs(study.hero_config, study.hero_run, study.spec.hero.seeds)
     result, _, _ = check(study.prereg, run_dirs=[r for _, r in runs])
-    _say(f"verdict: {result['verdict']}")
+    say(f"verdict: {result['verdict']}")
     return result
 
 
@@ -1144,22 +692,19 @@ def run_study(
         )
     spec, ladder_spec_path, prereg, calibrations, probes = load_study(study_path)
     study = Study(out, spec, ladder_spec_path, prereg, calibrations, probes, accept_store)
-    from delphi.ladder.recipe_check import study_report_path
 
     study.recipe_check = study_report_path(study_path, spec.gates.recipe_check)
     check_seal_paths(study, study_path)
-    from delphi.train.checkpoint import check_checkpoint_path
-    from delphi.train.environment import check_cache_dirs
 
     check_cache_dirs()  # the store and every rung use them: refused before the first stage
     check_checkpoint_path(study.out)  # every run of the study checkpoints under it
-    _pin_study(study)
+    pin_study(study)
     started = time.perf_counter()
     for name, stage in STAGES:
         if study.done(name) is not None:
-            _say(f"{name}: done earlier, skipped")
+            say(f"{name}: done earlier, skipped")
         else:
-            _say(f"{name}: running")
+            say(f"{name}: running")
             t0 = time.perf_counter()
             try:
                 result = stage(study)
@@ -1173,12 +718,12 @@ def run_study(
             atomic_write_json(
                 study.marker(name), {"stage": name, "seconds": round(time.perf_counter() - t0, 2), "result": result}
             )
-            _say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
+            say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
         if name == stop_after:  # also when it was done earlier: the invocation goes no further
-            _say(f"stopped after {name}, as asked; run the same command without --stop-after to continue")
+            say(f"stopped after {name}, as asked; run the same command without --stop-after to continue")
             return {"out": str(study.out), "stopped_after": name, "verdict": None}
     verdict = study.done("check")["result"]
-    _say(f"report: {study.report} ({time.perf_counter() - started:.0f} s this invocation)")
+    say(f"report: {study.report} ({time.perf_counter() - started:.0f} s this invocation)")
     return {
         "out": str(study.out),
         "report": str(study.report),

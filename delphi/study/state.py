@@ -14,11 +14,13 @@ import pandas as pd
 
 from delphi.config_schema import from_dict, to_dict
 from delphi.errors import DelphiError
-from delphi.io import atomic_write_json
+from delphi.fits import load_results
+from delphi.io import atomic_write_bytes, atomic_write_json
+from delphi.ladder.family import flops_family
+from delphi.ladder.lr_calibration import merge_reports
+from delphi.ladder.spec import LadderSpec, ladder_spec_from_dict, ladder_spec_to_dict, load_ladder_spec
 from delphi.study.spec import AUTO_PRIMARY, STUDY_SEED_STRIDE, StudySpec, probe_names
-from delphi.train.rundir import SUMMARY_FILE
-
-# ---- stage bookkeeping ---------------------------------------------------------------------------
+from delphi.train.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 
 
 class Study:
@@ -82,15 +84,13 @@ class Study:
         return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
     print(f"[study] {text}", file=sys.stderr, flush=True)
 
 
-def _pin_study(study: Study) -> None:
+def pin_study(study: Study) -> None:
     """Record the resolved study and ladder spec; refuse to continue a different study in the same dir."""
-    from delphi.ladder.spec import ladder_spec_from_dict, ladder_spec_to_dict
-
-    pinned = {"study": to_dict(study.spec), "ladder": ladder_spec_to_dict(_ladder_spec(study))}
+    pinned = {"study": to_dict(study.spec), "ladder": ladder_spec_to_dict(ladder_spec(study))}
     path = study.out / STUDY_FILE
     if path.is_file():
         recorded = json.loads(path.read_text())
@@ -108,12 +108,12 @@ def _pin_study(study: Study) -> None:
         if recorded == current:
             return
         if _without_check_points(recorded) == _without_check_points(current):
-            _say(
+            say(
                 "the recipe check's points changed (they plan no run of this study; gate recipe judges the new "
                 f"report): {path} records them"
             )
         else:
-            _say(f"the study's gates or runs beyond the ladder changed before its gates ran: {path} records them")
+            say(f"the study's gates or runs beyond the ladder changed before its gates ran: {path} records them")
     atomic_write_json(path, pinned)
 
 
@@ -145,10 +145,8 @@ def _without_check_points(pinned: dict) -> dict:
 STUDY_FILE = "study.json"  # the pinned study and ladder spec: a directory holds one study
 
 
-def _ladder_spec(study: Study):
+def ladder_spec(study: Study) -> LadderSpec:
     """The study's ladder: the ladder spec with its run seeds offset by the study seed (seed_offset)."""
-    from delphi.ladder.spec import load_ladder_spec
-
     spec = load_ladder_spec(study.ladder_spec_path)
     offset = seed_offset(study.spec.seed)
     if offset == 0:
@@ -163,7 +161,7 @@ def _ladder_spec(study: Study):
 
 def seed_offset(study_seed: int) -> int:
     """What the study seed adds to every ladder run seed: studies with different seeds train
-    different inits and data orders (the robustness check of issue 10), seed 0 the spec's own."""
+    different inits and data orders (a robustness check), seed 0 the spec's own."""
     return STUDY_SEED_STRIDE * study_seed
 
 
@@ -177,29 +175,26 @@ def chosen_convention(study: Study) -> str:
 
 def load_table(study: Study, convention: str | None = None) -> pd.DataFrame:
     """The results table with N counted as `convention` and the ladder family's exact FLOPs attached."""
-    from delphi.fits import load_results
-    from delphi.ladder.family import flops_family
-
     convention = convention or chosen_convention(study)
     return load_results(
-        study.results, params_convention=convention, family=flops_family(_ladder_spec(study), convention)
+        study.results, params_convention=convention, family=flops_family(ladder_spec(study), convention)
     )
 
 
 def hero_compute(study: Study) -> float:
     if study.spec.hero.compute is not None:
         return float(study.spec.hero.compute)
-    return study.spec.hero.compute_multiple * max(_ladder_spec(study).budgets)
+    return study.spec.hero.compute_multiple * max(ladder_spec(study).budgets)
 
 
-def _rehearsal(study: Study) -> dict | None:
+def rehearsal_result(study: Study) -> dict | None:
     done = study.done("dress_rehearsal")
     if done is None or done["result"].get("skipped"):
         return None
     return done["result"]
 
 
-def _primary_backtest(study: Study) -> dict | None:
+def primary_backtest(study: Study) -> dict | None:
     path = study.fits_dir / "backtest.json"
     if not path.is_file():
         return None
@@ -216,7 +211,7 @@ def probe_runs(study: Study) -> list[Path]:
     return [r for r in runs if (r / SUMMARY_FILE).is_file()]
 
 
-def _lr_calibration(study: Study) -> list[Path] | None:
+def lr_calibration_paths(study: Study) -> list[Path] | None:
     """The merged copy, when the study names calibrations (a study continued from a snapshot has it)."""
     if not study.spec.gates.lr_calibration:
         return None
@@ -225,11 +220,31 @@ def _lr_calibration(study: Study) -> list[Path] | None:
     return [study.lr_calibration]
 
 
-def _fmt(x: Any, spec: str = ".4g") -> str:
+def format_value(x: Any, spec: str = ".4g") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     if isinstance(x, bool):
         return "yes" if x else "no"
     if isinstance(x, (list, tuple)) and len(x) == 2:
-        return f"[{_fmt(x[0], spec)}, {_fmt(x[1], spec)}]"
+        return f"[{format_value(x[0], spec)}, {format_value(x[1], spec)}]"
     return format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def pin_lr_calibration(study: Study) -> Path | None:
+    """Merge gates.lr_calibration into one report in the study dir, where the gates and the seal read
+    it: the study's data then hold the evidence. Written afresh by the gates stage (a calibration may
+    be extended while the ladder trains); the seal reads the copy the gates saw."""
+    if not study.lr_calibration_sources:
+        return None
+    atomic_write_json(study.lr_calibration, merge_reports(list(study.lr_calibration_sources)))
+    return study.lr_calibration
+
+
+def pin_probes(study: Study) -> None:
+    """Copy each of gates.probes' config, status, summary and metrics into the study dir, where the
+    gates, the seal and the paper read them: the study's data then hold the evidence (and a
+    snapshot, which keeps finished runs only, keeps them)."""
+    for source in study.probe_sources:
+        for name in (CONFIG_FILE, STATUS_FILE, SUMMARY_FILE, METRICS_FILE):
+            if (source / name).is_file():
+                atomic_write_bytes(study.probes_dir / source.name / name, (source / name).read_bytes())

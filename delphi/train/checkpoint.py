@@ -45,9 +45,9 @@ import numpy as np
 from delphi.errors import SYSTEM_ERRNOS, DelphiError, quoted
 from delphi.hashes import sha256_file
 from delphi.io import atomic_write_json
+from delphi.train.rundir import CHECKPOINTS_DIR
 
 CHECKPOINT_PREFIX = "step_"
-CHECKPOINTS_DIR = "checkpoints"
 STATE_DIR = "state"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "orbax-pytree-1"

@@ -27,6 +27,7 @@ METRICS_FILE = "metrics.jsonl"
 STATUS_FILE = "status.json"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
+CHECKPOINTS_DIR = "checkpoints"  # the trainer's checkpoints (delphi.train.checkpoint)
 LOCK_FILE = "train.lock"  # exists only while a trainer holds it (removed on release)
 # The unit of every loss a run reports (metrics, summary); val_bpb is the same loss in bits per byte
 # of text (nats per token x tokens / bytes / ln 2), which compares across tokenizers.

@@ -42,7 +42,7 @@ from delphi.errors import DelphiError
 from delphi.fits import fit_approach2, fit_vpnls, load_results
 from delphi.fits.backtest import ProbeTrend, probe_holdouts
 from delphi.io import atomic_write_text
-from delphi.prereg.format import read
+from delphi.prereg_format import read
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]

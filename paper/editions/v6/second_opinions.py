@@ -27,7 +27,7 @@ import pandas as pd
 
 from delphi.editions import edition_tree
 from delphi.io import atomic_write_text
-from delphi.prereg.format import read
+from delphi.prereg_format import read
 from delphi.train.rundir import read_metrics
 
 HERE = Path(__file__).resolve().parent
