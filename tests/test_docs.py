@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DESIGN = ROOT / "docs" / "design.md"
 CI_SCRIPT = ROOT / ".ci" / "run"
-# Issue 32: the README is a front page and the design leaves its history to docs/notebook.md.
+# The README is a front page and the design leaves its history to docs/notebook.md.
 README_MAX_LINES = 150
-DESIGN_MAX_LINES = 450
+DESIGN_MAX_LINES = 500  # the design, its package map and the AdamH groups; history goes to the notebook
 # TODO(paper32): the earlier editions move to paper/editions/vN/ on the paper32 branch. Until that
 # branch is merged a link there cannot resolve; once paper/editions/ exists, every link is checked.
 PENDING_DIR = "paper/editions"

@@ -181,38 +181,43 @@ MAP_START, MAP_END = (
 )
 
 
+def _first_clause(text: str, stop: str) -> str:
+    """The first sentence of a docstring, cut at the first of `stop`'s characters that ends a clause."""
+    first = " ".join(text.split("\n\n")[0].split())
+    return re.split(rf"(?<=[a-z)`])[{stop}](\s|$)", first, maxsplit=1)[0]
+
+
 def _owns(part: str) -> str:
-    """The first sentence of the part's docstring (a subpackage's `__init__.py`, a base module's own)."""
-    if part == CLI_HUB:
-        path = PACKAGE_DIR / "cli.py"
-    elif (PACKAGE_DIR.parent / part.replace(".", "/") / "__init__.py").is_file():
-        path = PACKAGE_DIR.parent / part.replace(".", "/") / "__init__.py"
-    else:
-        path = PACKAGE_DIR.parent / (part.replace(".", "/") + ".py")
-    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-    first = " ".join(doc.split("\n\n")[0].split())
-    assert first, f"{path}: a docstring's first paragraph says what the part owns (docs/design.md package map)"
-    return first
+    """What a part owns: its docstring's first clause (a subpackage's `__init__.py`, a base module's own)."""
+    package = PACKAGE_DIR.parent / part.replace(".", "/")
+    path = package / "__init__.py" if (package / "__init__.py").is_file() else package.with_suffix(".py")
+    owns = _first_clause(
+        ast.get_docstring(ast.parse(path.read_text())) or "", "." if path.name == "__init__.py" else ".:"
+    )
+    assert owns, f"{path}: its docstring's first sentence says what the part owns (docs/design.md package map)"
+    return owns
 
 
 def package_map() -> str:
-    """The markdown table of docs/design.md's package map: layer, part, what it owns, what it imports."""
+    """The markdown table of docs/design.md's package map: layer, part, what it owns, what it imports
+    (the command modules' use of `delphi.cli`'s helpers aside)."""
     graph = import_graph()
     uses: dict[str, set[str]] = {}
     for importer, targets in graph.items():
         part = layer_of(importer)[1]
-        uses.setdefault(part, set()).update(layer_of(t)[1] for t in targets if layer_of(t)[1] != part)
-    order = [("base" if i == 0 else p) for i, parts in enumerate(LAYERS) for p in (parts[:1] if i == 0 else parts)]
+        uses.setdefault(part, set()).update(layer_of(t)[1] for t in targets if layer_of(t)[1] not in (part, CLI_HUB))
+    order = ["base"] + [p for parts in LAYERS[1:] for p in parts]
+    short = {p: p.removeprefix("delphi.") for p in order}
     rows = ["| layer | part | owns | imports |", "|---|---|---|---|"]
     for layer, part in enumerate(order):
         if part == "base":
             base = sorted(m for m in graph if m != "delphi" and layer_of(m)[1] == "base")
-            name = "base: `delphi` and its modules"
+            name = "base (`delphi.*` modules)"
             owns = "; ".join(f"`{m.rpartition('.')[2]}`: {_owns(m)}" for m in base)
         else:
-            name, owns = f"`{part}`", _owns(part)
-        used = [p if p == "base" else f"`{p}`" for p in order if p in uses.get(part, set())]
-        rows.append(f"| {layer} | {name} | {owns} | {', '.join(used) or '(third-party only)'} |")
+            name, owns = f"`{short[part]}`", _owns(part)
+        used = [short[p] if p == "base" else f"`{short[p]}`" for p in order if p in uses.get(part, set())]
+        rows.append(f"| {layer} | {name} | {owns} | {', '.join(used) or 'third-party only'} |")
     return "\n".join(rows)
 
 

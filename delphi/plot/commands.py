@@ -9,11 +9,13 @@ import io
 import sys
 from pathlib import Path
 
+from delphi.cli import add_json_flag, add_log_options, add_table_options, log_columns, table_load_kwargs
 from delphi.errors import DelphiError, quoted
+from delphi.io import read_json, read_text
+from delphi.path_policy import check_output_file
 
 
 def add_commands(subparsers) -> None:
-    from delphi.cli import add_json_flag, add_log_options, add_table_options
 
     plot = subparsers.add_parser("plot", help="figures (PNG + SVG)")
     sub = plot.add_subparsers(dest="plot_command", metavar="FIGURE")
@@ -118,7 +120,7 @@ def add_commands(subparsers) -> None:
 
 
 def _done(fig, args) -> dict:
-    from delphi.plot.style import save_figure
+    from delphi.plot.style import save_figure  # lazy: matplotlib
 
     files = save_figure(fig, args.out, written_by=_command(args))
     print(f"wrote {', '.join(files)}", file=sys.stderr)
@@ -136,7 +138,6 @@ def _command(args) -> str:
 
 def _check_out(args) -> None:
     """Refuse (exit 2, before any work) an --out whose .png/.svg cannot be written or is an input."""
-    from delphi.path_policy import check_output_file
 
     inputs = tuple(getattr(args, name) for name in INPUT_ARGS if getattr(args, name, None))
     check_output_file(args.out, inputs=inputs, command=_command(args), force=args.force)
@@ -149,14 +150,13 @@ def _check_out(args) -> None:
 
 def _table(path: str, args):
     """The results table through `delphi fit`'s loader, with the command's mapping, query and drop flags."""
-    from delphi.cli import table_load_kwargs
-    from delphi.fits.data import load_results
+    from delphi.fits.data import load_results  # lazy: pandas
 
     return load_results(path, **table_load_kwargs(args))
 
 
 def _fit(path: str):
-    from delphi.fits.results import load_fit
+    from delphi.fits.results import load_fit  # lazy: numpy and the fits
 
     return load_fit(path)
 
@@ -164,15 +164,15 @@ def _fit(path: str):
 def _hero(path: str | None):
     if not path:
         return None
-    from delphi.model.flops import count_params
-    from delphi.train.config import load_train_config
+    from delphi.model.flops import count_params  # lazy: the model configs
+    from delphi.train.config import load_train_config  # lazy: the trainer config
 
     cfg = load_train_config(path)
     return {"compute": cfg.flops, "params": count_params(cfg.model).nonembedding, "tokens": cfg.tokens}
 
 
 def _isoflop(args):
-    from delphi.plot.figures import isoflop_figure
+    from delphi.plot.figures import isoflop_figure  # lazy: matplotlib
 
     _check_out(args)
     table = _table(args.results, args)
@@ -185,7 +185,7 @@ def _isoflop(args):
 def _allocation(args):
     import pandas as pd
 
-    from delphi.plot.figures import allocation_figure
+    from delphi.plot.figures import allocation_figure  # lazy: matplotlib
 
     _check_out(args)
     fit = _fit(args.fit)
@@ -199,7 +199,7 @@ def _allocation(args):
             }
         )
     elif args.results:
-        from delphi.fits.isoflop import per_budget_optima
+        from delphi.fits.isoflop import per_budget_optima  # lazy: pandas and scipy
 
         opt, _ = per_budget_optima(_table(args.results, args))
         frame = pd.DataFrame(
@@ -216,9 +216,8 @@ def _allocation(args):
 
 
 def _frontier(args):
-    from delphi.cli import log_columns
-    from delphi.plot.figures import frontier_figure
-    from delphi.train.runlog import LogOptions, RunEnd, is_delphi_run_dir, read_to_end
+    from delphi.plot.figures import frontier_figure  # lazy: matplotlib
+    from delphi.train.runlog import LogOptions, RunEnd, is_delphi_run_dir, read_to_end  # lazy: the run reader and YAML
 
     _check_out(args)
     table = _table(args.results, args)
@@ -226,7 +225,7 @@ def _frontier(args):
     hero_c = interval = actual = None
     end = RunEnd(None)
     if args.prereg:
-        from delphi.prereg_format import load_prereg
+        from delphi.prereg_format import load_prereg  # lazy: YAML
 
         doc = load_prereg(args.prereg).doc
         final = doc["prediction"]["final"]
@@ -244,7 +243,7 @@ def _frontier(args):
         run = read_to_end(args.run, end, LogOptions(log_columns(args)))
         actual = run.final_loss  # a log's once an eval reached the hero's end; a Delphi run's summary's
         if hero_c is None:
-            from delphi.train.rundir import read_summary
+            from delphi.train.rundir import read_summary  # lazy: the run reader
 
             hero_c = read_summary(Path(args.run)).get("flops")
         if actual is None or hero_c is None:
@@ -267,10 +266,9 @@ def _frontier(args):
 
 
 def _prediction(args):
-    from delphi.cli import log_columns
-    from delphi.plot.figures import prediction_figure
-    from delphi.prereg_format import load_prereg
-    from delphi.train.runlog import LogOptions, RunEnd, read_to_end
+    from delphi.plot.figures import prediction_figure  # lazy: matplotlib
+    from delphi.prereg_format import load_prereg  # lazy: YAML
+    from delphi.train.runlog import LogOptions, RunEnd, read_to_end  # lazy: the run reader and YAML
     from delphi.train.verdict import compare  # lazy: YAML and the run reader, kept out of `delphi --help`
 
     _check_out(args)
@@ -285,7 +283,7 @@ def _prediction(args):
 def _residuals(args):
     import numpy as np
 
-    from delphi.plot.figures import residuals_figure
+    from delphi.plot.figures import residuals_figure  # lazy: matplotlib
 
     _check_out(args)
     table = _table(args.results, args)
@@ -303,10 +301,9 @@ def _residuals(args):
 
 
 def _coordcheck(args):
-    from delphi.plot.figures import coordcheck_figure
+    from delphi.plot.figures import coordcheck_figure  # lazy: matplotlib
 
     _check_out(args)
-    from delphi.io import read_json
 
     report = read_json(args.report, what="coord-check JSON")
     results = report.get("results") if isinstance(report, dict) else None
@@ -318,13 +315,12 @@ def _coordcheck(args):
 def _lrsweep(args):
     import pandas as pd
 
-    from delphi.plot.figures import lrsweep_figure
+    from delphi.plot.figures import lrsweep_figure  # lazy: matplotlib
 
     _check_out(args)
     path = Path(args.sweep)
     if not path.is_file():
         raise DelphiError(f"{path}: file not found")
-    from delphi.io import read_json, read_text
 
     if path.suffix == ".json":
         data = read_json(path)
@@ -346,7 +342,7 @@ def _sweep_table(records, path: Path, args):
     import numpy as np
     import pandas as pd
 
-    from delphi.query import select_rows
+    from delphi.query import select_rows  # lazy: pandas
 
     if args.query:
         try:
@@ -381,8 +377,8 @@ def _sweep_table(records, path: Path, args):
 
 
 def _curves(args):
-    from delphi.fits import curves as cv
-    from delphi.plot.figures import curves_figure
+    from delphi.fits import curves as cv  # lazy: pandas and scipy
+    from delphi.plot.figures import curves_figure  # lazy: matplotlib
 
     _check_out(args)
     curves = cv.load_ladder_curves(args.ladder)

@@ -1,4 +1,4 @@
-"""Competing laws sealed beside the primary (issue 40): every law's prediction for the same run, each
+"""Competing laws sealed beside the primary: every law's prediction for the same run, each
 with its 50% and 90% intervals, so that the outcome says which law held with every number committed
 before it. They decide nothing; the primary's `prediction.final` is the verdict.
 
@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from delphi.errors import DelphiError
+from delphi.fits.beyond import ENSEMBLES
+from delphi.prereg.predict import predict_final
 
 CALIBRATED_SUFFIX = " calibrated"
 ALONE_SUFFIX = " alone"
@@ -85,9 +87,6 @@ def competing_predictions(
     """Every competing prediction for `hero` (module docstring): `fit_paths` {law: fit file} beside the
     `primary` law, whose own prediction `primary_final` is sealed as the decision. A law that cannot
     predict the run is recorded with its error, not dropped."""
-    from delphi.fits.beyond import ENSEMBLES
-    from delphi.prereg.predict import predict_final
-
     out: dict[str, dict[str, Any]] = dict(calibrated_entry(primary, primary_final))
     laws: dict[str, dict[str, Any]] = {primary: primary_final}
     if primary_final.get("point_correction"):
