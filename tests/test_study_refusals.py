@@ -58,7 +58,7 @@ def test_a_study_refuses_a_preregistration_path_it_cannot_write_before_its_ladde
 def test_a_competing_law_that_cannot_be_fitted_is_sealed_as_such(tmp_path):
     """Cause 14: the seals stage died when the asymptotic law could not be fitted (one point per
     budget here), even with force; the primary's seal must go on with that law recorded."""
-    from delphi.study.stages import _competing
+    from delphi.study.sealing import _competing
 
     ladder = ps.write_ladder(tmp_path / "ladder")
     spec = StudySpec(

@@ -3,7 +3,7 @@ earlier recipe's law alone beside it at the same multiples of each ladder's top 
 
 Under `hero.probe_correction: false` a study seals every prediction beyond the ladder -- its own
 probes into STUDY/probes/NAME.prereg.yaml and the hero into its preregistration -- before any of
-them trains (`delphi.study.stages.stage_seals`). Each is scored against its OWN seal with
+them trains (`delphi.study.sealing.stage_seals`). Each is scored against its OWN seal with
 `delphi.prereg.check.check` (read only: nothing is written beside a committed seal), with the order
 of seal and first step the check establishes; the old recipe's side is `run_vs_law`
 (`predict_hero`, the code a seal runs, at each run's own N, D and FLOPs). `delphi.paper.numbers`

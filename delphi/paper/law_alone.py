@@ -33,7 +33,7 @@ def law_alone_at_runs(data_dir: Path) -> list[dict]:
 
 
 def probe_seal(data_dir: Path, prereg_path: Path, multiple: float) -> Path:
-    """Where the study sealed its own probe at `multiple` (`delphi.study.stages.probe_prereg`): beside
+    """Where the study sealed its own probe at `multiple` (`delphi.study.sealing.probe_prereg`): beside
     the hero's seal when the study names it (probe_preregistration), else in its probes/."""
     template = pinned_spec(data_dir).probe_preregistration
     if template is None:
