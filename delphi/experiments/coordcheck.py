@@ -11,7 +11,7 @@ multipliers from delphi.model.mup, no schedule, no weight decay, no clipping): i
 parameterisation, not the trainer.
 
 The default is one layer, where a few seeds resolve every slope well inside the tolerance; with
-more layers the FFN outputs are noise-limited, so pass more seeds too (docs/history/lower.md has
+more layers the FFN outputs are noise-limited, so pass more seeds too (docs/notebook.md §8.28 has
 the measurements).
 """
 

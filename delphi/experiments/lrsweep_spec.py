@@ -14,7 +14,7 @@ from delphi.train.config import DataConfig, OptimConfig, TrainConfig
 # Defaults sized for a few minutes on 2 CPU cores. Many small steps rather than a few big ones: a
 # run too short sits on the early loss plateau, whose exit time is erratic, and its final loss is
 # not monotone in LR. The grid is centred on the optimum of the smallest widths, 2x apart
-# (docs/history/lower.md has the pilot runs behind these numbers).
+# (docs/notebook.md §8.28 has the pilot runs behind these numbers).
 DEFAULT_WIDTHS = (32, 64, 128)
 DEFAULT_LRS = (1.5e-3, 3e-3, 6e-3, 1.2e-2, 2.4e-2)
 DEFAULT_STEPS = 1000

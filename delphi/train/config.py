@@ -22,7 +22,7 @@ SEED_LIMIT = 2**63
 
 # Tokens per evaluation batch by default (32 sequences at seq 128). The eval is bound by its forward
 # FLOPs (dropless MoE: every expert sees every token), not by the batch size, so a small batch costs
-# no time and keeps activations small (docs/history/lower.md has the timings).
+# no time and keeps activations small (docs/notebook.md §8.28 has the timings).
 EVAL_BATCH_TOKENS = 4_096
 
 
