@@ -26,7 +26,9 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy.stats import f as f_dist
 
 from delphi.train.config import TrainConfig, load_train_config
 from delphi.train.trainer import train, train_group
@@ -138,6 +140,10 @@ def cmd_collect(args: argparse.Namespace) -> None:
     print(summarise(table))
 
 
+def cmd_summary(args: argparse.Namespace) -> None:
+    print(summarise(pd.read_csv(Path(args.out) / "results.csv")))
+
+
 def summarise(table: pd.DataFrame) -> str:
     """Per cell and lever: the mean, the sd over all pairs, and a two-way split of the variance into
     init (row means), data (column means) and what neither explains alone (interaction)."""
@@ -163,8 +169,31 @@ def summarise(table: pd.DataFrame) -> str:
                 f"sd components: init {math.sqrt(v_init):.4f}  data {math.sqrt(v_data):.4f}  "
                 f"interaction {math.sqrt(ms_resid):.4f}"
             )
+            f_init, f_data = ms_init / ms_resid, ms_data / ms_resid
+            lines.append(
+                f"  F init {f_init:.2f} (p {f_dist.sf(f_init, r - 1, (r - 1) * (c - 1)):.3f})  "
+                f"F data {f_data:.2f} (p {f_dist.sf(f_data, c - 1, (r - 1) * (c - 1)):.3f})"
+            )
             lines.append("  " + wide.round(4).to_string().replace("\n", "\n  "))
+        lines.append(f"  {eval_and_outliers(t)}")
     return "\n".join(lines)
+
+
+def eval_and_outliers(t: pd.DataFrame) -> str:
+    """The spread on the regular eval set (chunk 0) beside the final set's, their correlation over
+    the runs, and each run's distance from the others' mean in their sd (the largest named)."""
+    corr = float(np.corrcoef(t.loss, t.loss_eval_set)[0, 1]) if len(t) > 2 else float("nan")
+    chunk_sd = 100 * t.loss_eval_set.std(ddof=1) / t.loss_eval_set.mean()
+    z = {}
+    for idx, row in t.iterrows():
+        others = t.loss.drop(idx)
+        z[f"i{row.init_seed}_d{row.data_seed}"] = (row.loss - others.mean()) / others.std(ddof=1)
+    worst = max(z, key=lambda k: abs(z[k])) if len(t) > 2 else None
+    without = t.loss.drop(t.index[list(z).index(worst)]) if worst else t.loss
+    return (
+        f"chunk-0 sd {chunk_sd:.2f}% (corr with final {corr:.4f}); largest outlier {worst} "
+        f"z {z.get(worst, float('nan')):+.2f}; sd without it {100 * without.std(ddof=1) / without.mean():.2f}%"
+    )
 
 
 def main() -> None:
@@ -181,8 +210,10 @@ def main() -> None:
     c = sub.add_parser("collect")
     c.add_argument("--runs", required=True)
     c.add_argument("--out", required=True)
+    s = sub.add_parser("summary", help="the summary of a collected results.csv")
+    s.add_argument("--out", required=True, help="the directory collect wrote")
     args = parser.parse_args()
-    {"train": cmd_train, "collect": cmd_collect}[args.command](args)
+    {"train": cmd_train, "collect": cmd_collect, "summary": cmd_summary}[args.command](args)
 
 
 if __name__ == "__main__":
