@@ -1,0 +1,220 @@
+"""Crossed seeds on one ladder cell: init seed x data seed, to separate what makes two seeds differ.
+
+A rung of the eighth edition's ladder sets `seed` (parameter init) and `data.seed` (the batch at step s
+is a pure function of (data.seed, s)) both to the rung's seed. This script trains one cell's config
+with every pair (init, data) from two lists, optionally under a lever (a lower peak LR, ...), and
+collects the finals and the curves into compact tables.
+
+    # the rung configs, byte for byte the edition's (docs/cli.md: ladder plan)
+    delphi ladder plan studies/ladder_paper_v8.yaml --out /tmp/seeds/plan
+    python benchmarks/seed_noise/crossed.py train --plan /tmp/seeds/plan --cell C5.2e10_d28_L3_E8k2 \
+        --inits 0,1,2 --datas 0,1,2 --runs /tmp/seeds/runs
+    python benchmarks/seed_noise/crossed.py collect --runs /tmp/seeds/runs --out benchmarks/seed_noise
+
+`--group` trains the pairs as one vmapped program (delphi.train.trainer.train_group): one compile
+for all of them. The eval set is fixed (delphi.data.loader: evenly spread validation windows, the same
+for every run on a store), so a final loss is a function of the trained weights alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import f as f_dist
+
+from delphi.train.config import TrainConfig, load_train_config
+from delphi.train.trainer import train, train_group
+
+LEVERS = {
+    "base": "the edition's config",
+    "lr0.5": "peak LR (optim.lr and optim.adam_lr) x 0.5",
+    "decay0.5": "WSD decay over the last 50% of steps instead of 20%",
+}
+
+
+def lever_config(cfg: TrainConfig, lever: str) -> TrainConfig:
+    """`cfg` with one lever applied (LEVERS)."""
+    optim = cfg.optim
+    if lever == "base":
+        return cfg
+    if lever == "lr0.5":
+        adam_lr = None if optim.adam_lr is None else optim.adam_lr * 0.5
+        return dataclasses.replace(cfg, optim=dataclasses.replace(optim, lr=optim.lr * 0.5, adam_lr=adam_lr))
+    if lever == "decay0.5":
+        return dataclasses.replace(cfg, optim=dataclasses.replace(optim, decay_frac=0.5))
+    raise SystemExit(f"--lever: {lever!r} is not one of {', '.join(LEVERS)}")
+
+
+def run_name(cell: str, lever: str, init_seed: int, data_seed: int) -> str:
+    return f"{cell}__{lever}__i{init_seed}_d{data_seed}"
+
+
+def pairs_config(
+    base: TrainConfig, cell: str, lever: str, pairs: list[tuple[int, int]]
+) -> list[tuple[str, TrainConfig]]:
+    cfg = lever_config(base, lever)
+    out = []
+    for init_seed, data_seed in pairs:
+        name = run_name(cell, lever, init_seed, data_seed)
+        member = dataclasses.replace(cfg, seed=init_seed, data=dataclasses.replace(cfg.data, seed=data_seed), name=name)
+        out.append((name, member))
+    return out
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    base = load_train_config(Path(args.plan) / "configs" / f"{args.cell}_s0.yaml")
+    inits = [int(x) for x in args.inits.split(",")]
+    datas = [int(x) for x in args.datas.split(",")]
+    pairs = [(i, d) for i in inits for d in datas]
+    runs = Path(args.runs)
+    todo = [
+        (name, cfg)
+        for name, cfg in pairs_config(base, args.cell, args.lever, pairs)
+        if not (runs / name / "summary.json").is_file()
+    ]
+    if args.group and todo:
+        train_group([c for _, c in todo], [runs / n for n, _ in todo], progress=False)
+        return
+    for name, cfg in todo:
+        summary = train(cfg, runs / name, progress=False)
+        print(f"{name}: {summary['status']} val_loss_final_set {summary['val_loss']:.6f}", file=sys.stderr, flush=True)
+
+
+def parse_name(name: str) -> tuple[str, str, int, int]:
+    cell, lever, seeds = name.split("__")
+    i, d = seeds.split("_")
+    return cell, lever, int(i[1:]), int(d[1:])
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+CURVE_KEYS = ("step", "tokens", "lr", "train_loss", "grad_norm", "load_max_over_mean", "router_entropy", "val_loss")
+
+
+def cmd_collect(args: argparse.Namespace) -> None:
+    rows, curves = [], []
+    for run_dir in sorted(Path(args.runs).iterdir()):
+        if "__" not in run_dir.name or not (run_dir / "summary.json").is_file():
+            continue
+        cell, lever, init_seed, data_seed = parse_name(run_dir.name)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        records = read_metrics(run_dir / "metrics.jsonl")
+        last = records[-1]
+        train_losses = [r["train_loss"] for r in records if "train_loss" in r]
+        grad_norms = [r["grad_norm"] for r in records if "grad_norm" in r]
+        rows.append(
+            {
+                "cell": cell,
+                "lever": lever,
+                "init_seed": init_seed,
+                "data_seed": data_seed,
+                "status": summary["status"],
+                "steps": summary["steps"],
+                "loss": summary["val_loss"],  # the final set (final_eval_tokens), the number a fit reads
+                "loss_eval_set": last.get("val_loss"),  # chunk 0 of the final set: the regular 131k-token eval
+                "max_train_loss_late": max(train_losses[len(train_losses) // 2 :]),
+                "max_grad_norm": max(grad_norms),
+                "data_sha256": summary["data_sha256"],
+                "config_sha256": summary["config_sha256"],
+            }
+        )
+        for r in records:
+            row = {"run": run_dir.name} | {k: r.get(k) for k in CURVE_KEYS}
+            curves.append(row)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "results.csv", index=False, float_format="%.9g")
+    with gzip.open(out / "curves.csv.gz", "wt") as f:
+        pd.DataFrame(curves).to_csv(f, index=False, float_format="%.9g")
+    print(summarise(table))
+
+
+def cmd_summary(args: argparse.Namespace) -> None:
+    print(summarise(pd.read_csv(Path(args.out) / "results.csv")))
+
+
+def summarise(table: pd.DataFrame) -> str:
+    """Per cell and lever: the mean, the sd over all pairs, and a two-way split of the variance into
+    init (row means), data (column means) and what neither explains alone (interaction)."""
+    lines = []
+    for (cell, lever), t in table.groupby(["cell", "lever"]):
+        grand = t.loss.mean()
+        sd = t.loss.std(ddof=1)
+        lines.append(f"{cell} {lever}: n={len(t)} mean {grand:.4f} sd {sd:.4f} ({100 * sd / grand:.2f}%)")
+        wide = t.pivot(index="init_seed", columns="data_seed", values="loss")
+        if wide.shape[0] > 1 and wide.shape[1] > 1 and not wide.isna().any().any():
+            r, c = wide.shape
+            row_eff = wide.mean(axis=1) - grand
+            col_eff = wide.mean(axis=0) - grand
+            resid = wide.sub(row_eff, axis=0).sub(col_eff, axis=1) - grand
+            ms_init = c * (row_eff**2).sum() / (r - 1)
+            ms_data = r * (col_eff**2).sum() / (c - 1)
+            ms_resid = (resid**2).to_numpy().sum() / ((r - 1) * (c - 1))
+            # variance components (method of moments, floored at 0)
+            v_init = max(0.0, (ms_init - ms_resid) / c)
+            v_data = max(0.0, (ms_data - ms_resid) / r)
+            lines.append(
+                f"  MS init {ms_init:.3g}  MS data {ms_data:.3g}  MS interaction {ms_resid:.3g}; "
+                f"sd components: init {math.sqrt(v_init):.4f}  data {math.sqrt(v_data):.4f}  "
+                f"interaction {math.sqrt(ms_resid):.4f}"
+            )
+            f_init, f_data = ms_init / ms_resid, ms_data / ms_resid
+            lines.append(
+                f"  F init {f_init:.2f} (p {f_dist.sf(f_init, r - 1, (r - 1) * (c - 1)):.3f})  "
+                f"F data {f_data:.2f} (p {f_dist.sf(f_data, c - 1, (r - 1) * (c - 1)):.3f})"
+            )
+            lines.append("  " + wide.round(4).to_string().replace("\n", "\n  "))
+        lines.append(f"  {eval_and_outliers(t)}")
+    return "\n".join(lines)
+
+
+def eval_and_outliers(t: pd.DataFrame) -> str:
+    """The spread on the regular eval set (chunk 0) beside the final set's, their correlation over
+    the runs, and each run's distance from the others' mean in their sd (the largest named)."""
+    corr = float(np.corrcoef(t.loss, t.loss_eval_set)[0, 1]) if len(t) > 2 else float("nan")
+    chunk_sd = 100 * t.loss_eval_set.std(ddof=1) / t.loss_eval_set.mean()
+    z = {}
+    for idx, row in t.iterrows():
+        others = t.loss.drop(idx)
+        z[f"i{row.init_seed}_d{row.data_seed}"] = (row.loss - others.mean()) / others.std(ddof=1)
+    worst = max(z, key=lambda k: abs(z[k])) if len(t) > 2 else None
+    without = t.loss.drop(t.index[list(z).index(worst)]) if worst else t.loss
+    return (
+        f"chunk-0 sd {chunk_sd:.2f}% (corr with final {corr:.4f}); largest outlier {worst} "
+        f"z {z.get(worst, float('nan')):+.2f}; sd without it {100 * without.std(ddof=1) / without.mean():.2f}%"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--plan", required=True, help="a `delphi ladder plan` output directory")
+    t.add_argument("--cell", required=True, help="a cell id, e.g. C5.2e10_d28_L3_E8k2")
+    t.add_argument("--inits", default="0,1,2")
+    t.add_argument("--datas", default="0,1,2")
+    t.add_argument("--lever", default="base", choices=sorted(LEVERS))
+    t.add_argument("--runs", required=True)
+    t.add_argument("--group", action="store_true", help="train the pairs as one vmapped program")
+    c = sub.add_parser("collect")
+    c.add_argument("--runs", required=True)
+    c.add_argument("--out", required=True)
+    s = sub.add_parser("summary", help="the summary of a collected results.csv")
+    s.add_argument("--out", required=True, help="the directory collect wrote")
+    args = parser.parse_args()
+    {"train": cmd_train, "collect": cmd_collect, "summary": cmd_summary}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
