@@ -204,7 +204,8 @@ def bench_seed_group(model: ModelConfig, shape: Shape, n_seeds: int, steps: int,
 
 
 def bench(model: ModelConfig, shape: Shape, precision: str, steps: int, steps_per_call: int | None, store: str) -> dict:
-    from delphi.train.trainer import STEPS_PER_CALL_ENV, train
+    from delphi.train.environment import STEPS_PER_CALL_ENV
+    from delphi.train.trainer import train
 
     cfg = bench_config(model, shape, precision, steps, store)
     if steps_per_call is not None:

@@ -22,8 +22,9 @@ from delphi.fits.backtest import probe_trend
 from delphi.fits.results import FitResult
 from delphi.model.flops import count_params
 from delphi.prereg import gates as gt
-from delphi.prereg.create import gates_path, load_tables, predict_hero, run_predicted_vs_actual
+from delphi.prereg.create import gates_path
 from delphi.prereg.measure import cross_check_predictions
+from delphi.prereg.predict import load_tables, predict_hero, run_predicted_vs_actual
 from delphi.train.config import load_train_config
 
 # The law that makes every synthetic ladder here (E, A, alpha, B, beta) and one seed's noise (nats).
@@ -856,7 +857,7 @@ def test_lr_calibration_needs_the_ladder_whose_rule_it_checks(good, tmp_path, ca
 
 def test_correct_by_probes_moves_and_widens_the_interval():
     from delphi.fits.intervals import Z_90 as Z90
-    from delphi.prereg.create import correct_by_probes
+    from delphi.fits.probes import correct_by_probes
 
     trend = probe_trend({"a": {"compute": 3e13, "rel_error": 0.0}, "b": {"compute": 1e14, "rel_error": 0.1}}, 1e13)
     final = {"loss": 1.0, "loss_50": [0.99, 1.01], "loss_90": [0.98, 1.02], "source": "law"}

@@ -125,7 +125,7 @@ def test_final_interval_is_predictive_for_one_run(setup):
     noise (the law's residual scatter and the seed noise), as the backtests' intervals are."""
     from delphi.fits import load_fit
     from delphi.fits.intervals import Z_90 as Z90
-    from delphi.prereg.create import load_tables, predict_hero, predictive, run_noise_nats
+    from delphi.prereg.predict import load_tables, predict_hero, predictive, run_noise_nats
 
     final = fmt.read(setup["prereg"])["prediction"]["final"]
     fit = load_fit(setup["fit"])

@@ -517,7 +517,7 @@ def test_a_run_stopped_by_a_signal_is_not_a_stage_done():
 def test_the_paper_says_how_a_corrected_seal_came_from_the_law():
     """The sixth edition sealed the isoFLOP law x its probe trend: the paper's sentence gives the
     law's own number, the probes' errors, the carried correction and, with an outcome, both errors."""
-    from delphi.prereg.create import correction_text
+    from delphi.fits.probes import correction_text
     from delphi.prereg_format import read
 
     final = read(REPO / "preregistrations" / "paper-v6-hero-60x.yaml")["prediction"]["final"]

@@ -127,7 +127,7 @@ def test_checkpoints_by_time_skip_periodic_saves_only(store, tmp_path):
 def test_a_checkpoint_clock_saves_at_log_points(store, tmp_path, monkeypatch):
     """DELPHI_CHECKPOINT_CLOCK_S: a save at each log point once that many seconds passed since the
     last, between the count's checkpoints; the run's identity is unchanged and it resumes from one."""
-    from delphi.train.trainer import CHECKPOINT_CLOCK_ENV
+    from delphi.train.environment import CHECKPOINT_CLOCK_ENV
 
     monkeypatch.setenv(CHECKPOINT_CLOCK_ENV, "1e-9")
     cfg = tiny_config(store, steps=12, log_every=4, eval_every=12, checkpoint_every=12, keep_checkpoints=5)

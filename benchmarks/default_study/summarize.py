@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from delphi.prereg.create import predict_final
+from delphi.prereg.predict import predict_final
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent

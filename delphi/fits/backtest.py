@@ -35,7 +35,7 @@ from delphi.errors import DelphiError
 from delphi.fits.allocation import FlopsFamily, flops_of
 from delphi.fits.data import cell_points
 from delphi.fits.intervals import predictive_interval
-from delphi.fits.probes import ProbeTrend, probe_trend  # noqa: F401 (ProbeTrend: the paper's v6 scripts import it from here)
+from delphi.fits.probes import probe_trend
 from delphi.fits.results import FitResult
 
 LEVEL = 0.90

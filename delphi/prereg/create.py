@@ -28,9 +28,7 @@ from delphi.errors import CheckFailed, DelphiError
 from delphi.fits import curves as cv
 from delphi.fits.bootstrap import MIN_BOOTSTRAP_FOR_INTERVAL
 from delphi.fits.data import TableOptions
-from delphi.fits.intervals import Z_50 as Z50  # noqa: F401 (importable from here)
-from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, REFIT_NAMES, law_name  # noqa: F401 (importable from here)
-from delphi.fits.probes import CARRY_ASSUMPTION, NOISE_SCOPES, correct_by_probes, correction_text  # noqa: F401 (moved there)
+from delphi.fits.probes import CARRY_ASSUMPTION
 from delphi.fits.results import load_fit
 from delphi.fits.shape_trajectory import trajectory_from_shapes
 from delphi.hashes import sha256_file
@@ -41,24 +39,15 @@ from delphi.prereg import gates as gt
 from delphi.prereg.evidence import DEFAULT_TOLERANCE_REL, Evidence, PredictionRule, SealTerms
 from delphi.prereg.hero import HeroSpec, hero_from_numbers
 from delphi.prereg.measure import compute_gates
-from delphi.prereg.predict import (  # noqa: F401 (moved there; importable from here)
+from delphi.prereg.predict import (
     beyond_ladder_runs,
-    final_from_prediction,
     fit_convention,
     fit_family,
-    hero_params,
     hero_prediction,
-    law_scatter_nats,
     load_tables,
     model_family,
-    predict_final,
-    predict_hero,
-    predictive,
-    probe_noise_rel,
     run_noise_nats,
     run_predicted_vs_actual,
-    score_probes,
-    seed_noise_nats,
 )
 from delphi.train.config import load_train_config, train_config_to_dict
 from delphi.train.rundir import read_metrics

@@ -16,7 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from delphi.train.environment import PEAK_ENV, peak_flops_env  # noqa: F401  (PEAK_ENV: its old home)
+from delphi.train.environment import peak_flops_env
 
 PEAK_MATMUL_SIZE = 1024  # large enough to reach ~90% of the BLAS peak on CPU, small enough to be cheap
 

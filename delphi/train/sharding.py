@@ -26,7 +26,7 @@ from delphi.model.flops import check_plausible_size
 from delphi.model.moe import expert_capacity
 from delphi.model.moe_parallel import DATA_AXIS, EXPERT_AXIS
 from delphi.train.config import MeshConfig, TrainConfig
-from delphi.train.environment import DISTRIBUTED_ENV, distributed_env  # noqa: F401  (DISTRIBUTED_ENV's old home)
+from delphi.train.environment import distributed_env
 from delphi.train.memory import check_estimate_fits
 
 MESH_AXES = (DATA_AXIS, EXPERT_AXIS)

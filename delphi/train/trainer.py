@@ -51,9 +51,7 @@ from delphi.train import interrupt, sharding
 from delphi.train.config import OPTIM_KEYS_ADDED, TrainConfig, train_config_to_dict
 from delphi.train.device import check_precision, effective_device, request_platform, resolve_attention, select_devices
 from delphi.train.environment import (  # CHECKPOINT_CLOCK_ENV, STEPS_PER_CALL_ENV: their old home is here
-    CHECKPOINT_CLOCK_ENV,  # noqa: F401
     SINGLE_THREAD_XLA_FLAG,
-    STEPS_PER_CALL_ENV,  # noqa: F401
     check_training_environment,
     checkpoint_clock_env,
     steps_per_call_env,

@@ -33,7 +33,7 @@ from delphi.io import atomic_write_text
 from delphi.ladder.plan import make_rung, shape_for_width
 from delphi.ladder.spec import load_ladder_spec
 from delphi.model.flops import count_params, flops_per_token
-from delphi.prereg.create import predict_hero
+from delphi.prereg.predict import predict_hero
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent

@@ -27,7 +27,7 @@ from delphi.cli import main as cli_main
 from delphi.editions import edition_tree
 from delphi.fits import load_fit
 from delphi.io import atomic_write_text
-from delphi.prereg.create import predict_hero
+from delphi.prereg.predict import predict_hero
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent

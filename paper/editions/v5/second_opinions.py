@@ -28,8 +28,8 @@ from delphi.fits import load_fit
 from delphi.fits.frontier import fit_frontier_arrays
 from delphi.fits.parametric import fit_vpnls
 from delphi.io import atomic_write_text
-from delphi.prereg.create import fit_convention, load_tables, predict_hero
 from delphi.prereg.gates import budget_best_losses
+from delphi.prereg.predict import fit_convention, load_tables, predict_hero
 from delphi.train.config import load_train_config
 
 HERE = Path(__file__).resolve().parent

@@ -40,7 +40,8 @@ import pandas as pd
 
 from delphi.errors import DelphiError
 from delphi.fits import fit_approach2, fit_vpnls, load_results
-from delphi.fits.backtest import ProbeTrend, probe_holdouts
+from delphi.fits.backtest import probe_holdouts
+from delphi.fits.probes import ProbeTrend
 from delphi.io import atomic_write_text
 from delphi.prereg_format import read
 

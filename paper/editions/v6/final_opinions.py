@@ -28,8 +28,8 @@ from delphi.editions import edition_tree
 from delphi.fits import load_fit
 from delphi.fits.frontier import fit_frontier_arrays
 from delphi.io import atomic_write_text
-from delphi.prereg.create import fit_convention, load_tables, predict_hero
 from delphi.prereg.gates import budget_best_losses, ladder_top_budget
+from delphi.prereg.predict import fit_convention, load_tables, predict_hero
 from delphi.prereg_format import read
 from delphi.train.config import load_train_config
 
