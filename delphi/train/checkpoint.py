@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ STATE_DIR = "state"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "orbax-pytree-1"
 PROCESS_DIR_PREFIX = "ocdbt.process_"  # Orbax's per-process OCDBT directory inside state/
+WRITER_THREADS_JOIN_S = 10.0  # how long a refused write waits for Orbax's writer threads to end
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,7 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
     # closing) on stderr: held while it saves, shown unless the write was refused by the system, which
     # is then one line (`_refused_write`).
     held = io.StringIO()
+    threads_before = set(threading.enumerate())
     try:
         with contextlib.redirect_stderr(held):
             _checkpointer().save(
@@ -173,6 +176,10 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
         if refused is None:
             sys.stderr.write(held.getvalue())
             raise
+        with contextlib.redirect_stderr(held):  # the refused write's threads end here, their noise held
+            deadline = time.monotonic() + WRITER_THREADS_JOIN_S
+            for thread in set(threading.enumerate()) - threads_before:
+                thread.join(max(0.0, deadline - time.monotonic()))
         shutil.rmtree(final, ignore_errors=True)  # an incomplete checkpoint is never one to resume from
         raise refused from None
     sys.stderr.write(held.getvalue())
