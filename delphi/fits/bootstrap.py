@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from delphi.errors import DelphiError
-from delphi.signals import die_with_parent, stop_signals_raise
+from delphi.signals import die_with_parent, held, stop_signals_raise
 from delphi.train.memory import host_available_bytes
 
 Refit = Callable[[pd.DataFrame], dict[str, float]]
@@ -255,7 +255,12 @@ def bootstrap(
                 max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
             )
             try:
-                parts = list(pool.map(_run_chunk, [refit] * workers, [table] * workers, chunks))
+                # Submitting starts the workers; a stop signal that lands while a spawned worker is
+                # still being handed its start-up data makes that worker print an EOFError
+                # traceback, so stop signals wait until every worker has its data.
+                with held():
+                    futures = [pool.submit(_run_chunk, refit, table, chunk) for chunk in chunks]
+                parts = [future.result() for future in futures]
             except BaseException:
                 _terminate(pool)
                 raise

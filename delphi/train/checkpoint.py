@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import jax
 import numpy as np
@@ -180,6 +180,7 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
             deadline = time.monotonic() + WRITER_THREADS_JOIN_S
             for thread in set(threading.enumerate()) - threads_before:
                 thread.join(max(0.0, deadline - time.monotonic()))
+        quiet_foreign_threads()
         shutil.rmtree(final, ignore_errors=True)  # an incomplete checkpoint is never one to resume from
         raise refused from None
     sys.stderr.write(held.getvalue())
@@ -200,6 +201,35 @@ def save_checkpoint(run_dir: Path, step: int, state: Any, *, extra: dict | None 
             prune_checkpoints(run_dir, keep)
     barrier(f"delphi_checkpoint_done_{step}")
     return final
+
+
+class _ForeignThreadsQuiet(io.TextIOBase):
+    """A stderr that drops what threads Python did not start write to it, and passes the rest on."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if isinstance(threading.current_thread(), threading._DummyThread):
+            return len(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def quiet_foreign_threads() -> None:
+    """From now on, drop stderr text from threads Python did not start.
+
+    A refused write leaves tensorstore's C++ writers finishing the abandoned write after Orbax has
+    closed its event loop; each then prints an "Event loop is closed" traceback from its own thread,
+    at any moment until the process ends. Those threads are invisible to `threading`, so they cannot
+    be joined; what they print says nothing the one-line refusal did not."""
+    if not isinstance(sys.stderr, _ForeignThreadsQuiet):
+        sys.stderr = _ForeignThreadsQuiet(sys.stderr)
 
 
 # How tensorstore (under orbax) reports the OS error behind a failed write: "... [os_error_code='28']".
