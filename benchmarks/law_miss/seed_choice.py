@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from delphi.editions import resolve_data
+from delphi.io import atomic_write_json
 from delphi.paper.study_data import study_view
 from delphi.prereg.predict import predict_hero
 from delphi.study.fitting import fit_one
@@ -107,44 +109,127 @@ def residuals(study, table: pd.DataFrame) -> pd.DataFrame:
     return cells.sort_values(["budget", "tokens"])
 
 
-def summary(out: Path) -> None:
+SUMMARY_FILE = "summary.json"  # the numbers `summary` prints, for the paper's text
+
+
+def law_miss_stats(out: Path) -> dict:
+    """Every number of experiments A and B (and the swing found after A) from choices.csv and
+    residuals.csv."""
     frame = pd.read_csv(out / "choices.csv")
     full = frame[frame["choice"] == "full"].set_index(["law", "run"])
     chosen = frame[frame["choice"].str.startswith("random")]
-    print(f"{chosen['choice'].nunique()} random one-seed ladders (numpy seed {CHOICE_SEED}) + all-seed-0 + all-seed-1")
+    laws = {}
     for law in LAWS:
-        for run in RUNS:
-            p = chosen[(chosen["law"] == law) & (chosen["run"] == run)]
-            f = full.loc[(law, run)]
-            sd_rel = p["predicted"].std(ddof=1) / f["predicted"]
-            err = p["rel_error"]
-            fixed = frame[(frame["law"] == law) & (frame["run"] == run) & frame["choice"].str.startswith("all_seed")]
-            share_low = (err > 0).mean()  # choices whose prediction is below the actual
-            print(
-                f"{law:10s} {run:>3s}: full {f['predicted']:.4f} (error {100 * f['rel_error']:+.2f}%), "
-                f"sd across choices {100 * sd_rel:.2f}%, errors 2.5-97.5% "
-                f"[{100 * err.quantile(0.025):+.2f}%, {100 * err.quantile(0.975):+.2f}%], "
-                f"{100 * share_low:.0f}% predict low; seed0 / seed1 ladders "
-                + " / ".join(f"{100 * e:+.2f}%" for e in fixed["rel_error"])
-            )
+        errors = chosen[chosen["law"] == law].pivot(index="choice", columns="run", values="rel_error")
+        predicted = chosen[chosen["law"] == law].pivot(index="choice", columns="run", values="predicted")
+        fixed = frame[(frame["law"] == law) & frame["choice"].str.startswith("all_seed")]
+        laws[law] = {
+            run: {
+                "predicted": full.loc[(law, run), "predicted"],
+                "rel_error": full.loc[(law, run), "rel_error"],
+                "sd_rel": predicted[run].std(ddof=1) / full.loc[(law, run), "predicted"],
+                "error_q025": errors[run].quantile(0.025),
+                "error_q975": errors[run].quantile(0.975),
+                "share_predicting_low": float((errors[run] > 0).mean()),
+                "seed0_ladder_error": fixed[(fixed["run"] == run) & (fixed["choice"] == "all_seed0")][
+                    "rel_error"
+                ].item(),
+                "seed1_ladder_error": fixed[(fixed["run"] == run) & (fixed["choice"] == "all_seed1")][
+                    "rel_error"
+                ].item(),
+            }
+            for run in RUNS
+        } | {
+            "corr_10x_30x": errors["10x"].corr(errors["30x"]),
+            "corr_3x_30x": errors["3x"].corr(errors["30x"]),
+            "swing_30x_minus_10x": full.loc[(law, "30x"), "rel_error"] - full.loc[(law, "10x"), "rel_error"],
+            "swing_sd_ladder": (errors["30x"] - errors["10x"]).std(ddof=1),
+        }
+    seeds = {
+        run: [s["actual_final_loss"] for s in json.loads((REPO / o).read_text())["seeds"]]
+        for run, (_, o) in RUNS.items()
+    }
+    pooled = float(np.sqrt(np.mean([np.var(v, ddof=1) / np.mean(v) ** 2 for v in seeds.values()])))
+    primary = laws[LAWS[0]]
+    swing_sd = float(np.hypot(pooled, primary["swing_sd_ladder"]))
+    swing_t = primary["swing_30x_minus_10x"] / swing_sd
     wide = chosen[chosen["run"] == "30x"].pivot(index="choice", columns="law", values="predicted")
-    print("30x prediction, correlation across choices:")
-    print(wide.corr().round(3).to_string())
     cells = pd.read_csv(out / "residuals.csv")
     slope, lo, hi = _slope_interval(np.log(cells["tokens"]), cells["residual_rel"])
+    hero_tokens = load_train_config(resolve_data(EDITION_STUDY) / RUNS["30x"][0]).tokens
+    at_hero = np.polyval(np.polyfit(np.log(cells["tokens"]), cells["residual_rel"], 1), np.log(hero_tokens))
+    richest = cells.loc[cells.groupby("budget")["tokens"].idxmax()]
+    return {
+        "source": "benchmarks/law_miss/seed_choice.py summary",
+        "n_choices": int(chosen["choice"].nunique()),
+        "choice_seed": CHOICE_SEED,
+        "primary": LAWS[0],
+        "laws": laws,
+        "corr_30x_between_laws": {f"{a}-{b}": wide[a].corr(wide[b]) for i, a in enumerate(LAWS) for b in LAWS[i + 1 :]},
+        "run_seeds": seeds,
+        "run_seed_sd_pooled": pooled,
+        "run_seed_sd_df": len(seeds),
+        "swing_sd": swing_sd,
+        "swing_sd_units": swing_t,
+        "swing_p_two_sided": float(2 * stats.t.sf(abs(swing_t), len(seeds))),
+        "residuals": {
+            "cells": len(cells),
+            "slope_per_efold": slope,
+            "slope_lo90": lo,
+            "slope_hi90": hi,
+            "hero_tokens": hero_tokens,
+            "trend_at_hero": float(at_hero),
+            "richest_by_budget": {f"{b:.2g}": r for b, r in zip(richest["budget"], richest["residual_rel"])},
+        },
+    }
+
+
+def summary(out: Path) -> None:
+    st = law_miss_stats(out)
+    atomic_write_json(out / SUMMARY_FILE, st)
+    print(f"{st['n_choices']} random one-seed ladders (numpy seed {st['choice_seed']}) + all-seed-0 + all-seed-1")
+    for law, by_run in st["laws"].items():
+        for run in RUNS:
+            r = by_run[run]
+            print(
+                f"{law:10s} {run:>3s}: full {r['predicted']:.4f} (error {100 * r['rel_error']:+.2f}%), "
+                f"sd across choices {100 * r['sd_rel']:.2f}%, errors 2.5-97.5% "
+                f"[{100 * r['error_q025']:+.2f}%, {100 * r['error_q975']:+.2f}%], "
+                f"{100 * r['share_predicting_low']:.0f}% predict low; seed0 / seed1 ladders "
+                f"{100 * r['seed0_ladder_error']:+.2f}% / {100 * r['seed1_ladder_error']:+.2f}%"
+            )
     print(
-        f"B: {len(cells)} top-budget cells, residual vs log tokens: slope {100 * slope:+.3f}% per e-fold, "
-        f"90% [{100 * lo:+.3f}%, {100 * hi:+.3f}%]"
+        "30x prediction, correlation across choices: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in st["corr_30x_between_laws"].items())
     )
-    for budget, t in cells.groupby("budget"):
-        richest = t.loc[t["tokens"].idxmax()]
-        print(f"   {budget:.2g}: most tokens {richest['cell_id']} residual {100 * richest['residual_rel']:+.2f}%")
+    print("Not sealed (found after A): the ladder's noise moves the runs together, so it cannot make opposite errors:")
+    for law, r in st["laws"].items():
+        print(
+            f"   {law:10s} correlation across choices 10x/30x {r['corr_10x_30x']:.3f}, 3x/30x {r['corr_3x_30x']:.3f}; "
+            f"30x error - 10x error {100 * r['swing_30x_minus_10x']:+.2f} points, sd across choices "
+            f"{100 * r['swing_sd_ladder']:.2f}"
+        )
+    print(
+        "   the runs' own seeds: "
+        + ", ".join(f"{run} {' / '.join(f'{x:.4f}' for x in v)}" for run, v in st["run_seeds"].items())
+        + f"; pooled per-run sd {100 * st['run_seed_sd_pooled']:.2f}% ({st['run_seed_sd_df']} df)"
+    )
+    print(
+        f"   {LAWS[0]} swing {100 * st['laws'][LAWS[0]]['swing_30x_minus_10x']:+.2f} points against sd "
+        f"{100 * st['swing_sd']:.2f} (the two means' noise and the ladder's): {st['swing_sd_units']:.1f} sd, "
+        f"two-sided p {st['swing_p_two_sided']:.3f} on t({st['run_seed_sd_df']})"
+    )
+    b = st["residuals"]
+    print(
+        f"B: {b['cells']} top-budget cells, residual vs log tokens: slope {100 * b['slope_per_efold']:+.3f}% per "
+        f"e-fold, 90% [{100 * b['slope_lo90']:+.3f}%, {100 * b['slope_hi90']:+.3f}%]; carried to the 30x hero's "
+        f"{b['hero_tokens']:.3g} tokens: {100 * b['trend_at_hero']:+.2f}%; most data-rich rung per budget: "
+        + ", ".join(f"{k} {100 * v:+.2f}%" for k, v in b["richest_by_budget"].items())
+    )
 
 
 def _slope_interval(x: pd.Series, y: pd.Series) -> tuple[float, float, float]:
     """Least-squares slope of y on x and its 90% t interval."""
-    from scipy import stats
-
     result = stats.linregress(x, y)
     half = stats.t.ppf(0.95, len(x) - 2) * result.stderr
     return result.slope, result.slope - half, result.slope + half

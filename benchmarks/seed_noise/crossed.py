@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import f as f_dist
 
+from delphi.io import atomic_write_json
 from delphi.train.config import TrainConfig, load_train_config
 from delphi.train.trainer import train, train_group
 
@@ -141,39 +142,83 @@ def cmd_collect(args: argparse.Namespace) -> None:
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
-    print(summarise(pd.read_csv(Path(args.out) / "results.csv")))
+    table = pd.read_csv(Path(args.out) / "results.csv")
+    write_summary_json(table, Path(args.out) / SUMMARY_FILE)
+    print(summarise(table))
+
+
+SUMMARY_FILE = "summary.json"  # the numbers of `summarise` per cell and lever, for the paper's text
+
+
+def cell_stats(t: pd.DataFrame) -> dict:
+    """One cell and lever: the mean, the sd over all pairs, and, for a full init x data table, a
+    two-way split of the variance into init (row means), data (column means) and what neither
+    explains alone (interaction), with each factor's F against the interaction."""
+    grand, sd = float(t.loss.mean()), float(t.loss.std(ddof=1))
+    stats = {"n": len(t), "mean": grand, "sd": sd, "sd_rel": sd / grand}
+    wide = t.pivot(index="init_seed", columns="data_seed", values="loss")
+    if wide.shape[0] > 1 and wide.shape[1] > 1 and not wide.isna().any().any():
+        r, c = wide.shape
+        row_eff = wide.mean(axis=1) - grand
+        col_eff = wide.mean(axis=0) - grand
+        resid = wide.sub(row_eff, axis=0).sub(col_eff, axis=1) - grand
+        ms_init = c * (row_eff**2).sum() / (r - 1)
+        ms_data = r * (col_eff**2).sum() / (c - 1)
+        ms_resid = (resid**2).to_numpy().sum() / ((r - 1) * (c - 1))
+        f_init, f_data = ms_init / ms_resid, ms_data / ms_resid
+        stats |= {
+            "ms_init": ms_init,
+            "ms_data": ms_data,
+            "ms_interaction": ms_resid,
+            "df_init": r - 1,
+            "df_data": c - 1,
+            "df_interaction": (r - 1) * (c - 1),
+            # variance components (method of moments, floored at 0)
+            "sd_init": math.sqrt(max(0.0, (ms_init - ms_resid) / c)),
+            "sd_data": math.sqrt(max(0.0, (ms_data - ms_resid) / r)),
+            "sd_interaction": math.sqrt(ms_resid),
+            "f_init": f_init,
+            "p_init": float(f_dist.sf(f_init, r - 1, (r - 1) * (c - 1))),
+            "f_data": f_data,
+            "p_data": float(f_dist.sf(f_data, c - 1, (r - 1) * (c - 1))),
+        }
+    return stats
+
+
+def write_summary_json(table: pd.DataFrame, path: Path) -> None:
+    cells = [{"cell": cell, "lever": lever, **cell_stats(t)} for (cell, lever), t in table.groupby(["cell", "lever"])]
+    crossed = [c for c in cells if c["lever"] == "base" and "f_init" in c]
+    pooled = {}
+    if crossed:  # the cells' mean squares averaged (the cells have equal df)
+        ms = {k: float(np.mean([c[k] for c in crossed])) for k in ("ms_init", "ms_data", "ms_interaction")}
+        df = {k: sum(c[k] for c in crossed) for k in ("df_init", "df_data", "df_interaction")}
+        f_init, f_data = ms["ms_init"] / ms["ms_interaction"], ms["ms_data"] / ms["ms_interaction"]
+        pooled = {
+            "cells": len(crossed),
+            "f_init": f_init,
+            "p_init": float(f_dist.sf(f_init, df["df_init"], df["df_interaction"])),
+            "f_data": f_data,
+            "p_data": float(f_dist.sf(f_data, df["df_data"], df["df_interaction"])),
+        }
+    atomic_write_json(path, {"source": "benchmarks/seed_noise/crossed.py summary", "cells": cells, "pooled": pooled})
 
 
 def summarise(table: pd.DataFrame) -> str:
-    """Per cell and lever: the mean, the sd over all pairs, and a two-way split of the variance into
-    init (row means), data (column means) and what neither explains alone (interaction)."""
+    """Per cell and lever: `cell_stats` as text, the table of finals and the eval and outlier checks."""
     lines = []
     for (cell, lever), t in table.groupby(["cell", "lever"]):
-        grand = t.loss.mean()
-        sd = t.loss.std(ddof=1)
-        lines.append(f"{cell} {lever}: n={len(t)} mean {grand:.4f} sd {sd:.4f} ({100 * sd / grand:.2f}%)")
-        wide = t.pivot(index="init_seed", columns="data_seed", values="loss")
-        if wide.shape[0] > 1 and wide.shape[1] > 1 and not wide.isna().any().any():
-            r, c = wide.shape
-            row_eff = wide.mean(axis=1) - grand
-            col_eff = wide.mean(axis=0) - grand
-            resid = wide.sub(row_eff, axis=0).sub(col_eff, axis=1) - grand
-            ms_init = c * (row_eff**2).sum() / (r - 1)
-            ms_data = r * (col_eff**2).sum() / (c - 1)
-            ms_resid = (resid**2).to_numpy().sum() / ((r - 1) * (c - 1))
-            # variance components (method of moments, floored at 0)
-            v_init = max(0.0, (ms_init - ms_resid) / c)
-            v_data = max(0.0, (ms_data - ms_resid) / r)
+        st = cell_stats(t)
+        lines.append(f"{cell} {lever}: n={st['n']} mean {st['mean']:.4f} sd {st['sd']:.4f} ({100 * st['sd_rel']:.2f}%)")
+        if "f_init" in st:
             lines.append(
-                f"  MS init {ms_init:.3g}  MS data {ms_data:.3g}  MS interaction {ms_resid:.3g}; "
-                f"sd components: init {math.sqrt(v_init):.4f}  data {math.sqrt(v_data):.4f}  "
-                f"interaction {math.sqrt(ms_resid):.4f}"
+                f"  MS init {st['ms_init']:.3g}  MS data {st['ms_data']:.3g}  MS interaction {st['ms_interaction']:.3g}; "
+                f"sd components: init {st['sd_init']:.4f}  data {st['sd_data']:.4f}  "
+                f"interaction {st['sd_interaction']:.4f}"
             )
-            f_init, f_data = ms_init / ms_resid, ms_data / ms_resid
             lines.append(
-                f"  F init {f_init:.2f} (p {f_dist.sf(f_init, r - 1, (r - 1) * (c - 1)):.3f})  "
-                f"F data {f_data:.2f} (p {f_dist.sf(f_data, c - 1, (r - 1) * (c - 1)):.3f})"
+                f"  F init {st['f_init']:.2f} (p {st['p_init']:.3f})  F data {st['f_data']:.2f} (p {st['p_data']:.3f})"
             )
+            wide = t.pivot(index="init_seed", columns="data_seed", values="loss")
             lines.append("  " + wide.round(4).to_string().replace("\n", "\n  "))
         lines.append(f"  {eval_and_outliers(t)}")
     return "\n".join(lines)

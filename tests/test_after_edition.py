@@ -1,0 +1,53 @@
+"""The paper's "After the seal" paragraphs come from the experiments' summary files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from delphi.paper.after_edition import (
+    LAW_MISS_SUMMARY,
+    NOT_MEASURED,
+    SEED_NOISE_SUMMARY,
+    after_edition_numbers,
+    law_miss_text,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+V8_RESULTS = REPO / "paper" / "editions" / "v8" / "study" / "results.csv"
+
+
+def test_the_paragraphs_quote_the_summaries():
+    numbers = after_edition_numbers(REPO, pd.read_csv(V8_RESULTS))
+    seeds = json.loads((REPO / SEED_NOISE_SUMMARY).read_text())
+    d28 = next(c for c in seeds["cells"] if c["cell"] == "C5.2e10_d28_L3_E8k2" and c["lever"] == "base")
+    assert (
+        f"C5.2e10_d28_L3_E8k2 {100 * d28['sd_rel']:.2f}% on 9 runs (2.12% on its 2 seeds)"
+        in numbers["after_seed_noise"]
+    )
+    miss = json.loads((REPO / LAW_MISS_SUMMARY).read_text())
+    vpnls = miss["laws"][miss["primary"]]
+    assert f"correlation {vpnls['corr_10x_30x']:.3f}" in numbers["after_law_miss"]
+    assert f"{100 * vpnls['30x']['rel_error']:+.2f}% at 30x" in numbers["after_law_miss"]
+
+
+def test_a_missing_summary_says_so(tmp_path):
+    numbers = after_edition_numbers(tmp_path, pd.read_csv(V8_RESULTS))
+    assert NOT_MEASURED in numbers["after_seed_noise"] and NOT_MEASURED in numbers["after_law_miss"]
+
+
+def test_the_half_batch_sentence_follows_its_table():
+    miss = json.loads((REPO / LAW_MISS_SUMMARY).read_text())
+    unfinished = pd.DataFrame(
+        {
+            "run": ["full", "half"],
+            "steps_planned": [6168, 12336],
+            "last_step": [4096, 8192],
+            "final_val_loss": [None, None],
+        }
+    )
+    assert "training (full step 4,096 of 6,168, half step 8,192 of 12,336)" in law_miss_text(miss, unfinished)
+    finished = unfinished.assign(last_step=[6168, 12336], final_val_loss=[1.0, 0.99])
+    assert "a drop of +1.00%" in law_miss_text(miss, finished)
