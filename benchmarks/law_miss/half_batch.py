@@ -11,6 +11,8 @@ the edition's (benchmarks/seed_noise/reproduction.csv), so the edition's hero is
     delphi train runs/law_miss/full.yaml --out runs/law_miss/full             # ~2 h 50 min on one core
     delphi train runs/law_miss/half.yaml --out runs/law_miss/half             # (rerun either to resume)
     python benchmarks/law_miss/half_batch.py collect --runs runs/law_miss --out benchmarks/law_miss
+    python benchmarks/law_miss/half_batch.py stage --runs runs/law_miss --out benchmarks/law_miss   # end of a session
+    delphi paper unpack benchmarks/law_miss/stage --to runs/law_miss                          # next session: resume
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ import argparse
 import dataclasses
 import gzip
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+from delphi.compact import pack
 from delphi.editions import resolve_data
 from delphi.io import atomic_write_yaml
 from delphi.ladder.recipe import optim_config, recipe_for_tokens
 from delphi.ladder.spec import load_ladder_spec
+from delphi.train.checkpoint import list_checkpoints
 from delphi.train.config import TrainConfig, load_train_config, train_config_to_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,14 +106,34 @@ def collect(runs: Path, out: Path) -> None:
     print(pd.DataFrame(rows).to_string(index=False))
 
 
+STAGE_DIR = "stage"  # under --out: the runs so far, compact, each with its newest checkpoint
+
+
+def stage(runs: Path, out: Path) -> None:
+    """A compact copy of the runs so far, to commit at the end of a working session: configs,
+    metrics, status and each run's newest checkpoint (`delphi paper unpack OUT/stage --to RUNS`,
+    then the same `delphi train` commands, resume there)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "runs"
+        shutil.copytree(runs, tree, ignore=shutil.ignore_patterns("train.lock", "*.log"))
+        for name in RUNS:
+            for _, older in list_checkpoints(tree / name)[:-1]:
+                shutil.rmtree(older)
+        shutil.rmtree(out / STAGE_DIR, ignore_errors=True)
+        print(pack(tree, out / STAGE_DIR))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["configs", "collect"])
+    parser.add_argument("command", choices=["configs", "collect", "stage"])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "law_miss")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "law_miss")
     args = parser.parse_args()
     if args.command == "configs":
         configs(args.out)
+    elif args.command == "stage":
+        collect(args.runs, args.out)
+        stage(args.runs, args.out)
     else:
         collect(args.runs, args.out)
 
