@@ -20,7 +20,7 @@ V8_RESULTS = REPO / "paper" / "editions" / "v8" / "study" / "results.csv"
 
 
 def test_the_paragraphs_quote_the_summaries():
-    numbers = after_edition_numbers(REPO, pd.read_csv(V8_RESULTS))
+    numbers = after_edition_numbers(REPO, "v8", pd.read_csv(V8_RESULTS))
     seeds = json.loads((REPO / SEED_NOISE_SUMMARY).read_text())
     d28 = next(c for c in seeds["cells"] if c["cell"] == "C5.2e10_d28_L3_E8k2" and c["lever"] == "base")
     assert (
@@ -33,9 +33,10 @@ def test_the_paragraphs_quote_the_summaries():
     assert f"{100 * vpnls['30x']['rel_error']:+.2f}% at 30x" in numbers["after_law_miss"]
 
 
-def test_a_missing_summary_says_so(tmp_path):
-    numbers = after_edition_numbers(tmp_path, pd.read_csv(V8_RESULTS))
-    assert NOT_MEASURED in numbers["after_seed_noise"] and NOT_MEASURED in numbers["after_law_miss"]
+def test_a_missing_summary_or_one_about_another_edition_says_so(tmp_path):
+    for root, edition in ((tmp_path, "v8"), (REPO, "v7")):
+        numbers = after_edition_numbers(root, edition, pd.read_csv(V8_RESULTS))
+        assert NOT_MEASURED in numbers["after_seed_noise"] and NOT_MEASURED in numbers["after_law_miss"]
 
 
 def test_the_half_batch_sentence_follows_its_table():

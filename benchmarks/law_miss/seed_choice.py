@@ -30,7 +30,8 @@ from delphi.study.state import load_table
 from delphi.train.config import load_train_config
 
 REPO = Path(__file__).resolve().parents[2]
-EDITION_STUDY = REPO / "paper" / "editions" / "v8" / "study"
+EDITION = "v8"
+EDITION_STUDY = REPO / "paper" / "editions" / EDITION / "study"
 LAWS = ("vpnls", "parametric", "asymptotic")  # the primary first
 # run name -> (its train config inside the study, its outcome file: the two-seed mean it scored)
 RUNS = {
@@ -161,6 +162,7 @@ def law_miss_stats(out: Path) -> dict:
     richest = cells.loc[cells.groupby("budget")["tokens"].idxmax()]
     return {
         "source": "benchmarks/law_miss/seed_choice.py summary",
+        "edition": EDITION,
         "n_choices": int(chosen["choice"].nunique()),
         "choice_seed": CHOICE_SEED,
         "primary": LAWS[0],

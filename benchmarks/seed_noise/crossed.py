@@ -148,6 +148,7 @@ def cmd_summary(args: argparse.Namespace) -> None:
 
 
 SUMMARY_FILE = "summary.json"  # the numbers of `summarise` per cell and lever, for the paper's text
+EDITION = "v8"  # the edition whose ladder cells are crossed (studies/ladder_paper_v8.yaml)
 
 
 def cell_stats(t: pd.DataFrame) -> dict:
@@ -200,7 +201,10 @@ def write_summary_json(table: pd.DataFrame, path: Path) -> None:
             "f_data": f_data,
             "p_data": float(f_dist.sf(f_data, df["df_data"], df["df_interaction"])),
         }
-    atomic_write_json(path, {"source": "benchmarks/seed_noise/crossed.py summary", "cells": cells, "pooled": pooled})
+    atomic_write_json(
+        path,
+        {"source": "benchmarks/seed_noise/crossed.py summary", "edition": EDITION, "cells": cells, "pooled": pooled},
+    )
 
 
 def summarise(table: pd.DataFrame) -> str:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from delphi.editions import EDITIONS_DIR, edition_root
+
 SEED_NOISE_SUMMARY = Path("benchmarks/seed_noise/summary.json")
 LAW_MISS_SUMMARY = Path("benchmarks/law_miss/summary.json")
 HALF_BATCH_TABLE = Path("benchmarks/law_miss/half_batch.csv")
-NOT_MEASURED = "not measured in this checkout (its summary file is absent)"
+NOT_MEASURED = "not measured for this edition in this checkout (no summary file about it)"
 
 
 def _pct(x: float, sign: bool = False) -> str:
@@ -89,17 +91,34 @@ def law_miss_text(summary: dict, half_batch: pd.DataFrame | None) -> str:
     return text + f" A rerun at half its batch, with a control on the same corpus, is sealed and training ({done})."
 
 
-def after_edition_numbers(repo_root: Path, results: pd.DataFrame) -> dict[str, str]:
-    """The placeholders `after_seed_noise` and `after_law_miss`; `results` is the edition's table."""
-    seed_noise, law_miss = repo_root / SEED_NOISE_SUMMARY, repo_root / LAW_MISS_SUMMARY
+def checkout_of(data: Path, paper_dir: Path) -> tuple[Path, str | None]:
+    """(the checkout whose benchmarks/ hold what came after the edition, the edition's name): for
+    data inside a committed edition (PAPER/editions/vN/...), the directory holding PAPER, wherever
+    the text is rendered; else the paper directory's parent, and no edition."""
+    root = edition_root(data)
+    if root is not None and root.resolve().parent.name == EDITIONS_DIR:
+        return root.resolve().parents[2], root.name
+    return paper_dir.resolve().parent, None
+
+
+def _summary(path: Path, edition: str | None) -> dict | None:
+    """An experiment's summary if it is about `edition`."""
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("edition") == edition else None
+
+
+def after_edition_numbers(repo_root: Path, edition: str | None, results: pd.DataFrame) -> dict[str, str]:
+    """The placeholders `after_seed_noise` and `after_law_miss` of `edition`, whose table is `results`."""
+    seed_noise = _summary(repo_root / SEED_NOISE_SUMMARY, edition)
+    law_miss = _summary(repo_root / LAW_MISS_SUMMARY, edition)
     half_batch = repo_root / HALF_BATCH_TABLE
     return {
-        "after_seed_noise": seed_noise_text(json.loads(seed_noise.read_text()), results)
-        if seed_noise.is_file()
-        else f"Seed noise: {NOT_MEASURED}.",
-        "after_law_miss": law_miss_text(
-            json.loads(law_miss.read_text()), pd.read_csv(half_batch) if half_batch.is_file() else None
-        )
-        if law_miss.is_file()
-        else f"The 30x miss: {NOT_MEASURED}.",
+        "after_seed_noise": f"Seed noise: {NOT_MEASURED}."
+        if seed_noise is None
+        else seed_noise_text(seed_noise, results),
+        "after_law_miss": f"The 30x miss: {NOT_MEASURED}."
+        if law_miss is None
+        else law_miss_text(law_miss, pd.read_csv(half_batch) if half_batch.is_file() else None),
     }

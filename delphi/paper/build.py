@@ -22,7 +22,7 @@ import pandas as pd
 from delphi.editions import built_editions, current_edition, edition_data, resolve_data
 from delphi.errors import DelphiError
 from delphi.io import atomic_write_text
-from delphi.paper.after_edition import after_edition_numbers
+from delphi.paper.after_edition import after_edition_numbers, checkout_of
 from delphi.paper.law_alone import LAW_ALONE_FIGURE, law_alone_figure, old_recipe_data
 from delphi.paper.numbers import paper_numbers
 from delphi.paper.study_data import prereg_file, study_view
@@ -71,7 +71,7 @@ def build_paper(
         for png in figures:
             Path(png).with_suffix(".svg").unlink(missing_ok=True)
     numbers = paper_numbers(data_dir, shown_as=str(shown), old_recipe=old_recipe)
-    numbers |= after_edition_numbers(paper_dir.resolve().parent, pd.read_csv(data_dir / "results.csv"))
+    numbers |= after_edition_numbers(*checkout_of(shown, paper_dir), pd.read_csv(data_dir / "results.csv"))
     try:
         text = string.Template(template.read_text()).substitute(numbers)
     except KeyError as e:
