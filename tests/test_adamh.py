@@ -327,3 +327,22 @@ def test_adamw_configs_keep_their_config_sha256(tmp_path):
     assert "optimizer: adamw" in explicit.read_text()
     assert sha256_bytes(identity_yaml(explicit.read_text()).encode()) == pinned
     assert sha256_bytes(identity_yaml(config_yaml(load_train_config(explicit))).encode()) == pinned
+
+
+def test_a_checkpoint_is_not_resumed_on_another_store(store, tmp_path):
+    """A config names its store, not its bytes; a store rebuilt from other installed packages (the
+    `environment` store) would have silently fed the rest of a resumed run other batches."""
+    from delphi.errors import DelphiError
+    from delphi.train.checkpoint import MANIFEST_FILE, list_checkpoints
+    from delphi.train.trainer import train
+
+    cfg = adamh_config(store)
+    run = tmp_path / "run"
+    assert train(cfg, run, progress=False, max_steps=6)["status"] == "failed"
+    _, checkpoint = list_checkpoints(run)[-1]
+    manifest = json.loads((checkpoint / MANIFEST_FILE).read_text())
+    assert manifest["extra"]["data_sha256"] == json.loads((store / "meta.json").read_text())["sha256"]
+    manifest["extra"]["data_sha256"] = "0" * 64  # as if trained on another build of the store
+    (checkpoint / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(DelphiError, match="trained on token store sha256 0000000000000000"):
+        train(cfg, run, resume=True, progress=False)

@@ -673,6 +673,7 @@ def _train_locked(
         threads = cpu_threads()
         if restored is not None:
             check_resume_threads(run_dirs[0], restored[0].extra, threads)
+            check_resume_store(run_dirs[0], restored[0].extra, store.sha256)
             states, start_step = [r.state for r in restored], restored[0].step
             wall_before = [float(r.extra.get("wall_s", 0.0)) for r in restored]
         else:
@@ -784,6 +785,21 @@ def cpu_threads() -> int | None:
     """The XLA CPU thread count this process trains with (None on an accelerator, whose numbers do
     not depend on it): recorded in every summary and checkpoint."""
     return xla_cpu_threads() if jax.default_backend() == "cpu" else None
+
+
+def check_resume_store(run_dir: Path, extra: dict, data_sha256: str) -> None:
+    """Refuse (exit 2) to resume a run's checkpoint on another token store than it was trained on:
+    the config names a store (`environment`, `stdlib`, a path), not its bytes, and a store built from
+    installed packages changes with them, so the rest of the run would silently read other batches
+    and evaluate on other windows. A checkpoint from before the store was recorded is resumed as before."""
+    recorded = extra.get("data_sha256")
+    if recorded is None or recorded == data_sha256:
+        return
+    raise DelphiError(
+        f"{run_dir}: its checkpoint was trained on token store sha256 {recorded[:16]}..., this config's store is "
+        f"{data_sha256[:16]}...: resumed so, the rest of the run would read other data. Resume where that store "
+        "is, or start the run over in a new directory"
+    )
 
 
 def check_resume_threads(run_dir: Path, extra: dict, threads: int | None) -> None:
@@ -979,7 +995,11 @@ def _checkpoint(ctx: RunContext, loop: LoopState) -> None:
             loop.step,
             state,
             keep=None,
-            extra={"wall_s": loop.wall(i), "cpu_threads": loop.summaries[i]["cpu_threads"]},
+            extra={
+                "wall_s": loop.wall(i),
+                "cpu_threads": loop.summaries[i]["cpu_threads"],
+                "data_sha256": ctx.store.sha256,
+            },
         )
     for _, member in _active(ctx, loop):
         ckpt.prune_checkpoints(member.run_dir, member.cfg.keep_checkpoints)
