@@ -8,8 +8,9 @@ hero's config as sealed. It is trained again here because this machine's `enviro
 the edition's (benchmarks/seed_noise/reproduction.csv), so the edition's hero is no control.
 
     python benchmarks/law_miss/half_batch.py configs --out runs/law_miss      # writes full.yaml, half.yaml
-    delphi train runs/law_miss/full.yaml --out runs/law_miss/full             # ~2 h 50 min on one core
-    delphi train runs/law_miss/half.yaml --out runs/law_miss/half             # (rerun either to resume)
+    export XLA_FLAGS=--xla_cpu_multi_thread_eigen=false                        # one XLA thread per run
+    taskset -c 0 delphi train runs/law_miss/full.yaml --out runs/law_miss/full   # ~2 h 50 min on one core
+    taskset -c 1 delphi train runs/law_miss/half.yaml --out runs/law_miss/half   # beside it (--resume to resume)
     python benchmarks/law_miss/half_batch.py collect --runs runs/law_miss --out benchmarks/law_miss
     python benchmarks/law_miss/half_batch.py stage --runs runs/law_miss --out benchmarks/law_miss   # end of a session
     delphi paper unpack benchmarks/law_miss/stage --to runs/law_miss                          # next session: resume
