@@ -157,9 +157,12 @@ def law_miss_stats(out: Path) -> dict:
     wide = chosen[chosen["run"] == "30x"].pivot(index="choice", columns="law", values="predicted")
     cells = pd.read_csv(out / "residuals.csv")
     slope, lo, hi = _slope_interval(np.log(cells["tokens"]), cells["residual_rel"])
-    hero_tokens = load_train_config(resolve_data(EDITION_STUDY) / RUNS["30x"][0]).tokens
+    data = resolve_data(EDITION_STUDY)
+    hero_tokens = load_train_config(data / RUNS["30x"][0]).tokens
     at_hero = np.polyval(np.polyfit(np.log(cells["tokens"]), cells["residual_rel"], 1), np.log(hero_tokens))
     richest = cells.loc[cells.groupby("budget")["tokens"].idxmax()]
+    batch = {run: load_train_config(data / path).data.batch_size for run, (path, _) in RUNS.items()}
+    batch["ladder_max"] = int(pd.read_csv(data / "results.csv")["batch_size"].max())
     return {
         "source": "benchmarks/law_miss/seed_choice.py summary",
         "edition": EDITION,
@@ -168,6 +171,7 @@ def law_miss_stats(out: Path) -> dict:
         "primary": LAWS[0],
         "laws": laws,
         "corr_30x_between_laws": {f"{a}-{b}": wide[a].corr(wide[b]) for i, a in enumerate(LAWS) for b in LAWS[i + 1 :]},
+        "batch_seqs": batch,
         "run_seeds": seeds,
         "run_seed_sd_pooled": pooled,
         "run_seed_sd_df": len(seeds),

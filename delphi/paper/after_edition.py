@@ -75,7 +75,8 @@ def law_miss_text(summary: dict, half_batch: pd.DataFrame | None) -> str:
         f"two-sided p {summary['swing_p_two_sided']:.2f}): suggestive, not conclusive. The {law} fit's residuals at "
         f"the top budgets rise with tokens ({_pct(b['slope_per_efold'], sign=True)} per e-fold), worth "
         f"{_pct(b['trend_at_hero'], sign=True)} at the 30x run's tokens: {b['trend_at_hero'] / by_run['30x']['rel_error']:.0%} of its error. The 30x run is the "
-        f"first beyond the ladder's batch range (128 sequences against at most 64)."
+        f"first beyond the ladder's batch range ({summary['batch_seqs']['30x']} sequences against at most "
+        f"{summary['batch_seqs']['ladder_max']})."
     )
     if half_batch is None:
         return text + " A rerun at half its batch, with a control on the same corpus, is not yet trained."
