@@ -36,7 +36,7 @@ def seed_noise_text(summary: dict, results: pd.DataFrame) -> str:
     pooled = summary.get("pooled") or {}
     text = (
         f"A per-cell seed sd from two seeds is a one-degree-of-freedom estimate. Trained as init seed x data "
-        f"seed (3 x 3), three cells of the smallest budget gave: {cells}. The edition's contrast between "
+        f"seed (3 x 3), {len(base)} cells of the smallest budget gave: {cells}. The edition's contrast between "
         f"cells is the scatter of the estimate."
     )
     if pooled:
