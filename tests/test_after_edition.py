@@ -49,6 +49,6 @@ def test_the_half_batch_sentence_follows_its_table():
             "final_val_loss": [None, None],
         }
     )
-    assert "training (full step 4,096 of 6,168, half step 8,192 of 12,336)" in law_miss_text(miss, unfinished)
+    assert "under way (full step 4,096 of 6,168, half step 8,192 of 12,336)" in law_miss_text(miss, unfinished)
     finished = unfinished.assign(last_step=[6168, 12336], final_val_loss=[1.0, 0.99])
     assert "a drop of +1.00%" in law_miss_text(miss, finished)

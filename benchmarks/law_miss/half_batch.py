@@ -95,7 +95,7 @@ def collect(runs: Path, out: Path) -> None:
                 "run": name,
                 "batch_size": cfg.data.batch_size,
                 "steps_planned": cfg.steps,
-                "last_step": max((r.get("step", 0) for r in records), default=0),
+                "last_step": json.loads((run / "status.json").read_text())["step"],
                 "final_val_loss": summary.get("val_loss"),
                 "last_val_loss": evals[-1]["val_loss"] if evals else None,
                 "data_sha256": summary.get("data_sha256"),

@@ -89,7 +89,7 @@ def law_miss_text(summary: dict, half_batch: pd.DataFrame | None) -> str:
             f"{finals['half']:.4f} at half of it: a drop of {_pct(drop, sign=True)}."
         )
     done = ", ".join(f"{run} step {int(r.last_step):,} of {int(r.steps_planned):,}" for run, r in rows.iterrows())
-    return text + f" A rerun at half its batch, with a control on the same corpus, is sealed and training ({done})."
+    return text + f" A rerun at half its batch, with a control on the same corpus, is sealed and under way ({done})."
 
 
 def checkout_of(data: Path, paper_dir: Path) -> tuple[Path, str | None]:
