@@ -11,6 +11,11 @@ collects the finals and the curves into compact tables.
         --inits 0,1,2 --datas 0,1,2 --runs /tmp/seeds/runs
     python benchmarks/seed_noise/crossed.py collect --runs /tmp/seeds/runs --out benchmarks/seed_noise
 
+    # a run that is no ladder cell: the 3x probe's config, the edition's two (init, data) pairs
+    delphi paper unpack paper/editions/v8 --to /tmp/seeds/v8
+    python benchmarks/seed_noise/crossed.py train --config /tmp/seeds/v8/study/probes/probe3x/config.yaml \
+        --cell probe3x --pairs 0:0,1:1 --runs /tmp/seeds/runs
+
 `--group` trains the pairs as one vmapped program (delphi.train.trainer.train_group): one compile
 for all of them. The eval set is fixed (delphi.data.loader: evenly spread validation windows, the same
 for every run on a store), so a final loss is a function of the trained weights alone.
@@ -70,11 +75,23 @@ def pairs_config(
     return out
 
 
+def parse_pairs(text: str) -> list[tuple[int, int]]:
+    """`0:0,1:1` -> [(0, 0), (1, 1)] (init seed : data seed)."""
+    try:
+        return [(int(i), int(d)) for i, d in (item.split(":") for item in text.split(","))]
+    except ValueError:
+        raise SystemExit(f"--pairs: expected INIT:DATA[,INIT:DATA...], got {text!r}") from None
+
+
 def cmd_train(args: argparse.Namespace) -> None:
-    base = load_train_config(Path(args.plan) / "configs" / f"{args.cell}_s0.yaml")
-    inits = [int(x) for x in args.inits.split(",")]
-    datas = [int(x) for x in args.datas.split(",")]
-    pairs = [(i, d) for i in inits for d in datas]
+    if (args.plan is None) == (args.config is None):
+        raise SystemExit("train: give one of --plan (with a ladder cell) or --config (a train config file)")
+    config = Path(args.config) if args.config else Path(args.plan) / "configs" / f"{args.cell}_s0.yaml"
+    base = load_train_config(config)
+    if args.pairs:
+        pairs = parse_pairs(args.pairs)
+    else:
+        pairs = [(int(i), int(d)) for i in args.inits.split(",") for d in args.datas.split(",")]
     runs = Path(args.runs)
     todo = [
         (name, cfg)
@@ -249,10 +266,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train")
-    t.add_argument("--plan", required=True, help="a `delphi ladder plan` output directory")
+    t.add_argument("--plan", help="a `delphi ladder plan` output directory (the cell's seed-0 config)")
+    t.add_argument("--config", help="a train config file, instead of --plan; --cell then names its runs")
     t.add_argument("--cell", required=True, help="a cell id, e.g. C5.2e10_d28_L3_E8k2")
     t.add_argument("--inits", default="0,1,2")
     t.add_argument("--datas", default="0,1,2")
+    t.add_argument("--pairs", help="INIT:DATA[,...] pairs to train instead of every --inits x --datas pair")
     t.add_argument("--lever", default="base", choices=sorted(LEVERS))
     t.add_argument("--runs", required=True)
     t.add_argument("--group", action="store_true", help="train the pairs as one vmapped program")
