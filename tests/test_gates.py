@@ -308,6 +308,30 @@ def test_hero_ranges_gate():
     assert not gt.gate_hero_ranges(inside, {}, 0.0).passed
 
 
+def test_hero_ranges_gate_under_a_recipe_says_how_far_beyond_the_trained_batch_the_hero_is():
+    """Under a recipe batch and beta2 are judged against its caps; the threshold says so and the
+    detail names what the top budget trained and how far beyond it the hero sits."""
+    ranges = {"tokens_per_param": (1.0, 100.0), "steps": (100.0, 10_000.0)}
+    ranges |= {"batch_tokens": (128.0, 524_288.0), "beta2": (0.9, 0.9999)}
+    scopes = {"tokens_per_param": "ladder", "steps": "ladder", "batch_tokens": "recipe caps", "beta2": "recipe caps"}
+    trained = {"batch_tokens": (1024.0, 8192.0), "beta2": (0.99, 0.995)}
+    hero = {"tokens_per_param": 50.0, "steps": 1000.0, "batch_tokens": 16_384.0, "beta2": 0.98}
+    gate = gt.gate_hero_ranges(hero, ranges, 0.01, scopes=scopes, trained=trained)
+    assert gate.passed and "recipe's caps" in gate.threshold and "top budget's" not in gate.threshold
+    assert (
+        "batch_tokens 1.638e+04 in [128, 5.243e+05] (recipe caps; the top budget trained [1024, 8192], the hero 2x beyond)"
+        in gate.detail
+    )
+    assert "the hero 2x beyond in 1/(1-beta2)" in gate.detail  # horizons 50 steps vs the trained 100-200
+    inside = gt.gate_hero_ranges(
+        hero | {"batch_tokens": 4096.0, "beta2": 0.992}, ranges, 0.01, scopes=scopes, trained=trained
+    )
+    assert inside.detail.count("inside it") == 2
+    # without scopes the top budget's range is the one judged, and the threshold says that
+    plain = gt.gate_hero_ranges(hero, ranges | trained, 0.01)
+    assert not plain.passed and "top budget's" in plain.threshold and "recipe caps" not in plain.detail
+
+
 def test_hero_depth_gate():
     table = ladder_table(seeds=(0,), sizes=5, span=4.0)
     # Only each budget's largest (4x past the optimum, most under-trained) size is 3 layers deep.

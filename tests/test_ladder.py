@@ -663,6 +663,11 @@ def test_recipe_hero_ranges_hold_the_steps_and_leave_the_batch_to_the_recipe():
     ranges = hero_ranges(spec, plan_hero(spec, expected_optimum(spec, 3 * top), 3 * top, results=results), results)
     assert ranges["inside"], ranges
     assert ranges["batch_tokens"]["scope"] == "recipe caps" and ranges["steps"]["scope"] == "ladder"
+    # what the top budget trained is reported beside the caps; the recipe's batch grows with the
+    # run's tokens, so the hero's is at least the top budget's largest
+    top_batches = [r.batch_size * spec.seq_len for r in plan_ladder(spec) if r.budget == top]
+    assert ranges["batch_tokens"]["trained"] == [min(top_batches), max(top_batches)]
+    assert ranges["batch_tokens"]["hero"] >= ranges["batch_tokens"]["trained"][1]
 
 
 def test_fixed_head_count_holds_at_every_width(tmp_path):

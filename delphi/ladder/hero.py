@@ -78,15 +78,33 @@ def _top_budget(rows: list[dict[str, float | str]]) -> float:
     return max(float(r["budget"]) for r in rows if r["role"] != ANCHOR_ROLE)
 
 
-def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> dict[str, tuple[float, float]]:
-    """[min, max] of each quantity of RANGE_SCOPES over its scope (anchor rungs count for the ladder's
-    steps and tokens per parameter; the top budget is the isoFLOP sets')."""
-    rows = _ladder_rows(spec, results)
+def _trained(rows: list[dict[str, float | str]]) -> dict[str, tuple[float, float]]:
     top = _top_budget(rows)
     out = {}
     for key, scope in RANGE_SCOPES.items():
-        values = [r[key] for r in rows if scope == "ladder" or r["budget"] == top]
+        values = [float(r[key]) for r in rows if scope == "ladder" or r["budget"] == top]
         out[key] = (min(values), max(values))
+    return out
+
+
+def trained_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> dict[str, tuple[float, float]]:
+    """[min, max] of each quantity of RANGE_SCOPES over its scope, as the rungs trained them (anchor
+    rungs count for the ladder's steps and tokens per parameter; the top budget is the isoFLOP sets')."""
+    return _trained(_ladder_rows(spec, results))
+
+
+def range_scopes(spec: LadderSpec) -> dict[str, str]:
+    """Which range `ladder_ranges` judges each quantity against: RANGE_SCOPES, or "recipe caps" for
+    batch and beta2 under a recipe."""
+    recipe_keys = ("batch_tokens", "beta2") if spec.recipe is not None else ()
+    return {key: "recipe caps" if key in recipe_keys else scope for key, scope in RANGE_SCOPES.items()}
+
+
+def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> dict[str, tuple[float, float]]:
+    """The ranges a hero is judged against: `trained_ranges`, with batch and beta2 bounded by the
+    recipe's caps under a recipe (`range_scopes`)."""
+    rows = _ladder_rows(spec, results)
+    out = _trained(rows)
     if spec.recipe is not None:
         # Under a recipe batch and beta2 follow the run's tokens by the one rule, which the hero
         # continues; what bounds them is the rule's caps (the recipe check sweeps the batch there).
@@ -113,18 +131,20 @@ def _hero_values(hero: "Rung | TrainConfig") -> dict[str, float]:
 def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataFrame | None" = None) -> dict:
     """The hero's tokens per parameter, steps, batch tokens and beta2 against the ladder's ranges.
 
-    {quantity: {"hero", "ladder": [min, max], "inside", "scope"}, ..., "inside": all of them,
-    "outside": [quantities outside]}. Ranges come from `results` (a results DataFrame, its completed
-    rows) or, when None, from the spec's plan. A relative slack of 1e-9 absorbs float rounding.
+    {quantity: {"hero", "ladder": [min, max], "inside", "scope", "trained": [min, max]}, ...,
+    "inside": all of them, "outside": [quantities outside]}: "ladder" is the range judged (the recipe's
+    caps for batch and beta2 under a recipe), "trained" what the rungs of its scope trained. Ranges
+    come from `results` (a results DataFrame, its completed rows) or, when None, from the spec's plan.
+    A relative slack of 1e-9 absorbs float rounding.
     """
-    ranges = ladder_ranges(spec, results)
+    ranges, scopes, trained = ladder_ranges(spec, results), range_scopes(spec), trained_ranges(spec, results)
     values = _hero_values(hero)
     out: dict = {}
     for key, (lo, hi) in ranges.items():
         v = values[key]
         inside = lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)
-        scope = "recipe caps" if spec.recipe is not None and key in ("batch_tokens", "beta2") else RANGE_SCOPES[key]
-        out[key] = {"hero": v, "ladder": [lo, hi], "inside": bool(inside), "scope": scope}
+        out[key] = {"hero": v, "ladder": [lo, hi], "inside": bool(inside), "scope": scopes[key]}
+        out[key]["trained"] = list(trained[key])
     out["outside"] = [k for k in ranges if not out[k]["inside"]]
     out["inside"] = not out["outside"]
     return out

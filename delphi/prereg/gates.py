@@ -567,13 +567,29 @@ def ladder_ranges(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
 
 
 def gate_hero_ranges(
-    hero: dict[str, float], ranges: dict[str, tuple[float, float]], slack_rel: float, external: bool = False
+    hero: dict[str, float],
+    ranges: dict[str, tuple[float, float]],
+    slack_rel: float,
+    external: bool = False,
+    scopes: dict[str, str] | None = None,
+    trained: dict[str, tuple[float, float]] | None = None,
 ) -> Gate:
-    """The hero's tokens/param and steps inside the ladder's ranges; batch and beta2 inside the top budget's.
-    `external`: the table is not a Delphi ladder's: the ranges it records are judged (tokens per
-    parameter, from its N and D), the others named as not recorded; none at all is not applicable."""
-    threshold = "tokens/param, steps inside the ladder's [min, max]; batch, beta2 inside the top budget's" + (
-        f" (+-{slack_rel:.0%})" if slack_rel else ""
+    """The hero's tokens/param and steps inside the ladder's ranges; batch and beta2 inside the top
+    budget's, or, where `scopes` names them "recipe caps" (delphi.ladder.hero.range_scopes), inside
+    the recipe's caps, with the range the top budget `trained` and how far beyond it the hero is
+    written beside them. `external`: the table is not a Delphi ladder's: the ranges it records are
+    judged (tokens per parameter, from its N and D), the others named as not recorded; none at all is
+    not applicable."""
+    scopes, trained = scopes or {}, trained or {}
+    by_recipe = [c for c in ("batch_tokens", "beta2") if scopes.get(c) == "recipe caps"]
+    threshold = (
+        "tokens/param, steps inside the ladder's [min, max]; "
+        + (
+            "batch, beta2 inside the recipe's caps (the rule the hero continues; gate recipe checks it there)"
+            if by_recipe
+            else "batch, beta2 inside the top budget's"
+        )
+        + (f" (+-{slack_rel:.0%})" if slack_rel else "")
     )
     missing = [c for c in RANGE_COLUMNS if c not in ranges]
     unknown = [c for c in RANGE_COLUMNS if c in ranges and c not in hero]
@@ -605,7 +621,8 @@ def gate_hero_ranges(
         slack = 1e-9 if col == "beta2" else slack_rel  # beta2 continues exactly or it switched
         inside = lo * (1 - slack) <= v <= hi * (1 + slack)
         parts.append(
-            f"{col} {v:.4g} in [{lo:.4g}, {hi:.4g}]" if inside else f"{col} {v:.4g} OUTSIDE [{lo:.4g}, {hi:.4g}]"
+            (f"{col} {v:.4g} in [{lo:.4g}, {hi:.4g}]" if inside else f"{col} {v:.4g} OUTSIDE [{lo:.4g}, {hi:.4g}]")
+            + (_beyond_trained(col, v, trained[col]) if col in by_recipe and col in trained else "")
         )
         if not inside:
             outside.append(col)
@@ -614,6 +631,20 @@ def gate_hero_ranges(
             f"not judged: {', '.join(missing + unknown)} (not recorded in an external table, or unknown for the hero)"
         )
     return Gate("hero_ranges", not outside, ", ".join(outside) if outside else "inside", threshold, "; ".join(parts))
+
+
+def _beyond_trained(col: str, value: float, trained: tuple[float, float]) -> str:
+    """' (recipe caps; the top budget trained [lo, hi], the hero 2x beyond)' for a range judged by a
+    recipe's caps; beta2's distance is taken in its memory horizon 1 / (1 - beta2), in steps."""
+
+    def scale(x: float) -> float:
+        return 1 / (1 - x) if col == "beta2" else x
+
+    lo, hi = trained
+    factor = max(scale(value) / scale(hi), scale(lo) / scale(value), 1.0)
+    unit = " in 1/(1-beta2)" if col == "beta2" else ""
+    where = "inside it" if factor == 1.0 else f"the hero {factor:.3g}x beyond{unit}"
+    return f" (recipe caps; the top budget trained [{lo:.4g}, {hi:.4g}], {where})"
 
 
 def gate_hero_depth(table: pd.DataFrame, hero_layers: int | None, factor: float, external: bool = False) -> Gate:
@@ -871,7 +902,8 @@ class GateInputs:
     `fit` the primary FitResult; `table` the results table (one row per run and seed; None: none
     given); `final` the hero's prediction {loss, loss_90}; `hero` from `hero_facts`; `backtest` the
     primary law's held-out-budget backtest; `lobo` from `leave_one_budget_out`; `ranges` the
-    ladder's ranges (None: from the table); `rehearsal` {predicted, actual, rel_error, covered_90,
+    ladder's ranges (None: from the table), `range_scopes` and `trained_ranges` what they are
+    (`gate_hero_ranges`); `rehearsal` {predicted, actual, rel_error, covered_90,
     compute} when a dress rehearsal ran; `cross_checks` other laws' predictions for the hero
     (`gate_method_agreement`); `exact_required` whether the backtest must be scored at exact FLOPs
     (None: when the law is in (N, D) with a FLOPs family); `lr_drift` the ladder's LR rule against a
@@ -888,6 +920,8 @@ class GateInputs:
     backtest: dict | None = None
     lobo: dict | None = None
     ranges: dict[str, tuple[float, float]] | None = None
+    range_scopes: dict[str, str] | None = None
+    trained_ranges: dict[str, tuple[float, float]] | None = None
     rehearsal: dict | None = None
     cross_checks: dict[str, dict] | None = None
     exact_required: bool | None = None
@@ -938,6 +972,8 @@ def evaluate_gates(inputs: GateInputs, thresholds: GateThresholds) -> list[Gate]
                 inputs.ranges if inputs.ranges is not None else ladder_ranges(table),
                 thresholds.range_slack_rel,
                 inputs.external,
+                inputs.range_scopes,
+                inputs.trained_ranges,
             ),
             gate_hero_depth(
                 table,

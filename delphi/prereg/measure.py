@@ -20,6 +20,7 @@ from delphi.fits.e_prior import prior_of
 from delphi.fits.prediction_checks import CROSS_CHECK_METHODS, law_name
 from delphi.fits.probes import probe_trend
 from delphi.ladder.hero import ladder_ranges as spec_ranges
+from delphi.ladder.hero import range_scopes, trained_ranges
 from delphi.ladder.lr_calibration import merge_reports, rule_drift
 from delphi.ladder.recipe_check import read_report
 from delphi.ladder.spec import load_ladder_spec
@@ -168,12 +169,18 @@ def backtest_of_point(backtest: dict | None, final: dict, fit) -> dict | None:
 
 
 def ladder_spec_ranges(ladder: Path | None, gate_table) -> dict | None:
-    """The hero's ranges from the ladder's own spec (delphi.ladder.plan.ladder_ranges) when the ladder dir
-    holds it; None (ranges from the results table) otherwise."""
+    """The hero's ranges from the ladder's own spec when the ladder dir holds it: {"ranges" (judged,
+    delphi.ladder.hero.ladder_ranges), "range_scopes", "trained_ranges"}, the GateInputs fields;
+    None (ranges from the results table) otherwise."""
     if ladder is None or not (Path(ladder) / "ladder.yaml").is_file():
         return None
     try:
-        return spec_ranges(load_ladder_spec(Path(ladder) / "ladder.yaml"), gate_table)
+        spec = load_ladder_spec(Path(ladder) / "ladder.yaml")
+        return {
+            "ranges": spec_ranges(spec, gate_table),
+            "range_scopes": range_scopes(spec),
+            "trained_ranges": trained_ranges(spec, gate_table),
+        }
     except DelphiError:
         return None
 
@@ -267,7 +274,7 @@ def compute_gates(
         backtest=backtest_of_point(backtest, final, fit),
         lobo=lobo,
         rehearsal=evidence.rehearsal,
-        ranges=ladder_spec_ranges(evidence.ladder, gate_table),
+        **(ladder_spec_ranges(evidence.ladder, gate_table) or {}),
         cross_checks=cross,
         lr_drift=lr_drift,
         probes=probes,
