@@ -142,6 +142,7 @@ def cmd_collect(args: argparse.Namespace) -> None:
                 "loss_eval_set": last.get("val_loss"),  # chunk 0 of the final set: the regular 131k-token eval
                 "max_train_loss_late": max(train_losses[len(train_losses) // 2 :]),
                 "max_grad_norm": max(grad_norms),
+                "decay_start_step": decay_start_step(load_train_config(run_dir / "config.yaml")),
                 "data_sha256": summary["data_sha256"],
                 "config_sha256": summary["config_sha256"],
             }
@@ -158,9 +159,33 @@ def cmd_collect(args: argparse.Namespace) -> None:
     print(summarise(table))
 
 
+def decay_start_step(cfg: TrainConfig) -> int:
+    """The first step of the WSD decay."""
+    return round(cfg.steps * (1 - cfg.optim.decay_frac))
+
+
+def pair_gaps(t: pd.DataFrame, curves: pd.DataFrame) -> dict:
+    """A cell of two runs: the second run's loss over the first's - 1 (runs ordered by init seed) at
+    every eval on the regular eval set and on the final set, and the largest gap before the decay."""
+    first, second = (
+        f"{r.cell}__{r.lever}__i{r.init_seed}_d{r.data_seed}" for r in t.sort_values("init_seed").itertuples()
+    )
+    evals = curves[curves.val_loss.notna()].pivot(index="step", columns="run", values="val_loss")
+    gaps = evals[second] / evals[first] - 1
+    before = gaps[gaps.index < int(t.decay_start_step.iloc[0])]
+    final = t.set_index("init_seed").sort_index().loss
+    return {
+        "pair": [first, second],
+        "decay_start_step": int(t.decay_start_step.iloc[0]),
+        "gap_by_step": {int(step): float(g) for step, g in gaps.items()},
+        "max_abs_gap_before_decay": float(before.abs().max()),
+        "gap_final_set": float(final.iloc[1] / final.iloc[0] - 1),
+    }
+
+
 def cmd_summary(args: argparse.Namespace) -> None:
     table = pd.read_csv(Path(args.out) / "results.csv")
-    write_summary_json(table, Path(args.out) / SUMMARY_FILE)
+    write_summary_json(table, Path(args.out) / SUMMARY_FILE, pd.read_csv(Path(args.out) / "curves.csv.gz"))
     print(summarise(table))
 
 
@@ -203,8 +228,11 @@ def cell_stats(t: pd.DataFrame) -> dict:
     return stats
 
 
-def write_summary_json(table: pd.DataFrame, path: Path) -> None:
-    cells = [{"cell": cell, "lever": lever, **cell_stats(t)} for (cell, lever), t in table.groupby(["cell", "lever"])]
+def write_summary_json(table: pd.DataFrame, path: Path, curves: pd.DataFrame) -> None:
+    cells = [
+        {"cell": cell, "lever": lever, **cell_stats(t), **(pair_gaps(t, curves) if len(t) == 2 else {})}
+        for (cell, lever), t in table.groupby(["cell", "lever"])
+    ]
     crossed = [c for c in cells if c["lever"] == "base" and "f_init" in c]
     pooled = {}
     if crossed:  # the cells' mean squares averaged (the cells have equal df)
