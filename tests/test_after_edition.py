@@ -51,4 +51,12 @@ def test_the_half_batch_sentence_follows_its_table():
     )
     assert "under way (full step 4,096 of 6,168, half step 8,192 of 12,336)" in law_miss_text(miss, unfinished)
     finished = unfinished.assign(last_step=[6168, 12336], final_val_loss=[1.0, 0.99])
-    assert "a drop of +1.00%" in law_miss_text(miss, finished)
+    assert "a drop of +1.00%, in the sealed band of a batch cost that one pair cannot" in law_miss_text(miss, finished)
+    swing = unfinished.assign(last_step=[6168, 12336], final_val_loss=[1.0, 0.98])
+    assert "a drop of +2.00%, in the sealed band of a batch that explains the swing" in law_miss_text(miss, swing)
+    none = unfinished.assign(last_step=[6168, 12336], final_val_loss=[1.0, 1.001])
+    assert "a drop of -0.10%, in the sealed band of no batch effect" in law_miss_text(miss, none)
+    default = {"drop_mean": 0.005, "drop_90": [0.001, 0.009], "n_seeds": 10, "loss_sd_rel": {"full": 0.01}}
+    assert "moved its final loss by -0.50% (mean of 10 seeds each, 90% [-0.90%, -0.10%]" in law_miss_text(
+        miss, finished, default
+    )

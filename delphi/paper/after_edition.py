@@ -1,7 +1,8 @@
 """What experiments after an edition's seal showed about it (post hoc; its sealed numbers unchanged):
 the paragraphs of the paper's "After the seal" section, each from an experiment's own summary file
-(`benchmarks/seed_noise/summary.json`, `benchmarks/law_miss/summary.json`, written by the scripts
-beside them). A paragraph whose summary is absent says so."""
+(`benchmarks/seed_noise/summary.json`, `benchmarks/law_miss/summary.json`, `half_batch.csv` and
+`default_half_batch.json`, written by the scripts beside them). A paragraph whose summary is absent
+says so."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from delphi.editions import EDITIONS_DIR, edition_root
 SEED_NOISE_SUMMARY = Path("benchmarks/seed_noise/summary.json")
 LAW_MISS_SUMMARY = Path("benchmarks/law_miss/summary.json")
 HALF_BATCH_TABLE = Path("benchmarks/law_miss/half_batch.csv")
+DEFAULT_HALF_BATCH_SUMMARY = Path("benchmarks/law_miss/default_half_batch.json")
+# The half-batch 30x pair's sealed bands on the drop (full - half) / full
+# (benchmarks/law_miss/PREDICTIONS_HALF_BATCH.md): >= SWING explains the 10x-to-30x swing, < NONE is no effect.
+HALF_BATCH_SWING = 0.015
+HALF_BATCH_NONE = 0.002
 NOT_MEASURED = "not measured for this edition in this checkout (no summary file about it)"
 
 
@@ -45,6 +51,12 @@ def seed_noise_text(summary: dict, results: pd.DataFrame) -> str:
             f"{pooled['cells']} cells: F init {pooled['f_init']:.2f}, p {pooled['p_init']:.2f}; F data "
             f"{pooled['f_data']:.2f}, p {pooled['p_data']:.2f})."
         )
+    for c in (c for c in base.values() if "gap_final_set" in c):
+        text += (
+            f" The {c['cell']} run retrained on this corpus with the edition's seed pair: its seeds end "
+            f"{_pct(c['gap_final_set'], sign=True)} apart, their largest gap before the decay "
+            f"{_pct(c['max_abs_gap_before_decay'])}."
+        )
     for c in lever:
         same = base.get(c["cell"])
         if same is not None:
@@ -55,9 +67,31 @@ def seed_noise_text(summary: dict, results: pd.DataFrame) -> str:
     return text
 
 
-def law_miss_text(summary: dict, half_batch: pd.DataFrame | None) -> str:
+def half_batch_verdict(drop: float) -> str:
+    """The sealed band a 30x half-batch drop falls in."""
+    if drop >= HALF_BATCH_SWING:
+        return f"the sealed band of a batch that explains the swing (>= {_pct(HALF_BATCH_SWING)})"
+    if drop >= HALF_BATCH_NONE:
+        return (
+            f"the sealed band of a batch cost that one pair cannot separate from noise "
+            f"({_pct(HALF_BATCH_NONE)} to {_pct(HALF_BATCH_SWING)})"
+        )
+    return f"the sealed band of no batch effect (< {_pct(HALF_BATCH_NONE)})"
+
+
+def default_half_batch_text(summary: dict) -> str:
+    """The default study's hero at half its batch over its seeds."""
+    lo, hi = summary["drop_90"]
+    return (
+        f" The default study's hero, also at twice the batch its top budget trained: half the batch moved "
+        f"its final loss by {_pct(-summary['drop_mean'], sign=True)} (mean of {summary['n_seeds']} seeds each, "
+        f"90% [{_pct(-hi, sign=True)}, {_pct(-lo, sign=True)}]; one run's seed sd {_pct(summary['loss_sd_rel']['full'])})."
+    )
+
+
+def law_miss_text(summary: dict, half_batch: pd.DataFrame | None, default_half_batch: dict | None = None) -> str:
     """The primary law's sensitivity to the ladder's seed noise, the 10x-to-30x swing, the tokens
-    trend and the half-batch test's state."""
+    trend, the half-batch test's state and, when measured, the default hero at half its batch."""
     law = summary["primary"]
     by_run = summary["laws"][law]
     b = summary["residuals"]
@@ -79,17 +113,20 @@ def law_miss_text(summary: dict, half_batch: pd.DataFrame | None) -> str:
         f"{summary['batch_seqs']['ladder_max']})."
     )
     if half_batch is None:
-        return text + " A rerun at half its batch, with a control on the same corpus, is not yet trained."
-    rows = half_batch.set_index("run")
-    finals = rows["final_val_loss"]
-    if finals.notna().all():
+        text += " A rerun at half its batch, with a control on the same corpus, is not yet trained."
+    elif half_batch["final_val_loss"].notna().all():
+        finals = half_batch.set_index("run")["final_val_loss"]
         drop = 1 - finals["half"] / finals["full"]
-        return text + (
+        text += (
             f" Rerun on this corpus, the 30x config ended at {finals['full']:.4f} at its batch and "
-            f"{finals['half']:.4f} at half of it: a drop of {_pct(drop, sign=True)}."
+            f"{finals['half']:.4f} at half of it: a drop of {_pct(drop, sign=True)}, in {half_batch_verdict(drop)}."
         )
-    done = ", ".join(f"{run} step {int(r.last_step):,} of {int(r.steps_planned):,}" for run, r in rows.iterrows())
-    return text + f" A rerun at half its batch, with a control on the same corpus, is sealed and under way ({done})."
+    else:
+        done = ", ".join(
+            f"{r.run} step {int(r.last_step):,} of {int(r.steps_planned):,}" for r in half_batch.itertuples()
+        )
+        text += f" A rerun at half its batch, with a control on the same corpus, is sealed and under way ({done})."
+    return text + (default_half_batch_text(default_half_batch) if default_half_batch else "")
 
 
 def checkout_of(data: Path, paper_dir: Path) -> tuple[Path, str | None]:
@@ -114,12 +151,16 @@ def after_edition_numbers(repo_root: Path, edition: str | None, results: pd.Data
     """The placeholders `after_seed_noise` and `after_law_miss` of `edition`, whose table is `results`."""
     seed_noise = _summary(repo_root / SEED_NOISE_SUMMARY, edition)
     law_miss = _summary(repo_root / LAW_MISS_SUMMARY, edition)
-    half_batch = repo_root / HALF_BATCH_TABLE
+    half_batch, default_half_batch = repo_root / HALF_BATCH_TABLE, repo_root / DEFAULT_HALF_BATCH_SUMMARY
     return {
         "after_seed_noise": f"Seed noise: {NOT_MEASURED}."
         if seed_noise is None
         else seed_noise_text(seed_noise, results),
         "after_law_miss": f"The 30x miss: {NOT_MEASURED}."
         if law_miss is None
-        else law_miss_text(law_miss, pd.read_csv(half_batch) if half_batch.is_file() else None),
+        else law_miss_text(
+            law_miss,
+            pd.read_csv(half_batch) if half_batch.is_file() else None,
+            json.loads(default_half_batch.read_text()) if default_half_batch.is_file() else None,
+        ),
     }
