@@ -57,6 +57,11 @@ def test_the_half_batch_sentence_follows_its_table():
     none = unfinished.assign(last_step=[6168, 12336], final_val_loss=[1.0, 1.001])
     assert "a drop of -0.10%, in the sealed band of no batch effect" in law_miss_text(miss, none)
     default = {"drop_mean": 0.005, "drop_90": [0.001, 0.009], "n_seeds": 10, "loss_sd_rel": {"full": 0.01}}
-    assert "moved its final loss by -0.50% (mean of 10 seeds each, 90% [-0.90%, -0.10%]" in law_miss_text(
+    assert "moved its final loss by -0.50% (mean of 10 seeds each, 90% [-0.90%, -0.10%])" in law_miss_text(
         miss, finished, default
+    )
+    rung = default | {"target": "C1_d8", "drop_90": [-0.001, 0.009]}
+    assert (
+        "rung C1_d8, at the largest batch that ladder trained: -0.50% (mean of 10 seeds each, 90% [-0.90%, +0.10%]), no cost inside it"
+        in law_miss_text(miss, finished, default, rung)
     )

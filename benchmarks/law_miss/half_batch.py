@@ -12,8 +12,6 @@ the edition's (benchmarks/seed_noise/reproduction.csv), so the edition's hero is
     taskset -c 0 delphi train runs/law_miss/full.yaml --out runs/law_miss/full   # ~2 h 50 min on one core
     taskset -c 1 delphi train runs/law_miss/half.yaml --out runs/law_miss/half   # beside it (--resume to resume)
     python benchmarks/law_miss/half_batch.py collect --runs runs/law_miss --out benchmarks/law_miss
-    python benchmarks/law_miss/half_batch.py stage --runs runs/law_miss --out benchmarks/law_miss   # end of a session
-    delphi paper unpack benchmarks/law_miss/stage --to runs/law_miss                          # next session: resume
 """
 
 from __future__ import annotations
@@ -22,19 +20,14 @@ import argparse
 import dataclasses
 import gzip
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
-from delphi.compact import pack
-from delphi.data.store import resolve_store
 from delphi.editions import resolve_data
-from delphi.io import atomic_write_json, atomic_write_yaml
+from delphi.io import atomic_write_yaml
 from delphi.ladder.recipe import optim_config, recipe_for_tokens
 from delphi.ladder.spec import load_ladder_spec
-from delphi.train.checkpoint import MANIFEST_FILE, list_checkpoints
 from delphi.train.config import TrainConfig, load_train_config, train_config_to_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,49 +101,14 @@ def collect(runs: Path, out: Path) -> None:
     print(pd.DataFrame(rows).to_string(index=False))
 
 
-STAGE_DIR = "stage"  # under --out: the runs so far, compact, each with its newest checkpoint
-
-
-def record_store(checkpoint: Path, cfg: TrainConfig) -> None:
-    """Write the store's sha256 into a checkpoint's manifest where the trainer that wrote it did not
-    (runs started before checkpoints recorded it), so that a resume on another build of the
-    `environment` store is refused (`delphi.train.trainer.check_resume_store`)."""
-    manifest_path = checkpoint / MANIFEST_FILE
-    manifest = json.loads(manifest_path.read_text())
-    if "data_sha256" not in manifest["extra"]:
-        meta = json.loads((resolve_store(cfg.data.store) / "meta.json").read_text())
-        manifest["extra"]["data_sha256"] = meta["sha256"]
-        atomic_write_json(manifest_path, manifest)
-
-
-def stage(runs: Path, out: Path) -> None:
-    """A compact copy of the runs so far, to commit at the end of a working session: configs,
-    metrics, status and each run's newest checkpoint (`delphi paper unpack OUT/stage --to RUNS`,
-    then the same `delphi train` commands, resume there)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "runs"
-        shutil.copytree(runs, tree, ignore=shutil.ignore_patterns("train.lock", "*.log"))
-        for name in RUNS:
-            kept = list_checkpoints(tree / name)
-            for _, older in kept[:-1]:
-                shutil.rmtree(older)
-            if kept:
-                record_store(kept[-1][1], load_train_config(runs / f"{name}.yaml"))
-        shutil.rmtree(out / STAGE_DIR, ignore_errors=True)
-        print(pack(tree, out / STAGE_DIR))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["configs", "collect", "stage"])
+    parser.add_argument("command", choices=["configs", "collect"])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "law_miss")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "law_miss")
     args = parser.parse_args()
     if args.command == "configs":
         configs(args.out)
-    elif args.command == "stage":
-        collect(args.runs, args.out)
-        stage(args.runs, args.out)
     else:
         collect(args.runs, args.out)
 

@@ -1,7 +1,7 @@
 """What experiments after an edition's seal showed about it (post hoc; its sealed numbers unchanged):
 the paragraphs of the paper's "After the seal" section, each from an experiment's own summary file
 (`benchmarks/seed_noise/summary.json`, `benchmarks/law_miss/summary.json`, `half_batch.csv` and
-`default_half_batch.json`, written by the scripts beside them). A paragraph whose summary is absent
+`default_half_batch*.json`, written by the scripts beside them). A paragraph whose summary is absent
 says so."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ SEED_NOISE_SUMMARY = Path("benchmarks/seed_noise/summary.json")
 LAW_MISS_SUMMARY = Path("benchmarks/law_miss/summary.json")
 HALF_BATCH_TABLE = Path("benchmarks/law_miss/half_batch.csv")
 DEFAULT_HALF_BATCH_SUMMARY = Path("benchmarks/law_miss/default_half_batch.json")
+DEFAULT_RUNG_HALF_BATCH_SUMMARY = Path("benchmarks/law_miss/default_half_batch_C4e11_d40_L3_E8k2_s0.json")
 # The half-batch 30x pair's sealed bands on the drop (full - half) / full
 # (benchmarks/law_miss/PREDICTIONS_HALF_BATCH.md): >= SWING explains the 10x-to-30x swing, < NONE is no effect.
 HALF_BATCH_SWING = 0.015
@@ -79,17 +80,36 @@ def half_batch_verdict(drop: float) -> str:
     return f"the sealed band of no batch effect (< {_pct(HALF_BATCH_NONE)})"
 
 
-def default_half_batch_text(summary: dict) -> str:
-    """The default study's hero at half its batch over its seeds."""
+def _moved(summary: dict) -> str:
+    """'-1.54% (mean of 10 seeds each, 90% [-1.82%, -1.25%])': what half the batch did to the final loss."""
     lo, hi = summary["drop_90"]
     return (
-        f" The default study's hero, also at twice the batch its top budget trained: half the batch moved "
-        f"its final loss by {_pct(-summary['drop_mean'], sign=True)} (mean of {summary['n_seeds']} seeds each, "
-        f"90% [{_pct(-hi, sign=True)}, {_pct(-lo, sign=True)}]; one run's seed sd {_pct(summary['loss_sd_rel']['full'])})."
+        f"{_pct(-summary['drop_mean'], sign=True)} (mean of {summary['n_seeds']} seeds each, "
+        f"90% [{_pct(-hi, sign=True)}, {_pct(-lo, sign=True)}])"
     )
 
 
-def law_miss_text(summary: dict, half_batch: pd.DataFrame | None, default_half_batch: dict | None = None) -> str:
+def default_half_batch_text(hero: dict, rung: dict | None = None) -> str:
+    """The default study's hero, and a rung of its top budget, at half their batch over their seeds."""
+    text = (
+        f" The default study's hero, also at twice the batch its top budget trained: half the batch moved "
+        f"its final loss by {_moved(hero)}; one run's seed sd is {_pct(hero['loss_sd_rel']['full'])}."
+    )
+    if rung is not None:
+        inside = "so the recipe's batch costs inside the ladder too" if rung["drop_90"][0] > 0 else "no cost inside it"
+        text += (
+            f" Its top budget's rung {rung['target']}, at the largest batch that ladder trained: "
+            f"{_moved(rung)}, {inside}."
+        )
+    return text
+
+
+def law_miss_text(
+    summary: dict,
+    half_batch: pd.DataFrame | None,
+    default_half_batch: dict | None = None,
+    default_rung_half_batch: dict | None = None,
+) -> str:
     """The primary law's sensitivity to the ladder's seed noise, the 10x-to-30x swing, the tokens
     trend, the half-batch test's state and, when measured, the default hero at half its batch."""
     law = summary["primary"]
@@ -117,16 +137,22 @@ def law_miss_text(summary: dict, half_batch: pd.DataFrame | None, default_half_b
     elif half_batch["final_val_loss"].notna().all():
         finals = half_batch.set_index("run")["final_val_loss"]
         drop = 1 - finals["half"] / finals["full"]
+        predicted = by_run["30x"]["predicted"]
+        edition_mean = predicted * (1 + by_run["30x"]["rel_error"])
         text += (
-            f" Rerun on this corpus, the 30x config ended at {finals['full']:.4f} at its batch and "
-            f"{finals['half']:.4f} at half of it: a drop of {_pct(drop, sign=True)}, in {half_batch_verdict(drop)}."
+            f" Rerun on another build of the corpus, the 30x config ended at {finals['full']:.4f} at its batch "
+            f"({_pct(finals['full'] / edition_mean - 1, sign=True)} from the edition's two-seed mean; the sealed "
+            f"prediction's error on it {_pct(finals['full'] / predicted - 1, sign=True)}) and {finals['half']:.4f} at "
+            f"half of it: a drop of {_pct(drop, sign=True)}, in {half_batch_verdict(drop)}."
         )
     else:
         done = ", ".join(
             f"{r.run} step {int(r.last_step):,} of {int(r.steps_planned):,}" for r in half_batch.itertuples()
         )
         text += f" A rerun at half its batch, with a control on the same corpus, is sealed and under way ({done})."
-    return text + (default_half_batch_text(default_half_batch) if default_half_batch else "")
+    if default_half_batch is not None:
+        text += default_half_batch_text(default_half_batch, default_rung_half_batch)
+    return text
 
 
 def checkout_of(data: Path, paper_dir: Path) -> tuple[Path, str | None]:
@@ -151,7 +177,11 @@ def after_edition_numbers(repo_root: Path, edition: str | None, results: pd.Data
     """The placeholders `after_seed_noise` and `after_law_miss` of `edition`, whose table is `results`."""
     seed_noise = _summary(repo_root / SEED_NOISE_SUMMARY, edition)
     law_miss = _summary(repo_root / LAW_MISS_SUMMARY, edition)
-    half_batch, default_half_batch = repo_root / HALF_BATCH_TABLE, repo_root / DEFAULT_HALF_BATCH_SUMMARY
+    half_batch = repo_root / HALF_BATCH_TABLE
+    default_hero, default_rung = (
+        json.loads(path.read_text()) if path.is_file() else None
+        for path in (repo_root / DEFAULT_HALF_BATCH_SUMMARY, repo_root / DEFAULT_RUNG_HALF_BATCH_SUMMARY)
+    )
     return {
         "after_seed_noise": f"Seed noise: {NOT_MEASURED}."
         if seed_noise is None
@@ -161,6 +191,7 @@ def after_edition_numbers(repo_root: Path, edition: str | None, results: pd.Data
         else law_miss_text(
             law_miss,
             pd.read_csv(half_batch) if half_batch.is_file() else None,
-            json.loads(default_half_batch.read_text()) if default_half_batch.is_file() else None,
+            default_hero,
+            default_rung,
         ),
     }
