@@ -27,6 +27,9 @@ def test_the_paragraphs_quote_the_summaries():
         f"C5.2e10_d28_L3_E8k2 {100 * d28['sd_rel']:.2f}% on 9 runs (2.12% on its 2 seeds)"
         in numbers["after_seed_noise"]
     )
+    pair = next(c for c in seeds["cells"] if "gap_final_set" in c)  # the 3x probe's pair, not a crossed cell
+    assert f"seeds end {100 * pair['gap_final_set']:+.2f}% apart" in numbers["after_seed_noise"]
+    assert "3 cells of the smallest budget" in numbers["after_seed_noise"]
     miss = json.loads((REPO / LAW_MISS_SUMMARY).read_text())
     vpnls = miss["laws"][miss["primary"]]
     assert f"correlation {vpnls['corr_10x_30x']:.3f}" in numbers["after_law_miss"]

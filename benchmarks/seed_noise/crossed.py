@@ -170,7 +170,8 @@ def pair_gaps(t: pd.DataFrame, curves: pd.DataFrame) -> dict:
     first, second = (
         f"{r.cell}__{r.lever}__i{r.init_seed}_d{r.data_seed}" for r in t.sort_values("init_seed").itertuples()
     )
-    evals = curves[curves.val_loss.notna()].pivot(index="step", columns="run", values="val_loss")
+    pair = curves[curves.run.isin([first, second]) & curves.val_loss.notna()]
+    evals = pair.pivot(index="step", columns="run", values="val_loss")
     gaps = evals[second] / evals[first] - 1
     before = gaps[gaps.index < int(t.decay_start_step.iloc[0])]
     final = t.set_index("init_seed").sort_index().loss

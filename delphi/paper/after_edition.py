@@ -32,7 +32,8 @@ def _pct(x: float, sign: bool = False) -> str:
 
 def seed_noise_text(summary: dict, results: pd.DataFrame) -> str:
     """The crossed-seed cells against their two-seed sds in the edition's table, the factors, the lever."""
-    base = {c["cell"]: c for c in summary["cells"] if c["lever"] == "base"}
+    base = {c["cell"]: c for c in summary["cells"] if c["lever"] == "base" and "f_init" in c}  # the crossed cells
+    pairs = [c for c in summary["cells"] if c["lever"] == "base" and "gap_final_set" in c]
     lever = [c for c in summary["cells"] if c["lever"] != "base"]
     two_seed = results.groupby("cell_id")["loss"].agg(lambda s: s.std(ddof=1) / s.mean())
     cells = ", ".join(
@@ -52,10 +53,10 @@ def seed_noise_text(summary: dict, results: pd.DataFrame) -> str:
             f"{pooled['cells']} cells: F init {pooled['f_init']:.2f}, p {pooled['p_init']:.2f}; F data "
             f"{pooled['f_data']:.2f}, p {pooled['p_data']:.2f})."
         )
-    for c in (c for c in base.values() if "gap_final_set" in c):
+    for c in pairs:
         text += (
-            f" The {c['cell']} run retrained on this corpus with the edition's seed pair: its seeds end "
-            f"{_pct(c['gap_final_set'], sign=True)} apart, their largest gap before the decay "
+            f" The {c['cell']} run, retrained on another build of the corpus with the edition's seed pair: its "
+            f"seeds end {_pct(c['gap_final_set'], sign=True)} apart, their largest gap before the decay "
             f"{_pct(c['max_abs_gap_before_decay'])}."
         )
     for c in lever:
