@@ -103,7 +103,10 @@ def range_scopes(spec: LadderSpec) -> dict[str, str]:
 def ladder_ranges(spec: LadderSpec, results: "pd.DataFrame | None" = None) -> dict[str, tuple[float, float]]:
     """The ranges a hero is judged against: `trained_ranges`, with batch and beta2 bounded by the
     recipe's caps under a recipe (`range_scopes`)."""
-    rows = _ladder_rows(spec, results)
+    return _judged(spec, _ladder_rows(spec, results))
+
+
+def _judged(spec: LadderSpec, rows: list[dict[str, float | str]]) -> dict[str, tuple[float, float]]:
     out = _trained(rows)
     if spec.recipe is not None:
         # Under a recipe batch and beta2 follow the run's tokens by the one rule, which the hero
@@ -137,7 +140,8 @@ def hero_ranges(spec: LadderSpec, hero: "Rung | TrainConfig", results: "pd.DataF
     come from `results` (a results DataFrame, its completed rows) or, when None, from the spec's plan.
     A relative slack of 1e-9 absorbs float rounding.
     """
-    ranges, scopes, trained = ladder_ranges(spec, results), range_scopes(spec), trained_ranges(spec, results)
+    rows = _ladder_rows(spec, results)
+    ranges, scopes, trained = _judged(spec, rows), range_scopes(spec), _trained(rows)
     values = _hero_values(hero)
     out: dict = {}
     for key, (lo, hi) in ranges.items():
