@@ -37,6 +37,7 @@ from scipy.stats import f as f_dist
 
 from delphi.io import atomic_write_json
 from delphi.train.config import TrainConfig, load_train_config
+from delphi.train.schedules import decay_steps
 from delphi.train.trainer import train, train_group
 
 LEVERS = {
@@ -161,14 +162,14 @@ def cmd_collect(args: argparse.Namespace) -> None:
 
 def decay_start_step(cfg: TrainConfig) -> int:
     """The first step of the WSD decay."""
-    return round(cfg.steps * (1 - cfg.optim.decay_frac))
+    return cfg.steps - decay_steps(cfg.optim, cfg.steps)
 
 
 def pair_gaps(t: pd.DataFrame, curves: pd.DataFrame) -> dict:
     """A cell of two runs: the second run's loss over the first's - 1 (runs ordered by init seed) at
     every eval on the regular eval set and on the final set, and the largest gap before the decay."""
     first, second = (
-        f"{r.cell}__{r.lever}__i{r.init_seed}_d{r.data_seed}" for r in t.sort_values("init_seed").itertuples()
+        run_name(r.cell, r.lever, r.init_seed, r.data_seed) for r in t.sort_values("init_seed").itertuples()
     )
     pair = curves[curves.run.isin([first, second]) & curves.val_loss.notna()]
     evals = pair.pivot(index="step", columns="run", values="val_loss")
